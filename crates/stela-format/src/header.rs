@@ -1,0 +1,212 @@
+//! The segment header: the first [`HEADER_BYTES`] bytes of every segment file.
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "STELAWAL"
+//!      8     2  format version, u16 LE (currently 1)
+//!     10     1  codec id (1 json, 2 msgpack, 3 postcard)
+//!     11     1  flags (0; reserved)
+//!     12     4  header length in bytes, u32 LE (256)
+//!     16     8  segment sequence number, u64 LE (0 for the first segment of a log, +1 each)
+//!     24     8  first LSN of the segment, u64 LE (also in the file name)
+//!     32     8  segment capacity in bytes, u64 LE (the preallocated file size)
+//!     40     4  record type tag length in bytes, u32 LE
+//!     44     4  CRC32C of the whole record type tag
+//!     48   200  record type tag, UTF-8, truncated to 200 bytes, zero padded
+//!    248     4  reserved (0)
+//!    252     4  CRC32C of bytes 0..252, u32 LE
+//! ```
+//!
+//! The type tag names the Rust record type the log holds (by default its `type_name`), so
+//! opening a log of `Order`s as a log of `Payment`s is refused with both names, instead of
+//! decoding one type's bytes as another. Long tags are compared by length and CRC, and shown
+//! truncated.
+
+use crate::codec::Codec;
+use crate::lsn::Lsn;
+
+pub const HEADER_BYTES: usize = 256;
+pub const MAGIC: &[u8; 8] = b"STELAWAL";
+pub const FORMAT_VERSION: u16 = 1;
+const TAG_CAPACITY: usize = 200;
+const TAG_OFFSET: usize = 48;
+const CRC_OFFSET: usize = 252;
+
+/// The record type a log holds, as recorded in its segment headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeTag {
+    /// The tag as stored: the whole tag, or its first 200 bytes if it is longer.
+    pub shown: String,
+    /// Length of the whole tag in bytes.
+    pub len: u32,
+    /// CRC32C of the whole tag.
+    pub crc: u32,
+}
+
+impl TypeTag {
+    pub fn new(tag: &str) -> TypeTag {
+        let mut cut = tag.len().min(TAG_CAPACITY);
+        while !tag.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        TypeTag {
+            shown: tag[..cut].to_string(),
+            len: tag.len() as u32,
+            crc: crc32c::crc32c(tag.as_bytes()),
+        }
+    }
+
+    /// Whether two tags name the same type.
+    pub fn same_as(&self, other: &TypeTag) -> bool {
+        self.len == other.len && self.crc == other.crc && self.shown == other.shown
+    }
+}
+
+impl std::fmt::Display for TypeTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)?;
+        if self.shown.len() < self.len as usize {
+            f.write_str("...")?;
+        }
+        Ok(())
+    }
+}
+
+/// A decoded segment header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentHeader {
+    pub codec: Codec,
+    pub segment_seq: u64,
+    pub start_lsn: Lsn,
+    pub capacity: u64,
+    pub type_tag: TypeTag,
+}
+
+/// Why bytes are not a valid segment header.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("file is shorter than a segment header ({len} of {HEADER_BYTES} bytes)")]
+    TooShort { len: usize },
+    #[error("not a stela segment (bad magic)")]
+    BadMagic,
+    #[error("segment header checksum mismatch")]
+    ChecksumMismatch,
+    #[error("segment format version {found} is not supported (this build reads version {FORMAT_VERSION})")]
+    UnsupportedVersion { found: u16 },
+    #[error("unknown codec id {id} in segment header")]
+    UnknownCodec { id: u8 },
+    #[error("segment header length {len} is not {HEADER_BYTES}")]
+    BadLength { len: u32 },
+    #[error("segment header starts at LSN 0")]
+    ZeroStartLsn,
+}
+
+impl SegmentHeader {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[0..8].copy_from_slice(MAGIC);
+        out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[10] = self.codec.id();
+        out[11] = 0;
+        out[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&self.segment_seq.to_le_bytes());
+        out[24..32].copy_from_slice(&self.start_lsn.get().to_le_bytes());
+        out[32..40].copy_from_slice(&self.capacity.to_le_bytes());
+        out[40..44].copy_from_slice(&self.type_tag.len.to_le_bytes());
+        out[44..48].copy_from_slice(&self.type_tag.crc.to_le_bytes());
+        let shown = self.type_tag.shown.as_bytes();
+        out[TAG_OFFSET..TAG_OFFSET + shown.len()].copy_from_slice(shown);
+        let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
+        out[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<SegmentHeader, HeaderError> {
+        let bytes = bytes.get(..HEADER_BYTES).ok_or(HeaderError::TooShort {
+            len: bytes.len(),
+        })?;
+        if &bytes[0..8] != MAGIC {
+            return Err(HeaderError::BadMagic);
+        }
+        let stored = u32_at(bytes, CRC_OFFSET);
+        if crc32c::crc32c(&bytes[..CRC_OFFSET]) != stored {
+            return Err(HeaderError::ChecksumMismatch);
+        }
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        if version != FORMAT_VERSION {
+            return Err(HeaderError::UnsupportedVersion { found: version });
+        }
+        let codec = Codec::from_id(bytes[10]).ok_or(HeaderError::UnknownCodec { id: bytes[10] })?;
+        let len = u32_at(bytes, 12);
+        if len as usize != HEADER_BYTES {
+            return Err(HeaderError::BadLength { len });
+        }
+        let start_lsn = Lsn::new(u64_at(bytes, 24));
+        if start_lsn == Lsn::ZERO {
+            return Err(HeaderError::ZeroStartLsn);
+        }
+        let tag_bytes = &bytes[TAG_OFFSET..TAG_OFFSET + TAG_CAPACITY];
+        let shown_len = tag_bytes.iter().position(|&b| b == 0).unwrap_or(TAG_CAPACITY);
+        Ok(SegmentHeader {
+            codec,
+            segment_seq: u64_at(bytes, 16),
+            start_lsn,
+            capacity: u64_at(bytes, 32),
+            type_tag: TypeTag {
+                shown: String::from_utf8_lossy(&tag_bytes[..shown_len]).into_owned(),
+                len: u32_at(bytes, 40),
+                crc: u32_at(bytes, 44),
+            },
+        })
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample(tag: &str) -> SegmentHeader {
+        SegmentHeader {
+            codec: Codec::Postcard,
+            segment_seq: 3,
+            start_lsn: Lsn::new(1001),
+            capacity: 64 << 20,
+            type_tag: TypeTag::new(tag),
+        }
+    }
+
+    #[test]
+    fn headers_round_trip_including_long_tags() {
+        for tag in ["app::Record", &"x".repeat(500), &"é".repeat(150)] {
+            let header = sample(tag);
+            let decoded = SegmentHeader::decode(&header.encode()).unwrap();
+            assert_eq!(decoded, header);
+            assert!(decoded.type_tag.same_as(&TypeTag::new(tag)));
+        }
+    }
+
+    #[test]
+    fn long_tags_that_share_a_prefix_differ() {
+        let a = TypeTag::new(&format!("{}A", "p".repeat(300)));
+        let b = TypeTag::new(&format!("{}B", "p".repeat(300)));
+        assert!(!a.same_as(&b));
+    }
+
+    proptest! {
+        #[test]
+        fn any_flipped_bit_is_detected(bit in 0usize..HEADER_BYTES * 8) {
+            let mut bytes = sample("app::Record").encode();
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            prop_assert!(SegmentHeader::decode(&bytes).is_err());
+        }
+    }
+}

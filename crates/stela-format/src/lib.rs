@@ -1,0 +1,42 @@
+//! The bytes of a stela write-ahead log, and nothing else.
+//!
+//! This crate is pure: bytes in, values out. It opens no file and makes no system call, so the
+//! same code serves the log writer, the recovery scan, the `stela wal` tools, the fuzzers and
+//! (later) the wire protocol. `docs/FORMAT.md` at the repository root is the specification; the
+//! byte layouts are repeated above the constants that encode them.
+//!
+//! A tour:
+//! - [`lsn`]: the log sequence number, a dense record counter starting at 1.
+//! - [`codec`]: how a typed record becomes payload bytes (JSON, MessagePack, postcard).
+//! - [`frame`]: how a payload is framed on disk: length, CRC32C, LSN; and how a frame is
+//!   recognised, rejected or found to be cut short.
+//! - [`header`]: the fixed header at the start of every segment file: magic, version, codec,
+//!   record type, segment sequence and first LSN.
+//! - [`segment_name`]: segment file names, which carry the first LSN of the segment.
+//!
+//! ```
+//! use stela_format::{codec::Codec, frame, lsn::Lsn};
+//!
+//! let mut disk = Vec::new();
+//! let payload = Codec::MessagePack.encode(&("debit", 42u32)).unwrap();
+//! frame::encode(&mut disk, Lsn::new(1), &payload);
+//! match frame::decode(&disk) {
+//!     frame::Decoded::Record(rec) => {
+//!         assert_eq!(rec.lsn, Lsn::new(1));
+//!         let value: (String, u32) = Codec::MessagePack.decode(rec.payload).unwrap();
+//!         assert_eq!(value, ("debit".to_string(), 42));
+//!     }
+//!     other => panic!("{other:?}"),
+//! }
+//! ```
+
+pub mod codec;
+pub mod frame;
+pub mod header;
+pub mod lsn;
+pub mod segment_name;
+
+pub use codec::{Codec, CodecError};
+pub use frame::{Decoded, FrameRecord, Rejection};
+pub use header::{HeaderError, SegmentHeader, TypeTag};
+pub use lsn::Lsn;

@@ -1,0 +1,142 @@
+//! The one error type of the crate. Every variant names the file, offset or LSN it concerns, so a
+//! message on its own tells an operator where to look.
+
+use stela_format::{Codec, CodecError, HeaderError, Lsn, TypeTag};
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O call failed. `op` says which (open, read, write, fdatasync, ...).
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    /// The device or quota is full. Nothing acknowledged is lost; records that were not yet
+    /// acknowledged were not written.
+    #[error("no space left on device: {op} {} failed; acknowledged records are intact, free space and reopen the log", path.display())]
+    DiskFull {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A previous write or fsync failed, so the log stopped. Reopen it to recover what is durable.
+    #[error("the log stopped after an earlier failure and accepts no more calls (reopen it to recover): {cause}")]
+    Poisoned { cause: Arc<Error> },
+
+    /// Bytes in the middle of the log are damaged. Nothing was changed on disk.
+    #[error("{0}")]
+    Corruption(Box<Corruption>),
+
+    /// The log was written with another codec than the one asked for.
+    #[error("{}: log is written with the {found} codec, but it was opened with the {expected} codec", segment.display())]
+    WrongCodec {
+        segment: PathBuf,
+        found: Codec,
+        expected: Codec,
+    },
+
+    /// The log holds another record type than the one asked for.
+    #[error("{}: log holds records of type `{found}`, but it was opened for type `{expected}` (set WalOptions::type_tag if the type was renamed)", segment.display())]
+    WrongRecordType {
+        segment: PathBuf,
+        found: TypeTag,
+        expected: TypeTag,
+    },
+
+    /// A segment file's header is unreadable.
+    #[error("{}: bad segment header: {reason}", segment.display())]
+    BadHeader {
+        segment: PathBuf,
+        reason: HeaderError,
+    },
+
+    /// A record could not be encoded, or a stored payload did not decode as the record type.
+    #[error("record {}: {source}", lsn.map_or("(new)".to_string(), |l| l.to_string()))]
+    Codec {
+        lsn: Option<Lsn>,
+        #[source]
+        source: CodecError,
+    },
+
+    #[error("record of {bytes} bytes exceeds the limit of {max} bytes")]
+    RecordTooLarge { bytes: usize, max: usize },
+
+    #[error("{}: the log is open in another process or handle", dir.display())]
+    Locked { dir: PathBuf },
+
+    #[error("{}: no log here (and create_if_missing is off)", dir.display())]
+    NotFound { dir: PathBuf },
+
+    /// `commit` of an LSN that has not been appended.
+    #[error("LSN {lsn} has not been appended (next LSN is {next})")]
+    NotAppended { lsn: Lsn, next: Lsn },
+
+    /// A read from an LSN that has been truncated away.
+    #[error("LSN {lsn} was truncated; the log starts at {first}")]
+    Truncated { lsn: Lsn, first: Lsn },
+}
+
+/// Where and how the log is damaged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Corruption {
+    pub segment: PathBuf,
+    /// Byte offset of the first bad byte within the segment file.
+    pub offset: u64,
+    /// The LSN the reader expected at that offset.
+    pub expected_lsn: Lsn,
+    pub reason: String,
+    /// Offset of the next valid record after the damage, if one was found (its presence is what
+    /// makes this corruption rather than a torn write).
+    pub valid_record_at: Option<u64>,
+}
+
+impl std::fmt::Display for Corruption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "corruption in {} at byte offset {} (expected record LSN {}): {}",
+            self.segment.display(),
+            self.offset,
+            self.expected_lsn,
+            self.reason
+        )?;
+        if let Some(at) = self.valid_record_at {
+            write!(f, "; valid records follow at offset {at}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Error {
+    /// Wraps an I/O error, recognising a full device.
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
+        let path = path.into();
+        if crate::storage::is_out_of_space(&source) {
+            Error::DiskFull { op, path, source }
+        } else {
+            Error::Io { op, path, source }
+        }
+    }
+
+    pub(crate) fn corruption(c: Corruption) -> Error {
+        Error::Corruption(Box::new(c))
+    }
+
+    /// The corruption details, if this is a corruption error.
+    pub fn as_corruption(&self) -> Option<&Corruption> {
+        match self {
+            Error::Corruption(c) => Some(c),
+            _ => None,
+        }
+    }
+}

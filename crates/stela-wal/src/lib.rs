@@ -1,0 +1,46 @@
+//! stela-wal: a typed, checksummed, group-committing write-ahead log.
+//!
+//! A tour of the crate, from the top down:
+//! - [`wal`]: [`Wal<T>`], the typed API (append, commit, iterate, truncate).
+//! - [`log`]: [`Log`], the untyped log of byte payloads, and its group commit.
+//! - [`recovery`]: what happens at open: segment checks, torn-tail repair, salvage modes.
+//! - [`scan`]: the pure classification of a segment's bytes: records, torn tail, damage.
+//! - [`reader`]: the lazy, ordered reader that checks every frame.
+//! - [`segment`]: segment files: listing, safe creation, headers.
+//! - [`storage`]: the I/O trait, the real file system, and the fault-injecting one.
+//! - [`tools`]: verify, dump and repair, for the `stela wal` commands.
+//! - [`options`], [`error`]: how a log is opened and what can go wrong.
+//!
+//! The bytes on disk are specified in `docs/FORMAT.md` and encoded by the `stela-format` crate.
+//! What each acknowledgement guarantees is in `docs/DURABILITY.md`.
+//!
+//! ```
+//! use stela_wal::{Codec, Wal, WalOptions};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let wal: Wal<(u32, String)> = Wal::open(dir.path(), WalOptions::default().codec(Codec::Json))?;
+//! let last = wal.append_batch(&[(1, "debit".into()), (2, "credit".into())])?;
+//! wal.commit(last)?;
+//! assert_eq!(wal.durable_lsn(), last);
+//! assert_eq!(wal.iter()?.count(), 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod error;
+pub mod log;
+pub mod options;
+pub mod reader;
+pub mod recovery;
+pub mod scan;
+pub mod segment;
+pub mod storage;
+pub mod tools;
+pub mod wal;
+
+pub use error::{Corruption, Error, Result};
+pub use log::{CommitFuture, Log};
+pub use options::{RecoveryMode, SyncMode, WalOptions};
+pub use reader::RawReader;
+pub use recovery::RecoveryReport;
+pub use stela_format::{Codec, Lsn};
+pub use wal::{Iter, Wal};

@@ -1,0 +1,606 @@
+//! [`Log`]: the untyped log of byte payloads, and the group commit at its heart.
+//!
+//! How a commit works. Appenders frame their records into one shared in-memory buffer under a
+//! short lock (the LSN is assigned there, so buffer order is LSN order). A committer whose record
+//! is not yet durable either waits, if a flush is already in progress, or becomes the *leader*:
+//! it takes the whole buffer, writes it with one positioned write, calls fdatasync once, and then
+//! wakes everyone whose record that covered. While the leader is in fdatasync, new records pile
+//! up in the buffer and the next leader takes them all at once, so N concurrent committers cost
+//! one fdatasync per round instead of N.
+//!
+//! Invariants:
+//! - At most one flush (write + sync) is in progress (`State::flushing`); only its leader touches
+//!   [`Tail`], the open segment.
+//! - `durable_lsn <= written_lsn < next_lsn`; all three only grow.
+//! - A segment is fdatasync'ed before the first byte is written to its successor, so only the
+//!   newest segment can have a torn tail.
+//! - After a failed write or sync the log is *poisoned*: the error is stored, every waiter and
+//!   every later call gets it, and nothing is retried (a retried fdatasync can report success for
+//!   data the kernel already dropped).
+
+use crate::error::{Error, Result};
+use crate::options::{RecoveryMode, SyncMode, WalOptions};
+use crate::reader::RawReader;
+use crate::recovery::{self, Expect, RecoveryReport};
+use crate::segment::{self, SegmentFile};
+use crate::storage::StorageFile;
+use stela_format::segment_name::segment_file_name;
+use stela_format::{frame, Codec, Lsn, SegmentHeader, TypeTag};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// A write-ahead log of opaque byte records. Cheap to clone; all clones share one log.
+#[derive(Clone)]
+pub struct Log {
+    core: Arc<Core>,
+}
+
+struct Core {
+    dir: PathBuf,
+    options: WalOptions,
+    codec: Codec,
+    type_tag: TypeTag,
+    max_record: usize,
+    state: Mutex<State>,
+    /// Signalled whenever a flush ends (durable progress or failure).
+    flushed: Condvar,
+    /// Held only by the flush leader.
+    tail: Mutex<Tail>,
+    segments: Mutex<Vec<SegmentFile>>,
+    report: RecoveryReport,
+    async_syncer: OnceLock<Arc<AsyncSyncer>>,
+    _lock: Box<dyn Send + Sync>,
+}
+
+struct State {
+    next_lsn: Lsn,
+    /// Framed records not yet handed to the OS, with the segment boundaries inside them.
+    pending: Vec<u8>,
+    cuts: Vec<Cut>,
+    /// Bytes assigned in the newest segment, counting pending ones: decides rotation.
+    fill: u64,
+    written_lsn: Lsn,
+    durable_lsn: Lsn,
+    flushing: bool,
+    failure: Option<Arc<Error>>,
+    /// Buffer handed back by the last leader, reused to avoid reallocating.
+    spare: Vec<u8>,
+    async_waiters: Vec<(Lsn, Waker)>,
+}
+
+/// A segment boundary inside the pending buffer: bytes from `at` on go to a new segment whose
+/// first record is `start`.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    at: usize,
+    start: Lsn,
+}
+
+/// The open newest segment.
+struct Tail {
+    file: Box<dyn StorageFile>,
+    path: PathBuf,
+    header: SegmentHeader,
+    offset: u64,
+}
+
+/// A ticket for a flush: what the leader took and must publish.
+struct Batch {
+    bytes: Vec<u8>,
+    cuts: Vec<Cut>,
+    last_lsn: Lsn,
+    sync: bool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Panics never happen while these locks are held (no user code runs under them), so a
+    // poisoned mutex still guards consistent data.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`, holding records of `type_tag` encoded with
+    /// `options.codec`, and recovers it. See [`RecoveryReport`] for what recovery did.
+    ///
+    /// # Errors
+    /// [`Error::WrongCodec`] / [`Error::WrongRecordType`] if the log holds something else,
+    /// [`Error::Corruption`] for damage (in `Strict` mode), [`Error::Locked`] if another handle
+    /// has it open, I/O errors.
+    pub fn open(dir: impl AsRef<Path>, options: WalOptions, type_tag: &str) -> Result<Log> {
+        Log::open_inner(dir.as_ref(), options, TypeTag::new(type_tag), false)
+    }
+
+    pub(crate) fn open_inner(
+        dir: &Path,
+        options: WalOptions,
+        type_tag: TypeTag,
+        keep_removed_bytes: bool,
+    ) -> Result<Log> {
+        let expect = Expect {
+            codec: options.codec,
+            type_tag,
+        };
+        let recovered = recovery::recover(dir, &options, &expect, keep_removed_bytes)?;
+        let last = Lsn::new(recovered.next_lsn.get() - 1);
+        let tail_path = dir.join(segment_file_name(recovered.tail_header.start_lsn));
+        let core = Core {
+            dir: dir.to_path_buf(),
+            codec: options.codec,
+            type_tag: expect.type_tag,
+            max_record: options.effective_max_record(),
+            state: Mutex::new(State {
+                next_lsn: recovered.next_lsn,
+                pending: Vec::new(),
+                cuts: Vec::new(),
+                fill: recovered.write_offset,
+                written_lsn: last,
+                durable_lsn: last,
+                flushing: false,
+                failure: None,
+                spare: Vec::new(),
+                async_waiters: Vec::new(),
+            }),
+            flushed: Condvar::new(),
+            tail: Mutex::new(Tail {
+                file: recovered.tail,
+                path: tail_path,
+                header: recovered.tail_header,
+                offset: recovered.write_offset,
+            }),
+            segments: Mutex::new(recovered.segments),
+            report: recovered.report,
+            async_syncer: OnceLock::new(),
+            _lock: recovered.lock,
+            options,
+        };
+        Ok(Log {
+            core: Arc::new(core),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.core.dir
+    }
+
+    pub fn codec(&self) -> Codec {
+        self.core.codec
+    }
+
+    pub fn options(&self) -> &WalOptions {
+        &self.core.options
+    }
+
+    /// What recovery found when the log was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.core.report
+    }
+
+    /// The largest payload accepted.
+    pub fn max_record_bytes(&self) -> usize {
+        self.core.max_record
+    }
+
+    /// Appends one record to the buffer and returns its LSN. Not durable until committed.
+    ///
+    /// # Errors
+    /// [`Error::RecordTooLarge`], or the stored failure if the log is poisoned.
+    pub fn append(&self, payload: &[u8]) -> Result<Lsn> {
+        self.append_all(std::iter::once(payload))
+    }
+
+    /// Appends records as one contiguous run of LSNs; returns the LSN of the last one (or the
+    /// last LSN in the log if `payloads` is empty).
+    pub fn append_all<'a>(&self, payloads: impl IntoIterator<Item = &'a [u8]>) -> Result<Lsn> {
+        let mut checked: Vec<(&[u8], u32)> = Vec::new();
+        for payload in payloads {
+            if payload.len() > self.core.max_record {
+                return Err(Error::RecordTooLarge {
+                    bytes: payload.len(),
+                    max: self.core.max_record,
+                });
+            }
+            // Checksum the payload before taking the lock; only the 12 header bytes are folded
+            // in under it, once the LSN is known.
+            checked.push((payload, crc32c::crc32c(payload)));
+        }
+        let core = &self.core;
+        let mut state = lock(&core.state);
+        if let Some(failure) = &state.failure {
+            return Err(poisoned(failure));
+        }
+        for (payload, crc) in checked {
+            let lsn = state.next_lsn;
+            let frame_len = (frame::HEADER_BYTES + payload.len()) as u64;
+            if state.fill + frame_len > core.options.segment_bytes {
+                let at = state.pending.len();
+                state.cuts.push(Cut { at, start: lsn });
+                state.fill = stela_format::header::HEADER_BYTES as u64;
+            }
+            frame::encode_with_crc(&mut state.pending, lsn, payload, crc);
+            state.fill += frame_len;
+            state.next_lsn = lsn.next();
+        }
+        let last = Lsn::new(state.next_lsn.get() - 1);
+        if state.pending.len() >= core.options.write_buffer_bytes && !state.flushing {
+            // Bound memory: hand the buffer to the OS now (no sync; committers still sync).
+            let batch = take_batch(&mut state, false);
+            drop(state);
+            self.run_flush(batch)?;
+        }
+        Ok(last)
+    }
+
+    /// Blocks until every record up to `lsn` is durable (in [`SyncMode::None`]: written to the
+    /// OS). Concurrent callers share one fdatasync.
+    ///
+    /// # Errors
+    /// [`Error::NotAppended`] for an LSN not yet appended; the failure that poisoned the log if
+    /// a write or sync failed (then no later commit succeeds either).
+    pub fn commit(&self, lsn: Lsn) -> Result<()> {
+        let core = &self.core;
+        let sync = core.options.sync == SyncMode::Data;
+        let mut state = lock(&core.state);
+        loop {
+            if let Some(failure) = &state.failure {
+                return Err(poisoned(failure));
+            }
+            let done = if sync {
+                state.durable_lsn
+            } else {
+                state.written_lsn
+            };
+            if lsn <= done {
+                return Ok(());
+            }
+            if lsn >= state.next_lsn {
+                return Err(Error::NotAppended {
+                    lsn,
+                    next: state.next_lsn,
+                });
+            }
+            if state.flushing {
+                state = core
+                    .flushed
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            } else {
+                let batch = take_batch(&mut state, sync);
+                drop(state);
+                // Errors reach every waiter through `state.failure`; the loop reports it.
+                let _ = self.run_flush(batch);
+                state = lock(&core.state);
+            }
+        }
+    }
+
+    /// Commits everything appended so far.
+    pub fn commit_all(&self) -> Result<Lsn> {
+        let last = self.last_lsn();
+        if last != Lsn::ZERO {
+            self.commit(last)?;
+        }
+        Ok(last)
+    }
+
+    /// Waits, without blocking a thread, until `lsn` is durable. A background thread (started on
+    /// first use) runs the flushes for async waiters, sharing rounds with blocking committers.
+    pub fn commit_async(&self, lsn: Lsn) -> CommitFuture {
+        CommitFuture {
+            log: self.clone(),
+            lsn,
+        }
+    }
+
+    /// The highest LSN known durable (fdatasync'ed).
+    pub fn durable_lsn(&self) -> Lsn {
+        lock(&self.core.state).durable_lsn
+    }
+
+    /// The highest LSN handed to the OS.
+    pub fn written_lsn(&self) -> Lsn {
+        lock(&self.core.state).written_lsn
+    }
+
+    /// The highest LSN appended (`Lsn::ZERO` if none).
+    pub fn last_lsn(&self) -> Lsn {
+        Lsn::new(lock(&self.core.state).next_lsn.get() - 1)
+    }
+
+    /// The first LSN still in the log.
+    pub fn first_lsn(&self) -> Lsn {
+        lock(&self.core.segments)
+            .first()
+            .map_or(Lsn::FIRST, |s| s.start)
+    }
+
+    /// Hands buffered records to the OS without syncing, so readers see them.
+    pub fn flush(&self) -> Result<()> {
+        let core = &self.core;
+        let mut state = lock(&core.state);
+        loop {
+            if let Some(failure) = &state.failure {
+                return Err(poisoned(failure));
+            }
+            if state.written_lsn.next() >= state.next_lsn {
+                return Ok(());
+            }
+            if state.flushing {
+                state = core
+                    .flushed
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            } else {
+                let batch = take_batch(&mut state, false);
+                drop(state);
+                let _ = self.run_flush(batch);
+                state = lock(&core.state);
+            }
+        }
+    }
+
+    /// Reads records from `from` (clamped to the first LSN present) up to everything appended
+    /// so far, in order. Buffered records are flushed to the OS first so the reader sees them.
+    pub fn read_from(&self, from: Lsn) -> Result<RawReader> {
+        self.flush()?;
+        let end = self.written_lsn().next();
+        let segments = lock(&self.core.segments).clone();
+        let first = segments.first().map_or(Lsn::FIRST, |s| s.start);
+        Ok(RawReader::new(
+            Arc::clone(&self.core.options.storage),
+            segments,
+            from.max(first),
+            end,
+            self.core.max_record as u32,
+            self.core.options.recovery == RecoveryMode::SkipCorrupt,
+        ))
+    }
+
+    /// Releases whole segments whose records are all below `lsn`, so a checkpoint at `lsn` frees
+    /// disk space. Records below `lsn` that share a segment with later ones stay readable. The
+    /// newest segment is never removed. Returns how many segments were removed.
+    pub fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        let core = &self.core;
+        let storage = core.options.storage.as_ref();
+        let mut segments = lock(&core.segments);
+        let removable = segments
+            .windows(2)
+            .take_while(|pair| pair[1].start <= lsn)
+            .count();
+        for segment in segments.drain(..removable) {
+            storage
+                .remove(&segment.path)
+                .map_err(|e| Error::io("remove", &segment.path, e))?;
+        }
+        if removable > 0 {
+            storage
+                .sync_dir(&core.dir)
+                .map_err(|e| Error::io("fsync directory", &core.dir, e))?;
+        }
+        Ok(removable)
+    }
+
+    /// Commits everything and closes the log. Dropping a log without `close` leaves records
+    /// that were appended but not committed unwritten, exactly as a crash would.
+    pub fn close(self) -> Result<()> {
+        self.commit_all()?;
+        Ok(())
+    }
+
+    /// Segment files currently in the log, oldest first.
+    pub fn segments(&self) -> Vec<SegmentFile> {
+        lock(&self.core.segments).clone()
+    }
+
+    /// Writes (and, if `batch.sync`, syncs) a batch as the only leader, then publishes the
+    /// outcome and wakes the waiters.
+    fn run_flush(&self, batch: Batch) -> Result<()> {
+        let core = &self.core;
+        let outcome = {
+            let mut tail = lock(&core.tail);
+            self.write_batch(&mut tail, &batch)
+        };
+        let mut state = lock(&core.state);
+        state.flushing = false;
+        let result = match outcome {
+            Ok(()) => {
+                state.written_lsn = state.written_lsn.max(batch.last_lsn);
+                if batch.sync {
+                    state.durable_lsn = state.durable_lsn.max(batch.last_lsn);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                tracing::error!("write-ahead log stopped: {error}");
+                let error = Arc::new(error);
+                state.failure = Some(Arc::clone(&error));
+                Err(poisoned(&error))
+            }
+        };
+        let mut bytes = batch.bytes;
+        if bytes.capacity() > state.spare.capacity() && bytes.capacity() <= 64 << 20 {
+            bytes.clear();
+            state.spare = bytes;
+        }
+        let done = if core.options.sync == SyncMode::Data {
+            state.durable_lsn
+        } else {
+            state.written_lsn
+        };
+        let failed = state.failure.is_some();
+        let ready: Vec<Waker> = {
+            let mut ready = Vec::new();
+            state.async_waiters.retain(|(lsn, waker)| {
+                let wake = failed || *lsn <= done;
+                if wake {
+                    ready.push(waker.clone());
+                }
+                !wake
+            });
+            ready
+        };
+        drop(state);
+        core.flushed.notify_all();
+        ready.into_iter().for_each(Waker::wake);
+        result
+    }
+
+    fn write_batch(&self, tail: &mut Tail, batch: &Batch) -> Result<()> {
+        let mut from = 0;
+        for cut in &batch.cuts {
+            self.write_tail(tail, &batch.bytes[from..cut.at])?;
+            // Seal: the old segment is made durable before anything reaches the new one.
+            tail.file
+                .sync_data()
+                .map_err(|e| Error::io("fdatasync", &tail.path, e))?;
+            self.rotate(tail, cut.start)?;
+            from = cut.at;
+        }
+        self.write_tail(tail, &batch.bytes[from..])?;
+        if batch.sync {
+            tail.file
+                .sync_data()
+                .map_err(|e| Error::io("fdatasync", &tail.path, e))?;
+        }
+        Ok(())
+    }
+
+    fn write_tail(&self, tail: &mut Tail, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        tail.file
+            .write_all_at(bytes, tail.offset)
+            .map_err(|e| Error::io("write", &tail.path, e))?;
+        tail.offset += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn rotate(&self, tail: &mut Tail, start: Lsn) -> Result<()> {
+        let core = &self.core;
+        let header = SegmentHeader {
+            codec: core.codec,
+            segment_seq: tail.header.segment_seq + 1,
+            start_lsn: start,
+            capacity: core.options.segment_bytes,
+            type_tag: core.type_tag.clone(),
+        };
+        let file = segment::create(core.options.storage.as_ref(), &core.dir, &header)?;
+        let path = core.dir.join(segment_file_name(start));
+        *tail = Tail {
+            file,
+            path: path.clone(),
+            header,
+            offset: stela_format::header::HEADER_BYTES as u64,
+        };
+        lock(&core.segments).push(SegmentFile { start, path });
+        Ok(())
+    }
+
+    fn syncer(&self) -> Arc<AsyncSyncer> {
+        Arc::clone(self.core.async_syncer.get_or_init(|| {
+            let syncer = Arc::new(AsyncSyncer::default());
+            let weak = Arc::downgrade(&self.core);
+            let for_thread = Arc::clone(&syncer);
+            std::thread::Builder::new()
+                .name("stela-wal-async-commit".into())
+                .spawn(move || for_thread.run(weak))
+                .expect("spawn async commit thread");
+            syncer
+        }))
+    }
+}
+
+fn take_batch(state: &mut State, sync: bool) -> Batch {
+    state.flushing = true;
+    let spare = std::mem::take(&mut state.spare);
+    Batch {
+        bytes: std::mem::replace(&mut state.pending, spare),
+        cuts: std::mem::take(&mut state.cuts),
+        last_lsn: Lsn::new(state.next_lsn.get() - 1),
+        sync,
+    }
+}
+
+fn poisoned(failure: &Arc<Error>) -> Error {
+    Error::Poisoned {
+        cause: Arc::clone(failure),
+    }
+}
+
+/// The thread that runs flushes on behalf of async waiters.
+#[derive(Default)]
+struct AsyncSyncer {
+    requested: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl AsyncSyncer {
+    fn request(&self) {
+        *lock(&self.requested) = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self, core: Weak<Core>) {
+        loop {
+            {
+                let mut requested = lock(&self.requested);
+                while !*requested {
+                    // Wake up now and then to notice that the log was dropped.
+                    let (guard, _) = self
+                        .wake
+                        .wait_timeout(requested, Duration::from_millis(100))
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    requested = guard;
+                    if core.strong_count() == 0 {
+                        return;
+                    }
+                }
+                *requested = false;
+            }
+            let Some(core) = core.upgrade() else { return };
+            let log = Log { core };
+            // The outcome reaches the futures through the state they poll.
+            let _ = log.commit_all();
+        }
+    }
+}
+
+/// Resolves when an LSN is durable. See [`Log::commit_async`].
+pub struct CommitFuture {
+    log: Log,
+    lsn: Lsn,
+}
+
+impl Future for CommitFuture {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let core = &self.log.core;
+        let mut state = lock(&core.state);
+        if let Some(failure) = &state.failure {
+            return Poll::Ready(Err(poisoned(failure)));
+        }
+        let done = if core.options.sync == SyncMode::Data {
+            state.durable_lsn
+        } else {
+            state.written_lsn
+        };
+        if self.lsn <= done {
+            return Poll::Ready(Ok(()));
+        }
+        if self.lsn >= state.next_lsn {
+            return Poll::Ready(Err(Error::NotAppended {
+                lsn: self.lsn,
+                next: state.next_lsn,
+            }));
+        }
+        state.async_waiters.push((self.lsn, cx.waker().clone()));
+        drop(state);
+        self.log.syncer().request();
+        Poll::Pending
+    }
+}

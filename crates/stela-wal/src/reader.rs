@@ -1,0 +1,261 @@
+//! Reading records in log order, lazily, segment after segment.
+//!
+//! A [`RawReader`] works on a snapshot: the segment list and the LSN bound taken when it was
+//! made. It never reads past that bound, so records being written concurrently are neither
+//! half-read nor missed in a later reader. It reads segments in large chunks (1 MiB) and checks
+//! every frame's checksum and LSN as it goes: at damage it yields one error naming the segment and
+//! offset, then stops, unless it was made in skip mode, where it resumes at the next valid record.
+
+use crate::error::{Corruption, Error, Result};
+use crate::segment::SegmentFile;
+use crate::storage::{OpenMode, Storage, StorageFile};
+use stela_format::frame::{self, Decoded};
+use stela_format::header::HEADER_BYTES;
+use stela_format::Lsn;
+use std::sync::Arc;
+
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// An ordered reader of raw record payloads. See the module documentation.
+pub struct RawReader {
+    storage: Arc<dyn Storage>,
+    segments: Vec<SegmentFile>,
+    /// Records below this LSN are read (to find their end) but not returned.
+    from: Lsn,
+    /// Exclusive upper bound: the reader stops before this LSN.
+    end: Lsn,
+    max_payload: u32,
+    skip_damage: bool,
+    position: Option<Position>,
+    next_segment: usize,
+    expected: Lsn,
+    done: bool,
+}
+
+struct Position {
+    file: Box<dyn StorageFile>,
+    segment: usize,
+    file_len: u64,
+    /// Bytes of the file starting at `buf_offset`.
+    buf: Vec<u8>,
+    buf_offset: u64,
+    /// Read position within `buf`.
+    pos: usize,
+}
+
+impl Position {
+    fn file_offset(&self) -> u64 {
+        self.buf_offset + self.pos as u64
+    }
+
+    fn at_file_end(&self) -> bool {
+        self.buf_offset + self.buf.len() as u64 >= self.file_len
+    }
+
+    /// Reads more of the file so at least `want` bytes are available from `pos` (or the file
+    /// ends).
+    fn refill(&mut self, want: usize) -> std::io::Result<()> {
+        self.buf.drain(..self.pos);
+        self.buf_offset += self.pos as u64;
+        self.pos = 0;
+        let remaining = self.file_len - (self.buf_offset + self.buf.len() as u64);
+        let read = (want.max(CHUNK_BYTES) as u64).min(remaining) as usize;
+        let old = self.buf.len();
+        self.buf.resize(old + read, 0);
+        let at = self.buf_offset + old as u64;
+        self.file.read_exact_at(&mut self.buf[old..], at)
+    }
+}
+
+impl RawReader {
+    /// A reader over `segments` (in log order) returning records `from..end`.
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        segments: Vec<SegmentFile>,
+        from: Lsn,
+        end: Lsn,
+        max_payload: u32,
+        skip_damage: bool,
+    ) -> RawReader {
+        // Start in the last segment that begins at or before `from`.
+        let first = segments
+            .iter()
+            .rposition(|s| s.start <= from)
+            .unwrap_or(0);
+        let expected = segments.get(first).map_or(from, |s| s.start);
+        RawReader {
+            storage,
+            segments,
+            from,
+            end,
+            max_payload,
+            skip_damage,
+            position: None,
+            next_segment: first,
+            expected,
+            done: false,
+        }
+    }
+
+    /// The LSN the next record should have.
+    pub fn expected_lsn(&self) -> Lsn {
+        self.expected
+    }
+
+    fn fail(&mut self, error: Error) -> Option<Result<(Lsn, &[u8])>> {
+        self.done = true;
+        Some(Err(error))
+    }
+
+    /// The next record as `(lsn, payload)`; the payload borrows the reader's buffer.
+    pub fn next_record(&mut self) -> Option<Result<(Lsn, &[u8])>> {
+        loop {
+            if self.done || self.expected >= self.end {
+                self.done = true;
+                return None;
+            }
+            if self.position.is_none() {
+                match self.open_next_segment() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.done = true;
+                        return None;
+                    }
+                    Err(error) => return self.fail(error),
+                }
+            }
+            let position = self.position.as_mut().expect("opened above");
+            let decoded = frame::decode_with_limit(&position.buf[position.pos..], self.max_payload);
+            match decoded {
+                Decoded::Record(rec) if rec.lsn == self.expected => {
+                    let start = position.pos + frame::HEADER_BYTES;
+                    let len = rec.payload.len();
+                    let lsn = rec.lsn;
+                    position.pos += rec.frame_len();
+                    self.expected = lsn.next();
+                    if lsn >= self.from {
+                        let position = self.position.as_ref().expect("opened above");
+                        return Some(Ok((lsn, &position.buf[start..start + len])));
+                    }
+                }
+                Decoded::Incomplete { needed } if !position.at_file_end() => {
+                    if let Err(e) = position.refill(needed) {
+                        let path = self.segments[position.segment].path.clone();
+                        return self.fail(Error::io("read", path, e));
+                    }
+                }
+                Decoded::Unwritten
+                    if position.buf[position.pos..].len() >= frame::HEADER_BYTES
+                        || position.at_file_end() =>
+                {
+                    // The data of this segment ends here; the next segment must continue it.
+                    self.position = None;
+                }
+                Decoded::Unwritten => {
+                    if let Err(e) = position.refill(frame::HEADER_BYTES) {
+                        let path = self.segments[position.segment].path.clone();
+                        return self.fail(Error::io("read", path, e));
+                    }
+                }
+                Decoded::Incomplete { .. } if position.pos == position.buf.len() => {
+                    self.position = None; // exactly at the end of the file
+                }
+                bad => {
+                    let reason = match bad {
+                        Decoded::Record(rec) => {
+                            format!("found record LSN {} out of sequence", rec.lsn)
+                        }
+                        Decoded::Rejected(why) => why.to_string(),
+                        _ => "record cut short by the end of the segment file".to_string(),
+                    };
+                    if let Some(error) = self.damage(reason) {
+                        return self.fail(error);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles a bad frame at the current position: in skip mode moves past it (returning
+    /// `None`), otherwise returns the corruption error.
+    fn damage(&mut self, reason: String) -> Option<Error> {
+        let position = self.position.as_mut().expect("called with a position");
+        let offset = position.file_offset();
+        let path = self.segments[position.segment].path.clone();
+        if let Err(e) = position.refill(usize::MAX) {
+            return Some(Error::io("read", path, e));
+        }
+        let resumes = frame::find_next_valid(&position.buf, 1, self.expected, self.max_payload);
+        if self.skip_damage {
+            match resumes {
+                Some(at) => {
+                    position.pos = at;
+                    let lsn = &position.buf[at + 8..at + 16];
+                    self.expected = Lsn::new(u64::from_le_bytes(lsn.try_into().expect("8")));
+                }
+                None => self.position = None,
+            }
+            return None;
+        }
+        Some(Error::corruption(Corruption {
+            segment: path,
+            offset,
+            expected_lsn: self.expected,
+            reason,
+            valid_record_at: resumes.map(|at| offset + at as u64),
+        }))
+    }
+
+    /// Opens the next segment. `Ok(false)` at the end of the log.
+    fn open_next_segment(&mut self) -> Result<bool> {
+        let Some(segment) = self.segments.get(self.next_segment) else {
+            return Ok(false);
+        };
+        if segment.start != self.expected {
+            let missing = format!(
+                "records {}..{} are missing before this segment",
+                self.expected, segment.start
+            );
+            if !(self.skip_damage && segment.start > self.expected) {
+                return Err(Error::corruption(Corruption {
+                    segment: segment.path.clone(),
+                    offset: 0,
+                    expected_lsn: self.expected,
+                    reason: missing,
+                    valid_record_at: None,
+                }));
+            }
+            self.expected = segment.start;
+        }
+        let file = self
+            .storage
+            .open(&segment.path, OpenMode::Read)
+            .map_err(|e| Error::io("open", &segment.path, e))?;
+        let file_len = file.len().map_err(|e| Error::io("stat", &segment.path, e))?;
+        let mut position = Position {
+            file,
+            segment: self.next_segment,
+            file_len,
+            buf: Vec::with_capacity(CHUNK_BYTES),
+            buf_offset: HEADER_BYTES as u64,
+            pos: 0,
+        };
+        if file_len > HEADER_BYTES as u64 {
+            position
+                .refill(0)
+                .map_err(|e| Error::io("read", &segment.path, e))?;
+        }
+        self.position = Some(position);
+        self.next_segment += 1;
+        Ok(true)
+    }
+}
+
+impl Iterator for RawReader {
+    type Item = Result<(Lsn, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_record()
+            .map(|r| r.map(|(lsn, payload)| (lsn, payload.to_vec())))
+    }
+}

@@ -1,0 +1,353 @@
+//! Opening a log directory: finding the segments, checking them, repairing a torn tail.
+//!
+//! The outcome is either an error that names the file and offset (and changed nothing on disk),
+//! or a [`Recovered`] log positioned after its last valid record, plus a [`RecoveryReport`] of
+//! what was found and done. See [`crate::scan`] for how a bad spot is classified.
+
+use crate::error::{Corruption, Error, Result};
+use crate::options::{RecoveryMode, WalOptions};
+use crate::scan::{scan_segment, Damage, TornTail};
+use crate::segment::{self, SegmentFile};
+use crate::storage::{OpenMode, Storage, StorageFile};
+use stela_format::segment_name::segment_file_name;
+use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What opening the log found and did.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    /// Segment files in the log after recovery.
+    pub segments: usize,
+    /// Records checked at open (all of them, unless `verify_on_open` was off).
+    pub records_verified: u64,
+    /// First and last LSN present (both `Lsn::ZERO` for an empty log).
+    pub first_lsn: Lsn,
+    pub last_lsn: Lsn,
+    /// A torn write removed from the end of the last segment.
+    pub torn_tail: Option<(PathBuf, TornTail)>,
+    /// Damage skipped (`SkipCorrupt`) or cut away (`KeepValidPrefix`).
+    pub damage: Vec<(PathBuf, Damage)>,
+    /// Where removed bytes and segments were put, if anything was removed.
+    pub salvage_dir: Option<PathBuf>,
+    /// Incomplete segment preparations deleted.
+    pub removed_temp_files: Vec<PathBuf>,
+}
+
+/// The log after recovery, ready for appends.
+pub(crate) struct Recovered {
+    pub segments: Vec<SegmentFile>,
+    pub tail: Box<dyn StorageFile>,
+    pub tail_header: SegmentHeader,
+    pub write_offset: u64,
+    pub next_lsn: Lsn,
+    pub report: RecoveryReport,
+    pub lock: Box<dyn Send + Sync>,
+}
+
+/// What the caller expects the log to hold.
+pub(crate) struct Expect {
+    pub codec: Codec,
+    pub type_tag: TypeTag,
+}
+
+pub(crate) fn recover(
+    dir: &Path,
+    options: &WalOptions,
+    expect: &Expect,
+    keep_removed_bytes: bool,
+) -> Result<Recovered> {
+    let storage = options.storage.as_ref();
+    if options.create_if_missing {
+        storage
+            .create_dir_all(dir)
+            .map_err(|e| Error::io("create directory", dir, e))?;
+    } else if storage.list(dir).is_err() {
+        return Err(Error::NotFound {
+            dir: dir.to_path_buf(),
+        });
+    }
+    let lock = storage.lock_dir(dir).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Error::Locked {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            Error::io("lock", dir, e)
+        }
+    })?;
+    let listing = segment::list(storage, dir)?;
+    let mut report = RecoveryReport::default();
+    for temp in &listing.temp_files {
+        storage.remove(temp).map_err(|e| Error::io("remove", temp, e))?;
+        report.removed_temp_files.push(temp.clone());
+    }
+    if !listing.temp_files.is_empty() {
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("fsync directory", dir, e))?;
+    }
+
+    let mut segments = listing.segments;
+    if segments.is_empty() {
+        let header = new_header(options, expect, 0, Lsn::FIRST);
+        let tail = segment::create(storage, dir, &header)?;
+        report.segments = 1;
+        return Ok(Recovered {
+            segments: vec![SegmentFile {
+                start: Lsn::FIRST,
+                path: dir.join(segment_file_name(Lsn::FIRST)),
+            }],
+            tail,
+            tail_header: header,
+            write_offset: stela_format::header::HEADER_BYTES as u64,
+            next_lsn: Lsn::FIRST,
+            report,
+            lock,
+        });
+    }
+
+    let max_payload = options.effective_max_record() as u32;
+    let skip = options.recovery == RecoveryMode::SkipCorrupt;
+    let mut expected_start: Option<Lsn> = None;
+    let mut index = 0;
+    let (tail, tail_header, write_offset, next_lsn) = loop {
+        let seg = segments[index].clone();
+        let is_last = index + 1 == segments.len();
+        let mode = if is_last {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::Read
+        };
+        let file = storage
+            .open(&seg.path, mode)
+            .map_err(|e| Error::io("open", &seg.path, e))?;
+        let header = segment::read_header(file.as_ref(), &seg.path)?;
+        check_header(&seg, &header, expect)?;
+        if let Some(expected) = expected_start.filter(|&e| e != seg.start) {
+            let damage = Damage {
+                offset: 0,
+                expected_lsn: expected,
+                reason: format!(
+                    "records {expected}..{} are missing: a segment file was lost or removed",
+                    seg.start
+                ),
+                resumes_at: Some(stela_format::header::HEADER_BYTES as u64),
+            };
+            match options.recovery {
+                RecoveryMode::Strict | RecoveryMode::KeepValidPrefix => {
+                    // Cutting at a missing segment would cut everything after it: refuse even in
+                    // salvage mode, an operator must look at this.
+                    return Err(corruption(&seg.path, &damage));
+                }
+                RecoveryMode::SkipCorrupt => report.damage.push((seg.path.clone(), damage)),
+            }
+        }
+
+        if !(options.verify_on_open || is_last) {
+            expected_start = None;
+            index += 1;
+            continue;
+        }
+        let bytes = file
+            .read_to_vec()
+            .map_err(|e| Error::io("read", &seg.path, e))?;
+        let scan = scan_segment(&bytes, seg.start, is_last, max_payload, skip);
+        report.records_verified += scan.records;
+        if report.first_lsn == Lsn::ZERO {
+            report.first_lsn = scan.first_lsn.unwrap_or(Lsn::ZERO);
+        }
+
+        if let Some(damage) = scan.damage.first() {
+            match options.recovery {
+                RecoveryMode::Strict => return Err(corruption(&seg.path, damage)),
+                RecoveryMode::SkipCorrupt => {
+                    report
+                        .damage
+                        .extend(scan.damage.iter().map(|d| (seg.path.clone(), d.clone())));
+                }
+                RecoveryMode::KeepValidPrefix => {
+                    let salvage = salvage_dir(dir, &mut report);
+                    storage
+                        .create_dir_all(&salvage)
+                        .map_err(|e| Error::io("create directory", &salvage, e))?;
+                    let file = storage
+                        .open(&seg.path, OpenMode::ReadWrite)
+                        .map_err(|e| Error::io("open", &seg.path, e))?;
+                    cut(storage, &salvage, &seg.path, file.as_ref(), &bytes, damage.offset)?;
+                    for later in segments.drain(index + 1..) {
+                        let to = salvage.join(later.path.file_name().expect("segment name"));
+                        storage
+                            .rename(&later.path, &to)
+                            .map_err(|e| Error::io("move aside", &later.path, e))?;
+                    }
+                    for synced in [&salvage, dir] {
+                        storage
+                            .sync_dir(synced)
+                            .map_err(|e| Error::io("fsync directory", synced, e))?;
+                    }
+                    report.damage.push((seg.path.clone(), damage.clone()));
+                    let next = scan.last_lsn.map_or(seg.start, Lsn::next);
+                    break (file, header, scan.end_offset, next);
+                }
+            }
+        }
+        if let Some(torn) = &scan.torn_tail {
+            if keep_removed_bytes {
+                let salvage = salvage_dir(dir, &mut report);
+                storage
+                    .create_dir_all(&salvage)
+                    .map_err(|e| Error::io("create directory", &salvage, e))?;
+                cut(storage, &salvage, &seg.path, file.as_ref(), &bytes, torn.offset)?;
+                storage
+                    .sync_dir(&salvage)
+                    .map_err(|e| Error::io("fsync directory", &salvage, e))?;
+            } else {
+                zero(file.as_ref(), &seg.path, torn.offset, torn.bytes)?;
+            }
+            tracing::warn!(
+                segment = %seg.path.display(),
+                offset = torn.offset,
+                bytes = torn.bytes,
+                "removed a torn write from the end of the log: {}",
+                torn.reason
+            );
+            report.torn_tail = Some((seg.path.clone(), torn.clone()));
+        }
+        let next = scan.last_lsn.map_or(seg.start, Lsn::next);
+        if is_last {
+            break (file, header, scan.end_offset, next);
+        }
+        expected_start = Some(next);
+        index += 1;
+    };
+
+    // A segment cut short by a crash during preallocation would make later writes grow the file.
+    tail.allocate(tail_header.capacity)
+        .map_err(|e| Error::io("preallocate", &segments[segments.len() - 1].path, e))?;
+    report.segments = segments.len();
+    report.last_lsn = Lsn::new(next_lsn.get() - 1);
+    if report.first_lsn == Lsn::ZERO && report.last_lsn != Lsn::ZERO {
+        report.first_lsn = segments[0].start;
+    }
+    Ok(Recovered {
+        segments,
+        tail,
+        tail_header,
+        write_offset,
+        next_lsn,
+        report,
+        lock,
+    })
+}
+
+pub(crate) fn new_header(
+    options: &WalOptions,
+    expect: &Expect,
+    segment_seq: u64,
+    start: Lsn,
+) -> SegmentHeader {
+    SegmentHeader {
+        codec: expect.codec,
+        segment_seq,
+        start_lsn: start,
+        capacity: options.segment_bytes,
+        type_tag: expect.type_tag.clone(),
+    }
+}
+
+fn check_header(seg: &SegmentFile, header: &SegmentHeader, expect: &Expect) -> Result<()> {
+    if header.codec != expect.codec {
+        return Err(Error::WrongCodec {
+            segment: seg.path.clone(),
+            found: header.codec,
+            expected: expect.codec,
+        });
+    }
+    if !header.type_tag.same_as(&expect.type_tag) {
+        return Err(Error::WrongRecordType {
+            segment: seg.path.clone(),
+            found: header.type_tag.clone(),
+            expected: expect.type_tag.clone(),
+        });
+    }
+    if header.start_lsn != seg.start {
+        return Err(Error::corruption(Corruption {
+            segment: seg.path.clone(),
+            offset: 24,
+            expected_lsn: seg.start,
+            reason: format!(
+                "segment header says its first LSN is {}, its file name says {}",
+                header.start_lsn, seg.start
+            ),
+            valid_record_at: None,
+        }));
+    }
+    Ok(())
+}
+
+fn corruption(path: &Path, damage: &Damage) -> Error {
+    Error::corruption(Corruption {
+        segment: path.to_path_buf(),
+        offset: damage.offset,
+        expected_lsn: damage.expected_lsn,
+        reason: damage.reason.clone(),
+        valid_record_at: damage.resumes_at,
+    })
+}
+
+fn salvage_dir(dir: &Path, report: &mut RecoveryReport) -> PathBuf {
+    report
+        .salvage_dir
+        .get_or_insert_with(|| {
+            let ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            dir.join(format!("salvage-{ms}"))
+        })
+        .clone()
+}
+
+/// Copies the bytes of a segment from `offset` to its last non-zero byte into the salvage
+/// folder, then zeroes them in the segment, durably.
+fn cut(
+    storage: &dyn Storage,
+    salvage: &Path,
+    path: &Path,
+    file: &dyn StorageFile,
+    bytes: &[u8],
+    offset: u64,
+) -> Result<()> {
+    let from = offset as usize;
+    let end = bytes[from..]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(from, |i| from + i + 1);
+    let name = format!(
+        "{}.from-{offset}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("segment")
+    );
+    let copy_path = salvage.join(name);
+    let copy = storage
+        .open(&copy_path, OpenMode::CreateNew)
+        .map_err(|e| Error::io("create", &copy_path, e))?;
+    copy.write_all_at(&bytes[from..end], 0)
+        .map_err(|e| Error::io("write", &copy_path, e))?;
+    copy.sync_data()
+        .map_err(|e| Error::io("fdatasync", &copy_path, e))?;
+    zero(file, path, offset, (end - from) as u64)
+}
+
+/// Overwrites `len` bytes at `offset` with zeros and syncs, so the bytes can never be read as
+/// records again (not even after a later write happens to end where one of them started).
+fn zero(file: &dyn StorageFile, path: &Path, offset: u64, len: u64) -> Result<()> {
+    let zeros = vec![0u8; len.min(1 << 20) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], offset + done)
+            .map_err(|e| Error::io("write", path, e))?;
+        done += n as u64;
+    }
+    file.sync_data().map_err(|e| Error::io("fdatasync", path, e))
+}

@@ -1,0 +1,538 @@
+//! [`FaultStorage`]: an in-memory file system that can lose power.
+//!
+//! It keeps, for every file, the bytes a process sees now and the bytes that would survive a
+//! power cut (those covered by a successful `sync_data`), and, for every directory entry, the
+//! names made durable by `sync_dir`. [`FaultStorage::crash`] then drops everything volatile: the
+//! unsynced writes of each file (optionally keeping a prefix of them, the last one torn inside a
+//! 512-byte sector, as a disk does when power fails mid-write) and every name created, renamed or
+//! removed since its directory was last synced.
+//!
+//! It also injects the failures a log must survive: an fsync that fails (`fail_sync_after`), a
+//! device that fills up (`set_space_limit`), and writes that fail outright (`fail_writes`).
+//!
+//! Writes are assumed to persist in the order they were issued (a prefix survives), except for
+//! the tear of the last one. That is the model `docs/FORMAT.md` states for the real media.
+
+use super::{OpenMode, Storage, StorageFile};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const SECTOR: usize = 512;
+
+/// What survives [`FaultStorage::crash`].
+#[derive(Clone, Copy, Debug)]
+pub enum CrashPlan {
+    /// Only synced data and names survive.
+    LoseUnsynced,
+    /// Synced data survives, plus a random prefix of each file's unsynced writes, the last of
+    /// which is cut at a random byte with the rest of its sector filled with garbage. `seed`
+    /// makes the choice repeatable.
+    TearUnsynced { seed: u64 },
+}
+
+/// An in-memory file system with power-loss and failure injection. Cloning shares the state.
+#[derive(Clone, Default)]
+pub struct FaultStorage {
+    inner: Arc<Mutex<FsState>>,
+}
+
+#[derive(Default)]
+struct FsState {
+    names: BTreeMap<PathBuf, Arc<MemFile>>,
+    durable_names: BTreeMap<PathBuf, Arc<MemFile>>,
+    dirs: Vec<PathBuf>,
+    locked: Vec<PathBuf>,
+    faults: Faults,
+}
+
+#[derive(Default)]
+struct Faults {
+    /// The number of further `sync_data` calls that succeed before one fails.
+    syncs_before_failure: Option<u64>,
+    /// Total bytes all files may occupy.
+    space_limit: Option<u64>,
+    fail_writes: bool,
+}
+
+struct MemFile {
+    storage: Arc<Mutex<FsState>>,
+    data: Mutex<FileData>,
+}
+
+#[derive(Default, Clone)]
+struct FileData {
+    current: Vec<u8>,
+    durable: Vec<u8>,
+    unsynced: Vec<Op>,
+}
+
+#[derive(Clone)]
+enum Op {
+    Write { offset: usize, bytes: Vec<u8> },
+    Resize { len: usize },
+}
+
+impl Op {
+    fn apply(&self, to: &mut Vec<u8>) {
+        match self {
+            Op::Write { offset, bytes } => {
+                let end = offset + bytes.len();
+                if to.len() < end {
+                    to.resize(end, 0);
+                }
+                to[*offset..end].copy_from_slice(bytes);
+            }
+            Op::Resize { len } => to.resize(*len, 0),
+        }
+    }
+}
+
+impl fmt::Debug for FaultStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = lock(&self.inner);
+        f.debug_struct("FaultStorage")
+            .field("files", &state.names.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl fmt::Debug for MemFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemFile")
+            .field("len", &lock(&self.data).current.len())
+            .finish()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A test thread that panicked while holding the lock leaves consistent data behind: every
+    // critical section here is a few plain assignments.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn out_of_space() -> io::Error {
+    io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{}: no such file", path.display()),
+    )
+}
+
+impl FaultStorage {
+    pub fn new() -> FaultStorage {
+        FaultStorage::default()
+    }
+
+    /// Makes the `n`-th `sync_data` from now fail with EIO (`n` = 0: the very next one).
+    pub fn fail_sync_after(&self, n: u64) {
+        lock(&self.inner).faults.syncs_before_failure = Some(n);
+    }
+
+    /// Caps the total size of all files; writes and allocations past it fail with ENOSPC.
+    pub fn set_space_limit(&self, bytes: Option<u64>) {
+        lock(&self.inner).faults.space_limit = bytes;
+    }
+
+    /// Makes every write fail with EIO (or succeed again).
+    pub fn fail_writes(&self, fail: bool) {
+        lock(&self.inner).faults.fail_writes = fail;
+    }
+
+    /// The durable-or-not contents of a file as a process would read them now.
+    pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let state = lock(&self.inner);
+        state.names.get(path).map(|f| lock(&f.data).current.clone())
+    }
+
+    /// Overwrites bytes of a file as if the medium had changed them, durably. For corruption
+    /// tests.
+    pub fn corrupt(&self, path: &Path, offset: usize, bytes: &[u8]) {
+        let state = lock(&self.inner);
+        let file = state.names.get(path).expect("corrupt: no such file");
+        let mut data = lock(&file.data);
+        let op = Op::Write {
+            offset,
+            bytes: bytes.to_vec(),
+        };
+        op.apply(&mut data.current);
+        op.apply(&mut data.durable);
+    }
+
+    /// Names of files below `dir`, as a process would list them now.
+    pub fn file_names(&self, dir: &Path) -> Vec<String> {
+        self.list(dir).unwrap_or_default()
+    }
+
+    /// Cuts the power. Every handle opened before keeps working on the lost state, so callers
+    /// should drop the old log first; a log opened afterwards sees what the disk kept.
+    pub fn crash(&self, plan: CrashPlan) {
+        let mut rng = match plan {
+            CrashPlan::LoseUnsynced => None,
+            CrashPlan::TearUnsynced { seed } => Some(SplitMix(seed)),
+        };
+        let mut state = lock(&self.inner);
+        let mut survivors = BTreeMap::new();
+        for (path, file) in &state.durable_names {
+            let data = lock(&file.data);
+            let mut kept = data.durable.clone();
+            if let Some(rng) = rng.as_mut() {
+                let keep = rng.below(data.unsynced.len() as u64 + 1) as usize;
+                for (i, op) in data.unsynced.iter().take(keep).enumerate() {
+                    match op {
+                        Op::Write { offset, bytes } if i + 1 == keep && !bytes.is_empty() => {
+                            tear(&mut kept, *offset, bytes, rng);
+                        }
+                        op => op.apply(&mut kept),
+                    }
+                }
+            }
+            let survivor = Arc::new(MemFile {
+                storage: Arc::clone(&self.inner),
+                data: Mutex::new(FileData {
+                    current: kept.clone(),
+                    durable: kept,
+                    unsynced: Vec::new(),
+                }),
+            });
+            survivors.insert(path.clone(), survivor);
+        }
+        state.names = survivors.clone();
+        state.durable_names = survivors;
+        state.locked.clear();
+        state.faults = Faults::default();
+    }
+}
+
+/// Applies a write cut short: a random prefix lands, and the sector the cut falls in gets
+/// garbage after the cut (a torn sector).
+fn tear(to: &mut Vec<u8>, offset: usize, bytes: &[u8], rng: &mut SplitMix) {
+    let cut = rng.below(bytes.len() as u64) as usize;
+    Op::Write {
+        offset,
+        bytes: bytes[..cut].to_vec(),
+    }
+    .apply(to);
+    let torn_from = offset + cut;
+    let sector_end = (torn_from / SECTOR + 1) * SECTOR;
+    let garbage_end = sector_end.min(offset + bytes.len());
+    let garbage: Vec<u8> = (torn_from..garbage_end)
+        .map(|_| rng.next() as u8 | 1)
+        .collect();
+    Op::Write {
+        offset: torn_from,
+        bytes: garbage,
+    }
+    .apply(to);
+}
+
+/// A tiny deterministic generator, so crash plans replay from a seed without a dependency.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        if bound == 0 {
+            0
+        } else {
+            self.next() % bound
+        }
+    }
+}
+
+impl FsState {
+    fn used_bytes(&self) -> u64 {
+        self.names
+            .values()
+            .map(|f| lock(&f.data).current.len() as u64)
+            .sum()
+    }
+}
+
+impl Storage for FaultStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut state = lock(&self.inner);
+        if !state.dirs.iter().any(|d| d == dir) {
+            state.dirs.push(dir.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let state = lock(&self.inner);
+        if !state.dirs.iter().any(|d| d == dir) {
+            return Err(not_found(dir));
+        }
+        Ok(state
+            .names
+            .keys()
+            .filter(|path| path.parent() == Some(dir))
+            .filter_map(|path| path.file_name()?.to_str().map(str::to_string))
+            .collect())
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        let mut state = lock(&self.inner);
+        let existing = state.names.get(path).cloned();
+        let file = match (mode, existing) {
+            (OpenMode::CreateNew, Some(_)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{}: exists", path.display()),
+                ))
+            }
+            (OpenMode::CreateNew, None) => {
+                let parent = path.parent().unwrap_or(Path::new(""));
+                if !state.dirs.iter().any(|d| d == parent) {
+                    return Err(not_found(parent));
+                }
+                let file = Arc::new(MemFile {
+                    storage: Arc::clone(&self.inner),
+                    data: Mutex::new(FileData::default()),
+                });
+                state.names.insert(path.to_path_buf(), Arc::clone(&file));
+                file
+            }
+            (_, Some(file)) => file,
+            (_, None) => return Err(not_found(path)),
+        };
+        Ok(Box::new(FaultFile {
+            file,
+            writable: mode != OpenMode::Read,
+        }))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = lock(&self.inner);
+        let file = state.names.remove(from).ok_or_else(|| not_found(from))?;
+        state.names.insert(to.to_path_buf(), file);
+        Ok(())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut state = lock(&self.inner);
+        state.names.remove(path).ok_or_else(|| not_found(path))?;
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut state = lock(&self.inner);
+        let in_dir = |path: &PathBuf| path.parent() == Some(dir);
+        state.durable_names.retain(|path, _| !in_dir(path));
+        let current: Vec<_> = state
+            .names
+            .iter()
+            .filter(|(path, _)| in_dir(path))
+            .map(|(path, file)| (path.clone(), Arc::clone(file)))
+            .collect();
+        state.durable_names.extend(current);
+        Ok(())
+    }
+
+    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn Send + Sync>> {
+        let mut state = lock(&self.inner);
+        if state.locked.iter().any(|d| d == dir) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        state.locked.push(dir.to_path_buf());
+        Ok(Box::new(DirLock {
+            storage: Arc::clone(&self.inner),
+            dir: dir.to_path_buf(),
+        }))
+    }
+}
+
+struct DirLock {
+    storage: Arc<Mutex<FsState>>,
+    dir: PathBuf,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        lock(&self.storage).locked.retain(|d| d != &self.dir);
+    }
+}
+
+#[derive(Debug)]
+struct FaultFile {
+    file: Arc<MemFile>,
+    writable: bool,
+}
+
+impl FaultFile {
+    fn check_writable(&self) -> io::Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "file opened read-only",
+            ))
+        }
+    }
+
+    /// Applies a size-changing or data-changing operation if the faults allow it.
+    fn mutate(&self, op: Op, new_len: usize) -> io::Result<()> {
+        self.check_writable()?;
+        let storage = lock(&self.file.storage);
+        if storage.faults.fail_writes {
+            return Err(io::Error::other("injected write failure"));
+        }
+        let mut data = lock(&self.file.data);
+        let growth = new_len.saturating_sub(data.current.len()) as u64;
+        if let Some(limit) = storage.faults.space_limit {
+            drop(data);
+            let used = storage.used_bytes();
+            data = lock(&self.file.data);
+            if growth > 0 && used + growth > limit {
+                return Err(out_of_space());
+            }
+        }
+        op.apply(&mut data.current);
+        data.unsynced.push(op);
+        Ok(())
+    }
+}
+
+impl StorageFile for FaultFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let data = lock(&self.file.data);
+        let offset = offset as usize;
+        if offset >= data.current.len() {
+            return Ok(0);
+        }
+        let n = buf.len().min(data.current.len() - offset);
+        buf[..n].copy_from_slice(&data.current[offset..offset + n]);
+        Ok(n)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let offset = offset as usize;
+        let new_len = {
+            let data = lock(&self.file.data);
+            data.current.len().max(offset + buf.len())
+        };
+        self.mutate(
+            Op::Write {
+                offset,
+                bytes: buf.to_vec(),
+            },
+            new_len,
+        )
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut storage = lock(&self.file.storage);
+        let mut data = lock(&self.file.data);
+        if let Some(n) = storage.faults.syncs_before_failure {
+            if n == 0 {
+                storage.faults.syncs_before_failure = None;
+                // Like Linux after a writeback error: the dirty data is gone from the durable
+                // view (it will not be retried), but the process still reads it from the cache.
+                data.unsynced.clear();
+                return Err(io::Error::other("injected fsync failure (EIO)"));
+            }
+            storage.faults.syncs_before_failure = Some(n - 1);
+        }
+        let ops = std::mem::take(&mut data.unsynced);
+        for op in &ops {
+            op.apply(&mut data.durable);
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(lock(&self.file.data).current.len() as u64)
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        let current = self.len()?;
+        if current >= len {
+            return Ok(());
+        }
+        self.mutate(Op::Resize { len: len as usize }, len as usize)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.mutate(Op::Resize { len: len as usize }, len as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (FaultStorage, PathBuf) {
+        let fs = FaultStorage::new();
+        let dir = PathBuf::from("/log");
+        fs.create_dir_all(&dir).unwrap();
+        (fs, dir)
+    }
+
+    #[test]
+    fn unsynced_writes_and_names_are_lost() {
+        let (fs, dir) = setup();
+        let synced = fs.open(&dir.join("a"), OpenMode::CreateNew).unwrap();
+        fs.sync_dir(&dir).unwrap();
+        synced.write_all_at(b"kept", 0).unwrap();
+        synced.sync_data().unwrap();
+        synced.write_all_at(b"lost", 4).unwrap();
+        let unnamed = fs.open(&dir.join("b"), OpenMode::CreateNew).unwrap();
+        unnamed.write_all_at(b"x", 0).unwrap();
+        unnamed.sync_data().unwrap();
+        fs.crash(CrashPlan::LoseUnsynced);
+        assert_eq!(fs.read_file(&dir.join("a")).unwrap(), b"kept");
+        assert!(fs.read_file(&dir.join("b")).is_none());
+    }
+
+    #[test]
+    fn a_failed_sync_loses_the_dirty_data_for_good() {
+        let (fs, dir) = setup();
+        let file = fs.open(&dir.join("a"), OpenMode::CreateNew).unwrap();
+        fs.sync_dir(&dir).unwrap();
+        file.write_all_at(b"data", 0).unwrap();
+        fs.fail_sync_after(0);
+        assert!(file.sync_data().is_err());
+        assert!(file.sync_data().is_ok(), "a retry succeeds and proves nothing");
+        fs.crash(CrashPlan::LoseUnsynced);
+        assert_eq!(fs.read_file(&dir.join("a")).unwrap(), b"");
+    }
+
+    #[test]
+    fn space_limit_fails_growth_with_enospc() {
+        let (fs, dir) = setup();
+        let file = fs.open(&dir.join("a"), OpenMode::CreateNew).unwrap();
+        fs.set_space_limit(Some(10));
+        file.write_all_at(&[1; 10], 0).unwrap();
+        let err = file.write_all_at(&[1], 10).unwrap_err();
+        assert!(super::super::is_out_of_space(&err));
+        file.write_all_at(&[2; 4], 0).unwrap();
+    }
+
+    #[test]
+    fn torn_writes_keep_a_prefix_and_garbage_to_the_sector_end() {
+        for seed in 0..50 {
+            let (fs, dir) = setup();
+            let file = fs.open(&dir.join("a"), OpenMode::CreateNew).unwrap();
+            fs.sync_dir(&dir).unwrap();
+            file.write_all_at(&[7u8; 2000], 0).unwrap();
+            fs.crash(CrashPlan::TearUnsynced { seed });
+            let kept = fs.read_file(&dir.join("a")).unwrap();
+            assert!(kept.len() <= 2000);
+            let good = kept.iter().take_while(|&&b| b == 7).count();
+            assert!(kept.len() - good <= SECTOR, "garbage beyond one sector");
+        }
+    }
+}

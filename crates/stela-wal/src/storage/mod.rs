@@ -1,0 +1,97 @@
+//! The I/O boundary of the log: every byte the log reads or writes goes through [`Storage`].
+//!
+//! Two implementations ship: [`StdStorage`], the real file system, and [`FaultStorage`], an
+//! in-memory file system that remembers which bytes and which directory entries were made
+//! durable, so tests can "pull the plug": lose every unsynced write, tear the last sector of the
+//! write in flight, fail an fsync, or run out of space. Because the log never touches `std::fs`
+//! directly, any I/O that bypassed this trait would show up as a file the fault layer does not
+//! know about.
+//!
+//! The contract the log relies on, and which `FaultStorage` models:
+//! - `write_all_at` data is volatile until `sync_data` on that file returns `Ok`.
+//! - A created, renamed or removed name is volatile until `sync_dir` on its directory returns.
+//! - After a failed `sync_data` nothing is known about which of the file's writes are durable,
+//!   and a later `sync_data` proves nothing about them (Linux may drop the dirty pages and clear
+//!   the error). The log therefore never retries a failed sync: it stops.
+
+mod fault;
+mod std_fs;
+
+pub use fault::{CrashPlan, FaultStorage};
+pub use std_fs::StdStorage;
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+
+/// How to open a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read only; the file must exist.
+    Read,
+    /// Read and write; the file must exist.
+    ReadWrite,
+    /// Read and write a new, empty file; fails if the name exists.
+    CreateNew,
+}
+
+/// A directory of files, as the log needs it.
+pub trait Storage: Send + Sync + fmt::Debug + 'static {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Names (not paths) of the entries of `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Makes creations, renames and removals in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `dir` for this process, held until the guard is dropped.
+    /// Fails with `WouldBlock` if another holder has it.
+    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn Send + Sync>>;
+}
+
+/// One open file.
+pub trait StorageFile: Send + Sync + fmt::Debug {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at the end).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes this file's written data durable (fdatasync).
+    fn sync_data(&self) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+    /// Grows the file to at least `len` bytes of zeros, reserving the space now so later writes
+    /// within it cannot fail for lack of space.
+    fn allocate(&self, len: u64) -> io::Result<()>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
+    fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.read_at(buf, offset)? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the whole file.
+    fn read_to_vec(&self) -> io::Result<Vec<u8>> {
+        let len = usize::try_from(self.len()?).map_err(|_| io::ErrorKind::OutOfMemory)?;
+        let mut out = vec![0u8; len];
+        self.read_exact_at(&mut out, 0)?;
+        Ok(out)
+    }
+}
+
+/// Whether an I/O error means the device or quota is full.
+pub fn is_out_of_space(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::StorageFull
+        || error.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
+        || error.raw_os_error() == Some(rustix::io::Errno::DQUOT.raw_os_error())
+}

@@ -1,0 +1,115 @@
+//! [`Storage`] on the real file system: positioned reads and writes, fdatasync, fallocate.
+
+use super::{OpenMode, Storage, StorageFile};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+/// The operating system's file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdStorage;
+
+#[derive(Debug)]
+struct StdFile(File);
+
+impl Storage for StdStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let name = entry?.file_name();
+            // Names that are not UTF-8 cannot be ours; skip them rather than fail.
+            if let Some(name) = name.to_str() {
+                names.push(name.to_string());
+            }
+        }
+        Ok(names)
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        let mut options = OpenOptions::new();
+        match mode {
+            OpenMode::Read => options.read(true),
+            OpenMode::ReadWrite => options.read(true).write(true),
+            OpenMode::CreateNew => options.read(true).write(true).create_new(true).mode(0o644),
+        };
+        Ok(Box::new(StdFile(options.open(path)?)))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn Send + Sync>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join("LOCK"))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Box::new(file)),
+            Err(fs::TryLockError::WouldBlock) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(fs::TryLockError::Error(error)) => Err(error),
+        }
+    }
+}
+
+impl StorageFile for StdFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        let current = self.len()?;
+        if current >= len {
+            return Ok(());
+        }
+        match rustix::fs::fallocate(&self.0, rustix::fs::FallocateFlags::empty(), 0, len) {
+            Ok(()) => Ok(()),
+            // File systems without fallocate (tmpfs on old kernels, some network file systems):
+            // write the zeros ourselves, which reserves the space just as well.
+            Err(errno)
+                if errno == rustix::io::Errno::OPNOTSUPP || errno == rustix::io::Errno::NOSYS =>
+            {
+                let zeros = vec![0u8; 1 << 20];
+                let mut at = current;
+                while at < len {
+                    let n = (len - at).min(zeros.len() as u64) as usize;
+                    self.0.write_all_at(&zeros[..n], at)?;
+                    at += n as u64;
+                }
+                Ok(())
+            }
+            Err(errno) => Err(errno.into()),
+        }
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
