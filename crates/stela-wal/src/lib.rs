@@ -38,7 +38,7 @@ pub mod tools;
 pub mod wal;
 
 pub use error::{Corruption, Error, Result};
-pub use log::{CommitFuture, Log};
+pub use log::{CommitFuture, Log, LogStats};
 pub use options::{RecoveryMode, SyncMode, WalOptions};
 pub use reader::RawReader;
 pub use recovery::RecoveryReport;

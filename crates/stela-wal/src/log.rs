@@ -29,7 +29,9 @@ use stela_format::{frame, Codec, Lsn, SegmentHeader, TypeTag};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::Thread;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -46,13 +48,12 @@ struct Core {
     type_tag: TypeTag,
     max_record: usize,
     state: Mutex<State>,
-    /// Signalled whenever a flush ends (durable progress or failure).
-    flushed: Condvar,
     /// Held only by the flush leader.
     tail: Mutex<Tail>,
     segments: Mutex<Vec<SegmentFile>>,
     report: RecoveryReport,
     async_syncer: OnceLock<Arc<AsyncSyncer>>,
+    stats: Counters,
     _lock: Box<dyn Send + Sync>,
 }
 
@@ -69,7 +70,54 @@ struct State {
     failure: Option<Arc<Error>>,
     /// Buffer handed back by the last leader, reused to avoid reallocating.
     spare: Vec<u8>,
+    /// Threads blocked in `commit` or `flush` while another thread leads a flush.
+    waiters: Vec<Arc<Waiter>>,
+    /// Committers the last durable round released (they are likely to commit again soon).
+    last_round_woken: usize,
+    /// Duration of the last fdatasync, in microseconds.
+    last_sync_micros: u64,
     async_waiters: Vec<(Lsn, Waker)>,
+}
+
+/// A thread waiting for a flush. The leader that ends a flush wakes exactly the waiters it
+/// satisfied, plus one unsatisfied waiter to lead the next flush, instead of waking everyone:
+/// with dozens of committers on two cores, needless wake-ups cost more than the fdatasync.
+struct Waiter {
+    lsn: Lsn,
+    sync: bool,
+    thread: Thread,
+    /// `WAITING`, then `SATISFIED` (return without looking at the state again) or `RECHECK`
+    /// (lead the next flush, or see the failure).
+    signal: AtomicU8,
+    /// Satisfied waiters this one must wake once it runs (see [`wake_tree`]).
+    chain: Mutex<Vec<Arc<Waiter>>>,
+}
+
+const WAITING: u8 = 0;
+const SATISFIED: u8 = 1;
+const RECHECK: u8 = 2;
+
+impl Waiter {
+    fn wake(&self, signal: u8) {
+        self.signal.store(signal, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+/// Wakes `waiters` as a binary tree: this thread wakes the heads of two halves, and each woken
+/// waiter wakes the heads of its own halves before it returns. On a small machine the wake-up
+/// system calls are the main cost of a group commit; a tree spreads them over the woken
+/// threads (each makes at most two) instead of serialising all of them in the leader.
+fn wake_tree(mut waiters: Vec<Arc<Waiter>>) {
+    let second = waiters.split_off(waiters.len().div_ceil(2));
+    for mut half in [waiters, second] {
+        if half.is_empty() {
+            continue;
+        }
+        let head = half.remove(0);
+        *lock(&head.chain) = half;
+        head.wake(SATISFIED);
+    }
 }
 
 /// A segment boundary inside the pending buffer: bytes from `at` on go to a new segment whose
@@ -86,6 +134,26 @@ struct Tail {
     path: PathBuf,
     header: SegmentHeader,
     offset: u64,
+}
+
+/// Counters of the I/O the log did since it was opened.
+#[derive(Debug, Default)]
+struct Counters {
+    flushes: AtomicU64,
+    syncs: AtomicU64,
+    bytes_written: AtomicU64,
+    last_sync_micros: AtomicU64,
+}
+
+/// What the log has done since it was opened: how well group commit is sharing syncs shows as
+/// `records / syncs`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Writes of the buffer to the OS (one per flush round).
+    pub flushes: u64,
+    /// fdatasync calls on segments (one per durable round, plus one per segment sealed).
+    pub syncs: u64,
+    pub bytes_written: u64,
 }
 
 /// A ticket for a flush: what the leader took and must publish.
@@ -142,9 +210,11 @@ impl Log {
                 flushing: false,
                 failure: None,
                 spare: Vec::new(),
+                waiters: Vec::new(),
+                last_round_woken: 0,
+                last_sync_micros: 0,
                 async_waiters: Vec::new(),
             }),
-            flushed: Condvar::new(),
             tail: Mutex::new(Tail {
                 file: recovered.tail,
                 path: tail_path,
@@ -154,6 +224,7 @@ impl Log {
             segments: Mutex::new(recovered.segments),
             report: recovered.report,
             async_syncer: OnceLock::new(),
+            stats: Counters::default(),
             _lock: recovered.lock,
             options,
         };
@@ -241,19 +312,18 @@ impl Log {
     /// [`Error::NotAppended`] for an LSN not yet appended; the failure that poisoned the log if
     /// a write or sync failed (then no later commit succeeds either).
     pub fn commit(&self, lsn: Lsn) -> Result<()> {
+        self.wait_for(lsn, self.core.options.sync == SyncMode::Data)
+    }
+
+    /// Blocks until `lsn` is written (and, if `sync`, synced), leading flushes as needed.
+    fn wait_for(&self, lsn: Lsn, sync: bool) -> Result<()> {
         let core = &self.core;
-        let sync = core.options.sync == SyncMode::Data;
         let mut state = lock(&core.state);
         loop {
             if let Some(failure) = &state.failure {
                 return Err(poisoned(failure));
             }
-            let done = if sync {
-                state.durable_lsn
-            } else {
-                state.written_lsn
-            };
-            if lsn <= done {
+            if lsn <= state.done(sync) {
                 return Ok(());
             }
             if lsn >= state.next_lsn {
@@ -263,11 +333,30 @@ impl Log {
                 });
             }
             if state.flushing {
-                state = core
-                    .flushed
-                    .wait(state)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let waiter = Arc::new(Waiter {
+                    lsn,
+                    sync,
+                    thread: std::thread::current(),
+                    signal: AtomicU8::new(WAITING),
+                    chain: Mutex::new(Vec::new()),
+                });
+                state.waiters.push(Arc::clone(&waiter));
+                drop(state);
+                let signal = loop {
+                    match waiter.signal.load(Ordering::Acquire) {
+                        WAITING => std::thread::park(),
+                        signal => break signal,
+                    }
+                };
+                if signal == SATISFIED {
+                    wake_tree(std::mem::take(&mut *lock(&waiter.chain)));
+                    return Ok(());
+                }
+                state = lock(&core.state);
             } else {
+                if sync && state.last_round_woken > 1 {
+                    state = self.gather(state);
+                }
                 let batch = take_batch(&mut state, sync);
                 drop(state);
                 // Errors reach every waiter through `state.failure`; the loop reports it.
@@ -305,6 +394,16 @@ impl Log {
         lock(&self.core.state).written_lsn
     }
 
+    /// I/O counters since open.
+    pub fn stats(&self) -> LogStats {
+        let c = &self.core.stats;
+        LogStats {
+            flushes: c.flushes.load(Ordering::Relaxed),
+            syncs: c.syncs.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+        }
+    }
+
     /// The highest LSN appended (`Lsn::ZERO` if none).
     pub fn last_lsn(&self) -> Lsn {
         Lsn::new(lock(&self.core.state).next_lsn.get() - 1)
@@ -319,26 +418,9 @@ impl Log {
 
     /// Hands buffered records to the OS without syncing, so readers see them.
     pub fn flush(&self) -> Result<()> {
-        let core = &self.core;
-        let mut state = lock(&core.state);
-        loop {
-            if let Some(failure) = &state.failure {
-                return Err(poisoned(failure));
-            }
-            if state.written_lsn.next() >= state.next_lsn {
-                return Ok(());
-            }
-            if state.flushing {
-                state = core
-                    .flushed
-                    .wait(state)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-            } else {
-                let batch = take_batch(&mut state, false);
-                drop(state);
-                let _ = self.run_flush(batch);
-                state = lock(&core.state);
-            }
+        match self.last_lsn() {
+            Lsn::ZERO => Ok(()),
+            last => self.wait_for(last, false),
         }
     }
 
@@ -395,6 +477,27 @@ impl Log {
         lock(&self.core.segments).clone()
     }
 
+    /// Before leading a durable round under concurrency, lets the committers the previous
+    /// round just released append their next records, so this round's fdatasync covers them
+    /// too. Without it, committers split into two groups that take turns (one appends while the
+    /// other syncs) and each fdatasync covers only half of them. Waits at most half an
+    /// fdatasync, yielding the CPU to the appenders, and holds `flushing` meanwhile so
+    /// that committers arriving now queue up for this round instead of starting their own.
+    fn gather<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let expected = state.last_round_woken as u64;
+        let budget = Duration::from_micros(state.last_sync_micros / 2);
+        let first_pending = state.written_lsn.get();
+        state.flushing = true;
+        let started = std::time::Instant::now();
+        while state.next_lsn.get() - 1 - first_pending < expected && started.elapsed() < budget {
+            drop(state);
+            std::thread::yield_now();
+            state = lock(&self.core.state);
+        }
+        state.flushing = false;
+        state
+    }
+
     /// Writes (and, if `batch.sync`, syncs) a batch as the only leader, then publishes the
     /// outcome and wakes the waiters.
     fn run_flush(&self, batch: Batch) -> Result<()> {
@@ -425,12 +528,21 @@ impl Log {
             bytes.clear();
             state.spare = bytes;
         }
-        let done = if core.options.sync == SyncMode::Data {
-            state.durable_lsn
-        } else {
-            state.written_lsn
-        };
         let failed = state.failure.is_some();
+        // Wake the waiters this flush satisfied, and the oldest unsatisfied one to lead the
+        // next flush (it is woken first, so that flush starts as soon as possible). After a
+        // failure, wake everyone: they all return the error.
+        let (wake, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiters)
+            .into_iter()
+            .partition(|w| failed || w.lsn <= state.done(w.sync));
+        let mut keep = keep.into_iter();
+        let next_leader = keep.next();
+        state.waiters = keep.collect();
+        if batch.sync {
+            state.last_round_woken = wake.len() + 1;
+            state.last_sync_micros = core.stats.last_sync_micros.load(Ordering::Relaxed);
+        }
+        let done = state.done(core.options.sync == SyncMode::Data);
         let ready: Vec<Waker> = {
             let mut ready = Vec::new();
             state.async_waiters.retain(|(lsn, waker)| {
@@ -443,16 +555,29 @@ impl Log {
             ready
         };
         drop(state);
-        core.flushed.notify_all();
+        if let Some(leader) = next_leader {
+            leader.wake(RECHECK);
+        }
+        if failed {
+            wake.iter().for_each(|w| w.wake(RECHECK));
+        } else {
+            wake_tree(wake);
+        }
         ready.into_iter().for_each(Waker::wake);
         result
     }
 
     fn write_batch(&self, tail: &mut Tail, batch: &Batch) -> Result<()> {
+        let stats = &self.core.stats;
+        stats.flushes.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_written
+            .fetch_add(batch.bytes.len() as u64, Ordering::Relaxed);
         let mut from = 0;
         for cut in &batch.cuts {
             self.write_tail(tail, &batch.bytes[from..cut.at])?;
             // Seal: the old segment is made durable before anything reaches the new one.
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
             tail.file
                 .sync_data()
                 .map_err(|e| Error::io("fdatasync", &tail.path, e))?;
@@ -461,9 +586,14 @@ impl Log {
         }
         self.write_tail(tail, &batch.bytes[from..])?;
         if batch.sync {
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
+            let started = std::time::Instant::now();
             tail.file
                 .sync_data()
                 .map_err(|e| Error::io("fdatasync", &tail.path, e))?;
+            stats
+                .last_sync_micros
+                .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -511,6 +641,17 @@ impl Log {
                 .expect("spawn async commit thread");
             syncer
         }))
+    }
+}
+
+impl State {
+    /// The highest LSN that is written (`sync == false`) or durable (`sync == true`).
+    fn done(&self, sync: bool) -> Lsn {
+        if sync {
+            self.durable_lsn
+        } else {
+            self.written_lsn
+        }
     }
 }
 

@@ -1,0 +1,226 @@
+//! The `stela` command line: argument parsing and the commands behind it.
+//!
+//! - `stela demo`: the main job; runs a short benchmark and prints its table.
+//! - `stela wal dump|verify|repair DIR`: offline tools for a log directory.
+//! - `stela wal bench`: the write-ahead log benchmark (the paper's Tables I and II, group
+//!   commit against okaywal and raft-engine).
+//!
+//! Exit codes: 0 success (for `verify`: the log is clean), 1 the log is damaged, 2 the command
+//! itself failed (bad arguments, unreadable directory, ...).
+
+use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use stela_wal::storage::StdStorage;
+use stela_wal::tools::{self, VerifyReport};
+use stela_wal::Lsn;
+
+#[derive(Parser, Debug)]
+#[command(name = "stela", version, about = "Durability and availability as a service, outside the database")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a short version of the WAL benchmark and print its table.
+    Demo,
+    /// Tools for a write-ahead log directory.
+    #[command(subcommand)]
+    Wal(WalCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum WalCommand {
+    /// Print every record as a JSON line: {"lsn": N, "record": ...}.
+    Dump {
+        dir: PathBuf,
+        /// Start at this LSN.
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+    },
+    /// Check every segment; exit 0 when clean, 1 when damaged (a torn tail is reported but is
+    /// not damage: opening the log removes it).
+    Verify {
+        dir: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a torn tail (and with --corrupt-suffix, everything from the first damage on),
+    /// keeping a copy of every removed byte in DIR/salvage-<unix-ms>/.
+    Repair {
+        dir: PathBuf,
+        /// Also cut a corrupt suffix: keep only the records before the first damage.
+        #[arg(long)]
+        corrupt_suffix: bool,
+    },
+    /// Benchmark the WAL (the paper's Tables I and II, group commit vs peers).
+    Bench(stela_bench::cli::WalBenchArgs),
+}
+
+/// Parses `args` and runs the command; returns the process exit code.
+pub fn run<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match execute(cli.command, &mut out) {
+        Ok(code) => code,
+        Err(error) => {
+            let _ = out.flush();
+            eprintln!("stela: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs one command, writing its output to `out`.
+pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Demo => {
+            stela_bench::cli::run_demo()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wal(WalCommand::Dump { dir, from }) => {
+            require_dir(&dir)?;
+            let written = tools::dump(&dir, Arc::new(StdStorage), Lsn::new(from.max(1)), out);
+            match written {
+                Ok(_) => Ok(ExitCode::SUCCESS),
+                Err(error @ stela_wal::Error::Corruption(_)) => {
+                    out.flush()?;
+                    eprintln!("stela: {error}");
+                    Ok(ExitCode::from(1))
+                }
+                Err(error) => Err(error.into()),
+            }
+        }
+        Command::Wal(WalCommand::Verify { dir, json }) => {
+            require_dir(&dir)?;
+            let report = tools::verify(&dir, &StdStorage)?;
+            if json {
+                writeln!(out, "{}", verify_json(&report))?;
+            } else {
+                print_verify(&dir, &report, out)?;
+            }
+            Ok(if report.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Wal(WalCommand::Repair {
+            dir,
+            corrupt_suffix,
+        }) => {
+            require_dir(&dir)?;
+            let report = tools::repair(&dir, Arc::new(StdStorage), corrupt_suffix)?;
+            match &report.torn_tail {
+                Some((path, torn)) => writeln!(
+                    out,
+                    "removed a torn write of {} bytes at offset {} of {} ({})",
+                    torn.bytes,
+                    torn.offset,
+                    path.display(),
+                    torn.reason
+                )?,
+                None => writeln!(out, "no torn tail")?,
+            }
+            for (path, damage) in &report.damage {
+                writeln!(
+                    out,
+                    "cut the log at offset {} of {}: {}",
+                    damage.offset,
+                    path.display(),
+                    damage.reason
+                )?;
+            }
+            if let Some(salvage) = &report.salvage_dir {
+                writeln!(out, "removed bytes and segments are kept in {}", salvage.display())?;
+            }
+            writeln!(
+                out,
+                "log now holds LSNs {}..={} in {} segment(s)",
+                report.first_lsn, report.last_lsn, report.segments
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wal(WalCommand::Bench(args)) => {
+            stela_bench::cli::run_wal_bench(args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn require_dir(dir: &Path) -> anyhow::Result<()> {
+    if !dir.is_dir() {
+        anyhow::bail!("{}: not a directory", dir.display());
+    }
+    Ok(())
+}
+
+fn print_verify(dir: &Path, report: &VerifyReport, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}: {} segment(s), {} record(s), LSNs {}..={}, codec {}",
+        dir.display(),
+        report.segments.len(),
+        report.records,
+        report.first_lsn.map_or(0, Lsn::get),
+        report.last_lsn.map_or(0, Lsn::get),
+        report.codec.map_or("-", |c| c.name())
+    )?;
+    if let Some((path, torn)) = &report.torn_tail {
+        writeln!(
+            out,
+            "torn tail (not corruption; removed when the log is opened or repaired): {} bytes at offset {} of {}: {}",
+            torn.bytes,
+            torn.offset,
+            path.display(),
+            torn.reason
+        )?;
+    }
+    for problem in &report.problems {
+        writeln!(out, "CORRUPT: {problem}")?;
+    }
+    writeln!(out, "{}", if report.is_clean() { "clean" } else { "damaged" })
+}
+
+fn verify_json(report: &VerifyReport) -> serde_json::Value {
+    serde_json::json!({
+        "clean": report.is_clean(),
+        "segments": report.segments.len(),
+        "records": report.records,
+        "first_lsn": report.first_lsn.map(Lsn::get),
+        "last_lsn": report.last_lsn.map(Lsn::get),
+        "codec": report.codec.map(|c| c.name()),
+        "torn_tail": report.torn_tail.as_ref().map(|(path, torn)| serde_json::json!({
+            "segment": path, "offset": torn.offset, "bytes": torn.bytes, "reason": torn.reason,
+        })),
+        "problems": report.problems,
+    })
+}

@@ -1,0 +1,141 @@
+//! Black-box tests of `stela wal verify|dump|repair` on real log directories: exit codes, and
+//! that every report names the file and offset of the problem.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use stela_wal::{Codec, Wal, WalOptions};
+
+fn stela(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stela"))
+        .args(args)
+        .output()
+        .expect("run stela")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn make_log(dir: &Path, records: u32) {
+    let wal: Wal<(u32, String)> =
+        Wal::open(dir, WalOptions::default().codec(Codec::MessagePack).segment_bytes(64 << 10))
+            .unwrap();
+    for i in 0..records {
+        wal.append(&(i, format!("record {i}"))).unwrap();
+    }
+    wal.close().unwrap();
+}
+
+fn first_segment(dir: &Path) -> std::path::PathBuf {
+    dir.join("00000000000000000001.wal")
+}
+
+#[test]
+fn verify_of_a_clean_log_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    make_log(dir.path(), 100);
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("100 record(s)"), "{}", text(&out));
+}
+
+#[test]
+fn verify_of_a_corrupt_middle_exits_one_naming_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    make_log(dir.path(), 100);
+    let path = first_segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[256 + 16 + 2] ^= 0x40; // inside the payload of record 1
+    std::fs::write(&path, bytes).unwrap();
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = text(&out);
+    assert!(report.contains("00000000000000000001.wal"), "{report}");
+    assert!(report.contains("offset 256"), "{report}");
+}
+
+#[test]
+fn verify_reports_a_torn_tail_but_exits_zero_and_repair_keeps_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    make_log(dir.path(), 10);
+    let path = first_segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let end = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
+    bytes[end..end + 7].copy_from_slice(&[9, 0, 0, 0, 1, 2, 3]); // half a frame header
+    std::fs::write(&path, bytes).unwrap();
+
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("torn tail"), "{}", text(&out));
+
+    let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("removed a torn write of 7 bytes"), "{}", text(&out));
+    let salvage = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("salvage-"))
+        .expect("salvage folder");
+    let kept: Vec<_> = std::fs::read_dir(&salvage).unwrap().collect();
+    assert_eq!(kept.len(), 1);
+
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert!(!text(&out).contains("torn tail"), "{}", text(&out));
+}
+
+#[test]
+fn repair_with_corrupt_suffix_keeps_the_valid_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    make_log(dir.path(), 50);
+    let path = first_segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Damage record 11: skip ten frames.
+    let mut at = 256;
+    for _ in 0..10 {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 16 + len;
+    }
+    bytes[at + 20] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+
+    let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "plain repair refuses corruption: {}", text(&out));
+    assert!(text(&out).contains(&format!("offset {at}")), "{}", text(&out));
+
+    let out = stela(&["wal", "repair", "--corrupt-suffix", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("LSNs 1..=10"), "{}", text(&out));
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn dump_prints_json_lines_with_lsns() {
+    let dir = tempfile::tempdir().unwrap();
+    make_log(dir.path(), 3);
+    let out = stela(&["wal", "dump", dir.path().to_str().unwrap(), "--from", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            serde_json::json!({"lsn": 2, "record": [1, "record 1"]}),
+            serde_json::json!({"lsn": 3, "record": [2, "record 2"]}),
+        ]
+    );
+}
+
+#[test]
+fn a_missing_directory_is_a_clear_error() {
+    let out = stela(&["wal", "verify", "/nonexistent/stela-log"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("/nonexistent/stela-log: not a directory"));
+}
