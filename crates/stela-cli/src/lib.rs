@@ -19,7 +19,11 @@ use stela_wal::tools::{self, VerifyReport};
 use stela_wal::Lsn;
 
 #[derive(Parser, Debug)]
-#[command(name = "stela", version, about = "Durability and availability as a service, outside the database")]
+#[command(
+    name = "stela",
+    version,
+    about = "Durability and availability as a service, outside the database"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -82,8 +86,7 @@ where
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .try_init();
@@ -160,7 +163,11 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
                 )?;
             }
             if let Some(salvage) = &report.salvage_dir {
-                writeln!(out, "removed bytes and segments are kept in {}", salvage.display())?;
+                writeln!(
+                    out,
+                    "removed bytes and segments are kept in {}",
+                    salvage.display()
+                )?;
             }
             writeln!(
                 out,
@@ -207,7 +214,15 @@ fn print_verify(dir: &Path, report: &VerifyReport, out: &mut dyn Write) -> std::
     for problem in &report.problems {
         writeln!(out, "CORRUPT: {problem}")?;
     }
-    writeln!(out, "{}", if report.is_clean() { "clean" } else { "damaged" })
+    writeln!(
+        out,
+        "{}",
+        if report.is_clean() {
+            "clean"
+        } else {
+            "damaged"
+        }
+    )
 }
 
 fn verify_json(report: &VerifyReport) -> serde_json::Value {

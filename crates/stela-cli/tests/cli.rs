@@ -21,9 +21,13 @@ fn text(output: &Output) -> String {
 }
 
 fn make_log(dir: &Path, records: u32) {
-    let wal: Wal<(u32, String)> =
-        Wal::open(dir, WalOptions::default().codec(Codec::MessagePack).segment_bytes(64 << 10))
-            .unwrap();
+    let wal: Wal<(u32, String)> = Wal::open(
+        dir,
+        WalOptions::default()
+            .codec(Codec::MessagePack)
+            .segment_bytes(64 << 10),
+    )
+    .unwrap();
     for i in 0..records {
         wal.append(&(i, format!("record {i}"))).unwrap();
     }
@@ -74,11 +78,21 @@ fn verify_reports_a_torn_tail_but_exits_zero_and_repair_keeps_a_copy() {
 
     let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("removed a torn write of 7 bytes"), "{}", text(&out));
+    assert!(
+        text(&out).contains("removed a torn write of 7 bytes"),
+        "{}",
+        text(&out)
+    );
     let salvage = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("salvage-"))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("salvage-")
+        })
         .expect("salvage folder");
     let kept: Vec<_> = std::fs::read_dir(&salvage).unwrap().collect();
     assert_eq!(kept.len(), 1);
@@ -103,10 +117,24 @@ fn repair_with_corrupt_suffix_keeps_the_valid_prefix() {
     std::fs::write(&path, bytes).unwrap();
 
     let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "plain repair refuses corruption: {}", text(&out));
-    assert!(text(&out).contains(&format!("offset {at}")), "{}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "plain repair refuses corruption: {}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains(&format!("offset {at}")),
+        "{}",
+        text(&out)
+    );
 
-    let out = stela(&["wal", "repair", "--corrupt-suffix", dir.path().to_str().unwrap()]);
+    let out = stela(&[
+        "wal",
+        "repair",
+        "--corrupt-suffix",
+        dir.path().to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("LSNs 1..=10"), "{}", text(&out));
     let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);

@@ -210,7 +210,10 @@ mod tests {
         let second_at = bytes.len() + 5;
         bytes.extend_from_slice(&[0xAB; 5]);
         bytes.extend_from_slice(&framed(2, b"two"));
-        assert_eq!(find_next_valid(&bytes, 1, Lsn::new(2), 1024), Some(second_at));
+        assert_eq!(
+            find_next_valid(&bytes, 1, Lsn::new(2), 1024),
+            Some(second_at)
+        );
         assert_eq!(find_next_valid(&bytes, 1, Lsn::new(3), 1024), None);
     }
 

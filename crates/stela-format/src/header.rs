@@ -122,9 +122,9 @@ impl SegmentHeader {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<SegmentHeader, HeaderError> {
-        let bytes = bytes.get(..HEADER_BYTES).ok_or(HeaderError::TooShort {
-            len: bytes.len(),
-        })?;
+        let bytes = bytes
+            .get(..HEADER_BYTES)
+            .ok_or(HeaderError::TooShort { len: bytes.len() })?;
         if &bytes[0..8] != MAGIC {
             return Err(HeaderError::BadMagic);
         }
@@ -146,7 +146,10 @@ impl SegmentHeader {
             return Err(HeaderError::ZeroStartLsn);
         }
         let tag_bytes = &bytes[TAG_OFFSET..TAG_OFFSET + TAG_CAPACITY];
-        let shown_len = tag_bytes.iter().position(|&b| b == 0).unwrap_or(TAG_CAPACITY);
+        let shown_len = tag_bytes
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(TAG_CAPACITY);
         Ok(SegmentHeader {
             codec,
             segment_seq: u64_at(bytes, 16),

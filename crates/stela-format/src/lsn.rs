@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A record's position in the log. See the module documentation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Lsn(u64);
 

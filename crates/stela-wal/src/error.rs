@@ -1,10 +1,10 @@
 //! The one error type of the crate. Every variant names the file, offset or LSN it concerns, so a
 //! message on its own tells an operator where to look.
 
-use stela_format::{Codec, CodecError, HeaderError, Lsn, TypeTag};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
+use stela_format::{Codec, CodecError, HeaderError, Lsn, TypeTag};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -24,16 +24,16 @@ use crate::reader::RawReader;
 use crate::recovery::{self, Expect, RecoveryReport};
 use crate::segment::{self, SegmentFile};
 use crate::storage::StorageFile;
-use stela_format::segment_name::segment_file_name;
-use stela_format::{frame, Codec, Lsn, SegmentHeader, TypeTag};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
-use std::thread::Thread;
 use std::task::{Context, Poll, Waker};
+use std::thread::Thread;
 use std::time::Duration;
+use stela_format::segment_name::segment_file_name;
+use stela_format::{frame, Codec, Lsn, SegmentHeader, TypeTag};
 
 /// A write-ahead log of opaque byte records. Cheap to clone; all clones share one log.
 #[derive(Clone)]
@@ -54,6 +54,8 @@ struct Core {
     report: RecoveryReport,
     async_syncer: OnceLock<Arc<AsyncSyncer>>,
     stats: Counters,
+    /// `State::next_lsn`, readable without the lock (for `gather`).
+    next_lsn_hint: AtomicU64,
     _lock: Box<dyn Send + Sync>,
 }
 
@@ -167,7 +169,9 @@ struct Batch {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Panics never happen while these locks are held (no user code runs under them), so a
     // poisoned mutex still guards consistent data.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Log {
@@ -225,6 +229,7 @@ impl Log {
             report: recovered.report,
             async_syncer: OnceLock::new(),
             stats: Counters::default(),
+            next_lsn_hint: AtomicU64::new(recovered.next_lsn.get()),
             _lock: recovered.lock,
             options,
         };
@@ -295,6 +300,8 @@ impl Log {
             state.fill += frame_len;
             state.next_lsn = lsn.next();
         }
+        core.next_lsn_hint
+            .store(state.next_lsn.get(), Ordering::Relaxed);
         let last = Lsn::new(state.next_lsn.get() - 1);
         if state.pending.len() >= core.options.write_buffer_bytes && !state.flushing {
             // Bound memory: hand the buffer to the OS now (no sync; committers still sync).
@@ -484,16 +491,16 @@ impl Log {
     /// fdatasync, yielding the CPU to the appenders, and holds `flushing` meanwhile so
     /// that committers arriving now queue up for this round instead of starting their own.
     fn gather<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let expected = state.last_round_woken as u64;
+        let target = state.written_lsn.get() + 1 + state.last_round_woken as u64;
         let budget = Duration::from_micros(state.last_sync_micros / 2);
-        let first_pending = state.written_lsn.get();
         state.flushing = true;
+        drop(state);
         let started = std::time::Instant::now();
-        while state.next_lsn.get() - 1 - first_pending < expected && started.elapsed() < budget {
-            drop(state);
+        while self.core.next_lsn_hint.load(Ordering::Relaxed) < target && started.elapsed() < budget
+        {
             std::thread::yield_now();
-            state = lock(&self.core.state);
         }
+        let mut state = lock(&self.core.state);
         state.flushing = false;
         state
     }

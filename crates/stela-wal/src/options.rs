@@ -1,8 +1,8 @@
 //! How a log is opened: codec, sync policy, segment size, what to do about damage.
 
-use crate::storage::{Storage, StdStorage};
-use stela_format::Codec;
+use crate::storage::{StdStorage, Storage};
 use std::sync::Arc;
+use stela_format::Codec;
 
 /// What "durable" means for `commit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,9 +112,9 @@ impl WalOptions {
 
     /// The largest payload that fits, given the segment size.
     pub(crate) fn effective_max_record(&self) -> usize {
-        let room = self
-            .segment_bytes
-            .saturating_sub((stela_format::header::HEADER_BYTES + stela_format::frame::HEADER_BYTES) as u64);
+        let room = self.segment_bytes.saturating_sub(
+            (stela_format::header::HEADER_BYTES + stela_format::frame::HEADER_BYTES) as u64,
+        );
         self.max_record_bytes
             .min(usize::try_from(room).unwrap_or(usize::MAX))
             .min(stela_format::frame::MAX_PAYLOAD_BYTES as usize)

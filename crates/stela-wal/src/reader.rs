@@ -9,10 +9,10 @@
 use crate::error::{Corruption, Error, Result};
 use crate::segment::SegmentFile;
 use crate::storage::{OpenMode, Storage, StorageFile};
+use std::sync::Arc;
 use stela_format::frame::{self, Decoded};
 use stela_format::header::HEADER_BYTES;
 use stela_format::Lsn;
-use std::sync::Arc;
 
 const CHUNK_BYTES: usize = 1 << 20;
 
@@ -78,10 +78,7 @@ impl RawReader {
         skip_damage: bool,
     ) -> RawReader {
         // Start in the last segment that begins at or before `from`.
-        let first = segments
-            .iter()
-            .rposition(|s| s.start <= from)
-            .unwrap_or(0);
+        let first = segments.iter().rposition(|s| s.start <= from).unwrap_or(0);
         let expected = segments.get(first).map_or(from, |s| s.start);
         RawReader {
             storage,
@@ -231,7 +228,9 @@ impl RawReader {
             .storage
             .open(&segment.path, OpenMode::Read)
             .map_err(|e| Error::io("open", &segment.path, e))?;
-        let file_len = file.len().map_err(|e| Error::io("stat", &segment.path, e))?;
+        let file_len = file
+            .len()
+            .map_err(|e| Error::io("stat", &segment.path, e))?;
         let mut position = Position {
             file,
             segment: self.next_segment,

@@ -9,10 +9,10 @@ use crate::options::{RecoveryMode, WalOptions};
 use crate::scan::{scan_segment, Damage, TornTail};
 use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage, StorageFile};
-use stela_format::segment_name::segment_file_name;
-use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
+use stela_format::segment_name::segment_file_name;
+use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
 
 /// What opening the log found and did.
 #[derive(Debug, Clone, Default)]
@@ -79,7 +79,9 @@ pub(crate) fn recover(
     let listing = segment::list(storage, dir)?;
     let mut report = RecoveryReport::default();
     for temp in &listing.temp_files {
-        storage.remove(temp).map_err(|e| Error::io("remove", temp, e))?;
+        storage
+            .remove(temp)
+            .map_err(|e| Error::io("remove", temp, e))?;
         report.removed_temp_files.push(temp.clone());
     }
     if !listing.temp_files.is_empty() {
@@ -174,7 +176,14 @@ pub(crate) fn recover(
                     let file = storage
                         .open(&seg.path, OpenMode::ReadWrite)
                         .map_err(|e| Error::io("open", &seg.path, e))?;
-                    cut(storage, &salvage, &seg.path, file.as_ref(), &bytes, damage.offset)?;
+                    cut(
+                        storage,
+                        &salvage,
+                        &seg.path,
+                        file.as_ref(),
+                        &bytes,
+                        damage.offset,
+                    )?;
                     for later in segments.drain(index + 1..) {
                         let to = salvage.join(later.path.file_name().expect("segment name"));
                         storage
@@ -198,7 +207,14 @@ pub(crate) fn recover(
                 storage
                     .create_dir_all(&salvage)
                     .map_err(|e| Error::io("create directory", &salvage, e))?;
-                cut(storage, &salvage, &seg.path, file.as_ref(), &bytes, torn.offset)?;
+                cut(
+                    storage,
+                    &salvage,
+                    &seg.path,
+                    file.as_ref(),
+                    &bytes,
+                    torn.offset,
+                )?;
                 storage
                     .sync_dir(&salvage)
                     .map_err(|e| Error::io("fsync directory", &salvage, e))?;
@@ -325,7 +341,9 @@ fn cut(
         .map_or(from, |i| from + i + 1);
     let name = format!(
         "{}.from-{offset}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("segment")
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("segment")
     );
     let copy_path = salvage.join(name);
     let copy = storage
@@ -349,5 +367,6 @@ fn zero(file: &dyn StorageFile, path: &Path, offset: u64, len: u64) -> Result<()
             .map_err(|e| Error::io("write", path, e))?;
         done += n as u64;
     }
-    file.sync_data().map_err(|e| Error::io("fdatasync", path, e))
+    file.sync_data()
+        .map_err(|e| Error::io("fdatasync", path, e))
 }

@@ -143,7 +143,10 @@ fn first_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
 }
 
 fn last_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
-    bytes[from..].iter().rposition(|&b| b != 0).map(|i| i + from)
+    bytes[from..]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map(|i| i + from)
 }
 
 #[cfg(test)]

@@ -10,10 +10,12 @@
 
 use crate::error::{Error, Result};
 use crate::storage::{OpenMode, Storage, StorageFile};
-use stela_format::header::{SegmentHeader, HEADER_BYTES};
-use stela_format::segment_name::{parse_segment_file_name, segment_file_name, temp_file_name, TEMP_SUFFIX};
-use stela_format::Lsn;
 use std::path::{Path, PathBuf};
+use stela_format::header::{SegmentHeader, HEADER_BYTES};
+use stela_format::segment_name::{
+    parse_segment_file_name, segment_file_name, temp_file_name, TEMP_SUFFIX,
+};
+use stela_format::Lsn;
 
 /// A segment file present in the log directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,9 +32,7 @@ pub(crate) struct Listing {
 }
 
 pub(crate) fn list(storage: &dyn Storage, dir: &Path) -> Result<Listing> {
-    let names = storage
-        .list(dir)
-        .map_err(|e| Error::io("list", dir, e))?;
+    let names = storage.list(dir).map_err(|e| Error::io("list", dir, e))?;
     let mut segments = Vec::new();
     let mut temp_files = Vec::new();
     for name in names {

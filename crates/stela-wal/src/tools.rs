@@ -9,10 +9,10 @@ use crate::recovery::RecoveryReport;
 use crate::scan::{scan_segment, Damage, SegmentScan, TornTail};
 use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage};
-use stela_format::{Codec, Lsn, SegmentHeader};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use stela_format::{Codec, Lsn, SegmentHeader};
 
 /// One segment as `verify` saw it.
 #[derive(Debug)]

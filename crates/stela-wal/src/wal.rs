@@ -8,10 +8,10 @@ use crate::reader::RawReader;
 use crate::recovery::RecoveryReport;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use stela_format::{Codec, Lsn};
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::path::Path;
+use stela_format::{Codec, Lsn};
 
 /// A write-ahead log of records of type `T`.
 ///

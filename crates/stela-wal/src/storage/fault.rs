@@ -110,7 +110,9 @@ impl fmt::Debug for MemFile {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A test thread that panicked while holding the lock leaves consistent data behind: every
     // critical section here is a few plain assignments.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn out_of_space() -> io::Error {
@@ -505,7 +507,10 @@ mod tests {
         file.write_all_at(b"data", 0).unwrap();
         fs.fail_sync_after(0);
         assert!(file.sync_data().is_err());
-        assert!(file.sync_data().is_ok(), "a retry succeeds and proves nothing");
+        assert!(
+            file.sync_data().is_ok(),
+            "a retry succeeds and proves nothing"
+        );
         fs.crash(CrashPlan::LoseUnsynced);
         assert_eq!(fs.read_file(&dir.join("a")).unwrap(), b"");
     }
