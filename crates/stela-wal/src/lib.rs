@@ -6,6 +6,7 @@
 //! - [`recovery`]: what happens at open: segment checks, torn-tail repair, salvage modes.
 //! - [`scan`]: the pure classification of a segment's bytes: records, torn tail, damage.
 //! - [`reader`]: the lazy, ordered reader that checks every frame.
+//! - [`par_iter`]: the same order, with decoding spread over worker threads (fast replay).
 //! - [`segment`]: segment files: listing, safe creation, headers.
 //! - [`storage`]: the I/O trait, the real file system, and the fault-injecting one.
 //! - [`tools`]: verify, dump and repair, for the `stela wal` commands.
@@ -29,6 +30,7 @@
 pub mod error;
 pub mod log;
 pub mod options;
+pub mod par_iter;
 pub mod reader;
 pub mod recovery;
 pub mod scan;
@@ -39,6 +41,7 @@ pub mod wal;
 
 pub use error::{Corruption, Error, Result};
 pub use log::{CommitFuture, Log, LogStats};
+pub use par_iter::ParIter;
 pub use options::{RecoveryMode, SyncMode, WalOptions};
 pub use reader::RawReader;
 pub use recovery::RecoveryReport;

@@ -138,15 +138,39 @@ fn lsn_at(bytes: &[u8], at: usize) -> Lsn {
     ))
 }
 
+/// Whole blocks of this size are tested for zeros at once (the compiler vectorises the OR), so
+/// checking the empty rest of a 64 MiB segment runs at memory speed rather than byte by byte.
+const ZERO_BLOCK: usize = 256;
+
+fn is_all_zero(block: &[u8]) -> bool {
+    block.iter().fold(0u8, |acc, &b| acc | b) == 0
+}
+
 fn first_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
-    bytes[from..].iter().position(|&b| b != 0).map(|i| i + from)
+    let rest = &bytes[from..];
+    let mut skipped = 0;
+    for block in rest.chunks(ZERO_BLOCK) {
+        if !is_all_zero(block) {
+            break;
+        }
+        skipped += block.len();
+    }
+    rest[skipped..]
+        .iter()
+        .position(|&b| b != 0)
+        .map(|i| i + from + skipped)
 }
 
 fn last_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
-    bytes[from..]
-        .iter()
-        .rposition(|&b| b != 0)
-        .map(|i| i + from)
+    let rest = &bytes[from..];
+    let mut end = rest.len();
+    for block in rest.rchunks(ZERO_BLOCK) {
+        if !is_all_zero(block) {
+            break;
+        }
+        end -= block.len();
+    }
+    rest[..end].iter().rposition(|&b| b != 0).map(|i| i + from)
 }
 
 #[cfg(test)]
@@ -200,6 +224,25 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn block_zero_scans_match_bytewise(
+            len in 0usize..2000,
+            ones in proptest::collection::vec(any::<prop::sample::Index>(), 0..3),
+            from in any::<prop::sample::Index>(),
+        ) {
+            let mut bytes = vec![0u8; len];
+            for one in &ones {
+                if len > 0 {
+                    bytes[one.index(len)] = 1;
+                }
+            }
+            let from = from.index(len + 1);
+            let first = bytes[from..].iter().position(|&b| b != 0).map(|i| i + from);
+            let last = bytes[from..].iter().rposition(|&b| b != 0).map(|i| i + from);
+            prop_assert_eq!(first_nonzero(&bytes, from), first);
+            prop_assert_eq!(last_nonzero(&bytes, from), last);
+        }
+
         /// Cutting the log at any byte recovers exactly the records written in full before the
         /// cut, and reports the rest as a torn tail, never as damage.
         #[test]

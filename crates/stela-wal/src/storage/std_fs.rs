@@ -112,4 +112,60 @@ impl StorageFile for StdFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
     }
+
+    /// Reads only the file's data regions, as reported by `SEEK_DATA`/`SEEK_HOLE`; holes (which
+    /// include the unwritten, preallocated rest of a segment) are known to read as zeros. A
+    /// fresh 64 MiB segment thus costs one small read at open instead of 64 MiB of zero pages.
+    fn read_to_vec(&self) -> io::Result<Vec<u8>> {
+        let len = usize::try_from(self.len()?).map_err(|_| io::ErrorKind::OutOfMemory)?;
+        // Large zeroed allocations come from the kernel's zero pages; untouched holes cost no
+        // memory bandwidth.
+        let mut out = vec![0u8; len];
+        let mut at = 0u64;
+        while (at as usize) < len {
+            let data = match rustix::fs::seek(&self.0, rustix::fs::SeekFrom::Data(at)) {
+                Ok(data) => data,
+                // No data after `at`: the rest is a hole.
+                Err(rustix::io::Errno::NXIO) => break,
+                // The file system cannot tell: read everything.
+                Err(_) => {
+                    self.read_exact_at(&mut out[at as usize..], at)?;
+                    break;
+                }
+            };
+            let hole = match rustix::fs::seek(&self.0, rustix::fs::SeekFrom::Hole(data)) {
+                Ok(hole) => hole.min(len as u64),
+                Err(_) => len as u64,
+            };
+            if data >= hole {
+                break;
+            }
+            self.read_exact_at(&mut out[data as usize..hole as usize], data)?;
+            at = hole;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{OpenMode, Storage};
+
+    /// Reading only data regions must give exactly the bytes a plain read gives, whether the
+    /// rest is preallocated, a sparse hole or written zeros.
+    #[test]
+    fn hole_aware_read_equals_a_full_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = StdStorage.open(&path, OpenMode::CreateNew).unwrap();
+        file.allocate(1 << 20).unwrap();
+        file.write_all_at(b"head", 0).unwrap();
+        file.write_all_at(&[7u8; 5000], 300_000).unwrap();
+        file.set_len(3 << 20).unwrap(); // a sparse hole after the preallocated part
+        file.write_all_at(b"tail", (3 << 20) - 4).unwrap();
+        let mut full = vec![0u8; 3 << 20];
+        file.read_exact_at(&mut full, 0).unwrap();
+        assert_eq!(file.read_to_vec().unwrap(), full);
+    }
 }
