@@ -128,6 +128,29 @@ impl Error {
         }
     }
 
+    /// A copy of an I/O failure, so the caller that hit it can get the error itself while the
+    /// log keeps the original to poison later calls. `io::Error` is not `Clone`: the copy keeps
+    /// the OS error code (or the kind and message). Other errors have no copy.
+    pub(crate) fn duplicate_io(&self) -> Option<Error> {
+        let copy = |source: &io::Error| match source.raw_os_error() {
+            Some(code) => io::Error::from_raw_os_error(code),
+            None => io::Error::new(source.kind(), source.to_string()),
+        };
+        match self {
+            Error::Io { op, path, source } => Some(Error::Io {
+                op,
+                path: path.clone(),
+                source: copy(source),
+            }),
+            Error::DiskFull { op, path, source } => Some(Error::DiskFull {
+                op,
+                path: path.clone(),
+                source: copy(source),
+            }),
+            _ => None,
+        }
+    }
+
     pub(crate) fn corruption(c: Corruption) -> Error {
         Error::Corruption(Box::new(c))
     }

@@ -41,8 +41,8 @@ pub mod wal;
 
 pub use error::{Corruption, Error, Result};
 pub use log::{CommitFuture, Log, LogStats};
-pub use par_iter::ParIter;
 pub use options::{RecoveryMode, SyncMode, WalOptions};
+pub use par_iter::ParIter;
 pub use reader::RawReader;
 pub use recovery::RecoveryReport;
 pub use stela_format::{Codec, Lsn};

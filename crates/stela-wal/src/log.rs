@@ -366,8 +366,9 @@ impl Log {
                 }
                 let batch = take_batch(&mut state, sync);
                 drop(state);
-                // Errors reach every waiter through `state.failure`; the loop reports it.
-                let _ = self.run_flush(batch);
+                // The flush this thread led failed: report that failure as it is. Other waiters
+                // see it through `state.failure`.
+                self.run_flush(batch)?;
                 state = lock(&core.state);
             }
         }
@@ -475,8 +476,11 @@ impl Log {
     /// Commits everything and closes the log. Dropping a log without `close` leaves records
     /// that were appended but not committed unwritten, exactly as a crash would.
     pub fn close(self) -> Result<()> {
-        self.commit_all()?;
-        Ok(())
+        let committed = self.commit_all();
+        if let Some(syncer) = self.core.async_syncer.get() {
+            syncer.quiesce(&self.core);
+        }
+        committed.map(|_| ())
     }
 
     /// Segment files currently in the log, oldest first.
@@ -525,9 +529,12 @@ impl Log {
             }
             Err(error) => {
                 tracing::error!("write-ahead log stopped: {error}");
+                // The leader gets the failure itself (a full disk is `DiskFull`); every other
+                // waiter and every later call gets `Poisoned` wrapping it.
+                let own = error.duplicate_io();
                 let error = Arc::new(error);
                 state.failure = Some(Arc::clone(&error));
-                Err(poisoned(&error))
+                Err(own.unwrap_or_else(|| poisoned(&error)))
             }
         };
         let mut bytes = batch.bytes;
@@ -680,39 +687,74 @@ fn poisoned(failure: &Arc<Error>) -> Error {
 }
 
 /// The thread that runs flushes on behalf of async waiters.
+///
+/// It holds the log only while it runs a round (`active`), so that the log's directory lock is
+/// released when the user's last handle goes; [`Log::close`] waits for a running round to end
+/// and, when it closes the last handle, stops the thread for good (`closed`).
 #[derive(Default)]
 struct AsyncSyncer {
-    requested: Mutex<bool>,
+    state: Mutex<SyncerState>,
     wake: Condvar,
+}
+
+#[derive(Default)]
+struct SyncerState {
+    requested: bool,
+    active: bool,
+    closed: bool,
 }
 
 impl AsyncSyncer {
     fn request(&self) {
-        *lock(&self.requested) = true;
-        self.wake.notify_one();
+        lock(&self.state).requested = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits for a running round to finish; if `last_handle`, stops the thread.
+    fn quiesce(&self, core: &Arc<Core>) {
+        let mut state = lock(&self.state);
+        while state.active {
+            state = self
+                .wake
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        // Under the lock the thread cannot start a round, so this count is exact: only the
+        // closing handle remains.
+        if Arc::strong_count(core) == 1 {
+            state.closed = true;
+            self.wake.notify_all();
+        }
     }
 
     fn run(&self, core: Weak<Core>) {
         loop {
-            {
-                let mut requested = lock(&self.requested);
-                while !*requested {
+            let log = {
+                let mut state = lock(&self.state);
+                while !state.requested && !state.closed {
                     // Wake up now and then to notice that the log was dropped.
                     let (guard, _) = self
                         .wake
-                        .wait_timeout(requested, Duration::from_millis(100))
+                        .wait_timeout(state, Duration::from_millis(100))
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    requested = guard;
+                    state = guard;
                     if core.strong_count() == 0 {
                         return;
                     }
                 }
-                *requested = false;
-            }
-            let Some(core) = core.upgrade() else { return };
-            let log = Log { core };
+                if state.closed {
+                    return;
+                }
+                state.requested = false;
+                let Some(core) = core.upgrade() else { return };
+                state.active = true;
+                Log { core }
+            };
             // The outcome reaches the futures through the state they poll.
             let _ = log.commit_all();
+            drop(log);
+            lock(&self.state).active = false;
+            self.wake.notify_all();
         }
     }
 }

@@ -251,9 +251,15 @@ mod tests {
         std::fs::write(&second, bytes).unwrap();
         let wal: Wal<Rec> = Wal::open(dir.path(), options()).unwrap();
         let expected = render(wal.iter().unwrap());
-        assert!(expected.last().unwrap().starts_with("error: "), "{expected:?}");
+        assert!(
+            expected.last().unwrap().starts_with("error: "),
+            "{expected:?}"
+        );
         for threads in [1, 2, 4] {
-            assert_eq!(render(wal.par_iter_from(Lsn::FIRST, threads).unwrap()), expected);
+            assert_eq!(
+                render(wal.par_iter_from(Lsn::FIRST, threads).unwrap()),
+                expected
+            );
         }
     }
 

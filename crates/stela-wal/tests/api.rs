@@ -885,7 +885,7 @@ fn segment_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 /// Closing the log releases it: a reopen right after must not find it locked, also when
 /// `commit_async` started the log's background syncer.
 #[test]
-#[ignore = "log.rs: the async-commit thread upgrades its Weak<Core> and holds the log while it runs commit_all, dropping it only after it has woken the futures, so a reopen in that window fails with Error::Locked (most tries, here)"]
+
 fn reopening_right_after_commit_async_is_not_locked() {
     let fs = FaultStorage::new();
     for i in 0..100 {

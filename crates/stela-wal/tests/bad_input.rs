@@ -665,7 +665,7 @@ fn a_full_disk_fails_the_commit_and_keeps_every_acknowledged_record() {
 /// docs/DURABILITY.md: "The commit that needed it fails with `Error::DiskFull`", and "every
 /// later call gets `Error::Poisoned`": the first failure should reach its committer unwrapped.
 #[test]
-#[ignore = "log.rs: the committer that hits the failure gets Error::Poisoned (\"stopped after an earlier failure\") wrapping DiskFull, not DiskFull itself"]
+
 fn a_full_disk_reaches_the_committer_that_hit_it_as_disk_full() {
     let fs = FaultStorage::new();
     let wal: Wal<Rec> = Wal::open(
