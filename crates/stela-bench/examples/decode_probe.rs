@@ -1,3 +1,5 @@
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::Instant;
 use stela_bench::record::Record;
 use stela_wal::{Codec, Lsn, Wal, WalOptions};

@@ -100,19 +100,7 @@ impl Codec {
     pub fn decode<T: DeserializeOwned>(self, payload: &[u8]) -> Result<T, CodecError> {
         let result = match self {
             Codec::Json => serde_json::from_slice(payload).map_err(|e| e.to_string()),
-            Codec::MessagePack => {
-                let mut rest = payload;
-                let decoded = T::deserialize(&mut rmp_serde::Deserializer::new(&mut rest));
-                match decoded {
-                    Ok(_) if !rest.is_empty() => Err(format!(
-                        "{} bytes left after the record (payload is {} bytes)",
-                        rest.len(),
-                        payload.len()
-                    )),
-                    Ok(value) => Ok(value),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
+            Codec::MessagePack => decode_msgpack(payload),
             Codec::Postcard => match postcard::take_from_bytes(payload) {
                 Ok((value, [])) => Ok(value),
                 Ok((_, rest)) => Err(format!(
@@ -145,6 +133,25 @@ impl Codec {
 impl fmt::Display for Codec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// MessagePack through the borrowing slice reader (strings are read in place, not copied
+/// through a scratch buffer first). That reader does not say where the value ended, so the check
+/// for leftover bytes asks for one more value: running out of input is the only good outcome.
+fn decode_msgpack<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    use rmp_serde::decode::Error as RmpError;
+    use serde::de::{Deserialize, IgnoredAny};
+    let mut deserializer = rmp_serde::Deserializer::from_read_ref(payload);
+    let value = T::deserialize(&mut deserializer).map_err(|e| e.to_string())?;
+    match IgnoredAny::deserialize(&mut deserializer) {
+        Err(RmpError::InvalidMarkerRead(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Ok(value)
+        }
+        _ => Err(format!(
+            "bytes left after the record (payload is {} bytes)",
+            payload.len()
+        )),
     }
 }
 
@@ -188,6 +195,27 @@ mod tests {
         assert_eq!(err.codec, Codec::MessagePack);
         let bytes = Codec::Postcard.encode(&(1u32, 2u32, 3u32)).unwrap();
         assert!(Codec::Postcard.decode::<u32>(&bytes).is_err());
+    }
+
+    #[test]
+    fn bytes_left_after_the_record_are_an_error_in_every_codec() {
+        for codec in Codec::ALL {
+            // Self-delimiting values (JSON would read the digits of `7` then `8` as `78`).
+            let mut bytes = codec.encode(&(7u32, "x")).unwrap();
+            bytes.extend(codec.encode(&(8u32, "y")).unwrap());
+            let err = codec.decode::<(u32, String)>(&bytes).unwrap_err();
+            let message = err.to_string();
+            assert!(
+                message.contains("left after") || message.contains("trailing"),
+                "{codec}: {message}"
+            );
+            // A truncated value is an error too, not a default.
+            let whole = codec.encode(&"some text").unwrap();
+            assert!(
+                codec.decode::<String>(&whole[..whole.len() - 1]).is_err(),
+                "{codec}"
+            );
+        }
     }
 
     #[test]

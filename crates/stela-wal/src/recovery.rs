@@ -11,6 +11,7 @@ use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
+use stela_format::frame::{self, Decoded};
 use stela_format::segment_name::segment_file_name;
 use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
 
@@ -113,6 +114,7 @@ pub(crate) fn recover(
     let skip = options.recovery == RecoveryMode::SkipCorrupt;
     let mut expected_start: Option<Lsn> = None;
     let mut index = 0;
+    let mut scratch = Vec::new();
     let (tail, tail_header, write_offset, next_lsn) = loop {
         let seg = segments[index].clone();
         let is_last = index + 1 == segments.len();
@@ -150,6 +152,21 @@ pub(crate) fn recover(
             expected_start = None;
             index += 1;
             continue;
+        }
+        if !is_last {
+            // Sealed segments are normally clean: check them streaming through one reused
+            // buffer; only damage sends us to the whole-file scan below, which explains it.
+            if let Some(clean) =
+                check_sealed(file.as_ref(), &seg, max_payload, &mut scratch, CHECK_CHUNK)?
+            {
+                report.records_verified += clean.records;
+                if report.first_lsn == Lsn::ZERO {
+                    report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
+                }
+                expected_start = Some(clean.next_lsn);
+                index += 1;
+                continue;
+            }
         }
         let bytes = file
             .read_to_vec()
@@ -255,6 +272,78 @@ pub(crate) fn recover(
         report,
         lock,
     })
+}
+
+/// What [`check_sealed`] found in a clean sealed segment.
+struct CleanSegment {
+    records: u64,
+    first_lsn: Option<Lsn>,
+    next_lsn: Lsn,
+}
+
+/// Bytes read at a time by [`check_sealed`].
+const CHECK_CHUNK: usize = 4 << 20;
+
+/// Checks a sealed segment in chunks: every frame in sequence with a good checksum, then only
+/// zeros to the end of the file. Returns `None` at the first thing that is not so, without
+/// judging it: the caller then runs the whole-file [`scan_segment`], which classifies damage
+/// exactly. The fast path exists because verifying a 64 MiB segment through one whole-file
+/// buffer costs a fresh 64 MiB allocation (and its page faults) per segment.
+fn check_sealed(
+    file: &dyn StorageFile,
+    seg: &SegmentFile,
+    max_payload: u32,
+    buf: &mut Vec<u8>,
+    chunk: usize,
+) -> Result<Option<CleanSegment>> {
+    let len = file.len().map_err(|e| Error::io("read", &seg.path, e))?;
+    let mut clean = CleanSegment {
+        records: 0,
+        first_lsn: None,
+        next_lsn: seg.start,
+    };
+    let mut offset = stela_format::header::HEADER_BYTES as u64; // of buf[0] in the file
+    let mut in_data = true;
+    buf.clear();
+    loop {
+        let remaining = len - offset - buf.len() as u64;
+        if remaining > 0 {
+            let want = (chunk as u64).min(remaining) as usize;
+            let old = buf.len();
+            buf.resize(old + want, 0);
+            file.read_exact_at(&mut buf[old..], offset + old as u64)
+                .map_err(|e| Error::io("read", &seg.path, e))?;
+        }
+        let at_end = offset + buf.len() as u64 == len;
+        let mut pos = 0;
+        while in_data {
+            match frame::decode_with_limit(&buf[pos..], max_payload) {
+                Decoded::Record(rec) if rec.lsn == clean.next_lsn => {
+                    clean.records += 1;
+                    clean.first_lsn.get_or_insert(rec.lsn);
+                    clean.next_lsn = rec.lsn.next();
+                    pos += rec.frame_len();
+                }
+                Decoded::Incomplete { .. } if !at_end => break, // read more
+                // A zero prefix of a header cut by the chunk: the next chunk decides.
+                Decoded::Unwritten if buf.len() - pos < frame::HEADER_BYTES && !at_end => break,
+                Decoded::Incomplete { .. } if pos == buf.len() => break, // exact end
+                Decoded::Unwritten => in_data = false,
+                _ => return Ok(None),
+            }
+        }
+        if !in_data && buf[pos..].iter().fold(0u8, |acc, &b| acc | b) != 0 {
+            return Ok(None);
+        }
+        if at_end {
+            return Ok(Some(clean));
+        }
+        if !in_data {
+            pos = buf.len();
+        }
+        buf.drain(..pos);
+        offset += pos as u64;
+    }
 }
 
 pub(crate) fn new_header(
@@ -369,4 +458,52 @@ fn zero(file: &dyn StorageFile, path: &Path, offset: u64, len: u64) -> Result<()
     }
     file.sync_data()
         .map_err(|e| Error::io("fdatasync", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::FaultStorage;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The streaming check of a sealed segment accepts exactly what the whole-file scan
+        /// finds clean, and counts the same records, whatever the chunk size.
+        #[test]
+        fn check_sealed_agrees_with_the_whole_file_scan(
+            payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..30),
+            damage in proptest::option::of((any::<prop::sample::Index>(), any::<u8>())),
+            chunk in 1usize..300,
+        ) {
+            let start = Lsn::new(5);
+            let mut bytes = vec![0u8; stela_format::header::HEADER_BYTES];
+            for (i, p) in payloads.iter().enumerate() {
+                frame::encode(&mut bytes, Lsn::new(5 + i as u64), p);
+            }
+            bytes.resize(bytes.len() + 100, 0);
+            if let Some((at, value)) = damage {
+                let at = stela_format::header::HEADER_BYTES
+                    + at.index(bytes.len() - stela_format::header::HEADER_BYTES);
+                bytes[at] = value;
+            }
+            let fs = FaultStorage::new();
+            fs.create_dir_all(Path::new("/log")).unwrap();
+            let path = Path::new("/log/seg");
+            let file = fs.open(path, OpenMode::CreateNew).unwrap();
+            file.write_all_at(&bytes, 0).unwrap();
+            let seg = SegmentFile { start, path: path.to_path_buf() };
+            let mut buf = Vec::new();
+            let fast = check_sealed(file.as_ref(), &seg, 1 << 20, &mut buf, chunk).unwrap();
+            let scan = scan_segment(&bytes, start, false, 1 << 20, false);
+            match fast {
+                Some(clean) => {
+                    prop_assert!(scan.damage.is_empty() && scan.torn_tail.is_none());
+                    prop_assert_eq!(clean.records, scan.records);
+                    prop_assert_eq!(clean.first_lsn, scan.first_lsn);
+                    prop_assert_eq!(clean.next_lsn, scan.last_lsn.map_or(start, Lsn::next));
+                }
+                None => prop_assert!(!scan.damage.is_empty() || scan.torn_tail.is_some()),
+            }
+        }
+    }
 }
