@@ -4,7 +4,7 @@
 //! offset  size  field
 //!      0     4  payload length in bytes, u32 little-endian
 //!      4     4  CRC32C of payload ++ bytes 0..4 ++ bytes 8..16, u32 little-endian
-//!      8     8  LSN of the record, u64 little-endian (never 0)
+//!      8     8  LSN of the record, u64 little-endian (never 0, never u64::MAX)
 //!     16     n  payload (the codec's bytes)
 //! ```
 //!
@@ -49,6 +49,8 @@ pub enum Rejection {
     ImplausibleLength { length: u32 },
     /// The LSN field is 0 but the rest of the header is not blank.
     ZeroLsn,
+    /// The LSN field is `u64::MAX`, which is reserved (see [`Lsn::MAX`]).
+    ReservedLsn,
     /// The checksum does not match the bytes.
     ChecksumMismatch { stored: u32, computed: u32 },
 }
@@ -60,6 +62,7 @@ impl std::fmt::Display for Rejection {
                 write!(f, "implausible record length {length}")
             }
             Rejection::ZeroLsn => write!(f, "record header with LSN 0"),
+            Rejection::ReservedLsn => write!(f, "record header with the reserved LSN {}", u64::MAX),
             Rejection::ChecksumMismatch { stored, computed } => write!(
                 f,
                 "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
@@ -93,7 +96,8 @@ pub fn checksum(payload_crc: u32, payload_len: u32, lsn: Lsn) -> u32 {
 /// Appends the frame of `payload` at `lsn` to `out`.
 ///
 /// # Panics
-/// If `lsn` is 0 or the payload exceeds [`MAX_PAYLOAD_BYTES`]; callers check both first.
+/// If `lsn` is 0 or above [`Lsn::MAX`], or the payload exceeds [`MAX_PAYLOAD_BYTES`]; callers
+/// check these first.
 pub fn encode(out: &mut Vec<u8>, lsn: Lsn, payload: &[u8]) {
     encode_with_crc(out, lsn, payload, crc32c::crc32c(payload));
 }
@@ -102,6 +106,7 @@ pub fn encode(out: &mut Vec<u8>, lsn: Lsn, payload: &[u8]) {
 /// outside a lock).
 pub fn encode_with_crc(out: &mut Vec<u8>, lsn: Lsn, payload: &[u8], payload_crc: u32) {
     assert!(lsn != Lsn::ZERO, "LSN 0 names no record");
+    assert!(lsn <= Lsn::MAX, "LSN {} is reserved", u64::MAX);
     let len = u32::try_from(payload.len())
         .ok()
         .filter(|len| *len <= MAX_PAYLOAD_BYTES)
@@ -134,6 +139,11 @@ pub fn decode_with_limit(buf: &[u8], max_payload: u32) -> Decoded<'_> {
         } else {
             Decoded::Rejected(Rejection::ZeroLsn)
         };
+    }
+    if lsn > Lsn::MAX.get() {
+        // Accepting it would make the reader's next expected LSN overflow (found by the
+        // `segment_scan` fuzz target).
+        return Decoded::Rejected(Rejection::ReservedLsn);
     }
     if len > max_payload.min(MAX_PAYLOAD_BYTES) {
         return Decoded::Rejected(Rejection::ImplausibleLength { length: len });
@@ -205,6 +215,24 @@ mod tests {
     }
 
     #[test]
+    fn the_reserved_lsn_is_never_a_record() {
+        let mut bytes = framed(Lsn::MAX.get(), b"last");
+        assert!(matches!(decode(&bytes), Decoded::Record(rec) if rec.lsn == Lsn::MAX));
+        // The same frame one LSN later, with a checksum that matches it.
+        let crc = checksum(crc32c::crc32c(b"last"), 4, Lsn::new(u64::MAX));
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(decode(&bytes), Decoded::Rejected(Rejection::ReservedLsn));
+        assert_eq!(find_next_valid(&bytes, 0, Lsn::FIRST, 1024), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "reserved")]
+    fn the_reserved_lsn_cannot_be_encoded() {
+        framed(u64::MAX, b"");
+    }
+
+    #[test]
     fn resync_finds_the_next_record_after_garbage() {
         let mut bytes = framed(1, b"one");
         let second_at = bytes.len() + 5;
@@ -219,7 +247,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn frames_round_trip(lsn in 1u64.., payload in proptest::collection::vec(any::<u8>(), 0..300)) {
+        fn frames_round_trip(lsn in 1..=Lsn::MAX.get(), payload in proptest::collection::vec(any::<u8>(), 0..300)) {
             let bytes = framed(lsn, &payload);
             match decode(&bytes) {
                 Decoded::Record(rec) => {

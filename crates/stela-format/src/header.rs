@@ -35,7 +35,8 @@ const CRC_OFFSET: usize = 252;
 /// The record type a log holds, as recorded in its segment headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeTag {
-    /// The tag as stored: the whole tag, or its first 200 bytes if it is longer.
+    /// The tag as stored: the whole tag, or its first 200 bytes if it is longer (cut back to a
+    /// character boundary, and before any zero byte).
     pub shown: String,
     /// Length of the whole tag in bytes.
     pub len: u32,
@@ -45,7 +46,11 @@ pub struct TypeTag {
 
 impl TypeTag {
     pub fn new(tag: &str) -> TypeTag {
-        let mut cut = tag.len().min(TAG_CAPACITY);
+        // The stored tag is zero padded, so a zero byte would end it on decode: keep only what is
+        // before one, or a tag with a NUL would not match itself after a round trip. The length
+        // and CRC still cover the whole tag, so such tags stay distinct.
+        let stored = tag.find('\0').unwrap_or(tag.len());
+        let mut cut = stored.min(TAG_CAPACITY);
         while !tag.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -99,6 +104,10 @@ pub enum HeaderError {
     BadLength { len: u32 },
     #[error("segment header starts at LSN 0")]
     ZeroStartLsn,
+    #[error("segment header starts at the reserved LSN {}", u64::MAX)]
+    ReservedStartLsn,
+    #[error("record type tag in segment header is not UTF-8")]
+    BadTypeTag,
 }
 
 impl SegmentHeader {
@@ -145,18 +154,27 @@ impl SegmentHeader {
         if start_lsn == Lsn::ZERO {
             return Err(HeaderError::ZeroStartLsn);
         }
+        if start_lsn > Lsn::MAX {
+            return Err(HeaderError::ReservedStartLsn);
+        }
         let tag_bytes = &bytes[TAG_OFFSET..TAG_OFFSET + TAG_CAPACITY];
         let shown_len = tag_bytes
             .iter()
             .position(|&b| b == 0)
             .unwrap_or(TAG_CAPACITY);
+        // Strict, not lossy: `TypeTag::new` only ever stores whole UTF-8 characters, and a lossy
+        // conversion could turn the 200 stored bytes into up to 600, which `encode` cannot write
+        // back (found by the `segment_header` fuzz target).
+        let shown = std::str::from_utf8(&tag_bytes[..shown_len])
+            .map_err(|_| HeaderError::BadTypeTag)?
+            .to_string();
         Ok(SegmentHeader {
             codec,
             segment_seq: u64_at(bytes, 16),
             start_lsn,
             capacity: u64_at(bytes, 32),
             type_tag: TypeTag {
-                shown: String::from_utf8_lossy(&tag_bytes[..shown_len]).into_owned(),
+                shown,
                 len: u32_at(bytes, 40),
                 crc: u32_at(bytes, 44),
             },
@@ -202,6 +220,44 @@ mod tests {
         let a = TypeTag::new(&format!("{}A", "p".repeat(300)));
         let b = TypeTag::new(&format!("{}B", "p".repeat(300)));
         assert!(!a.same_as(&b));
+    }
+
+    /// Bytes with a valid checksum around a tag that `TypeTag::new` cannot have written.
+    fn with_tag_bytes(tag: &[u8]) -> [u8; HEADER_BYTES] {
+        let mut bytes = sample("").encode();
+        bytes[TAG_OFFSET..TAG_OFFSET + tag.len()].copy_from_slice(tag);
+        let crc = crc32c::crc32c(&bytes[..CRC_OFFSET]);
+        bytes[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_tag_that_is_not_utf8_is_an_error_not_a_longer_tag() {
+        // Lossily decoded, 200 invalid bytes became 600 bytes that `encode` could not write.
+        let bytes = with_tag_bytes(&[0xFB; TAG_CAPACITY]);
+        assert_eq!(SegmentHeader::decode(&bytes), Err(HeaderError::BadTypeTag));
+        let bytes = with_tag_bytes(b"app::R\xC3");
+        assert_eq!(SegmentHeader::decode(&bytes), Err(HeaderError::BadTypeTag));
+    }
+
+    #[test]
+    fn a_segment_cannot_start_at_the_reserved_lsn() {
+        let mut header = sample("t");
+        header.start_lsn = Lsn::MAX;
+        assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header.clone()));
+        header.start_lsn = Lsn::new(u64::MAX);
+        let err = SegmentHeader::decode(&header.encode());
+        assert_eq!(err, Err(HeaderError::ReservedStartLsn));
+    }
+
+    #[test]
+    fn a_tag_with_a_zero_byte_matches_itself_after_a_round_trip() {
+        let tag = TypeTag::new("app::Record\0v2");
+        assert_eq!(tag.shown, "app::Record");
+        let decoded = SegmentHeader::decode(&sample("app::Record\0v2").encode()).unwrap();
+        assert!(decoded.type_tag.same_as(&tag));
+        assert!(!tag.same_as(&TypeTag::new("app::Record")));
+        assert!(!tag.same_as(&TypeTag::new("app::Record\0v3")));
     }
 
     proptest! {

@@ -21,6 +21,10 @@ impl Lsn {
     pub const ZERO: Lsn = Lsn(0);
     /// The LSN of the first record of a new log.
     pub const FIRST: Lsn = Lsn(1);
+    /// The largest LSN a record can have. `u64::MAX` is reserved, so that the LSN after any
+    /// record, which readers and the log compute as they go, always exists; the frame and header
+    /// decoders reject it.
+    pub const MAX: Lsn = Lsn(u64::MAX - 1);
 
     pub const fn new(value: u64) -> Lsn {
         Lsn(value)
@@ -31,6 +35,9 @@ impl Lsn {
     }
 
     /// The LSN after this one.
+    ///
+    /// # Panics
+    /// On `u64::MAX` in debug builds, which no record has (see [`Lsn::MAX`]).
     pub const fn next(self) -> Lsn {
         Lsn(self.0 + 1)
     }

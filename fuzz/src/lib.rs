@@ -1,0 +1,191 @@
+//! Shared pieces of the fuzz targets: the paper's record type, how a target reads its input, and
+//! the valid inputs the seed corpus is made of (`tests/seeds.rs` writes them to `seeds/`).
+
+use serde::{Deserialize, Serialize};
+use stela_format::{frame, header, Codec, Lsn, SegmentHeader, TypeTag};
+
+/// The record type of the paper's benchmark.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub id: u32,
+    pub comment: String,
+    pub objects: Vec<Data>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Data {
+    pub a: u32,
+    pub b: u32,
+}
+
+/// The type tag the seed segments are written with (and `recovery_open` opens them with).
+pub const TYPE_TAG: &str = "stela_fuzz::Record";
+
+/// Segment size the seeds and `recovery_open` use: small, so a run stays fast.
+pub const SEGMENT_BYTES: u64 = 1024;
+
+/// A few records, from empty to a handful of objects.
+pub fn sample_records() -> Vec<Record> {
+    vec![
+        Record {
+            id: 0,
+            comment: String::new(),
+            objects: vec![],
+        },
+        Record {
+            id: 7,
+            comment: "transfer".into(),
+            objects: vec![Data { a: 1, b: 2 }, Data { a: 3, b: 4 }],
+        },
+        Record {
+            id: u32::MAX,
+            comment: "é\"\\\u{1F600}".into(),
+            objects: vec![Data {
+                a: u32::MAX,
+                b: 0x8000_0000,
+            }],
+        },
+    ]
+}
+
+/// The header of a segment of [`Record`]s.
+pub fn header(codec: Codec, segment_seq: u64, start: Lsn, capacity: u64) -> SegmentHeader {
+    SegmentHeader {
+        codec,
+        segment_seq,
+        start_lsn: start,
+        capacity,
+        type_tag: TypeTag::new(TYPE_TAG),
+    }
+}
+
+/// A whole segment file as the log writes it: header, frames of `records` from `start` on,
+/// zeros up to `capacity` (if the frames leave room).
+pub fn segment(codec: Codec, start: Lsn, records: &[Record], capacity: u64) -> Vec<u8> {
+    let mut bytes = header(codec, 0, start, capacity).encode().to_vec();
+    let mut lsn = start;
+    for record in records {
+        let payload = codec.encode(record).expect("records encode");
+        frame::encode(&mut bytes, lsn, &payload);
+        lsn = lsn.next();
+    }
+    if bytes.len() < capacity as usize {
+        bytes.resize(capacity as usize, 0);
+    }
+    bytes
+}
+
+/// The first LSN a segment's header names, if the bytes are long enough to hold one and it is
+/// not 0. `recovery_open` names the segment file after it, as the log does, so that a header the
+/// fuzzer keeps valid also passes the name check.
+pub fn header_start_lsn(bytes: &[u8]) -> Option<Lsn> {
+    let field: [u8; 8] = bytes.get(24..32)?.try_into().ok()?;
+    Some(Lsn::new(u64::from_le_bytes(field))).filter(|&lsn| lsn != Lsn::ZERO)
+}
+
+/// The codec a segment's header names, if any.
+pub fn header_codec(bytes: &[u8]) -> Option<Codec> {
+    bytes.get(10).copied().and_then(Codec::from_id)
+}
+
+/// Payload limits a scan is tried with: unlimited (as `stela wal verify`), the format's, and
+/// small ones that make lengths implausible.
+pub const MAX_PAYLOADS: [u32; 6] = [u32::MAX, frame::MAX_PAYLOAD_BYTES, 1024, 64, 16, 0];
+
+/// How `segment_scan` reads its input: one control byte, then the whole segment file.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanInput<'a> {
+    pub is_last: bool,
+    pub skip_damage: bool,
+    pub max_payload: u32,
+    pub segment: &'a [u8],
+}
+
+impl<'a> ScanInput<'a> {
+    /// Control byte: bit 0 `is_last`, bit 1 `skip_damage`, bits 2.. pick from [`MAX_PAYLOADS`].
+    pub fn parse(data: &'a [u8]) -> Option<ScanInput<'a>> {
+        let (&control, segment) = data.split_first()?;
+        Some(ScanInput {
+            is_last: control & 1 != 0,
+            skip_damage: control & 2 != 0,
+            max_payload: MAX_PAYLOADS[usize::from(control >> 2) % MAX_PAYLOADS.len()],
+            segment,
+        })
+    }
+
+    pub fn control_byte(is_last: bool, skip_damage: bool, max_payload_index: usize) -> u8 {
+        u8::from(is_last) | (u8::from(skip_damage) << 1) | ((max_payload_index as u8) << 2)
+    }
+}
+
+/// The checked-in seeds: `(target, file name, bytes)`. Every one is a valid input produced by
+/// the encoders, or a valid input with one classic defect (a torn tail, a flipped byte).
+pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let records = sample_records();
+
+    // frame_decode: frames of each codec's payloads, and the edge cases of the header.
+    for codec in Codec::ALL {
+        let payload = codec.encode(&records[1]).expect("encodes");
+        let mut bytes = Vec::new();
+        frame::encode(&mut bytes, Lsn::new(1), &payload);
+        out.push(("frame_decode", format!("{}-lsn1", codec.name()), bytes));
+    }
+    let mut empty = Vec::new();
+    frame::encode(&mut empty, Lsn::MAX, b"");
+    out.push(("frame_decode", "empty-payload-max-lsn".into(), empty));
+    out.push(("frame_decode", "unwritten".into(), vec![0; 16]));
+
+    // segment_header: one header per codec, one with a tag longer than the 200 stored bytes.
+    for codec in Codec::ALL {
+        let h = header(codec, 3, Lsn::new(1001), SEGMENT_BYTES);
+        out.push(("segment_header", codec.name().into(), h.encode().to_vec()));
+    }
+    let long = SegmentHeader {
+        type_tag: TypeTag::new(&"é".repeat(150)),
+        ..header(Codec::Json, 0, Lsn::FIRST, 64 << 20)
+    };
+    out.push(("segment_header", "long-tag".into(), long.encode().to_vec()));
+
+    // segment_scan and recovery_open: whole segments, clean, torn and damaged.
+    let clean = |codec: Codec| segment(codec, Lsn::FIRST, &records, SEGMENT_BYTES);
+    let frames_end = |codec: Codec| {
+        header::HEADER_BYTES
+            + records
+                .iter()
+                .map(|r| frame::HEADER_BYTES + codec.encode(r).expect("encodes").len())
+                .sum::<usize>()
+    };
+    let mut segments = Vec::new();
+    for codec in Codec::ALL {
+        segments.push((format!("{}-clean", codec.name()), clean(codec)));
+    }
+    let end = frames_end(Codec::Postcard);
+    let mut torn = clean(Codec::Postcard);
+    torn[end - 3..end + 5].fill(0xA5); // the last frame cut short, garbage after it
+    segments.push(("postcard-torn-tail".into(), torn));
+    let mut damaged = clean(Codec::MessagePack);
+    damaged[header::HEADER_BYTES + 20] ^= 0x40; // inside the first record: valid records follow
+    segments.push(("msgpack-damaged-middle".into(), damaged));
+    let start_late = segment(Codec::Json, Lsn::new(41235), &records[..2], SEGMENT_BYTES);
+    segments.push(("json-start-41235".into(), start_late));
+
+    for (name, bytes) in &segments {
+        for (is_last, skip) in [(true, false), (false, true)] {
+            let mut input = vec![ScanInput::control_byte(is_last, skip, 0)];
+            input.extend_from_slice(bytes);
+            let name = format!("{name}-last{}-skip{}", u8::from(is_last), u8::from(skip));
+            out.push(("segment_scan", name, input));
+        }
+        out.push(("recovery_open", name.clone(), bytes.clone()));
+    }
+
+    // record_decode: the payloads themselves (the target frames them).
+    for codec in Codec::ALL {
+        for (i, record) in records.iter().enumerate() {
+            let payload = codec.encode(record).expect("encodes");
+            out.push(("record_decode", format!("{}-{i}", codec.name()), payload));
+        }
+    }
+    out
+}
