@@ -118,10 +118,14 @@ fuzz_target!(|segment: &[u8]| {
 
         // An acknowledged record survives a reopen.
         if wal.last_lsn() >= Lsn::MAX {
-            // Known bug, reported, in log.rs (not fuzzed around elsewhere): `Log::append_all`
-            // does not check for the end of the LSN space, and panics (in `frame::encode`)
-            // instead of returning an error when the next LSN would be the reserved u64::MAX.
-            // Seed `regress-lsn-exhausted` reaches this. Remove the guard once it is fixed.
+            // The LSN space is used up (seed `regress-lsn-exhausted`): an append must be a
+            // clear error that changes nothing.
+            let record = stela_fuzz::sample_records().swap_remove(1);
+            match wal.append(&record) {
+                Err(stela_wal::Error::LsnExhausted { .. }) => {}
+                other => panic!("{mode:?}: append past Lsn::MAX gave {other:?}"),
+            }
+            assert_eq!(wal.last_lsn(), Lsn::MAX);
             continue;
         }
         let record = stela_fuzz::sample_records().swap_remove(1);

@@ -9,7 +9,9 @@
 //!   [`crate::peers`] for the peers). `seconds` runs from the release of the writer threads to
 //!   the last set made durable; opening the log is not included. `p50_us`/`p99_us` are the
 //!   latencies of single durable writes (encode + append + commit of one set).
-//! - `read`: the log is closed, reopened and every record is read back and decoded. `seconds`
+//! - `read`: the log is closed, the file system's dirty pages are written back (untimed, so
+//!   the kernel's writeback of the write phase does not compete with the read), then the log
+//!   is reopened and every record is read back and decoded. `seconds`
 //!   includes the reopen, because that is where each system scans (stela verifies its segments,
 //!   okaywal and raft-engine replay their files) and the peers read everything only there.
 //!   Every read is checked: the count of records and the sum of their ids must match. stela
@@ -322,6 +324,7 @@ impl Run {
                 progress,
             )?,
         };
+        settle_writeback(path)?;
         let read = match self.system {
             System::Stela => stela_read(path, codec)?,
             System::Okaywal => peers::okaywal::read(path, codec)?,
@@ -392,6 +395,16 @@ fn stela_write(
     })?;
     wal.close().context("stela: close")?;
     Ok(outcome)
+}
+
+/// Between the write and the read phase of every system: write back what the write phase left
+/// dirty (`syncfs`, untimed), so the read phase measures reading from the page cache, as the
+/// paper's Table II did, and not the kernel's writeback of the previous phase competing for the
+/// same two cores. Nothing is evicted: the data stays cached.
+fn settle_writeback(dir: &Path) -> anyhow::Result<()> {
+    let handle = std::fs::File::open(dir).with_context(|| format!("open {}", dir.display()))?;
+    rustix::fs::syncfs(&handle).with_context(|| format!("syncfs {}", dir.display()))?;
+    Ok(())
 }
 
 /// stela: reopen (with its default verification of every segment) and iterate everything,

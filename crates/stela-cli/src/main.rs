@@ -3,6 +3,12 @@
 
 use std::process::ExitCode;
 
+/// mimalloc rather than the system allocator: replay decodes records on worker threads and the
+/// caller frees them, and glibc's per-thread arenas make such cross-thread frees slow. The
+/// benchmark's peers run in the same process, so they get the same allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     stela::run(std::env::args_os())
 }

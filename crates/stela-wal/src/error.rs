@@ -81,6 +81,10 @@ pub enum Error {
     #[error("LSN {lsn} has not been appended (next LSN is {next})")]
     NotAppended { lsn: Lsn, next: Lsn },
 
+    /// Appending would use an LSN above [`Lsn::MAX`]. Nothing was appended.
+    #[error("no LSNs left: the next record would be LSN {next} and {records} were appended, past the largest LSN {}", Lsn::MAX)]
+    LsnExhausted { next: Lsn, records: u64 },
+
     /// A read from an LSN that has been truncated away.
     #[error("LSN {lsn} was truncated; the log starts at {first}")]
     Truncated { lsn: Lsn, first: Lsn },

@@ -288,6 +288,16 @@ impl Log {
         if let Some(failure) = &state.failure {
             return Err(poisoned(failure));
         }
+        // LSNs are never reused: a log whose numbers run out stops taking records (only a
+        // crafted segment can start that close to the end; 2^64 appends take centuries).
+        let needed = checked.len() as u64;
+        let last_needed = state.next_lsn.get().checked_add(needed.saturating_sub(1));
+        if needed > 0 && last_needed.is_none_or(|last| last > Lsn::MAX.get()) {
+            return Err(Error::LsnExhausted {
+                next: state.next_lsn,
+                records: needed,
+            });
+        }
         for (payload, crc) in checked {
             let lsn = state.next_lsn;
             let frame_len = (frame::HEADER_BYTES + payload.len()) as u64;

@@ -153,20 +153,21 @@ pub(crate) fn recover(
             index += 1;
             continue;
         }
-        if !is_last {
-            // Sealed segments are normally clean: check them streaming through one reused
-            // buffer; only damage sends us to the whole-file scan below, which explains it.
-            if let Some(clean) =
-                check_sealed(file.as_ref(), &seg, max_payload, &mut scratch, CHECK_CHUNK)?
-            {
-                report.records_verified += clean.records;
-                if report.first_lsn == Lsn::ZERO {
-                    report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
-                }
-                expected_start = Some(clean.next_lsn);
-                index += 1;
-                continue;
+        // Segments are normally clean: check them streaming; only a finding sends us to the
+        // whole-file scan below, which classifies it.
+        if let Some(clean) =
+            check_clean(file.as_ref(), &seg, max_payload, &mut scratch, CHECK_CHUNK)?
+        {
+            report.records_verified += clean.records;
+            if report.first_lsn == Lsn::ZERO {
+                report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
             }
+            if is_last {
+                break (file, header, clean.end_offset, clean.next_lsn);
+            }
+            expected_start = Some(clean.next_lsn);
+            index += 1;
+            continue;
         }
         let bytes = file
             .read_to_vec()
@@ -274,36 +275,41 @@ pub(crate) fn recover(
     })
 }
 
-/// What [`check_sealed`] found in a clean sealed segment.
+/// What [`check_clean`] found in a clean segment.
 struct CleanSegment {
     records: u64,
     first_lsn: Option<Lsn>,
     next_lsn: Lsn,
+    /// Where the records end (and the next one would be written).
+    end_offset: u64,
 }
 
-/// Bytes read at a time by [`check_sealed`].
+/// Bytes read at a time by [`check_clean`].
 const CHECK_CHUNK: usize = 4 << 20;
 
-/// Checks a sealed segment in chunks: every frame in sequence with a good checksum, then only
+/// Checks that a segment is clean: every frame in sequence with a good checksum, then only
 /// zeros to the end of the file. Returns `None` at the first thing that is not so, without
-/// judging it: the caller then runs the whole-file [`scan_segment`], which classifies damage
-/// exactly. The fast path exists because verifying a 64 MiB segment through one whole-file
-/// buffer costs a fresh 64 MiB allocation (and its page faults) per segment.
-fn check_sealed(
+/// judging it: the caller then runs the whole-file [`scan_segment`], which tells a torn tail
+/// from damage and says where. This fast path reads through one reused buffer and skips the
+/// file's holes (the never-written, preallocated rest of a segment), where the whole-file scan
+/// would take a fresh buffer the size of the segment.
+fn check_clean(
     file: &dyn StorageFile,
     seg: &SegmentFile,
     max_payload: u32,
     buf: &mut Vec<u8>,
     chunk: usize,
 ) -> Result<Option<CleanSegment>> {
-    let len = file.len().map_err(|e| Error::io("read", &seg.path, e))?;
+    let read_err = |e| Error::io("read", &seg.path, e);
+    let len = file.len().map_err(read_err)?;
     let mut clean = CleanSegment {
         records: 0,
         first_lsn: None,
         next_lsn: seg.start,
+        end_offset: stela_format::header::HEADER_BYTES as u64,
     };
-    let mut offset = stela_format::header::HEADER_BYTES as u64; // of buf[0] in the file
-    let mut in_data = true;
+    // The records, chunk by chunk; `offset` is the file offset of `buf[0]`.
+    let mut offset = clean.end_offset;
     buf.clear();
     loop {
         let remaining = len - offset - buf.len() as u64;
@@ -312,11 +318,11 @@ fn check_sealed(
             let old = buf.len();
             buf.resize(old + want, 0);
             file.read_exact_at(&mut buf[old..], offset + old as u64)
-                .map_err(|e| Error::io("read", &seg.path, e))?;
+                .map_err(read_err)?;
         }
         let at_end = offset + buf.len() as u64 == len;
         let mut pos = 0;
-        while in_data {
+        let data_ended = loop {
             match frame::decode_with_limit(&buf[pos..], max_payload) {
                 Decoded::Record(rec) if rec.lsn == clean.next_lsn => {
                     clean.records += 1;
@@ -324,26 +330,37 @@ fn check_sealed(
                     clean.next_lsn = rec.lsn.next();
                     pos += rec.frame_len();
                 }
-                Decoded::Incomplete { .. } if !at_end => break, // read more
+                Decoded::Incomplete { .. } if !at_end => break false, // read more
                 // A zero prefix of a header cut by the chunk: the next chunk decides.
-                Decoded::Unwritten if buf.len() - pos < frame::HEADER_BYTES && !at_end => break,
-                Decoded::Incomplete { .. } if pos == buf.len() => break, // exact end
-                Decoded::Unwritten => in_data = false,
+                Decoded::Unwritten if buf.len() - pos < frame::HEADER_BYTES && !at_end => {
+                    break false
+                }
+                Decoded::Incomplete { .. } if pos == buf.len() => break true, // exact end
+                Decoded::Unwritten => break true,
                 _ => return Ok(None),
             }
-        }
-        if !in_data && buf[pos..].iter().fold(0u8, |acc, &b| acc | b) != 0 {
-            return Ok(None);
-        }
-        if at_end {
-            return Ok(Some(clean));
-        }
-        if !in_data {
-            pos = buf.len();
+        };
+        if data_ended {
+            clean.end_offset = offset + pos as u64;
+            break;
         }
         buf.drain(..pos);
         offset += pos as u64;
     }
+    // Then zeros: holes are zeros by definition, data regions are read and looked at.
+    for region in file.data_regions(clean.end_offset).map_err(read_err)? {
+        let mut at = region.start.max(clean.end_offset);
+        while at < region.end {
+            let n = (chunk as u64).min(region.end - at) as usize;
+            buf.resize(n, 0);
+            file.read_exact_at(&mut buf[..n], at).map_err(read_err)?;
+            if buf[..n].iter().fold(0u8, |acc, &b| acc | b) != 0 {
+                return Ok(None);
+            }
+            at += n as u64;
+        }
+    }
+    Ok(Some(clean))
 }
 
 pub(crate) fn new_header(
@@ -467,13 +484,14 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// The streaming check of a sealed segment accepts exactly what the whole-file scan
+        /// The streaming check of a segment accepts exactly what the whole-file scan
         /// finds clean, and counts the same records, whatever the chunk size.
         #[test]
-        fn check_sealed_agrees_with_the_whole_file_scan(
+        fn check_clean_agrees_with_the_whole_file_scan(
             payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..30),
             damage in proptest::option::of((any::<prop::sample::Index>(), any::<u8>())),
             chunk in 1usize..300,
+            is_last in any::<bool>(),
         ) {
             let start = Lsn::new(5);
             let mut bytes = vec![0u8; stela_format::header::HEADER_BYTES];
@@ -493,14 +511,15 @@ mod tests {
             file.write_all_at(&bytes, 0).unwrap();
             let seg = SegmentFile { start, path: path.to_path_buf() };
             let mut buf = Vec::new();
-            let fast = check_sealed(file.as_ref(), &seg, 1 << 20, &mut buf, chunk).unwrap();
-            let scan = scan_segment(&bytes, start, false, 1 << 20, false);
+            let fast = check_clean(file.as_ref(), &seg, 1 << 20, &mut buf, chunk).unwrap();
+            let scan = scan_segment(&bytes, start, is_last, 1 << 20, false);
             match fast {
                 Some(clean) => {
                     prop_assert!(scan.damage.is_empty() && scan.torn_tail.is_none());
                     prop_assert_eq!(clean.records, scan.records);
                     prop_assert_eq!(clean.first_lsn, scan.first_lsn);
                     prop_assert_eq!(clean.next_lsn, scan.last_lsn.map_or(start, Lsn::next));
+                    prop_assert_eq!(clean.end_offset, scan.end_offset);
                 }
                 None => prop_assert!(!scan.damage.is_empty() || scan.torn_tail.is_some()),
             }

@@ -66,6 +66,15 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn allocate(&self, len: u64) -> io::Result<()>;
     fn set_len(&self, len: u64) -> io::Result<()>;
 
+    /// The stretches of the file from `from` on that may hold data, in order; everything
+    /// outside them reads as zeros. The default says "all of it"; the real file system asks
+    /// for the holes (`SEEK_DATA`/`SEEK_HOLE`), which include the preallocated, never written
+    /// rest of a segment, so checking that rest costs nothing.
+    fn data_regions(&self, from: u64) -> io::Result<Vec<std::ops::Range<u64>>> {
+        let len = self.len()?;
+        Ok(if from < len { vec![from..len] } else { vec![] })
+    }
+
     /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
     fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
         while !buf.is_empty() {
@@ -80,11 +89,15 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Reads the whole file.
+    /// Reads the whole file (only its [`StorageFile::data_regions`]; the rest is zeros).
     fn read_to_vec(&self) -> io::Result<Vec<u8>> {
         let len = usize::try_from(self.len()?).map_err(|_| io::ErrorKind::OutOfMemory)?;
+        // A large zeroed allocation maps the kernel's zero pages: holes cost no memory traffic.
         let mut out = vec![0u8; len];
-        self.read_exact_at(&mut out, 0)?;
+        for region in self.data_regions(0)? {
+            let (start, end) = (region.start as usize, (region.end as usize).min(len));
+            self.read_exact_at(&mut out[start..end], region.start)?;
+        }
         Ok(out)
     }
 }

@@ -113,37 +113,30 @@ impl StorageFile for StdFile {
         self.0.set_len(len)
     }
 
-    /// Reads only the file's data regions, as reported by `SEEK_DATA`/`SEEK_HOLE`; holes (which
-    /// include the unwritten, preallocated rest of a segment) are known to read as zeros. A
-    /// fresh 64 MiB segment thus costs one small read at open instead of 64 MiB of zero pages.
-    fn read_to_vec(&self) -> io::Result<Vec<u8>> {
-        let len = usize::try_from(self.len()?).map_err(|_| io::ErrorKind::OutOfMemory)?;
-        // Large zeroed allocations come from the kernel's zero pages; untouched holes cost no
-        // memory bandwidth.
-        let mut out = vec![0u8; len];
-        let mut at = 0u64;
-        while (at as usize) < len {
-            let data = match rustix::fs::seek(&self.0, rustix::fs::SeekFrom::Data(at)) {
+    fn data_regions(&self, from: u64) -> io::Result<Vec<std::ops::Range<u64>>> {
+        use rustix::fs::{seek, SeekFrom};
+        let len = self.len()?;
+        let mut regions = Vec::new();
+        let mut at = from;
+        while at < len {
+            let data = match seek(&self.0, SeekFrom::Data(at)) {
                 Ok(data) => data,
-                // No data after `at`: the rest is a hole.
+                // Nothing but a hole after `at`.
                 Err(rustix::io::Errno::NXIO) => break,
-                // The file system cannot tell: read everything.
+                // The file system cannot tell: everything may be data.
                 Err(_) => {
-                    self.read_exact_at(&mut out[at as usize..], at)?;
+                    regions.push(at..len);
                     break;
                 }
             };
-            let hole = match rustix::fs::seek(&self.0, rustix::fs::SeekFrom::Hole(data)) {
-                Ok(hole) => hole.min(len as u64),
-                Err(_) => len as u64,
-            };
+            let hole = seek(&self.0, SeekFrom::Hole(data)).map_or(len, |hole| hole.min(len));
             if data >= hole {
                 break;
             }
-            self.read_exact_at(&mut out[data as usize..hole as usize], data)?;
+            regions.push(data..hole);
             at = hole;
         }
-        Ok(out)
+        Ok(regions)
     }
 }
 
