@@ -20,7 +20,8 @@ pub enum Error {
     },
 
     /// The device or quota is full. Nothing acknowledged is lost; records that were not yet
-    /// acknowledged were not written.
+    /// acknowledged may or may not be in the log when it is reopened (those before the segment
+    /// that could not be created were written and sealed), like any unacknowledged record.
     #[error("no space left on device: {op} {} failed; acknowledged records are intact, free space and reopen the log", path.display())]
     DiskFull {
         op: &'static str,

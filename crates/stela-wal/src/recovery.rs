@@ -259,6 +259,12 @@ pub(crate) fn recover(
     // A segment cut short by a crash during preallocation would make later writes grow the file.
     tail.allocate(tail_header.capacity)
         .map_err(|e| Error::io("preallocate", &segments[segments.len() - 1].path, e))?;
+    // The log reports every record found here as durable (`durable_lsn`, and `commit` of them
+    // returns at once), but after a process crash the newest segment's last records may still
+    // be only in the OS cache: sync them so that a power cut now cannot take back what this
+    // open hands out as durable. (Older segments were synced before their successor existed.)
+    tail.sync_data()
+        .map_err(|e| Error::io("fdatasync", &segments[segments.len() - 1].path, e))?;
     report.segments = segments.len();
     report.last_lsn = Lsn::new(next_lsn.get() - 1);
     if report.first_lsn == Lsn::ZERO && report.last_lsn != Lsn::ZERO {
