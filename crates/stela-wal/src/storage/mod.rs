@@ -72,7 +72,8 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// rest of a segment, so checking that rest costs nothing.
     fn data_regions(&self, from: u64) -> io::Result<Vec<std::ops::Range<u64>>> {
         let len = self.len()?;
-        Ok(if from < len { vec![from..len] } else { vec![] })
+        // One region, the whole rest of the file.
+        Ok(std::iter::once(from..len).filter(|r| !r.is_empty()).collect())
     }
 
     /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
