@@ -7,7 +7,9 @@
 //! - a payload that decodes is stable: re-encoding the record with the same codec and decoding
 //!   that gives the same record (so what a reader returns is what a writer would write back);
 //! - `Codec::to_json_value` (used by `stela wal dump`) agrees: it succeeds for JSON and
-//!   MessagePack payloads that decode as a record.
+//!   MessagePack payloads that decode as a record and are canonical (what the encoder writes;
+//!   other encodings of a record, such as a map keyed by field numbers or `bin` for an empty
+//!   list, decode as the record but have no JSON rendering).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -34,7 +36,11 @@ fuzz_target!(|payload: &[u8]| {
                     .decode::<Record>(&bytes)
                     .expect("a re-encoded record decodes");
                 assert_eq!(again, record, "{codec}");
-                if codec.is_self_describing() {
+                // Dump tools render what the log itself wrote. A non-canonical payload may
+                // still decode as a record but not as JSON (a MessagePack map keyed by field
+                // numbers: serde accepts those for a struct, JSON objects need string keys),
+                // so the rendering oracle holds for canonical payloads only.
+                if codec.is_self_describing() && bytes == rec.payload {
                     assert!(json.is_ok(), "{codec}: decodes as a record but not as JSON");
                 }
             }

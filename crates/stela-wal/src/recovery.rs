@@ -249,6 +249,23 @@ pub(crate) fn recover(
             report.torn_tail = Some((seg.path.clone(), torn.clone()));
         }
         let next = scan.last_lsn.map_or(seg.start, Lsn::next);
+        if is_last && !scan.damage.is_empty() {
+            // Skip mode left damage in the newest segment. New records must not go after it:
+            // bytes appended there could complete a damaged frame into one that checks out, and
+            // the next scan would read a different log. Seal the segment as it is (synced, so
+            // its reading is fixed) and continue in a new one. Its first LSN is above the
+            // valid record that ended the damage, so the new name cannot clash.
+            file.sync_data()
+                .map_err(|e| Error::io("fdatasync", &seg.path, e))?;
+            let fresh = new_header(options, expect, header.segment_seq + 1, next);
+            let tail = segment::create(storage, dir, &fresh)?;
+            segments.push(SegmentFile {
+                start: next,
+                path: dir.join(segment_file_name(next)),
+            });
+            let offset = stela_format::header::HEADER_BYTES as u64;
+            break (tail, fresh, offset, next);
+        }
         if is_last {
             break (file, header, scan.end_offset, next);
         }

@@ -73,7 +73,9 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn data_regions(&self, from: u64) -> io::Result<Vec<std::ops::Range<u64>>> {
         let len = self.len()?;
         // One region, the whole rest of the file.
-        Ok(std::iter::once(from..len).filter(|r| !r.is_empty()).collect())
+        Ok(std::iter::once(from..len)
+            .filter(|r| !r.is_empty())
+            .collect())
     }
 
     /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
