@@ -54,8 +54,6 @@ struct Core {
     report: RecoveryReport,
     async_syncer: OnceLock<Arc<AsyncSyncer>>,
     stats: Counters,
-    /// `State::next_lsn`, readable without the lock (for `gather`).
-    next_lsn_hint: AtomicU64,
     _lock: Box<dyn Send + Sync>,
 }
 
@@ -78,6 +76,9 @@ struct State {
     last_round_woken: usize,
     /// Duration of the last fdatasync, in microseconds.
     last_sync_micros: u64,
+    /// A leader gathering appends before its round (see [`Log::gather`]): the appender that
+    /// brings `next_lsn` to `target` wakes it.
+    gatherer: Option<(Thread, Lsn)>,
     async_waiters: Vec<(Lsn, Waker)>,
 }
 
@@ -217,6 +218,7 @@ impl Log {
                 waiters: Vec::new(),
                 last_round_woken: 0,
                 last_sync_micros: 0,
+                gatherer: None,
                 async_waiters: Vec::new(),
             }),
             tail: Mutex::new(Tail {
@@ -229,7 +231,6 @@ impl Log {
             report: recovered.report,
             async_syncer: OnceLock::new(),
             stats: Counters::default(),
-            next_lsn_hint: AtomicU64::new(recovered.next_lsn.get()),
             _lock: recovered.lock,
             options,
         };
@@ -310,8 +311,12 @@ impl Log {
             state.fill += frame_len;
             state.next_lsn = lsn.next();
         }
-        core.next_lsn_hint
-            .store(state.next_lsn.get(), Ordering::Relaxed);
+        if let Some((_, target)) = &state.gatherer {
+            if state.next_lsn >= *target {
+                let (gatherer, _) = state.gatherer.take().expect("checked");
+                gatherer.unpark();
+            }
+        }
         let last = Lsn::new(state.next_lsn.get() - 1);
         if state.pending.len() >= core.options.write_buffer_bytes && !state.flushing {
             // Bound memory: hand the buffer to the OS now (no sync; committers still sync).
@@ -505,16 +510,29 @@ impl Log {
     /// fdatasync, yielding the CPU to the appenders, and holds `flushing` meanwhile so
     /// that committers arriving now queue up for this round instead of starting their own.
     fn gather<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let target = state.written_lsn.get() + 1 + state.last_round_woken as u64;
+        let target = Lsn::new(state.written_lsn.get() + 1 + state.last_round_woken as u64);
         let budget = Duration::from_micros(state.last_sync_micros / 2);
-        state.flushing = true;
-        drop(state);
-        let started = std::time::Instant::now();
-        while self.core.next_lsn_hint.load(Ordering::Relaxed) < target && started.elapsed() < budget
-        {
-            std::thread::yield_now();
+        if state.next_lsn >= target {
+            return state;
         }
-        let mut state = lock(&self.core.state);
+        state.flushing = true;
+        state.gatherer = Some((std::thread::current(), target));
+        drop(state);
+        // Sleep rather than spin: the appenders need both cores, and the one that completes the
+        // round wakes us. The deadline bounds what a lost committer can cost this round.
+        let deadline = std::time::Instant::now() + budget;
+        let mut state = loop {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break lock(&self.core.state);
+            }
+            std::thread::park_timeout(deadline - now);
+            let state = lock(&self.core.state);
+            if state.gatherer.is_none() {
+                break state;
+            }
+        };
+        state.gatherer = None;
         state.flushing = false;
         state
     }

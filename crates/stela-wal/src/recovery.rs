@@ -252,19 +252,12 @@ pub(crate) fn recover(
         if is_last && !scan.damage.is_empty() {
             // Skip mode left damage in the newest segment. New records must not go after it:
             // bytes appended there could complete a damaged frame into one that checks out, and
-            // the next scan would read a different log. Seal the segment as it is (synced, so
-            // its reading is fixed) and continue in a new one. Its first LSN is above the
-            // valid record that ended the damage, so the new name cannot clash.
-            file.sync_data()
-                .map_err(|e| Error::io("fdatasync", &seg.path, e))?;
-            let fresh = new_header(options, expect, header.segment_seq + 1, next);
-            let tail = segment::create(storage, dir, &fresh)?;
-            segments.push(SegmentFile {
-                start: next,
-                path: dir.join(segment_file_name(next)),
-            });
-            let offset = stela_format::header::HEADER_BYTES as u64;
-            break (tail, fresh, offset, next);
+            // the next scan would read a different log. So report the segment as full: the
+            // first append seals it as it is and starts a new segment (whose first LSN is above
+            // the valid record that ended the damage, so the names cannot clash). Opening
+            // still changes nothing on disk.
+            let full = options.segment_bytes.max(header.capacity);
+            break (file, header, full, next);
         }
         if is_last {
             break (file, header, scan.end_offset, next);

@@ -1011,7 +1011,7 @@ fn a_missing_directory_without_create_if_missing_is_not_found() {
 /// records appended after it in the same segment can complete it into a frame whose checksum
 /// holds (the fuzzer forged one; by chance it is a 2^-32 event per damaged frame). The next
 /// scan then resumed at that frame and cut the acknowledged records after it as a torn tail.
-/// Skip mode now seals a damaged newest segment and appends into a new one.
+/// Skip mode now seals a damaged newest segment at the first append and appends into a new one.
 #[test]
 fn skip_mode_never_appends_after_damage_in_the_same_segment() {
     let fs = FaultStorage::new();
