@@ -3,6 +3,10 @@
 //! With `demo` as the only argument, runs `stela demo` instead.
 
 use clap::Parser;
+
+/// The same allocator as the `stela` command, so the numbers match.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stela_bench::cli::{run_demo, run_wal_bench, WalBenchArgs};
 
 #[derive(Parser)]

@@ -2,11 +2,15 @@
 //!
 //! - `stela demo`: the main job; runs a short benchmark and prints its table.
 //! - `stela wal dump|verify|repair DIR`: offline tools for a log directory.
+//! - `stela serve --dir DIR`: the log daemon; `stela status`, `stela power-fail`,
+//!   `stela power-restore` talk to a running one.
 //! - `stela wal bench`: the write-ahead log benchmark (the paper's Tables I and II, group
 //!   commit against okaywal and raft-engine).
 //!
 //! Exit codes: 0 success (for `verify`: the log is clean), 1 the log is damaged, 2 the command
 //! itself failed (bad arguments, unreadable directory, ...).
+
+pub mod service;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -36,6 +40,21 @@ pub enum Command {
     /// Tools for a write-ahead log directory.
     #[command(subcommand)]
     Wal(WalCommand),
+    /// Run the log daemon (the RapiLog log service) on a directory.
+    Serve(service::ServeArgs),
+    /// Show a running daemon's buffers, dirty-byte cap, logs and crash semantics.
+    Status {
+        #[command(flatten)]
+        target: service::TargetArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tell a running daemon power is failing: it stops admitting writes, writes and syncs
+    /// every buffer, and refuses writes until power-restore.
+    PowerFail(service::TargetArgs),
+    /// Tell a running daemon power is back: writes are admitted again.
+    PowerRestore(service::TargetArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -89,6 +108,7 @@ where
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -174,6 +194,22 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
                 "log now holds LSNs {}..={} in {} segment(s)",
                 report.first_lsn, report.last_lsn, report.segments
             )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve(args) => {
+            service::serve(args, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { target, json } => {
+            service::status(target, json, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::PowerFail(target) => {
+            service::power_fail(target, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::PowerRestore(target) => {
+            service::power_restore(target, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Wal(WalCommand::Bench(args)) => {

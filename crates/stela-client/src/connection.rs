@@ -1,0 +1,191 @@
+//! One connection to the daemon: framing, the version handshake, request ids, and raw
+//! requests for tools (`stela status`, `stela power-fail`).
+//!
+//! Invariants: every request carries a fresh id and its answer must carry the same one (a
+//! mismatch means the stream is out of step and is an error, never silently accepted); a frame
+//! that fails its checksum is an error; [`Connection::pipeline`] sends many requests in one
+//! write and reads their answers in order.
+
+use crate::{Error, Result};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+use stela_net::SpinStream;
+use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
+use stela_proto::{Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION};
+
+/// Where the daemon listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Unix(path) => write!(f, "{}", path.display()),
+            Address::Tcp(addr) => write!(f, "tcp://{addr}"),
+        }
+    }
+}
+
+impl From<PathBuf> for Address {
+    fn from(path: PathBuf) -> Address {
+        Address::Unix(path)
+    }
+}
+
+impl From<&std::path::Path> for Address {
+    fn from(path: &std::path::Path) -> Address {
+        Address::Unix(path.to_owned())
+    }
+}
+
+impl From<SocketAddr> for Address {
+    fn from(addr: SocketAddr) -> Address {
+        Address::Tcp(addr)
+    }
+}
+
+/// A handshaken connection. Not shared between threads: [`crate::Wal`] wraps it in a mutex.
+pub struct Connection {
+    reader: BufReader<Box<dyn Read + Send>>,
+    writer: BufWriter<Box<dyn Write + Send>>,
+    next_id: u64,
+    body: Vec<u8>,
+    server: String,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Connects and says hello, spinning up to [`stela_net::DEFAULT_SPIN`] for each answer.
+    pub fn connect(address: &Address) -> Result<Connection> {
+        Connection::connect_with(address, stela_net::DEFAULT_SPIN)
+    }
+
+    /// Connects and says hello. Each wait for an answer first polls the socket for up to
+    /// `spin` (adaptive, see stela-net): far cheaper than a wake-up on virtual CPUs, at the
+    /// price of that much CPU per request. Zero never spins.
+    pub fn connect_with(address: &Address, spin: Duration) -> Result<Connection> {
+        let connect_err = |source| Error::Connect {
+            address: address.to_string(),
+            source,
+        };
+        let (read, write): (Box<dyn Read + Send>, Box<dyn Write + Send>) = match address {
+            Address::Unix(path) => {
+                let stream = UnixStream::connect(path).map_err(connect_err)?;
+                let reader =
+                    SpinStream::new(stream.try_clone()?, spin, |s| s.set_nonblocking(true))?;
+                (
+                    Box::new(reader),
+                    Box::new(SpinStream::new(stream, Duration::ZERO, |_| Ok(()))?),
+                )
+            }
+            Address::Tcp(addr) => {
+                let stream = TcpStream::connect(addr).map_err(connect_err)?;
+                stream.set_nodelay(true)?;
+                let reader =
+                    SpinStream::new(stream.try_clone()?, spin, |s| s.set_nonblocking(true))?;
+                (
+                    Box::new(reader),
+                    Box::new(SpinStream::new(stream, Duration::ZERO, |_| Ok(()))?),
+                )
+            }
+        };
+        let mut connection = Connection {
+            reader: BufReader::with_capacity(64 << 10, read),
+            writer: BufWriter::with_capacity(64 << 10, write),
+            next_id: 1,
+            body: Vec::new(),
+            server: String::new(),
+        };
+        let answer = connection.request(RequestBody::Hello {
+            version: PROTOCOL_VERSION,
+            client: format!("stela-client {}", env!("CARGO_PKG_VERSION")),
+        })?;
+        match answer {
+            ResponseBody::Welcome { server, .. } => connection.server = server,
+            other => return Err(unexpected("Hello", other)),
+        }
+        Ok(connection)
+    }
+
+    /// The daemon's name and version, from its welcome.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Sends one request and waits for its answer. A daemon error is returned as
+    /// [`Error::Server`].
+    pub fn request(&mut self, body: RequestBody) -> Result<ResponseBody> {
+        let mut answers = self.pipeline(std::iter::once(body))?;
+        answers.pop().expect("one answer per request")
+    }
+
+    /// Sends every request in one write, then reads the answers in order. Each answer is its
+    /// own result: an error answer to one request does not hide the others.
+    pub fn pipeline(
+        &mut self,
+        bodies: impl IntoIterator<Item = RequestBody>,
+    ) -> Result<Vec<Result<ResponseBody>>> {
+        let mut ids = Vec::new();
+        let mut out = Vec::new();
+        for body in bodies {
+            let id = self.next_id;
+            self.next_id += 1;
+            frame::encode(&Request { id, body }, &mut out)?;
+            ids.push(id);
+        }
+        self.writer.write_all(&out)?;
+        self.writer.flush()?;
+        let mut answers = Vec::with_capacity(ids.len());
+        for id in ids {
+            let response = self.read_response()?;
+            if response.id != id {
+                // A bad-frame answer carries id 0: surface the daemon's message.
+                if let ResponseBody::Error { code, message } = response.body {
+                    return Err(Error::Server { code, message });
+                }
+                return Err(unexpected(
+                    "an id",
+                    ResponseBody::Error {
+                        code: stela_proto::ErrorCode::BadRequest,
+                        message: format!("answer id {} for request {id}", response.id),
+                    },
+                ));
+            }
+            answers.push(match response.body {
+                ResponseBody::Error { code, message } => Err(Error::Server { code, message }),
+                body => Ok(body),
+            });
+        }
+        Ok(answers)
+    }
+
+    fn read_response(&mut self) -> Result<Response> {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        self.reader.read_exact(&mut header)?;
+        let header = frame::parse_header(header, MAX_FRAME_BYTES)?;
+        self.body.resize(header.body_len, 0);
+        self.reader.read_exact(&mut self.body)?;
+        Ok(frame::decode_body(header, &self.body)?)
+    }
+}
+
+pub(crate) fn unexpected(asked: &'static str, got: ResponseBody) -> Error {
+    let got = match got {
+        ResponseBody::Error { code, message } => return Error::Server { code, message },
+        other => format!("{other:?}").chars().take(120).collect(),
+    };
+    Error::UnexpectedAnswer { asked, got }
+}

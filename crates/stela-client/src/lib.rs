@@ -1,0 +1,53 @@
+//! stela-client: the log daemon (`stela serve`) behind the same typed API as the embedded
+//! `stela_wal::Wal<T>`, so moving a database's log out of its process is a change of `open`.
+//!
+//! - [`connection`]: one framed, versioned connection to the daemon (Unix socket or TCP).
+//! - [`wal`]: [`Wal<T>`], the typed log: append, commit, iterate, truncate.
+//!
+//! What an acknowledgement means depends on the [`Durability`] the log was opened with; see
+//! `docs/DURABILITY.md`. In short: `buffered` survives the death of this process, `disk`
+//! survives the daemon, the OS and a power cut.
+
+pub mod connection;
+pub mod wal;
+
+pub use connection::{Address, Connection};
+pub use stela_format::{Codec, Lsn};
+pub use stela_proto::{Durability, ErrorCode, Positions, StatusReport};
+pub use wal::{Iter, Wal, WalOptions};
+
+use thiserror::Error;
+
+/// Everything a client call can fail with.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("connecting to the daemon at {address}: {source}")]
+    Connect {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("talking to the daemon: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the daemon sent a frame this client cannot read: {0}")]
+    Frame(#[from] stela_proto::FrameError),
+    #[error("the daemon refused the request ({code:?}): {message}")]
+    Server { code: ErrorCode, message: String },
+    #[error("the daemon answered {got} to a {asked} request")]
+    UnexpectedAnswer { asked: &'static str, got: String },
+    #[error("record could not be encoded or decoded: {0}")]
+    Codec(#[from] stela_format::codec::CodecError),
+    #[error("record of {bytes} bytes is larger than the daemon accepts ({max} bytes)")]
+    RecordTooLarge { bytes: usize, max: usize },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The daemon's error code, if the daemon refused the request.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Server { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! [`Wal<T>`]: a log in the daemon, typed like the embedded `stela_wal::Wal<T>`.
+//!
+//! The calls mean what they mean embedded, with "durable" read as the durability the log was
+//! opened with: `append` returns once the daemon holds the record (`buffered`: it survives this
+//! process), `commit(lsn)` returns once everything up to `lsn` is at the opened durability (for
+//! `disk`: fdatasync'ed through the daemon's group commit), `append_durable` is both in one round
+//! trip. Records are encoded here with the log's codec; the daemon stores the bytes as they are,
+//! so the log directory is an ordinary stela-wal log that `Wal::open` can read embedded too.
+
+use crate::connection::{unexpected, Address, Connection};
+use crate::{Error, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use stela_format::{Codec, Lsn};
+use stela_proto::{Durability, Payload, Positions, RequestBody, ResponseBody};
+
+/// How to open a log in the daemon.
+#[derive(Clone, Debug)]
+pub struct WalOptions {
+    pub codec: Codec,
+    /// What `commit` and `append_durable` wait for.
+    pub durability: Durability,
+    /// Name of the record type checked against the log's header; defaults to the Rust type name,
+    /// as for an embedded open.
+    pub type_tag: Option<String>,
+    pub create_if_missing: bool,
+    /// How long to poll for each answer before sleeping (see [`Connection::connect_with`]).
+    pub spin: std::time::Duration,
+}
+
+impl Default for WalOptions {
+    fn default() -> WalOptions {
+        WalOptions {
+            codec: Codec::MessagePack,
+            durability: Durability::Buffered,
+            type_tag: None,
+            create_if_missing: true,
+            spin: stela_net::DEFAULT_SPIN,
+        }
+    }
+}
+
+impl WalOptions {
+    pub fn codec(mut self, codec: Codec) -> Self {
+        self.codec = codec;
+        self
+    }
+
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    pub fn type_tag(mut self, tag: impl Into<String>) -> Self {
+        self.type_tag = Some(tag.into());
+        self
+    }
+
+    pub fn spin(mut self, spin: std::time::Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    pub fn create_if_missing(mut self, create: bool) -> Self {
+        self.create_if_missing = create;
+        self
+    }
+}
+
+/// A typed log held by the daemon. `Send + Sync`; calls from many threads share one connection
+/// one request at a time, so give each busy thread its own `Wal` (they may name the same log).
+pub struct Wal<T> {
+    connection: Mutex<Connection>,
+    handle: u32,
+    options: WalOptions,
+    max_record_bytes: usize,
+    /// The highest LSN this client has had acknowledged, so `commit` at `buffered` of an LSN
+    /// it appended needs no round trip.
+    appended: AtomicU64,
+    _records: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for Wal<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("handle", &self.handle)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Wal<T> {
+    /// Connects to the daemon at `address` and opens the log `name` in it.
+    pub fn open(address: impl Into<Address>, name: &str, options: WalOptions) -> Result<Wal<T>> {
+        let mut connection = Connection::connect_with(&address.into(), options.spin)?;
+        let type_tag = options
+            .type_tag
+            .clone()
+            .unwrap_or_else(|| std::any::type_name::<T>().to_owned());
+        let answer = connection.request(RequestBody::Open {
+            log: name.to_owned(),
+            codec: options.codec.name().to_owned(),
+            type_tag,
+            create: options.create_if_missing,
+        })?;
+        let ResponseBody::Opened {
+            handle,
+            positions,
+            max_record_bytes,
+        } = answer
+        else {
+            return Err(unexpected("Open", answer));
+        };
+        Ok(Wal {
+            connection: Mutex::new(connection),
+            handle,
+            options,
+            max_record_bytes: max_record_bytes as usize,
+            appended: AtomicU64::new(positions.last_lsn),
+            _records: PhantomData,
+        })
+    }
+
+    fn connection(&self) -> MutexGuard<'_, Connection> {
+        self.connection.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn encode(&self, records: &[T]) -> Result<Vec<Payload>> {
+        records
+            .iter()
+            .map(|record| {
+                let bytes = self.options.codec.encode(record)?;
+                if bytes.len() > self.max_record_bytes {
+                    return Err(Error::RecordTooLarge {
+                        bytes: bytes.len(),
+                        max: self.max_record_bytes,
+                    });
+                }
+                Ok(Payload(bytes))
+            })
+            .collect()
+    }
+
+    fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
+        let payloads = self.encode(records)?;
+        let answer = self.connection().request(RequestBody::Append {
+            handle: self.handle,
+            durability,
+            records: payloads,
+        })?;
+        let ResponseBody::Appended { last_lsn, .. } = answer else {
+            return Err(unexpected("Append", answer));
+        };
+        self.appended.fetch_max(last_lsn, Ordering::Relaxed);
+        Ok(Lsn::new(last_lsn))
+    }
+
+    /// The level `append` acknowledges at: `buffered`, or `unsafe` if the log was opened so.
+    fn append_level(&self) -> Durability {
+        if self.options.durability == Durability::Unsafe {
+            Durability::Unsafe
+        } else {
+            Durability::Buffered
+        }
+    }
+
+    /// Sends one record; returns its LSN once the daemon holds it (survives this process).
+    /// Opened `unsafe`, returns `Lsn::ZERO` at once: the daemon does not say where it went.
+    pub fn append(&self, record: &T) -> Result<Lsn> {
+        self.append_at(std::slice::from_ref(record), self.append_level())
+    }
+
+    /// Sends records as one contiguous run of LSNs; returns the last one.
+    pub fn append_batch(&self, records: &[T]) -> Result<Lsn> {
+        self.append_at(records, self.append_level())
+    }
+
+    /// Sends one record and returns once it is at the log's durability, in one round trip.
+    pub fn append_durable(&self, record: &T) -> Result<Lsn> {
+        self.append_at(std::slice::from_ref(record), self.options.durability)
+    }
+
+    /// Sends records and returns once all are at the log's durability, in one round trip.
+    pub fn append_batch_durable(&self, records: &[T]) -> Result<Lsn> {
+        self.append_at(records, self.options.durability)
+    }
+
+    /// Returns once every record up to `lsn` is at the log's durability.
+    pub fn commit(&self, lsn: Lsn) -> Result<()> {
+        self.commit_at(lsn, self.options.durability)
+    }
+
+    /// Returns once every record up to `lsn` is at `durability`.
+    pub fn commit_at(&self, lsn: Lsn, durability: Durability) -> Result<()> {
+        let appended_here = lsn.get() <= self.appended.load(Ordering::Relaxed);
+        if appended_here && matches!(durability, Durability::Buffered | Durability::Unsafe) {
+            return Ok(()); // acknowledged at buffered when it was appended
+        }
+        let answer = self.connection().request(RequestBody::Commit {
+            handle: self.handle,
+            lsn: lsn.get(),
+            durability,
+        })?;
+        match answer {
+            ResponseBody::Committed { .. } => Ok(()),
+            other => Err(unexpected("Commit", other)),
+        }
+    }
+
+    /// Where the log stands in the daemon.
+    pub fn positions(&self) -> Result<Positions> {
+        match self.connection().request(RequestBody::Positions {
+            handle: self.handle,
+        })? {
+            ResponseBody::Positions(positions) => Ok(positions),
+            other => Err(unexpected("Positions", other)),
+        }
+    }
+
+    /// The highest LSN fdatasync'ed by the daemon.
+    pub fn durable_lsn(&self) -> Result<Lsn> {
+        Ok(Lsn::new(self.positions()?.durable_lsn))
+    }
+
+    /// The highest LSN appended by anyone.
+    pub fn last_lsn(&self) -> Result<Lsn> {
+        Ok(Lsn::new(self.positions()?.last_lsn))
+    }
+
+    /// Every record, in order, fetched lazily in batches.
+    pub fn iter(&self) -> Result<Iter<'_, T>> {
+        self.iter_from(Lsn::FIRST)
+    }
+
+    /// Records from `lsn` on, in order, up to the end of the log as it is when the iterator
+    /// reaches it (records still in the daemon's buffers included).
+    pub fn iter_from(&self, lsn: Lsn) -> Result<Iter<'_, T>> {
+        Ok(Iter {
+            wal: self,
+            next: lsn.get().max(1),
+            batch: Vec::new().into_iter(),
+            done: false,
+        })
+    }
+
+    /// Releases whole segments below `lsn` (after a checkpoint); returns how many.
+    pub fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        match self.connection().request(RequestBody::Truncate {
+            handle: self.handle,
+            before: lsn.get(),
+        })? {
+            ResponseBody::Truncated { segments } => Ok(segments as usize),
+            other => Err(unexpected("Truncate", other)),
+        }
+    }
+
+    pub fn options(&self) -> &WalOptions {
+        &self.options
+    }
+
+    /// Commits everything this client appended (at the log's durability) and closes.
+    pub fn close(self) -> Result<()> {
+        let last = self.appended.load(Ordering::Relaxed);
+        if last > 0 && self.options.durability != Durability::Unsafe {
+            self.commit(Lsn::new(last))?;
+        }
+        let handle = self.handle;
+        self.connection().request(RequestBody::Close { handle })?;
+        Ok(())
+    }
+}
+
+/// Records in order; yields an error and stops if the daemon reports damage or goes away.
+pub struct Iter<'a, T> {
+    wal: &'a Wal<T>,
+    next: u64,
+    batch: std::vec::IntoIter<(u64, Payload)>,
+    done: bool,
+}
+
+const READ_RECORDS: u32 = 4096;
+const READ_BYTES: u32 = 1 << 20;
+
+impl<T: Serialize + DeserializeOwned> Iterator for Iter<'_, T> {
+    type Item = Result<(Lsn, T)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some((lsn, payload)) = self.batch.next() {
+                let decoded = self
+                    .wal
+                    .options
+                    .codec
+                    .decode(&payload.0)
+                    .map_err(Error::from);
+                return Some(decoded.map(|record| (Lsn::new(lsn), record)));
+            }
+            if self.done {
+                return None;
+            }
+            let answer = self.wal.connection().request(RequestBody::Read {
+                handle: self.wal.handle,
+                from: self.next,
+                max_records: READ_RECORDS,
+                max_bytes: READ_BYTES,
+            });
+            match answer {
+                Ok(ResponseBody::Records {
+                    records,
+                    next,
+                    at_end,
+                }) => {
+                    self.done = at_end || records.is_empty();
+                    self.next = next;
+                    self.batch = records.into_iter();
+                }
+                Ok(other) => {
+                    self.done = true;
+                    return Some(Err(unexpected("Read", other)));
+                }
+                Err(error) => {
+                    self.done = true;
+                    return Some(Err(error));
+                }
+            }
+        }
+    }
+}

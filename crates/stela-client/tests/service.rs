@@ -1,0 +1,143 @@
+//! The client against a real daemon in this process: the typed API end to end.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use stela_client::{Codec, Durability, ErrorCode, Lsn, Wal, WalOptions};
+use stela_server::{Server, ServerConfig};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Entry {
+    account: u32,
+    delta: i64,
+    note: String,
+}
+
+fn entry(i: u32) -> Entry {
+    Entry {
+        account: i % 97,
+        delta: i as i64 * 3 - 50,
+        note: format!("entry {i}"),
+    }
+}
+
+fn server(dir: &std::path::Path) -> Server {
+    let mut config = ServerConfig::new(dir);
+    config.assume_write_rate = Some(500 << 20);
+    config.flush_interval = Duration::from_millis(50);
+    Server::start(config).expect("daemon starts")
+}
+
+#[test]
+fn append_commit_iterate_through_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let wal: Wal<Entry> = Wal::open(server.socket_path(), "ledger", WalOptions::default()).unwrap();
+    for i in 0..100 {
+        let last = wal.append(&entry(i)).unwrap();
+        assert_eq!(last, Lsn::new(u64::from(i) + 1));
+    }
+    let batch: Vec<Entry> = (100..150).map(entry).collect();
+    let last = wal.append_batch(&batch).unwrap();
+    assert_eq!(last, Lsn::new(150));
+    // Records still in the buffers are read back too.
+    let read: Vec<(Lsn, Entry)> = wal.iter().unwrap().map(Result::unwrap).collect();
+    assert_eq!(read.len(), 150);
+    for (i, (lsn, e)) in read.iter().enumerate() {
+        assert_eq!(*lsn, Lsn::new(i as u64 + 1));
+        assert_eq!(*e, entry(i as u32));
+    }
+    wal.commit_at(last, Durability::Disk).unwrap();
+    assert!(wal.durable_lsn().unwrap() >= last);
+    let from_120: Vec<u64> = wal
+        .iter_from(Lsn::new(120))
+        .unwrap()
+        .map(|r| r.unwrap().0.get())
+        .collect();
+    assert_eq!(from_120, (120..=150).collect::<Vec<_>>());
+    drop(wal);
+    server.shutdown().unwrap();
+
+    // The directory is an ordinary stela-wal log.
+    let embedded: stela_wal::Wal<Entry> = stela_wal::Wal::open(
+        dir.path().join("logs/ledger"),
+        stela_wal::WalOptions::default().type_tag(std::any::type_name::<Entry>()),
+    )
+    .unwrap();
+    let all: Vec<Entry> = embedded.iter().unwrap().map(|r| r.unwrap().1).collect();
+    assert_eq!(all, (0..150).map(entry).collect::<Vec<_>>());
+}
+
+#[test]
+fn disk_durability_waits_for_the_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let wal: Wal<Entry> = Wal::open(
+        server.socket_path(),
+        "d",
+        WalOptions::default().durability(Durability::Disk),
+    )
+    .unwrap();
+    for i in 0..20 {
+        let lsn = wal.append_durable(&entry(i)).unwrap();
+        assert!(wal.durable_lsn().unwrap() >= lsn);
+    }
+}
+
+#[test]
+fn a_second_client_with_another_codec_or_type_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let _first: Wal<Entry> = Wal::open(server.socket_path(), "l", WalOptions::default()).unwrap();
+    let codec = Wal::<Entry>::open(
+        server.socket_path(),
+        "l",
+        WalOptions::default().codec(Codec::Json),
+    )
+    .unwrap_err();
+    assert_eq!(codec.code(), Some(ErrorCode::OpenFailed), "{codec}");
+    assert!(codec.to_string().contains("codec"), "{codec}");
+    let wrong_type =
+        Wal::<u64>::open(server.socket_path(), "l", WalOptions::default()).unwrap_err();
+    assert!(
+        wrong_type.to_string().contains("record type"),
+        "{wrong_type}"
+    );
+    let bad_name =
+        Wal::<u64>::open(server.socket_path(), "../etc", WalOptions::default()).unwrap_err();
+    assert_eq!(bad_name.code(), Some(ErrorCode::BadLogName), "{bad_name}");
+}
+
+#[test]
+fn replicated_is_refused_until_a_standby_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let wal: Wal<u32> = Wal::open(
+        server.socket_path(),
+        "r",
+        WalOptions::default().durability(Durability::Replicated),
+    )
+    .unwrap();
+    let error = wal.append_durable(&7).unwrap_err();
+    assert_eq!(error.code(), Some(ErrorCode::Unsupported), "{error}");
+    assert!(error.to_string().contains("standby"), "{error}");
+}
+
+#[test]
+fn records_survive_a_restart_of_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let server = server(dir.path());
+        let wal: Wal<Entry> = Wal::open(server.socket_path(), "r", WalOptions::default()).unwrap();
+        for i in 0..500 {
+            wal.append(&entry(i)).unwrap();
+        }
+        drop(wal);
+        server.shutdown().unwrap(); // SIGTERM path: flushes everything buffered
+    }
+    let server = server(dir.path());
+    let wal: Wal<Entry> = Wal::open(server.socket_path(), "r", WalOptions::default()).unwrap();
+    assert_eq!(wal.last_lsn().unwrap(), Lsn::new(500));
+    assert_eq!(wal.append(&entry(500)).unwrap(), Lsn::new(501));
+    let all: Vec<Entry> = wal.iter().unwrap().map(|r| r.unwrap().1).collect();
+    assert_eq!(all, (0..=500).map(entry).collect::<Vec<_>>());
+}

@@ -1,0 +1,269 @@
+//! Requests, responses and the values inside them.
+//!
+//! Every request carries an `id` chosen by the client; the response to it carries the same id.
+//! A connection may have many requests in flight (pipelining); the daemon answers them in the
+//! order it received them. Record payloads are opaque bytes: the client encodes them with the
+//! log's codec, the daemon frames and checksums them on the way to disk exactly as the embedded
+//! log does, so a log written through the daemon is an ordinary stela-wal directory.
+
+use serde::{Deserialize, Serialize};
+
+/// What an acknowledgement promises. See `docs/DURABILITY.md` for each level against each
+/// failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Durability {
+    /// Acknowledged as soon as the daemon has read the request, before the record is in its
+    /// protected buffer. No promise at all; exists to measure what the protection costs.
+    Unsafe,
+    /// In the daemon's bounded buffer: survives a crash of the client, and a power cut while the
+    /// daemon gets to run its emergency flush. Lost if the daemon itself is killed before the
+    /// buffer reaches the OS.
+    Buffered,
+    /// fdatasync'ed through group commit: survives the daemon, the OS and a power cut.
+    Disk,
+    /// In memory on this daemon and its standby. Reserved: needs the standby (not built yet).
+    Replicated,
+    /// On disk here and in the standby's memory. Reserved: needs the standby (not built yet).
+    All,
+}
+
+impl Durability {
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Unsafe => "unsafe",
+            Durability::Buffered => "buffered",
+            Durability::Disk => "disk",
+            Durability::Replicated => "replicated",
+            Durability::All => "all",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Durability> {
+        Some(match name {
+            "unsafe" => Durability::Unsafe,
+            "buffered" => Durability::Buffered,
+            "disk" => Durability::Disk,
+            "replicated" => Durability::Replicated,
+            "all" => Durability::All,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A record payload on the wire (serialized as MessagePack binary, not as an array of ints).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Payload(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+/// A client's request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    pub body: RequestBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// Must be the first request on a connection.
+    Hello {
+        version: u32,
+        client: String,
+    },
+    /// Opens (or with `create`, creates) the named log. `codec` and `type_tag` must match the
+    /// log's header, exactly as for an embedded open. The answer names a handle for later
+    /// requests on this connection.
+    Open {
+        log: String,
+        codec: String,
+        type_tag: String,
+        create: bool,
+    },
+    /// Appends records as one contiguous run of LSNs and acknowledges at `durability`.
+    Append {
+        handle: u32,
+        durability: Durability,
+        records: Vec<Payload>,
+    },
+    /// Waits until every record up to `lsn` is at `durability`.
+    Commit {
+        handle: u32,
+        lsn: u64,
+        durability: Durability,
+    },
+    /// Reads records from `from` on, at most `max_records` and about `max_bytes` (at least one
+    /// record is returned if any exists). Records still in the daemon's buffers are included.
+    Read {
+        handle: u32,
+        from: u64,
+        max_records: u32,
+        max_bytes: u32,
+    },
+    /// Releases whole segments below `before` (a checkpoint).
+    Truncate {
+        handle: u32,
+        before: u64,
+    },
+    /// The log's current positions.
+    Positions {
+        handle: u32,
+    },
+    Close {
+        handle: u32,
+    },
+    Status,
+    /// Power is failing: stop admitting writes, flush everything, sync, refuse writes.
+    PowerFail,
+    /// Power is back: admit writes again.
+    PowerRestore,
+}
+
+/// The daemon's answer to the request with the same id.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub id: u64,
+    pub body: ResponseBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ResponseBody {
+    Welcome {
+        version: u32,
+        server: String,
+    },
+    Opened {
+        handle: u32,
+        positions: Positions,
+        /// The largest payload the daemon accepts for this log (bounded by its buffer size).
+        max_record_bytes: u32,
+    },
+    Appended {
+        first_lsn: u64,
+        last_lsn: u64,
+    },
+    Committed {
+        lsn: u64,
+    },
+    Records {
+        records: Vec<(u64, Payload)>,
+        /// The LSN to ask for next.
+        next: u64,
+        /// True when `next` is past the last record appended so far.
+        at_end: bool,
+    },
+    Truncated {
+        segments: u64,
+    },
+    Positions(Positions),
+    Closed,
+    Status(Box<StatusReport>),
+    PowerFailed(EmergencyFlush),
+    PowerRestored,
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// Where a log stands. LSNs as in stela-wal: dense record numbers, 0 meaning "none".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Positions {
+    pub first_lsn: u64,
+    /// The last record appended (acknowledged at `buffered` or better).
+    pub last_lsn: u64,
+    /// The last record handed to the OS (survives a crash of the daemon).
+    pub written_lsn: u64,
+    /// The last record fdatasync'ed (survives a crash of the OS and a power cut).
+    pub durable_lsn: u64,
+}
+
+/// What went wrong, for a client to act on without parsing the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The frame or message was malformed; the daemon closes the connection after this.
+    BadFrame,
+    /// A well-formed request that makes no sense here (no Hello first, a second Hello, ...).
+    BadRequest,
+    UnsupportedVersion,
+    /// A durability level this daemon cannot give (replicated, all: no standby yet).
+    Unsupported,
+    UnknownHandle,
+    /// The log name is not a plain file name, or the log does not exist and `create` was false.
+    BadLogName,
+    /// The log's header names another codec or record type, or it cannot be opened.
+    OpenFailed,
+    RecordTooLarge,
+    NotAppended,
+    /// A power failure was announced: writes are refused until power-restore or a restart.
+    PowerFailing,
+    /// The daemon is shutting down (SIGTERM): it flushes and exits.
+    ShuttingDown,
+    /// A write or sync failed: the log is stopped and every later write fails.
+    Io,
+}
+
+/// `stela status`: what the daemon holds and what its acknowledgements mean.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub server: String,
+    pub pid: u32,
+    pub dir: String,
+    pub uptime_ms: u64,
+    pub buffers: u32,
+    pub buffer_bytes: u64,
+    pub flush_interval_ms: u64,
+    /// The cap on dirty (acknowledged, not yet written) bytes and how it was derived.
+    pub dirty_cap: DirtyCap,
+    pub dirty_bytes: u64,
+    pub free_buffers: u32,
+    /// "normal", or "failed" between a power-fail notice and power-restore.
+    pub power: String,
+    pub last_emergency_flush: Option<EmergencyFlush>,
+    pub logs: Vec<LogStatus>,
+    pub connections: u32,
+    /// Appends that had to wait for buffer space since start (backpressure).
+    pub appends_waited: u64,
+    pub bytes_written: u64,
+    /// One line per failure: what an acknowledgement at each level survives.
+    pub crash_semantics: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DirtyCap {
+    pub bytes: u64,
+    pub power_window_ms: u64,
+    /// Sequential write rate measured at start (bytes per second, written and fdatasync'ed).
+    pub measured_write_bytes_per_s: u64,
+    /// How many bytes that rate writes in half the power window.
+    pub window_bytes: u64,
+    /// buffers x buffer_bytes.
+    pub pool_bytes: u64,
+    /// One sentence: cap = min(pool, rate x window / 2) with the numbers.
+    pub derivation: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogStatus {
+    pub name: String,
+    pub codec: String,
+    pub positions: Positions,
+    pub dirty_bytes: u64,
+    /// Set once a write or sync of this log failed (it then refuses writes).
+    pub failure: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmergencyFlush {
+    pub bytes: u64,
+    pub micros: u64,
+    pub budget_micros: u64,
+    /// Unix time in milliseconds at the notice.
+    pub at_unix_ms: u64,
+    /// Set if some log could not be flushed (its records are lost on power loss).
+    pub failures: Vec<String>,
+}
