@@ -2,15 +2,18 @@
 //! `stela_wal::Wal<T>`, so moving a database's log out of its process is a change of `open`.
 //!
 //! - [`connection`]: one framed, versioned connection to the daemon (Unix socket or TCP).
-//! - [`wal`]: [`Wal<T>`], the typed log: append, commit, iterate, truncate.
+//! - [`wal`]: [`Wal<T>`], the typed log: append, commit, iterate, truncate (blocking).
+//! - [`async_wal`]: [`AsyncWal<T>`], the same for tokio, many calls in flight per connection.
 //!
 //! What an acknowledgement means depends on the [`Durability`] the log was opened with; see
 //! `docs/DURABILITY.md`. In short: `buffered` survives the death of this process, `disk`
 //! survives the daemon, the OS and a power cut.
 
+pub mod async_wal;
 pub mod connection;
 pub mod wal;
 
+pub use async_wal::AsyncWal;
 pub use connection::{Address, Connection};
 pub use stela_format::{Codec, Lsn};
 pub use stela_proto::{Durability, ErrorCode, Positions, StatusReport};

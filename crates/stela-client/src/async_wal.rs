@@ -1,0 +1,281 @@
+//! [`AsyncWal<T>`]: the same typed log for async code (tokio). Many calls may be in flight on
+//! one connection at once: each request gets an id, a background task reads the answers and
+//! hands each to the call that waits for it.
+//!
+//! Invariants: an id is registered before its request is written, so an answer always finds
+//! its caller; if the connection fails, every call in flight and every later call gets the
+//! error (none waits forever). The daemon answers a connection's requests in order, so a `disk`
+//! commit delays the answers queued behind it on the same connection; open one `AsyncWal` per
+//! independent stream of commits if that matters.
+//!
+//! Unlike the blocking client this one does not spin while it waits (the runtime's reactor does
+//! the waiting), so a round trip includes a thread wake-up (about 60 us on virtual CPUs).
+
+use crate::connection::{unexpected, Address};
+use crate::wal::WalOptions;
+use crate::{Error, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use stela_format::Lsn;
+use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
+use stela_proto::{Durability, Payload, Positions, Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::oneshot;
+
+type Reply = oneshot::Sender<Result<ResponseBody>>;
+
+struct Shared {
+    writer: tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>,
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    next_id: u64,
+    waiting: HashMap<u64, Reply>,
+    /// Set once the connection failed; every later call gets it.
+    broken: Option<String>,
+}
+
+fn broken(message: &str) -> Error {
+    Error::Io(std::io::Error::new(std::io::ErrorKind::BrokenPipe, message.to_owned()))
+}
+
+impl Shared {
+    async fn request(&self, body: RequestBody) -> Result<ResponseBody> {
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut writer = self.writer.lock().await;
+            let id = {
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(message) = &pending.broken {
+                    return Err(broken(message));
+                }
+                pending.next_id += 1;
+                let id = pending.next_id;
+                pending.waiting.insert(id, reply);
+                id
+            };
+            let mut bytes = Vec::new();
+            frame::encode(&Request { id, body }, &mut bytes)?;
+            if let Err(error) = writer.write_all(&bytes).await {
+                self.fail(&format!("writing to the daemon: {error}"));
+            }
+        }
+        match answer.await {
+            Ok(result) => result,
+            Err(_) => Err(broken("the connection to the daemon closed")),
+        }
+    }
+
+    fn fail(&self, message: &str) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.broken.get_or_insert_with(|| message.to_owned());
+        for (_, reply) in pending.waiting.drain() {
+            let _ = reply.send(Err(broken(message)));
+        }
+    }
+
+    async fn read_answers(self: Arc<Self>, mut reader: Box<dyn AsyncRead + Send + Unpin>) {
+        let mut body = Vec::new();
+        let failure = loop {
+            let mut header = [0u8; FRAME_HEADER_BYTES];
+            if let Err(error) = reader.read_exact(&mut header).await {
+                break format!("reading from the daemon: {error}");
+            }
+            let header = match frame::parse_header(header, MAX_FRAME_BYTES) {
+                Ok(header) => header,
+                Err(error) => break error.to_string(),
+            };
+            body.resize(header.body_len, 0);
+            if let Err(error) = reader.read_exact(&mut body).await {
+                break format!("reading from the daemon: {error}");
+            }
+            let response: Response = match frame::decode_body(header, &body) {
+                Ok(response) => response,
+                Err(error) => break error.to_string(),
+            };
+            let reply = self.pending.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(&response.id);
+            let result = match response.body {
+                ResponseBody::Error { code, message } => Err(Error::Server { code, message }),
+                body => Ok(body),
+            };
+            match reply {
+                Some(reply) => {
+                    let _ = reply.send(result);
+                }
+                // Id 0 is the daemon's answer to a frame it could not read; it closes next.
+                None => {
+                    if let Err(error) = result {
+                        break error.to_string();
+                    }
+                }
+            }
+        };
+        self.fail(&failure);
+    }
+}
+
+/// A typed log held by the daemon, for async callers. Cheap to clone; clones share the
+/// connection and may be used from many tasks at once.
+pub struct AsyncWal<T> {
+    shared: Arc<Shared>,
+    handle: u32,
+    options: WalOptions,
+    max_record_bytes: usize,
+    appended: Arc<AtomicU64>,
+    _records: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for AsyncWal<T> {
+    fn clone(&self) -> Self {
+        AsyncWal {
+            shared: Arc::clone(&self.shared),
+            handle: self.handle,
+            options: self.options.clone(),
+            max_record_bytes: self.max_record_bytes,
+            appended: Arc::clone(&self.appended),
+            _records: PhantomData,
+        }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
+    /// Connects to the daemon at `address` and opens the log `name`. Must run inside a tokio
+    /// runtime (it spawns the task that reads answers).
+    pub async fn open(address: impl Into<Address>, name: &str, options: WalOptions) -> Result<AsyncWal<T>> {
+        let address = address.into();
+        let connect_err = |source| Error::Connect { address: address.to_string(), source };
+        let (reader, writer): (Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>) = match &address {
+            Address::Unix(path) => {
+                let (r, w) = tokio::net::UnixStream::connect(path).await.map_err(connect_err)?.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Address::Tcp(addr) => {
+                let stream = tokio::net::TcpStream::connect(addr).await.map_err(connect_err)?;
+                stream.set_nodelay(true)?;
+                let (r, w) = stream.into_split();
+                (Box::new(r), Box::new(w))
+            }
+        };
+        let shared = Arc::new(Shared { writer: tokio::sync::Mutex::new(writer), pending: Mutex::new(Pending::default()) });
+        tokio::spawn(Arc::clone(&shared).read_answers(reader));
+        let hello = shared
+            .request(RequestBody::Hello { version: PROTOCOL_VERSION, client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")) })
+            .await?;
+        if !matches!(hello, ResponseBody::Welcome { .. }) {
+            return Err(unexpected("Hello", hello));
+        }
+        let type_tag = options.type_tag.clone().unwrap_or_else(|| std::any::type_name::<T>().to_owned());
+        let answer = shared
+            .request(RequestBody::Open {
+                log: name.to_owned(),
+                codec: options.codec.name().to_owned(),
+                type_tag,
+                create: options.create_if_missing,
+            })
+            .await?;
+        let ResponseBody::Opened { handle, positions, max_record_bytes } = answer else {
+            return Err(unexpected("Open", answer));
+        };
+        Ok(AsyncWal {
+            shared,
+            handle,
+            options,
+            max_record_bytes: max_record_bytes as usize,
+            appended: Arc::new(AtomicU64::new(positions.last_lsn)),
+            _records: PhantomData,
+        })
+    }
+
+    async fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
+        let mut payloads = Vec::with_capacity(records.len());
+        for record in records {
+            let bytes = self.options.codec.encode(record)?;
+            if bytes.len() > self.max_record_bytes {
+                return Err(Error::RecordTooLarge { bytes: bytes.len(), max: self.max_record_bytes });
+            }
+            payloads.push(Payload(bytes));
+        }
+        let answer = self
+            .shared
+            .request(RequestBody::Append { handle: self.handle, durability, records: payloads })
+            .await?;
+        let ResponseBody::Appended { last_lsn, .. } = answer else {
+            return Err(unexpected("Append", answer));
+        };
+        self.appended.fetch_max(last_lsn, Ordering::Relaxed);
+        Ok(Lsn::new(last_lsn))
+    }
+
+    fn append_level(&self) -> Durability {
+        if self.options.durability == Durability::Unsafe { Durability::Unsafe } else { Durability::Buffered }
+    }
+
+    /// As [`crate::Wal::append`].
+    pub async fn append(&self, record: &T) -> Result<Lsn> {
+        self.append_at(std::slice::from_ref(record), self.append_level()).await
+    }
+
+    /// As [`crate::Wal::append_batch`].
+    pub async fn append_batch(&self, records: &[T]) -> Result<Lsn> {
+        self.append_at(records, self.append_level()).await
+    }
+
+    /// As [`crate::Wal::append_durable`].
+    pub async fn append_durable(&self, record: &T) -> Result<Lsn> {
+        self.append_at(std::slice::from_ref(record), self.options.durability).await
+    }
+
+    /// As [`crate::Wal::commit`]: resolves once everything up to `lsn` is at the log's
+    /// durability.
+    pub async fn commit(&self, lsn: Lsn) -> Result<()> {
+        let durability = self.options.durability;
+        if lsn.get() <= self.appended.load(Ordering::Relaxed) && matches!(durability, Durability::Buffered | Durability::Unsafe) {
+            return Ok(());
+        }
+        match self.shared.request(RequestBody::Commit { handle: self.handle, lsn: lsn.get(), durability }).await? {
+            ResponseBody::Committed { .. } => Ok(()),
+            other => Err(unexpected("Commit", other)),
+        }
+    }
+
+    pub async fn positions(&self) -> Result<Positions> {
+        match self.shared.request(RequestBody::Positions { handle: self.handle }).await? {
+            ResponseBody::Positions(positions) => Ok(positions),
+            other => Err(unexpected("Positions", other)),
+        }
+    }
+
+    pub async fn durable_lsn(&self) -> Result<Lsn> {
+        Ok(Lsn::new(self.positions().await?.durable_lsn))
+    }
+
+    /// Up to `max_records` records from `from` on, in order (records still in the daemon's
+    /// buffers included), and the LSN to ask for next. Empty when `from` is past the end.
+    pub async fn read_from(&self, from: Lsn, max_records: u32) -> Result<(Vec<(Lsn, T)>, Lsn)> {
+        let answer = self
+            .shared
+            .request(RequestBody::Read { handle: self.handle, from: from.get().max(1), max_records: max_records.max(1), max_bytes: 1 << 20 })
+            .await?;
+        let ResponseBody::Records { records, next, .. } = answer else {
+            return Err(unexpected("Read", answer));
+        };
+        let mut out = Vec::with_capacity(records.len());
+        for (lsn, payload) in records {
+            out.push((Lsn::new(lsn), self.options.codec.decode(&payload.0)?));
+        }
+        Ok((out, Lsn::new(next)))
+    }
+
+    pub async fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        match self.shared.request(RequestBody::Truncate { handle: self.handle, before: lsn.get() }).await? {
+            ResponseBody::Truncated { segments } => Ok(segments as usize),
+            other => Err(unexpected("Truncate", other)),
+        }
+    }
+}
