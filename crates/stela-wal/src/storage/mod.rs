@@ -5,7 +5,8 @@
 //! durable, so tests can "pull the plug": lose every unsynced write, tear the last sector of the
 //! write in flight, fail an fsync, or run out of space. Because the log never touches `std::fs`
 //! directly, any I/O that bypassed this trait would show up as a file the fault layer does not
-//! know about.
+//! know about. [`GatedStorage`] wraps either one and can stall or slow its file writes and
+//! syncs on demand, for tests and benchmarks of what sits above the log when the disk hangs.
 //!
 //! The contract the log relies on, and which `FaultStorage` models:
 //! - `write_all_at` data is volatile until `sync_data` on that file returns `Ok`.
@@ -15,9 +16,11 @@
 //!   the error). The log therefore never retries a failed sync: it stops.
 
 mod fault;
+mod gated;
 mod std_fs;
 
 pub use fault::{CrashPlan, FaultStorage};
+pub use gated::GatedStorage;
 pub use std_fs::StdStorage;
 
 use std::fmt;
