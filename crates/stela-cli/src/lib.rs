@@ -1,11 +1,14 @@
 //! The `stela` command line: argument parsing and the commands behind it.
 //!
-//! - `stela demo`: the main job; runs a short benchmark and prints its table.
+//! - `stela demo`: the main job; starts the log daemon in this process and compares commits/s
+//!   and latency of fdatasync per commit, the daemon's `buffered`, and no fsync (~8 s).
 //! - `stela wal dump|verify|repair DIR`: offline tools for a log directory.
 //! - `stela serve --dir DIR`: the log daemon; `stela status`, `stela power-fail`,
 //!   `stela power-restore` talk to a running one.
 //! - `stela wal bench`: the write-ahead log benchmark (the paper's Tables I and II, group
 //!   commit against okaywal and raft-engine).
+//! - `stela bench commit`: commit throughput and latency, embedded against the daemon.
+//! - `stela bench power-fail`: the emergency flush of a full dirty set against its budget.
 //!
 //! Exit codes: 0 success (for `verify`: the log is clean), 1 the log is damaged, 2 the command
 //! itself failed (bad arguments, unreadable directory, ...).
@@ -35,8 +38,9 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run a short version of the WAL benchmark and print its table.
-    Demo,
+    /// Commit throughput of fdatasync per commit, the log daemon's `buffered`, and no fsync,
+    /// side by side, with what each survives (starts the daemon in this process; ~8 s).
+    Demo(stela_bench::demo::DemoArgs),
     /// Tools for a write-ahead log directory.
     #[command(subcommand)]
     Wal(WalCommand),
@@ -55,6 +59,19 @@ pub enum Command {
     PowerFail(service::TargetArgs),
     /// Tell a running daemon power is back: writes are admitted again.
     PowerRestore(service::TargetArgs),
+    /// Benchmarks of the log service.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Commits/s and commit latency by clients and record size: embedded stela-wal (fdatasync
+    /// per commit, group commit, no sync) against the daemon (disk, buffered, unsafe).
+    Commit(stela_bench::commit_bench::CommitBenchArgs),
+    /// Time of the emergency flush of a full dirty set on this disk, against half the power
+    /// window (stalls the disk to fill the buffers, then announces the power failure).
+    PowerFail(stela_bench::power_bench::PowerBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -125,8 +142,16 @@ where
 /// Runs one command, writing its output to `out`.
 pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Demo => {
-            stela_bench::cli::run_demo()?;
+        Command::Demo(args) => {
+            stela_bench::demo::run_demo(&args, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::PowerFail(args)) => {
+            stela_bench::power_bench::run(args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Commit(args)) => {
+            stela_bench::commit_bench::run_commit_bench(&args, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Wal(WalCommand::Dump { dir, from }) => {

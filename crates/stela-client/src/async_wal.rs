@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use stela_format::Lsn;
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
-use stela_proto::{Durability, Payload, Positions, Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION};
+use stela_proto::{
+    Durability, Payload, Positions, Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
@@ -42,7 +44,10 @@ struct Pending {
 }
 
 fn broken(message: &str) -> Error {
-    Error::Io(std::io::Error::new(std::io::ErrorKind::BrokenPipe, message.to_owned()))
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        message.to_owned(),
+    ))
 }
 
 impl Shared {
@@ -99,7 +104,12 @@ impl Shared {
                 Ok(response) => response,
                 Err(error) => break error.to_string(),
             };
-            let reply = self.pending.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(&response.id);
+            let reply = self
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .waiting
+                .remove(&response.id);
             let result = match response.body {
                 ResponseBody::Error { code, message } => Err(Error::Server { code, message }),
                 body => Ok(body),
@@ -147,30 +157,54 @@ impl<T> Clone for AsyncWal<T> {
 impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     /// Connects to the daemon at `address` and opens the log `name`. Must run inside a tokio
     /// runtime (it spawns the task that reads answers).
-    pub async fn open(address: impl Into<Address>, name: &str, options: WalOptions) -> Result<AsyncWal<T>> {
+    pub async fn open(
+        address: impl Into<Address>,
+        name: &str,
+        options: WalOptions,
+    ) -> Result<AsyncWal<T>> {
         let address = address.into();
-        let connect_err = |source| Error::Connect { address: address.to_string(), source };
-        let (reader, writer): (Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>) = match &address {
+        let connect_err = |source| Error::Connect {
+            address: address.to_string(),
+            source,
+        };
+        let (reader, writer): (
+            Box<dyn AsyncRead + Send + Unpin>,
+            Box<dyn AsyncWrite + Send + Unpin>,
+        ) = match &address {
             Address::Unix(path) => {
-                let (r, w) = tokio::net::UnixStream::connect(path).await.map_err(connect_err)?.into_split();
+                let (r, w) = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(connect_err)?
+                    .into_split();
                 (Box::new(r), Box::new(w))
             }
             Address::Tcp(addr) => {
-                let stream = tokio::net::TcpStream::connect(addr).await.map_err(connect_err)?;
+                let stream = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(connect_err)?;
                 stream.set_nodelay(true)?;
                 let (r, w) = stream.into_split();
                 (Box::new(r), Box::new(w))
             }
         };
-        let shared = Arc::new(Shared { writer: tokio::sync::Mutex::new(writer), pending: Mutex::new(Pending::default()) });
+        let shared = Arc::new(Shared {
+            writer: tokio::sync::Mutex::new(writer),
+            pending: Mutex::new(Pending::default()),
+        });
         tokio::spawn(Arc::clone(&shared).read_answers(reader));
         let hello = shared
-            .request(RequestBody::Hello { version: PROTOCOL_VERSION, client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")) })
+            .request(RequestBody::Hello {
+                version: PROTOCOL_VERSION,
+                client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")),
+            })
             .await?;
         if !matches!(hello, ResponseBody::Welcome { .. }) {
             return Err(unexpected("Hello", hello));
         }
-        let type_tag = options.type_tag.clone().unwrap_or_else(|| std::any::type_name::<T>().to_owned());
+        let type_tag = options
+            .type_tag
+            .clone()
+            .unwrap_or_else(|| std::any::type_name::<T>().to_owned());
         let answer = shared
             .request(RequestBody::Open {
                 log: name.to_owned(),
@@ -179,7 +213,12 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 create: options.create_if_missing,
             })
             .await?;
-        let ResponseBody::Opened { handle, positions, max_record_bytes } = answer else {
+        let ResponseBody::Opened {
+            handle,
+            positions,
+            max_record_bytes,
+        } = answer
+        else {
             return Err(unexpected("Open", answer));
         };
         Ok(AsyncWal {
@@ -197,13 +236,20 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         for record in records {
             let bytes = self.options.codec.encode(record)?;
             if bytes.len() > self.max_record_bytes {
-                return Err(Error::RecordTooLarge { bytes: bytes.len(), max: self.max_record_bytes });
+                return Err(Error::RecordTooLarge {
+                    bytes: bytes.len(),
+                    max: self.max_record_bytes,
+                });
             }
             payloads.push(Payload(bytes));
         }
         let answer = self
             .shared
-            .request(RequestBody::Append { handle: self.handle, durability, records: payloads })
+            .request(RequestBody::Append {
+                handle: self.handle,
+                durability,
+                records: payloads,
+            })
             .await?;
         let ResponseBody::Appended { last_lsn, .. } = answer else {
             return Err(unexpected("Append", answer));
@@ -213,12 +259,17 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     }
 
     fn append_level(&self) -> Durability {
-        if self.options.durability == Durability::Unsafe { Durability::Unsafe } else { Durability::Buffered }
+        if self.options.durability == Durability::Unsafe {
+            Durability::Unsafe
+        } else {
+            Durability::Buffered
+        }
     }
 
     /// As [`crate::Wal::append`].
     pub async fn append(&self, record: &T) -> Result<Lsn> {
-        self.append_at(std::slice::from_ref(record), self.append_level()).await
+        self.append_at(std::slice::from_ref(record), self.append_level())
+            .await
     }
 
     /// As [`crate::Wal::append_batch`].
@@ -228,24 +279,41 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
 
     /// As [`crate::Wal::append_durable`].
     pub async fn append_durable(&self, record: &T) -> Result<Lsn> {
-        self.append_at(std::slice::from_ref(record), self.options.durability).await
+        self.append_at(std::slice::from_ref(record), self.options.durability)
+            .await
     }
 
     /// As [`crate::Wal::commit`]: resolves once everything up to `lsn` is at the log's
     /// durability.
     pub async fn commit(&self, lsn: Lsn) -> Result<()> {
         let durability = self.options.durability;
-        if lsn.get() <= self.appended.load(Ordering::Relaxed) && matches!(durability, Durability::Buffered | Durability::Unsafe) {
+        if lsn.get() <= self.appended.load(Ordering::Relaxed)
+            && matches!(durability, Durability::Buffered | Durability::Unsafe)
+        {
             return Ok(());
         }
-        match self.shared.request(RequestBody::Commit { handle: self.handle, lsn: lsn.get(), durability }).await? {
+        match self
+            .shared
+            .request(RequestBody::Commit {
+                handle: self.handle,
+                lsn: lsn.get(),
+                durability,
+            })
+            .await?
+        {
             ResponseBody::Committed { .. } => Ok(()),
             other => Err(unexpected("Commit", other)),
         }
     }
 
     pub async fn positions(&self) -> Result<Positions> {
-        match self.shared.request(RequestBody::Positions { handle: self.handle }).await? {
+        match self
+            .shared
+            .request(RequestBody::Positions {
+                handle: self.handle,
+            })
+            .await?
+        {
             ResponseBody::Positions(positions) => Ok(positions),
             other => Err(unexpected("Positions", other)),
         }
@@ -260,7 +328,12 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     pub async fn read_from(&self, from: Lsn, max_records: u32) -> Result<(Vec<(Lsn, T)>, Lsn)> {
         let answer = self
             .shared
-            .request(RequestBody::Read { handle: self.handle, from: from.get().max(1), max_records: max_records.max(1), max_bytes: 1 << 20 })
+            .request(RequestBody::Read {
+                handle: self.handle,
+                from: from.get().max(1),
+                max_records: max_records.max(1),
+                max_bytes: 1 << 20,
+            })
             .await?;
         let ResponseBody::Records { records, next, .. } = answer else {
             return Err(unexpected("Read", answer));
@@ -273,7 +346,14 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     }
 
     pub async fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
-        match self.shared.request(RequestBody::Truncate { handle: self.handle, before: lsn.get() }).await? {
+        match self
+            .shared
+            .request(RequestBody::Truncate {
+                handle: self.handle,
+                before: lsn.get(),
+            })
+            .await?
+        {
             ResponseBody::Truncated { segments } => Ok(segments as usize),
             other => Err(unexpected("Truncate", other)),
         }

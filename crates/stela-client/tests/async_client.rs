@@ -16,14 +16,20 @@ fn server(dir: &std::path::Path) -> Server {
 async fn concurrent_calls_share_one_connection_and_each_gets_its_answer() {
     let dir = tempfile::tempdir().unwrap();
     let server = server(dir.path());
-    let wal: AsyncWal<(u32, String)> = AsyncWal::open(server.socket_path(), "a", WalOptions::default()).await.unwrap();
+    let wal: AsyncWal<(u32, String)> =
+        AsyncWal::open(server.socket_path(), "a", WalOptions::default())
+            .await
+            .unwrap();
     let mut tasks = Vec::new();
     for task in 0..8u32 {
         let wal = wal.clone();
         tasks.push(tokio::spawn(async move {
             let mut lsns = Vec::new();
             for i in 0..50u32 {
-                lsns.push((wal.append(&(task, format!("t{task} r{i}"))).await.unwrap(), i));
+                lsns.push((
+                    wal.append(&(task, format!("t{task} r{i}"))).await.unwrap(),
+                    i,
+                ));
             }
             (task, lsns)
         }));
@@ -37,14 +43,26 @@ async fn concurrent_calls_share_one_connection_and_each_gets_its_answer() {
     }
     acknowledged.sort();
     let lsns: Vec<u64> = acknowledged.iter().map(|(l, _)| l.get()).collect();
-    assert_eq!(lsns, (1..=400).collect::<Vec<_>>(), "every append got its own LSN");
+    assert_eq!(
+        lsns,
+        (1..=400).collect::<Vec<_>>(),
+        "every append got its own LSN"
+    );
     let (read, next) = wal.read_from(Lsn::FIRST, 1000).await.unwrap();
     assert_eq!(next, Lsn::new(401));
-    assert_eq!(read, acknowledged, "each LSN holds the record its caller sent");
+    assert_eq!(
+        read, acknowledged,
+        "each LSN holds the record its caller sent"
+    );
     wal.commit(Lsn::new(400)).await.unwrap();
 
-    let disk: AsyncWal<(u32, String)> =
-        AsyncWal::open(server.socket_path(), "a", WalOptions::default().durability(Durability::Disk)).await.unwrap();
+    let disk: AsyncWal<(u32, String)> = AsyncWal::open(
+        server.socket_path(),
+        "a",
+        WalOptions::default().durability(Durability::Disk),
+    )
+    .await
+    .unwrap();
     let lsn = disk.append_durable(&(99, "durable".into())).await.unwrap();
     assert!(disk.durable_lsn().await.unwrap() >= lsn);
     drop(server);
@@ -54,11 +72,21 @@ async fn concurrent_calls_share_one_connection_and_each_gets_its_answer() {
 async fn a_daemon_that_goes_away_fails_every_call() {
     let dir = tempfile::tempdir().unwrap();
     let server = server(dir.path());
-    let wal: AsyncWal<u64> = AsyncWal::open(server.socket_path(), "gone", WalOptions::default()).await.unwrap();
+    let wal: AsyncWal<u64> = AsyncWal::open(server.socket_path(), "gone", WalOptions::default())
+        .await
+        .unwrap();
     wal.append(&1).await.unwrap();
-    tokio::task::spawn_blocking(move || server.shutdown().unwrap()).await.unwrap();
-    let error = tokio::time::timeout(Duration::from_secs(10), wal.append(&2)).await.expect("no hang").unwrap_err();
+    tokio::task::spawn_blocking(move || server.shutdown().unwrap())
+        .await
+        .unwrap();
+    let error = tokio::time::timeout(Duration::from_secs(10), wal.append(&2))
+        .await
+        .expect("no hang")
+        .unwrap_err();
     assert!(error.to_string().contains("daemon"), "{error}");
     let again = wal.append(&3).await.unwrap_err();
-    assert!(again.to_string().contains("daemon") || again.to_string().contains("closed"), "{again}");
+    assert!(
+        again.to_string().contains("daemon") || again.to_string().contains("closed"),
+        "{again}"
+    );
 }

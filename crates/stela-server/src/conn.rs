@@ -5,7 +5,8 @@
 //! large, fails its checksum or does not decode gets one `Error { BadFrame }` answer and the
 //! connection is closed (after a bad frame the stream has no trustworthy boundary); a request
 //! that is well formed but wrong (unknown handle, record too large, ...) gets an error answer and
-//! the connection goes on. Answers to pipelined requests are written together once the socket
+//! the connection goes on. A first request that is not a Hello of our version is answered and
+//! the connection closed. Answers to pipelined requests are written together once the socket
 //! has no more requests waiting, so a client that pipelines gets batched replies.
 
 use crate::pool::{LogId, PoolError, PoolRead};
@@ -64,6 +65,12 @@ pub fn serve<R: Read, W: Write>(shared: &Arc<Shared>, read: R, mut write: W) {
         }
         let id = request.id;
         let deferred = connection.handle(request, &mut out);
+        if !connection.hello {
+            // No valid Hello first (another request, or another protocol version): answer, then
+            // close, since nothing else this peer sends can be understood.
+            let _ = write.write_all(&out);
+            break;
+        }
         if let Some(append) = deferred {
             // `unsafe`: the answer leaves before the record is placed, as if acknowledged on
             // receipt; the record still goes through the pool like any other.
@@ -357,6 +364,19 @@ impl Shared {
                     }
                     bytes += payload.len();
                     out.push((lsn.get(), Payload(payload)));
+                }
+                // Go on into the buffers, so one read is not cut short at the durable LSN.
+                if let Some(&(last, _)) = out.last() {
+                    if out.len() < max_records && bytes < max_bytes {
+                        if let PoolRead::Buffered(more) = self.pool.read(
+                            log,
+                            last + 1,
+                            max_records - out.len(),
+                            max_bytes - bytes,
+                        ) {
+                            out.extend(more.into_iter().map(|(l, p)| (l, Payload(p))));
+                        }
+                    }
                 }
                 if out.is_empty() {
                     // Nothing on disk at `from` (a gap below the first segment): go on from

@@ -161,14 +161,15 @@ impl Server {
             })?;
         let rate = match config.assume_write_rate {
             Some(rate) => rate,
-            None => {
-                measure::measure_write_rate(&config.storage, &config.dir).map_err(|source| {
-                    StartError::Measure {
-                        path: config.dir.clone(),
-                        source,
-                    }
-                })?
-            }
+            None => measure::measure_write_rate_with(
+                &config.storage,
+                &config.dir,
+                measure::measure_bytes_for((config.buffers * config.buffer_bytes) as u64),
+            )
+            .map_err(|source| StartError::Measure {
+                path: config.dir.clone(),
+                source,
+            })?,
         };
         let pool_bytes = (config.buffers * config.buffer_bytes) as u64;
         let cap = measure::dirty_cap(pool_bytes, rate, config.power_window);

@@ -32,9 +32,39 @@ pub(crate) fn wait<'a, T>(condvar: &Condvar, guard: MutexGuard<'a, T>) -> MutexG
     condvar.wait(guard).unwrap_or_else(|e| e.into_inner())
 }
 
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<M: Lock + ?Sized>(mutex: &M) -> M::Guard<'_> {
     // A panic while holding the pool lock is a bug we do not want to turn into a second panic
     // in every connection thread; the state itself stays consistent (every mutation is
     // completed before anything that can panic).
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
+    mutex.lock_ignoring_poison()
+}
+
+/// A mutex [`lock`] takes: std's always (the modules around the pool keep std's mutexes), and
+/// under `--cfg loom` also loom's, so the whole crate compiles for the loom model.
+pub(crate) trait Lock {
+    type Guard<'a>
+    where
+        Self: 'a;
+    fn lock_ignoring_poison(&self) -> Self::Guard<'_>;
+}
+
+impl<T: ?Sized> Lock for std::sync::Mutex<T> {
+    type Guard<'a>
+        = std::sync::MutexGuard<'a, T>
+    where
+        Self: 'a;
+    fn lock_ignoring_poison(&self) -> Self::Guard<'_> {
+        self.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(loom)]
+impl<T> Lock for loom::sync::Mutex<T> {
+    type Guard<'a>
+        = loom::sync::MutexGuard<'a, T>
+    where
+        Self: 'a;
+    fn lock_ignoring_poison(&self) -> Self::Guard<'_> {
+        self.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
