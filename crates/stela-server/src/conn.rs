@@ -222,7 +222,12 @@ impl Connection {
                     }
                     let (first, last) = self.place(log, &records).map_err(pool_error)?;
                     if durability == Durability::Disk && last >= first {
-                        shared.pool.wait_durable(log, last).map_err(pool_error)?;
+                        shared
+                            .pool
+                            .wait_durable_leading(log, last, |work| {
+                                crate::flusher::write(&shared.logs, work)
+                            })
+                            .map_err(pool_error)?;
                     }
                     ResponseBody::Appended {
                         first_lsn: first,
@@ -241,7 +246,12 @@ impl Connection {
                         return Err(pool_error(PoolError::NotAppended { lsn, next }));
                     }
                     if durability == Durability::Disk && lsn > 0 {
-                        shared.pool.wait_durable(log, lsn).map_err(pool_error)?;
+                        shared
+                            .pool
+                            .wait_durable_leading(log, lsn, |work| {
+                                crate::flusher::write(&shared.logs, work)
+                            })
+                            .map_err(pool_error)?;
                     }
                     ResponseBody::Committed { lsn }
                 }

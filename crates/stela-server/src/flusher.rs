@@ -9,40 +9,43 @@
 //! the others.
 
 use crate::logs::Logs;
-use crate::pool::Pool;
+use crate::pool::{Pool, Work};
 use std::sync::Arc;
 
 pub fn run(pool: Arc<Pool>, logs: Arc<Logs>) {
     while let Some(work) = pool.next_work() {
-        let Some(entry) = logs.get(work.log) else {
-            pool.complete(
-                work,
-                Err("the log was closed with records still buffered".into()),
-            );
-            continue;
-        };
-        let expected_first = work.first_lsn();
-        let expected_last = work.last_lsn();
-        let outcome = (|| {
-            let last = entry
-                .log
-                .append_all(work.payloads())
-                .map_err(|e| e.to_string())?;
-            if last.get() != expected_last {
-                // The pool and the files disagree on numbering: stop rather than write records
-                // under LSNs their clients were not told.
-                return Err(format!(
-                    "internal error: buffered LSNs {expected_first}..={expected_last} were given \
-                     {}..={} by the log files",
-                    last.get() + 1 - (expected_last - expected_first + 1),
-                    last.get()
-                ));
-            }
-            entry.log.commit(last).map_err(|e| e.to_string())
-        })();
-        if let Err(failure) = &outcome {
-            tracing::error!(log = %entry.name, %failure, "log stopped: write or sync failed");
-        }
+        let outcome = write(&logs, &work);
         pool.complete(work, outcome);
     }
+}
+
+/// Appends `work` to its log, writes it and fdatasyncs it. Used by the flusher and by a `disk`
+/// waiter that leads the round itself (`Pool::wait_durable_leading`).
+pub fn write(logs: &Logs, work: &Work) -> Result<(), String> {
+    let Some(entry) = logs.get(work.log) else {
+        return Err("the log was closed with records still buffered".into());
+    };
+    let expected_first = work.first_lsn();
+    let expected_last = work.last_lsn();
+    let outcome = (|| {
+        let last = entry
+            .log
+            .append_all(work.payloads())
+            .map_err(|e| e.to_string())?;
+        if last.get() != expected_last {
+            // The pool and the files disagree on numbering: stop rather than write records
+            // under LSNs their clients were not told.
+            return Err(format!(
+                "internal error: buffered LSNs {expected_first}..={expected_last} were given \
+                 {}..={} by the log files",
+                last.get() + 1 - (expected_last - expected_first + 1),
+                last.get()
+            ));
+        }
+        entry.log.commit(last).map_err(|e| e.to_string())
+    })();
+    if let Err(failure) = &outcome {
+        tracing::error!(log = %entry.name, %failure, "log stopped: write or sync failed");
+    }
+    outcome
 }

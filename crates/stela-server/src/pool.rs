@@ -18,7 +18,8 @@
 //! A buffer becomes eligible for writing once it is sealed (full), holds `write_threshold` bytes
 //! (one disk block by default: RapiLog never issues writes of partial blocks when it can wait),
 //! is older than `flush_interval`, is needed by a `disk` waiter, or the daemon is draining
-//! (power failure, shutdown). No I/O happens here: the flusher (`flusher.rs`) takes [`Work`],
+//! (power failure, shutdown). No I/O happens here: the flusher (`flusher.rs`), or a `disk` waiter
+//! leading its own round ([`Pool::wait_durable_leading`]), takes [`Work`],
 //! writes it through stela-wal and reports back with [`Pool::complete`].
 
 use crate::sync::{self, lock, Arc, Condvar, Mutex};
@@ -420,6 +421,11 @@ impl Pool {
         let (log, bytes) = (0..state.logs.len())
             .map(|log| (log, self.eligible_bytes(state, log, now)))
             .max_by_key(|&(_, bytes)| bytes)?;
+        self.take_work_of(state, log, bytes)
+    }
+
+    /// Takes the first `bytes` (the eligible ones) of `log`'s queue as one piece of work.
+    fn take_work_of(&self, state: &mut State, log: LogId, bytes: usize) -> Option<Work> {
         if bytes == 0 {
             return None;
         }
@@ -535,6 +541,47 @@ impl Pool {
             if lsn > entry.urgent_to {
                 entry.urgent_to = lsn;
                 self.work.notify_one();
+            }
+            state = sync::wait(&self.progress, state);
+        }
+    }
+
+    /// Like [`Pool::wait_durable`], but when nobody is writing `log` the caller writes it
+    /// itself with `write` (and reports through [`Pool::complete`]), as a group-commit leader
+    /// does: a `disk` commit then costs no hand-off to the flusher thread and back, which on
+    /// virtual CPUs is two wake-ups of ~60 us. Everything eligible of the log goes in the same
+    /// write and sync, so concurrent `disk` waiters still share one fdatasync.
+    pub fn wait_durable_leading(
+        &self,
+        log: LogId,
+        lsn: u64,
+        write: impl Fn(&Work) -> Result<(), String>,
+    ) -> Result<(), PoolError> {
+        let mut state = lock(&self.state);
+        loop {
+            let entry = &mut state.logs[log];
+            if let Some(failure) = &entry.failure {
+                return Err(PoolError::Failed(failure.clone()));
+            }
+            if lsn <= entry.durable_lsn {
+                return Ok(());
+            }
+            if lsn >= entry.next_lsn {
+                return Err(PoolError::NotAppended {
+                    lsn,
+                    next: entry.next_lsn,
+                });
+            }
+            entry.urgent_to = entry.urgent_to.max(lsn);
+            if !entry.writing {
+                let bytes = self.eligible_bytes(&state, log, Instant::now());
+                if let Some(work) = self.take_work_of(&mut state, log, bytes) {
+                    drop(state);
+                    let outcome = write(&work);
+                    self.complete(work, outcome);
+                    state = lock(&self.state);
+                    continue;
+                }
             }
             state = sync::wait(&self.progress, state);
         }
