@@ -50,9 +50,15 @@ pub struct CommitBenchArgs {
     /// when there are several).
     #[arg(long, value_name = "PATH")]
     pub chart: Option<PathBuf>,
-    /// Keep each run's log in DIR/<mode>-c<clients>-<N>B instead of a temporary directory.
+    /// Keep each run's log in DIR/<mode>-c<clients>-<N>B-r<repeat> instead of a temporary
+    /// directory.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Run every (mode, clients, size) this many times, the modes taking turns, and report
+    /// the run with the median commits/s: run-to-run swings on a VM are larger than some of the
+    /// differences between modes, and taking turns exposes every mode to the same drift.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: usize,
     /// Do not show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -68,6 +74,7 @@ pub struct CommitBenchConfig {
     pub dir: Option<PathBuf>,
     pub json: bool,
     pub progress: bool,
+    pub repeats: usize,
 }
 
 impl CommitBenchArgs {
@@ -107,6 +114,7 @@ impl CommitBenchArgs {
             },
             dir: self.dir.clone(),
             json: self.json,
+            repeats: self.repeats.max(1),
             progress: !self.no_progress,
         })
     }
@@ -166,7 +174,7 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
         print_preamble(cfg, daemon.as_ref(), out)?;
         writeln!(out, "{}", table_header())?;
     }
-    let runs = cfg.record_bytes.len() * cfg.clients.len() * cfg.modes.len();
+    let runs = cfg.record_bytes.len() * cfg.clients.len() * cfg.modes.len() * cfg.repeats;
     let progress = if cfg.progress && !cfg.json && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(runs as u64);
         bar.set_style(
@@ -185,30 +193,43 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
     for &bytes in &cfg.record_bytes {
         let records = make_sized_records(RECORDS_PER_SIZE, 42, bytes);
         for &clients in &cfg.clients {
-            for &mode in &cfg.modes {
-                let name = format!("{mode}-c{clients}-{bytes}B");
-                progress.set_message(name.clone());
-                let dir = RunDir::new(cfg.dir.as_deref(), &name)?;
-                let sources = (0..clients)
-                    .map(|c| Cycle {
-                        records: &records,
-                        next: c * RECORDS_PER_SIZE / clients,
-                    })
-                    .collect();
-                let outcome =
-                    commit_driver::run_mode(mode, dir.path(), daemon.as_ref(), cfg.timing, sources)
-                        .with_context(|| format!("{name}: run failed"))?;
-                drop(dir);
-                let row = CommitRow {
-                    mode: mode.name().to_string(),
-                    clients,
-                    record_bytes: bytes,
-                    commits: outcome.commits,
-                    seconds: outcome.seconds,
-                    commits_per_s: outcome.commits_per_s(),
-                    p50_us: outcome.latency.percentile_us(50.0),
-                    p99_us: outcome.latency.percentile_us(99.0),
-                };
+            let mut outcomes: Vec<Vec<CommitRow>> = vec![Vec::new(); cfg.modes.len()];
+            for repeat in 0..cfg.repeats {
+                for (index, &mode) in cfg.modes.iter().enumerate() {
+                    let name = format!("{mode}-c{clients}-{bytes}B");
+                    progress.set_message(name.clone());
+                    let dir = RunDir::new(cfg.dir.as_deref(), &format!("{name}-r{repeat}"))?;
+                    let sources = (0..clients)
+                        .map(|c| Cycle {
+                            records: &records,
+                            next: c * RECORDS_PER_SIZE / clients,
+                        })
+                        .collect();
+                    let outcome = commit_driver::run_mode(
+                        mode,
+                        dir.path(),
+                        daemon.as_ref(),
+                        cfg.timing,
+                        sources,
+                    )
+                    .with_context(|| format!("{name}: run failed"))?;
+                    drop(dir);
+                    outcomes[index].push(CommitRow {
+                        mode: mode.name().to_string(),
+                        clients,
+                        record_bytes: bytes,
+                        commits: outcome.commits,
+                        seconds: outcome.seconds,
+                        commits_per_s: outcome.commits_per_s(),
+                        p50_us: outcome.latency.percentile_us(50.0),
+                        p99_us: outcome.latency.percentile_us(99.0),
+                    });
+                    progress.inc(1);
+                }
+            }
+            for mut runs in outcomes {
+                runs.sort_by(|a, b| a.commits_per_s.total_cmp(&b.commits_per_s));
+                let row = runs.swap_remove(runs.len() / 2);
                 let line = if cfg.json {
                     serde_json::to_string(&row)?
                 } else {
@@ -218,7 +239,6 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
                     writeln!(out, "{line}")?;
                     out.flush()
                 })?;
-                progress.inc(1);
                 rows.push(row);
             }
         }
@@ -522,6 +542,7 @@ mod tests {
             dir: Some(base.path().to_path_buf()),
             json: false,
             progress: false,
+            repeats: 2,
         };
         let mut out = Vec::new();
         let rows = run(&cfg, &mut out).unwrap();
@@ -532,9 +553,9 @@ mod tests {
         assert!(text.contains("p50 at 1 client"), "{text}");
         assert!(base
             .path()
-            .join("service-buffered-c2-100B/logs/bench")
+            .join("service-buffered-c2-100B-r1/logs/bench")
             .is_dir());
-        assert!(base.path().join("embedded-sync-c1-100B").is_dir());
+        assert!(base.path().join("embedded-sync-c1-100B-r0").is_dir());
         // A second run into the same folders refuses rather than appending to old logs.
         assert!(run(&cfg, &mut Vec::new()).is_err());
     }
