@@ -51,14 +51,14 @@ fn sigpwr_flushes_the_full_cap_within_the_window() {
     sigpwr_flush(stela_server::PoolConfig::rapilog_default().buffer_bytes);
 }
 
-/// The same with buffers large enough (6 x 16 MiB) that on this VM the cap is the power window's
-/// (rate x 25 ms, about 37 MB): the case the cap exists for. It fails here: the flush of the
-/// full cap takes 34 to 105 ms against the 25 ms budget, because the cap assumes the flush
-/// writes at exactly the measured raw rate, with no margin for what the flush does on top of the
-/// measurement's plain 1 MiB writes (framing and checksumming every record through stela-wal).
-/// Run: `cargo test -p stela-server --test power -- --ignored`.
+/// The same with buffers large enough (6 x 16 MiB) that the cap is the power window's share
+/// (rate x 25 ms x 0.5), the case the cap exists for. Not in the default run: since the cap is
+/// derived from the slowest of three measured flushes through a scratch log, it passes in
+/// release 3 of 3 and in debug 2 of 3 here; the failure was an 8.7 MB flush taking 32 ms, a
+/// stall of this virtual disk that no start-up measurement foresees (bench/results/power-fail.txt
+/// has the distribution). Run: `cargo test --release -p stela-server --test power -- --ignored`.
 #[test]
-#[ignore = "fails: a cap limited by the power window is not flushed within its budget"]
+#[ignore = "depends on the disk not stalling during the flush; see the comment"]
 fn sigpwr_flushes_a_window_limited_cap_within_the_window() {
     sigpwr_flush(16 << 20);
 }
