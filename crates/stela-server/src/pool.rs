@@ -191,6 +191,9 @@ impl Work {
     }
 }
 
+/// Writes and syncs a piece of work (a `disk` waiter leading its own round).
+type WriteWork<'a> = dyn Fn(&Work) -> Result<(), String> + 'a;
+
 /// The answer to a read of LSNs the pool may hold.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PoolRead {
@@ -521,8 +524,32 @@ impl Pool {
         // caller, so it will look again without being woken.
     }
 
-    /// Waits until every record of `log` up to `lsn` is written and synced (a `disk` commit).
+    /// Waits until every record of `log` up to `lsn` is written and synced (a `disk` commit),
+    /// leaving the writing to the flusher.
     pub fn wait_durable(&self, log: LogId, lsn: u64) -> Result<(), PoolError> {
+        self.wait_durable_with(log, lsn, None)
+    }
+
+    /// Like [`Pool::wait_durable`], but when nobody is writing `log` the caller writes it
+    /// itself with `write` (and reports through [`Pool::complete`]), as a group-commit leader
+    /// does: a `disk` commit then costs no hand-off to the flusher thread and back, which on
+    /// virtual CPUs is two wake-ups of ~60 us. Everything eligible of the log goes in the same
+    /// write and sync, so concurrent `disk` waiters still share one fdatasync.
+    pub fn wait_durable_leading(
+        &self,
+        log: LogId,
+        lsn: u64,
+        write: impl Fn(&Work) -> Result<(), String>,
+    ) -> Result<(), PoolError> {
+        self.wait_durable_with(log, lsn, Some(&write))
+    }
+
+    fn wait_durable_with(
+        &self,
+        log: LogId,
+        lsn: u64,
+        write: Option<&WriteWork<'_>>,
+    ) -> Result<(), PoolError> {
         let mut state = lock(&self.state);
         loop {
             let entry = &mut state.logs[log];
@@ -542,38 +569,7 @@ impl Pool {
                 entry.urgent_to = lsn;
                 self.work.notify_one();
             }
-            state = sync::wait(&self.progress, state);
-        }
-    }
-
-    /// Like [`Pool::wait_durable`], but when nobody is writing `log` the caller writes it
-    /// itself with `write` (and reports through [`Pool::complete`]), as a group-commit leader
-    /// does: a `disk` commit then costs no hand-off to the flusher thread and back, which on
-    /// virtual CPUs is two wake-ups of ~60 us. Everything eligible of the log goes in the same
-    /// write and sync, so concurrent `disk` waiters still share one fdatasync.
-    pub fn wait_durable_leading(
-        &self,
-        log: LogId,
-        lsn: u64,
-        write: impl Fn(&Work) -> Result<(), String>,
-    ) -> Result<(), PoolError> {
-        let mut state = lock(&self.state);
-        loop {
-            let entry = &mut state.logs[log];
-            if let Some(failure) = &entry.failure {
-                return Err(PoolError::Failed(failure.clone()));
-            }
-            if lsn <= entry.durable_lsn {
-                return Ok(());
-            }
-            if lsn >= entry.next_lsn {
-                return Err(PoolError::NotAppended {
-                    lsn,
-                    next: entry.next_lsn,
-                });
-            }
-            entry.urgent_to = entry.urgent_to.max(lsn);
-            if !entry.writing {
+            if let Some(write) = write.filter(|_| !state.logs[log].writing) {
                 let bytes = self.eligible_bytes(&state, log, Instant::now());
                 if let Some(work) = self.take_work_of(&mut state, log, bytes) {
                     drop(state);

@@ -533,40 +533,59 @@ fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, StartError> {
     Ok(listener)
 }
 
-fn accept_unix(shared: Arc<Shared>, listener: UnixListener) {
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(stream) = stream else { continue };
-        let (Ok(reader), Ok(closer)) = (stream.try_clone(), stream.try_clone()) else {
-            continue;
-        };
-        let spin = shared.config.spin;
-        let (Ok(reader), Ok(writer)) = (
-            SpinStream::new(reader, spin, |s| s.set_nonblocking(true)),
-            SpinStream::new(stream, Duration::ZERO, |_| Ok(())),
-        ) else {
-            continue;
-        };
-        let shared = Arc::clone(&shared);
-        let _ = std::thread::Builder::new()
-            .name("stela-conn".into())
-            .spawn(move || {
-                let id = shared.register(Stream::Unix(closer));
-                crate::conn::serve(&shared, reader, writer);
-                shared.unregister(id);
-            });
+/// What the accept loop needs of a stream, for Unix and TCP alike.
+trait Socket: std::io::Read + std::io::Write + std::os::fd::AsFd + Send + Sized + 'static {
+    fn try_clone(&self) -> io::Result<Self>;
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
+    fn into_closer(self) -> Stream;
+}
+
+impl Socket for UnixStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        UnixStream::try_clone(self)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        UnixStream::set_nonblocking(self, nonblocking)
+    }
+    fn into_closer(self) -> Stream {
+        Stream::Unix(self)
     }
 }
 
+impl Socket for TcpStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        TcpStream::try_clone(self)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        TcpStream::set_nonblocking(self, nonblocking)
+    }
+    fn into_closer(self) -> Stream {
+        Stream::Tcp(self)
+    }
+}
+
+fn accept_unix(shared: Arc<Shared>, listener: UnixListener) {
+    accept(&shared, listener.incoming());
+}
+
 fn accept_tcp(shared: Arc<Shared>, listener: TcpListener) {
-    for stream in listener.incoming() {
+    accept(
+        &shared,
+        listener.incoming().inspect(|stream| {
+            if let Ok(stream) = stream {
+                let _ = stream.set_nodelay(true);
+            }
+        }),
+    );
+}
+
+/// Gives every accepted stream its own connection thread, until the daemon stops.
+fn accept<S: Socket>(shared: &Arc<Shared>, incoming: impl Iterator<Item = io::Result<S>>) {
+    for stream in incoming {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
         }
         let Ok(stream) = stream else { continue };
-        let _ = stream.set_nodelay(true);
         let (Ok(reader), Ok(closer)) = (stream.try_clone(), stream.try_clone()) else {
             continue;
         };
@@ -577,11 +596,11 @@ fn accept_tcp(shared: Arc<Shared>, listener: TcpListener) {
         ) else {
             continue;
         };
-        let shared = Arc::clone(&shared);
+        let shared = Arc::clone(shared);
         let _ = std::thread::Builder::new()
             .name("stela-conn".into())
             .spawn(move || {
-                let id = shared.register(Stream::Tcp(closer));
+                let id = shared.register(closer.into_closer());
                 crate::conn::serve(&shared, reader, writer);
                 shared.unregister(id);
             });
