@@ -12,7 +12,7 @@
 //! the waiting), so a round trip includes a thread wake-up (about 60 us on virtual CPUs).
 
 use crate::connection::{unexpected, Address};
-use crate::wal::WalOptions;
+use crate::wal::{encode_records, WalOptions};
 use crate::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use stela_format::Lsn;
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 use stela_proto::{
-    Durability, Payload, Positions, Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION,
+    Durability, Positions, Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -232,17 +232,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     }
 
     async fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
-        let mut payloads = Vec::with_capacity(records.len());
-        for record in records {
-            let bytes = self.options.codec.encode(record)?;
-            if bytes.len() > self.max_record_bytes {
-                return Err(Error::RecordTooLarge {
-                    bytes: bytes.len(),
-                    max: self.max_record_bytes,
-                });
-            }
-            payloads.push(Payload(bytes));
-        }
+        let payloads = encode_records(self.options.codec, self.max_record_bytes, records)?;
         let answer = self
             .shared
             .request(RequestBody::Append {
@@ -258,23 +248,15 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         Ok(Lsn::new(last_lsn))
     }
 
-    fn append_level(&self) -> Durability {
-        if self.options.durability == Durability::Unsafe {
-            Durability::Unsafe
-        } else {
-            Durability::Buffered
-        }
-    }
-
     /// As [`crate::Wal::append`].
     pub async fn append(&self, record: &T) -> Result<Lsn> {
-        self.append_at(std::slice::from_ref(record), self.append_level())
+        self.append_at(std::slice::from_ref(record), self.options.append_level())
             .await
     }
 
     /// As [`crate::Wal::append_batch`].
     pub async fn append_batch(&self, records: &[T]) -> Result<Lsn> {
-        self.append_at(records, self.append_level()).await
+        self.append_at(records, self.options.append_level()).await
     }
 
     /// As [`crate::Wal::append_durable`].

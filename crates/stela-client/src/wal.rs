@@ -44,6 +44,15 @@ impl Default for WalOptions {
 }
 
 impl WalOptions {
+    /// The level `append` acknowledges at: `buffered`, or `unsafe` if the log was opened so.
+    pub(crate) fn append_level(&self) -> Durability {
+        if self.durability == Durability::Unsafe {
+            Durability::Unsafe
+        } else {
+            Durability::Buffered
+        }
+    }
+
     pub fn codec(mut self, codec: Codec) -> Self {
         self.codec = codec;
         self
@@ -68,6 +77,28 @@ impl WalOptions {
         self.create_if_missing = create;
         self
     }
+}
+
+/// Encodes records with the log's codec, refusing any larger than the daemon accepts (before
+/// anything is sent, so a batch is all or nothing).
+pub(crate) fn encode_records<T: Serialize>(
+    codec: Codec,
+    max: usize,
+    records: &[T],
+) -> Result<Vec<Payload>> {
+    records
+        .iter()
+        .map(|record| {
+            let bytes = codec.encode(record)?;
+            if bytes.len() > max {
+                return Err(Error::RecordTooLarge {
+                    bytes: bytes.len(),
+                    max,
+                });
+            }
+            Ok(Payload(bytes))
+        })
+        .collect()
 }
 
 /// A typed log held by the daemon. `Send + Sync`; calls from many threads share one connection
@@ -128,24 +159,8 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         self.connection.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn encode(&self, records: &[T]) -> Result<Vec<Payload>> {
-        records
-            .iter()
-            .map(|record| {
-                let bytes = self.options.codec.encode(record)?;
-                if bytes.len() > self.max_record_bytes {
-                    return Err(Error::RecordTooLarge {
-                        bytes: bytes.len(),
-                        max: self.max_record_bytes,
-                    });
-                }
-                Ok(Payload(bytes))
-            })
-            .collect()
-    }
-
     fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
-        let payloads = self.encode(records)?;
+        let payloads = encode_records(self.options.codec, self.max_record_bytes, records)?;
         let answer = self.connection().request(RequestBody::Append {
             handle: self.handle,
             durability,
@@ -158,24 +173,15 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         Ok(Lsn::new(last_lsn))
     }
 
-    /// The level `append` acknowledges at: `buffered`, or `unsafe` if the log was opened so.
-    fn append_level(&self) -> Durability {
-        if self.options.durability == Durability::Unsafe {
-            Durability::Unsafe
-        } else {
-            Durability::Buffered
-        }
-    }
-
     /// Sends one record; returns its LSN once the daemon holds it (survives this process).
     /// Opened `unsafe`, returns `Lsn::ZERO` at once: the daemon does not say where it went.
     pub fn append(&self, record: &T) -> Result<Lsn> {
-        self.append_at(std::slice::from_ref(record), self.append_level())
+        self.append_at(std::slice::from_ref(record), self.options.append_level())
     }
 
     /// Sends records as one contiguous run of LSNs; returns the last one.
     pub fn append_batch(&self, records: &[T]) -> Result<Lsn> {
-        self.append_at(records, self.append_level())
+        self.append_at(records, self.options.append_level())
     }
 
     /// Sends one record and returns once it is at the log's durability, in one round trip.
