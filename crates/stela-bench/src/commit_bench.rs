@@ -10,12 +10,13 @@
 
 use crate::commit_chart::save_commit_charts;
 use crate::commit_driver::{self, DaemonEnv, Mode, RecordSource, Timing, WARMUP};
+use crate::harness::RunDir;
 use crate::record::{encoded_len, make_sized_records, Record};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use stela_format::Codec;
 
@@ -265,48 +266,6 @@ impl RecordSource for Cycle<'_> {
         let record = &self.records[self.next % self.records.len()];
         self.next = self.next.wrapping_add(1);
         record
-    }
-}
-
-/// Where one run's log lives: a kept folder under `--dir`, or a temporary one.
-enum RunDir {
-    Kept(PathBuf),
-    Temp(tempfile::TempDir),
-}
-
-impl RunDir {
-    fn new(base: Option<&Path>, name: &str) -> anyhow::Result<RunDir> {
-        let Some(base) = base else {
-            return Ok(RunDir::Temp(
-                tempfile::Builder::new()
-                    .prefix(&format!("{name}-"))
-                    .tempdir()
-                    .context("create a temporary directory")?,
-            ));
-        };
-        let path = base.join(name);
-        // A run appends to the log it finds; measuring on top of an old log would not be a
-        // fresh run, so refuse instead.
-        if path.exists() {
-            let empty = std::fs::read_dir(&path)
-                .with_context(|| format!("{}", path.display()))?
-                .next()
-                .is_none();
-            anyhow::ensure!(
-                empty,
-                "{} already holds a log; remove it or choose another --dir",
-                path.display()
-            );
-        }
-        std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
-        Ok(RunDir::Kept(path))
-    }
-
-    fn path(&self) -> &Path {
-        match self {
-            RunDir::Kept(path) => path,
-            RunDir::Temp(dir) => dir.path(),
-        }
     }
 }
 

@@ -1,8 +1,10 @@
-//! What every system's adapter shares: running N writer threads over the sets, timing them, and
-//! what a write or read run reports.
+//! What every system's adapter shares: running N writer threads over the sets, timing them,
+//! what a write or read run reports, and the folder a run's log lives in.
 
 use crate::record::Record;
+use anyhow::Context;
 use indicatif::ProgressBar;
+use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -106,6 +108,49 @@ where
         seconds,
         latencies_ns,
     })
+}
+
+/// Where one run's log lives: a kept folder under `--dir` (which must be new or empty), or a
+/// temporary one removed when dropped. Shared by `stela wal bench` and `stela bench commit`.
+pub enum RunDir {
+    Kept(PathBuf),
+    Temp(tempfile::TempDir),
+}
+
+impl RunDir {
+    pub fn new(base: Option<&Path>, name: &str) -> anyhow::Result<RunDir> {
+        let Some(base) = base else {
+            return Ok(RunDir::Temp(
+                tempfile::Builder::new()
+                    .prefix(&format!("{name}-"))
+                    .tempdir()
+                    .context("create a temporary directory")?,
+            ));
+        };
+        let path = base.join(name);
+        // A run appends to the log it finds; measuring on top of an old log would not be a
+        // fresh run, so refuse instead.
+        if path.exists() {
+            let empty = std::fs::read_dir(&path)
+                .with_context(|| format!("{}", path.display()))?
+                .next()
+                .is_none();
+            anyhow::ensure!(
+                empty,
+                "{} already holds a log; remove it or choose another --dir",
+                path.display()
+            );
+        }
+        std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        Ok(RunDir::Kept(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            RunDir::Kept(path) => path,
+            RunDir::Temp(dir) => dir.path(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@
 //! - `mb_per_s` is bytes of encoded record payload (not counting any system's framing) / 10^6
 //!   / seconds; `records_per_s` is records / seconds.
 
-use crate::harness::{run_writers, ReadOutcome, WriteOutcome};
+use crate::harness::{run_writers, ReadOutcome, RunDir, WriteOutcome};
 use crate::peers;
 use crate::record::{make_records, make_sized_records, payload_bytes, Record};
 use anyhow::Context;
@@ -427,49 +427,6 @@ fn stela_read(dir: &Path, codec: Codec) -> anyhow::Result<ReadOutcome> {
 /// Decode threads for stela's reads: one per core.
 pub fn read_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Where one run's log lives: a kept folder under `--dir`, or a temporary one.
-enum RunDir {
-    Kept(PathBuf),
-    Temp(tempfile::TempDir),
-}
-
-impl RunDir {
-    fn new(base: Option<&Path>, name: &str) -> anyhow::Result<RunDir> {
-        match base {
-            Some(base) => {
-                let path = base.join(name);
-                if path.exists() {
-                    let empty = std::fs::read_dir(&path)
-                        .with_context(|| format!("{}", path.display()))?
-                        .next()
-                        .is_none();
-                    anyhow::ensure!(
-                        empty,
-                        "{} already holds a log; remove it or choose another --dir",
-                        path.display()
-                    );
-                }
-                std::fs::create_dir_all(&path)
-                    .with_context(|| format!("create {}", path.display()))?;
-                Ok(RunDir::Kept(path))
-            }
-            None => Ok(RunDir::Temp(
-                tempfile::Builder::new()
-                    .prefix(&format!("{name}-"))
-                    .tempdir()
-                    .context("create a temporary directory")?,
-            )),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        match self {
-            RunDir::Kept(path) => path,
-            RunDir::Temp(dir) => dir.path(),
-        }
-    }
 }
 
 fn note(cfg: &WalBenchConfig, out: &mut dyn Write, text: &str) -> std::io::Result<()> {
