@@ -2,22 +2,9 @@
 //! documented keys) and of `stela demo` (runs with no setup, shows its three modes). Runs are
 //! kept short; nothing here asserts on timing.
 
-use std::process::{Command, Output};
+mod common;
 
-fn stela(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stela"))
-        .args(args)
-        .output()
-        .expect("run stela")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+use common::{stela, text};
 
 #[test]
 fn bench_commit_json_lines_have_exactly_the_keys() {

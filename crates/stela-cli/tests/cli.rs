@@ -2,23 +2,10 @@
 //! that every report names the file and offset of the problem.
 
 use std::path::Path;
-use std::process::{Command, Output};
+mod common;
+
+use common::{stela, text};
 use stela_wal::{Codec, Wal, WalOptions};
-
-fn stela(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stela"))
-        .args(args)
-        .output()
-        .expect("run stela")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 fn make_log(dir: &Path, records: u32) {
     let wal: Wal<(u32, String)> = Wal::open(

@@ -41,13 +41,17 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use stela_client::{Durability, ErrorCode, Lsn};
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 use stela_proto::{Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION};
+
+mod common;
+
+use common::{stela, text};
 
 const STELA: &str = env!("CARGO_BIN_EXE_stela");
 const CHILD_SOCKET: &str = "STELA_SERVICE_CHILD_SOCKET";
@@ -122,55 +126,6 @@ impl Rng {
     fn millis(&mut self, from: u64, to: u64) -> Duration {
         Duration::from_millis(from + self.below(to - from))
     }
-}
-
-/// Runs a `stela` tool command; fails the test if it takes over a minute (a daemon that never
-/// answers must fail the test, not hang it).
-fn stela(args: &[&str]) -> Output {
-    let mut child = Command::new(STELA)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run stela");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = stdout.read_to_end(&mut bytes);
-        bytes
-    });
-    let err = std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = stderr.read_to_end(&mut bytes);
-        bytes
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`stela {}` did not finish within a minute", args.join(" "));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 /// A `stela serve` process; killed if still running when dropped.
