@@ -12,8 +12,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 use stela_client::{Address, Connection};
 use stela_proto::{RequestBody, ResponseBody, StatusReport};
-use stela_server::{Server, ServerConfig};
+use stela_server::{config, DaemonConfig, Server};
 
+/// `stela serve`'s flags. Every default comes from `stela_server::config` (the one place the
+/// daemon's defaults live; `docs/DAEMON.md` lists them and a test checks it does).
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Directory of the daemon: its logs live in DIR/logs/NAME.
@@ -29,27 +31,82 @@ pub struct ServeArgs {
     #[arg(long)]
     pub tcp: Option<SocketAddr>,
     /// Number of log buffers.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = config::BUFFERS)]
     pub buffers: usize,
     /// Size of each buffer (bytes; suffixes K, KiB, M, MiB accepted).
-    #[arg(long, default_value = "512KiB", value_parser = parse_size)]
+    #[arg(long, default_value_t = config::BUFFER_BYTES, value_parser = parse_size)]
     pub buffer_size: usize,
     /// A buffer is written once it holds this many bytes (one disk block by default).
-    #[arg(long, default_value = "4096", value_parser = parse_size)]
+    #[arg(long, default_value_t = config::WRITE_THRESHOLD, value_parser = parse_size)]
     pub write_threshold: usize,
     /// Every buffer is written at least this often (milliseconds).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = config::FLUSH_INTERVAL.as_millis() as u64)]
     pub flush_interval: u64,
     /// Hold-up time of the power supply after a power-failure notice (milliseconds). Dirty
     /// bytes are capped so that writing them takes at most half of it.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = config::POWER_WINDOW.as_millis() as u64)]
     pub power_window: u64,
     /// Skip the start-up disk measurement and assume this write rate (bytes/s).
     #[arg(long)]
     pub assume_write_rate: Option<u64>,
-    /// Microseconds a connection polls for its next request before sleeping (0: never).
-    #[arg(long, default_value_t = 50)]
+    /// Size of each segment file of the logs the daemon creates (bytes; K/M suffixes).
+    #[arg(long, default_value_t = config::SEGMENT_BYTES as usize, value_parser = parse_size)]
+    pub segment_size: usize,
+    /// Threads writing and syncing buffers (logs are written side by side up to this many).
+    #[arg(long, default_value_t = config::FLUSHERS)]
+    pub flushers: usize,
+    /// Threads for requests that wait for the disk (open, read, truncate, power-fail).
+    #[arg(long, default_value_t = config::WORKERS)]
+    pub workers: usize,
+    /// Client connections served at once (lowered to what the file limit allows).
+    #[arg(long, default_value_t = config::MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Administrator connections (`stela status`, power hooks) served beyond the limit.
+    #[arg(long, default_value_t = config::ADMIN_CONNECTIONS)]
+    pub admin_connections: usize,
+    /// Seconds a new connection has to say Hello.
+    #[arg(long, default_value_t = config::HANDSHAKE_TIMEOUT.as_secs())]
+    pub handshake_timeout: u64,
+    /// Seconds a connection may stay without a request before it is closed (0: never).
+    #[arg(long, default_value_t = config::IDLE_TIMEOUT.as_secs())]
+    pub idle_timeout: u64,
+    /// Bytes of partly received frames held for all connections together.
+    #[arg(long, default_value_t = config::PARTIAL_FRAME_BYTES, value_parser = parse_size)]
+    pub partial_frame_bytes: usize,
+    /// Data area of each shared-memory ring (a power of two).
+    #[arg(long, default_value_t = config::RING_BYTES, value_parser = parse_size)]
+    pub ring_size: usize,
+    /// Microseconds the event loop keeps polling after its last event before it sleeps (0:
+    /// never poll).
+    #[arg(long, default_value_t = config::SPIN.as_micros() as u64)]
     pub spin_us: u64,
+}
+
+impl ServeArgs {
+    /// The daemon's configuration from these flags.
+    pub fn config(&self) -> DaemonConfig {
+        let mut config = DaemonConfig::new(&self.dir);
+        config.socket = self.socket.clone();
+        config.socket_mode = self.socket_mode;
+        config.tcp = self.tcp;
+        config.buffers = self.buffers;
+        config.buffer_bytes = self.buffer_size;
+        config.write_threshold = self.write_threshold;
+        config.flush_interval = Duration::from_millis(self.flush_interval.max(1));
+        config.power_window = Duration::from_millis(self.power_window.max(1));
+        config.assume_write_rate = self.assume_write_rate;
+        config.segment_bytes = self.segment_size as u64;
+        config.flushers = self.flushers;
+        config.workers = self.workers;
+        config.max_connections = self.max_connections;
+        config.admin_connections = self.admin_connections;
+        config.handshake_timeout = Duration::from_secs(self.handshake_timeout.max(1));
+        config.idle_timeout = Duration::from_secs(self.idle_timeout);
+        config.partial_frame_bytes = self.partial_frame_bytes;
+        config.ring_bytes = self.ring_size;
+        config.spin = Duration::from_micros(self.spin_us);
+        config
+    }
 }
 
 /// Which daemon a tool talks to.
@@ -103,17 +160,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut config = ServerConfig::new(&args.dir);
-    config.socket = args.socket;
-    config.socket_mode = args.socket_mode;
-    config.tcp = args.tcp;
-    config.buffers = args.buffers;
-    config.buffer_bytes = args.buffer_size;
-    config.write_threshold = args.write_threshold;
-    config.flush_interval = Duration::from_millis(args.flush_interval.max(1));
-    config.power_window = Duration::from_millis(args.power_window.max(1));
-    config.assume_write_rate = args.assume_write_rate;
-    config.spin = Duration::from_micros(args.spin_us);
+    let mut config = args.config();
     config.handle_signals = true;
     let server = Server::start(config).context("starting the daemon")?;
     let status = server.status();
@@ -141,7 +188,7 @@ pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 
 fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
     let address = target.address();
-    Connection::connect_with(&address, Duration::ZERO)
+    Connection::connect_admin(&address)
         .with_context(|| format!("is `stela serve` running at {address}?"))
 }
 
@@ -196,12 +243,26 @@ pub fn power_restore(target: TargetArgs, out: &mut dyn Write) -> anyhow::Result<
 fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{} (pid {}), dir {}, up {:.1} s, {} connection(s)",
+        "{} (pid {}), dir {}, up {:.1} s, {} thread(s)",
         report.server,
         report.pid,
         report.dir,
         report.uptime_ms as f64 / 1e3,
-        report.connections
+        report.threads
+    )?;
+    writeln!(
+        out,
+        "connections: {} of at most {} (file limit {}), {} with a shared-memory ring, {} refused since start",
+        report.connections,
+        report.max_connections,
+        report.file_limit,
+        report.rings,
+        report.refused_connections
+    )?;
+    writeln!(
+        out,
+        "partly received frames: {} B of a cap of {} B",
+        report.partial_frame_bytes, report.partial_frame_cap
     )?;
     writeln!(out, "power: {}", report.power)?;
     writeln!(
@@ -262,7 +323,11 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
 fn status_json(report: &StatusReport) -> serde_json::Value {
     serde_json::json!({
         "server": report.server, "pid": report.pid, "dir": report.dir, "uptime_ms": report.uptime_ms,
-        "connections": report.connections, "power": report.power,
+        "connections": report.connections, "max_connections": report.max_connections,
+        "file_limit": report.file_limit, "rings": report.rings,
+        "refused_connections": report.refused_connections, "threads": report.threads,
+        "partial_frame_bytes": report.partial_frame_bytes, "partial_frame_cap": report.partial_frame_cap,
+        "power": report.power,
         "buffers": report.buffers, "buffer_bytes": report.buffer_bytes, "free_buffers": report.free_buffers,
         "flush_interval_ms": report.flush_interval_ms,
         "dirty_bytes": report.dirty_bytes,

@@ -196,6 +196,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             .request(RequestBody::Hello {
                 version: PROTOCOL_VERSION,
                 client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")),
+                role: stela_proto::Role::Client,
             })
             .await?;
         if !matches!(hello, ResponseBody::Welcome { .. }) {

@@ -1,10 +1,11 @@
-//! One connection to the daemon: framing, the version handshake, request ids, and raw
-//! requests for tools (`stela status`, `stela power-fail`).
+//! One connection to the daemon: framing, the version handshake, request ids, raw requests
+//! for tools (`stela status`, `stela power-fail`), and the negotiation of a shared-memory ring.
 //!
 //! Invariants: every request carries a fresh id and its answer must carry the same one (a
 //! mismatch means the stream is out of step and is an error, never silently accepted); a frame
 //! that fails its checksum is an error; [`Connection::pipeline`] sends many requests in one
-//! write and reads their answers in order.
+//! write and reads their answers in order; a ring, once mapped, is watched for the daemon's
+//! death (its socket closing) so that a client waiting in the ring learns of it at once.
 
 use crate::{Error, Result};
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -14,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use stela_net::SpinStream;
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
-use stela_proto::{Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION};
+use stela_proto::{Request, RequestBody, Response, ResponseBody, Role, PROTOCOL_VERSION};
 
 /// Where the daemon listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +58,11 @@ pub struct Connection {
     next_id: u64,
     body: Vec<u8>,
     server: String,
+    /// The socket itself, for descriptor passing and for the watcher (Unix only).
+    unix: Option<UnixStream>,
+    /// The shared-memory ring, once mapped, and its registration with the watcher.
+    pub(crate) ring: Option<stela_net::shm::ClientRing>,
+    watched: Option<crate::watcher::Watched>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -77,15 +83,27 @@ impl Connection {
     /// `spin` (adaptive, see stela-net): far cheaper than a wake-up on virtual CPUs, at the
     /// price of that much CPU per request. Zero never spins.
     pub fn connect_with(address: &Address, spin: Duration) -> Result<Connection> {
+        Connection::connect_as(address, spin, Role::Client)
+    }
+
+    /// Connects as an administrator: served from a small reserve even when the daemon is at
+    /// its connection limit (`stela status`, the power hooks).
+    pub fn connect_admin(address: &Address) -> Result<Connection> {
+        Connection::connect_as(address, Duration::ZERO, Role::Admin)
+    }
+
+    fn connect_as(address: &Address, spin: Duration, role: Role) -> Result<Connection> {
         let connect_err = |source| Error::Connect {
             address: address.to_string(),
             source,
         };
+        let mut unix = None;
         let (read, write): (Box<dyn Read + Send>, Box<dyn Write + Send>) = match address {
             Address::Unix(path) => {
                 let stream = UnixStream::connect(path).map_err(connect_err)?;
                 let reader =
                     SpinStream::new(stream.try_clone()?, spin, |s| s.set_nonblocking(true))?;
+                unix = Some(stream.try_clone()?);
                 (
                     Box::new(reader),
                     Box::new(SpinStream::new(stream, Duration::ZERO, |_| Ok(()))?),
@@ -108,10 +126,14 @@ impl Connection {
             next_id: 1,
             body: Vec::new(),
             server: String::new(),
+            unix,
+            ring: None,
+            watched: None,
         };
         let answer = connection.request(RequestBody::Hello {
             version: PROTOCOL_VERSION,
             client: format!("stela-client {}", env!("CARGO_PKG_VERSION")),
+            role,
         })?;
         match answer {
             ResponseBody::Welcome { server, .. } => connection.server = server,
@@ -170,6 +192,81 @@ impl Connection {
             });
         }
         Ok(answers)
+    }
+
+    /// Asks for a shared-memory ring of `data_bytes` (0: the daemon's default) and maps it.
+    /// Unix sockets only. The daemon's death is watched from then on: a wait in the ring ends
+    /// with an error as soon as the socket closes.
+    pub fn map_ring(&mut self, data_bytes: u32, spin: Duration) -> Result<()> {
+        let Some(unix) = &self.unix else {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "a shared-memory ring needs a Unix socket",
+            )));
+        };
+        let fd = unix.try_clone()?;
+        debug_assert!(self.reader.buffer().is_empty(), "no answer may be pending");
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = Vec::new();
+        frame::encode(
+            &Request {
+                id,
+                body: RequestBody::MapRing { data_bytes },
+            },
+            &mut out,
+        )?;
+        self.writer.write_all(&out)?;
+        self.writer.flush()?;
+        // The answer carries the ring's descriptors: read it with recvmsg, not through the
+        // buffered reader.
+        let mut frame_bytes = Vec::new();
+        let mut fds = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let frame_len = loop {
+            if let Some(header) = frame_bytes.get(..FRAME_HEADER_BYTES) {
+                let header = frame::parse_header(header.try_into().expect("8 bytes"), MAX_FRAME_BYTES)?;
+                let len = FRAME_HEADER_BYTES + header.body_len;
+                if frame_bytes.len() >= len {
+                    break len;
+                }
+            }
+            let want = match frame_bytes.get(..FRAME_HEADER_BYTES) {
+                Some(_) => chunk.len(),
+                None => FRAME_HEADER_BYTES - frame_bytes.len(),
+            };
+            let (n, received) = stela_net::shm::recv_with_fds(&fd, &mut chunk[..want])?;
+            fds.extend(received);
+            if n == 0 {
+                return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            frame_bytes.extend_from_slice(&chunk[..n]);
+        };
+        debug_assert_eq!(frame_bytes.len(), frame_len, "one answer, nothing after it");
+        let header = frame::parse_header(
+            frame_bytes[..FRAME_HEADER_BYTES].try_into().expect("8 bytes"),
+            MAX_FRAME_BYTES,
+        )?;
+        let response: Response = frame::decode_body(header, &frame_bytes[FRAME_HEADER_BYTES..])?;
+        if response.id != id {
+            return Err(unexpected("MapRing", response.body));
+        }
+        match response.body {
+            ResponseBody::RingMapped { .. } => {}
+            other => return Err(unexpected("MapRing", other)),
+        }
+        let mut fds = fds.into_iter();
+        let (Some(memory), Some(doorbell)) = (fds.next(), fds.next()) else {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the daemon's ring answer came without its two descriptors",
+            )));
+        };
+        let mut ring = stela_net::shm::ClientRing::from_fds(memory, doorbell)?;
+        ring.set_spin(spin);
+        self.watched = Some(crate::watcher::watch(fd, ring.gone_handle())?);
+        self.ring = Some(ring);
+        Ok(())
     }
 
     fn read_response(&mut self) -> Result<Response> {

@@ -3,7 +3,10 @@
 //!
 //! - [`connection`]: one framed, versioned connection to the daemon (Unix socket or TCP).
 //! - [`wal`]: [`Wal<T>`], the typed log: append, commit, iterate, truncate (blocking).
-//! - [`async_wal`]: [`AsyncWal<T>`], the same for tokio, many calls in flight per connection.
+//! - [`async_wal`]: [`AsyncWal<T>`], the same for tokio, many calls in flight per connection
+//!   (always over the socket).
+//! - `watcher`: the thread that tells a client waiting in a shared-memory ring that the daemon
+//!   died.
 //!
 //! What an acknowledgement means depends on the [`Durability`] the log was opened with; see
 //! `docs/DURABILITY.md`. In short: `buffered` survives the death of this process, `disk`
@@ -12,12 +15,13 @@
 pub mod async_wal;
 pub mod connection;
 pub mod wal;
+mod watcher;
 
 pub use async_wal::AsyncWal;
 pub use connection::{Address, Connection};
 pub use stela_format::{Codec, Lsn};
 pub use stela_proto::{Durability, ErrorCode, Positions, StatusReport};
-pub use wal::{Iter, Wal, WalOptions};
+pub use wal::{Iter, Transport, Wal, WalOptions};
 
 use thiserror::Error;
 

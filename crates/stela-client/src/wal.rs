@@ -6,6 +6,11 @@
 //! `disk`: fdatasync'ed through the daemon's group commit), `append_durable` is both in one round
 //! trip. Records are encoded here with the log's codec; the daemon stores the bytes as they are,
 //! so the log directory is an ordinary stela-wal log that `Wal::open` can read embedded too.
+//!
+//! On the daemon's machine (a Unix socket), appends and commits go through a shared-memory ring
+//! by default ([`Transport::Auto`]): the record is written into memory the daemon copies it out
+//! of, and the acknowledgement comes back the same way, without a system call when both sides
+//! are busy. Reads, positions and truncation always use the socket.
 
 use crate::connection::{unexpected, Address, Connection};
 use crate::{Error, Result};
@@ -15,7 +20,13 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use stela_format::{Codec, Lsn};
+use stela_proto::ring::EntryKind;
 use stela_proto::{Durability, Payload, Positions, RequestBody, ResponseBody};
+
+/// A ring failure as a client error: the daemon went away, or the ring was refused.
+fn ring_error(error: stela_net::shm::RingError) -> Error {
+    Error::Io(std::io::Error::new(std::io::ErrorKind::BrokenPipe, error.to_string()))
+}
 
 /// How to open a log in the daemon.
 #[derive(Clone, Debug)]
@@ -29,6 +40,33 @@ pub struct WalOptions {
     pub create_if_missing: bool,
     /// How long to poll for each answer before sleeping (see [`Connection::connect_with`]).
     pub spin: std::time::Duration,
+    /// How appends and commits reach the daemon.
+    pub transport: Transport,
+    /// Size of the shared-memory ring's data area (0: the daemon's default).
+    pub ring_bytes: u32,
+}
+
+/// How appends and commits reach the daemon.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// A shared-memory ring when the daemon is on this machine (a Unix socket) and gives one;
+    /// the socket otherwise.
+    #[default]
+    Auto,
+    /// A shared-memory ring, or an error at `open`.
+    SharedMemory,
+    /// Always the socket.
+    Socket,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::SharedMemory => "shm",
+            Transport::Socket => "socket",
+        }
+    }
 }
 
 impl Default for WalOptions {
@@ -39,6 +77,8 @@ impl Default for WalOptions {
             type_tag: None,
             create_if_missing: true,
             spin: stela_net::DEFAULT_SPIN,
+            transport: Transport::Auto,
+            ring_bytes: 0,
         }
     }
 }
@@ -75,6 +115,16 @@ impl WalOptions {
 
     pub fn create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
+        self
+    }
+
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    pub fn ring_bytes(mut self, bytes: u32) -> Self {
+        self.ring_bytes = bytes;
         self
     }
 }
@@ -145,6 +195,13 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         else {
             return Err(unexpected("Open", answer));
         };
+        if options.transport != Transport::Socket {
+            if let Err(error) = connection.map_ring(options.ring_bytes, options.spin) {
+                if options.transport == Transport::SharedMemory {
+                    return Err(error);
+                }
+            }
+        }
         Ok(Wal {
             connection: Mutex::new(connection),
             handle,
@@ -159,9 +216,59 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         self.connection.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The transport appends and commits use: `shm` or `socket`.
+    pub fn transport(&self) -> &'static str {
+        if self.connection().ring.is_some() {
+            Transport::SharedMemory.name()
+        } else {
+            Transport::Socket.name()
+        }
+    }
+
+    /// Sends one entry through the ring; `Ok(None)` if it does not fit there (use the socket).
+    fn through_ring(
+        connection: &mut Connection,
+        handle: u32,
+        kind: EntryKind,
+        durability: Durability,
+        lsn: u64,
+        payloads: &[&[u8]],
+    ) -> Result<Option<(u64, u64)>> {
+        let Some(ring) = connection.ring.as_mut() else {
+            return Ok(None);
+        };
+        let seq = match ring.submit(handle, kind, durability, lsn, payloads) {
+            Ok(seq) => seq,
+            Err(error) if error.is_too_large() => return Ok(None),
+            Err(error) => return Err(ring_error(error)),
+        };
+        let done = ring.wait(seq).map_err(ring_error)?;
+        if done.status != 0 {
+            return Err(Error::Server {
+                code: stela_proto::ring::code_of(done.status),
+                message: done.message,
+            });
+        }
+        Ok(Some((done.first_lsn, done.last_lsn)))
+    }
+
     fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
         let payloads = encode_records(self.options.codec, self.max_record_bytes, records)?;
-        let answer = self.connection().request(RequestBody::Append {
+        let mut connection = self.connection();
+        let slices: Vec<&[u8]> = payloads.iter().map(|p| p.0.as_slice()).collect();
+        if let Some((_, last)) = Self::through_ring(
+            &mut connection,
+            self.handle,
+            EntryKind::Append,
+            durability,
+            0,
+            &slices,
+        )? {
+            self.appended.fetch_max(last, Ordering::Relaxed);
+            return Ok(Lsn::new(last));
+        }
+        drop(slices);
+        let answer = connection.request(RequestBody::Append {
             handle: self.handle,
             durability,
             records: payloads,
@@ -205,7 +312,20 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         if appended_here && matches!(durability, Durability::Buffered | Durability::Unsafe) {
             return Ok(()); // acknowledged at buffered when it was appended
         }
-        let answer = self.connection().request(RequestBody::Commit {
+        let mut connection = self.connection();
+        if Self::through_ring(
+            &mut connection,
+            self.handle,
+            EntryKind::Commit,
+            durability,
+            lsn.get(),
+            &[],
+        )?
+        .is_some()
+        {
+            return Ok(());
+        }
+        let answer = connection.request(RequestBody::Commit {
             handle: self.handle,
             lsn: lsn.get(),
             durability,

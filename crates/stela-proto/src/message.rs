@@ -74,6 +74,10 @@ pub enum RequestBody {
     Hello {
         version: u32,
         client: String,
+        /// Who is asking: administrators (`stela status`, power hooks) are served even when the
+        /// daemon is at its connection limit, from a small reserve.
+        #[serde(default)]
+        role: Role,
     },
     /// Opens (or with `create`, creates) the named log. `codec` and `type_tag` must match the
     /// log's header, exactly as for an embedded open. The answer names a handle for later
@@ -113,8 +117,17 @@ pub enum RequestBody {
     Positions {
         handle: u32,
     },
+    /// Releases the handle (later requests naming it get `UnknownHandle`; its number is not
+    /// reused on this connection). When no connection holds the log any more, the daemon writes
+    /// and syncs what it buffers of it and closes its files, so another process may open them.
     Close {
         handle: u32,
+    },
+    /// Asks for a shared-memory ring of `data_bytes` for this connection's appends and commits
+    /// (Unix socket only). The answer carries two file descriptors (SCM_RIGHTS): the ring's
+    /// memory and its doorbell. See "Shared-memory transport" in docs/PROTOCOL.md.
+    MapRing {
+        data_bytes: u32,
     },
     Status,
     /// Power is failing: stop admitting writes, flush everything, sync, refuse writes.
@@ -161,6 +174,11 @@ pub enum ResponseBody {
     },
     Positions(Positions),
     Closed,
+    /// The ring is mapped; its memory and doorbell descriptors arrive with this answer.
+    RingMapped {
+        data_bytes: u32,
+        slots: u32,
+    },
     Status(Box<StatusReport>),
     PowerFailed(EmergencyFlush),
     PowerRestored,
@@ -203,8 +221,31 @@ pub enum ErrorCode {
     PowerFailing,
     /// The daemon is shutting down (SIGTERM): it flushes and exits.
     ShuttingDown,
-    /// A write or sync failed: the log is stopped and every later write fails.
+    /// Reading the log's files failed (the message names the file).
     Io,
+    /// A write or sync of the log failed: the log is stopped and every later write fails until
+    /// the daemon is restarted (the message names the cause).
+    LogStopped,
+    /// The disk is full: the log takes no appends until a new segment can be created. Nothing
+    /// acknowledged is lost.
+    DiskFull,
+    /// The daemon is at its connection limit; the connection is closed.
+    TooManyConnections,
+    /// No Hello within the handshake timeout, or no request within the idle timeout; the
+    /// connection is closed.
+    Timeout,
+    /// The log has used every LSN.
+    LsnExhausted,
+}
+
+/// Who a connection is, for the connection limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// A database or an application: counted against the connection limit.
+    #[default]
+    Client,
+    /// An operator's tool: served from a small reserve beyond the limit.
+    Admin,
 }
 
 /// `stela status`: what the daemon holds and what its acknowledgements mean.
@@ -226,6 +267,19 @@ pub struct StatusReport {
     pub last_emergency_flush: Option<EmergencyFlush>,
     pub logs: Vec<LogStatus>,
     pub connections: u32,
+    /// The connection limit in force (the configured one, lowered to what the file limit
+    /// allows), and the file limit.
+    pub max_connections: u32,
+    pub file_limit: u64,
+    /// Connections with a shared-memory ring.
+    pub rings: u32,
+    /// Connections refused at the limit since start.
+    pub refused_connections: u64,
+    /// Bytes of partly received frames held now, and their cap.
+    pub partial_frame_bytes: u64,
+    pub partial_frame_cap: u64,
+    /// Threads of the daemon process.
+    pub threads: u32,
     /// Appends that had to wait for buffer space since start (backpressure).
     pub appends_waited: u64,
     pub bytes_written: u64,

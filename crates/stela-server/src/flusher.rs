@@ -1,51 +1,97 @@
-//! The flusher: the one thread that moves records from the pool's buffers into the log files.
+//! The flushers: the threads that move framed runs from the pool to the segment files.
 //!
-//! Each round it takes the largest eligible run of one log, appends it to that log through
-//! stela-wal (which frames and checksums every record, exactly as an embedded writer would),
-//! writes it in one sequential write and fdatasyncs it, then frees the buffers. Syncing every
-//! round is what keeps the promise of the power window: bytes the OS holds but has not synced
-//! would be lost in a power cut too, so they count as dirty until synced. A failed write or
-//! sync stops that log for good (see the pool's fail-stop invariant); the flusher goes on with
-//! the others.
+//! A flusher takes the largest eligible run of a log nobody else is writing, writes its bytes
+//! unchanged at the offsets the pool chose (one positioned write per stretch of a segment),
+//! crossing into a new segment where the pool put the segment boundary, fdatasyncs, and reports
+//! to the pool. Syncing every round is what keeps the promise of the power window: bytes the OS
+//! holds but has not synced would be lost in a power cut too, so they count as dirty until
+//! synced. Several flushers run, so a slow write of one log never holds up another's `disk`
+//! commits. A failed write or sync stops that log for good (the pool's fail-stop invariant); a
+//! full disk met while creating a segment leaves the records in memory for a later attempt.
+//!
+//! Invariant: the bytes written are exactly [`crate::pool::Run::bytes`] at
+//! [`crate::pool::Run::offset`] of segment [`crate::pool::Run::segment`]; a flusher never frames,
+//! numbers or reorders anything.
 
 use crate::logs::Logs;
-use crate::pool::{Pool, Work};
+use crate::pool::{Outcome, Pool, Work};
+use crate::sync::lock;
 use std::sync::Arc;
+use stela_wal::Lsn;
 
-pub fn run(pool: Arc<Pool>, logs: Arc<Logs>) {
-    while let Some(work) = pool.next_work() {
-        let outcome = write(&logs, &work);
-        pool.complete(work, outcome);
+/// Writes `work` and syncs it; says how it ended.
+pub fn write(logs: &Logs, work: &Work) -> Outcome {
+    let Some(entry) = logs.get(work.log) else {
+        let error = stela_wal::Error::Io {
+            op: "write",
+            path: logs.dir().to_path_buf(),
+            source: std::io::Error::other("the log was closed with records still buffered"),
+        };
+        return Outcome::Failed(Arc::new(error));
+    };
+    let mut writer = lock(&entry.writer);
+    let runs = &work.runs;
+    let mut at = 0;
+    while at < runs.len() {
+        let segment = runs[at].segment();
+        if segment != writer.segment_start().get() {
+            // Everything written so far goes to disk before the new segment exists, so the
+            // runs before this one are durable whatever the creation does.
+            if at > 0 {
+                if let Err(error) = writer.sync() {
+                    return failed(&entry.name, error);
+                }
+            }
+            if let Err(error) = writer.rotate(Lsn::new(segment)) {
+                return if is_disk_full_at_creation(&error) {
+                    tracing::warn!(log = %entry.name, %error, "disk full: segment not created; records kept, retrying");
+                    Outcome::DiskFull {
+                        synced: at,
+                        error: Arc::new(error),
+                    }
+                } else {
+                    failed(&entry.name, error)
+                };
+            }
+        }
+        // One write for the stretch of runs that continue each other in this segment.
+        let mut end = at + 1;
+        while end < runs.len()
+            && runs[end].segment() == segment
+            && runs[end].offset() == runs[end - 1].offset() + runs[end - 1].bytes().len() as u64
+        {
+            end += 1;
+        }
+        let bufs: Vec<&[u8]> = runs[at..end].iter().map(|r| r.bytes()).collect();
+        if let Err(error) = writer.write_at(runs[at].offset(), &bufs) {
+            return failed(&entry.name, error);
+        }
+        at = end;
+    }
+    match writer.sync() {
+        Ok(()) => Outcome::Durable,
+        Err(error) => failed(&entry.name, error),
     }
 }
 
-/// Appends `work` to its log, writes it and fdatasyncs it. Used by the flusher and by a `disk`
-/// waiter that leads the round itself (`Pool::wait_durable_leading`).
-pub fn write(logs: &Logs, work: &Work) -> Result<(), String> {
-    let Some(entry) = logs.get(work.log) else {
-        return Err("the log was closed with records still buffered".into());
-    };
-    let expected_first = work.first_lsn();
-    let expected_last = work.last_lsn();
-    let outcome = (|| {
-        let last = entry
-            .log
-            .append_all(work.payloads())
-            .map_err(|e| e.to_string())?;
-        if last.get() != expected_last {
-            // The pool and the files disagree on numbering: stop rather than write records
-            // under LSNs their clients were not told.
-            return Err(format!(
-                "internal error: buffered LSNs {expected_first}..={expected_last} were given \
-                 {}..={} by the log files",
-                last.get() + 1 - (expected_last - expected_first + 1),
-                last.get()
-            ));
+fn failed(log: &str, error: stela_wal::Error) -> Outcome {
+    tracing::error!(%log, %error, "log stopped: write or sync failed");
+    Outcome::Failed(Arc::new(error))
+}
+
+/// A full disk while a segment was being made (not while syncing data): nothing written was
+/// lost, and trying again later with a new file is safe.
+fn is_disk_full_at_creation(error: &stela_wal::Error) -> bool {
+    matches!(error, stela_wal::Error::DiskFull { op, .. } if *op != "fdatasync")
+}
+
+/// One flusher thread's loop: until the pool is shut down and drained.
+pub fn run<W>(pool: &Pool<W>, logs: &Logs, release: &dyn Fn(crate::pool::Released<W>)) {
+    while let Some(work) = pool.next_work() {
+        let outcome = write(logs, &work);
+        let released = pool.complete(work, outcome);
+        if !released.waiters.is_empty() || released.space_freed {
+            release(released);
         }
-        entry.log.commit(last).map_err(|e| e.to_string())
-    })();
-    if let Err(failure) = &outcome {
-        tracing::error!(log = %entry.name, %failure, "log stopped: write or sync failed");
     }
-    outcome
 }

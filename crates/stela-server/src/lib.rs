@@ -1,27 +1,50 @@
 //! stela-server: the `stela serve` daemon, the log service after RapiLog.
 //!
 //! A database's log lives here, in a process that outlives the database. A commit is
-//! acknowledged once its record is in this daemon's bounded buffers (`buffered`) or, when asked,
-//! once it is fdatasync'ed (`disk`); the physical writes happen asynchronously, in large
-//! sequential writes. The buffers are capped so that, told power is failing, the daemon can write
-//! and sync all of them within half the power supply's hold-up window.
+//! acknowledged once its record is framed in this daemon's bounded buffers (`buffered`) or,
+//! when asked, once it is fdatasync'ed (`disk`); the physical writes happen asynchronously, in
+//! large sequential writes. The buffers are capped so that, told power is failing, the daemon can
+//! write and sync all of them within half the power supply's hold-up window.
 //!
-//! - [`pool`]: the buffer manager (sequential runs, backpressure, eligibility, fail stop).
-//! - [`flusher`]: the thread that writes and syncs runs through stela-wal.
-//! - [`logs`]: the table of named logs, each an ordinary stela-wal directory.
+//! A tour, from the bytes up:
+//! - [`pool`]: the buffer pool: the one LSN authority; frames each record once, in the on-disk
+//!   format, at the segment offset it will have; backpressure, eligibility, fail stop.
+//! - [`flusher`]: the threads that write those bytes unchanged through stela-wal's segment
+//!   writer and sync them.
+//! - [`logs`]: the table of open logs, each an ordinary stela-wal directory.
+//! - [`engine`]: the daemon's state behind append / commit / read / status / power-fail.
 //! - [`measure`]: the start-up disk measurement and the dirty-byte cap.
-//! - [`conn`]: one client connection (framing, pipelining, errors).
-//! - [`server`]: start-up, sockets, signals, power failure, shutdown.
+//! - `net`: the event loop: connections without a thread each, the shared-memory rings,
+//!   limits and timeouts. It calls the engine; nothing calls back into it but its inbox.
+//! - [`config`]: every setting and its default, in one place.
+//! - [`error`]: the one error type, and its wire codes.
+//! - [`server`]: start-up, signals, shutdown.
 //!
 //! The wire protocol is in `docs/PROTOCOL.md`, the guarantees in `docs/DURABILITY.md`.
+//!
+//! ```no_run
+//! use stela_server::{DaemonConfig, Server};
+//!
+//! let server = Server::start(DaemonConfig::new("/var/lib/stela"))?;
+//! println!("serving on {}", server.socket_path().display());
+//! server.run_until_stopped()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
-pub mod conn;
+pub mod config;
+pub mod engine;
+pub mod error;
 pub mod flusher;
 pub mod logs;
 pub mod measure;
+mod net;
 pub mod pool;
 pub mod server;
 mod sync;
+mod workers;
 
+pub use config::DaemonConfig;
+pub use error::{Error, StartError};
+pub use net::limits;
 pub use pool::{Pool, PoolConfig, PoolError};
-pub use server::{Server, ServerConfig, StartError};
+pub use server::Server;

@@ -1,58 +1,43 @@
-//! The daemon's table of named logs: each one an ordinary stela-wal directory under
-//! `DIR/logs/NAME`, opened once and shared by every connection that names it.
+//! The daemon's table of named logs: each an ordinary stela-wal directory under
+//! `DIR/logs/NAME`, opened once (through `stela_wal::files`, without the embedded group commit)
+//! and shared by every handle that names it.
 //!
-//! Invariants: a log is opened at most once per daemon (the table is the only opener, and
-//! stela-wal's directory lock keeps a second process out); a name is a plain file name, so no
-//! request can reach outside `DIR/logs`; a log's codec and record type never change while open:
-//! a client that asks for others gets an error, as an embedded open of the same files would.
+//! Invariants: a log is opened at most once per daemon (opens and closes are serialised by one
+//! mutex, and stela-wal's directory lock keeps other processes out); a name is a plain file
+//! name, so no request reaches outside `DIR/logs`; a log's codec and record type never change
+//! while it is open; a log's files are closed only when no handle refers to it and the pool
+//! holds nothing of it, so a closed log can be opened by another process at once. Lookups take
+//! a short lock that no file I/O is ever done under, so a slow open never stalls a flusher.
 
-use crate::pool::{LogId, Pool};
+use crate::error::{Error, Result};
+use crate::pool::{LogId, LogSetup, Pool};
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use stela_wal::files::{LogFiles, SegmentSet, SegmentWriter};
 use stela_wal::storage::Storage;
-use stela_wal::{Codec, Log, WalOptions};
+use stela_wal::{Codec, WalOptions};
 
+/// One open log.
 pub struct LogEntry {
+    pub id: LogId,
     pub name: String,
     pub codec: Codec,
     pub type_tag: String,
-    pub log: Log,
+    /// The newest segment; locked by the one flusher writing this log at a time.
+    pub writer: Mutex<SegmentWriter>,
+    pub segments: Arc<SegmentSet>,
 }
 
 impl std::fmt::Debug for LogEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogEntry")
+            .field("id", &self.id)
             .field("name", &self.name)
             .field("codec", &self.codec)
-            .field("type_tag", &self.type_tag)
             .finish_non_exhaustive()
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    #[error("log name {0:?} is not allowed: use 1-100 of [A-Za-z0-9._-], not starting with '.'")]
-    BadName(String),
-    #[error("unknown codec {0:?} (expected json, msgpack or postcard)")]
-    UnknownCodec(String),
-    #[error("log {name:?} is open with codec {open} and record type {open_type:?}, not {asked} / {asked_type:?}")]
-    Mismatch {
-        name: String,
-        open: Codec,
-        open_type: String,
-        asked: Codec,
-        asked_type: String,
-    },
-    #[error("log {name:?} does not exist (open it with create to make it)")]
-    Missing { name: String },
-    #[error("opening log {name:?}: {source}")]
-    Wal {
-        name: String,
-        #[source]
-        source: stela_wal::Error,
-    },
 }
 
 #[derive(Debug)]
@@ -60,12 +45,14 @@ pub struct Logs {
     dir: PathBuf,
     storage: Arc<dyn Storage>,
     segment_bytes: u64,
+    /// Held across a whole open or close (file I/O), never by a lookup.
+    opening: Mutex<()>,
     table: Mutex<Table>,
 }
 
 #[derive(Debug, Default)]
 struct Table {
-    entries: Vec<Arc<LogEntry>>,
+    by_id: HashMap<LogId, (Arc<LogEntry>, usize)>,
     by_name: HashMap<String, LogId>,
 }
 
@@ -84,6 +71,7 @@ impl Logs {
             dir: dir.join("logs"),
             storage,
             segment_bytes,
+            opening: Mutex::new(()),
             table: Mutex::new(Table::default()),
         }
     }
@@ -92,77 +80,125 @@ impl Logs {
         &self.dir
     }
 
-    /// Opens `name` (once per daemon), registering it with the pool.
-    pub fn open(
+    /// Opens `name` for one more handle, recovering its files and adding it to `pool` if it was
+    /// not open. Blocking (recovery reads the files): not for the event loop.
+    pub fn open<W>(
         &self,
-        pool: &Pool,
+        pool: &Pool<W>,
         name: &str,
         codec_name: &str,
         type_tag: &str,
         create: bool,
-    ) -> Result<(LogId, Arc<LogEntry>), OpenError> {
+    ) -> Result<Arc<LogEntry>> {
         if !valid_name(name) {
-            return Err(OpenError::BadName(name.to_owned()));
+            return Err(Error::BadLogName(name.to_owned()));
         }
         let codec = Codec::from_name(codec_name)
-            .ok_or_else(|| OpenError::UnknownCodec(codec_name.to_owned()))?;
-        // Held across the open so two connections opening the same new log cannot race.
-        let mut table = lock(&self.table);
-        if let Some(&id) = table.by_name.get(name) {
-            let entry = Arc::clone(&table.entries[id]);
-            if entry.codec != codec || entry.type_tag != type_tag {
-                return Err(OpenError::Mismatch {
-                    name: name.to_owned(),
-                    open: entry.codec,
-                    open_type: entry.type_tag.clone(),
-                    asked: codec,
-                    asked_type: type_tag.to_owned(),
-                });
+            .ok_or_else(|| Error::UnknownCodec(codec_name.to_owned()))?;
+        let _opening = lock(&self.opening);
+        {
+            let mut table = lock(&self.table);
+            if let Some(&id) = table.by_name.get(name) {
+                let (entry, handles) = table.by_id.get_mut(&id).expect("named logs are listed");
+                if entry.codec != codec || entry.type_tag != type_tag {
+                    return Err(Error::Mismatch {
+                        name: name.to_owned(),
+                        open: entry.codec,
+                        open_type: entry.type_tag.clone(),
+                        asked: codec,
+                        asked_type: type_tag.to_owned(),
+                    });
+                }
+                *handles += 1;
+                return Ok(Arc::clone(entry));
             }
-            return Ok((id, entry));
         }
         let dir = self.dir.join(name);
         let exists = self.storage.list(&dir).is_ok_and(|names| !names.is_empty());
         if !exists && !create {
-            return Err(OpenError::Missing {
-                name: name.to_owned(),
-            });
+            return Err(Error::NoSuchLog(name.to_owned()));
         }
         let options = WalOptions::default()
             .codec(codec)
             .segment_bytes(self.segment_bytes)
             .storage(Arc::clone(&self.storage))
             .create_if_missing(create);
-        let log = Log::open(&dir, options, type_tag).map_err(|source| OpenError::Wal {
-            name: name.to_owned(),
+        let files = LogFiles::open(&dir, options, type_tag).map_err(|source| Error::Open {
+            log: name.to_owned(),
             source,
         })?;
-        let id = pool.add_log(log.last_lsn().get());
+        let id = pool.add_log(LogSetup {
+            next_lsn: files.next_lsn.get(),
+            segment_start: files.writer.segment_start().get(),
+            capacity: files.writer.capacity(),
+            write_offset: files.write_offset,
+            durable_offset: files.durable_offset,
+            segment_bytes: self.segment_bytes,
+        });
         let entry = Arc::new(LogEntry {
+            id,
             name: name.to_owned(),
             codec,
             type_tag: type_tag.to_owned(),
-            log,
+            writer: Mutex::new(files.writer),
+            segments: files.segments,
         });
-        debug_assert_eq!(id, table.entries.len());
-        table.entries.push(Arc::clone(&entry));
+        let mut table = lock(&self.table);
+        table.by_id.insert(id, (Arc::clone(&entry), 1));
         table.by_name.insert(name.to_owned(), id);
-        Ok((id, entry))
+        Ok(entry)
     }
 
-    /// The log with this id; `None` only after shutdown emptied the table.
+    /// Drops one handle of `log`; when it was the last, writes out what the pool holds of the
+    /// log and closes its files. Blocking: not for the event loop.
+    pub fn release<W>(&self, pool: &Pool<W>, log: LogId) {
+        let _opening = lock(&self.opening);
+        let name = {
+            let mut table = lock(&self.table);
+            let Some((entry, handles)) = table.by_id.get_mut(&log) else {
+                return;
+            };
+            *handles -= 1;
+            if *handles > 0 {
+                return;
+            }
+            entry.name.clone()
+        };
+        let last = pool.close_log(log);
+        if let Err(error) = pool.wait_durable(log, last) {
+            tracing::warn!(log = %name, %error, "closing a log whose buffers could not be written");
+        }
+        if !pool.remove_log(log) {
+            // A failed or disk-full log keeps nothing writable; anything else is a bug we
+            // would rather see than hide.
+            tracing::error!(log = %name, "log still busy after its last handle closed; kept open");
+            return;
+        }
+        let mut table = lock(&self.table);
+        table.by_name.remove(&name);
+        table.by_id.remove(&log);
+        tracing::info!(log = %name, "closed (no handle left)");
+    }
+
+    /// The open log with this id.
     pub fn get(&self, id: LogId) -> Option<Arc<LogEntry>> {
-        lock(&self.table).entries.get(id).cloned()
+        lock(&self.table).by_id.get(&id).map(|(e, _)| Arc::clone(e))
     }
 
-    /// Empties the table (at shutdown), handing back every entry in id order.
+    /// Every open log, by id.
+    pub fn all(&self) -> Vec<Arc<LogEntry>> {
+        let table = lock(&self.table);
+        let mut all: Vec<_> = table.by_id.values().map(|(e, _)| Arc::clone(e)).collect();
+        all.sort_by_key(|e| e.id);
+        all
+    }
+
+    /// Empties the table (at shutdown), handing back every entry.
     pub fn take_all(&self) -> Vec<Arc<LogEntry>> {
         let mut table = lock(&self.table);
         table.by_name.clear();
-        std::mem::take(&mut table.entries)
-    }
-
-    pub fn all(&self) -> Vec<Arc<LogEntry>> {
-        lock(&self.table).entries.clone()
+        let mut all: Vec<_> = table.by_id.drain().map(|(_, (e, _))| e).collect();
+        all.sort_by_key(|e| e.id);
+        all
     }
 }

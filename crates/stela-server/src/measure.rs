@@ -1,9 +1,9 @@
 //! The dirty-byte cap: how much acknowledged data the daemon may hold so that, told power is
 //! failing, it can write and sync all of it within half the power supply's hold-up window.
 //!
-//! At start the daemon flushes as many bytes as its pool holds (4 to 64 MiB) through a scratch log in its directory the way the
-//! flusher does, and takes bytes / elapsed as the disk's rate. The elapsed time includes one
-//! sync, as the emergency flush does. Half the window, not all of it: the other half is margin
+//! At start the daemon flushes as many bytes as its pool holds (4 to 64 MiB) through a scratch
+//! log's segment writer in its directory, the way a flusher does, and takes bytes / elapsed as
+//! the disk's rate. The elapsed time includes one sync, as the emergency flush does. Half the window, not all of it: the other half is margin
 //! for the notice's own latency. And only half of that half is filled with data
 //! ([`RATE_SAFETY`]): the flush takes two write + sync rounds (the run the flusher already holds,
 //! then the rest), and on a shared or virtual disk the rate swings by a factor of two between
@@ -12,9 +12,11 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use stela_format::frame;
 use stela_proto::DirtyCap;
+use stela_wal::files::LogFiles;
 use stela_wal::storage::Storage;
-use stela_wal::{Codec, Log, WalOptions};
+use stela_wal::{Codec, Lsn, WalOptions};
 
 /// Bytes each measuring flush writes unless the pool asks for another size: the largest dirty
 /// set the default pool can hold is 3 MiB, and rates measured on much smaller writes than the
@@ -28,10 +30,10 @@ pub fn measure_bytes_for(pool_bytes: u64) -> usize {
 }
 
 /// Measures the rate at which the flush path writes and syncs in `dir`, in bytes per second:
-/// a scratch stela-wal log takes `bytes` of 4 KiB records and commits them, exactly as
-/// the flusher hands a full pool to a log (framing, checksums, a fresh preallocated segment,
-/// one fdatasync). Plain 1 MiB writes of one file measured 5-10x faster here than that path
-/// really flushes, which would let the cap promise what the flush cannot keep.
+/// a scratch log's files take `bytes` of framed 4 KiB records, handed to the segment writer in
+/// buffer-sized runs and fdatasync'ed once, exactly as a flusher writes a full pool. Plain large
+/// writes of one file measured 5-10x faster here than the flush path really flushes, which would
+/// let the cap promise what the flush cannot keep.
 ///
 /// The rate of one such flush swings several-fold from run to run on a shared or virtual disk,
 /// so this takes [`MEASURE_ROUNDS`] of them and keeps the slowest: the cap must hold on a bad
@@ -56,6 +58,9 @@ pub fn measure_write_rate_with(
 /// Flushes measured at start; the slowest sets the rate.
 pub const MEASURE_ROUNDS: usize = 3;
 
+/// Bytes per run handed to the writer: the default buffer size.
+const RUN_BYTES: usize = crate::config::BUFFER_BYTES;
+
 fn measure_once(storage: &Arc<dyn Storage>, dir: &Path, bytes: usize) -> std::io::Result<u64> {
     let scratch = dir.join(format!(".stela-measure-{}", std::process::id()));
     remove_scratch(storage, &scratch);
@@ -65,21 +70,36 @@ fn measure_once(storage: &Arc<dyn Storage>, dir: &Path, bytes: usize) -> std::io
         .segment_bytes((bytes as u64 + (1 << 20)).max(64 << 20));
     let to_io = |e: stela_wal::Error| std::io::Error::other(e.to_string());
     let result = (|| {
-        let log = Log::open(&scratch, options, "stela-measure").map_err(to_io)?;
         // The segment exists before the clock starts, as it does for a running log: creating
         // and preallocating it is not part of an emergency flush.
-        let first = log.append(&[0u8; 16]).map_err(to_io)?;
-        log.commit(first).map_err(to_io)?;
-        let record = vec![0x5au8; 4096];
-        let records = bytes.div_ceil(record.len());
+        let files = LogFiles::open(&scratch, options, "stela-measure").map_err(to_io)?;
+        let mut writer = files.writer;
+        let payload = vec![0x5au8; 4096];
+        let crc = crc32c::crc32c(&payload);
+        let mut runs: Vec<Vec<u8>> = Vec::new();
+        let mut lsn = files.next_lsn.get();
+        let mut framed = 0;
+        while framed < bytes {
+            let mut run = Vec::with_capacity(RUN_BYTES);
+            while run.len() + frame::HEADER_BYTES + payload.len() <= RUN_BYTES && framed < bytes {
+                let before = run.len();
+                frame::encode_with_crc(&mut run, Lsn::new(lsn), &payload, crc, files.durable_offset as u32);
+                framed += run.len() - before;
+                lsn += 1;
+            }
+            runs.push(run);
+        }
         let started = Instant::now();
-        let last = log
-            .append_all(std::iter::repeat_n(record.as_slice(), records))
-            .map_err(to_io)?;
-        log.commit(last).map_err(to_io)?;
+        let mut offset = files.write_offset;
+        for run in &runs {
+            writer.write_at(offset, &[run.as_slice()]).map_err(to_io)?;
+            offset += run.len() as u64;
+        }
+        writer.sync().map_err(to_io)?;
         let elapsed = started.elapsed();
-        log.close().map_err(to_io)?;
-        Ok(((records * record.len()) as f64 / elapsed.as_secs_f64().max(1e-9)) as u64)
+        drop(writer);
+        drop(files.segments);
+        Ok((framed as f64 / elapsed.as_secs_f64().max(1e-9)) as u64)
     })();
     remove_scratch(storage, &scratch);
     result

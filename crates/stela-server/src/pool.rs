@@ -1,36 +1,52 @@
-//! The RapiLog buffer manager (paper sections 3.2 and 4.2): a fixed set of equal buffers that
-//! hold acknowledged records until the flusher has written and synced them.
+//! The RapiLog buffer pool (paper sections 3.2 and 4.2): a fixed set of equal buffers that hold
+//! acknowledged records, already framed in the on-disk format, until a flusher has written and
+//! synced them. It is the daemon's one LSN authority and the one place that decides where each
+//! byte goes in the segment files.
 //!
 //! It owns every acknowledged-but-not-durable byte in the daemon, and keeps these invariants:
-//! - **Bounded.** Dirty bytes (acknowledged, not yet fdatasync'ed) never exceed `dirty_cap`, and
-//!   never more than `buffers` buffers exist. An append that does not fit waits (backpressure);
-//!   none is dropped, none grows memory.
-//! - **Sequential runs.** A record goes into the buffer that ends where its log ends, so every
-//!   buffer holds one contiguous run of LSNs of one log, and a write is one large sequential one.
-//! - **In order per log.** A log's buffers are written strictly in LSN order, one write at a time,
-//!   so a crash never leaves a hole before valid records (which recovery would call corruption).
-//!   Across logs the largest eligible run goes first, as in the paper.
-//! - **Batches are contiguous.** The records of one append get consecutive LSNs: space for the
-//!   whole batch is found before any of it is placed.
+//! - **One numbering, one set of bytes.** A record is framed here (`stela_format::frame`), under
+//!   the LSN assigned here, at the segment and offset chosen here; the flusher writes those bytes
+//!   unchanged. A log's records get consecutive LSNs, and a batch's are contiguous (space for the
+//!   whole batch is found before any of it is placed).
+//! - **Bounded.** Dirty bytes (acknowledged, not yet fdatasync'ed) never exceed `dirty_cap` and
+//!   never more than `buffers` buffers exist. An append that does not fit is refused with
+//!   [`PoolError::NoSpace`] and retried by its caller after a completion frees space: nothing is
+//!   dropped, nothing grows memory, and no caller blocks the daemon's event loop.
+//! - **Sequential runs.** A buffer holds one contiguous run of one log's frames within one
+//!   segment, so writing it is one sequential write at a known offset.
+//! - **In order per log.** A log's runs are written strictly in LSN order, one piece of work at
+//!   a time, so a crash never leaves a hole before valid records. Across logs the largest
+//!   eligible run goes first, as in the paper.
+//! - **Torn writes are recognisable.** Every frame carries the offset below which its segment was
+//!   synced when it was framed (its sync base), so recovery can tell a torn last write from
+//!   corruption (`docs/FORMAT.md`).
 //! - **Fail stop.** When a log's write or sync fails its records are dropped from memory, the log
-//!   refuses every later call, and every waiter is told; nothing retries the same file.
+//!   refuses every later call, and every waiter is told; nothing retries the same file. A full
+//!   disk met while creating a segment is not a failed write: the records stay, appends are
+//!   refused with `DiskFull`, and the creation is retried later (a new file each time).
 //!
-//! A buffer becomes eligible for writing once it is sealed (full), holds `write_threshold` bytes
-//! (one disk block by default: RapiLog never issues writes of partial blocks when it can wait),
-//! is older than `flush_interval`, is needed by a `disk` waiter, or the daemon is draining
-//! (power failure, shutdown). No I/O happens here: the flusher (`flusher.rs`), or a `disk` waiter
-//! leading its own round ([`Pool::wait_durable_leading`]), takes [`Work`],
-//! writes it through stela-wal and reports back with [`Pool::complete`].
+//! A buffer becomes eligible for writing once it is sealed, holds `write_threshold` bytes (one
+//! disk block: RapiLog never writes partial blocks when it can wait), is older than
+//! `flush_interval`, is needed by a `disk` waiter, or the daemon is draining (power failure,
+//! shutdown, closing the log). No I/O happens here: a flusher takes [`Work`], writes it and
+//! reports back with [`Pool::complete`], which hands back the `disk` waiters it satisfied.
 
 use crate::sync::{self, lock, Arc, Condvar, Mutex};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+use stela_format::frame;
+use stela_format::header::HEADER_BYTES as SEGMENT_HEADER_BYTES;
+use stela_format::Lsn;
 
-/// A log's index in the pool (its position in the daemon's log table).
+/// A log's index in the pool. Never reused while the daemon runs.
 pub type LogId = usize;
 
-/// Bytes stored in a buffer ahead of each payload: its length.
-pub const RECORD_PREFIX: usize = 4;
+/// Why a log cannot be written: what the flusher reported.
+pub type Failure = Arc<stela_wal::Error>;
+
+/// How long a log whose next segment could not be created for lack of space waits before the
+/// next attempt.
+pub const DISK_FULL_RETRY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -43,26 +59,49 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    /// The paper's configuration: six buffers of 512 KiB, one flush a second.
-    pub fn rapilog_default() -> PoolConfig {
-        PoolConfig {
-            buffers: 6,
-            buffer_bytes: 512 << 10,
-            dirty_cap: 6 * (512 << 10),
-            write_threshold: 4096,
-            flush_interval: Duration::from_secs(1),
-        }
-    }
-
-    /// The largest payload an append can carry.
+    /// The largest payload whose frame fits in one buffer and under the cap.
     pub fn max_record_bytes(&self) -> usize {
-        self.buffer_bytes.min(self.dirty_cap) - RECORD_PREFIX
+        self.buffer_bytes.min(self.dirty_cap) - frame::HEADER_BYTES
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Where a log's files stand when it joins the pool (from `stela_wal::files::LogFiles`).
+#[derive(Clone, Copy, Debug)]
+pub struct LogSetup {
+    /// The first LSN not in the files.
+    pub next_lsn: u64,
+    /// First LSN of the newest segment, its capacity, where the next frame goes in it, and
+    /// how far it is synced.
+    pub segment_start: u64,
+    pub capacity: u64,
+    pub write_offset: u64,
+    pub durable_offset: u64,
+    /// Capacity of the segments created from now on.
+    pub segment_bytes: u64,
+}
+
+/// A payload and its CRC32C, computed by the caller outside the pool's lock (for a record
+/// copied out of a shared-memory ring: over the daemon's private copy).
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    pub payload: &'a [u8],
+    pub crc: u32,
+}
+
+impl<'a> Record<'a> {
+    pub fn new(payload: &'a [u8]) -> Record<'a> {
+        Record {
+            payload,
+            crc: crc32c::crc32c(payload),
+        }
+    }
+}
+
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum PoolError {
-    #[error("record of {bytes} bytes is larger than the daemon's limit of {max} bytes (its buffer size)")]
+    #[error("no buffer space now; retry after the next write completes")]
+    NoSpace,
+    #[error("record of {bytes} bytes is larger than the daemon's limit of {max} bytes")]
     RecordTooLarge { bytes: usize, max: usize },
     #[error("batch of {bytes} bytes is larger than the dirty cap of {cap} bytes; send it in smaller appends")]
     BatchTooLarge { bytes: usize, cap: usize },
@@ -70,10 +109,16 @@ pub enum PoolError {
     PowerFailing,
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    #[error("the log is being closed")]
+    Closed,
     #[error("the log stopped after a failed write or sync: {0}")]
-    Failed(String),
+    Failed(Failure),
+    #[error("the disk is full: {0}; appends are refused until a new segment can be created")]
+    DiskFull(Failure),
     #[error("LSN {lsn} has not been appended (next is {next})")]
     NotAppended { lsn: u64, next: u64 },
+    #[error("no LSNs left: the next is {next} and {records} records were appended")]
+    LsnExhausted { next: u64, records: usize },
 }
 
 /// Whether appends are admitted.
@@ -84,37 +129,51 @@ pub enum Admission {
     ShuttingDown,
 }
 
-/// A run of records of one log in one buffer: `[u32 LE length][payload]` repeated.
+/// A run of one log's frames in one buffer, all in one segment.
 #[derive(Debug)]
 pub struct Run {
     data: Vec<u8>,
+    /// First LSN of the segment the run belongs to, and the file offset of `data[0]` in it.
+    segment: u64,
+    offset: u64,
     first_lsn: u64,
-    records: u32,
+    records: u64,
     opened_at: Instant,
 }
 
 impl Run {
+    /// The framed bytes, exactly as they go to the file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    pub fn segment(&self) -> u64 {
+        self.segment
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
     pub fn first_lsn(&self) -> u64 {
         self.first_lsn
     }
 
     pub fn last_lsn(&self) -> u64 {
-        self.first_lsn + u64::from(self.records) - 1
+        self.first_lsn + self.records - 1
     }
 
-    pub fn bytes(&self) -> usize {
-        self.data.len()
-    }
-
-    /// The payloads in LSN order.
-    pub fn payloads(&self) -> impl Iterator<Item = &[u8]> {
+    /// The records, in LSN order.
+    pub fn records(&self) -> impl Iterator<Item = (u64, &[u8])> {
         let mut at = 0;
         std::iter::from_fn(move || {
-            let len_bytes = self.data.get(at..at + RECORD_PREFIX)?;
-            let len = u32::from_le_bytes(len_bytes.try_into().expect("4 bytes")) as usize;
-            let payload = &self.data[at + RECORD_PREFIX..at + RECORD_PREFIX + len];
-            at += RECORD_PREFIX + len;
-            Some(payload)
+            let frame::Decoded::Record(record) =
+                frame::decode(frame::Layout::V2, self.data.get(at..)?)
+            else {
+                return None;
+            };
+            at += record.frame_len();
+            Some((record.lsn.get(), record.payload))
         })
     }
 }
@@ -124,9 +183,9 @@ enum Slot {
     Free(Vec<u8>),
     /// The tail of its log's run; takes more records.
     Filling(Run),
-    /// Full; waits for the flusher.
+    /// Full (or its segment ended); waits for a flusher.
     Sealed(Run),
-    /// Handed to the flusher; still readable until written.
+    /// Handed to a flusher; still readable until written.
     Writing(Arc<Run>),
 }
 
@@ -140,32 +199,54 @@ impl Slot {
     }
 }
 
-#[derive(Debug, Default)]
-struct LogState {
+/// Where the next frame of a log goes.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    segment: u64,
+    offset: u64,
+    capacity: u64,
+}
+
+#[derive(Debug)]
+struct LogState<W> {
     next_lsn: u64,
-    /// Written and fdatasync'ed by the flusher.
+    /// Written and fdatasync'ed.
     durable_lsn: u64,
+    place: Place,
+    /// The newest segment with synced records, and how far: the sync base of new frames in it.
+    synced: (u64, u64),
+    segment_bytes: u64,
+    max_payload: usize,
     /// This log's slots in LSN order; only the last may be `Filling`.
     queue: VecDeque<usize>,
     writing: bool,
     /// A `disk` waiter needs everything up to here written now.
     urgent_to: u64,
-    failure: Option<String>,
+    failure: Option<Failure>,
+    /// The disk was full when a segment had to be created: when to try again, and whether a
+    /// drain has already tried (a drain does not wait for space that may never come).
+    disk_full: Option<(Instant, Failure, bool)>,
+    closing: bool,
     dirty: usize,
+    /// `disk` waiters: (LSN, who to tell).
+    waiters: Vec<(u64, W)>,
 }
 
 #[derive(Debug)]
-struct State {
+struct State<W> {
     slots: Vec<Slot>,
     free: Vec<usize>,
-    logs: Vec<LogState>,
+    logs: Vec<Option<LogState<W>>>,
     dirty: usize,
     admission: Admission,
+    /// Some append was refused with `NoSpace` since space was last freed.
+    space_wanted: bool,
     appends_waited: u64,
     bytes_written: u64,
+    writes: u64,
 }
 
-/// What the flusher writes next: a prefix of one log's queue.
+/// What a flusher writes next: a prefix of one log's queue.
 #[derive(Debug)]
 pub struct Work {
     pub log: LogId,
@@ -174,25 +255,38 @@ pub struct Work {
 }
 
 impl Work {
-    pub fn last_lsn(&self) -> u64 {
-        self.runs.last().map_or(0, |r| r.last_lsn())
-    }
-
     pub fn first_lsn(&self) -> u64 {
         self.runs.first().map_or(0, |r| r.first_lsn())
     }
 
-    pub fn bytes(&self) -> usize {
-        self.runs.iter().map(|r| r.bytes()).sum()
+    pub fn last_lsn(&self) -> u64 {
+        self.runs.last().map_or(0, |r| r.last_lsn())
     }
 
-    pub fn payloads(&self) -> impl Iterator<Item = &[u8]> {
-        self.runs.iter().flat_map(|r| r.payloads())
+    pub fn bytes(&self) -> usize {
+        self.runs.iter().map(|r| r.data.len()).sum()
     }
 }
 
-/// Writes and syncs a piece of work (a `disk` waiter leading its own round).
-type WriteWork<'a> = dyn Fn(&Work) -> Result<(), String> + 'a;
+/// How writing a piece of work ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Every run is written and fdatasync'ed.
+    Durable,
+    /// The first `synced` runs are durable; the next needed a new segment, which could not be
+    /// created for lack of space. The rest stays in memory and is tried again later.
+    DiskFull { synced: usize, error: Failure },
+    /// A write or sync failed: the log stops.
+    Failed(Failure),
+}
+
+/// What a completion releases: the `disk` waiters it settled, and whether appends refused with
+/// `NoSpace` should be retried.
+#[derive(Debug)]
+pub struct Released<W> {
+    pub waiters: Vec<(W, Result<(), PoolError>)>,
+    pub space_freed: bool,
+}
 
 /// The answer to a read of LSNs the pool may hold.
 #[derive(Debug, PartialEq, Eq)]
@@ -210,26 +304,54 @@ pub struct PoolStats {
     pub free_buffers: usize,
     pub appends_waited: u64,
     pub bytes_written: u64,
+    pub writes: u64,
 }
 
+/// The pool; `W` is whoever a `disk` waiter is (a connection's request, a ring's entry).
 #[derive(Debug)]
-pub struct Pool {
+pub struct Pool<W> {
     config: PoolConfig,
-    state: Mutex<State>,
-    /// Appenders waiting for space.
-    space: Condvar,
-    /// The flusher waiting for work.
+    state: Mutex<State<W>>,
+    /// Flushers waiting for work.
     work: Condvar,
-    /// Waiters for durability and for the drain.
+    /// Blocking waiters: for the drain, for a log to be written out.
     progress: Condvar,
 }
 
-impl Pool {
-    pub fn new(mut config: PoolConfig) -> Pool {
-        assert!(config.buffers > 0 && config.buffer_bytes > RECORD_PREFIX);
+/// What placing one frame does to a log's position: whether it starts a new segment and a new
+/// buffer. [`Pool::fits`] and [`Pool::place`] both follow these steps, so the check and the
+/// placement cannot disagree.
+struct Cursor {
+    place: Place,
+    /// Bytes left in the buffer the next frame would go into (0: a new buffer is needed).
+    room: usize,
+}
+
+impl Cursor {
+    /// Advances past a frame of `len` bytes; returns (new segment, new buffer).
+    fn step(&mut self, len: usize, buffer_bytes: usize, segment_bytes: u64) -> (bool, bool) {
+        let new_segment = self.place.offset + len as u64 > self.place.capacity;
+        if new_segment {
+            self.place.offset = SEGMENT_HEADER_BYTES as u64;
+            self.place.capacity = segment_bytes;
+            self.room = 0;
+        }
+        let new_buffer = len > self.room;
+        if new_buffer {
+            self.room = buffer_bytes;
+        }
+        self.room -= len;
+        self.place.offset += len as u64;
+        (new_segment, new_buffer)
+    }
+}
+
+impl<W> Pool<W> {
+    pub fn new(mut config: PoolConfig) -> Pool<W> {
+        assert!(config.buffers > 0 && config.buffer_bytes > frame::HEADER_BYTES);
         config.dirty_cap = config
             .dirty_cap
-            .clamp(RECORD_PREFIX + 1, config.buffers * config.buffer_bytes);
+            .clamp(frame::HEADER_BYTES + 1, config.buffers * config.buffer_bytes);
         let slots = (0..config.buffers)
             .map(|_| Slot::Free(Vec::with_capacity(config.buffer_bytes)))
             .collect();
@@ -240,11 +362,12 @@ impl Pool {
                 logs: Vec::new(),
                 dirty: 0,
                 admission: Admission::Open,
+                space_wanted: false,
                 appends_waited: 0,
                 bytes_written: 0,
+                writes: 0,
             }),
             config,
-            space: Condvar::new(),
             work: Condvar::new(),
             progress: Condvar::new(),
         }
@@ -254,31 +377,85 @@ impl Pool {
         &self.config
     }
 
-    /// Adds a log whose files end at `last_lsn` (all of it durable). Returns its id.
-    pub fn add_log(&self, last_lsn: u64) -> LogId {
+    /// Adds a log positioned where its files end. Returns its id.
+    pub fn add_log(&self, setup: LogSetup) -> LogId {
+        let room_in_segment = setup.segment_bytes - SEGMENT_HEADER_BYTES as u64;
+        let max_payload = (self.config.max_record_bytes() as u64)
+            .min(room_in_segment.saturating_sub(frame::HEADER_BYTES as u64))
+            as usize;
         let mut state = lock(&self.state);
-        state.logs.push(LogState {
-            next_lsn: last_lsn + 1,
-            durable_lsn: last_lsn,
-            ..LogState::default()
-        });
+        state.logs.push(Some(LogState {
+            next_lsn: setup.next_lsn,
+            durable_lsn: setup.next_lsn - 1,
+            place: Place {
+                segment: setup.segment_start,
+                offset: setup.write_offset,
+                capacity: setup.capacity,
+            },
+            synced: (setup.segment_start, setup.durable_offset),
+            segment_bytes: setup.segment_bytes,
+            max_payload,
+            queue: VecDeque::new(),
+            writing: false,
+            urgent_to: 0,
+            failure: None,
+            disk_full: None,
+            closing: false,
+            dirty: 0,
+            waiters: Vec::new(),
+        }));
         state.logs.len() - 1
     }
 
-    /// Places `records` in the buffers as one run of LSNs, waiting for space if needed, and
-    /// returns the first and last LSN. When this returns the records are acknowledged at
-    /// `buffered`: they reach the disk unless the daemon dies first.
-    pub fn append(&self, log: LogId, records: &[&[u8]]) -> Result<(u64, u64), PoolError> {
-        let max = self.config.max_record_bytes();
+    /// The largest payload `log` accepts.
+    pub fn max_record_bytes(&self, log: LogId) -> usize {
+        lock(&self.state).logs[log]
+            .as_ref()
+            .map_or(0, |l| l.max_payload)
+    }
+
+    /// Frames `records` into the buffers as one run of LSNs and returns the first and last
+    /// LSN, or refuses. When this returns `Ok` the records are acknowledged at `buffered`: they
+    /// reach the disk unless the daemon dies first. `NoSpace` leaves nothing placed.
+    pub fn try_append(&self, log: LogId, records: &[Record<'_>]) -> Result<(u64, u64), PoolError> {
+        let mut state = lock(&self.state);
+        match state.admission {
+            Admission::Open => {}
+            Admission::PowerFailing => return Err(PoolError::PowerFailing),
+            Admission::ShuttingDown => return Err(PoolError::ShuttingDown),
+        }
+        let entry = log_mut(&mut state, log);
+        if let Some(failure) = &entry.failure {
+            return Err(PoolError::Failed(Arc::clone(failure)));
+        }
+        if let Some((_, failure, _)) = &entry.disk_full {
+            return Err(PoolError::DiskFull(Arc::clone(failure)));
+        }
+        if entry.closing {
+            return Err(PoolError::Closed);
+        }
         let mut total = 0;
         for record in records {
-            if record.len() > max {
+            if record.payload.len() > entry.max_payload {
                 return Err(PoolError::RecordTooLarge {
-                    bytes: record.len(),
-                    max,
+                    bytes: record.payload.len(),
+                    max: entry.max_payload,
                 });
             }
-            total += RECORD_PREFIX + record.len();
+            total += frame::HEADER_BYTES + record.payload.len();
+        }
+        let next = entry.next_lsn;
+        if records.is_empty() {
+            return Ok((next, next - 1));
+        }
+        if next
+            .checked_add(records.len() as u64 - 1)
+            .is_none_or(|last| last > Lsn::MAX.get())
+        {
+            return Err(PoolError::LsnExhausted {
+                next,
+                records: records.len(),
+            });
         }
         if total > self.config.dirty_cap {
             return Err(PoolError::BatchTooLarge {
@@ -286,123 +463,152 @@ impl Pool {
                 cap: self.config.dirty_cap,
             });
         }
-        let mut state = lock(&self.state);
-        let mut waited = false;
-        loop {
-            match state.admission {
-                Admission::Open => {}
-                Admission::PowerFailing => return Err(PoolError::PowerFailing),
-                Admission::ShuttingDown => return Err(PoolError::ShuttingDown),
-            }
-            if let Some(failure) = &state.logs[log].failure {
-                return Err(PoolError::Failed(failure.clone()));
-            }
-            if records.is_empty() {
-                let last = state.logs[log].next_lsn - 1;
-                return Ok((last + 1, last));
-            }
-            if state.dirty + total <= self.config.dirty_cap && self.fits(&state, log, records) {
-                break;
-            }
-            if !waited {
-                waited = true;
-                state.appends_waited += 1;
-            }
+        if state.dirty + total > self.config.dirty_cap || !self.fits(&state, log, records) {
+            state.appends_waited += 1;
+            state.space_wanted = true;
             // Whatever is eligible must go out for space to appear.
             self.work.notify_one();
-            state = sync::wait(&self.space, state);
+            return Err(PoolError::NoSpace);
         }
-        let first = state.logs[log].next_lsn;
         for record in records {
             self.place(&mut state, log, record);
         }
         state.dirty += total;
-        state.logs[log].dirty += total;
-        let last = state.logs[log].next_lsn - 1;
-        if self.has_eligible(&state, log) {
+        let entry = log_mut(&mut state, log);
+        entry.dirty += total;
+        let last = entry.next_lsn - 1;
+        if self.eligible_bytes(&state, log, Instant::now()) > 0 {
             self.work.notify_one();
         }
-        Ok((first, last))
+        Ok((next, last))
     }
 
-    /// Whether `records` fit in the log's tail buffer plus the free buffers.
-    fn fits(&self, state: &State, log: LogId, records: &[&[u8]]) -> bool {
-        let mut room = match state.logs[log].queue.back().map(|&s| &state.slots[s]) {
+    fn cursor(&self, state: &State<W>, log: LogId) -> Cursor {
+        let entry = log_ref(state, log);
+        let room = match entry.queue.back().map(|&s| &state.slots[s]) {
             Some(Slot::Filling(run)) => self.config.buffer_bytes - run.data.len(),
             _ => 0,
         };
-        let mut new_buffers = 0;
-        for record in records {
-            let need = RECORD_PREFIX + record.len();
-            if need <= room {
-                room -= need;
-            } else {
-                new_buffers += 1;
-                room = self.config.buffer_bytes - need;
-            }
+        Cursor {
+            place: entry.place,
+            room,
         }
+    }
+
+    /// Whether `records` fit in the log's tail buffer plus the free buffers.
+    fn fits(&self, state: &State<W>, log: LogId, records: &[Record<'_>]) -> bool {
+        let segment_bytes = log_ref(state, log).segment_bytes;
+        let mut cursor = self.cursor(state, log);
+        let new_buffers = records
+            .iter()
+            .filter(|r| {
+                let len = frame::HEADER_BYTES + r.payload.len();
+                cursor.step(len, self.config.buffer_bytes, segment_bytes).1
+            })
+            .count();
         new_buffers <= state.free.len()
     }
 
-    /// Copies one record into the log's tail buffer, sealing it and opening a free one if it
-    /// does not fit. [`Pool::fits`] has guaranteed the free buffer.
-    fn place(&self, state: &mut State, log: LogId, record: &[u8]) {
-        let need = RECORD_PREFIX + record.len();
-        let lsn = state.logs[log].next_lsn;
-        let tail = state.logs[log].queue.back().copied();
-        let slot = match tail {
-            Some(slot) if matches!(&state.slots[slot], Slot::Filling(run) if run.data.len() + need <= self.config.buffer_bytes) => {
-                slot
+    /// Frames one record into the log's tail buffer, sealing it and opening a free one when
+    /// the frame does not fit or starts a new segment. [`Pool::fits`] has guaranteed the
+    /// buffer.
+    fn place(&self, state: &mut State<W>, log: LogId, record: &Record<'_>) {
+        let len = frame::HEADER_BYTES + record.payload.len();
+        let mut cursor = self.cursor(state, log);
+        let at = cursor.place;
+        let entry = log_ref(state, log);
+        let segment_bytes = entry.segment_bytes;
+        let lsn = entry.next_lsn;
+        let (new_segment, new_buffer) = cursor.step(len, self.config.buffer_bytes, segment_bytes);
+        let (segment, offset) = if new_segment {
+            (lsn, SEGMENT_HEADER_BYTES as u64)
+        } else {
+            (at.segment, at.offset)
+        };
+        let tail = log_ref(state, log).queue.back().copied();
+        let slot = if new_buffer {
+            if let Some(slot) = tail {
+                seal(&mut state.slots[slot]);
             }
-            _ => {
-                if let Some(slot) = tail {
-                    seal(&mut state.slots[slot]);
-                }
-                let slot = state.free.pop().expect("fits() found a free buffer");
-                let Slot::Free(mut data) =
-                    std::mem::replace(&mut state.slots[slot], Slot::Free(Vec::new()))
-                else {
-                    unreachable!("the free list holds only free slots")
-                };
-                data.clear();
-                state.slots[slot] = Slot::Filling(Run {
-                    data,
-                    first_lsn: lsn,
-                    records: 0,
-                    opened_at: Instant::now(),
-                });
-                state.logs[log].queue.push_back(slot);
-                slot
-            }
+            let slot = state.free.pop().expect("fits() found a free buffer");
+            let Slot::Free(mut data) =
+                std::mem::replace(&mut state.slots[slot], Slot::Free(Vec::new()))
+            else {
+                unreachable!("the free list holds only free slots")
+            };
+            data.clear();
+            state.slots[slot] = Slot::Filling(Run {
+                data,
+                segment,
+                offset,
+                first_lsn: lsn,
+                records: 0,
+                opened_at: Instant::now(),
+            });
+            log_mut(state, log).queue.push_back(slot);
+            slot
+        } else {
+            tail.expect("a frame that needs no new buffer goes into the tail")
+        };
+        let entry = log_mut(state, log);
+        // Frames in a segment nothing has been synced in yet get the header's end as base.
+        let sync_base = if entry.synced.0 == segment {
+            entry.synced.1
+        } else {
+            SEGMENT_HEADER_BYTES as u64
+        };
+        entry.next_lsn = lsn + 1;
+        entry.place = Place {
+            segment,
+            offset: offset + len as u64,
+            capacity: cursor.place.capacity,
         };
         let Slot::Filling(run) = &mut state.slots[slot] else {
-            unreachable!("chosen slot is filling")
+            unreachable!("the chosen slot is filling")
         };
-        run.data
-            .extend_from_slice(&(record.len() as u32).to_le_bytes());
-        run.data.extend_from_slice(record);
+        frame::encode_with_crc(
+            &mut run.data,
+            Lsn::new(lsn),
+            record.payload,
+            record.crc,
+            sync_base as u32,
+        );
         run.records += 1;
-        if run.data.len() + RECORD_PREFIX >= self.config.buffer_bytes {
+        if run.data.len() + frame::HEADER_BYTES >= self.config.buffer_bytes {
             seal(&mut state.slots[slot]);
         }
-        state.logs[log].next_lsn = lsn + 1;
     }
 
-    /// The bytes of `log` the flusher could take now (0: none).
-    fn eligible_bytes(&self, state: &State, log: LogId, now: Instant) -> usize {
-        let entry = &state.logs[log];
+    /// The bytes of `log` a flusher could take now (0: none).
+    fn eligible_bytes(&self, state: &State<W>, log: LogId, now: Instant) -> usize {
+        let Some(entry) = state.logs[log].as_ref() else {
+            return 0;
+        };
         if entry.writing || entry.failure.is_some() {
             return 0;
         }
-        let draining = state.admission != Admission::Open;
+        let draining = state.admission != Admission::Open || entry.closing;
+        if let Some((retry_at, _, tried_in_drain)) = &entry.disk_full {
+            let due = if draining {
+                !tried_in_drain
+            } else {
+                now >= *retry_at
+            };
+            if !due {
+                return 0;
+            }
+        }
         let mut bytes = 0;
         for &slot in &entry.queue {
             match &state.slots[slot] {
                 Slot::Sealed(run) => bytes += run.data.len(),
                 Slot::Filling(run) => {
+                    // Appends waiting for space need every buffer that can go to go.
                     let eligible = draining
+                        || state.space_wanted
                         || run.data.len() >= self.config.write_threshold
                         || entry.urgent_to >= run.first_lsn
+                        || entry.disk_full.is_some()
                         || now.duration_since(run.opened_at) >= self.config.flush_interval;
                     if eligible {
                         bytes += run.data.len();
@@ -414,21 +620,12 @@ impl Pool {
         bytes
     }
 
-    fn has_eligible(&self, state: &State, log: LogId) -> bool {
-        self.eligible_bytes(state, log, Instant::now()) > 0
-    }
-
     /// Takes the largest eligible run of any log, if there is one.
-    fn take_work(&self, state: &mut State) -> Option<Work> {
+    fn take_work(&self, state: &mut State<W>) -> Option<Work> {
         let now = Instant::now();
         let (log, bytes) = (0..state.logs.len())
             .map(|log| (log, self.eligible_bytes(state, log, now)))
             .max_by_key(|&(_, bytes)| bytes)?;
-        self.take_work_of(state, log, bytes)
-    }
-
-    /// Takes the first `bytes` (the eligible ones) of `log`'s queue as one piece of work.
-    fn take_work_of(&self, state: &mut State, log: LogId, bytes: usize) -> Option<Work> {
         if bytes == 0 {
             return None;
         }
@@ -438,11 +635,11 @@ impl Pool {
             slots: Vec::new(),
         };
         let mut taken = 0;
-        for index in 0..state.logs[log].queue.len() {
+        let queue: Vec<usize> = log_ref(state, log).queue.iter().copied().collect();
+        for slot in queue {
             if taken == bytes {
                 break;
             }
-            let slot = state.logs[log].queue[index];
             let run = match std::mem::replace(&mut state.slots[slot], Slot::Free(Vec::new())) {
                 Slot::Filling(run) | Slot::Sealed(run) => Arc::new(run),
                 other => unreachable!("queue of an idle log held {other:?}"),
@@ -452,12 +649,12 @@ impl Pool {
             work.runs.push(run);
             work.slots.push(slot);
         }
-        state.logs[log].writing = true;
+        log_mut(state, log).writing = true;
         Some(work)
     }
 
-    /// For the flusher: waits until there is work and takes it. Returns `None` once the pool is
-    /// shutting down and holds nothing more to write.
+    /// For a flusher: waits until there is work and takes it. Returns `None` once the pool is
+    /// shutting down and holds nothing more it can write.
     pub fn next_work(&self) -> Option<Work> {
         let mut state = lock(&self.state);
         loop {
@@ -465,128 +662,214 @@ impl Pool {
                 return Some(work);
             }
             if state.admission == Admission::ShuttingDown && self.drained(&state) {
+                // Wake the other flushers so they see it too.
+                self.work.notify_all();
                 return None;
             }
-            // Sleep until the oldest unwritten buffer comes due (or an append wakes us).
+            // Sleep until the oldest unwritten buffer or a disk-full retry comes due (or an
+            // append wakes us).
             let now = Instant::now();
-            let due = state
-                .slots
+            let buffer_due = state.slots.iter().filter_map(|slot| match slot {
+                Slot::Filling(run) => Some(run.opened_at + self.config.flush_interval),
+                _ => None,
+            });
+            let retry_due = state
+                .logs
                 .iter()
-                .filter_map(|slot| match slot {
-                    Slot::Filling(run) => Some(
-                        (run.opened_at + self.config.flush_interval).saturating_duration_since(now),
-                    ),
-                    _ => None,
-                })
+                .flatten()
+                .filter_map(|l| l.disk_full.as_ref().map(|d| d.0));
+            let due = buffer_due
+                .chain(retry_due)
                 .min()
-                .unwrap_or(self.config.flush_interval)
+                .map_or(self.config.flush_interval, |at| {
+                    at.saturating_duration_since(now)
+                })
                 .max(Duration::from_millis(1));
             state = sync::wait_timeout(&self.work, state, due);
         }
     }
 
-    /// For the flusher: reports the outcome of writing and syncing `work`.
-    pub fn complete(&self, work: Work, outcome: Result<(), String>) {
+    /// For a flusher: reports how writing `work` ended, and hands back what that releases.
+    pub fn complete(&self, work: Work, outcome: Outcome) -> Released<W> {
         let Work { log, runs, slots } = work;
-        let last = runs.last().map_or(0, |r| r.last_lsn());
-        let bytes: usize = runs.iter().map(|r| r.data.len()).sum();
-        drop(runs);
         let mut state = lock(&self.state);
-        state.logs[log].writing = false;
-        match outcome {
-            Ok(()) => {
-                for slot in slots {
-                    let front = state.logs[log].queue.pop_front();
-                    debug_assert_eq!(front, Some(slot));
-                    free_slot(&mut state, slot, self.config.buffer_bytes);
-                }
-                let entry = &mut state.logs[log];
-                entry.durable_lsn = entry.durable_lsn.max(last);
-                entry.dirty -= bytes;
-                state.dirty -= bytes;
-                state.bytes_written += bytes as u64;
+        let mut released = Vec::new();
+        let synced = match &outcome {
+            Outcome::Durable => runs.len(),
+            Outcome::DiskFull { synced, .. } => *synced,
+            Outcome::Failed(_) => 0,
+        };
+        let freed_any = synced > 0 || matches!(outcome, Outcome::Failed(_));
+        // The synced prefix: its buffers go back, its waiters are told.
+        if let Some(last) = runs[..synced].last() {
+            let bytes: usize = runs[..synced].iter().map(|r| r.data.len()).sum();
+            for &slot in &slots[..synced] {
+                let front = log_mut(&mut state, log).queue.pop_front();
+                debug_assert_eq!(front, Some(slot));
+                free_slot(&mut state, slot, self.config.buffer_bytes);
             }
-            Err(failure) => {
+            let entry = log_mut(&mut state, log);
+            entry.durable_lsn = entry.durable_lsn.max(last.last_lsn());
+            entry.synced = (last.segment, last.offset + last.data.len() as u64);
+            entry.dirty -= bytes;
+            let durable = entry.durable_lsn;
+            let (done, waiting) = std::mem::take(&mut entry.waiters)
+                .into_iter()
+                .partition::<Vec<_>, _>(|(lsn, _)| *lsn <= durable);
+            entry.waiters = waiting;
+            released.extend(done.into_iter().map(|(_, w)| (w, Ok(()))));
+            state.dirty -= bytes;
+            state.bytes_written += bytes as u64;
+            state.writes += 1;
+        }
+        drop(runs);
+        let entry = log_mut(&mut state, log);
+        entry.writing = false;
+        match outcome {
+            Outcome::Durable => entry.disk_full = None,
+            Outcome::DiskFull { error, .. } => {
+                // The rest goes back to the front of the queue, as it was: same bytes, same
+                // offsets, written once a segment can be created.
+                let draining = entry.closing;
+                entry.disk_full = Some((Instant::now() + DISK_FULL_RETRY, error, draining));
+                for &slot in &slots[synced..] {
+                    let Slot::Writing(run) =
+                        std::mem::replace(&mut state.slots[slot], Slot::Free(Vec::new()))
+                    else {
+                        unreachable!("work slots are writing")
+                    };
+                    let run = Arc::try_unwrap(run).expect("the flusher gave its runs back");
+                    state.slots[slot] = Slot::Sealed(run);
+                }
+                if state.admission != Admission::Open {
+                    if let Some((_, _, tried)) = &mut log_mut(&mut state, log).disk_full {
+                        *tried = true;
+                    }
+                }
+                // Waiters of this log learn that the disk is full (their records stay).
+                let entry = log_mut(&mut state, log);
+                let failure = entry.disk_full.as_ref().map(|d| Arc::clone(&d.1));
+                if let Some(failure) = failure {
+                    released.extend(
+                        std::mem::take(&mut entry.waiters)
+                            .into_iter()
+                            .map(|(_, w)| (w, Err(PoolError::DiskFull(Arc::clone(&failure))))),
+                    );
+                }
+            }
+            Outcome::Failed(failure) => {
                 // Fail stop: the records of this log in memory can no longer reach its files in
                 // order, so drop them all and refuse everything after.
-                let queue: Vec<usize> = state.logs[log].queue.drain(..).collect();
+                let queue: Vec<usize> = entry.queue.drain(..).collect();
+                let dropped = std::mem::take(&mut entry.dirty);
+                entry.failure = Some(Arc::clone(&failure));
+                let waiters = std::mem::take(&mut entry.waiters);
                 for slot in queue {
                     free_slot(&mut state, slot, self.config.buffer_bytes);
                 }
-                let dropped = std::mem::take(&mut state.logs[log].dirty);
                 state.dirty -= dropped;
-                state.logs[log].failure = Some(failure);
+                released.extend(
+                    waiters
+                        .into_iter()
+                        .map(|(_, w)| (w, Err(PoolError::Failed(Arc::clone(&failure))))),
+                );
             }
         }
-        self.space.notify_all();
+        let space_freed = freed_any && std::mem::take(&mut state.space_wanted);
         self.progress.notify_all();
-        // Another log (or this one) may have become eligible meanwhile; the flusher is the
-        // caller, so it will look again without being woken.
+        // Another log may have become eligible meanwhile, and the caller is one flusher of
+        // several: let a sleeping one look.
+        self.work.notify_one();
+        Released {
+            waiters: released,
+            space_freed,
+        }
     }
 
-    /// Waits until every record of `log` up to `lsn` is written and synced (a `disk` commit),
-    /// leaving the writing to the flusher.
+    /// Registers `waiter` to be released once every record of `log` up to `lsn` is durable.
+    /// Returns it back at once (`Ok(Some)`) if that is already so, keeps it (`Ok(None)`), or
+    /// refuses with the reason.
+    pub fn when_durable(&self, log: LogId, lsn: u64, waiter: W) -> Result<Option<W>, (W, PoolError)> {
+        let mut state = lock(&self.state);
+        let entry = log_mut(&mut state, log);
+        if let Some(failure) = &entry.failure {
+            return Err((waiter, PoolError::Failed(Arc::clone(failure))));
+        }
+        if lsn <= entry.durable_lsn {
+            return Ok(Some(waiter));
+        }
+        if lsn >= entry.next_lsn {
+            let next = entry.next_lsn;
+            return Err((waiter, PoolError::NotAppended { lsn, next }));
+        }
+        if let Some((_, failure, _)) = &entry.disk_full {
+            return Err((waiter, PoolError::DiskFull(Arc::clone(failure))));
+        }
+        entry.waiters.push((lsn, waiter));
+        if lsn > entry.urgent_to {
+            entry.urgent_to = lsn;
+            self.work.notify_one();
+        }
+        Ok(None)
+    }
+
+    /// Blocks until every record of `log` up to `lsn` is durable (for callers that may block:
+    /// closing a log, tests).
     pub fn wait_durable(&self, log: LogId, lsn: u64) -> Result<(), PoolError> {
-        self.wait_durable_with(log, lsn, None)
-    }
-
-    /// Like [`Pool::wait_durable`], but when nobody is writing `log` the caller writes it
-    /// itself with `write` (and reports through [`Pool::complete`]), as a group-commit leader
-    /// does: a `disk` commit then costs no hand-off to the flusher thread and back, which on
-    /// virtual CPUs is two wake-ups of ~60 us. Everything eligible of the log goes in the same
-    /// write and sync, so concurrent `disk` waiters still share one fdatasync.
-    pub fn wait_durable_leading(
-        &self,
-        log: LogId,
-        lsn: u64,
-        write: impl Fn(&Work) -> Result<(), String>,
-    ) -> Result<(), PoolError> {
-        self.wait_durable_with(log, lsn, Some(&write))
-    }
-
-    fn wait_durable_with(
-        &self,
-        log: LogId,
-        lsn: u64,
-        write: Option<&WriteWork<'_>>,
-    ) -> Result<(), PoolError> {
         let mut state = lock(&self.state);
         loop {
-            let entry = &mut state.logs[log];
+            let entry = log_mut(&mut state, log);
             if let Some(failure) = &entry.failure {
-                return Err(PoolError::Failed(failure.clone()));
+                return Err(PoolError::Failed(Arc::clone(failure)));
             }
             if lsn <= entry.durable_lsn {
                 return Ok(());
             }
             if lsn >= entry.next_lsn {
-                return Err(PoolError::NotAppended {
-                    lsn,
-                    next: entry.next_lsn,
-                });
+                let next = entry.next_lsn;
+                return Err(PoolError::NotAppended { lsn, next });
+            }
+            if let Some((_, failure, true)) = &entry.disk_full {
+                return Err(PoolError::DiskFull(Arc::clone(failure)));
             }
             if lsn > entry.urgent_to {
                 entry.urgent_to = lsn;
                 self.work.notify_one();
             }
-            if let Some(write) = write.filter(|_| !state.logs[log].writing) {
-                let bytes = self.eligible_bytes(&state, log, Instant::now());
-                if let Some(work) = self.take_work_of(&mut state, log, bytes) {
-                    drop(state);
-                    let outcome = write(&work);
-                    self.complete(work, outcome);
-                    state = lock(&self.state);
-                    continue;
-                }
-            }
             state = sync::wait(&self.progress, state);
         }
+    }
+
+    /// Stops taking appends for `log` and makes all of it eligible; then [`Pool::wait_durable`]
+    /// of its last LSN and [`Pool::remove_log`] close it.
+    pub fn close_log(&self, log: LogId) -> u64 {
+        let mut state = lock(&self.state);
+        let entry = log_mut(&mut state, log);
+        entry.closing = true;
+        if let Some((_, _, tried)) = &mut entry.disk_full {
+            *tried = false;
+        }
+        let last = entry.next_lsn - 1;
+        self.work.notify_all();
+        last
+    }
+
+    /// Forgets a closed log once nothing of it is left in memory; `false` if something is.
+    pub fn remove_log(&self, log: LogId) -> bool {
+        let mut state = lock(&self.state);
+        let idle = state.logs[log]
+            .as_ref()
+            .is_some_and(|l| l.closing && !l.writing && l.queue.is_empty() && l.waiters.is_empty());
+        if idle {
+            state.logs[log] = None;
+        }
+        idle
     }
 
     /// Reads records of `log` from `from` on, if they are still only in the buffers.
     pub fn read(&self, log: LogId, from: u64, max_records: usize, max_bytes: usize) -> PoolRead {
         let state = lock(&self.state);
-        let entry = &state.logs[log];
+        let entry = log_ref(&state, log);
         if from <= entry.durable_lsn {
             return PoolRead::OnDisk;
         }
@@ -599,7 +882,7 @@ impl Pool {
             if run.last_lsn() < from {
                 continue;
             }
-            for (lsn, payload) in (run.first_lsn..).zip(run.payloads()) {
+            for (lsn, payload) in run.records() {
                 if lsn < from {
                     continue;
                 }
@@ -618,15 +901,25 @@ impl Pool {
     /// The log's next LSN and durable LSN.
     pub fn positions(&self, log: LogId) -> (u64, u64) {
         let state = lock(&self.state);
-        (state.logs[log].next_lsn, state.logs[log].durable_lsn)
+        let entry = log_ref(&state, log);
+        (entry.next_lsn, entry.durable_lsn)
     }
 
     pub fn log_dirty_bytes(&self, log: LogId) -> usize {
-        lock(&self.state).logs[log].dirty
+        lock(&self.state).logs[log].as_ref().map_or(0, |l| l.dirty)
     }
 
-    pub fn log_failure(&self, log: LogId) -> Option<String> {
-        lock(&self.state).logs[log].failure.clone()
+    /// Why the log cannot take writes, if it cannot: it stopped, or the disk is full.
+    pub fn log_failure(&self, log: LogId) -> Option<PoolError> {
+        let state = lock(&self.state);
+        let entry = state.logs[log].as_ref()?;
+        if let Some(failure) = &entry.failure {
+            return Some(PoolError::Failed(Arc::clone(failure)));
+        }
+        entry
+            .disk_full
+            .as_ref()
+            .map(|d| PoolError::DiskFull(Arc::clone(&d.1)))
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -636,6 +929,7 @@ impl Pool {
             free_buffers: state.free.len(),
             appends_waited: state.appends_waited,
             bytes_written: state.bytes_written,
+            writes: state.writes,
         }
     }
 
@@ -643,15 +937,19 @@ impl Pool {
         lock(&self.state).admission
     }
 
-    /// Stops admitting appends (waiting ones fail), makes every buffer eligible, and returns the
-    /// dirty bytes at that moment: what the drain has to write.
+    /// Stops admitting appends, makes every buffer eligible, and returns the dirty bytes at
+    /// that moment: what the drain has to write.
     pub fn begin_drain(&self, admission: Admission) -> usize {
         let mut state = lock(&self.state);
         // Shutting down outranks a power failure: once exiting, power-restore cannot reopen.
         if state.admission != Admission::ShuttingDown {
             state.admission = admission;
         }
-        self.space.notify_all();
+        for entry in state.logs.iter_mut().flatten() {
+            if let Some((_, _, tried)) = &mut entry.disk_full {
+                *tried = false;
+            }
+        }
         self.work.notify_all();
         state.dirty
     }
@@ -667,18 +965,34 @@ impl Pool {
         }
     }
 
-    /// Waits until nothing dirty is left (every log written, or failed and dropped).
+    /// Waits until nothing dirty is left that can be written: every log written, failed and
+    /// dropped, or stuck on a full disk after one more attempt.
     pub fn wait_drained(&self) {
         let mut state = lock(&self.state);
         while !self.drained(&state) {
-            self.work.notify_one();
+            self.work.notify_all();
             state = sync::wait(&self.progress, state);
         }
     }
 
-    fn drained(&self, state: &State) -> bool {
-        state.dirty == 0 && state.logs.iter().all(|l| !l.writing)
+    fn drained(&self, state: &State<W>) -> bool {
+        state.logs.iter().flatten().all(|l| {
+            !l.writing
+                && (l.dirty == 0 || l.failure.is_some() || matches!(l.disk_full, Some((_, _, true))))
+        })
     }
+}
+
+fn log_ref<W>(state: &State<W>, log: LogId) -> &LogState<W> {
+    state.logs[log]
+        .as_ref()
+        .expect("a removed log is never used: its handles were released first")
+}
+
+fn log_mut<W>(state: &mut State<W>, log: LogId) -> &mut LogState<W> {
+    state.logs[log]
+        .as_mut()
+        .expect("a removed log is never used: its handles were released first")
 }
 
 /// Moves a filling buffer to sealed (it takes no more records).
@@ -692,7 +1006,7 @@ fn seal(slot: &mut Slot) {
 }
 
 /// Returns a slot to the free list, reusing its allocation when nobody else holds it.
-fn free_slot(state: &mut State, slot: usize, buffer_bytes: usize) {
+fn free_slot<W>(state: &mut State<W>, slot: usize, buffer_bytes: usize) {
     let data = match std::mem::replace(&mut state.slots[slot], Slot::Free(Vec::new())) {
         Slot::Writing(run) => Arc::try_unwrap(run)
             .map(|run| run.data)

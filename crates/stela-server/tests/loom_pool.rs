@@ -1,63 +1,101 @@
-//! A loom model of the buffer pool: every interleaving (up to a preemption bound) of two
-//! appenders, the flusher and an emergency flush, run against the pool's own code (under
+//! A loom model of the buffer pool: every interleaving (up to a preemption bound) of appenders,
+//! flushers, `disk` waiters and the emergency flush, run against the pool's own code (under
 //! `--cfg loom`, `pool.rs` takes its Mutex, Condvar and Arc from loom through `crate::sync`).
 //!
-//! Run it (about 2 minutes on 2 cores, plus the build; not part of the default `cargo test`,
+//! Run it (a few minutes on 2 cores, plus the build; not part of the default `cargo test`,
 //! where this file compiles to nothing):
 //!
 //! ```sh
-//! RUSTFLAGS="--cfg loom" cargo test -p stela-server --test loom_pool --release
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//!     cargo test -p stela-server --test loom_pool --release -- --nocapture
 //! ```
 //!
-//! (Add `CARGO_TARGET_DIR=target/loom` to keep the loom build from replacing the normal one.)
+//! `LOOM_MAX_PREEMPTIONS=N` overrides the preemption bound each model sets. Each model prints
+//! how many interleavings it explored. On a failure loom prints the interleaving; set
+//! `LOOM_LOG=trace LOOM_LOCATION=1` to see every step.
 //!
-//! `LOOM_MAX_PREEMPTIONS=N` overrides the preemption bound each model sets (4, 4, 3 and 4: about
-//! 620,000, 320,000, 110,000 and 560,000 interleavings, 71 s in all); one more explores several times as many. Each
-//! model prints how many it explored (`-- --nocapture`). On a failure loom prints the
-//! interleaving; set `LOOM_LOG=trace LOOM_LOCATION=1` to see every step.
+//! The model drives the pool the way the daemon does: appends never block in the pool
+//! (`try_append` refuses with `NoSpace`; the appender waits for the flusher's "space freed",
+//! as the event loop parks the request), and `disk` waiters are callbacks the flusher that
+//! completed the write releases (`when_durable`), as the event loop's and the rings' are.
 //!
 //! What it proves, in every explored interleaving:
 //! - no deadlock and no lost wake-up: every thread finishes (loom reports a deadlock when all
-//!   threads block), including an appender waiting for space while the flusher holds the only
-//!   buffers, a `disk` waiter, and the flusher's exit once shutdown has drained everything;
-//! - nothing acknowledged is lost: every append that returned `Ok` was handed to the flusher
-//!   and completed, each payload exactly once, at the LSNs the append returned;
-//! - nothing is invented: the flusher completes only payloads whose append returned `Ok`;
-//! - LSNs are consecutive per log from 1, and the flusher sees each log's runs in LSN order;
+//!   threads block), including an appender refused for space while the flusher holds the only
+//!   buffers (the "space freed" report cannot be missed), a `disk` waiter, two flushers
+//!   sharing the work, and the flushers' exit once shutdown has drained everything;
+//! - nothing acknowledged is lost: every append that returned `Ok` was written and completed,
+//!   each record exactly once, at the LSN the append returned, with the bytes appended;
+//! - nothing is invented: only records whose append returned `Ok` are written;
+//! - LSNs are consecutive per log from 1, each log's runs are written in LSN order and at
+//!   consecutive file offsets (the pool, not the writer, places every byte);
 //! - a batch gets consecutive LSNs even when another thread appends to the same log;
-//! - a `disk` waiter (`wait_durable`, or `wait_durable_leading`, which writes the log itself
-//!   when nobody else is) returns `Ok` only once its LSN has been completed;
+//! - a `disk` waiter is released `Ok` only once its LSN has been written, and exactly once;
 //! - the emergency flush (`begin_drain(PowerFailing)` + `wait_drained`) leaves no dirty byte,
 //!   and appends after it are refused with `PowerFailing`;
 //! - fail stop: once a write of one log fails, its `disk` waiter and its later appends are told
-//!   (`Failed`, naming the failure), its buffers are given back, the drain still ends, and the
-//!   other log's records are all completed.
+//!   (`Failed`), its buffers are given back, the drain still ends, and the other log's records
+//!   are all written.
 #![cfg(loom)]
 
-use loom::sync::{Arc, Mutex};
+use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use stela_server::pool::{Admission, LogId, Pool, PoolConfig, PoolError};
+use stela_server::pool::{Admission, LogId, LogSetup, Outcome, Pool, PoolConfig, PoolError, Record};
 
-/// A record: which appender, which of its records. One byte each, so a record takes 5 bytes of
-/// buffer (4 bytes of length prefix).
+/// A `disk` waiter: the slot its release fills.
+type Note = Arc<(Mutex<Vec<Result<(), String>>>, Condvar)>;
+
+fn note() -> Note {
+    Arc::new((Mutex::new(Vec::new()), Condvar::new()))
+}
+
+/// Waits until `note` is released; panics if it is released twice.
+fn wait_note(note: &Note) -> Result<(), String> {
+    let (slot, condvar) = &**note;
+    let mut released = slot.lock().unwrap();
+    while released.is_empty() {
+        released = condvar.wait(released).unwrap();
+    }
+    assert_eq!(released.len(), 1, "a waiter released twice");
+    released[0].clone()
+}
+
+/// "Space was freed", as a generation counter: an appender reads it before trying, so a report
+/// that comes between its refusal and its wait is not missed.
+type Space = Arc<(Mutex<u64>, Condvar)>;
+
+/// A record: which appender, which of its records. One byte each, so a frame takes 21 bytes.
 fn payload(appender: u8, index: u8) -> Vec<u8> {
     vec![appender << 4 | index]
 }
 
-/// Two buffers of 10 bytes: two records fill one, so two logs, or one log with three records,
-/// already need both, and an appender has to wait for the flusher to give one back.
+const FRAME: usize = stela_format::frame::HEADER_BYTES + 1;
+
+/// Two buffers of two frames: two logs, or one log with three records, already need both, and
+/// an appender has to wait for a flusher to give one back.
 fn config() -> PoolConfig {
     PoolConfig {
         buffers: 2,
-        buffer_bytes: 10,
-        dirty_cap: 20,
+        buffer_bytes: 2 * FRAME,
+        dirty_cap: 4 * FRAME,
         // Every non-empty buffer is eligible at once: the model never depends on time (loom has
         // no clock; `sync::wait_timeout` is an untimed wait under loom).
         write_threshold: 1,
         flush_interval: Duration::from_secs(3600),
     }
+}
+
+fn new_log(pool: &Pool<Note>) -> LogId {
+    pool.add_log(LogSetup {
+        next_lsn: 1,
+        segment_start: 1,
+        capacity: 1 << 20,
+        write_offset: 256,
+        durable_offset: 256,
+        segment_bytes: 1 << 20,
+    })
 }
 
 /// What one append was given.
@@ -69,29 +107,57 @@ struct Acked {
     payloads: Vec<Vec<u8>>,
 }
 
-/// What the flusher completed: (log, lsn, payload), in completion order.
-type Completed = Arc<Mutex<Vec<(LogId, u64, Vec<u8>)>>>;
+/// What the flushers wrote: (log, lsn, payload, file offset), in completion order.
+type Written = Arc<Mutex<Vec<(LogId, u64, Vec<u8>, u64)>>>;
 
-fn flusher(pool: Arc<Pool>, completed: Completed) {
+fn failure() -> Arc<stela_wal::Error> {
+    Arc::new(stela_wal::Error::Io {
+        op: "write",
+        path: "/model".into(),
+        source: std::io::Error::other("disk gone"),
+    })
+}
+
+/// A flusher: writes every piece of work (or fails those of `failing`), releases what that
+/// releases, reports freed space.
+fn flusher(pool: Arc<Pool<Note>>, written: Written, space: Space, failing: Option<LogId>) {
     while let Some(work) = pool.next_work() {
-        {
-            let mut done = completed.lock().unwrap();
-            for (lsn, payload) in (work.first_lsn()..).zip(work.payloads()) {
-                done.push((work.log, lsn, payload.to_vec()));
+        let outcome = if Some(work.log) == failing {
+            Outcome::Failed(failure())
+        } else {
+            let mut done = written.lock().unwrap();
+            for run in &work.runs {
+                let mut offset = run.offset();
+                for (lsn, payload) in run.records() {
+                    done.push((work.log, lsn, payload.to_vec(), offset));
+                    offset += (stela_format::frame::HEADER_BYTES + payload.len()) as u64;
+                }
             }
-            assert_eq!(
-                work.first_lsn() + work.payloads().count() as u64 - 1,
-                work.last_lsn(),
-                "a work item's runs are not contiguous"
-            );
+            Outcome::Durable
+        };
+        let released = pool.complete(work, outcome);
+        for (note, outcome) in released.waiters {
+            let (slot, condvar) = &*note;
+            slot.lock().unwrap().push(outcome.map_err(|e| e.to_string()));
+            condvar.notify_all();
         }
-        pool.complete(work, Ok(()));
+        if released.space_freed {
+            let (generation, condvar) = &*space;
+            *generation.lock().unwrap() += 1;
+            condvar.notify_all();
+        }
     }
 }
 
-/// Appends `records` (as one batch when `batch`, else one at a time); stops at the first refusal,
-/// which must be the emergency flush's. Returns what was acknowledged.
-fn appender(pool: &Pool, log: LogId, records: &[Vec<u8>], batch: bool) -> Vec<Acked> {
+/// Appends `records` (as one batch when `batch`, else one at a time), waiting for space like
+/// the event loop; stops at the first refusal. Returns what was acknowledged and the refusal.
+fn appender(
+    pool: &Pool<Note>,
+    space: &Space,
+    log: LogId,
+    records: &[Vec<u8>],
+    batch: bool,
+) -> (Vec<Acked>, Option<PoolError>) {
     let mut acked = Vec::new();
     let groups: Vec<&[Vec<u8>]> = if batch {
         vec![records]
@@ -99,37 +165,48 @@ fn appender(pool: &Pool, log: LogId, records: &[Vec<u8>], batch: bool) -> Vec<Ac
         records.chunks(1).collect()
     };
     for group in groups {
-        let slices: Vec<&[u8]> = group.iter().map(Vec::as_slice).collect();
-        match pool.append(log, &slices) {
-            Ok((first, last)) => {
-                assert_eq!(last + 1 - first, group.len() as u64, "a batch's LSNs");
-                acked.push(Acked {
-                    log,
-                    first,
-                    last,
-                    payloads: group.to_vec(),
-                });
+        let recs: Vec<Record<'_>> = group.iter().map(|p| Record::new(p)).collect();
+        loop {
+            let seen = *space.0.lock().unwrap();
+            match pool.try_append(log, &recs) {
+                Ok((first, last)) => {
+                    assert_eq!(last + 1 - first, group.len() as u64, "a batch's LSNs");
+                    acked.push(Acked {
+                        log,
+                        first,
+                        last,
+                        payloads: group.to_vec(),
+                    });
+                    break;
+                }
+                Err(PoolError::NoSpace) => {
+                    let (generation, condvar) = &**space;
+                    let mut current = generation.lock().unwrap();
+                    while *current == seen {
+                        current = condvar.wait(current).unwrap();
+                    }
+                }
+                Err(refused) => return (acked, Some(refused)),
             }
-            Err(PoolError::PowerFailing) => break,
-            Err(other) => panic!("append refused with {other:?}"),
         }
     }
-    acked
+    (acked, None)
 }
 
-/// Checks the outcome of a model run against what the appenders were told.
-fn check(acked: &[Acked], completed: &[(LogId, u64, Vec<u8>)], logs: usize) {
-    // Completed, per log: consecutive LSNs from 1, in order.
-    for log in 0..logs {
-        let lsns: Vec<u64> = completed
-            .iter()
-            .filter(|c| c.0 == log)
-            .map(|c| c.1)
-            .collect();
+/// Checks what was written against what the appenders were told.
+fn check(acked: &[Acked], written: &[(LogId, u64, Vec<u8>, u64)], logs: &[LogId]) {
+    for &log in logs {
+        let mine: Vec<_> = written.iter().filter(|w| w.0 == log).collect();
+        let lsns: Vec<u64> = mine.iter().map(|w| w.1).collect();
         let expected: Vec<u64> = (1..=lsns.len() as u64).collect();
-        assert_eq!(lsns, expected, "log {log}: completed LSNs");
+        assert_eq!(lsns, expected, "log {log}: written LSNs");
+        // Consecutive offsets from the segment header's end.
+        let mut offset = 256;
+        for w in &mine {
+            assert_eq!(w.3, offset, "log {log}: LSN {} written at the wrong offset", w.1);
+            offset += (stela_format::frame::HEADER_BYTES + w.2.len()) as u64;
+        }
     }
-    // Exactly the acknowledged records, each once, where the append said.
     let mut from_acks: Vec<(LogId, u64, Vec<u8>)> = acked
         .iter()
         .flat_map(|a| {
@@ -138,13 +215,10 @@ fn check(acked: &[Acked], completed: &[(LogId, u64, Vec<u8>)], logs: usize) {
                 .map(move |(lsn, p)| (a.log, lsn, p.clone()))
         })
         .collect();
-    let mut done = completed.to_vec();
+    let mut done: Vec<_> = written.iter().map(|w| (w.0, w.1, w.2.clone())).collect();
     from_acks.sort();
     done.sort();
-    assert_eq!(
-        done, from_acks,
-        "completed records differ from acknowledged ones"
-    );
+    assert_eq!(done, from_acks, "written records differ from acknowledged ones");
 }
 
 /// Runs `model` under loom with preemption bound `bound` (unless `LOOM_MAX_PREEMPTIONS` is
@@ -170,165 +244,151 @@ fn explore(name: &str, bound: usize, model: impl Fn() + Sync + Send + 'static) {
     assert!(iterations > 1, "loom explored a single interleaving");
 }
 
+fn space() -> Space {
+    Arc::new((Mutex::new(0), Condvar::new()))
+}
+
 /// Two logs. Appender 0 appends two records one at a time to log 0 and waits for the second to
 /// be durable (a `disk` commit); appender 1 appends a batch of two to log 1. Meanwhile the main
-/// thread announces a power failure and waits for the emergency flush, then shuts the flusher
-/// down.
+/// thread announces a power failure and waits for the emergency flush, then shuts down.
 #[test]
 fn emergency_flush_with_two_logs() {
-    explore("emergency_flush_with_two_logs", 4, || {
+    explore("emergency_flush_with_two_logs", 3, || {
         let pool = Arc::new(Pool::new(config()));
-        let logs = [pool.add_log(0), pool.add_log(0)];
-        let completed: Completed = Arc::new(Mutex::new(Vec::new()));
-
+        let logs = [new_log(&pool), new_log(&pool)];
+        let (written, space): (Written, Space) = (Arc::new(Mutex::new(Vec::new())), space());
         let flush = {
-            let (pool, completed) = (Arc::clone(&pool), Arc::clone(&completed));
-            thread::spawn(move || flusher(pool, completed))
+            let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
+            thread::spawn(move || flusher(pool, written, space, None))
         };
         let disk = {
-            let (pool, completed) = (Arc::clone(&pool), Arc::clone(&completed));
+            let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
             thread::spawn(move || {
-                let records = [payload(0, 0), payload(0, 1)];
-                let acked = appender(&pool, logs[0], &records, false);
+                let (acked, refused) =
+                    appender(&pool, &space, logs[0], &[payload(0, 0), payload(0, 1)], false);
+                assert!(matches!(refused, None | Some(PoolError::PowerFailing)), "{refused:?}");
                 if let Some(last) = acked.last().map(|a| a.last) {
-                    pool.wait_durable(logs[0], last).expect("disk commit");
-                    let done = completed.lock().unwrap();
+                    let waiter = note();
+                    match pool.when_durable(logs[0], last, Arc::clone(&waiter)) {
+                        Ok(Some(_)) => {}
+                        Ok(None) => wait_note(&waiter).expect("disk commit"),
+                        Err((_, e)) => panic!("disk wait refused: {e}"),
+                    }
                     assert!(
-                        done.iter().any(|c| c.0 == logs[0] && c.1 == last),
-                        "wait_durable returned before LSN {last} was completed"
+                        written.lock().unwrap().iter().any(|w| w.0 == logs[0] && w.1 == last),
+                        "released before LSN {last} was written"
                     );
                 }
                 acked
             })
         };
         let batch = {
-            let pool = Arc::clone(&pool);
-            thread::spawn(move || appender(&pool, logs[1], &[payload(1, 0), payload(1, 1)], true))
+            let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
+            thread::spawn(move || {
+                let (acked, refused) =
+                    appender(&pool, &space, logs[1], &[payload(1, 0), payload(1, 1)], true);
+                assert!(matches!(refused, None | Some(PoolError::PowerFailing)), "{refused:?}");
+                acked
+            })
         };
 
-        // The emergency flush.
         pool.begin_drain(Admission::PowerFailing);
         pool.wait_drained();
         assert_eq!(pool.stats().dirty_bytes, 0, "dirty bytes after the drain");
-        assert_eq!(
-            pool.append(logs[0], &[b"late".as_slice()]),
+        assert!(matches!(
+            pool.try_append(logs[0], &[Record::new(b"late")]),
             Err(PoolError::PowerFailing)
-        );
+        ));
 
-        // The appenders finish (refused or done) before shutdown, so that a refusal can only be
-        // the power failure's.
         let mut acked = disk.join().unwrap();
         acked.extend(batch.join().unwrap());
         pool.begin_drain(Admission::ShuttingDown);
         flush.join().unwrap();
-
         let stats = pool.stats();
         assert_eq!(stats.dirty_bytes, 0);
         assert_eq!(stats.free_buffers, 2, "a buffer was never given back");
-        check(&acked, &completed.lock().unwrap(), logs.len());
+        check(&acked, &written.lock().unwrap(), &logs);
     });
 }
 
-/// One log, two appenders: single records from one, a batch from the other, racing for LSNs and
-/// for the two buffers (three records need both, and the flusher must give one back before the
-/// next fits). The main thread drains for shutdown once both are done: nothing may be left.
+/// One log, two appenders (single records and a batch) racing for LSNs and for the two
+/// buffers, two flushers sharing the work. The main thread drains for shutdown once both are
+/// done: nothing may be left.
 #[test]
-fn two_appenders_one_log_then_shutdown() {
-    explore("two_appenders_one_log_then_shutdown", 4, || {
+fn two_appenders_two_flushers_one_log_then_shutdown() {
+    explore("two_appenders_two_flushers_one_log_then_shutdown", 3, || {
         let pool = Arc::new(Pool::new(config()));
-        let log = pool.add_log(0);
-        let completed: Completed = Arc::new(Mutex::new(Vec::new()));
-
-        let flush = {
-            let (pool, completed) = (Arc::clone(&pool), Arc::clone(&completed));
-            thread::spawn(move || flusher(pool, completed))
-        };
+        let log = new_log(&pool);
+        let (written, space): (Written, Space) = (Arc::new(Mutex::new(Vec::new())), space());
+        let flushers: Vec<_> = (0..2)
+            .map(|_| {
+                let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
+                thread::spawn(move || flusher(pool, written, space, None))
+            })
+            .collect();
         let single = {
-            let pool = Arc::clone(&pool);
-            thread::spawn(move || appender(&pool, log, &[payload(0, 0), payload(0, 1)], false))
+            let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
+            thread::spawn(move || appender(&pool, &space, log, &[payload(0, 0), payload(0, 1)], false).0)
         };
-        let batch = {
-            let pool = Arc::clone(&pool);
-            thread::spawn(move || appender(&pool, log, &[payload(1, 0), payload(1, 1)], true))
-        };
-        let mut acked = single.join().unwrap();
-        acked.extend(batch.join().unwrap());
+        let mut acked = appender(&pool, &space, log, &[payload(1, 0), payload(1, 1)], true).0;
+        acked.extend(single.join().unwrap());
         assert_eq!(acked.iter().map(|a| a.payloads.len()).sum::<usize>(), 4);
 
         pool.begin_drain(Admission::ShuttingDown);
         pool.wait_drained();
-        assert_eq!(
-            pool.positions(log),
-            (5, 4),
-            "(next, durable) after the drain"
-        );
-        flush.join().unwrap();
-        assert_eq!(
-            pool.append(log, &[b"late".as_slice()]),
+        assert_eq!(pool.positions(log), (5, 4), "(next, durable) after the drain");
+        for flusher in flushers {
+            flusher.join().unwrap();
+        }
+        assert!(matches!(
+            pool.try_append(log, &[Record::new(b"late")]),
             Err(PoolError::ShuttingDown)
-        );
-        check(&acked, &completed.lock().unwrap(), 1);
+        ));
+        check(&acked, &written.lock().unwrap(), &[log]);
     });
 }
 
 /// Fail stop. The flusher fails every write of log 0 and completes those of log 1. Appender 0
-/// appends two records to log 0 and waits for them to be durable; appender 1 appends a batch of
-/// two to log 1 and waits too. The main thread then shuts down.
+/// appends two records to log 0 and waits for the first to be durable; appender 1 appends a
+/// batch of two to log 1 and waits too. The main thread then shuts down.
 #[test]
 fn a_failed_write_stops_only_its_log() {
     explore("a_failed_write_stops_only_its_log", 3, || {
         let pool = Arc::new(Pool::new(config()));
-        let logs = [pool.add_log(0), pool.add_log(0)];
-        let completed: Completed = Arc::new(Mutex::new(Vec::new()));
-
+        let logs = [new_log(&pool), new_log(&pool)];
+        let (written, space): (Written, Space) = (Arc::new(Mutex::new(Vec::new())), space());
         let flush = {
-            let (pool, completed) = (Arc::clone(&pool), Arc::clone(&completed));
-            thread::spawn(move || {
-                while let Some(work) = pool.next_work() {
-                    if work.log == logs[0] {
-                        pool.complete(work, Err("disk gone".into()));
-                        continue;
-                    }
-                    let mut done = completed.lock().unwrap();
-                    for (lsn, payload) in (work.first_lsn()..).zip(work.payloads()) {
-                        done.push((work.log, lsn, payload.to_vec()));
-                    }
-                    drop(done);
-                    pool.complete(work, Ok(()));
-                }
-            })
+            let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
+            thread::spawn(move || flusher(pool, written, space, Some(logs[0])))
         };
         let failing = {
-            let pool = Arc::clone(&pool);
+            let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
             thread::spawn(move || {
-                let mut acked = 0;
-                for index in 0..2 {
-                    match pool.append(logs[0], &[payload(0, index).as_slice()]) {
-                        Ok(_) => acked += 1,
-                        Err(PoolError::Failed(why)) => {
-                            assert_eq!(why, "disk gone");
-                            break;
-                        }
-                        Err(other) => panic!("append to log 0 refused with {other:?}"),
-                    }
+                let (acked, refused) =
+                    appender(&pool, &space, logs[0], &[payload(0, 0), payload(0, 1)], false);
+                assert!(!acked.is_empty(), "the first append comes before any write of log 0");
+                if let Some(refused) = refused {
+                    assert!(matches!(refused, PoolError::Failed(_)), "{refused:?}");
                 }
+                let waiter = note();
+                let outcome = match pool.when_durable(logs[0], 1, Arc::clone(&waiter)) {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => wait_note(&waiter),
+                    Err((_, e)) => Err(e.to_string()),
+                };
                 assert!(
-                    acked >= 1,
-                    "the first append comes before any write of log 0"
-                );
-                assert_eq!(
-                    pool.wait_durable(logs[0], 1),
-                    Err(PoolError::Failed("disk gone".into())),
-                    "a disk waiter of the failed log"
+                    outcome.as_ref().is_err_and(|e| e.contains("disk gone")),
+                    "a disk waiter of the failed log: {outcome:?}"
                 );
             })
         };
         let healthy = {
-            let pool = Arc::clone(&pool);
+            let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
             thread::spawn(move || {
-                let acked = appender(&pool, logs[1], &[payload(1, 0), payload(1, 1)], true);
-                pool.wait_durable(logs[1], 2)
-                    .expect("log 1 is not affected");
+                let (acked, refused) =
+                    appender(&pool, &space, logs[1], &[payload(1, 0), payload(1, 1)], true);
+                assert!(refused.is_none(), "log 1 is not affected: {refused:?}");
+                pool.wait_durable(logs[1], 2).expect("log 1 is not affected");
                 acked
             })
         };
@@ -340,67 +400,12 @@ fn a_failed_write_stops_only_its_log() {
         flush.join().unwrap();
         let stats = pool.stats();
         assert_eq!(stats.dirty_bytes, 0);
-        assert_eq!(
-            stats.free_buffers, 2,
-            "the failed log's buffers were not given back"
-        );
-        assert_eq!(pool.log_failure(logs[0]).as_deref(), Some("disk gone"));
-        assert_eq!(pool.log_failure(logs[1]), None);
+        assert_eq!(stats.free_buffers, 2, "the failed log's buffers were not given back");
+        assert!(matches!(pool.log_failure(logs[0]), Some(PoolError::Failed(_))));
+        assert!(pool.log_failure(logs[1]).is_none());
         assert_eq!(pool.log_dirty_bytes(logs[0]), 0);
-        let completed = completed.lock().unwrap();
-        assert!(completed.iter().all(|c| c.0 == logs[1]));
-        check(&acked, &completed, logs.len());
+        let written = written.lock().unwrap();
+        assert!(written.iter().all(|w| w.0 == logs[1]));
+        check(&acked, &written, &logs[1..]);
     });
-}
-
-/// The waiter-led `disk` commit (`wait_durable_leading`, what a connection does for `disk`):
-/// two appenders on one log each append a record and then wait for it with the leading wait,
-/// writing the log themselves when nobody else is, while the flusher runs too. Checks that every
-/// leading waiter returns only once its LSN is completed (by itself, the other waiter or the
-/// flusher), that no run is written twice or out of order, and that shutdown drains.
-#[test]
-fn disk_waiters_lead_their_own_rounds_beside_the_flusher() {
-    explore(
-        "disk_waiters_lead_their_own_rounds_beside_the_flusher",
-        4,
-        || {
-            let pool = Arc::new(Pool::new(config()));
-            let log = pool.add_log(0);
-            let completed: Completed = Arc::new(Mutex::new(Vec::new()));
-            let flush = {
-                let (pool, completed) = (Arc::clone(&pool), Arc::clone(&completed));
-                thread::spawn(move || flusher(pool, completed))
-            };
-            let waiters: Vec<_> = (0..2u8)
-                .map(|appender_id| {
-                    let (pool, completed) = (Arc::clone(&pool), Arc::clone(&completed));
-                    thread::spawn(move || {
-                        let acked = appender(&pool, log, &[payload(appender_id, 0)], false);
-                        let lsn = acked[0].last;
-                        pool.wait_durable_leading(log, lsn, |work| {
-                            let mut done = completed.lock().unwrap();
-                            for (lsn, payload) in (work.first_lsn()..).zip(work.payloads()) {
-                                done.push((work.log, lsn, payload.to_vec()));
-                            }
-                            Ok(())
-                        })
-                        .expect("a disk wait on a healthy log succeeds");
-                        assert!(
-                            completed.lock().unwrap().iter().any(|c| c.1 == lsn),
-                            "returned before LSN {lsn} was written"
-                        );
-                        acked
-                    })
-                })
-                .collect();
-            let mut acked = Vec::new();
-            for waiter in waiters {
-                acked.extend(waiter.join().unwrap());
-            }
-            pool.begin_drain(Admission::ShuttingDown);
-            pool.wait_drained();
-            flush.join().unwrap();
-            check(&acked, &completed.lock().unwrap(), 1);
-        },
-    );
 }

@@ -1,0 +1,131 @@
+//! Every setting of the daemon and its default, in one place.
+//!
+//! The `stela serve` flags take their defaults from the constants here, [`DaemonConfig::new`]
+//! starts from them, and `docs/DAEMON.md` lists them (a test in stela-cli compares that table
+//! with these constants, so the page cannot drift from the code). Change a default here and
+//! nowhere else.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use stela_wal::storage::{StdStorage, Storage};
+
+/// Buffers in the pool (RapiLog's six).
+pub const BUFFERS: usize = 6;
+/// Bytes per buffer (RapiLog's 512 KiB).
+pub const BUFFER_BYTES: usize = 512 << 10;
+/// A buffer becomes eligible for writing once it holds this many bytes: one disk block.
+pub const WRITE_THRESHOLD: usize = 4096;
+/// Every buffer is written at least this often.
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// The power supply's hold-up time after a power-failure notice.
+pub const POWER_WINDOW: Duration = Duration::from_millis(50);
+/// Size of each segment file of a log the daemon creates.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// Threads that write and sync buffers; two logs are written side by side up to this many.
+pub const FLUSHERS: usize = 2;
+/// Threads that run the requests that wait for the disk (open, read, truncate, power-fail).
+pub const WORKERS: usize = 2;
+/// Client connections served at once (lowered at start to what the file limit allows).
+pub const MAX_CONNECTIONS: usize = 10_000;
+/// Connections kept beyond the limit for administrators (`stela status`, power hooks).
+pub const ADMIN_CONNECTIONS: usize = 8;
+/// A connection must complete its Hello within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection with no request for this long is closed (zero: never).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Bytes of partly received frames held for all connections together.
+pub const PARTIAL_FRAME_BYTES: usize = 256 << 20;
+/// Size of the data area of a shared-memory ring.
+pub const RING_BYTES: usize = 1 << 20;
+/// How long the event loop keeps polling after its last event before it sleeps.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// How to run a daemon. [`DaemonConfig::new`] gives the defaults above.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// The daemon's directory; logs live in `dir/logs/NAME`.
+    pub dir: PathBuf,
+    /// Unix socket path (default `dir/stela.sock`).
+    pub socket: Option<PathBuf>,
+    /// Permission bits of the socket.
+    pub socket_mode: u32,
+    /// Also listen on TCP here.
+    pub tcp: Option<SocketAddr>,
+    pub buffers: usize,
+    pub buffer_bytes: usize,
+    pub write_threshold: usize,
+    pub flush_interval: Duration,
+    pub power_window: Duration,
+    /// Skip the start-up measurement and assume this rate (bytes/s).
+    pub assume_write_rate: Option<u64>,
+    pub segment_bytes: u64,
+    pub flushers: usize,
+    pub workers: usize,
+    pub max_connections: usize,
+    pub admin_connections: usize,
+    pub handshake_timeout: Duration,
+    /// Zero: never.
+    pub idle_timeout: Duration,
+    pub partial_frame_bytes: usize,
+    pub ring_bytes: usize,
+    /// How long the event loop polls before sleeping; zero: never poll.
+    pub spin: Duration,
+    pub storage: Arc<dyn Storage>,
+    /// React to SIGPWR (emergency flush) and SIGTERM/SIGINT (flush and stop). Only one daemon
+    /// per process may.
+    pub handle_signals: bool,
+}
+
+impl DaemonConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> DaemonConfig {
+        DaemonConfig {
+            dir: dir.into(),
+            socket: None,
+            socket_mode: 0o600,
+            tcp: None,
+            buffers: BUFFERS,
+            buffer_bytes: BUFFER_BYTES,
+            write_threshold: WRITE_THRESHOLD,
+            flush_interval: FLUSH_INTERVAL,
+            power_window: POWER_WINDOW,
+            assume_write_rate: None,
+            segment_bytes: SEGMENT_BYTES,
+            flushers: FLUSHERS,
+            workers: WORKERS,
+            max_connections: MAX_CONNECTIONS,
+            admin_connections: ADMIN_CONNECTIONS,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            partial_frame_bytes: PARTIAL_FRAME_BYTES,
+            ring_bytes: RING_BYTES,
+            spin: SPIN,
+            storage: Arc::new(StdStorage),
+            handle_signals: false,
+        }
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.dir.join("stela.sock"))
+    }
+
+    /// Refuses settings the daemon cannot run with, naming the setting.
+    pub fn check(&self) -> Result<(), String> {
+        if self.buffers == 0 || self.buffer_bytes < 4096 {
+            return Err("need at least one buffer of at least 4096 bytes".into());
+        }
+        if self.flushers == 0 || self.workers == 0 {
+            return Err("need at least one flusher and one worker thread".into());
+        }
+        if self.max_connections == 0 {
+            return Err("max-connections must be at least 1".into());
+        }
+        if !self.ring_bytes.is_power_of_two() || !(4096..=64 << 20).contains(&self.ring_bytes) {
+            return Err("ring size must be a power of two between 4 KiB and 64 MiB".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,152 @@
+//! The daemon's one error type. Every variant is something a caller can act on, names the log,
+//! file or peer it concerns, and maps to one wire [`ErrorCode`] (`docs/PROTOCOL.md`).
+
+use crate::pool::PoolError;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use stela_proto::ErrorCode;
+use stela_wal::Codec;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No buffer space now: the caller parks the request and retries after a write completes.
+    #[error("no buffer space now")]
+    NoSpace,
+    #[error("record of {bytes} bytes is larger than the daemon accepts for this log ({max} bytes)")]
+    RecordTooLarge { bytes: usize, max: usize },
+    #[error("batch of {bytes} bytes is larger than the dirty cap of {cap} bytes; send it in smaller appends")]
+    BatchTooLarge { bytes: usize, cap: usize },
+    #[error("a power failure was announced: writes are refused until power-restore or a restart")]
+    PowerFailing,
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    #[error("log {log:?} is being closed")]
+    Closing { log: String },
+    /// A write or sync of the log failed; it takes nothing more until the daemon restarts.
+    #[error("log {log:?} stopped after a failed write or sync: {cause}")]
+    LogStopped {
+        log: String,
+        cause: Arc<stela_wal::Error>,
+    },
+    /// A new segment could not be created for lack of space; nothing acknowledged is lost.
+    #[error("log {log:?}: {cause}; appends are refused until space is freed")]
+    DiskFull {
+        log: String,
+        cause: Arc<stela_wal::Error>,
+    },
+    #[error("LSN {lsn} of log {log:?} has not been appended (next is {next})")]
+    NotAppended { log: String, lsn: u64, next: u64 },
+    #[error("log {log:?} has no LSNs left (next {next}, {records} records asked)")]
+    LsnExhausted {
+        log: String,
+        next: u64,
+        records: usize,
+    },
+    #[error("log name {0:?} is not allowed: use 1-100 of [A-Za-z0-9._-], not starting with '.'")]
+    BadLogName(String),
+    #[error("log {0:?} does not exist (open it with create to make it)")]
+    NoSuchLog(String),
+    #[error("unknown codec {0:?} (expected json, msgpack or postcard)")]
+    UnknownCodec(String),
+    #[error("log {name:?} is open with codec {open} and record type {open_type:?}, not {asked} / {asked_type:?}")]
+    Mismatch {
+        name: String,
+        open: Codec,
+        open_type: String,
+        asked: Codec,
+        asked_type: String,
+    },
+    /// Opening (recovering) a log's files failed: corruption, a lock held elsewhere, I/O.
+    #[error("opening log {log:?}: {source}")]
+    Open {
+        log: String,
+        #[source]
+        source: stela_wal::Error,
+    },
+    /// Reading or truncating a log's files failed.
+    #[error("log {log:?}: {source}")]
+    Files {
+        log: String,
+        #[source]
+        source: stela_wal::Error,
+    },
+    #[error("no log is open as handle {0} on this connection")]
+    UnknownHandle(u32),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("durability {0} needs a standby, which this daemon does not have")]
+    Unsupported(stela_proto::Durability),
+    /// Daemon-side I/O that is not a log's: the socket, a ring's memory, a measurement.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Start(#[from] StartError),
+}
+
+impl Error {
+    /// The wire code a client acts on.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::RecordTooLarge { .. } | Error::BatchTooLarge { .. } => ErrorCode::RecordTooLarge,
+            Error::PowerFailing => ErrorCode::PowerFailing,
+            Error::ShuttingDown | Error::NoSpace | Error::Closing { .. } => ErrorCode::ShuttingDown,
+            Error::LogStopped { .. } => ErrorCode::LogStopped,
+            Error::DiskFull { .. } => ErrorCode::DiskFull,
+            Error::NotAppended { .. } => ErrorCode::NotAppended,
+            Error::LsnExhausted { .. } => ErrorCode::LsnExhausted,
+            Error::BadLogName(_) | Error::NoSuchLog(_) => ErrorCode::BadLogName,
+            Error::UnknownCodec(_) | Error::Mismatch { .. } | Error::Open { .. } => {
+                ErrorCode::OpenFailed
+            }
+            Error::Files { .. } | Error::Io { .. } | Error::Start(_) => ErrorCode::Io,
+            Error::UnknownHandle(_) => ErrorCode::UnknownHandle,
+            Error::BadRequest(_) => ErrorCode::BadRequest,
+            Error::Unsupported(_) => ErrorCode::Unsupported,
+        }
+    }
+
+    /// A pool refusal, told in terms of the log it concerns.
+    pub(crate) fn from_pool(log: &str, error: PoolError) -> Error {
+        let log = log.to_owned();
+        match error {
+            PoolError::NoSpace => Error::NoSpace,
+            PoolError::RecordTooLarge { bytes, max } => Error::RecordTooLarge { bytes, max },
+            PoolError::BatchTooLarge { bytes, cap } => Error::BatchTooLarge { bytes, cap },
+            PoolError::PowerFailing => Error::PowerFailing,
+            PoolError::ShuttingDown => Error::ShuttingDown,
+            PoolError::Closed => Error::Closing { log },
+            PoolError::Failed(cause) => Error::LogStopped { log, cause },
+            PoolError::DiskFull(cause) => Error::DiskFull { log, cause },
+            PoolError::NotAppended { lsn, next } => Error::NotAppended { log, lsn, next },
+            PoolError::LsnExhausted { next, records } => Error::LsnExhausted { log, next, records },
+        }
+    }
+}
+
+/// Why the daemon did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("creating {path}: {source}")]
+    Dir { path: PathBuf, source: io::Error },
+    #[error("measuring the disk's write rate in {path}: {source}")]
+    Measure { path: PathBuf, source: io::Error },
+    #[error("another daemon is already serving on {0}")]
+    SocketInUse(PathBuf),
+    #[error("binding {what}: {source}")]
+    Bind { what: String, source: io::Error },
+    #[error("setting up the event loop: {0}")]
+    EventLoop(io::Error),
+    #[error("installing signal handlers: {0}")]
+    Signals(io::Error),
+    #[error("starting thread {name}: {source}")]
+    Thread { name: String, source: io::Error },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}

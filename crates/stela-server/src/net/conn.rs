@@ -1,0 +1,689 @@
+//! One client connection: its bytes in and out, its handshake, its log handles, and the
+//! translation of each request into a call on the engine. It owns no daemon state and does no
+//! I/O but its own socket's; anything that would block is handed to a worker, and a `disk` wait
+//! to the pool, which answers through the inbox.
+//!
+//! Invariants:
+//! - **Bounded memory.** Bytes are read only as they arrive (a frame header is never trusted to
+//!   size a buffer); the loop caps the bytes all connections hold unhandled together.
+//! - **In order.** Requests are handled in the order received and answered in that order: a
+//!   request that waits (for space, the disk or a worker) holds back the ones behind it on this
+//!   connection only, and nothing more is read from the socket meanwhile.
+//! - **Bad frames close.** A frame that is too large, fails its checksum or does not decode gets
+//!   one `BadFrame` answer, then the connection closes (no trustworthy boundary is left). The
+//!   first request must be a `Hello` of our version; anything else is answered, then closed.
+
+use super::inbox::{ConnRef, Effect, Event, Inbox};
+use super::ring::RingConn;
+use crate::engine::{Engine, NetStats, Waiter};
+use crate::error::Error;
+use crate::pool::{LogId, Record};
+use crate::workers::Workers;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Instant;
+use stela_proto::frame::{self, FRAME_HEADER_BYTES};
+use stela_proto::{
+    Durability, ErrorCode, Payload, Request, RequestBody, Response, ResponseBody, Role,
+    PROTOCOL_VERSION,
+};
+
+/// A connected socket.
+pub(crate) enum Stream {
+    Unix(mio::net::UnixStream),
+    Tcp(mio::net::TcpStream),
+}
+
+impl Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    pub fn source(&mut self) -> &mut dyn mio::event::Source {
+        match self {
+            Stream::Unix(s) => s,
+            Stream::Tcp(s) => s,
+        }
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tcp(s) => s.as_fd(),
+        }
+    }
+
+    pub fn is_unix(&self) -> bool {
+        matches!(self, Stream::Unix(_))
+    }
+
+    /// Who is on the other end, for the log: the process and user of a Unix peer, the
+    /// address of a TCP one.
+    pub fn peer(&self) -> String {
+        match self {
+            Stream::Unix(s) => match rustix::net::sockopt::socket_peercred(s.as_fd()) {
+                Ok(cred) => format!("pid {} uid {}", cred.pid.as_raw_nonzero(), cred.uid.as_raw()),
+                Err(_) => "unix peer".into(),
+            },
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
+        }
+    }
+}
+
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Accepted; its Hello has not been handled.
+    Handshake,
+    Ready(Role),
+    /// Answering what is left, then closing.
+    Closing,
+}
+
+/// A request that holds back the connection.
+pub(crate) enum Waiting {
+    /// An append found no buffer space; retried when space is freed. `answered`: an `unsafe`
+    /// append whose answer already went out.
+    Space { request: Request, answered: bool },
+    /// A `disk` wait or a worker job; its answer arrives through the inbox.
+    Answer,
+}
+
+/// What handling the buffered requests led to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// Nothing more to handle until more bytes arrive.
+    Idle,
+    /// A request waits (space, disk, worker).
+    Waiting,
+    /// The first request was a valid Hello asking for this role; the loop decides admission.
+    Hello(u64, Role),
+    /// Close once the answers are out.
+    Close,
+}
+
+/// Everything the handling of a request may use besides the connection itself.
+pub(crate) struct Ctx<'a> {
+    pub engine: &'a Arc<Engine>,
+    pub inbox: &'a Arc<Inbox>,
+    pub workers: &'a Workers,
+    pub me: ConnRef,
+    pub max_frame: usize,
+    pub ring_bytes: usize,
+    pub net: &'a NetStats,
+}
+
+/// Most bytes of answers buffered for a connection before it stops handling requests (a client
+/// that pipelines and does not read its answers).
+const MAX_PENDING_OUTPUT: usize = 4 << 20;
+
+pub(crate) struct Conn {
+    pub serial: u64,
+    pub stream: Stream,
+    pub peer: String,
+    pub phase: Phase,
+    /// Received bytes not yet handled, from `rpos` on.
+    rbuf: Vec<u8>,
+    rpos: usize,
+    /// Answers not yet sent, from `wpos` on.
+    wbuf: Vec<u8>,
+    wpos: usize,
+    /// Descriptors to send with the answer that starts at this offset of `wbuf`.
+    fds: Option<(usize, Vec<OwnedFd>)>,
+    /// Log handles: index = handle; `None` once closed (numbers are not reused).
+    pub handles: Vec<Option<LogId>>,
+    pub waiting: Option<Waiting>,
+    /// The socket may hold bytes not read yet (reading stopped early).
+    pub unread: bool,
+    pub accepted_at: Instant,
+    pub last_request: Instant,
+    pub ring: Option<RingConn>,
+}
+
+fn error_body(error: &Error) -> ResponseBody {
+    ResponseBody::Error {
+        code: error.code(),
+        message: error.to_string(),
+    }
+}
+
+impl Conn {
+    pub fn new(serial: u64, stream: Stream) -> Conn {
+        let now = Instant::now();
+        Conn {
+            serial,
+            peer: stream.peer(),
+            stream,
+            phase: Phase::Handshake,
+            rbuf: Vec::new(),
+            rpos: 0,
+            wbuf: Vec::new(),
+            wpos: 0,
+            fds: None,
+            handles: Vec::new(),
+            waiting: None,
+            unread: false,
+            accepted_at: now,
+            last_request: now,
+            ring: None,
+        }
+    }
+
+    /// Received bytes not yet handled (counted against the loop's cap).
+    pub fn held_bytes(&self) -> usize {
+        self.rbuf.len() - self.rpos
+    }
+
+    /// Reads what the socket has, up to `budget` bytes, through `scratch`. Returns the bytes
+    /// read, or `Err` when the peer closed or the socket failed.
+    pub fn read_some(&mut self, scratch: &mut [u8], budget: usize) -> io::Result<usize> {
+        let mut total = 0;
+        self.unread = false;
+        while total < budget {
+            let want = scratch.len().min(budget - total);
+            match self.stream.read(&mut scratch[..want]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    if self.rpos > 0 && self.rpos == self.rbuf.len() {
+                        self.rbuf.clear();
+                        self.rpos = 0;
+                    }
+                    self.rbuf.extend_from_slice(&scratch[..n]);
+                    total += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.unread = true;
+        Ok(total)
+    }
+
+    /// Sends what it can of the pending answers. `Ok(true)`: all sent.
+    pub fn flush(&mut self) -> io::Result<bool> {
+        while self.wpos < self.wbuf.len() {
+            let written = match &mut self.fds {
+                Some((at, fds)) if *at == self.wpos => {
+                    let sent = super::send_with_fds(self.stream.fd(), &self.wbuf[self.wpos..], fds)?;
+                    if sent.is_some() {
+                        self.fds = None;
+                    }
+                    sent
+                }
+                Some((at, _)) => write_some(&mut self.stream, &self.wbuf[self.wpos..*at])?,
+                None => write_some(&mut self.stream, &self.wbuf[self.wpos..])?,
+            };
+            match written {
+                Some(n) => self.wpos += n,
+                None => return Ok(false),
+            }
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        if self.wbuf.capacity() > 64 << 10 {
+            self.wbuf = Vec::new();
+        }
+        Ok(true)
+    }
+
+    pub fn has_output(&self) -> bool {
+        self.wpos < self.wbuf.len()
+    }
+
+    fn answer(&mut self, id: u64, body: ResponseBody) {
+        let response = Response { id, body };
+        if let Err(e) = frame::encode(&response, &mut self.wbuf) {
+            let fallback = Response {
+                id,
+                body: ResponseBody::Error {
+                    code: ErrorCode::BadRequest,
+                    message: format!("the answer could not be encoded: {e}"),
+                },
+            };
+            frame::encode(&fallback, &mut self.wbuf).expect("a short error always encodes");
+        }
+    }
+
+    /// Answers a request whose answer arrived through the inbox, and lets the connection go on.
+    pub fn finish(&mut self, id: u64, result: Result<ResponseBody, Error>) {
+        self.waiting = None;
+        match result {
+            Ok(body) => self.answer(id, body),
+            Err(error) => self.answer(id, error_body(&error)),
+        }
+    }
+
+    /// Answers with an error and closes (after the answer is sent).
+    pub fn refuse(&mut self, code: ErrorCode, message: String) {
+        self.answer(
+            0,
+            ResponseBody::Error { code, message },
+        );
+        self.phase = Phase::Closing;
+    }
+
+    /// The loop admitted the Hello of request `id`.
+    pub fn admit(&mut self, id: u64, role: Role) {
+        self.phase = Phase::Ready(role);
+        self.answer(
+            id,
+            ResponseBody::Welcome {
+                version: PROTOCOL_VERSION,
+                server: format!("stela {}", env!("CARGO_PKG_VERSION")),
+            },
+        );
+    }
+
+    /// Handles buffered requests until one waits, none is complete, or the connection must
+    /// close.
+    pub fn process(&mut self, ctx: &Ctx<'_>) -> Progress {
+        if let Some(Waiting::Space { .. }) = &self.waiting {
+            let Some(Waiting::Space { request, answered }) = self.waiting.take() else {
+                unreachable!()
+            };
+            match self.handle(ctx, request, answered) {
+                Progress::Idle => {}
+                other => return other,
+            }
+        }
+        loop {
+            if self.waiting.is_some() {
+                return Progress::Waiting;
+            }
+            if self.phase == Phase::Closing {
+                return Progress::Close;
+            }
+            if self.wbuf.len() - self.wpos > MAX_PENDING_OUTPUT {
+                return Progress::Idle;
+            }
+            let request = match self.next_frame(ctx.max_frame) {
+                None => {
+                    self.compact();
+                    return Progress::Idle;
+                }
+                Some(Ok(request)) => request,
+                Some(Err(error)) => {
+                    tracing::debug!(peer = %self.peer, %error, "bad frame; closing the connection");
+                    self.refuse(ErrorCode::BadFrame, format!("{error}; closing the connection"));
+                    return Progress::Close;
+                }
+            };
+            self.last_request = Instant::now();
+            if self.phase == Phase::Handshake {
+                return match request.body {
+                    RequestBody::Hello { version, role, .. } if version == PROTOCOL_VERSION => {
+                        Progress::Hello(request.id, role)
+                    }
+                    RequestBody::Hello { version, .. } => {
+                        self.refuse(
+                            ErrorCode::UnsupportedVersion,
+                            format!("this daemon speaks protocol {PROTOCOL_VERSION}, not {version}"),
+                        );
+                        Progress::Close
+                    }
+                    _ => {
+                        self.refuse(ErrorCode::BadRequest, "the first request must be Hello".into());
+                        Progress::Close
+                    }
+                };
+            }
+            match self.handle(ctx, request, false) {
+                Progress::Idle => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// The next complete request in the buffer, if there is one.
+    fn next_frame(&mut self, limit: usize) -> Option<Result<Request, frame::FrameError>> {
+        let available = &self.rbuf[self.rpos..];
+        let header: [u8; FRAME_HEADER_BYTES] = available.get(..FRAME_HEADER_BYTES)?.try_into().ok()?;
+        let header = match frame::parse_header(header, limit) {
+            Ok(header) => header,
+            Err(error) => return Some(Err(error)),
+        };
+        let end = FRAME_HEADER_BYTES + header.body_len;
+        let body = available.get(FRAME_HEADER_BYTES..end)?;
+        let decoded = frame::decode_body::<Request>(header, body);
+        self.rpos += end;
+        Some(decoded)
+    }
+
+    /// Gives back the memory of handled bytes.
+    fn compact(&mut self) {
+        if self.rpos == self.rbuf.len() {
+            self.rbuf.clear();
+            self.rpos = 0;
+            if self.rbuf.capacity() > 64 << 10 {
+                self.rbuf = Vec::new();
+            }
+        } else if self.rpos > self.rbuf.len() / 2 {
+            self.rbuf.drain(..self.rpos);
+            self.rpos = 0;
+        }
+    }
+
+    fn log(&self, handle: u32) -> Result<LogId, Error> {
+        self.handles
+            .get(handle as usize)
+            .copied()
+            .flatten()
+            .ok_or(Error::UnknownHandle(handle))
+    }
+
+    /// A `disk` waiter that answers request `id` through the inbox.
+    fn waiter(ctx: &Ctx<'_>, id: u64, body: ResponseBody, log_name: String) -> Waiter {
+        let (inbox, me) = (Arc::clone(ctx.inbox), ctx.me);
+        Box::new(move |outcome| {
+            let result = outcome
+                .map(|()| body)
+                .map_err(|e| Error::from_pool(&log_name, e));
+            inbox.push_quiet(Event::Answer {
+                conn: me,
+                id,
+                result,
+                effect: Effect::None,
+            });
+        })
+    }
+
+    /// Runs `job` on a worker; its result answers request `id`.
+    fn to_worker(
+        &mut self,
+        ctx: &Ctx<'_>,
+        id: u64,
+        job: impl FnOnce(&Engine) -> (Result<ResponseBody, Error>, Effect) + Send + 'static,
+    ) -> Progress {
+        let (engine, inbox, me) = (Arc::clone(ctx.engine), Arc::clone(ctx.inbox), ctx.me);
+        self.waiting = Some(Waiting::Answer);
+        ctx.workers.submit(Box::new(move || {
+            let (result, effect) = job(&engine);
+            inbox.post(Event::Answer {
+                conn: me,
+                id,
+                result,
+                effect,
+            });
+        }));
+        Progress::Waiting
+    }
+
+    /// Waits until `lsn` of `log` is durable, then answers `id` with `body`.
+    fn after_durable(
+        &mut self,
+        ctx: &Ctx<'_>,
+        id: u64,
+        log: LogId,
+        lsn: u64,
+        body: ResponseBody,
+    ) -> Progress {
+        let name = ctx.engine.log_name(log);
+        let waiter = Self::waiter(ctx, id, body.clone(), name);
+        match ctx.engine.when_durable(log, lsn, waiter) {
+            Ok(Some(_)) => {
+                self.answer(id, body);
+                Progress::Idle
+            }
+            Ok(None) => {
+                self.waiting = Some(Waiting::Answer);
+                Progress::Waiting
+            }
+            Err((_, error)) => {
+                self.answer(id, error_body(&error));
+                Progress::Idle
+            }
+        }
+    }
+
+    /// Handles one request of a handshaken connection.
+    fn handle(&mut self, ctx: &Ctx<'_>, request: Request, answered: bool) -> Progress {
+        let Request { id, body } = request;
+        let result: Result<ResponseBody, Error> = match body {
+            RequestBody::Hello { .. } => Err(Error::BadRequest("Hello was already sent".into())),
+            RequestBody::Open {
+                log,
+                codec,
+                type_tag,
+                create,
+            } => {
+                return self.to_worker(ctx, id, move |engine| {
+                    match engine.open(&log, &codec, &type_tag, create) {
+                        Ok(opened) => (
+                            Ok(ResponseBody::Opened {
+                                handle: 0, // set by the loop when it adds the handle
+                                positions: opened.positions,
+                                max_record_bytes: opened.max_record_bytes as u32,
+                            }),
+                            Effect::Opened(opened),
+                        ),
+                        Err(error) => (Err(error), Effect::None),
+                    }
+                })
+            }
+            RequestBody::Append {
+                handle,
+                durability,
+                records,
+            } => {
+                let request = Request {
+                    id,
+                    body: RequestBody::Append {
+                        handle,
+                        durability,
+                        records,
+                    },
+                };
+                return self.append(ctx, request, answered);
+            }
+            RequestBody::Commit {
+                handle,
+                lsn,
+                durability,
+            } => match self.log(handle).and_then(|log| check_level(durability).map(|()| log)) {
+                Ok(log) => match ctx.engine.check_appended(log, lsn) {
+                    Ok(()) if durability == Durability::Disk && lsn > 0 => {
+                        return self.after_durable(ctx, id, log, lsn, ResponseBody::Committed { lsn })
+                    }
+                    Ok(()) => Ok(ResponseBody::Committed { lsn }),
+                    Err(error) => Err(error),
+                },
+                Err(error) => Err(error),
+            },
+            RequestBody::Read {
+                handle,
+                from,
+                max_records,
+                max_bytes,
+            } => {
+                let max_records = max_records.clamp(1, 1 << 20) as usize;
+                let max_bytes = (max_bytes as usize).clamp(1, 16 << 20);
+                match self.log(handle) {
+                    Ok(log) => match ctx.engine.read(log, from, max_records, max_bytes, false) {
+                        Ok(Some(body)) => Ok(body),
+                        Ok(None) => {
+                            return self.to_worker(ctx, id, move |engine| {
+                                let result = engine
+                                    .read(log, from, max_records, max_bytes, true)
+                                    .map(|body| body.expect("a blocking read always answers"));
+                                (result, Effect::None)
+                            })
+                        }
+                        Err(error) => Err(error),
+                    },
+                    Err(error) => Err(error),
+                }
+            }
+            RequestBody::Truncate { handle, before } => match self.log(handle) {
+                Ok(log) => {
+                    return self.to_worker(ctx, id, move |engine| {
+                        let result = engine
+                            .truncate(log, before)
+                            .map(|segments| ResponseBody::Truncated { segments });
+                        (result, Effect::None)
+                    })
+                }
+                Err(error) => Err(error),
+            },
+            RequestBody::Positions { handle } => self
+                .log(handle)
+                .map(|log| ResponseBody::Positions(ctx.engine.positions(log))),
+            RequestBody::Close { handle } => match self.log(handle) {
+                Ok(log) => {
+                    self.handles[handle as usize] = None;
+                    return self.to_worker(ctx, id, move |engine| {
+                        engine.release(log);
+                        (Ok(ResponseBody::Closed), Effect::None)
+                    });
+                }
+                Err(error) => Err(error),
+            },
+            RequestBody::MapRing { data_bytes } => self.map_ring(ctx, data_bytes),
+            RequestBody::Status => Ok(ResponseBody::Status(Box::new(ctx.engine.status(ctx.net)))),
+            RequestBody::PowerFail => {
+                return self.to_worker(ctx, id, |engine| {
+                    (Ok(ResponseBody::PowerFailed(engine.power_fail())), Effect::None)
+                })
+            }
+            RequestBody::PowerRestore => {
+                ctx.engine.power_restore();
+                Ok(ResponseBody::PowerRestored)
+            }
+        };
+        match result {
+            Ok(body) => self.answer(id, body),
+            Err(error) => self.answer(id, error_body(&error)),
+        }
+        Progress::Idle
+    }
+
+    /// An append: placed now, parked for space, or placed and then waited on for `disk`.
+    fn append(&mut self, ctx: &Ctx<'_>, request: Request, answered: bool) -> Progress {
+        let RequestBody::Append {
+            handle,
+            durability,
+            records,
+        } = &request.body
+        else {
+            unreachable!("append() is given appends")
+        };
+        let id = request.id;
+        let log = match self.log(*handle).and_then(|log| check_level(*durability).map(|()| log)) {
+            Ok(log) => log,
+            Err(error) => {
+                self.answer(id, error_body(&error));
+                return Progress::Idle;
+            }
+        };
+        let durability = *durability;
+        if durability == Durability::Unsafe && !answered {
+            // Acknowledged on receipt, before the records are placed: the answer goes out even
+            // if they then have to wait for space (or are refused).
+            self.answer(
+                id,
+                ResponseBody::Appended {
+                    first_lsn: 0,
+                    last_lsn: 0,
+                },
+            );
+        }
+        let placed = {
+            let records: Vec<Record<'_>> = records.iter().map(|p: &Payload| Record::new(&p.0)).collect();
+            ctx.engine.append(log, &records)
+        };
+        match placed {
+            Err(Error::NoSpace) => {
+                self.waiting = Some(Waiting::Space {
+                    request,
+                    answered: answered || durability == Durability::Unsafe,
+                });
+                Progress::Waiting
+            }
+            Err(error) if durability == Durability::Unsafe => {
+                tracing::debug!(peer = %self.peer, %error, "unsafe append refused after its acknowledgement");
+                Progress::Idle
+            }
+            Err(error) => {
+                self.answer(id, error_body(&error));
+                Progress::Idle
+            }
+            Ok(_) if durability == Durability::Unsafe => Progress::Idle,
+            Ok((first, last)) => {
+                let body = ResponseBody::Appended {
+                    first_lsn: first,
+                    last_lsn: last,
+                };
+                if durability == Durability::Disk && last >= first {
+                    self.after_durable(ctx, id, log, last, body)
+                } else {
+                    self.answer(id, body);
+                    Progress::Idle
+                }
+            }
+        }
+    }
+
+    /// Gives the connection a shared-memory ring; the answer carries its descriptors.
+    fn map_ring(&mut self, ctx: &Ctx<'_>, data_bytes: u32) -> Result<ResponseBody, Error> {
+        if !self.stream.is_unix() {
+            return Err(Error::BadRequest(
+                "a shared-memory ring needs a Unix socket (the client is on another machine)"
+                    .into(),
+            ));
+        }
+        if self.ring.is_some() {
+            return Err(Error::BadRequest("this connection already has a ring".into()));
+        }
+        let data_bytes = if data_bytes == 0 {
+            ctx.ring_bytes
+        } else {
+            data_bytes as usize
+        };
+        let (ring, fds, answer) = RingConn::create(data_bytes).map_err(|source| Error::Io {
+            what: "creating a shared-memory ring".into(),
+            source,
+        })?;
+        self.ring = Some(ring);
+        // The descriptors go with the first byte of this answer.
+        self.fds = Some((self.wbuf.len(), fds));
+        Ok(answer)
+    }
+
+    /// The log handle the loop adds once a worker opened the log.
+    pub fn add_handle(&mut self, log: LogId) -> u32 {
+        self.handles.push(Some(log));
+        (self.handles.len() - 1) as u32
+    }
+}
+
+fn write_some(stream: &mut Stream, bytes: &[u8]) -> io::Result<Option<usize>> {
+    loop {
+        match stream.write(bytes) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Refuses the levels that need a standby.
+pub(crate) fn check_level(durability: Durability) -> Result<(), Error> {
+    match durability {
+        Durability::Unsafe | Durability::Buffered | Durability::Disk => Ok(()),
+        Durability::Replicated | Durability::All => Err(Error::Unsupported(durability)),
+    }
+}

@@ -1,0 +1,787 @@
+//! The daemon's connections, served by one event loop thread without a thread per connection.
+//!
+//! The loop (mio) accepts on the Unix socket (and TCP, if configured), reads each connection's
+//! bytes as they arrive, hands complete requests to [`conn`], copies entries out of the
+//! shared-memory rings ([`ring`]), and writes answers. Requests that wait for the disk go to a
+//! worker or to the pool's `disk` waiters and come back through the [`inbox`]. While there is
+//! traffic the loop keeps polling (sockets and rings) instead of sleeping, so a commit costs a
+//! memory hand-off rather than a thread wake-up; after [`crate::config::SPIN`] without any, it
+//! tells the rings' clients to ring the doorbell and sleeps in `epoll_wait`.
+//!
+//! Limits it keeps ([`limits`]): the file limit is raised to the hard limit at start; clients
+//! beyond the connection limit are refused with `TooManyConnections`, administrators are
+//! served from a small reserve beyond it; connections that do not complete their Hello within
+//! the handshake timeout, or whose handshake slot a newer connection needs, are closed with
+//! `Timeout`; so are connections idle past the idle timeout; the bytes held for partly received
+//! frames of all connections together stay under a cap (a connection past it is not read until
+//! the others' bytes are handled). Failures to accept are logged, never dropped silently.
+
+pub(crate) mod conn;
+pub(crate) mod inbox;
+pub mod limits;
+pub(crate) mod ring;
+
+use crate::config::DaemonConfig;
+use crate::engine::{Engine, NetStats};
+use crate::error::StartError;
+use crate::workers::Workers;
+use conn::{Conn, Ctx, Phase, Progress, Stream, Waiting};
+use inbox::{ConnRef, Effect, Event, Inbox};
+use mio::{Events, Interest, Poll, Token};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stela_proto::{ErrorCode, ResponseBody, Role};
+
+const WAKER: Token = Token(0);
+const UNIX_LISTENER: Token = Token(1);
+const TCP_LISTENER: Token = Token(2);
+/// Connection `slot` has token `CONN_BASE + 2 * slot`, its ring's doorbell the next one.
+const CONN_BASE: usize = 16;
+
+/// Bytes read from one connection before the loop turns to the others.
+const READ_BUDGET: usize = 256 << 10;
+/// While polling, sockets are asked for events at least this often (rings every turn).
+const SOCKET_POLL_EVERY: Duration = Duration::from_micros(20);
+/// How often deadlines are checked.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// Counters the loop keeps for `stela status` (read from other threads).
+#[derive(Debug, Default)]
+pub struct NetCounters {
+    pub connections: AtomicU32,
+    pub rings: AtomicU32,
+    pub refused: AtomicU64,
+    pub partial_bytes: AtomicU64,
+    pub max_connections: AtomicU32,
+    pub file_limit: AtomicU64,
+    pub partial_cap: AtomicU64,
+}
+
+impl NetCounters {
+    pub fn snapshot(&self) -> NetStats {
+        NetStats {
+            connections: self.connections.load(Ordering::Relaxed),
+            max_connections: self.max_connections.load(Ordering::Relaxed),
+            file_limit: self.file_limit.load(Ordering::Relaxed),
+            rings: self.rings.load(Ordering::Relaxed),
+            refused_connections: self.refused.load(Ordering::Relaxed),
+            partial_frame_bytes: self.partial_bytes.load(Ordering::Relaxed),
+            partial_frame_cap: self.partial_cap.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the server keeps to stop the loop.
+pub struct LoopHandle {
+    stop: Arc<AtomicBool>,
+    waker: Arc<mio::Waker>,
+    pub counters: Arc<NetCounters>,
+}
+
+impl LoopHandle {
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+pub(crate) struct EventLoop {
+    poll: Poll,
+    engine: Arc<Engine>,
+    inbox: Arc<Inbox>,
+    workers: Arc<Workers>,
+    counters: Arc<NetCounters>,
+    stop: Arc<AtomicBool>,
+    unix: mio::net::UnixListener,
+    tcp: Option<mio::net::TcpListener>,
+    conns: Vec<Option<Conn>>,
+    free_slots: Vec<usize>,
+    next_serial: u64,
+    limits: limits::Limits,
+    clients: usize,
+    admins: usize,
+    /// Connections in their handshake, oldest first (stale entries are skipped).
+    handshakes: VecDeque<ConnRef>,
+    /// Connections with bytes to handle or an answer that arrived.
+    ready: VecDeque<usize>,
+    /// Connections held back by the cap on unhandled bytes.
+    throttled: VecDeque<usize>,
+    /// Connections (and rings) whose append found no space.
+    parked: Vec<usize>,
+    /// Connections with a ring.
+    rings: Vec<usize>,
+    held: usize,
+    held_cap: usize,
+    handshake_timeout: Duration,
+    idle_timeout: Duration,
+    spin: Duration,
+    max_frame: usize,
+    ring_bytes: usize,
+    scratch: Vec<u8>,
+    /// A descriptor kept open to be closed when the process is out of them, so that one more
+    /// connection can be accepted and told why it is refused.
+    spare_fd: Option<std::fs::File>,
+    last_accept_error: Option<Instant>,
+}
+
+/// Sets up the loop on its listeners; [`EventLoop::run`] runs it.
+pub(crate) fn create(
+    config: &DaemonConfig,
+    engine: Arc<Engine>,
+    unix: std::os::unix::net::UnixListener,
+    tcp: Option<std::net::TcpListener>,
+) -> Result<(EventLoop, LoopHandle), StartError> {
+    let poll = Poll::new().map_err(StartError::EventLoop)?;
+    let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(StartError::EventLoop)?);
+    unix.set_nonblocking(true).map_err(StartError::EventLoop)?;
+    let mut unix = mio::net::UnixListener::from_std(unix);
+    poll.registry()
+        .register(&mut unix, UNIX_LISTENER, Interest::READABLE)
+        .map_err(StartError::EventLoop)?;
+    let tcp = match tcp {
+        Some(listener) => {
+            listener.set_nonblocking(true).map_err(StartError::EventLoop)?;
+            let mut listener = mio::net::TcpListener::from_std(listener);
+            poll.registry()
+                .register(&mut listener, TCP_LISTENER, Interest::READABLE)
+                .map_err(StartError::EventLoop)?;
+            Some(listener)
+        }
+        None => None,
+    };
+    let file_limit = limits::raise_file_limit();
+    let limits = limits::limits(file_limit, config.max_connections, config.admin_connections);
+    let counters = Arc::new(NetCounters::default());
+    counters
+        .max_connections
+        .store(limits.clients as u32, Ordering::Relaxed);
+    counters.file_limit.store(file_limit, Ordering::Relaxed);
+    counters
+        .partial_cap
+        .store(config.partial_frame_bytes as u64, Ordering::Relaxed);
+    let inbox = Arc::new(Inbox::new(
+        mio::Waker::new(poll.registry(), WAKER).map_err(StartError::EventLoop)?,
+    ));
+    let workers = Arc::new(Workers::start(config.workers).map_err(|source| StartError::Thread {
+        name: "stela-worker".into(),
+        source,
+    })?);
+    {
+        let inbox = Arc::clone(&inbox);
+        engine.on_release(Box::new(move |space_freed| {
+            if space_freed {
+                inbox.post(Event::SpaceFreed);
+            } else if inbox.take_pending() {
+                inbox.nudge();
+            }
+        }));
+    }
+    let cap = engine.dirty_cap().bytes as usize;
+    let max_frame = (cap.max(4096) * 2 + (64 << 10)).clamp(1 << 20, stela_proto::MAX_FRAME_BYTES);
+    let stop = Arc::new(AtomicBool::new(false));
+    let handle = LoopHandle {
+        stop: Arc::clone(&stop),
+        waker,
+        counters: Arc::clone(&counters),
+    };
+    Ok((
+        EventLoop {
+            poll,
+            engine,
+            inbox,
+            workers,
+            counters,
+            stop,
+            unix,
+            tcp,
+            conns: Vec::new(),
+            free_slots: Vec::new(),
+            next_serial: 1,
+            limits,
+            clients: 0,
+            admins: 0,
+            handshakes: VecDeque::new(),
+            ready: VecDeque::new(),
+            throttled: VecDeque::new(),
+            parked: Vec::new(),
+            rings: Vec::new(),
+            held: 0,
+            held_cap: config.partial_frame_bytes.max(max_frame),
+            handshake_timeout: config.handshake_timeout,
+            idle_timeout: config.idle_timeout,
+            spin: config.spin,
+            max_frame,
+            ring_bytes: config.ring_bytes,
+            scratch: vec![0u8; 64 << 10],
+            spare_fd: std::fs::File::open("/dev/null").ok(),
+            last_accept_error: None,
+        },
+        handle,
+    ))
+}
+
+impl EventLoop {
+    /// Serves until stopped; then answers what it can and closes every connection.
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut last_activity = Instant::now();
+        let mut last_socket_poll = Instant::now();
+        let mut last_sweep = Instant::now();
+        while !self.stop.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            let spinning = !self.spin.is_zero() && now.duration_since(last_activity) < self.spin;
+            let mut sleeping = false;
+            let timeout = if spinning {
+                if now.duration_since(last_socket_poll) < SOCKET_POLL_EVERY && !self.rings.is_empty() {
+                    None // rings only this turn
+                } else {
+                    Some(Some(Duration::ZERO))
+                }
+            } else if self.prepare_sleep() {
+                sleeping = true;
+                Some(Some(SWEEP_EVERY))
+            } else {
+                Some(Some(Duration::ZERO))
+            };
+            if let Some(timeout) = timeout {
+                if let Err(error) = self.poll.poll(&mut events, timeout) {
+                    if error.kind() != io::ErrorKind::Interrupted {
+                        tracing::error!(%error, "event loop poll failed");
+                    }
+                }
+                last_socket_poll = Instant::now();
+            } else {
+                events.clear();
+            }
+            if sleeping {
+                self.woke();
+            }
+            let mut active = false;
+            for event in events.iter() {
+                active = true;
+                match event.token() {
+                    WAKER => {}
+                    UNIX_LISTENER | TCP_LISTENER => self.accept(event.token()),
+                    Token(token) if token >= CONN_BASE => {
+                        let slot = (token - CONN_BASE) / 2;
+                        let doorbell = (token - CONN_BASE) % 2 == 1;
+                        if doorbell {
+                            if let Some(Some(conn)) = self.conns.get(slot) {
+                                if let Some(ring) = &conn.ring {
+                                    ring.drain_doorbell();
+                                }
+                            }
+                        } else {
+                            self.on_socket(slot, event.is_readable() || event.is_read_closed(), event.is_writable());
+                        }
+                    }
+                    Token(_) => {}
+                }
+            }
+            active |= self.take_inbox();
+            active |= self.scan_rings();
+            active |= self.run_ready();
+            if active {
+                last_activity = Instant::now();
+            }
+            if last_sweep.elapsed() >= SWEEP_EVERY {
+                last_sweep = Instant::now();
+                self.sweep();
+            }
+        }
+        self.close_all();
+    }
+
+    /// Before sleeping: every ring's client must ring the doorbell from now on, and nothing
+    /// may be waiting. `false`: something is, poll without sleeping.
+    fn prepare_sleep(&mut self) -> bool {
+        if !self.inbox.prepare_sleep() {
+            return false;
+        }
+        let mut quiet = true;
+        for &slot in &self.rings {
+            if let Some(Some(conn)) = self.conns.get(slot) {
+                if let Some(ring) = &conn.ring {
+                    quiet &= ring.prepare_sleep();
+                }
+            }
+        }
+        if !quiet {
+            self.woke();
+        }
+        quiet
+    }
+
+    fn woke(&mut self) {
+        self.inbox.woke();
+        for &slot in &self.rings {
+            if let Some(Some(conn)) = self.conns.get(slot) {
+                if let Some(ring) = &conn.ring {
+                    ring.woke();
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, listener: Token) {
+        loop {
+            let accepted = if listener == UNIX_LISTENER {
+                self.unix.accept().map(|(s, _)| Stream::Unix(s))
+            } else {
+                match &self.tcp {
+                    Some(tcp) => tcp.accept().map(|(s, _)| {
+                        let _ = s.set_nodelay(true);
+                        Stream::Tcp(s)
+                    }),
+                    None => return,
+                }
+            };
+            match accepted {
+                Ok(stream) => self.add_conn(stream),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_out_of_descriptors(&e) => {
+                    self.out_of_descriptors(listener, &e);
+                    return;
+                }
+                Err(error) => {
+                    self.log_accept_error(&error);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The process has no descriptor left: free the spare one, accept one connection to tell it
+    /// why, close it, and take the spare back. The error is logged (at most once a second).
+    fn out_of_descriptors(&mut self, listener: Token, error: &io::Error) {
+        self.log_accept_error(error);
+        drop(self.spare_fd.take());
+        let refused = if listener == UNIX_LISTENER {
+            self.unix.accept().ok().map(|(s, _)| Stream::Unix(s))
+        } else {
+            self.tcp.as_ref().and_then(|t| t.accept().ok().map(|(s, _)| Stream::Tcp(s)))
+        };
+        if let Some(stream) = refused {
+            self.refuse_now(stream, "the daemon has no file descriptor left");
+        }
+        self.spare_fd = std::fs::File::open("/dev/null").ok();
+    }
+
+    fn log_accept_error(&mut self, error: &io::Error) {
+        let now = Instant::now();
+        if self
+            .last_accept_error
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
+        {
+            self.last_accept_error = Some(now);
+            tracing::error!(%error, connections = self.clients + self.admins, "accepting a connection failed");
+        }
+    }
+
+    /// Tells a connection it is refused and closes it, without keeping it.
+    fn refuse_now(&mut self, stream: Stream, why: &str) {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        let mut conn = Conn::new(0, stream);
+        conn.refuse(ErrorCode::TooManyConnections, why.to_owned());
+        let _ = conn.flush();
+        tracing::warn!(peer = %conn.peer, why, "connection refused");
+    }
+
+    fn add_conn(&mut self, stream: Stream) {
+        // Handshake slots are few: the oldest connection still in its handshake makes room.
+        while self.live_handshakes() >= self.limits.handshakes {
+            let Some(oldest) = self.handshakes.pop_front() else { break };
+            if self.is_current(oldest) {
+                if let Some(conn) = self.conn_mut(oldest.slot) {
+                    conn.refuse(
+                        ErrorCode::Timeout,
+                        "no Hello, and newer connections need the handshake slot".into(),
+                    );
+                }
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                self.close(oldest.slot);
+            }
+        }
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conns.len() - 1
+        });
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let mut conn = Conn::new(serial, stream);
+        if let Err(error) = self.poll.registry().register(
+            conn.stream.source(),
+            Token(CONN_BASE + 2 * slot),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            tracing::error!(%error, peer = %conn.peer, "registering a connection failed");
+            self.free_slots.push(slot);
+            return;
+        }
+        tracing::debug!(peer = %conn.peer, "connection accepted");
+        self.conns[slot] = Some(conn);
+        self.handshakes.push_back(ConnRef { slot, serial });
+        self.counters.connections.fetch_add(1, Ordering::Relaxed);
+        self.ready.push_back(slot);
+    }
+
+    fn live_handshakes(&self) -> usize {
+        self.handshakes
+            .iter()
+            .filter(|c| self.is_current(**c) && matches!(self.conns[c.slot].as_ref().map(|c| c.phase), Some(Phase::Handshake)))
+            .count()
+    }
+
+    fn is_current(&self, conn: ConnRef) -> bool {
+        matches!(self.conns.get(conn.slot), Some(Some(c)) if c.serial == conn.serial)
+    }
+
+    fn conn_mut(&mut self, slot: usize) -> Option<&mut Conn> {
+        self.conns.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    fn on_socket(&mut self, slot: usize, readable: bool, writable: bool) {
+        if writable {
+            self.flush(slot);
+        }
+        if readable {
+            self.read(slot);
+        }
+    }
+
+    /// Reads what a connection sent, within the cap on held bytes.
+    fn read(&mut self, slot: usize) {
+        let room = self.held_cap.saturating_sub(self.held);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            self.scratch = scratch;
+            return;
+        };
+        if conn.waiting.is_some() || conn.phase == Phase::Closing {
+            conn.unread = true; // read once the connection can go on
+            self.scratch = scratch;
+            return;
+        }
+        if room == 0 {
+            conn.unread = true;
+            self.throttled.push_back(slot);
+            self.scratch = scratch;
+            return;
+        }
+        let result = conn.read_some(&mut scratch, READ_BUDGET.min(room));
+        self.scratch = scratch;
+        match result {
+            Ok(n) => {
+                self.held += n;
+                // Stopped at the cap: the rest waits until handled bytes make room. Stopped at
+                // the budget: `step` reads on once these bytes are handled.
+                if n == room {
+                    self.throttled.push_back(slot);
+                }
+                self.ready.push_back(slot);
+            }
+            Err(error) => {
+                if error.kind() != io::ErrorKind::UnexpectedEof {
+                    tracing::debug!(%error, "connection failed");
+                }
+                // Requests already received are still answered if they can be; the peer is
+                // gone, so there is nobody to answer: close now.
+                self.close(slot);
+            }
+        }
+    }
+
+    fn flush(&mut self, slot: usize) {
+        let Some(conn) = self.conn_mut(slot) else { return };
+        match conn.flush() {
+            Ok(true) if conn.phase == Phase::Closing => self.close(slot),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(%error, "writing to a connection failed");
+                self.close(slot);
+            }
+        }
+    }
+
+    /// Handles the requests of the connections that have some, and sends their answers.
+    fn run_ready(&mut self) -> bool {
+        let mut any = false;
+        // Held-back connections get their turn once bytes are handled.
+        if self.held < self.held_cap {
+            while let Some(slot) = self.throttled.pop_front() {
+                self.ready.push_back(slot);
+            }
+        }
+        // Only those ready now: a connection that keeps sending must not starve the rest.
+        for _ in 0..self.ready.len() {
+            let Some(slot) = self.ready.pop_front() else { break };
+            any = true;
+            self.step(slot);
+        }
+        any
+    }
+
+    fn step(&mut self, slot: usize) {
+        let stats = self.counters.snapshot();
+        let (engine, inbox, workers) = (
+            Arc::clone(&self.engine),
+            Arc::clone(&self.inbox),
+            Arc::clone(&self.workers),
+        );
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        let ctx = Ctx {
+            engine: &engine,
+            inbox: &inbox,
+            workers: &workers,
+            me: ConnRef {
+                slot,
+                serial: conn.serial,
+            },
+            max_frame: self.max_frame,
+            ring_bytes: self.ring_bytes,
+            net: &stats,
+        };
+        let held_before = conn.held_bytes();
+        let progress = conn.process(&ctx);
+        let held_after = conn.held_bytes();
+        let had_ring = conn.ring.is_some();
+        let unread = conn.unread && conn.waiting.is_none();
+        self.held = (self.held + held_after).saturating_sub(held_before);
+        match progress {
+            Progress::Hello(id, role) => self.hello(slot, id, role),
+            Progress::Waiting => {
+                if matches!(self.conns[slot].as_ref().and_then(|c| c.waiting.as_ref()), Some(Waiting::Space { .. })) {
+                    self.parked.push(slot);
+                }
+            }
+            Progress::Idle | Progress::Close => {}
+        }
+        if had_ring && !self.rings.contains(&slot) {
+            self.rings.push(slot);
+            self.register_doorbell(slot);
+        }
+        self.flush(slot);
+        if unread {
+            self.read(slot);
+        }
+    }
+
+    fn hello(&mut self, slot: usize, id: u64, role: Role) {
+        let admitted = match role {
+            Role::Client => self.clients < self.limits.clients,
+            Role::Admin => self.admins < self.limits.admins || self.clients < self.limits.clients,
+        };
+        let Some(conn) = self.conn_mut(slot) else { return };
+        if !admitted {
+            let peer = conn.peer.clone();
+            conn.refuse(
+                ErrorCode::TooManyConnections,
+                format!(
+                    "the daemon serves at most {} connections (and {} administrators); try again later",
+                    self.limits.clients, self.limits.admins
+                ),
+            );
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, ?role, "connection refused: at the limit");
+            return;
+        }
+        conn.admit(id, role);
+        match role {
+            Role::Client => self.clients += 1,
+            Role::Admin => self.admins += 1,
+        }
+        // More requests may be buffered behind the Hello.
+        self.ready.push_back(slot);
+    }
+
+    fn register_doorbell(&mut self, slot: usize) {
+        let Some(Some(conn)) = self.conns.get(slot) else { return };
+        let Some(ring) = &conn.ring else { return };
+        let fd = ring.doorbell_fd().as_raw_fd();
+        let mut source = mio::unix::SourceFd(&fd);
+        if let Err(error) = self.poll.registry().register(
+            &mut source,
+            Token(CONN_BASE + 2 * slot + 1),
+            Interest::READABLE,
+        ) {
+            tracing::error!(%error, "registering a ring's doorbell failed");
+        }
+        self.counters.rings.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Answers that arrived (disk waits, worker jobs) and freed space.
+    fn take_inbox(&mut self) -> bool {
+        let events = self.inbox.take();
+        let any = !events.is_empty();
+        for event in events {
+            match event {
+                Event::SpaceFreed => {
+                    for slot in std::mem::take(&mut self.parked) {
+                        self.ready.push_back(slot);
+                    }
+                    for &slot in &self.rings {
+                        if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                            if let Some(ring) = &mut conn.ring {
+                                ring.unpark();
+                            }
+                        }
+                    }
+                }
+                Event::Answer {
+                    conn,
+                    id,
+                    result,
+                    effect,
+                } => {
+                    if !self.is_current(conn) {
+                        // The connection is gone: give back what the job took for it.
+                        if let Effect::Opened(opened) = effect {
+                            let engine = Arc::clone(&self.engine);
+                            self.workers.submit(Box::new(move || engine.release(opened.log)));
+                        }
+                        continue;
+                    }
+                    let c = self.conns[conn.slot].as_mut().expect("current");
+                    let result = match (result, effect) {
+                        (Ok(ResponseBody::Opened { positions, max_record_bytes, .. }), Effect::Opened(opened)) => {
+                            let handle = c.add_handle(opened.log);
+                            Ok(ResponseBody::Opened { handle, positions, max_record_bytes })
+                        }
+                        (result, _) => result,
+                    };
+                    c.finish(id, result);
+                    self.ready.push_back(conn.slot);
+                }
+            }
+        }
+        any
+    }
+
+    /// Copies entries out of every ring that has some.
+    fn scan_rings(&mut self) -> bool {
+        let mut any = false;
+        let mut faulted = Vec::new();
+        for index in 0..self.rings.len() {
+            let slot = self.rings[index];
+            let Some(Some(conn)) = self.conns.get_mut(slot) else { continue };
+            let Some(ring) = &mut conn.ring else { continue };
+            match ring.step(&self.engine, &conn.handles) {
+                Ok(did) => any |= did,
+                Err(fault) => {
+                    tracing::warn!(peer = %conn.peer, %fault, "bad entry in a shared-memory ring; closing the connection");
+                    conn.refuse(ErrorCode::BadFrame, format!("shared-memory ring: {fault}"));
+                    faulted.push(slot);
+                }
+            }
+        }
+        for slot in faulted {
+            self.flush(slot);
+            self.close(slot);
+        }
+        any
+    }
+
+    /// Deadlines: handshakes and idle connections; parked appends are retried as a safety net.
+    fn sweep(&mut self) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        for (slot, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            let late = match conn.phase {
+                Phase::Handshake => now.duration_since(conn.accepted_at) >= self.handshake_timeout,
+                Phase::Ready(_) => {
+                    !self.idle_timeout.is_zero()
+                        && conn.waiting.is_none()
+                        && conn.ring.as_ref().is_none_or(|r| r.idle())
+                        && now.duration_since(conn.last_request) >= self.idle_timeout
+                }
+                Phase::Closing => false,
+            };
+            if late {
+                expired.push(slot);
+            }
+        }
+        for slot in expired {
+            let Some(conn) = self.conn_mut(slot) else { continue };
+            let why = if conn.phase == Phase::Handshake {
+                "no Hello within the handshake timeout"
+            } else {
+                "idle for longer than the idle timeout"
+            };
+            tracing::debug!(peer = %conn.peer, why, "closing a connection");
+            conn.refuse(ErrorCode::Timeout, why.into());
+            self.flush(slot);
+            self.close(slot);
+        }
+        for slot in std::mem::take(&mut self.parked) {
+            self.ready.push_back(slot);
+        }
+        for &slot in &self.rings {
+            if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                if let Some(ring) = &mut conn.ring {
+                    ring.unpark();
+                }
+            }
+        }
+        self.counters
+            .partial_bytes
+            .store(self.held as u64, Ordering::Relaxed);
+    }
+
+    /// Closes a connection: its handles are given back (on a worker: closing a log writes it).
+    fn close(&mut self, slot: usize) {
+        let Some(mut conn) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(conn.stream.source());
+        if let Some(ring) = &conn.ring {
+            let fd = ring.doorbell_fd().as_raw_fd();
+            let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&fd));
+            self.counters.rings.fetch_sub(1, Ordering::Relaxed);
+            self.rings.retain(|&s| s != slot);
+        }
+        self.held -= conn.held_bytes().min(self.held);
+        match conn.phase {
+            Phase::Ready(Role::Client) => self.clients -= 1,
+            Phase::Ready(Role::Admin) => self.admins -= 1,
+            _ => {}
+        }
+        self.counters.connections.fetch_sub(1, Ordering::Relaxed);
+        for log in conn.handles.drain(..).flatten() {
+            let engine = Arc::clone(&self.engine);
+            self.workers.submit(Box::new(move || engine.release(log)));
+        }
+        tracing::debug!(peer = %conn.peer, "connection closed");
+        self.free_slots.push(slot);
+    }
+
+    fn close_all(&mut self) {
+        let _ = self.take_inbox();
+        for slot in 0..self.conns.len() {
+            if let Some(conn) = self.conn_mut(slot) {
+                let _ = conn.flush();
+            }
+            self.close(slot);
+        }
+    }
+}
+
+fn is_out_of_descriptors(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
+/// Sends `bytes` with `fds` attached (SCM_RIGHTS). `None`: the socket is full, try again.
+pub(crate) fn send_with_fds(
+    socket: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[OwnedFd],
+) -> io::Result<Option<usize>> {
+    stela_net::shm::send_with_fds(socket, bytes, fds)
+}

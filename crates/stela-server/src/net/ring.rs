@@ -1,0 +1,208 @@
+//! The daemon's end of a connection's shared-memory ring: entries copied out, placed in the
+//! pool, and acknowledged in place (`docs/PROTOCOL.md`, "Shared-memory transport").
+//!
+//! Invariants (the isolation argument of RapiLog, for a ring the client can scribble on):
+//! - An entry is acknowledged only after its records are framed in the pool, from the daemon's
+//!   private copy, which was checked (CRCs, lengths, sequence) after copying; a client's wild
+//!   write can therefore only spoil its own entries not yet acknowledged.
+//! - Nothing past the client's published tail is ever read; a bad entry stops the ring for
+//!   good (nothing after it is acknowledged) and closes the connection.
+//! - Completions are published in sequence: while an entry waits for the disk, the entries
+//!   after it are not read (as on the socket, a waiting request holds back the connection).
+//!   A `disk` entry is completed by the flusher that made it durable, directly in the ring,
+//!   without a hop through the event loop.
+//! - An append that finds no buffer space is left in the ring, unconsumed, and retried when
+//!   space is freed: the client simply waits longer (backpressure), nothing is dropped.
+
+use super::conn::check_level;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::pool::{LogId, Record};
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use stela_net::shm::{Completer, Completion, DaemonRing, RingFault};
+use stela_proto::ring::{Entry, EntryKind, RESULT_SLOTS};
+use stela_proto::{Durability, ErrorCode, ResponseBody};
+
+pub(crate) struct RingConn {
+    ring: DaemonRing,
+    completer: Arc<Completer>,
+    /// The entry waiting for the disk, if one is.
+    pending: Option<u64>,
+    /// An append found no space; retry once space is freed.
+    parked: bool,
+    scratch: Vec<u8>,
+}
+
+impl RingConn {
+    /// Creates a ring of `data_bytes`; returns it, the descriptors for the client (memory,
+    /// doorbell) and the answer that goes with them.
+    pub fn create(data_bytes: usize) -> io::Result<(RingConn, Vec<OwnedFd>, ResponseBody)> {
+        let (ring, memory, doorbell) = DaemonRing::create(data_bytes, RESULT_SLOTS)?;
+        let completer = ring.completer();
+        let answer = ResponseBody::RingMapped {
+            data_bytes: data_bytes as u32,
+            slots: RESULT_SLOTS,
+        };
+        Ok((
+            RingConn {
+                ring,
+                completer,
+                pending: None,
+                parked: false,
+                scratch: Vec::new(),
+            },
+            vec![memory, doorbell],
+            answer,
+        ))
+    }
+
+    pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
+        self.ring.doorbell_fd()
+    }
+
+    pub fn drain_doorbell(&self) {
+        self.ring.drain_doorbell();
+    }
+
+    /// Asks the client to ring the doorbell from now on; `false` if an entry is already
+    /// published (then do not sleep).
+    pub fn prepare_sleep(&self) -> bool {
+        self.ring.set_asleep()
+    }
+
+    pub fn woke(&self) {
+        self.ring.clear_asleep();
+    }
+
+    pub fn unpark(&mut self) {
+        self.parked = false;
+    }
+
+    /// Nothing in flight (for the idle timeout).
+    pub fn idle(&self) -> bool {
+        self.pending.is_none() && !self.parked
+    }
+
+    fn complete(&self, seq: u64, result: Result<(u64, u64), &Error>) {
+        complete(&self.completer, seq, result);
+    }
+
+    /// Handles the published entries; `Ok(true)` if it did anything. `Err`: the ring is bad and
+    /// the connection must close.
+    pub fn step(&mut self, engine: &Engine, handles: &[Option<LogId>]) -> Result<bool, RingFault> {
+        if let Some(seq) = self.pending {
+            if self.completer.done_seq() < seq {
+                return Ok(false);
+            }
+            self.pending = None;
+        }
+        let mut did = false;
+        while !self.parked {
+            let Some(entry) = self.ring.next_entry(&mut self.scratch)? else {
+                break;
+            };
+            did = true;
+            let seq = entry.seq;
+            let outcome = handle_entry(engine, handles, &entry, seq, &self.completer);
+            match outcome {
+                Handled::NoSpace => {
+                    self.parked = true;
+                    break;
+                }
+                Handled::Done(result) => {
+                    self.ring.consume();
+                    self.complete(seq, result.as_ref().map(|r| *r));
+                }
+                Handled::Waiting => {
+                    self.ring.consume();
+                    self.pending = Some(seq);
+                    break;
+                }
+            }
+        }
+        Ok(did)
+    }
+}
+
+enum Handled {
+    NoSpace,
+    Done(Result<(u64, u64), Error>),
+    Waiting,
+}
+
+fn handle_entry(
+    engine: &Engine,
+    handles: &[Option<LogId>],
+    entry: &Entry<'_>,
+    seq: u64,
+    completer: &Arc<Completer>,
+) -> Handled {
+    let log = match handles
+        .get(entry.handle as usize)
+        .copied()
+        .flatten()
+        .ok_or(Error::UnknownHandle(entry.handle))
+        .and_then(|log| check_level(entry.durability).map(|()| log))
+    {
+        Ok(log) => log,
+        Err(error) => return Handled::Done(Err(error)),
+    };
+    let (first, last) = match entry.kind {
+        EntryKind::Append => {
+            let records: Vec<Record<'_>> = entry
+                .records()
+                .map(|(payload, crc)| Record { payload, crc })
+                .collect();
+            match engine.append(log, &records) {
+                Ok(placed) => placed,
+                Err(Error::NoSpace) => return Handled::NoSpace,
+                Err(error) => return Handled::Done(Err(error)),
+            }
+        }
+        EntryKind::Commit => match engine.check_appended(log, entry.lsn) {
+            Ok(()) => (entry.lsn, entry.lsn),
+            Err(error) => return Handled::Done(Err(error)),
+        },
+    };
+    if entry.durability != Durability::Disk || last < first || last == 0 {
+        return Handled::Done(Ok((first, last)));
+    }
+    let (completer, name) = (Arc::clone(completer), engine.log_name(log));
+    let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
+        let result = outcome
+            .map(|()| (first, last))
+            .map_err(|e| Error::from_pool(&name, e));
+        complete(&completer, seq, result.as_ref().map(|r| *r));
+    });
+    match engine.when_durable(log, last, waiter) {
+        Ok(Some(_)) => Handled::Done(Ok((first, last))),
+        Ok(None) => Handled::Waiting,
+        Err((_, error)) => Handled::Done(Err(error)),
+    }
+}
+
+/// Publishes the completion of entry `seq`.
+fn complete(completer: &Completer, seq: u64, result: Result<(u64, u64), &Error>) {
+    let completion = match result {
+        Ok((first_lsn, last_lsn)) => Completion {
+            first_lsn,
+            last_lsn,
+            status: 0,
+            message: String::new(),
+        },
+        Err(error) => Completion {
+            first_lsn: 0,
+            last_lsn: 0,
+            status: error_status(error.code()),
+            message: error.to_string(),
+        },
+    };
+    completer.complete(seq, &completion);
+}
+
+/// A wire error code as a ring status (0 is success).
+fn error_status(code: ErrorCode) -> u32 {
+    stela_proto::ring::status_of(code)
+}
