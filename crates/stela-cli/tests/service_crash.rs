@@ -51,7 +51,7 @@ use stela_proto::{Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION
 
 mod common;
 
-use common::{stela, text};
+use common::{stela, text, Daemon};
 
 const STELA: &str = env!("CARGO_BIN_EXE_stela");
 const CHILD_SOCKET: &str = "STELA_SERVICE_CHILD_SOCKET";
@@ -125,139 +125,6 @@ impl Rng {
 
     fn millis(&mut self, from: u64, to: u64) -> Duration {
         Duration::from_millis(from + self.below(to - from))
-    }
-}
-
-/// A `stela serve` process; killed if still running when dropped.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    /// Starts `stela serve --dir DIR ARGS...` and waits until it answers on its socket.
-    fn start(dir: &Path, args: &[&str]) -> Daemon {
-        static STARTS: AtomicU64 = AtomicU64::new(0);
-        let n = STARTS.fetch_add(1, Ordering::SeqCst);
-        // Next to the daemon's directory, in the test's temporary directory.
-        let log = dir.with_file_name(format!("daemon-{n}.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let mut command = Command::new(STELA);
-        command.arg("serve").arg("--dir").arg(dir);
-        if !args.contains(&"--assume-write-rate") {
-            // No disk measurement at start: every start is quick.
-            command.args(["--assume-write-rate", "500000000"]);
-        }
-        let child = command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawn stela serve");
-        let mut daemon = Daemon {
-            child,
-            dir: dir.to_owned(),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = daemon.child.try_wait().unwrap() {
-                panic!(
-                    "stela serve exited at start ({status}):\n{}",
-                    daemon.output()
-                );
-            }
-            if daemon.output().contains("listening on")
-                && UnixStream::connect(daemon.socket()).is_ok()
-            {
-                return daemon;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "stela serve did not start:\n{}",
-                daemon.output()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.join("stela.sock")
-    }
-
-    fn dir_arg(&self) -> &str {
-        self.dir.to_str().unwrap()
-    }
-
-    /// What the daemon printed (stdout and stderr).
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_alive(&mut self, when: &str) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("the daemon died {when} ({status}):\n{}", self.output());
-        }
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    /// SIGKILL; returns once the process is gone.
-    fn kill(mut self) {
-        self.assert_alive("before its SIGKILL");
-        self.child.kill().expect("SIGKILL the daemon");
-        let status = self.child.wait().unwrap();
-        assert_eq!(status.signal(), Some(9), "{status}");
-    }
-
-    /// Sends `signal` with kill(1) and waits (at most 30 s) for the daemon to exit.
-    fn signal_and_wait(&mut self, signal: &str) -> ExitStatus {
-        let sent = Command::new("kill")
-            .args([&format!("-{signal}"), &self.pid()])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -{signal} failed");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not exit after SIG{signal}:\n{}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// SIGTERM: the daemon must flush, say so and exit 0.
-    fn terminate(mut self) {
-        let status = self.signal_and_wait("TERM");
-        let output = self.output();
-        assert_eq!(
-            status.code(),
-            Some(0),
-            "exit after SIGTERM: {status}\n{output}"
-        );
-        assert!(
-            output.contains("every buffer written and synced; stopped"),
-            "{output}"
-        );
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.log);
     }
 }
 

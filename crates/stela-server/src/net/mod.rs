@@ -294,6 +294,9 @@ impl EventLoop {
             }
         }
         self.close_all();
+        // The jobs closing connections' logs finish before the daemon reports itself stopped,
+        // so every log's files (and directory lock) are released by then.
+        self.workers.stop();
     }
 
     /// Before sleeping: every ring's client must ring the doorbell from now on, and nothing
