@@ -6,7 +6,7 @@
 //! the run, recording adds one to a slot, and merging threads adds their slots.
 //!
 //! Invariants:
-//! - Every histogram has the same bounds ([`LOWEST_NS`]..=[`HIGHEST_NS`], [`SIGNIFICANT_DIGITS`]
+//! - Every histogram has the same bounds (`LOWEST_NS..=HIGHEST_NS`, `SIGNIFICANT_DIGITS`
 //!   digits), so recording never resizes (no allocation in the timed loop) and merging two of
 //!   them cannot fail.
 //! - Values are nanoseconds; a percentile is reported in microseconds as the middle of the
