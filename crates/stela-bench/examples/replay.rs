@@ -1,5 +1,5 @@
 //! Open and replay timings of an existing log of the benchmark's records, for working on
-//! recovery and `Wal::par_iter_from` (keep a log with `stela wal bench --dir DIR`).
+//! recovery and `Wal::par_iter_from` (keep a log with `stela-bench wal --dir DIR`).
 //!
 //! `cargo run --release -p stela-bench --example replay -- DIR [DECODE_THREADS]`
 

@@ -1,11 +1,91 @@
-//! Command line arguments of `stela wal bench`, and `stela demo`.
+//! The `stela-bench` command line: its subcommands, the arguments of `stela-bench wal`, and the
+//! entry point [`run`] the binary calls (so tests can reach the same code).
+//!
+//! - `stela-bench wal`: the write-ahead log benchmark ([`crate::wal_bench`]: the paper's Tables
+//!   I and II, group commit against okaywal and raft-engine).
+//! - `stela-bench commit`: commit throughput and latency, embedded against the daemon
+//!   ([`crate::commit_bench`]).
+//! - `stela-bench power-fail`: the emergency flush of a full dirty set against its budget
+//!   ([`crate::power_bench`]).
+//!
+//! Exit codes: 0 success, 2 the command failed (bad arguments, a run that failed, ...).
 
 use crate::chart::save_chart;
+use crate::commit_bench::CommitBenchArgs;
+use crate::power_bench::PowerBenchArgs;
 use crate::wal_bench::{self, PaperConfig, ResultRow, SyncChoice, WalBenchConfig};
-use clap::ValueEnum;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use stela_format::Codec;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "stela-bench",
+    version,
+    about = "Benchmarks of stela: the WAL against its peers, commits embedded against the daemon, \
+             the emergency flush"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Benchmark the WAL (the paper's Tables I and II, group commit vs peers).
+    Wal(WalBenchArgs),
+    /// Commits/s and commit latency by clients and record size: embedded stela-wal (fdatasync
+    /// per commit, group commit, no sync) against the daemon (disk, buffered, unsafe).
+    Commit(CommitBenchArgs),
+    /// Time of the emergency flush of a full dirty set on this disk, against half the power
+    /// window (stalls the disk to fill the buffers, then announces the power failure).
+    PowerFail(PowerBenchArgs),
+}
+
+/// Parses `args` and runs the command; returns the process exit code.
+pub fn run<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    // The daemon of the service runs logs its warnings through tracing, as under `stela`.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let result = match cli.command {
+        Command::Wal(args) => run_wal_bench(&args, &mut out).map(drop),
+        Command::Commit(args) => crate::commit_bench::run_commit_bench(&args, &mut out),
+        Command::PowerFail(args) => crate::power_bench::run(args).map(drop),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            let _ = out.flush();
+            eprintln!("stela-bench: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
 
 /// A paper configuration on the command line (`A`, `B`, `C`, any case).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -66,7 +146,7 @@ impl From<SyncArg> for SyncChoice {
     }
 }
 
-/// Arguments of `stela wal bench`.
+/// Arguments of `stela-bench wal`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct WalBenchArgs {
     /// Records written (and read back) by each run.
@@ -143,61 +223,15 @@ impl WalBenchArgs {
     }
 }
 
-/// `stela wal bench`: runs the benchmark, printing to stdout, and saves the chart if asked.
-pub fn run_wal_bench(args: WalBenchArgs) -> anyhow::Result<()> {
-    let stdout = std::io::stdout();
-    run_wal_bench_to(&args, &mut stdout.lock()).map(|_| ())
-}
-
-/// [`run_wal_bench`] writing to `out`; returns the result rows.
-pub fn run_wal_bench_to(
-    args: &WalBenchArgs,
-    out: &mut dyn Write,
-) -> anyhow::Result<Vec<ResultRow>> {
+/// `stela-bench wal`: runs the benchmark, printing to `out`, and saves the chart if asked;
+/// returns the result rows.
+pub fn run_wal_bench(args: &WalBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<ResultRow>> {
     let rows = wal_bench::run(&args.to_config(), out)?;
     if let Some(path) = &args.chart {
         save_chart(&rows, path)?;
         if !args.json {
             writeln!(out, "chart saved to {}", path.display())?;
         }
-    }
-    Ok(rows)
-}
-
-/// The configuration of `stela demo` for one sync choice: a short version of the benchmark.
-pub fn demo_config(sync: SyncChoice) -> WalBenchConfig {
-    WalBenchConfig {
-        records: DEMO_RECORDS,
-        configs: vec![PaperConfig::A, PaperConfig::C],
-        codecs: vec![Codec::MessagePack, Codec::Json],
-        sync,
-        writers: vec![1, 16],
-        peers: true,
-        ..WalBenchConfig::default()
-    }
-}
-
-/// Records per run in `stela demo`.
-pub const DEMO_RECORDS: usize = 20_000;
-
-/// `stela demo`: a short benchmark (20,000 records, configurations A and C, MessagePack and
-/// JSON, 1 and 16 writers, stela and its peers, fdatasync then none), printed as tables.
-pub fn run_demo() -> anyhow::Result<()> {
-    let stdout = std::io::stdout();
-    run_demo_to(&mut stdout.lock()).map(|_| ())
-}
-
-/// [`run_demo`] writing to `out`; returns the result rows.
-pub fn run_demo_to(out: &mut dyn Write) -> anyhow::Result<Vec<ResultRow>> {
-    let mut rows = Vec::new();
-    for (i, sync) in [SyncChoice::Fdatasync, SyncChoice::None]
-        .into_iter()
-        .enumerate()
-    {
-        if i > 0 {
-            writeln!(out)?;
-        }
-        rows.extend(wal_bench::run(&demo_config(sync), out)?);
     }
     Ok(rows)
 }

@@ -1,4 +1,4 @@
-//! `stela bench commit`: commits/s and commit latency of the embedded log against the log
+//! `stela-bench commit`: commits/s and commit latency of the embedded log against the log
 //! daemon, by number of concurrent clients and record size. It owns the arguments, the order of
 //! the runs, the result rows (table, JSON lines), and the ratios the daemon is judged by:
 //! `service-buffered` should cost at most 10 % against `service-unsafe`, be at least 10x
@@ -6,10 +6,9 @@
 //!
 //! Every (mode, clients, record size) is one run on a fresh log: a temporary directory, or
 //! `--dir DIR/<mode>-c<clients>-<bytes>B`. All clients of a run write to one log. How a run is
-//! timed is in [`crate::commit_driver`].
+//! timed is in [`stela::drive`], the driver the product's demo runs on too.
 
 use crate::commit_chart::save_commit_charts;
-use crate::commit_driver::{self, DaemonEnv, Mode, RecordSource, Timing, WARMUP};
 use crate::harness::RunDir;
 use crate::record::{encoded_len, make_sized_records, Record};
 use anyhow::Context;
@@ -18,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
+use stela::drive::{self, DaemonEnv, Mode, RecordSource, Timing, WARMUP};
 use stela_format::Codec;
 
 /// Record sizes run when `--record-bytes` is not given.
@@ -28,7 +28,7 @@ const RECORD_BYTES_RANGE: std::ops::RangeInclusive<usize> = 32..=256 << 10;
 /// Distinct records each run cycles through (generated once, untimed).
 const RECORDS_PER_SIZE: usize = 256;
 
-/// Arguments of `stela bench commit`.
+/// Arguments of `stela-bench commit`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommitBenchArgs {
     /// Numbers of concurrent clients (threads; each has its own connection or Wal handle), comma
@@ -145,7 +145,7 @@ pub struct CommitRow {
     pub p99_us: Option<f64>,
 }
 
-/// `stela bench commit`: runs, prints to `out`, saves the chart(s) if asked.
+/// `stela-bench commit`: runs, prints to `out`, saves the chart(s) if asked.
 pub fn run_commit_bench(args: &CommitBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let cfg = args.to_config()?;
     let rows = run(&cfg, out)?;
@@ -206,14 +206,9 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
                             next: c * RECORDS_PER_SIZE / clients,
                         })
                         .collect();
-                    let outcome = commit_driver::run_mode(
-                        mode,
-                        dir.path(),
-                        daemon.as_ref(),
-                        cfg.timing,
-                        sources,
-                    )
-                    .with_context(|| format!("{name}: run failed"))?;
+                    let outcome =
+                        drive::run_mode(mode, dir.path(), daemon.as_ref(), cfg.timing, sources)
+                            .with_context(|| format!("{name}: run failed"))?;
                     drop(dir);
                     outcomes[index].push(CommitRow {
                         mode: mode.name().to_string(),

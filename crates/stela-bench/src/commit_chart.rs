@@ -1,13 +1,13 @@
-//! SVG charts of `stela bench commit`: commits/s (log scale, since the modes span three orders
+//! SVG charts of `stela-bench commit`: commits/s (log scale, since the modes span three orders
 //! of magnitude) by concurrent clients, one line per mode, one chart per record size.
 //!
 //! Text is written as SVG `<text>` elements, so no font files or system libraries are needed.
 
 use crate::commit_bench::CommitRow;
-use crate::commit_driver::Mode;
 use anyhow::anyhow;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
+use stela::drive::Mode;
 
 /// One color per mode, in [`Mode::ALL`] order (embedded modes are drawn thinner than service ones).
 const COLORS: [RGBColor; 6] = [

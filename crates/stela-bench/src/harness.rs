@@ -111,7 +111,7 @@ where
 }
 
 /// Where one run's log lives: a kept folder under `--dir` (which must be new or empty), or a
-/// temporary one removed when dropped. Shared by `stela wal bench` and `stela bench commit`.
+/// temporary one removed when dropped. Shared by `stela-bench wal` and `stela-bench commit`.
 pub enum RunDir {
     Kept(PathBuf),
     Temp(tempfile::TempDir),

@@ -1,26 +1,23 @@
-//! stela-bench: the benchmarks behind `stela wal bench`, `stela bench commit` and `stela demo`.
+//! stela-bench: the benchmarks of stela, behind the `stela-bench` binary (`stela-bench wal`,
+//! `stela-bench commit`, `stela-bench power-fail`). The peers (okaywal, raft-engine) are
+//! dependencies here and nowhere else; the product (`stela`) does not depend on this crate.
 //!
+//! - [`cli`]: the command line, its arguments and the entry point [`cli::run`].
 //! - [`record`]: the paper's record type and a deterministic (seeded) generator.
 //! - [`harness`]: writer threads, timing, per-write latencies.
-//! - [`peers`]: okaywal and raft-engine adapters (the peers exist only in this crate).
+//! - [`peers`]: okaywal and raft-engine adapters.
 //! - [`wal_bench`]: the runs themselves (the paper's Tables I and II, group commit vs peers).
 //! - [`chart`]: an SVG chart of durable write throughput by number of writers.
-//! - [`cli`]: the clap arguments and the entry points of `stela wal bench`.
-//! - [`latency`]: a fixed-size latency histogram for timed runs.
-//! - [`commit_driver`]: timed commit loops of N clients, embedded or through an in-process daemon.
-//! - [`commit_bench`]: `stela bench commit`, commits/s and latency by mode, clients and size.
+//! - [`commit_bench`]: `stela-bench commit`, commits/s and latency by mode, clients and size,
+//!   timed by the product's commit driver ([`stela::drive`], which `stela demo` runs on too).
 //! - [`commit_chart`]: its SVG charts.
-//! - [`power_bench`]: `stela bench power-fail`, the emergency flush against its budget.
-//! - [`demo`]: `stela demo`, fdatasync per commit vs the daemon's `buffered` vs no fsync.
+//! - [`power_bench`]: `stela-bench power-fail`, the emergency flush against its budget.
 
 pub mod chart;
 pub mod cli;
 pub mod commit_bench;
 pub mod commit_chart;
-pub mod commit_driver;
-pub mod demo;
 pub mod harness;
-pub mod latency;
 pub mod peers;
 pub mod power_bench;
 pub mod record;

@@ -1,4 +1,4 @@
-//! `stela bench power-fail`: how long the emergency flush of a full dirty set takes on this
+//! `stela-bench power-fail`: how long the emergency flush of a full dirty set takes on this
 //! disk, against the budget (half the power window) the daemon promised at start.
 //!
 //! For each pool size: start a daemon on a directory of the real disk, stall its disk (a gate in

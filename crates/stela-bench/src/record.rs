@@ -1,8 +1,8 @@
 //! The record of the paper's benchmark (Listing 2) and a deterministic generator.
 //!
-//! Records are generated from a seed with a SplitMix64 stream written out here (rather than
-//! `rand`'s `StdRng`, whose algorithm may change between versions), so a seed names the same
-//! records on every machine and every build.
+//! Records are generated from a seed with a SplitMix64 stream ([`stela::drive::SplitMix64`],
+//! rather than `rand`'s `StdRng`, whose algorithm may change between versions), so a seed names
+//! the same records on every machine and every build.
 //!
 //! With the default generator a record is about 113 bytes as MessagePack (the paper reports
 //! ~116 B/record) and about 300 bytes as JSON (the paper: ~297 B/record): a comment of 16 to 40
@@ -24,28 +24,8 @@ pub struct Record {
     pub objects: Vec<Data>,
 }
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and fixed forever.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `lo..=hi` (the slight modulo bias does not matter here).
-    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-}
+/// The seeded generator of every record here; the product's demo draws from the same one.
+pub use stela::drive::SplitMix64;
 
 const WORDS: &[&str] = &[
     "debit",

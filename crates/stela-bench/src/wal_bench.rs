@@ -1,4 +1,4 @@
-//! `stela wal bench`: the paper's Tables I and II (write, then read back, 2,000,000 records in
+//! `stela-bench wal`: the paper's Tables I and II (write, then read back, 2,000,000 records in
 //! sets of 1, 2 or 4 per durable write) for each codec, plus the same runs against okaywal and
 //! raft-engine and with many concurrent writers (group commit).
 //!
@@ -30,6 +30,7 @@ use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use stela::drive::settle_writeback;
 use stela_format::Codec;
 use stela_wal::{Lsn, SyncMode, Wal, WalOptions};
 
@@ -324,6 +325,10 @@ impl Run {
                 progress,
             )?,
         };
+        // Between the write and the read phase of every system: write back what the write phase
+        // left dirty (`syncfs`, untimed), so the read phase measures reading from the page
+        // cache, as the paper's Table II did, and not the kernel's writeback of the previous
+        // phase competing for the same two cores. Nothing is evicted: the data stays cached.
         settle_writeback(path)?;
         let read = match self.system {
             System::Stela => stela_read(path, codec)?,
@@ -395,16 +400,6 @@ fn stela_write(
     })?;
     wal.close().context("stela: close")?;
     Ok(outcome)
-}
-
-/// Between the write and the read phase of every system: write back what the write phase left
-/// dirty (`syncfs`, untimed), so the read phase measures reading from the page cache, as the
-/// paper's Table II did, and not the kernel's writeback of the previous phase competing for the
-/// same two cores. Nothing is evicted: the data stays cached.
-fn settle_writeback(dir: &Path) -> anyhow::Result<()> {
-    let handle = std::fs::File::open(dir).with_context(|| format!("open {}", dir.display()))?;
-    rustix::fs::syncfs(&handle).with_context(|| format!("syncfs {}", dir.display()))?;
-    Ok(())
 }
 
 /// stela: reopen (with its default verification of every segment) and iterate everything,

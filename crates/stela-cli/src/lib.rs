@@ -1,18 +1,22 @@
-//! The `stela` command line: argument parsing and the commands behind it.
+//! The `stela` command line (the product): argument parsing and the commands behind it.
 //!
-//! - `stela demo`: the main job; starts the log daemon in this process and compares commits/s
-//!   and latency of fdatasync per commit, the daemon's `buffered`, and no fsync (~8 s).
+//! - `stela demo` ([`demo`]): the main job; starts the log daemon in this process and compares
+//!   commits/s and latency of fdatasync per commit, the daemon's `buffered`, and no fsync (~8 s).
 //! - `stela wal dump|verify|repair DIR`: offline tools for a log directory.
-//! - `stela serve --dir DIR`: the log daemon; `stela status`, `stela power-fail`,
+//! - `stela serve --dir DIR` ([`service`]): the log daemon; `stela status`, `stela power-fail`,
 //!   `stela power-restore` talk to a running one.
-//! - `stela wal bench`: the write-ahead log benchmark (the paper's Tables I and II, group
-//!   commit against okaywal and raft-engine).
-//! - `stela bench commit`: commit throughput and latency, embedded against the daemon.
-//! - `stela bench power-fail`: the emergency flush of a full dirty set against its budget.
+//!
+//! Under the demo: [`drive`], the timed commit loops of N clients in each [`drive::Mode`]
+//! (embedded, or through a daemon in this process), and [`latency`], their latency histogram.
+//! The benchmarks (`stela-bench`, a binary of its own) measure through the same [`drive`];
+//! nothing here depends on them or on their peers.
 //!
 //! Exit codes: 0 success (for `verify`: the log is clean), 1 the log is damaged, 2 the command
 //! itself failed (bad arguments, unreadable directory, ...).
 
+pub mod demo;
+pub mod drive;
+pub mod latency;
 pub mod service;
 
 use clap::{Parser, Subcommand};
@@ -40,7 +44,7 @@ pub struct Cli {
 pub enum Command {
     /// Commit throughput of fdatasync per commit, the log daemon's `buffered`, and no fsync,
     /// side by side, with what each survives (starts the daemon in this process; ~8 s).
-    Demo(stela_bench::demo::DemoArgs),
+    Demo(demo::DemoArgs),
     /// Tools for a write-ahead log directory.
     #[command(subcommand)]
     Wal(WalCommand),
@@ -59,19 +63,6 @@ pub enum Command {
     PowerFail(service::TargetArgs),
     /// Tell a running daemon power is back: writes are admitted again.
     PowerRestore(service::TargetArgs),
-    /// Benchmarks of the log service.
-    #[command(subcommand)]
-    Bench(BenchCommand),
-}
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// Commits/s and commit latency by clients and record size: embedded stela-wal (fdatasync
-    /// per commit, group commit, no sync) against the daemon (disk, buffered, unsafe).
-    Commit(stela_bench::commit_bench::CommitBenchArgs),
-    /// Time of the emergency flush of a full dirty set on this disk, against half the power
-    /// window (stalls the disk to fill the buffers, then announces the power failure).
-    PowerFail(stela_bench::power_bench::PowerBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -99,8 +90,6 @@ pub enum WalCommand {
         #[arg(long)]
         corrupt_suffix: bool,
     },
-    /// Benchmark the WAL (the paper's Tables I and II, group commit vs peers).
-    Bench(stela_bench::cli::WalBenchArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -143,15 +132,7 @@ where
 pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => {
-            stela_bench::demo::run_demo(&args, out)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Bench(BenchCommand::PowerFail(args)) => {
-            stela_bench::power_bench::run(args)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Bench(BenchCommand::Commit(args)) => {
-            stela_bench::commit_bench::run_commit_bench(&args, out)?;
+            demo::run_demo(&args, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Wal(WalCommand::Dump { dir, from }) => {
@@ -235,10 +216,6 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::PowerRestore(target) => {
             service::power_restore(target, out)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Wal(WalCommand::Bench(args)) => {
-            stela_bench::cli::run_wal_bench(args)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 /// mimalloc rather than the system allocator: replay decodes records on worker threads and the
-/// caller frees them, and glibc's per-thread arenas make such cross-thread frees slow. The
-/// benchmark's peers run in the same process, so they get the same allocator.
+/// caller frees them, and glibc's per-thread arenas make such cross-thread frees slow.
+/// `stela-bench` uses the same allocator, so its commit numbers match the demo's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

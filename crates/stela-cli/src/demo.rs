@@ -4,10 +4,9 @@
 //! Four client threads commit one transaction record each (~100 bytes of MessagePack, random
 //! accounts) for two seconds per mode: embedded with an fdatasync per commit, through the daemon
 //! (started in this process on a temporary directory) at `buffered`, and embedded without any
-//! fsync. The measurement itself is [`crate::commit_driver`]'s, the same as `stela bench commit`.
+//! fsync. The measurement itself is [`crate::drive`]'s, the same as `stela-bench commit`.
 
-use crate::commit_driver::{run_mode, DaemonEnv, Mode, RecordSource, Timing, WARMUP};
-use crate::record::SplitMix64;
+use crate::drive::{run_mode, DaemonEnv, Mode, RecordSource, SplitMix64, Timing, WARMUP};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::io::Write;

@@ -1,9 +1,10 @@
-//! Group commit in isolation: N threads each append a 98-byte record and commit it, over and
-//! over, on one log; prints records/s and how many records each fdatasync covered. It is the
-//! quick loop for working on `stela_wal::log` (the full comparison with peers is
-//! `stela wal bench --writers ...`).
+//! Group commit in isolation, for a fixed count of records: N threads each append a 98-byte
+//! record and commit it, RECORDS_PER_WRITER times, on one log; prints records/s and how many
+//! records each fdatasync covered. It is the quick loop for working on `stela_wal::log` (the
+//! timed variant is stela-wal's own `group_commit` example; the full comparison with peers is
+//! `stela-bench wal --writers ...`).
 //!
-//! `cargo run --release -p stela-bench --example group_commit -- WRITERS RECORDS_PER_WRITER`
+//! `cargo run --release -p stela-bench --example group_commit_count -- WRITERS RECORDS_PER_WRITER`
 
 use std::time::Instant;
 use stela_wal::{Codec, Wal, WalOptions};
