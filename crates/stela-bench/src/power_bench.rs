@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stela_client::{Durability, Wal, WalOptions};
-use stela_server::{Server, ServerConfig};
+use stela_server::{Server, DaemonConfig};
 use stela_wal::storage::{GatedStorage, StdStorage, Storage};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -115,7 +115,7 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
     std::fs::create_dir_all(dir)?;
     let gate = GatedStorage::new(Arc::new(StdStorage));
     let storage: Arc<dyn Storage> = Arc::new(gate.clone());
-    let mut config = ServerConfig::new(dir);
+    let mut config = DaemonConfig::new(dir);
     config.buffers = buffers;
     config.power_window = window;
     config.storage = storage;

@@ -29,7 +29,7 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use stela_format::Codec;
 use stela_proto::Durability;
-use stela_server::{Server, ServerConfig};
+use stela_server::{DaemonConfig, Server};
 use stela_wal::storage::{StdStorage, Storage};
 use stela_wal::SyncMode;
 
@@ -172,15 +172,15 @@ impl DaemonEnv {
     }
 
     /// The daemon's default configuration with the measured rate, in `dir`.
-    pub fn config(&self, dir: &Path) -> ServerConfig {
-        let mut config = ServerConfig::new(dir);
+    pub fn config(&self, dir: &Path) -> DaemonConfig {
+        let mut config = DaemonConfig::new(dir);
         config.assume_write_rate = Some(self.write_bytes_per_s);
         config
     }
 
     /// How the default daemon derives its dirty-byte cap from the measured rate.
     pub fn describe(&self) -> String {
-        let config = ServerConfig::new("");
+        let config = DaemonConfig::new("");
         let pool = (config.buffers * config.buffer_bytes) as u64;
         stela_server::measure::dirty_cap(pool, self.write_bytes_per_s, config.power_window)
             .derivation

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 use stela_client::{Wal, WalOptions};
-use stela_server::{Server, ServerConfig};
+use stela_server::{Server, DaemonConfig};
 
 fn main() {
     let n: usize = std::env::args()
@@ -11,7 +11,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(100_000);
     let dir = tempfile::tempdir().unwrap();
-    let mut config = ServerConfig::new(dir.path());
+    let mut config = DaemonConfig::new(dir.path());
     config.assume_write_rate = Some(1 << 30);
     let server = Server::start(config).unwrap();
     let wal: Wal<Vec<u8>> = Wal::open(server.socket_path(), "rtt", WalOptions::default()).unwrap();

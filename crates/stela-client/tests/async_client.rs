@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 use stela_client::{AsyncWal, Durability, Lsn, WalOptions};
-use stela_server::{Server, ServerConfig};
+use stela_server::{Server, DaemonConfig};
 
 fn server(dir: &std::path::Path) -> Server {
-    let mut config = ServerConfig::new(dir);
+    let mut config = DaemonConfig::new(dir);
     config.assume_write_rate = Some(500 << 20);
     config.flush_interval = Duration::from_millis(20);
     Server::start(config).expect("daemon starts")

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use stela_client::{Codec, Durability, ErrorCode, Lsn, Wal, WalOptions};
-use stela_server::{Server, ServerConfig};
+use stela_server::{Server, DaemonConfig};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Entry {
@@ -21,7 +21,7 @@ fn entry(i: u32) -> Entry {
 }
 
 fn server(dir: &std::path::Path) -> Server {
-    let mut config = ServerConfig::new(dir);
+    let mut config = DaemonConfig::new(dir);
     config.assume_write_rate = Some(500 << 20);
     config.flush_interval = Duration::from_millis(50);
     Server::start(config).expect("daemon starts")

@@ -20,16 +20,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stela_proto::{Durability, ErrorCode};
-use stela_server::{Server, ServerConfig};
+use stela_server::{Server, DaemonConfig};
 use stela_wal::storage::{FaultStorage, GatedStorage, Storage};
 
 /// A daemon over an in-memory disk behind a gate; its socket in a real temporary directory.
 fn daemon(
     socket_dir: &tempfile::TempDir,
     storage: Arc<dyn Storage>,
-    tweak: impl FnOnce(&mut ServerConfig),
+    tweak: impl FnOnce(&mut DaemonConfig),
 ) -> NoHang {
-    let mut config = ServerConfig::new("/stela");
+    let mut config = DaemonConfig::new("/stela");
     config.socket = Some(socket_dir.path().join("stela.sock"));
     config.storage = storage;
     config.segment_bytes = 256 << 10; // the logs rotate during the test

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stela_proto::{Durability, ErrorCode};
-use stela_server::{measure, Server, ServerConfig};
+use stela_server::{measure, Server, DaemonConfig};
 use stela_wal::storage::{GatedStorage, StdStorage, Storage};
 
 const WRITERS: u32 = 3;
@@ -72,7 +72,7 @@ fn sigpwr_flush(buffer_bytes: usize) {
     let std_storage: Arc<dyn Storage> = Arc::new(StdStorage);
     let rate = measure::measure_write_rate(&std_storage, dir.path()).expect("measure the disk");
     let gated = GatedStorage::new(Arc::clone(&std_storage));
-    let mut config = ServerConfig::new(dir.path());
+    let mut config = DaemonConfig::new(dir.path());
     config.storage = Arc::new(gated.clone());
     config.assume_write_rate = Some(rate);
     config.handle_signals = true;
