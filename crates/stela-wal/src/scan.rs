@@ -14,7 +14,7 @@
 //! - Zeros where a record was expected end the data. Zeros followed by valid records are damage
 //!   (a lost sector), and so is garbage after the zeros of a sealed segment.
 
-use stela_format::frame::{self, Decoded};
+use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
 use stela_format::Lsn;
 
@@ -51,7 +51,8 @@ pub struct SegmentScan {
     pub torn_tail: Option<TornTail>,
 }
 
-/// Scans the bytes of a whole segment file whose first record should be `start`.
+/// Scans the bytes of a whole segment file whose first record should be `start` and whose frames
+/// have `layout` (from its header).
 ///
 /// `is_last`: whether this is the newest segment (only there can a torn tail exist).
 /// `skip_damage`: keep scanning past damage (resuming at the next valid record) instead of
@@ -59,6 +60,7 @@ pub struct SegmentScan {
 pub fn scan_segment(
     bytes: &[u8],
     start: Lsn,
+    layout: Layout,
     is_last: bool,
     max_payload: u32,
     skip_damage: bool,
@@ -70,7 +72,7 @@ pub fn scan_segment(
     let mut pos = HEADER_BYTES.min(bytes.len());
     let mut expected = start;
     loop {
-        let problem = match frame::decode_with_limit(&bytes[pos..], max_payload) {
+        let problem = match frame::decode_with_limit(layout, &bytes[pos..], max_payload) {
             Decoded::Record(rec) if rec.lsn == expected => {
                 scan.records += 1;
                 scan.first_lsn.get_or_insert(rec.lsn);
@@ -94,7 +96,7 @@ pub fn scan_segment(
             }
             Decoded::Rejected(why) => why.to_string(),
         };
-        let resumes_at = frame::find_next_valid(bytes, pos + 1, expected, max_payload);
+        let resumes_at = frame::find_next_valid(layout, bytes, pos + 1, expected, max_payload);
         match resumes_at {
             None if is_last => {
                 let end = last_nonzero(bytes, pos).map_or(pos, |i| i + 1);
@@ -121,7 +123,7 @@ pub fn scan_segment(
                 match resumes_at {
                     Some(at) if skip_damage => {
                         pos = at;
-                        expected = lsn_at(bytes, at);
+                        expected = frame::lsn_field(bytes, at);
                     }
                     _ => break,
                 }
@@ -129,13 +131,6 @@ pub fn scan_segment(
         }
     }
     scan
-}
-
-/// The LSN field of the (valid) frame at `at`.
-fn lsn_at(bytes: &[u8], at: usize) -> Lsn {
-    Lsn::new(u64::from_le_bytes(
-        bytes[at + 8..at + 16].try_into().expect("8 bytes"),
-    ))
 }
 
 /// Whole blocks of this size are tested for zeros at once (the compiler vectorises the OR), so
@@ -183,6 +178,7 @@ mod tests {
 
     fn segment(payloads: &[Vec<u8>], start: u64) -> (Vec<u8>, Vec<usize>) {
         let header = SegmentHeader {
+            layout: Layout::V2,
             codec: Codec::Postcard,
             segment_seq: 0,
             start_lsn: Lsn::new(start),
@@ -192,7 +188,9 @@ mod tests {
         let mut bytes = header.encode().to_vec();
         let mut ends = Vec::new();
         for (i, p) in payloads.iter().enumerate() {
-            frame::encode(&mut bytes, Lsn::new(start + i as u64), p);
+            // As if each record was committed before the next was framed.
+            let sync_base = bytes.len() as u32;
+            frame::encode(&mut bytes, Lsn::new(start + i as u64), p, sync_base);
             ends.push(bytes.len());
         }
         bytes.resize(CAPACITY, 0);
@@ -206,7 +204,7 @@ mod tests {
     #[test]
     fn a_clean_segment_has_no_findings() {
         let (bytes, ends) = segment(&[b"a".to_vec(), b"bb".to_vec()], 5);
-        let scan = scan_segment(&bytes, Lsn::new(5), true, 1000, false);
+        let scan = scan_segment(&bytes, Lsn::new(5), Layout::V2, true, 1000, false);
         assert_eq!(scan.records, 2);
         assert_eq!(scan.last_lsn, Some(Lsn::new(6)));
         assert_eq!(scan.end_offset as usize, ends[1]);
@@ -217,7 +215,7 @@ mod tests {
     fn zeros_then_a_valid_record_is_damage() {
         let (mut bytes, ends) = segment(&[b"a".to_vec(), b"b".to_vec(), b"c".to_vec()], 1);
         bytes[ends[0]..ends[1]].fill(0); // a lost sector wiped record 2
-        let scan = scan_segment(&bytes, Lsn::new(1), true, 1000, false);
+        let scan = scan_segment(&bytes, Lsn::new(1), Layout::V2, true, 1000, false);
         assert_eq!(scan.damage.len(), 1);
         assert_eq!(scan.damage[0].offset as usize, ends[0]);
         assert_eq!(scan.damage[0].resumes_at, Some(ends[1] as u64));
@@ -253,7 +251,7 @@ mod tests {
             let mut bytes = full.clone();
             // What a crash leaves: the bytes before the cut, garbage-free zeros after.
             bytes[cut..].fill(0);
-            let scan = scan_segment(&bytes, Lsn::new(1), true, 1000, false);
+            let scan = scan_segment(&bytes, Lsn::new(1), Layout::V2, true, 1000, false);
             // A record survives when every byte it needs is before the cut, or is a zero that
             // the zero fill after the cut supplies anyway (an empty payload's LSN high bytes).
             let survives = |end: usize| full[cut.min(end)..end].iter().all(|&b| b == 0);
@@ -275,7 +273,7 @@ mod tests {
             let data_end = *ends.last().unwrap();
             let bit = HEADER_BYTES * 8 + bit.index((data_end - HEADER_BYTES) * 8);
             bytes[bit / 8] ^= 1 << (bit % 8);
-            let scan = scan_segment(&bytes, Lsn::new(1), true, 1000, false);
+            let scan = scan_segment(&bytes, Lsn::new(1), Layout::V2, true, 1000, false);
             prop_assert!(scan.records < payloads.len() as u64);
             prop_assert!(!scan.damage.is_empty() || scan.torn_tail.is_some());
             let hit_last = ends.len() == 1 || bit / 8 >= ends[ends.len() - 2];

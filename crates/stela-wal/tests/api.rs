@@ -30,7 +30,7 @@ use stela_wal::{Codec, Error, Lsn, Wal, WalOptions};
 /// Segment header and frame header sizes, from docs/FORMAT.md. Spelled out here rather than
 /// taken from the crate so that the tests check the format instead of restating the code.
 const SEGMENT_HEADER: usize = 256;
-const FRAME_HEADER: usize = 16;
+const FRAME_HEADER: usize = 20;
 
 /// Small, so that a few dozen records span several segments.
 const SMALL_SEGMENT: u64 = 1024;
