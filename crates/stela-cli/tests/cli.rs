@@ -7,6 +7,8 @@ mod common;
 use common::{stela, text};
 use stela_wal::{Codec, Wal, WalOptions};
 
+/// Each record is committed on its own, so every record but the last was framed after a sync
+/// covered its predecessor: damage to one is then corruption, not a torn last write.
 fn make_log(dir: &Path, records: u32) {
     let wal: Wal<(u32, String)> = Wal::open(
         dir,
@@ -16,7 +18,7 @@ fn make_log(dir: &Path, records: u32) {
     )
     .unwrap();
     for i in 0..records {
-        wal.append(&(i, format!("record {i}"))).unwrap();
+        wal.append_durable(&(i, format!("record {i}"))).unwrap();
     }
     wal.close().unwrap();
 }
@@ -40,7 +42,7 @@ fn verify_of_a_corrupt_middle_exits_one_naming_file_and_offset() {
     make_log(dir.path(), 100);
     let path = first_segment(dir.path());
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[256 + 16 + 2] ^= 0x40; // inside the payload of record 1
+    bytes[256 + 20 + 2] ^= 0x40; // inside the payload of record 1
     std::fs::write(&path, bytes).unwrap();
     let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
@@ -98,7 +100,7 @@ fn repair_with_corrupt_suffix_keeps_the_valid_prefix() {
     let mut at = 256;
     for _ in 0..10 {
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-        at += 16 + len;
+        at += 20 + len;
     }
     bytes[at + 20] ^= 1;
     std::fs::write(&path, bytes).unwrap();

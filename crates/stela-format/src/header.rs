@@ -3,13 +3,14 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "STELAWAL"
-//!      8     2  format version, u16 LE (currently 1)
+//!      8     2  format version, u16 LE: 2 (frames with a sync base) or 1 (read, never written)
 //!     10     1  codec id (1 json, 2 msgpack, 3 postcard)
 //!     11     1  flags (0; reserved)
 //!     12     4  header length in bytes, u32 LE (256)
 //!     16     8  segment sequence number, u64 LE (0 for the first segment of a log, +1 each)
 //!     24     8  first LSN of the segment, u64 LE (also in the file name)
-//!     32     8  segment capacity in bytes, u64 LE (the preallocated file size)
+//!     32     8  segment capacity in bytes, u64 LE (the preallocated file size; at most
+//!               u32::MAX in version 2, whose frames store offsets in 32 bits)
 //!     40     4  record type tag length in bytes, u32 LE
 //!     44     4  CRC32C of the whole record type tag
 //!     48   200  record type tag, UTF-8, truncated to 200 bytes, zero padded
@@ -23,11 +24,15 @@
 //! truncated.
 
 use crate::codec::Codec;
+use crate::frame::Layout;
 use crate::lsn::Lsn;
 
 pub const HEADER_BYTES: usize = 256;
 pub const MAGIC: &[u8; 8] = b"STELAWAL";
-pub const FORMAT_VERSION: u16 = 1;
+/// The version writers put in new segments. Version 1 segments stay readable.
+pub const FORMAT_VERSION: u16 = Layout::CURRENT.version();
+/// The largest capacity a version 2 segment can have: its frames' sync bases are u32 offsets.
+pub const MAX_CAPACITY_V2: u64 = u32::MAX as u64;
 const TAG_CAPACITY: usize = 200;
 const TAG_OFFSET: usize = 48;
 const CRC_OFFSET: usize = 252;
@@ -80,6 +85,8 @@ impl std::fmt::Display for TypeTag {
 /// A decoded segment header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentHeader {
+    /// The layout of the segment's frames, stored as the format version (1 or 2).
+    pub layout: Layout,
     pub codec: Codec,
     pub segment_seq: u64,
     pub start_lsn: Lsn,
@@ -96,8 +103,10 @@ pub enum HeaderError {
     BadMagic,
     #[error("segment header checksum mismatch")]
     ChecksumMismatch,
-    #[error("segment format version {found} is not supported (this build reads version {FORMAT_VERSION})")]
+    #[error("segment format version {found} is not supported (this build reads versions 1 and {FORMAT_VERSION})")]
     UnsupportedVersion { found: u16 },
+    #[error("segment capacity {capacity} is above {MAX_CAPACITY_V2}, the largest a version 2 segment can have")]
+    CapacityTooLarge { capacity: u64 },
     #[error("unknown codec id {id} in segment header")]
     UnknownCodec { id: u8 },
     #[error("segment header length {len} is not {HEADER_BYTES}")]
@@ -114,7 +123,7 @@ impl SegmentHeader {
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
         out[0..8].copy_from_slice(MAGIC);
-        out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[8..10].copy_from_slice(&self.layout.version().to_le_bytes());
         out[10] = self.codec.id();
         out[11] = 0;
         out[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
@@ -142,9 +151,8 @@ impl SegmentHeader {
             return Err(HeaderError::ChecksumMismatch);
         }
         let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-        if version != FORMAT_VERSION {
-            return Err(HeaderError::UnsupportedVersion { found: version });
-        }
+        let layout = Layout::from_version(version)
+            .ok_or(HeaderError::UnsupportedVersion { found: version })?;
         let codec = Codec::from_id(bytes[10]).ok_or(HeaderError::UnknownCodec { id: bytes[10] })?;
         let len = u32_at(bytes, 12);
         if len as usize != HEADER_BYTES {
@@ -156,6 +164,10 @@ impl SegmentHeader {
         }
         if start_lsn > Lsn::MAX {
             return Err(HeaderError::ReservedStartLsn);
+        }
+        let capacity = u64_at(bytes, 32);
+        if layout == Layout::V2 && capacity > MAX_CAPACITY_V2 {
+            return Err(HeaderError::CapacityTooLarge { capacity });
         }
         let tag_bytes = &bytes[TAG_OFFSET..TAG_OFFSET + TAG_CAPACITY];
         let shown_len = tag_bytes
@@ -169,10 +181,11 @@ impl SegmentHeader {
             .map_err(|_| HeaderError::BadTypeTag)?
             .to_string();
         Ok(SegmentHeader {
+            layout,
             codec,
             segment_seq: u64_at(bytes, 16),
             start_lsn,
-            capacity: u64_at(bytes, 32),
+            capacity,
             type_tag: TypeTag {
                 shown,
                 len: u32_at(bytes, 40),
@@ -197,6 +210,7 @@ mod tests {
 
     fn sample(tag: &str) -> SegmentHeader {
         SegmentHeader {
+            layout: Layout::V2,
             codec: Codec::Postcard,
             segment_seq: 3,
             start_lsn: Lsn::new(1001),
@@ -258,6 +272,45 @@ mod tests {
         assert!(decoded.type_tag.same_as(&tag));
         assert!(!tag.same_as(&TypeTag::new("app::Record")));
         assert!(!tag.same_as(&TypeTag::new("app::Record\0v3")));
+    }
+
+    #[test]
+    fn both_versions_round_trip_and_others_are_refused() {
+        for layout in [Layout::V1, Layout::V2] {
+            let header = SegmentHeader {
+                layout,
+                ..sample("t")
+            };
+            let bytes = header.encode();
+            assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), layout.version());
+            assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
+        }
+        let mut bytes = sample("t").encode();
+        bytes[8..10].copy_from_slice(&3u16.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..CRC_OFFSET]);
+        bytes[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            SegmentHeader::decode(&bytes),
+            Err(HeaderError::UnsupportedVersion { found: 3 })
+        );
+    }
+
+    #[test]
+    fn a_v2_segment_larger_than_u32_is_refused_but_a_v1_one_reads() {
+        let big = MAX_CAPACITY_V2 + 1;
+        let v2 = SegmentHeader {
+            capacity: big,
+            ..sample("t")
+        };
+        assert_eq!(
+            SegmentHeader::decode(&v2.encode()),
+            Err(HeaderError::CapacityTooLarge { capacity: big })
+        );
+        let v1 = SegmentHeader {
+            layout: Layout::V1,
+            ..v2
+        };
+        assert_eq!(SegmentHeader::decode(&v1.encode()), Ok(v1));
     }
 
     proptest! {

@@ -8,10 +8,11 @@
 //! A tour:
 //! - [`lsn`]: the log sequence number, a dense record counter starting at 1.
 //! - [`codec`]: how a typed record becomes payload bytes (JSON, MessagePack, postcard).
-//! - [`frame`]: how a payload is framed on disk: length, CRC32C, LSN; and how a frame is
-//!   recognised, rejected or found to be cut short.
-//! - [`header`]: the fixed header at the start of every segment file: magic, version, codec,
-//!   record type, segment sequence and first LSN.
+//! - [`frame`]: how a payload is framed on disk: length, CRC32C, LSN, sync base; and how a
+//!   frame is recognised, rejected or found to be cut short, in either layout (version 1 without
+//!   the sync base is still read).
+//! - [`header`]: the fixed header at the start of every segment file: magic, version (which
+//!   says the frame layout), codec, record type, segment sequence and first LSN.
 //! - [`segment_name`]: segment file names, which carry the first LSN of the segment.
 //!
 //! ```
@@ -19,10 +20,12 @@
 //!
 //! let mut disk = Vec::new();
 //! let payload = Codec::MessagePack.encode(&("debit", 42u32)).unwrap();
-//! frame::encode(&mut disk, Lsn::new(1), &payload);
-//! match frame::decode(&disk) {
+//! // The first record of a segment: nothing in it was synced yet.
+//! frame::encode(&mut disk, Lsn::new(1), &payload, frame::MIN_SYNC_BASE);
+//! match frame::decode(frame::Layout::V2, &disk) {
 //!     frame::Decoded::Record(rec) => {
 //!         assert_eq!(rec.lsn, Lsn::new(1));
+//!         assert_eq!(rec.sync_base, Some(256));
 //!         let value: (String, u32) = Codec::MessagePack.decode(rec.payload).unwrap();
 //!         assert_eq!(value, ("debit".to_string(), 42));
 //!     }
@@ -37,6 +40,6 @@ pub mod lsn;
 pub mod segment_name;
 
 pub use codec::{Codec, CodecError};
-pub use frame::{Decoded, FrameRecord, Rejection};
+pub use frame::{Decoded, FrameRecord, Layout, Rejection};
 pub use header::{HeaderError, SegmentHeader, TypeTag};
 pub use lsn::Lsn;

@@ -72,6 +72,11 @@ pub enum Error {
     #[error("record of {bytes} bytes exceeds the limit of {max} bytes")]
     RecordTooLarge { bytes: usize, max: usize },
 
+    /// `WalOptions::segment_bytes` is larger than a segment can be: frames record offsets in
+    /// the segment as 32-bit numbers. Nothing was opened or created.
+    #[error("segment_bytes {bytes} is above the largest segment size, {max} bytes (frames store offsets in 32 bits)")]
+    SegmentTooLarge { bytes: u64, max: u64 },
+
     #[error("{}: the log is open in another process or handle", dir.display())]
     Locked { dir: PathBuf },
 

@@ -3,6 +3,9 @@
 //! A tour of the crate, from the top down:
 //! - [`wal`]: [`Wal<T>`], the typed API (append, commit, iterate, truncate).
 //! - [`log`]: [`Log`], the untyped log of byte payloads, and its group commit.
+//! - [`files`]: the segment files without the group commit: [`LogFiles`] after recovery, the
+//!   [`SegmentWriter`] of the newest segment and the [`SegmentSet`] of all of them (what the log
+//!   daemon writes through, and the embedded log too).
 //! - [`recovery`]: what happens at open: segment checks, torn-tail repair, salvage modes.
 //! - [`scan`]: the pure classification of a segment's bytes: records, torn tail, damage.
 //! - [`reader`]: the lazy, ordered reader that checks every frame.
@@ -28,6 +31,7 @@
 //! ```
 
 pub mod error;
+pub mod files;
 pub mod log;
 pub mod options;
 pub mod par_iter;
@@ -40,6 +44,7 @@ pub mod tools;
 pub mod wal;
 
 pub use error::{Corruption, Error, Result};
+pub use files::{LogFiles, SegmentSet, SegmentWriter};
 pub use log::{CommitFuture, Log, LogStats};
 pub use options::{RecoveryMode, SyncMode, WalOptions};
 pub use par_iter::ParIter;

@@ -8,22 +8,30 @@
 //! up in the buffer and the next leader takes them all at once, so N concurrent committers cost
 //! one fdatasync per round instead of N.
 //!
+//! The files underneath (the newest segment's writer, the segment list, the directory lock) are
+//! [`crate::files`]'s; this module adds the buffer, the numbering and the waiting.
+//!
 //! Invariants:
 //! - At most one flush (write + sync) is in progress (`State::flushing`); only its leader touches
 //!   [`Tail`], the open segment.
 //! - `durable_lsn <= written_lsn < next_lsn`; all three only grow.
 //! - A segment is fdatasync'ed before the first byte is written to its successor, so only the
 //!   newest segment can have a torn tail.
+//! - Every frame carries the sync base of its segment at framing time: the offset below which
+//!   that segment is known durable, which only a *returned* fdatasync moves (a write to the OS
+//!   does not), and 256 for a segment that does not exist yet. So no frame claims more durability
+//!   than a completed sync gave, which is what lets recovery cut a torn last write without an
+//!   operator (see `docs/FORMAT.md`).
 //! - After a failed write or sync the log is *poisoned*: the error is stored, every waiter and
 //!   every later call gets it, and nothing is retried (a retried fdatasync can report success for
 //!   data the kernel already dropped).
 
 use crate::error::{Error, Result};
-use crate::options::{RecoveryMode, SyncMode, WalOptions};
+use crate::files::{LogFiles, SegmentSet, SegmentWriter};
+use crate::options::{SyncMode, WalOptions};
 use crate::reader::RawReader;
-use crate::recovery::{self, Expect, RecoveryReport};
-use crate::segment::{self, SegmentFile};
-use crate::storage::StorageFile;
+use crate::recovery::RecoveryReport;
+use crate::segment::SegmentFile;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -32,8 +40,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
 use std::time::Duration;
-use stela_format::segment_name::segment_file_name;
-use stela_format::{frame, Codec, Lsn, SegmentHeader, TypeTag};
+use stela_format::header::HEADER_BYTES;
+use stela_format::{frame, Codec, Lsn, TypeTag};
 
 /// A write-ahead log of opaque byte records. Cheap to clone; all clones share one log.
 #[derive(Clone)]
@@ -45,16 +53,15 @@ struct Core {
     dir: PathBuf,
     options: WalOptions,
     codec: Codec,
-    type_tag: TypeTag,
     max_record: usize,
     state: Mutex<State>,
     /// Held only by the flush leader.
     tail: Mutex<Tail>,
-    segments: Mutex<Vec<SegmentFile>>,
+    /// Every segment; holds the directory lock.
+    segments: Arc<SegmentSet>,
     report: RecoveryReport,
     async_syncer: OnceLock<Arc<AsyncSyncer>>,
     stats: Counters,
-    _lock: Box<dyn Send + Sync>,
 }
 
 struct State {
@@ -62,8 +69,16 @@ struct State {
     /// Framed records not yet handed to the OS, with the segment boundaries inside them.
     pending: Vec<u8>,
     cuts: Vec<Cut>,
-    /// Bytes assigned in the newest segment, counting pending ones: decides rotation.
+    /// Bytes assigned in the segment new frames go to, counting pending ones: decides rotation.
     fill: u64,
+    /// Capacity of that segment: the newest segment's own at open, the configured size for
+    /// segments cut since.
+    capacity: u64,
+    /// Which segment new frames go to, as the number of cuts made since open. The flush that
+    /// carries the last cut brings [`Tail::generation`] to the same number.
+    generation: u64,
+    /// The sync base of new frames: the offset below which their segment is known durable.
+    sync_base: u32,
     written_lsn: Lsn,
     durable_lsn: Lsn,
     flushing: bool,
@@ -133,10 +148,29 @@ struct Cut {
 
 /// The open newest segment.
 struct Tail {
-    file: Box<dyn StorageFile>,
-    path: PathBuf,
-    header: SegmentHeader,
+    writer: SegmentWriter,
+    /// Where the next byte goes.
     offset: u64,
+    /// Rotations since open (see [`State::generation`]).
+    generation: u64,
+}
+
+impl Tail {
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.writer.write_at(self.offset, &[bytes])?;
+        self.offset += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+/// The sync base a frame stores for a durable offset. Offsets in segments that are written fit
+/// (version 2 segments are at most `u32::MAX` bytes); a bigger one can only be the capacity of a
+/// full version 1 segment, which no frame goes to.
+fn sync_base_of(durable_offset: u64) -> u32 {
+    u32::try_from(durable_offset).unwrap_or(u32::MAX)
 }
 
 /// Counters of the I/O the log did since it was opened.
@@ -193,23 +227,30 @@ impl Log {
         type_tag: TypeTag,
         keep_removed_bytes: bool,
     ) -> Result<Log> {
-        let expect = Expect {
-            codec: options.codec,
-            type_tag,
-        };
-        let recovered = recovery::recover(dir, &options, &expect, keep_removed_bytes)?;
-        let last = Lsn::new(recovered.next_lsn.get() - 1);
-        let tail_path = dir.join(segment_file_name(recovered.tail_header.start_lsn));
+        let files = LogFiles::open_inner(dir, &options, type_tag, keep_removed_bytes)?;
+        let (codec, max_record) = (files.codec(), files.max_record_bytes());
+        let LogFiles {
+            writer,
+            segments,
+            next_lsn,
+            write_offset,
+            durable_offset,
+            report,
+            ..
+        } = files;
+        let last = Lsn::new(next_lsn.get() - 1);
         let core = Core {
             dir: dir.to_path_buf(),
-            codec: options.codec,
-            type_tag: expect.type_tag,
-            max_record: options.effective_max_record(),
+            codec,
+            max_record,
             state: Mutex::new(State {
-                next_lsn: recovered.next_lsn,
+                next_lsn,
                 pending: Vec::new(),
                 cuts: Vec::new(),
-                fill: recovered.write_offset,
+                fill: write_offset,
+                capacity: writer.capacity(),
+                generation: 0,
+                sync_base: sync_base_of(durable_offset),
                 written_lsn: last,
                 durable_lsn: last,
                 flushing: false,
@@ -222,16 +263,14 @@ impl Log {
                 async_waiters: Vec::new(),
             }),
             tail: Mutex::new(Tail {
-                file: recovered.tail,
-                path: tail_path,
-                header: recovered.tail_header,
-                offset: recovered.write_offset,
+                writer,
+                offset: write_offset,
+                generation: 0,
             }),
-            segments: Mutex::new(recovered.segments),
-            report: recovered.report,
+            segments,
+            report,
             async_syncer: OnceLock::new(),
             stats: Counters::default(),
-            _lock: recovered.lock,
             options,
         };
         Ok(Log {
@@ -301,13 +340,18 @@ impl Log {
         }
         for (payload, crc) in checked {
             let lsn = state.next_lsn;
-            let frame_len = (frame::HEADER_BYTES + payload.len()) as u64;
-            if state.fill + frame_len > core.options.segment_bytes {
+            let frame_len = frame::frame_len(payload.len()) as u64;
+            if state.fill + frame_len > state.capacity {
                 let at = state.pending.len();
                 state.cuts.push(Cut { at, start: lsn });
-                state.fill = stela_format::header::HEADER_BYTES as u64;
+                state.fill = HEADER_BYTES as u64;
+                state.capacity = core.options.segment_bytes;
+                state.generation += 1;
+                // Nothing of a segment that does not exist yet is durable.
+                state.sync_base = frame::MIN_SYNC_BASE;
             }
-            frame::encode_with_crc(&mut state.pending, lsn, payload, crc);
+            let sync_base = state.sync_base;
+            frame::encode_with_crc(&mut state.pending, lsn, payload, crc, sync_base);
             state.fill += frame_len;
             state.next_lsn = lsn.next();
         }
@@ -434,9 +478,7 @@ impl Log {
 
     /// The first LSN still in the log.
     pub fn first_lsn(&self) -> Lsn {
-        lock(&self.core.segments)
-            .first()
-            .map_or(Lsn::FIRST, |s| s.start)
+        self.core.segments.first_lsn()
     }
 
     /// Hands buffered records to the OS without syncing, so readers see them.
@@ -452,40 +494,14 @@ impl Log {
     pub fn read_from(&self, from: Lsn) -> Result<RawReader> {
         self.flush()?;
         let end = self.written_lsn().next();
-        let segments = lock(&self.core.segments).clone();
-        let first = segments.first().map_or(Lsn::FIRST, |s| s.start);
-        Ok(RawReader::new(
-            Arc::clone(&self.core.options.storage),
-            segments,
-            from.max(first),
-            end,
-            self.core.max_record as u32,
-            self.core.options.recovery == RecoveryMode::SkipCorrupt,
-        ))
+        Ok(self.core.segments.reader(from, end))
     }
 
     /// Releases whole segments whose records are all below `lsn`, so a checkpoint at `lsn` frees
     /// disk space. Records below `lsn` that share a segment with later ones stay readable. The
     /// newest segment is never removed. Returns how many segments were removed.
     pub fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
-        let core = &self.core;
-        let storage = core.options.storage.as_ref();
-        let mut segments = lock(&core.segments);
-        let removable = segments
-            .windows(2)
-            .take_while(|pair| pair[1].start <= lsn)
-            .count();
-        for segment in segments.drain(..removable) {
-            storage
-                .remove(&segment.path)
-                .map_err(|e| Error::io("remove", &segment.path, e))?;
-        }
-        if removable > 0 {
-            storage
-                .sync_dir(&core.dir)
-                .map_err(|e| Error::io("fsync directory", &core.dir, e))?;
-        }
-        Ok(removable)
+        self.core.segments.truncate_before(lsn)
     }
 
     /// Commits everything and closes the log. Dropping a log without `close` leaves records
@@ -500,7 +516,7 @@ impl Log {
 
     /// Segment files currently in the log, oldest first.
     pub fn segments(&self) -> Vec<SegmentFile> {
-        lock(&self.core.segments).clone()
+        self.core.segments.list()
     }
 
     /// Before leading a durable round under concurrency, lets the committers the previous
@@ -544,14 +560,21 @@ impl Log {
         let outcome = {
             let mut tail = lock(&core.tail);
             self.write_batch(&mut tail, &batch)
+                .map(|()| (tail.generation, tail.offset))
         };
         let mut state = lock(&core.state);
         state.flushing = false;
         let result = match outcome {
-            Ok(()) => {
+            Ok((generation, offset)) => {
                 state.written_lsn = state.written_lsn.max(batch.last_lsn);
                 if batch.sync {
                     state.durable_lsn = state.durable_lsn.max(batch.last_lsn);
+                    // Frames framed from now on into the segment this sync covered may say so.
+                    // If appends have already cut a later segment, their frames are not in
+                    // this one and keep their base.
+                    if state.generation == generation {
+                        state.sync_base = state.sync_base.max(sync_base_of(offset));
+                    }
                 }
                 Ok(())
             }
@@ -617,58 +640,23 @@ impl Log {
             .fetch_add(batch.bytes.len() as u64, Ordering::Relaxed);
         let mut from = 0;
         for cut in &batch.cuts {
-            self.write_tail(tail, &batch.bytes[from..cut.at])?;
-            // Seal: the old segment is made durable before anything reaches the new one.
+            tail.write(&batch.bytes[from..cut.at])?;
+            // Seal (the rotation syncs the old segment before anything reaches the new one).
             stats.syncs.fetch_add(1, Ordering::Relaxed);
-            tail.file
-                .sync_data()
-                .map_err(|e| Error::io("fdatasync", &tail.path, e))?;
-            self.rotate(tail, cut.start)?;
+            tail.writer.rotate(cut.start)?;
+            tail.offset = HEADER_BYTES as u64;
+            tail.generation += 1;
             from = cut.at;
         }
-        self.write_tail(tail, &batch.bytes[from..])?;
+        tail.write(&batch.bytes[from..])?;
         if batch.sync {
             stats.syncs.fetch_add(1, Ordering::Relaxed);
             let started = std::time::Instant::now();
-            tail.file
-                .sync_data()
-                .map_err(|e| Error::io("fdatasync", &tail.path, e))?;
+            tail.writer.sync()?;
             stats
                 .last_sync_micros
                 .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
-        Ok(())
-    }
-
-    fn write_tail(&self, tail: &mut Tail, bytes: &[u8]) -> Result<()> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        tail.file
-            .write_all_at(bytes, tail.offset)
-            .map_err(|e| Error::io("write", &tail.path, e))?;
-        tail.offset += bytes.len() as u64;
-        Ok(())
-    }
-
-    fn rotate(&self, tail: &mut Tail, start: Lsn) -> Result<()> {
-        let core = &self.core;
-        let header = SegmentHeader {
-            codec: core.codec,
-            segment_seq: tail.header.segment_seq + 1,
-            start_lsn: start,
-            capacity: core.options.segment_bytes,
-            type_tag: core.type_tag.clone(),
-        };
-        let file = segment::create(core.options.storage.as_ref(), &core.dir, &header)?;
-        let path = core.dir.join(segment_file_name(start));
-        *tail = Tail {
-            file,
-            path: path.clone(),
-            header,
-            offset: stela_format::header::HEADER_BYTES as u64,
-        };
-        lock(&core.segments).push(SegmentFile { start, path });
         Ok(())
     }
 

@@ -7,10 +7,10 @@
 //! offset, then stops, unless it was made in skip mode, where it resumes at the next valid record.
 
 use crate::error::{Corruption, Error, Result};
-use crate::segment::SegmentFile;
+use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use std::sync::Arc;
-use stela_format::frame::{self, Decoded};
+use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
 use stela_format::Lsn;
 
@@ -35,6 +35,8 @@ pub struct RawReader {
 struct Position {
     file: Box<dyn StorageFile>,
     segment: usize,
+    /// The frame layout, from the segment's header.
+    layout: Layout,
     file_len: u64,
     /// Bytes of the file starting at `buf_offset`.
     buf: Vec<u8>,
@@ -122,10 +124,12 @@ impl RawReader {
                 }
             }
             let position = self.position.as_mut().expect("opened above");
-            let decoded = frame::decode_with_limit(&position.buf[position.pos..], self.max_payload);
+            let layout = position.layout;
+            let decoded =
+                frame::decode_with_limit(layout, &position.buf[position.pos..], self.max_payload);
             match decoded {
                 Decoded::Record(rec) if rec.lsn == self.expected => {
-                    let start = position.pos + frame::HEADER_BYTES;
+                    let start = position.pos + layout.header_bytes();
                     let len = rec.payload.len();
                     let lsn = rec.lsn;
                     position.pos += rec.frame_len();
@@ -142,7 +146,7 @@ impl RawReader {
                     }
                 }
                 Decoded::Unwritten
-                    if position.buf[position.pos..].len() >= frame::HEADER_BYTES
+                    if position.buf[position.pos..].len() >= layout.header_bytes()
                         || position.at_file_end() =>
                 {
                     // The data of this segment ends here, and normally the next segment continues
@@ -168,7 +172,7 @@ impl RawReader {
                     }
                 }
                 Decoded::Unwritten => {
-                    if let Err(e) = position.refill(frame::HEADER_BYTES) {
+                    if let Err(e) = position.refill(layout.header_bytes()) {
                         let path = self.segments[position.segment].path.clone();
                         return self.fail(Error::io("read", path, e));
                     }
@@ -201,13 +205,18 @@ impl RawReader {
         if let Err(e) = position.refill(usize::MAX) {
             return Some(Error::io("read", path, e));
         }
-        let resumes = frame::find_next_valid(&position.buf, 1, self.expected, self.max_payload);
+        let resumes = frame::find_next_valid(
+            position.layout,
+            &position.buf,
+            1,
+            self.expected,
+            self.max_payload,
+        );
         if self.skip_damage {
             match resumes {
                 Some(at) => {
                     position.pos = at;
-                    let lsn = &position.buf[at + 8..at + 16];
-                    self.expected = Lsn::new(u64::from_le_bytes(lsn.try_into().expect("8")));
+                    self.expected = frame::lsn_field(&position.buf, at);
                 }
                 None => self.position = None,
             }
@@ -250,9 +259,14 @@ impl RawReader {
         let file_len = file
             .len()
             .map_err(|e| Error::io("stat", &segment.path, e))?;
+        // The header says how the frames are laid out (segments of both versions may follow
+        // each other in one log). Recovery checked it; reading it again costs one small read
+        // per segment and catches a header damaged since.
+        let layout = segment::read_header(file.as_ref(), &segment.path)?.layout;
         let mut position = Position {
             file,
             segment: self.next_segment,
+            layout,
             file_len,
             buf: Vec::with_capacity(CHUNK_BYTES),
             buf_offset: HEADER_BYTES as u64,
@@ -289,6 +303,7 @@ mod tests {
     /// A one-segment log of records 1..=5 whose record 3 was wiped to zeros (a lost sector).
     fn wiped_middle() -> (Arc<dyn Storage>, Vec<SegmentFile>) {
         let header = SegmentHeader {
+            layout: Layout::V2,
             codec: Codec::Postcard,
             segment_seq: 0,
             start_lsn: Lsn::FIRST,
@@ -299,7 +314,8 @@ mod tests {
         let mut third = 0..0;
         for lsn in 1..=5 {
             let start = bytes.len();
-            frame::encode(&mut bytes, Lsn::new(lsn), &[lsn as u8; 10]);
+            let sync_base = bytes.len() as u32;
+            frame::encode(&mut bytes, Lsn::new(lsn), &[lsn as u8; 10], sync_base);
             if lsn == 3 {
                 third = start..bytes.len();
             }

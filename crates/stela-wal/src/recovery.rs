@@ -11,7 +11,8 @@ use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
-use stela_format::frame::{self, Decoded};
+use stela_format::frame::{self, Decoded, Layout};
+use stela_format::header::MAX_CAPACITY_V2;
 use stela_format::segment_name::segment_file_name;
 use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
 
@@ -58,6 +59,12 @@ pub(crate) fn recover(
     expect: &Expect,
     keep_removed_bytes: bool,
 ) -> Result<Recovered> {
+    if options.segment_bytes > MAX_CAPACITY_V2 {
+        return Err(Error::SegmentTooLarge {
+            bytes: options.segment_bytes,
+            max: MAX_CAPACITY_V2,
+        });
+    }
     let storage = options.storage.as_ref();
     if options.create_if_missing {
         storage
@@ -155,9 +162,15 @@ pub(crate) fn recover(
         }
         // Segments are normally clean: check them streaming; only a finding sends us to the
         // whole-file scan below, which classifies it.
-        if let Some(clean) =
-            check_clean(file.as_ref(), &seg, max_payload, &mut scratch, CHECK_CHUNK)?
-        {
+        let layout = header.layout;
+        if let Some(clean) = check_clean(
+            file.as_ref(),
+            &seg,
+            layout,
+            max_payload,
+            &mut scratch,
+            CHECK_CHUNK,
+        )? {
             report.records_verified += clean.records;
             if report.first_lsn == Lsn::ZERO {
                 report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
@@ -172,7 +185,7 @@ pub(crate) fn recover(
         let bytes = file
             .read_to_vec()
             .map_err(|e| Error::io("read", &seg.path, e))?;
-        let scan = scan_segment(&bytes, seg.start, is_last, max_payload, skip);
+        let scan = scan_segment(&bytes, seg.start, layout, is_last, max_payload, skip);
         report.records_verified += scan.records;
         if report.first_lsn == Lsn::ZERO {
             report.first_lsn = scan.first_lsn.unwrap_or(Lsn::ZERO);
@@ -256,7 +269,7 @@ pub(crate) fn recover(
             // first append seals it as it is and starts a new segment (whose first LSN is above
             // the valid record that ended the damage, so the names cannot clash). Opening
             // still changes nothing on disk.
-            let full = options.segment_bytes.max(header.capacity);
+            let full = header.capacity;
             break (file, header, full, next);
         }
         if is_last {
@@ -266,6 +279,13 @@ pub(crate) fn recover(
         index += 1;
     };
 
+    // Writers write version 2 frames only, so a version 1 newest segment (from an older build)
+    // is reported full, like a damaged one in skip mode: the first append starts a new segment.
+    let write_offset = if tail_header.layout == Layout::CURRENT {
+        write_offset
+    } else {
+        write_offset.max(tail_header.capacity)
+    };
     // A segment cut short by a crash during preallocation would make later writes grow the file.
     tail.allocate(tail_header.capacity)
         .map_err(|e| Error::io("preallocate", &segments[segments.len() - 1].path, e))?;
@@ -312,6 +332,7 @@ const CHECK_CHUNK: usize = 4 << 20;
 fn check_clean(
     file: &dyn StorageFile,
     seg: &SegmentFile,
+    layout: Layout,
     max_payload: u32,
     buf: &mut Vec<u8>,
     chunk: usize,
@@ -339,7 +360,7 @@ fn check_clean(
         let at_end = offset + buf.len() as u64 == len;
         let mut pos = 0;
         let data_ended = loop {
-            match frame::decode_with_limit(&buf[pos..], max_payload) {
+            match frame::decode_with_limit(layout, &buf[pos..], max_payload) {
                 Decoded::Record(rec) if rec.lsn == clean.next_lsn => {
                     clean.records += 1;
                     clean.first_lsn.get_or_insert(rec.lsn);
@@ -348,7 +369,7 @@ fn check_clean(
                 }
                 Decoded::Incomplete { .. } if !at_end => break false, // read more
                 // A zero prefix of a header cut by the chunk: the next chunk decides.
-                Decoded::Unwritten if buf.len() - pos < frame::HEADER_BYTES && !at_end => {
+                Decoded::Unwritten if buf.len() - pos < layout.header_bytes() && !at_end => {
                     break false
                 }
                 Decoded::Incomplete { .. } if pos == buf.len() => break true, // exact end
@@ -386,6 +407,7 @@ pub(crate) fn new_header(
     start: Lsn,
 ) -> SegmentHeader {
     SegmentHeader {
+        layout: Layout::CURRENT,
         codec: expect.codec,
         segment_seq,
         start_lsn: start,
@@ -504,15 +526,21 @@ mod tests {
         /// finds clean, and counts the same records, whatever the chunk size.
         #[test]
         fn check_clean_agrees_with_the_whole_file_scan(
+            v1 in any::<bool>(),
             payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..30),
             damage in proptest::option::of((any::<prop::sample::Index>(), any::<u8>())),
             chunk in 1usize..300,
             is_last in any::<bool>(),
         ) {
             let start = Lsn::new(5);
+            let layout = if v1 { Layout::V1 } else { Layout::V2 };
             let mut bytes = vec![0u8; stela_format::header::HEADER_BYTES];
             for (i, p) in payloads.iter().enumerate() {
-                frame::encode(&mut bytes, Lsn::new(5 + i as u64), p);
+                let lsn = Lsn::new(5 + i as u64);
+                match layout {
+                    Layout::V1 => frame::encode_v1(&mut bytes, lsn, p),
+                    Layout::V2 => frame::encode(&mut bytes, lsn, p, frame::MIN_SYNC_BASE),
+                }
             }
             bytes.resize(bytes.len() + 100, 0);
             if let Some((at, value)) = damage {
@@ -527,8 +555,8 @@ mod tests {
             file.write_all_at(&bytes, 0).unwrap();
             let seg = SegmentFile { start, path: path.to_path_buf() };
             let mut buf = Vec::new();
-            let fast = check_clean(file.as_ref(), &seg, 1 << 20, &mut buf, chunk).unwrap();
-            let scan = scan_segment(&bytes, start, is_last, 1 << 20, false);
+            let fast = check_clean(file.as_ref(), &seg, layout, 1 << 20, &mut buf, chunk).unwrap();
+            let scan = scan_segment(&bytes, start, layout, is_last, 1 << 20, false);
             match fast {
                 Some(clean) => {
                     prop_assert!(scan.damage.is_empty() && scan.torn_tail.is_none());

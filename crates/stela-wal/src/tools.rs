@@ -12,6 +12,7 @@ use crate::storage::{OpenMode, Storage};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use stela_format::header::MAX_CAPACITY_V2;
 use stela_format::{Codec, Lsn, SegmentHeader};
 
 /// One segment as `verify` saw it.
@@ -98,7 +99,7 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
         let bytes = file
             .read_to_vec()
             .map_err(|e| Error::io("read", &seg.path, e))?;
-        let scan = scan_segment(&bytes, seg.start, is_last, u32::MAX, true);
+        let scan = scan_segment(&bytes, seg.start, header.layout, is_last, u32::MAX, true);
         report.records += scan.records;
         if report.first_lsn.is_none() {
             report.first_lsn = scan.first_lsn;
@@ -184,11 +185,13 @@ pub fn repair(
         .open(&first.path, OpenMode::Read)
         .map_err(|e| Error::io("open", &first.path, e))?;
     let header = segment::read_header(file.as_ref(), &first.path)?;
+    // New segments get the first one's capacity, cut to what a version 2 segment can have (a
+    // version 1 log may have bigger segments).
     let options = WalOptions::default()
         .codec(header.codec)
         .storage(storage)
         .create_if_missing(false)
-        .segment_bytes(header.capacity)
+        .segment_bytes(header.capacity.min(MAX_CAPACITY_V2))
         .recovery(if cut_corrupt_suffix {
             RecoveryMode::KeepValidPrefix
         } else {

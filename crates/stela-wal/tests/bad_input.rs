@@ -27,7 +27,7 @@ use stela_wal::{Codec, Error, Log, Lsn, RecoveryMode, Wal, WalOptions};
 
 /// Segment header and frame header sizes, from docs/FORMAT.md.
 const SEGMENT_HEADER: usize = 256;
-const FRAME_HEADER: usize = 16;
+const FRAME_HEADER: usize = 20;
 
 const SMALL_SEGMENT: u64 = 1024;
 
@@ -82,11 +82,15 @@ fn std_options(codec: Codec, segment_bytes: u64) -> WalOptions {
         .segment_bytes(segment_bytes)
 }
 
-/// Writes `records` durably into a new log in `dir`.
+/// Writes `records` durably into a new log in `dir`, committing each on its own: every record
+/// is then framed after the sync that made its predecessor durable, so damage to any record but
+/// the last is followed by a frame whose sync base says the damaged bytes had been synced (damage,
+/// not a torn write).
 fn write_log(dir: &Path, codec: Codec, segment_bytes: u64, records: &[Rec]) {
     let wal: Wal<Rec> = Wal::open(dir, std_options(codec, segment_bytes)).unwrap();
-    let last = wal.append_batch(records).unwrap();
-    wal.commit(last).unwrap();
+    for record in records {
+        wal.append_durable(record).unwrap();
+    }
     wal.close().unwrap();
 }
 
@@ -530,7 +534,12 @@ fn a_half_written_last_record_is_cut_as_a_torn_tail() {
         check_torn_tail(codec, |next_lsn| {
             let mut frame = Vec::new();
             let payload = codec.encode(&rec(1000)).unwrap();
-            stela_format::frame::encode(&mut frame, Lsn::new(next_lsn as u64), &payload);
+            stela_format::frame::encode(
+                &mut frame,
+                Lsn::new(next_lsn as u64),
+                &payload,
+                stela_format::frame::MIN_SYNC_BASE,
+            );
             frame.truncate(frame.len() - payload.len() / 2);
             frame
         });

@@ -447,6 +447,11 @@ impl StorageFile for FaultFile {
         )
     }
 
+    /// One write, whatever the number of buffers: a crash tears it as one.
+    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.write_all_at(&bufs.concat(), offset)
+    }
+
     fn sync_data(&self) -> io::Result<()> {
         let mut storage = lock(&self.storage);
         let mut data = lock(&self.file.data);

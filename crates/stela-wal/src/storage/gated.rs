@@ -189,6 +189,14 @@ impl StorageFile for GatedFile {
         self.inner.write_all_at(buf, offset)
     }
 
+    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        if let Some(delay) = self.gate.write_delay() {
+            thread::sleep(delay);
+        }
+        self.gate.pass();
+        self.inner.write_all_vectored_at(bufs, offset)
+    }
+
     fn sync_data(&self) -> io::Result<()> {
         self.gate.pass();
         self.inner.sync_data()

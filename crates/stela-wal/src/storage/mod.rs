@@ -58,6 +58,16 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at the end).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes `bufs` back to back from `offset` on, as one positioned write where the storage
+    /// can (the real file system uses `pwritev`). The default writes them one after the other.
+    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.write_all_at(buf, at)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
     /// Makes this file's written data durable (fdatasync).
     fn sync_data(&self) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
