@@ -268,14 +268,22 @@ impl SegmentWriter {
             "segment starting at {start} after one starting at {}",
             self.header.start_lsn
         );
-        let result = self.seal_and_create(start);
-        self.record(result)
+        // Seal: a failed fdatasync stops the writer for good, like any other.
+        let sealed = self
+            .file
+            .sync_data()
+            .map_err(|e| Error::io("fdatasync", &self.path, e));
+        self.record(sealed)?;
+        // Create: nothing written is at stake any more. If the next segment cannot be made for
+        // lack of space, the writer stays on its sealed segment and a later `rotate` tries
+        // again with a new file; any other failure stops the writer as usual.
+        match self.create_next(start) {
+            Err(error @ Error::DiskFull { .. }) => Err(error),
+            result => self.record(result),
+        }
     }
 
-    fn seal_and_create(&mut self, start: Lsn) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| Error::io("fdatasync", &self.path, e))?;
+    fn create_next(&mut self, start: Lsn) -> Result<()> {
         let replaces = start == self.header.start_lsn;
         let header = SegmentHeader {
             layout: Layout::CURRENT,
