@@ -290,6 +290,8 @@ impl ClientRing {
             lsn,
         };
         let seq = self.next_seq;
+        // A stopped ring or a dead daemon refuses at once, even when there is room.
+        self.hopeless(seq, &mut |_| false)?;
         // Validate the entry before waiting for room: encoding into nothing reports every
         // error except the (expected) lack of room.
         match encode_entry(&mut [], seq, &header, payloads) {
@@ -430,37 +432,49 @@ impl ClientRing {
     }
 
     /// Why a wait for entry `seq` can never succeed, if it cannot: the daemon stopped at or
-    /// before it, or is gone.
-    fn hopeless(&self, seq: u64) -> Result<(), ShmError> {
+    /// before it, or is gone. `ready` is checked once more after either is seen, so an answer
+    /// the daemon published before it stopped or died is still returned (the stop and the gone
+    /// flag are stored with Release after it, and loaded here with Acquire).
+    fn hopeless(
+        &self,
+        seq: u64,
+        ready: &mut impl FnMut(&ClientRing) -> bool,
+    ) -> Result<bool, ShmError> {
         let code = self.region.fault().load(Acquire);
-        if code != 0 {
-            let fault_seq = self.region.fault_seq().load(Relaxed);
-            if seq >= fault_seq {
-                return Err(ShmError::Faulted {
-                    code,
-                    fault_seq,
-                    seq,
-                });
+        let fault_seq = match code {
+            0 => u64::MAX,
+            _ => self.region.fault_seq().load(Relaxed),
+        };
+        let error = if seq >= fault_seq {
+            ShmError::Faulted {
+                code,
+                fault_seq,
+                seq,
             }
+        } else if self.gone.load(Acquire) {
+            ShmError::DaemonGone
+        } else {
+            return Ok(false);
+        };
+        if ready(self) {
+            Ok(true)
+        } else {
+            Err(error)
         }
-        if self.gone.load(Acquire) {
-            return Err(ShmError::DaemonGone);
-        }
-        Ok(())
     }
 
     /// Waits until `ready` holds, for entry `seq`: publishes first, spins up to the budget,
     /// then sleeps on `wake` (see the module's wake-up invariant). Checked in this order each
-    /// time: `ready`, then whether the daemon stopped before `seq` or is gone.
+    /// time: `ready`, then whether the daemon stopped before `seq` or is gone
+    /// ([`ClientRing::hopeless`]).
     fn wait_until(
         &mut self,
         seq: u64,
         mut ready: impl FnMut(&ClientRing) -> bool,
     ) -> Result<(), ShmError> {
-        if ready(self) {
+        if ready(self) || self.hopeless(seq, &mut ready)? {
             return Ok(());
         }
-        self.hopeless(seq)?;
         self.publish()?;
         if !self.spin.budget.is_zero() {
             let started = Instant::now();
@@ -472,7 +486,9 @@ impl ClientRing {
                 }
                 spins += 1;
                 if spins.is_multiple_of(32) {
-                    self.hopeless(seq)?;
+                    if self.hopeless(seq, &mut ready)? {
+                        return Ok(());
+                    }
                     if started.elapsed() >= self.spin.budget {
                         self.spin.missed();
                         break;
@@ -489,7 +505,7 @@ impl ClientRing {
             let outcome = if ready(self) {
                 Ok(true)
             } else {
-                self.hopeless(seq).map(|()| false)
+                self.hopeless(seq, &mut ready)
             };
             if !matches!(outcome, Ok(false)) {
                 self.region.client_waiting().store(0, Relaxed);

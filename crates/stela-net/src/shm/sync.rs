@@ -29,7 +29,7 @@ pub(crate) mod model_crash {
     pub struct Killed;
 
     loom::thread_local! {
-        static COUNTDOWN: Cell<Option<usize>> = const { Cell::new(None) };
+        static COUNTDOWN: Cell<Option<usize>> = Cell::new(None);
     }
 
     /// Kills the calling model thread (panics with [`Killed`]) at its `n`-th crash point from
