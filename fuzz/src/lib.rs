@@ -189,3 +189,115 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     out
 }
+
+/// The data area size `ring_decode` checks entry starts against.
+pub const RING_DATA_BYTES: u64 = 4096;
+
+/// How `ring_decode` reads its input: two control bytes, then the bytes of one entry (or of a
+/// ring header, or a result slot: every check runs on every input).
+#[derive(Debug, Clone, Copy)]
+pub struct RingInput<'a> {
+    /// The seq `parse_entry` expects: the entry's own seq field when control bit 0 is set (so a
+    /// valid entry gets past the seq check), else `control >> 1`.
+    pub expected_seq: u64,
+    /// Where in the ring the entry starts (`head`), from the second byte: 32-byte steps
+    /// through the area, bit 7 adding one lap.
+    pub head: u64,
+    pub bytes: &'a [u8],
+}
+
+impl<'a> RingInput<'a> {
+    pub fn parse(data: &'a [u8]) -> Option<RingInput<'a>> {
+        let (&[control, geometry], bytes) = data.split_first_chunk::<2>()?;
+        let expected_seq = if control & 1 != 0 {
+            bytes.get(8..16).map_or(0, |seq| {
+                u64::from_le_bytes(seq.try_into().expect("8 bytes"))
+            })
+        } else {
+            u64::from(control >> 1)
+        };
+        let head = u64::from(geometry & 0x7F) * 32 + u64::from(geometry >> 7) * RING_DATA_BYTES;
+        Some(RingInput {
+            expected_seq,
+            head,
+            bytes,
+        })
+    }
+
+    /// The two control bytes for an input whose entry carries its own expected seq, at `head` 0.
+    pub const ENTRY_PREFIX: [u8; 2] = [1, 0];
+}
+
+/// The seeds of `ring_decode` (`tests/ring_seeds.rs` writes them to `seeds/ring_decode/`): one
+/// entry of each shape from the encoder, a pad marker, a ring header's line 0 and a result slot.
+pub fn ring_seeds() -> Vec<(String, Vec<u8>)> {
+    use stela_proto::ring::{self, EntryHeader, EntryKind, RingLayout};
+    use stela_proto::Durability;
+
+    let entry = |seq: u64, header: EntryHeader, payloads: &[&[u8]]| {
+        let mut bytes = vec![0u8; ring::entry_len(payloads).expect("fits")];
+        ring::encode_entry(&mut bytes, seq, &header, payloads).expect("encodes");
+        let mut input = RingInput::ENTRY_PREFIX.to_vec();
+        input.extend_from_slice(&bytes);
+        input
+    };
+    let append = |durability| EntryHeader {
+        handle: 0,
+        kind: EntryKind::Append,
+        durability,
+        lsn: 0,
+    };
+    let record = [0x42u8; 100];
+    let mut out = vec![
+        (
+            "append-one-record".to_string(),
+            entry(1, append(Durability::Buffered), &[b"hello"]),
+        ),
+        (
+            "append-three-records".into(),
+            entry(2, append(Durability::Unsafe), &[b"a", b"", b"exactly8"]),
+        ),
+        (
+            "append-100-bytes".into(),
+            entry(77, append(Durability::Replicated), &[&record]),
+        ),
+        (
+            "commit-disk".into(),
+            entry(
+                3,
+                EntryHeader {
+                    handle: 5,
+                    kind: EntryKind::Commit,
+                    durability: Durability::Disk,
+                    lsn: 4096,
+                },
+                &[],
+            ),
+        ),
+        (
+            "commit-all-max".into(),
+            entry(
+                u64::MAX,
+                EntryHeader {
+                    handle: u32::MAX,
+                    kind: EntryKind::Commit,
+                    durability: Durability::All,
+                    lsn: u64::MAX,
+                },
+                &[],
+            ),
+        ),
+    ];
+    let mut pad = vec![0, 0x7F]; // head at 4064: the pad fills the last 32 bytes
+    pad.extend_from_slice(&ring::pad_bytes());
+    pad.extend_from_slice(&[0; 28]);
+    out.push(("pad-at-end".into(), pad));
+    let layout = RingLayout::new(1 << 20, 16).expect("valid");
+    let mut header = vec![0, 0];
+    header.extend_from_slice(&layout.encode_line0());
+    out.push(("ring-header".into(), header));
+    let mut slot = vec![0, 0];
+    slot.extend_from_slice(&ring::encode_result(9, &ring::Completion::ok(100, 102)));
+    out.push(("result-slot".into(), slot));
+    out
+}

@@ -1,6 +1,9 @@
-//! stela-net: a socket that spins briefly before it sleeps.
+//! stela-net: the transports between a stela client and the daemon.
 //!
-//! Why: on the machines we measure (virtual CPUs), waking a thread that sleeps in `read` costs
+//! - this file: [`SpinStream`], a socket that spins briefly before it sleeps;
+//! - [`shm`]: the shared-memory ring a client on the same machine commits through.
+//!
+//! Why spin: on the machines we measure (virtual CPUs), waking a thread that sleeps in `read` costs
 //! about 60 microseconds of a 62-microsecond Unix-socket round trip; a reader that polls the
 //! socket for a few microseconds instead sees the same round trip in 3.5. A `buffered` commit is
 //! meant to cost a memcpy and one local round trip, so both ends of a stela connection spin.
@@ -14,6 +17,8 @@
 //! Invariant: the wrapped socket is non-blocking; every read and write here completes or fails
 //! as a blocking one would (writes wait for room with `poll`, reads with `poll` after the spin),
 //! so callers can use `read_exact`/`write_all` unchanged.
+
+pub mod shm;
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};

@@ -5,11 +5,14 @@
 //!
 //! - [`frame`]: the length + CRC32C envelope around every message, and its limits.
 //! - [`message`]: requests, responses, durability levels, error codes, the status report.
+//! - [`ring`]: the shared-memory ring a client on the same machine commits through: the layout
+//!   of its region, the entry codec, and the checks the daemon makes on its private copy.
 //!
 //! The protocol is specified in `docs/PROTOCOL.md`; [`PROTOCOL_VERSION`] names the revision.
 
 pub mod frame;
 pub mod message;
+pub mod ring;
 
 pub use frame::{FrameError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 pub use message::*;

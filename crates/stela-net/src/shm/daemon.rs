@@ -1,0 +1,347 @@
+//! The daemon's end of a ring: it copies each published entry into private memory, checks the
+//! copy, hands it to the caller, and publishes consumption (`head`) and completions.
+//!
+//! Invariants:
+//! - **Nothing unpublished is read.** Bytes are read only below the `tail` the client published
+//!   (loaded with Acquire, checked by `check_published`), and an entry only after its length
+//!   was checked against the area and that tail.
+//! - **Only the private copy is trusted.** An entry is parsed from the caller's scratch buffer,
+//!   never from the shared bytes, so a client scribbling on its published entry at the same
+//!   time changes nothing that was checked (no time-of-check/time-of-use).
+//! - **The daemon's own state is private.** `head`, the expected seq, the last completion and
+//!   the layout live here; the shared copies are only published, never read back, since the
+//!   client can write any byte of the region.
+//! - **A bad entry stops the ring.** The first entry that fails a check sets `fault` (and
+//!   `fault_seq`, its seq); from then on nothing more is read, and neither it nor anything after
+//!   it is ever completed. Entries consumed before it can still be completed.
+//! - **Completions are in seq order**, each result slot written before `done_seq` covers it,
+//!   and only for consumed entries.
+
+use super::region::{Doorbell, Region};
+use super::sync::fence;
+use super::ShmError;
+use std::fmt;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicU32 as PrivateU32, AtomicU64 as PrivateU64};
+use stela_proto::ring::{
+    check_entry_start, check_published, encode_result, parse_entry, Completion, Entry, EntryStart,
+    FaultCode, RingError, RingLayout,
+};
+
+/// Why the daemon stopped reading a ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingFault {
+    /// What went into the shared `fault` word.
+    pub code: FaultCode,
+    /// The first seq that will never be completed (the entry that failed, or the next one).
+    pub seq: u64,
+    /// The ring position (`head`) it was found at.
+    pub at: u64,
+    /// The failed check; `None` when the daemon closed the ring itself ([`DaemonRing::fault`]).
+    pub error: Option<RingError>,
+}
+
+impl fmt::Display for RingFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ring stopped ({:?}) at seq {}, position {}",
+            self.code, self.seq, self.at
+        )?;
+        if let Some(error) = &self.error {
+            write!(f, ": {error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RingFault {}
+
+/// The daemon's end of one connection's ring.
+pub struct DaemonRing {
+    region: Region,
+    layout: RingLayout,
+    doorbell: Doorbell,
+    /// Bytes consumed (the authoritative copy; the shared `head` is only published).
+    head: u64,
+    /// Length of the entry `next_entry` returned last, until `consume` passes it (0: none).
+    pending: u64,
+    /// The seq the next entry must carry.
+    expected_seq: u64,
+    /// The last seq completed (private copy of `done_seq`).
+    completed: PrivateU64,
+    /// Non-zero once the ring is stopped: the fault code.
+    stopped: PrivateU32,
+    /// The full report of a fault found by `next_entry`, returned again on later calls.
+    fault: Option<RingFault>,
+}
+
+impl fmt::Debug for DaemonRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DaemonRing")
+            .field("layout", &self.layout)
+            .field("head", &self.head)
+            .field("expected_seq", &self.expected_seq)
+            .field("completed", &self.completed.load(Relaxed))
+            .field("fault", &self.fault)
+            .finish()
+    }
+}
+
+impl DaemonRing {
+    pub(crate) fn from_parts(region: Region, doorbell: Doorbell) -> DaemonRing {
+        DaemonRing {
+            layout: region.layout(),
+            region,
+            doorbell,
+            head: 0,
+            pending: 0,
+            expected_seq: 1,
+            completed: PrivateU64::new(0),
+            stopped: PrivateU32::new(0),
+            fault: None,
+        }
+    }
+
+    /// Creates a ring of `data_bytes` (a power of two, 4 KiB..64 MiB) with `slots` result slots
+    /// (a power of two, at most 64): a sealed memfd, mapped here, and an eventfd doorbell.
+    /// Returns the ring, the memfd and a second descriptor of the eventfd: send both to the
+    /// client (`os::send_with_fds`), which opens its end with `ClientRing::from_fds`, then drop
+    /// them (the daemon keeps its own mapping and doorbell descriptor).
+    ///
+    /// # Errors
+    /// [`ShmError::Layout`] for sizes out of bounds; [`ShmError::Io`] naming the failed call.
+    #[cfg(not(loom))]
+    pub fn create(
+        data_bytes: u64,
+        slots: u32,
+    ) -> Result<(DaemonRing, std::os::fd::OwnedFd, std::os::fd::OwnedFd), ShmError> {
+        use super::os;
+        use std::os::fd::AsFd;
+        let layout = RingLayout::new(data_bytes, slots).map_err(ShmError::Layout)?;
+        let memfd = os::create_sealed_memfd(c"stela-ring", layout.region_bytes())
+            .map_err(ShmError::io("memfd_create"))?;
+        let map = os::Mapping::map(memfd.as_fd(), layout.region_bytes() as usize)
+            .map_err(ShmError::io("mmap"))?;
+        let region = Region::new(map, layout);
+        region.write_line0(&layout.encode_line0());
+        let eventfd = os::eventfd().map_err(ShmError::io("eventfd"))?;
+        let client_eventfd = eventfd.try_clone().map_err(ShmError::io("dup eventfd"))?;
+        let ring = DaemonRing::from_parts(region, Doorbell::new(eventfd));
+        Ok((ring, memfd, client_eventfd))
+    }
+
+    pub fn layout(&self) -> RingLayout {
+        self.layout
+    }
+
+    /// The doorbell's descriptor, to register for reading in the event loop (epoll/mio). It
+    /// becomes readable when the client published while [`DaemonRing::set_asleep`] was set.
+    #[cfg(not(loom))]
+    pub fn doorbell_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.doorbell.fd()
+    }
+
+    /// The model's doorbell, for the loom harness to wait on.
+    #[cfg(loom)]
+    pub fn model_doorbell(&self) -> Doorbell {
+        self.doorbell.clone()
+    }
+
+    /// Resets the doorbell after a wake-up (level-triggered epoll would otherwise report it
+    /// again).
+    ///
+    /// # Errors
+    /// [`ShmError::Io`] from `read`, which only fails if the descriptor is broken.
+    pub fn drain_doorbell(&self) -> Result<(), ShmError> {
+        self.doorbell
+            .drain()
+            .map_err(ShmError::io("read eventfd"))?;
+        Ok(())
+    }
+
+    /// Whether the client has published bytes not yet consumed (false once the ring is
+    /// stopped). A cheap load for a spinning event loop.
+    pub fn has_published(&self) -> bool {
+        self.stopped.load(Relaxed) == 0 && self.region.tail().load(Relaxed) != self.head
+    }
+
+    /// Whether the client says it sleeps on `wake` (for tests and status; the ring itself
+    /// wakes it when needed).
+    pub fn client_waiting(&self) -> bool {
+        self.region.client_waiting().load(Relaxed) != 0
+    }
+
+    /// The seq the next entry must carry (entries consumed + 1).
+    pub fn expected_seq(&self) -> u64 {
+        self.expected_seq
+    }
+
+    /// The stop report, if the ring is stopped.
+    pub fn fault_report(&self) -> Option<RingFault> {
+        match self.stopped.load(Relaxed) {
+            0 => None,
+            code => Some(self.fault.clone().unwrap_or(RingFault {
+                code: FaultCode::from_u32(code).unwrap_or(FaultCode::Closed),
+                seq: self.expected_seq,
+                at: self.head,
+                error: None,
+            })),
+        }
+    }
+
+    /// Copies the next published entry into `scratch`, checks the copy, and returns it parsed
+    /// (borrowing `scratch`); `Ok(None)` when nothing more is published. Does not consume:
+    /// once the entry's records are placed, call [`DaemonRing::consume`]; called again before
+    /// that, it returns the same entry. Pads are skipped (and their space freed) on the way.
+    ///
+    /// # Errors
+    /// The first failed check stops the ring: the fault is published to the client and returned,
+    /// now and on every later call.
+    pub fn next_entry<'s>(
+        &mut self,
+        scratch: &'s mut Vec<u8>,
+    ) -> Result<Option<Entry<'s>>, RingFault> {
+        if let Some(fault) = self.fault_report() {
+            return Err(fault);
+        }
+        loop {
+            let tail = self.region.tail().load(Acquire);
+            if tail == self.head {
+                return Ok(None);
+            }
+            let data_bytes = self.layout.data_bytes;
+            let published =
+                check_published(self.head, tail, data_bytes).map_err(|e| self.stop(e))?;
+            let position = self.layout.position(self.head);
+            let mut first = [0u8; 8];
+            self.region.read_data(position, &mut first);
+            let first = first[..4].try_into().expect("4 bytes");
+            match check_entry_start(first, self.head, published, data_bytes)
+                .map_err(|e| self.stop(e))?
+            {
+                EntryStart::Pad(len) => {
+                    self.head += len;
+                    self.publish_head();
+                }
+                EntryStart::Entry(len) => {
+                    scratch.clear();
+                    scratch.resize(len, 0);
+                    self.region.read_data(position, scratch);
+                    let copy: &'s [u8] = scratch;
+                    return match parse_entry(copy, self.expected_seq) {
+                        Ok(entry) => {
+                            self.pending = len as u64;
+                            Ok(Some(entry))
+                        }
+                        Err(error) => Err(self.stop(error)),
+                    };
+                }
+            }
+        }
+    }
+
+    /// Moves past the entry [`DaemonRing::next_entry`] returned, freeing its space for the
+    /// client (call it once the records are in the daemon's own memory).
+    ///
+    /// # Panics
+    /// If there is no such entry: a bug in the caller.
+    pub fn consume(&mut self) {
+        assert!(self.pending > 0, "consume without an entry from next_entry");
+        self.head += self.pending;
+        self.pending = 0;
+        self.expected_seq += 1;
+        self.publish_head();
+    }
+
+    /// Publishes the answer to entry `seq`: its result slot, then `done_seq`, then wakes the
+    /// client if it sleeps. Entries are completed one by one in seq order, and only once
+    /// consumed.
+    ///
+    /// # Panics
+    /// If `seq` is not the one after the last completed, or not yet consumed: a bug in the
+    /// caller, which would otherwise hand the client another entry's answer.
+    pub fn complete(&self, seq: u64, completion: Completion) {
+        let last = self.completed.load(Relaxed);
+        assert_eq!(seq, last + 1, "ring completions must be in seq order");
+        assert!(
+            seq < self.expected_seq,
+            "entry {seq} completed before it was consumed"
+        );
+        self.region
+            .write_result(seq, &encode_result(seq, &completion));
+        self.region.done_seq().store(seq, Release);
+        self.completed.store(seq, Relaxed);
+        self.notify_client();
+    }
+
+    /// The last seq completed.
+    pub fn completed(&self) -> u64 {
+        self.completed.load(Relaxed)
+    }
+
+    /// Stops reading the ring for the daemon's own reason (usually [`FaultCode::Closed`]:
+    /// shutdown, or the daemon will not serve this ring any more) and tells the client, which
+    /// gets an error for every entry not yet consumed. Entries already consumed must still be
+    /// completed. Does nothing if the ring is already stopped.
+    pub fn fault(&self, code: FaultCode) {
+        self.publish_fault(code);
+    }
+
+    /// Announces that the daemon is about to sleep until the doorbell rings. Returns true if
+    /// that is safe: nothing is published that it has not consumed (checked after a SeqCst
+    /// fence, so a client publishing concurrently either is seen here or sees the flag and
+    /// rings). On false, call [`DaemonRing::clear_asleep`] and keep reading.
+    pub fn set_asleep(&self) -> bool {
+        self.region.daemon_asleep().store(1, Relaxed);
+        fence(SeqCst);
+        self.stopped.load(Relaxed) != 0 || self.region.tail().load(Relaxed) == self.head
+    }
+
+    /// Clears the flag of [`DaemonRing::set_asleep`] after waking (clients stop ringing).
+    pub fn clear_asleep(&self) {
+        self.region.daemon_asleep().store(0, Relaxed);
+    }
+
+    fn stop(&mut self, error: RingError) -> RingFault {
+        let fault = RingFault {
+            code: error.fault_code(),
+            seq: self.expected_seq,
+            at: self.head,
+            error: Some(error),
+        };
+        self.fault = Some(fault.clone());
+        self.publish_fault(fault.code);
+        fault
+    }
+
+    fn publish_fault(&self, code: FaultCode) {
+        if self
+            .stopped
+            .compare_exchange(0, code.as_u32(), Relaxed, Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        self.region.fault_seq().store(self.expected_seq, Relaxed);
+        self.region.fault().store(code.as_u32(), Release);
+        self.notify_client();
+    }
+
+    fn publish_head(&self) {
+        self.region.head().store(self.head, Release);
+        self.notify_client();
+    }
+
+    /// After a change the client may wait for (head, done_seq, fault): bump `wake`, then, after
+    /// a SeqCst fence that pairs with the client's between setting `client_waiting` and
+    /// re-checking, wake it if it sleeps. The bump comes first so that a client which read
+    /// `wake` before the change finds it changed when it calls FUTEX_WAIT.
+    fn notify_client(&self) {
+        self.region.wake().fetch_add(1, Release);
+        fence(SeqCst);
+        if self.region.client_waiting().load(Relaxed) != 0 {
+            self.region.futex_wake();
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The shared-memory transport: a per-connection ring through which a client on the daemon's
+//! machine commits without a socket round trip.
+//!
+//! The daemon creates the region (a sealed memfd) and a doorbell (an eventfd), maps the region,
+//! and passes both descriptors to the client over the connection's Unix socket
+//! ([`send_with_fds`] / [`recv_with_fds`]). The client writes framed entries (the codec is
+//! `stela_proto::ring`) and publishes them; the daemon copies each published entry into its
+//! own memory, checks the copy, places its records, and only then publishes the completion.
+//! So a client's wild write can damage only its own unacknowledged entries, and everything
+//! acknowledged is in memory the client cannot reach (RapiLog's isolation argument).
+//! `docs/PROTOCOL.md` ("Shared-memory transport") has the byte layout and the protocol.
+//!
+//! - [`DaemonRing`] (`daemon.rs`): create, `next_entry` (copy + check), `consume`,
+//!   `complete`, `fault`, the asleep flag and the doorbell.
+//! - [`ClientRing`] (`client.rs`): `from_fds`, `write_entry` / `publish` / `submit`, `wait`
+//!   (adaptive spin, then the futex), and the [`GoneHandle`] a watcher uses when the daemon dies.
+//! - `os.rs`: memfd and seals, [`Mapping`], eventfd, futex, SCM_RIGHTS.
+//! - `region.rs`: the region as both ends see it (header atomics, raw copies), swapped for an
+//!   in-memory model under `--cfg loom` together with `sync.rs`; `tests/loom_ring.rs` checks
+//!   the two ends' real code against it.
+//!
+//! ```
+//! use stela_net::shm::{ClientRing, DaemonRing, EntryKind};
+//! use stela_proto::{ring::Completion, Durability};
+//!
+//! let (mut daemon, memfd, eventfd) = DaemonRing::create(64 << 10, 16).unwrap();
+//! // (In real use the two descriptors travel over the connection's socket.)
+//! let mut client = ClientRing::from_fds(memfd, eventfd).unwrap();
+//!
+//! let seq = client
+//!     .submit(0, EntryKind::Append, Durability::Buffered, 0, &[b"hello"])
+//!     .unwrap();
+//! let mut scratch = Vec::new();
+//! let entry = daemon.next_entry(&mut scratch).unwrap().expect("published");
+//! assert_eq!(entry.records().next().unwrap().0, b"hello");
+//! daemon.consume();
+//! daemon.complete(seq, Completion::ok(1, 1));
+//! assert_eq!(client.wait(seq).unwrap().last_lsn, 1);
+//! ```
+
+mod client;
+mod daemon;
+pub mod os;
+mod region;
+mod sync;
+
+pub use client::{ClientRing, GoneHandle, REPROBE_EVERY};
+pub use daemon::{DaemonRing, RingFault};
+pub use os::{recv_with_fds, send_with_fds, Mapping, MAX_FDS};
+pub use stela_proto::ring::{Completion, Entry, EntryKind, FaultCode, RingError, RingLayout};
+
+use std::io;
+use thiserror::Error;
+
+/// What went wrong on a ring, for the caller to act on.
+#[derive(Debug, Error)]
+pub enum ShmError {
+    /// A system call failed (`op` names it).
+    #[error("{op}: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The region's header or size is not a ring this code can use.
+    #[error("not a usable ring region: {0}")]
+    Layout(RingError),
+    /// The memfd could be resized by someone (which would crash us on access).
+    #[error("the ring memfd is not sealed against resizing (seals {seals:#x})")]
+    Unsealed { seals: u32 },
+    /// The entry can never fit this ring: send it over the socket instead.
+    #[error("an entry of {len} bytes does not fit the ring's {max}-byte area; use the socket")]
+    EntryTooLarge { len: u64, max: u64 },
+    /// The entry is not valid for its kind (an append without records, a commit with some).
+    #[error("invalid ring entry: {0}")]
+    BadEntry(RingError),
+    /// The daemon is gone (its socket hung up); no answer will come.
+    #[error("the daemon is gone")]
+    DaemonGone,
+    /// The daemon stopped reading this ring at `fault_seq`; entry `seq` will never be answered.
+    #[error("the daemon stopped reading this ring ({}) at entry {fault_seq}; entry {seq} will not be answered", describe_fault(*.code))]
+    Faulted { code: u32, fault_seq: u64, seq: u64 },
+    /// `wait` for an entry never submitted.
+    #[error("entry {seq} was not submitted (the next is {next})")]
+    NotSubmitted { seq: u64, next: u64 },
+    /// `wait` for an entry whose answer was already overwritten by a later one's.
+    #[error("the answer to entry {seq} is no longer kept (wait at most `slots` entries behind)")]
+    ResultGone { seq: u64 },
+    /// The daemon broke the ring protocol (a header word out of range).
+    #[error("ring protocol violated: {what} is {value}, expected at most {limit}")]
+    Inconsistent {
+        what: &'static str,
+        value: u64,
+        limit: u64,
+    },
+}
+
+impl ShmError {
+    pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> ShmError {
+        move |source| ShmError::Io { op, source }
+    }
+
+    /// For [`ShmError::Faulted`]: the daemon's reason, if it is a known one.
+    pub fn fault_code(&self) -> Option<FaultCode> {
+        match self {
+            ShmError::Faulted { code, .. } => FaultCode::from_u32(*code),
+            _ => None,
+        }
+    }
+}
+
+fn describe_fault(code: u32) -> String {
+    match FaultCode::from_u32(code) {
+        Some(code) => format!("{code:?}"),
+        None => format!("code {code}"),
+    }
+}
+
+/// The loom model's way in: a ring over an in-memory region, and the client crash switch.
+#[cfg(loom)]
+pub mod model {
+    pub use super::region::Doorbell;
+    pub use super::sync::model_crash::{arm, Killed};
+    use super::{ClientRing, DaemonRing, RingLayout};
+
+    /// The two ends of a ring over a fresh in-memory region. `layout` needs only powers of two
+    /// (a tiny area keeps the model small). The client never spins (loom has no clock).
+    pub fn pair(layout: RingLayout) -> (DaemonRing, ClientRing) {
+        let region = super::region::Region::new(layout);
+        let doorbell = Doorbell::new();
+        let daemon = DaemonRing::from_parts(region.clone(), doorbell.clone());
+        let client = ClientRing::from_parts(region, doorbell, std::time::Duration::ZERO);
+        (daemon, client)
+    }
+}
