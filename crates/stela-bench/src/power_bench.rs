@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stela_client::{Durability, Wal, WalOptions};
-use stela_server::{Server, DaemonConfig};
+use stela_server::{DaemonConfig, Server};
 use stela_wal::storage::{GatedStorage, StdStorage, Storage};
 
 #[derive(clap::Args, Debug, Clone)]

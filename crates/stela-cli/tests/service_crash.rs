@@ -41,7 +41,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -53,7 +53,6 @@ mod common;
 
 use common::{stela, text, Daemon};
 
-const STELA: &str = env!("CARGO_BIN_EXE_stela");
 const CHILD_SOCKET: &str = "STELA_SERVICE_CHILD_SOCKET";
 const CHILD_ROUND: &str = "STELA_SERVICE_CHILD_ROUND";
 const SEED: &str = "STELA_SERVICE_SEED";
@@ -714,6 +713,7 @@ fn malformed_input_gets_an_error_and_a_closed_connection() {
         body: RequestBody::Hello {
             version: PROTOCOL_VERSION,
             client: "raw".into(),
+            role: stela_proto::Role::Client,
         },
     });
     let mut bad_crc = hello.clone();
@@ -746,6 +746,7 @@ fn malformed_input_gets_an_error_and_a_closed_connection() {
         body: RequestBody::Hello {
             version: PROTOCOL_VERSION + 1,
             client: "from the future".into(),
+            role: stela_proto::Role::Client,
         },
     });
 

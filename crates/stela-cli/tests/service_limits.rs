@@ -161,7 +161,10 @@ fn five_thousand_idle_connections_while_a_client_commits() {
     commits(&daemon.socket(), 2000);
     daemon.assert_alive("with 5,000 connections");
     let status = status_json(&daemon);
-    assert!(status["connections"].as_u64().unwrap() >= IDLE as u64, "{status}");
+    assert!(
+        status["connections"].as_u64().unwrap() >= IDLE as u64,
+        "{status}"
+    );
     let rss_with = rss_bytes(pid);
     let threads_with = threads(pid);
     eprintln!(
@@ -214,7 +217,10 @@ fn the_connection_limit_refuses_cleanly() {
     );
     let status = status_json(&daemon);
     assert_eq!(status["max_connections"], 3, "{status}");
-    assert!(status["refused_connections"].as_u64().unwrap() >= 1, "{status}");
+    assert!(
+        status["refused_connections"].as_u64().unwrap() >= 1,
+        "{status}"
+    );
     // A freed slot admits the next client.
     drop(held.pop());
     eventually("a slot to be free", || {
@@ -234,7 +240,10 @@ fn idle_attempts_under_a_1024_file_limit_leave_status_answered() {
     let status = status_json(&daemon);
     assert_eq!(status["file_limit"], 1024, "{status}");
     let limit = status["max_connections"].as_u64().unwrap();
-    assert!(limit < 1024 / 2, "the connection limit follows the file limit: {status}");
+    assert!(
+        limit < 1024 / 2,
+        "the connection limit follows the file limit: {status}"
+    );
     let mut attempts = Vec::with_capacity(ATTEMPTS);
     for i in 0..ATTEMPTS {
         match UnixStream::connect(daemon.socket()) {
@@ -243,12 +252,20 @@ fn idle_attempts_under_a_1024_file_limit_leave_status_answered() {
         }
         if i % 500 == 499 {
             let out = stela(&["status", "--dir", daemon.dir_arg()]);
-            assert!(out.status.success(), "status after {i} attempts: {}", text(&out));
+            assert!(
+                out.status.success(),
+                "status after {i} attempts: {}",
+                text(&out)
+            );
         }
     }
     daemon.assert_alive("after 3,000 idle connection attempts");
     let out = stela(&["status", "--dir", daemon.dir_arg()]);
-    assert!(out.status.success(), "status with the attempts held: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "status with the attempts held: {}",
+        text(&out)
+    );
     commits(&daemon.socket(), 100);
     drop(attempts);
     daemon.terminate();
@@ -262,7 +279,10 @@ fn announced_frame_bodies_cost_only_the_bytes_received() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("daemon");
     // A large cap makes a 6 MB frame acceptable, so only arriving bytes can bound memory.
-    let mut daemon = Daemon::start(&dir, &["--buffers", "24", "--assume-write-rate", "100000000000"]);
+    let mut daemon = Daemon::start(
+        &dir,
+        &["--buffers", "24", "--assume-write-rate", "100000000000"],
+    );
     let pid = daemon.child.id();
     let rss_before = rss_bytes(pid);
     let mut streams = Vec::new();
@@ -275,7 +295,10 @@ fn announced_frame_bodies_cost_only_the_bytes_received() {
         streams.push(stream);
     }
     eventually("the headers to arrive", || {
-        status_json(&daemon)["partial_frame_bytes"].as_u64().unwrap() >= (CONNECTIONS * FRAME_HEADER_BYTES) as u64
+        status_json(&daemon)["partial_frame_bytes"]
+            .as_u64()
+            .unwrap()
+            >= (CONNECTIONS * FRAME_HEADER_BYTES) as u64
     });
     let status = status_json(&daemon);
     let held = status["partial_frame_bytes"].as_u64().unwrap();

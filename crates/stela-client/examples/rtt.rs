@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 use stela_client::{Wal, WalOptions};
-use stela_server::{Server, DaemonConfig};
+use stela_server::{DaemonConfig, Server};
 
 fn main() {
     let n: usize = std::env::args()

@@ -225,7 +225,8 @@ impl Connection {
         let mut chunk = [0u8; 4096];
         let frame_len = loop {
             if let Some(header) = frame_bytes.get(..FRAME_HEADER_BYTES) {
-                let header = frame::parse_header(header.try_into().expect("8 bytes"), MAX_FRAME_BYTES)?;
+                let header =
+                    frame::parse_header(header.try_into().expect("8 bytes"), MAX_FRAME_BYTES)?;
                 let len = FRAME_HEADER_BYTES + header.body_len;
                 if frame_bytes.len() >= len {
                     break len;
@@ -235,8 +236,15 @@ impl Connection {
                 Some(_) => chunk.len(),
                 None => FRAME_HEADER_BYTES - frame_bytes.len(),
             };
-            let (n, received) = stela_net::shm::recv_with_fds(&fd, &mut chunk[..want])?;
-            fds.extend(received);
+            let n = loop {
+                use std::os::fd::AsFd;
+                match stela_net::shm::recv_with_fds(fd.as_fd(), &mut chunk[..want], &mut fds) {
+                    Ok(n) => break n,
+                    // The socket is non-blocking (it spins for answers): wait for the answer.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait_readable(&fd)?,
+                    Err(e) => return Err(Error::Io(e)),
+                }
+            };
             if n == 0 {
                 return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
             }
@@ -244,7 +252,9 @@ impl Connection {
         };
         debug_assert_eq!(frame_bytes.len(), frame_len, "one answer, nothing after it");
         let header = frame::parse_header(
-            frame_bytes[..FRAME_HEADER_BYTES].try_into().expect("8 bytes"),
+            frame_bytes[..FRAME_HEADER_BYTES]
+                .try_into()
+                .expect("8 bytes"),
             MAX_FRAME_BYTES,
         )?;
         let response: Response = frame::decode_body(header, &frame_bytes[FRAME_HEADER_BYTES..])?;
@@ -262,7 +272,8 @@ impl Connection {
                 "the daemon's ring answer came without its two descriptors",
             )));
         };
-        let mut ring = stela_net::shm::ClientRing::from_fds(memory, doorbell)?;
+        let mut ring = stela_net::shm::ClientRing::from_fds(memory, doorbell)
+            .map_err(|e| Error::Io(std::io::Error::other(e)))?;
         ring.set_spin(spin);
         self.watched = Some(crate::watcher::watch(fd, ring.gone_handle())?);
         self.ring = Some(ring);
@@ -276,6 +287,26 @@ impl Connection {
         self.body.resize(header.body_len, 0);
         self.reader.read_exact(&mut self.body)?;
         Ok(frame::decode_body(header, &self.body)?)
+    }
+}
+
+/// Blocks until `socket` has something to read (or is closed).
+fn wait_readable(socket: &UnixStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid, initialised pollfd for a descriptor `socket` keeps open.
+        if unsafe { libc::poll(&mut fd, 1, -1) } >= 0 {
+            return Ok(());
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
     }
 }
 

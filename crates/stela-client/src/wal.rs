@@ -20,12 +20,20 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use stela_format::{Codec, Lsn};
+use stela_net::shm::ShmError;
 use stela_proto::ring::EntryKind;
 use stela_proto::{Durability, Payload, Positions, RequestBody, ResponseBody};
 
-/// A ring failure as a client error: the daemon went away, or the ring was refused.
-fn ring_error(error: stela_net::shm::RingError) -> Error {
-    Error::Io(std::io::Error::new(std::io::ErrorKind::BrokenPipe, error.to_string()))
+/// A ring failure as a client error: the daemon went away, or stopped reading the ring.
+fn ring_error(error: ShmError) -> Error {
+    let kind = match error {
+        ShmError::DaemonGone | ShmError::Faulted { .. } => std::io::ErrorKind::BrokenPipe,
+        _ => std::io::ErrorKind::Other,
+    };
+    Error::Io(std::io::Error::new(
+        kind,
+        format!("shared-memory ring: {error}"),
+    ))
 }
 
 /// How to open a log in the daemon.
@@ -239,14 +247,20 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         };
         let seq = match ring.submit(handle, kind, durability, lsn, payloads) {
             Ok(seq) => seq,
-            Err(error) if error.is_too_large() => return Ok(None),
+            Err(ShmError::EntryTooLarge { .. }) => return Ok(None),
             Err(error) => return Err(ring_error(error)),
         };
         let done = ring.wait(seq).map_err(ring_error)?;
-        if done.status != 0 {
+        if !done.is_ok() {
+            let code = done
+                .error_code()
+                .unwrap_or(stela_proto::ErrorCode::BadRequest);
             return Err(Error::Server {
-                code: stela_proto::ring::code_of(done.status),
-                message: done.message,
+                code,
+                message: format!(
+                    "the daemon refused the request ({code:?}, status {}, over the shared-memory ring; `stela status` names the cause of a stopped or full log)",
+                    done.status
+                ),
             });
         }
         Ok(Some((done.first_lsn, done.last_lsn)))

@@ -20,7 +20,7 @@ use stela_net::shm::GoneHandle;
 struct Entry {
     id: u64,
     socket: UnixStream,
-    gone: Arc<GoneHandle>,
+    gone: GoneHandle,
 }
 
 struct Watcher {
@@ -39,7 +39,11 @@ pub(crate) struct Watched {
 
 impl Drop for Watched {
     fn drop(&mut self) {
-        let mut entries = self.watcher.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self
+            .watcher
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         entries.1.retain(|e| e.id != self.id);
         drop(entries);
         self.watcher.nudge();
@@ -55,7 +59,11 @@ impl Watcher {
         loop {
             let snapshot: Vec<(u64, i32)> = {
                 let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-                entries.1.iter().map(|e| (e.id, e.socket.as_raw_fd())).collect()
+                entries
+                    .1
+                    .iter()
+                    .map(|e| (e.id, e.socket.as_raw_fd()))
+                    .collect()
             };
             let mut fds = Vec::with_capacity(snapshot.len() + 1);
             fds.push(libc::pollfd {
@@ -92,7 +100,7 @@ impl Watcher {
             entries.1.retain(|entry| {
                 let dead = hung_up.contains(&entry.id);
                 if dead {
-                    entry.gone.mark();
+                    entry.gone.mark_gone();
                 }
                 !dead
             });
@@ -103,8 +111,11 @@ impl Watcher {
 fn watcher() -> std::io::Result<Arc<Watcher>> {
     WATCHER
         .get_or_init(|| {
-            let wake = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK)
-                .map_err(|e| e.to_string())?;
+            let wake = rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .map_err(|e| e.to_string())?;
             let watcher = Arc::new(Watcher {
                 entries: Mutex::new((0, Vec::new())),
                 wake,
@@ -121,7 +132,7 @@ fn watcher() -> std::io::Result<Arc<Watcher>> {
 }
 
 /// Watches `socket`: when the daemon's end closes, `gone` is marked.
-pub(crate) fn watch(socket: UnixStream, gone: Arc<GoneHandle>) -> std::io::Result<Watched> {
+pub(crate) fn watch(socket: UnixStream, gone: GoneHandle) -> std::io::Result<Watched> {
     let watcher = watcher()?;
     let id = {
         let mut entries = watcher.entries.lock().unwrap_or_else(|e| e.into_inner());

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 use stela_client::{AsyncWal, Durability, Lsn, WalOptions};
-use stela_server::{Server, DaemonConfig};
+use stela_server::{DaemonConfig, Server};
 
 fn server(dir: &std::path::Path) -> Server {
     let mut config = DaemonConfig::new(dir);

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use stela_client::{Codec, Durability, ErrorCode, Lsn, Wal, WalOptions};
-use stela_server::{Server, DaemonConfig};
+use stela_server::{DaemonConfig, Server};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Entry {

@@ -434,6 +434,11 @@ pub fn status_of(code: ErrorCode) -> u32 {
         ErrorCode::PowerFailing => 10,
         ErrorCode::ShuttingDown => 11,
         ErrorCode::Io => 12,
+        ErrorCode::LogStopped => 13,
+        ErrorCode::DiskFull => 14,
+        ErrorCode::TooManyConnections => 15,
+        ErrorCode::Timeout => 16,
+        ErrorCode::LsnExhausted => 17,
     }
 }
 
@@ -451,6 +456,11 @@ pub fn error_of_status(status: u32) -> Option<ErrorCode> {
         10 => ErrorCode::PowerFailing,
         11 => ErrorCode::ShuttingDown,
         12 => ErrorCode::Io,
+        13 => ErrorCode::LogStopped,
+        14 => ErrorCode::DiskFull,
+        15 => ErrorCode::TooManyConnections,
+        16 => ErrorCode::Timeout,
+        17 => ErrorCode::LsnExhausted,
         _ => return None,
     })
 }

@@ -16,8 +16,15 @@ fn durability() -> impl Strategy<Value = Durability> {
 
 fn request() -> impl Strategy<Value = Request> {
     let body = prop_oneof![
-        (any::<u32>(), ".{0,20}")
-            .prop_map(|(version, client)| RequestBody::Hello { version, client }),
+        (any::<u32>(), ".{0,20}", any::<bool>()).prop_map(|(version, client, admin)| {
+            RequestBody::Hello {
+                version,
+                client,
+                role: if admin { Role::Admin } else { Role::Client },
+            }
+        }),
+        any::<u32>().prop_map(|data_bytes| RequestBody::MapRing { data_bytes }),
+        any::<u32>().prop_map(|handle| RequestBody::Close { handle }),
         (".{0,20}", ".{0,8}", ".{0,20}", any::<bool>()).prop_map(
             |(log, codec, type_tag, create)| {
                 RequestBody::Open {
@@ -124,4 +131,42 @@ fn a_valid_frame_holding_the_wrong_message_is_a_clear_error() {
     .unwrap();
     let error = frame::decode_from::<Request>(&wire, MAX_FRAME_BYTES).unwrap_err();
     assert!(matches!(error, FrameError::BadMessage(_)), "{error}");
+}
+
+/// A revision-1 client's Hello has no role: it must still decode (as a client), so the daemon
+/// can answer `UnsupportedVersion` instead of calling the frame bad.
+#[test]
+fn a_hello_without_a_role_decodes_as_a_client() {
+    #[derive(serde::Serialize)]
+    enum OldBody {
+        Hello { version: u32, client: String },
+    }
+    #[derive(serde::Serialize)]
+    struct OldRequest {
+        id: u64,
+        body: OldBody,
+    }
+    let mut wire = Vec::new();
+    frame::encode(
+        &OldRequest {
+            id: 7,
+            body: OldBody::Hello {
+                version: 1,
+                client: "old".into(),
+            },
+        },
+        &mut wire,
+    )
+    .unwrap();
+    let (request, _) = frame::decode_from::<Request>(&wire, MAX_FRAME_BYTES)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        request.body,
+        RequestBody::Hello {
+            version: 1,
+            client: "old".into(),
+            role: Role::Client
+        }
+    );
 }

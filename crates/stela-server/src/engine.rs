@@ -18,7 +18,9 @@ use crate::sync::lock;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use stela_proto::{DirtyCap, EmergencyFlush, LogStatus, Payload, Positions, ResponseBody, StatusReport};
+use stela_proto::{
+    DirtyCap, EmergencyFlush, LogStatus, Payload, Positions, ResponseBody, StatusReport,
+};
 use stela_wal::Lsn;
 
 /// Who to tell when a `disk` wait ends: called once, on the flusher thread that completed the
@@ -97,7 +99,7 @@ impl Engine {
         };
         let cap = measure::dirty_cap(pool_bytes, rate, config.power_window);
         tracing::info!(derivation = %cap.derivation, "dirty-byte cap");
-        let pool = Arc::new(Pool::new(PoolConfig {
+        let pool: Arc<Pool<Waiter>> = Arc::new(Pool::new(PoolConfig {
             buffers: config.buffers,
             buffer_bytes: config.buffer_bytes,
             dirty_cap: cap.bytes.max(4096) as usize,
@@ -164,7 +166,9 @@ impl Engine {
 
     /// The name of an open log (empty once it is closed).
     pub fn log_name(&self, log: LogId) -> String {
-        self.logs.get(log).map_or_else(String::new, |e| e.name.clone())
+        self.logs
+            .get(log)
+            .map_or_else(String::new, |e| e.name.clone())
     }
 
     fn pool_error(&self, log: LogId, error: PoolError) -> Error {
@@ -268,9 +272,7 @@ impl Engine {
                     source,
                 };
                 let mut bytes = 0;
-                let reader = entry
-                    .segments
-                    .reader(Lsn::new(from), Lsn::new(durable + 1));
+                let reader = entry.segments.reader(Lsn::new(from), Lsn::new(durable + 1));
                 for item in reader {
                     let (lsn, payload) = item.map_err(files_error)?;
                     if records.len() >= max_records
@@ -285,12 +287,10 @@ impl Engine {
                 // a `from` below the first segment still finds what is buffered).
                 let resume = records.last().map_or(durable + 1, |&(last, _)| last + 1);
                 if records.len() < max_records && bytes < max_bytes {
-                    if let PoolRead::Buffered(more) = self.pool.read(
-                        log,
-                        resume,
-                        max_records - records.len(),
-                        max_bytes - bytes,
-                    ) {
+                    if let PoolRead::Buffered(more) =
+                        self.pool
+                            .read(log, resume, max_records - records.len(), max_bytes - bytes)
+                    {
                         records.extend(more.into_iter().map(|(l, p)| (l, Payload(p))));
                     }
                 }

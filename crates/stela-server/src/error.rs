@@ -15,7 +15,9 @@ pub enum Error {
     /// No buffer space now: the caller parks the request and retries after a write completes.
     #[error("no buffer space now")]
     NoSpace,
-    #[error("record of {bytes} bytes is larger than the daemon accepts for this log ({max} bytes)")]
+    #[error(
+        "record of {bytes} bytes is larger than the daemon accepts for this log ({max} bytes)"
+    )]
     RecordTooLarge { bytes: usize, max: usize },
     #[error("batch of {bytes} bytes is larger than the dirty cap of {cap} bytes; send it in smaller appends")]
     BatchTooLarge { bytes: usize, cap: usize },

@@ -83,7 +83,13 @@ fn measure_once(storage: &Arc<dyn Storage>, dir: &Path, bytes: usize) -> std::io
             let mut run = Vec::with_capacity(RUN_BYTES);
             while run.len() + frame::HEADER_BYTES + payload.len() <= RUN_BYTES && framed < bytes {
                 let before = run.len();
-                frame::encode_with_crc(&mut run, Lsn::new(lsn), &payload, crc, files.durable_offset as u32);
+                frame::encode_with_crc(
+                    &mut run,
+                    Lsn::new(lsn),
+                    &payload,
+                    crc,
+                    files.durable_offset as u32,
+                );
                 framed += run.len() - before;
                 lsn += 1;
             }

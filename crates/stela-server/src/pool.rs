@@ -349,9 +349,10 @@ impl Cursor {
 impl<W> Pool<W> {
     pub fn new(mut config: PoolConfig) -> Pool<W> {
         assert!(config.buffers > 0 && config.buffer_bytes > frame::HEADER_BYTES);
-        config.dirty_cap = config
-            .dirty_cap
-            .clamp(frame::HEADER_BYTES + 1, config.buffers * config.buffer_bytes);
+        config.dirty_cap = config.dirty_cap.clamp(
+            frame::HEADER_BYTES + 1,
+            config.buffers * config.buffer_bytes,
+        );
         let slots = (0..config.buffers)
             .map(|_| Slot::Free(Vec::with_capacity(config.buffer_bytes)))
             .collect();
@@ -789,7 +790,12 @@ impl<W> Pool<W> {
     /// Registers `waiter` to be released once every record of `log` up to `lsn` is durable.
     /// Returns it back at once (`Ok(Some)`) if that is already so, keeps it (`Ok(None)`), or
     /// refuses with the reason.
-    pub fn when_durable(&self, log: LogId, lsn: u64, waiter: W) -> Result<Option<W>, (W, PoolError)> {
+    pub fn when_durable(
+        &self,
+        log: LogId,
+        lsn: u64,
+        waiter: W,
+    ) -> Result<Option<W>, (W, PoolError)> {
         let mut state = lock(&self.state);
         let entry = log_mut(&mut state, log);
         if let Some(failure) = &entry.failure {
@@ -978,7 +984,9 @@ impl<W> Pool<W> {
     fn drained(&self, state: &State<W>) -> bool {
         state.logs.iter().flatten().all(|l| {
             !l.writing
-                && (l.dirty == 0 || l.failure.is_some() || matches!(l.disk_full, Some((_, _, true))))
+                && (l.dirty == 0
+                    || l.failure.is_some()
+                    || matches!(l.disk_full, Some((_, _, true))))
         })
     }
 }

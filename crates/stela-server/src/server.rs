@@ -56,7 +56,10 @@ impl Server {
             })?;
         let stop_requested = Arc::new((Mutex::new(false), Condvar::new()));
         let signals = if config.handle_signals {
-            Some(watch_signals(Arc::clone(&engine), Arc::clone(&stop_requested))?)
+            Some(watch_signals(
+                Arc::clone(&engine),
+                Arc::clone(&stop_requested),
+            )?)
         } else {
             None
         };

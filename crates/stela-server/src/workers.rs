@@ -49,25 +49,27 @@ impl Workers {
     /// Queues `job`. After [`Workers::stop`] the job runs on the caller's thread instead, so
     /// nothing handed over is ever silently dropped.
     pub fn submit(&self, job: Job) {
-        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
-        match sender.as_ref() {
-            Some(sender) => {
-                if let Err(mpsc::SendError(job)) = sender.send(job) {
-                    drop(sender);
-                    job();
-                }
+        let refused = {
+            let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+            match sender.as_ref() {
+                Some(sender) => sender.send(job).err().map(|e| e.0),
+                None => Some(job),
             }
-            None => {
-                drop(sender);
-                job();
-            }
+        };
+        if let Some(job) = refused {
+            job();
         }
     }
 
     /// Lets the queued jobs finish and stops the threads.
     pub fn stop(&self) {
         drop(self.sender.lock().unwrap_or_else(|e| e.into_inner()).take());
-        for thread in self.threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for thread in self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             if thread.join().is_err() {
                 tracing::error!("a worker thread panicked");
             }

@@ -17,7 +17,8 @@ fn repo() -> PathBuf {
 
 /// The backticked paths of the `## Critical core` section, one per table row.
 fn listed() -> Vec<String> {
-    let doc = std::fs::read_to_string(repo().join("docs/DURABILITY.md")).expect("docs/DURABILITY.md");
+    let doc =
+        std::fs::read_to_string(repo().join("docs/DURABILITY.md")).expect("docs/DURABILITY.md");
     let section = doc
         .split("\n## Critical core")
         .nth(1)
@@ -65,11 +66,15 @@ fn code_lines(text: &str) -> usize {
 #[test]
 fn the_critical_core_is_within_its_budget() {
     let files = listed();
-    assert!(files.len() >= 5, "the section lists too few files: {files:?}");
+    assert!(
+        files.len() >= 5,
+        "the section lists too few files: {files:?}"
+    );
     let mut total = 0;
     for file in &files {
-        let text = std::fs::read_to_string(repo().join(file))
-            .unwrap_or_else(|e| panic!("{file} is listed in the critical core but unreadable: {e}"));
+        let text = std::fs::read_to_string(repo().join(file)).unwrap_or_else(|e| {
+            panic!("{file} is listed in the critical core but unreadable: {e}")
+        });
         let lines = code_lines(&text);
         println!("{lines:>6}  {file}");
         total += lines;

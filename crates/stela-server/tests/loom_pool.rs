@@ -42,7 +42,9 @@ use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use stela_server::pool::{Admission, LogId, LogSetup, Outcome, Pool, PoolConfig, PoolError, Record};
+use stela_server::pool::{
+    Admission, LogId, LogSetup, Outcome, Pool, PoolConfig, PoolError, Record,
+};
 
 /// A `disk` waiter: the slot its release fills.
 type Note = Arc<(Mutex<Vec<Result<(), String>>>, Condvar)>;
@@ -138,7 +140,9 @@ fn flusher(pool: Arc<Pool<Note>>, written: Written, space: Space, failing: Optio
         let released = pool.complete(work, outcome);
         for (note, outcome) in released.waiters {
             let (slot, condvar) = &*note;
-            slot.lock().unwrap().push(outcome.map_err(|e| e.to_string()));
+            slot.lock()
+                .unwrap()
+                .push(outcome.map_err(|e| e.to_string()));
             condvar.notify_all();
         }
         if released.space_freed {
@@ -203,7 +207,11 @@ fn check(acked: &[Acked], written: &[(LogId, u64, Vec<u8>, u64)], logs: &[LogId]
         // Consecutive offsets from the segment header's end.
         let mut offset = 256;
         for w in &mine {
-            assert_eq!(w.3, offset, "log {log}: LSN {} written at the wrong offset", w.1);
+            assert_eq!(
+                w.3, offset,
+                "log {log}: LSN {} written at the wrong offset",
+                w.1
+            );
             offset += (stela_format::frame::HEADER_BYTES + w.2.len()) as u64;
         }
     }
@@ -218,7 +226,10 @@ fn check(acked: &[Acked], written: &[(LogId, u64, Vec<u8>, u64)], logs: &[LogId]
     let mut done: Vec<_> = written.iter().map(|w| (w.0, w.1, w.2.clone())).collect();
     from_acks.sort();
     done.sort();
-    assert_eq!(done, from_acks, "written records differ from acknowledged ones");
+    assert_eq!(
+        done, from_acks,
+        "written records differ from acknowledged ones"
+    );
 }
 
 /// Runs `model` under loom with preemption bound `bound` (unless `LOOM_MAX_PREEMPTIONS` is
@@ -258,15 +269,25 @@ fn emergency_flush_with_two_logs() {
         let logs = [new_log(&pool), new_log(&pool)];
         let (written, space): (Written, Space) = (Arc::new(Mutex::new(Vec::new())), space());
         let flush = {
-            let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
+            let (pool, written, space) =
+                (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
             thread::spawn(move || flusher(pool, written, space, None))
         };
         let disk = {
-            let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
+            let (pool, written, space) =
+                (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
             thread::spawn(move || {
-                let (acked, refused) =
-                    appender(&pool, &space, logs[0], &[payload(0, 0), payload(0, 1)], false);
-                assert!(matches!(refused, None | Some(PoolError::PowerFailing)), "{refused:?}");
+                let (acked, refused) = appender(
+                    &pool,
+                    &space,
+                    logs[0],
+                    &[payload(0, 0), payload(0, 1)],
+                    false,
+                );
+                assert!(
+                    matches!(refused, None | Some(PoolError::PowerFailing)),
+                    "{refused:?}"
+                );
                 if let Some(last) = acked.last().map(|a| a.last) {
                     let waiter = note();
                     match pool.when_durable(logs[0], last, Arc::clone(&waiter)) {
@@ -275,7 +296,11 @@ fn emergency_flush_with_two_logs() {
                         Err((_, e)) => panic!("disk wait refused: {e}"),
                     }
                     assert!(
-                        written.lock().unwrap().iter().any(|w| w.0 == logs[0] && w.1 == last),
+                        written
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .any(|w| w.0 == logs[0] && w.1 == last),
                         "released before LSN {last} was written"
                     );
                 }
@@ -285,9 +310,17 @@ fn emergency_flush_with_two_logs() {
         let batch = {
             let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
             thread::spawn(move || {
-                let (acked, refused) =
-                    appender(&pool, &space, logs[1], &[payload(1, 0), payload(1, 1)], true);
-                assert!(matches!(refused, None | Some(PoolError::PowerFailing)), "{refused:?}");
+                let (acked, refused) = appender(
+                    &pool,
+                    &space,
+                    logs[1],
+                    &[payload(1, 0), payload(1, 1)],
+                    true,
+                );
+                assert!(
+                    matches!(refused, None | Some(PoolError::PowerFailing)),
+                    "{refused:?}"
+                );
                 acked
             })
         };
@@ -316,36 +349,47 @@ fn emergency_flush_with_two_logs() {
 /// done: nothing may be left.
 #[test]
 fn two_appenders_two_flushers_one_log_then_shutdown() {
-    explore("two_appenders_two_flushers_one_log_then_shutdown", 3, || {
-        let pool = Arc::new(Pool::new(config()));
-        let log = new_log(&pool);
-        let (written, space): (Written, Space) = (Arc::new(Mutex::new(Vec::new())), space());
-        let flushers: Vec<_> = (0..2)
-            .map(|_| {
-                let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
-                thread::spawn(move || flusher(pool, written, space, None))
-            })
-            .collect();
-        let single = {
-            let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
-            thread::spawn(move || appender(&pool, &space, log, &[payload(0, 0), payload(0, 1)], false).0)
-        };
-        let mut acked = appender(&pool, &space, log, &[payload(1, 0), payload(1, 1)], true).0;
-        acked.extend(single.join().unwrap());
-        assert_eq!(acked.iter().map(|a| a.payloads.len()).sum::<usize>(), 4);
+    explore(
+        "two_appenders_two_flushers_one_log_then_shutdown",
+        3,
+        || {
+            let pool = Arc::new(Pool::new(config()));
+            let log = new_log(&pool);
+            let (written, space): (Written, Space) = (Arc::new(Mutex::new(Vec::new())), space());
+            let flushers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (pool, written, space) =
+                        (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
+                    thread::spawn(move || flusher(pool, written, space, None))
+                })
+                .collect();
+            let single = {
+                let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
+                thread::spawn(move || {
+                    appender(&pool, &space, log, &[payload(0, 0), payload(0, 1)], false).0
+                })
+            };
+            let mut acked = appender(&pool, &space, log, &[payload(1, 0), payload(1, 1)], true).0;
+            acked.extend(single.join().unwrap());
+            assert_eq!(acked.iter().map(|a| a.payloads.len()).sum::<usize>(), 4);
 
-        pool.begin_drain(Admission::ShuttingDown);
-        pool.wait_drained();
-        assert_eq!(pool.positions(log), (5, 4), "(next, durable) after the drain");
-        for flusher in flushers {
-            flusher.join().unwrap();
-        }
-        assert!(matches!(
-            pool.try_append(log, &[Record::new(b"late")]),
-            Err(PoolError::ShuttingDown)
-        ));
-        check(&acked, &written.lock().unwrap(), &[log]);
-    });
+            pool.begin_drain(Admission::ShuttingDown);
+            pool.wait_drained();
+            assert_eq!(
+                pool.positions(log),
+                (5, 4),
+                "(next, durable) after the drain"
+            );
+            for flusher in flushers {
+                flusher.join().unwrap();
+            }
+            assert!(matches!(
+                pool.try_append(log, &[Record::new(b"late")]),
+                Err(PoolError::ShuttingDown)
+            ));
+            check(&acked, &written.lock().unwrap(), &[log]);
+        },
+    );
 }
 
 /// Fail stop. The flusher fails every write of log 0 and completes those of log 1. Appender 0
@@ -358,15 +402,24 @@ fn a_failed_write_stops_only_its_log() {
         let logs = [new_log(&pool), new_log(&pool)];
         let (written, space): (Written, Space) = (Arc::new(Mutex::new(Vec::new())), space());
         let flush = {
-            let (pool, written, space) = (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
+            let (pool, written, space) =
+                (Arc::clone(&pool), Arc::clone(&written), Arc::clone(&space));
             thread::spawn(move || flusher(pool, written, space, Some(logs[0])))
         };
         let failing = {
             let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
             thread::spawn(move || {
-                let (acked, refused) =
-                    appender(&pool, &space, logs[0], &[payload(0, 0), payload(0, 1)], false);
-                assert!(!acked.is_empty(), "the first append comes before any write of log 0");
+                let (acked, refused) = appender(
+                    &pool,
+                    &space,
+                    logs[0],
+                    &[payload(0, 0), payload(0, 1)],
+                    false,
+                );
+                assert!(
+                    !acked.is_empty(),
+                    "the first append comes before any write of log 0"
+                );
                 if let Some(refused) = refused {
                     assert!(matches!(refused, PoolError::Failed(_)), "{refused:?}");
                 }
@@ -385,10 +438,16 @@ fn a_failed_write_stops_only_its_log() {
         let healthy = {
             let (pool, space) = (Arc::clone(&pool), Arc::clone(&space));
             thread::spawn(move || {
-                let (acked, refused) =
-                    appender(&pool, &space, logs[1], &[payload(1, 0), payload(1, 1)], true);
+                let (acked, refused) = appender(
+                    &pool,
+                    &space,
+                    logs[1],
+                    &[payload(1, 0), payload(1, 1)],
+                    true,
+                );
                 assert!(refused.is_none(), "log 1 is not affected: {refused:?}");
-                pool.wait_durable(logs[1], 2).expect("log 1 is not affected");
+                pool.wait_durable(logs[1], 2)
+                    .expect("log 1 is not affected");
                 acked
             })
         };
@@ -400,8 +459,14 @@ fn a_failed_write_stops_only_its_log() {
         flush.join().unwrap();
         let stats = pool.stats();
         assert_eq!(stats.dirty_bytes, 0);
-        assert_eq!(stats.free_buffers, 2, "the failed log's buffers were not given back");
-        assert!(matches!(pool.log_failure(logs[0]), Some(PoolError::Failed(_))));
+        assert_eq!(
+            stats.free_buffers, 2,
+            "the failed log's buffers were not given back"
+        );
+        assert!(matches!(
+            pool.log_failure(logs[0]),
+            Some(PoolError::Failed(_))
+        ));
         assert!(pool.log_failure(logs[1]).is_none());
         assert_eq!(pool.log_dirty_bytes(logs[0]), 0);
         let written = written.lock().unwrap();

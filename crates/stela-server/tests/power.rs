@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stela_proto::{Durability, ErrorCode};
-use stela_server::{measure, Server, DaemonConfig};
+use stela_server::{measure, DaemonConfig, Server};
 use stela_wal::storage::{GatedStorage, StdStorage, Storage};
 
 const WRITERS: u32 = 3;
@@ -48,7 +48,7 @@ impl Drop for Unstick<'_> {
 /// about 1.5 GB/s) the cap is the pool's size.
 #[test]
 fn sigpwr_flushes_the_full_cap_within_the_window() {
-    sigpwr_flush(stela_server::PoolConfig::rapilog_default().buffer_bytes);
+    sigpwr_flush(stela_server::config::BUFFER_BYTES);
 }
 
 /// The same with buffers large enough (6 x 16 MiB) that the cap is the power window's share

@@ -216,4 +216,3 @@ impl Drop for Daemon {
         let _ = std::fs::remove_file(&self.log);
     }
 }
-

@@ -23,6 +23,7 @@ use super::ShmError;
 use std::fmt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU32 as PrivateU32, AtomicU64 as PrivateU64};
+use std::sync::Arc;
 use stela_proto::ring::{
     check_entry_start, check_published, encode_result, parse_entry, Completion, Entry, EntryStart,
     FaultCode, RingError, RingLayout,
@@ -68,8 +69,8 @@ pub struct DaemonRing {
     pending: u64,
     /// The seq the next entry must carry.
     expected_seq: u64,
-    /// The last seq completed (private copy of `done_seq`).
-    completed: PrivateU64,
+    /// Shared with the ring's [`Completer`]s.
+    completions: Arc<Completions>,
     /// Non-zero once the ring is stopped: the fault code.
     stopped: PrivateU32,
     /// The full report of a fault found by `next_entry`, returned again on later calls.
@@ -82,7 +83,7 @@ impl fmt::Debug for DaemonRing {
             .field("layout", &self.layout)
             .field("head", &self.head)
             .field("expected_seq", &self.expected_seq)
-            .field("completed", &self.completed.load(Relaxed))
+            .field("completed", &self.completions.completed.load(Relaxed))
             .field("fault", &self.fault)
             .finish()
     }
@@ -97,7 +98,10 @@ impl DaemonRing {
             head: 0,
             pending: 0,
             expected_seq: 1,
-            completed: PrivateU64::new(0),
+            completions: Arc::new(Completions {
+                completed: PrivateU64::new(0),
+                consumed: PrivateU64::new(0),
+            }),
             stopped: PrivateU32::new(0),
             fault: None,
         }
@@ -250,6 +254,7 @@ impl DaemonRing {
         assert!(self.pending > 0, "consume without an entry from next_entry");
         self.head += self.pending;
         self.pending = 0;
+        self.completions.consumed.store(self.expected_seq, Relaxed);
         self.expected_seq += 1;
         self.publish_head();
     }
@@ -262,22 +267,23 @@ impl DaemonRing {
     /// If `seq` is not the one after the last completed, or not yet consumed: a bug in the
     /// caller, which would otherwise hand the client another entry's answer.
     pub fn complete(&self, seq: u64, completion: Completion) {
-        let last = self.completed.load(Relaxed);
-        assert_eq!(seq, last + 1, "ring completions must be in seq order");
-        assert!(
-            seq < self.expected_seq,
-            "entry {seq} completed before it was consumed"
-        );
-        self.region
-            .write_result(seq, &encode_result(seq, &completion));
-        self.region.done_seq().store(seq, Release);
-        self.completed.store(seq, Relaxed);
-        self.notify_client();
+        self.completer().complete(seq, completion);
     }
 
     /// The last seq completed.
     pub fn completed(&self) -> u64 {
-        self.completed.load(Relaxed)
+        self.completions.completed.load(Relaxed)
+    }
+
+    /// A handle that completes this ring's entries from another thread (a flusher releasing a
+    /// `disk` entry) while this end goes on reading. It keeps the mapping alive, so it may
+    /// outlive the ring (a completion then reaches memory the client may no longer map, which
+    /// is harmless).
+    pub fn completer(&self) -> Completer {
+        Completer {
+            region: self.region.clone(),
+            completions: Arc::clone(&self.completions),
+        }
     }
 
     /// Stops reading the ring for the daemon's own reason (usually [`FaultCode::Closed`]:
@@ -333,15 +339,65 @@ impl DaemonRing {
         self.notify_client();
     }
 
-    /// After a change the client may wait for (head, done_seq, fault): bump `wake`, then, after
-    /// a SeqCst fence that pairs with the client's between setting `client_waiting` and
-    /// re-checking, wake it if it sleeps. The bump comes first so that a client which read
-    /// `wake` before the change finds it changed when it calls FUTEX_WAIT.
     fn notify_client(&self) {
-        self.region.wake().fetch_add(1, Release);
-        fence(SeqCst);
-        if self.region.client_waiting().load(Relaxed) != 0 {
-            self.region.futex_wake();
-        }
+        notify_client(&self.region);
+    }
+}
+
+/// What the reading end and its completers share: the daemon's private record of how far the
+/// ring was consumed and completed (the shared words are only ever published, never read back).
+#[derive(Debug)]
+struct Completions {
+    completed: PrivateU64,
+    /// The last seq consumed.
+    consumed: PrivateU64,
+}
+
+/// Completes a ring's entries from any thread; see [`DaemonRing::completer`].
+#[derive(Clone)]
+pub struct Completer {
+    region: Region,
+    completions: Arc<Completions>,
+}
+
+impl fmt::Debug for Completer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completer")
+            .field("completed", &self.completions.completed.load(Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Completer {
+    /// As [`DaemonRing::complete`].
+    pub fn complete(&self, seq: u64, completion: Completion) {
+        let last = self.completions.completed.load(Relaxed);
+        assert_eq!(seq, last + 1, "ring completions must be in seq order");
+        assert!(
+            seq <= self.completions.consumed.load(Relaxed),
+            "entry {seq} completed before it was consumed"
+        );
+        self.region
+            .write_result(seq, &encode_result(seq, &completion));
+        self.region.done_seq().store(seq, Release);
+        self.completions.completed.store(seq, Relaxed);
+        notify_client(&self.region);
+    }
+
+    /// The last seq completed.
+    pub fn completed(&self) -> u64 {
+        self.completions.completed.load(Relaxed)
+    }
+}
+
+/// After a change the client may wait for (head, done_seq, fault): bump `wake`, then, after a
+/// SeqCst fence that pairs with the client's between setting `client_waiting` and re-checking,
+/// wake it if it sleeps. The bump comes first so that a client which read `wake` before the
+/// change finds it changed when it calls FUTEX_WAIT.
+fn notify_client(region: &Region) {
+    region.wake().fetch_add(1, Release);
+    fence(SeqCst);
+    if region.client_waiting().load(Relaxed) != 0 {
+        region.futex_wake();
     }
 }

@@ -45,7 +45,7 @@ mod region;
 mod sync;
 
 pub use client::{ClientRing, GoneHandle, REPROBE_EVERY};
-pub use daemon::{DaemonRing, RingFault};
+pub use daemon::{Completer, DaemonRing, RingFault};
 pub use os::{recv_with_fds, send_with_fds, Mapping, MAX_FDS};
 pub use stela_proto::ring::{Completion, Entry, EntryKind, FaultCode, RingError, RingLayout};
 

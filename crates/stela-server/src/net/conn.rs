@@ -73,7 +73,11 @@ impl Stream {
     pub fn peer(&self) -> String {
         match self {
             Stream::Unix(s) => match rustix::net::sockopt::socket_peercred(s.as_fd()) {
-                Ok(cred) => format!("pid {} uid {}", cred.pid.as_raw_nonzero(), cred.uid.as_raw()),
+                Ok(cred) => format!(
+                    "pid {} uid {}",
+                    cred.pid.as_raw_nonzero(),
+                    cred.uid.as_raw()
+                ),
                 Err(_) => "unix peer".into(),
             },
             Stream::Tcp(s) => s
@@ -218,7 +222,8 @@ impl Conn {
         while self.wpos < self.wbuf.len() {
             let written = match &mut self.fds {
                 Some((at, fds)) if *at == self.wpos => {
-                    let sent = super::send_with_fds(self.stream.fd(), &self.wbuf[self.wpos..], fds)?;
+                    let sent =
+                        super::send_with_fds(self.stream.fd(), &self.wbuf[self.wpos..], fds)?;
                     if sent.is_some() {
                         self.fds = None;
                     }
@@ -238,10 +243,6 @@ impl Conn {
             self.wbuf = Vec::new();
         }
         Ok(true)
-    }
-
-    pub fn has_output(&self) -> bool {
-        self.wpos < self.wbuf.len()
     }
 
     fn answer(&mut self, id: u64, body: ResponseBody) {
@@ -269,10 +270,7 @@ impl Conn {
 
     /// Answers with an error and closes (after the answer is sent).
     pub fn refuse(&mut self, code: ErrorCode, message: String) {
-        self.answer(
-            0,
-            ResponseBody::Error { code, message },
-        );
+        self.answer(0, ResponseBody::Error { code, message });
         self.phase = Phase::Closing;
     }
 
@@ -318,7 +316,10 @@ impl Conn {
                 Some(Ok(request)) => request,
                 Some(Err(error)) => {
                     tracing::debug!(peer = %self.peer, %error, "bad frame; closing the connection");
-                    self.refuse(ErrorCode::BadFrame, format!("{error}; closing the connection"));
+                    self.refuse(
+                        ErrorCode::BadFrame,
+                        format!("{error}; closing the connection"),
+                    );
                     return Progress::Close;
                 }
             };
@@ -331,12 +332,17 @@ impl Conn {
                     RequestBody::Hello { version, .. } => {
                         self.refuse(
                             ErrorCode::UnsupportedVersion,
-                            format!("this daemon speaks protocol {PROTOCOL_VERSION}, not {version}"),
+                            format!(
+                                "this daemon speaks protocol {PROTOCOL_VERSION}, not {version}"
+                            ),
                         );
                         Progress::Close
                     }
                     _ => {
-                        self.refuse(ErrorCode::BadRequest, "the first request must be Hello".into());
+                        self.refuse(
+                            ErrorCode::BadRequest,
+                            "the first request must be Hello".into(),
+                        );
                         Progress::Close
                     }
                 };
@@ -351,7 +357,8 @@ impl Conn {
     /// The next complete request in the buffer, if there is one.
     fn next_frame(&mut self, limit: usize) -> Option<Result<Request, frame::FrameError>> {
         let available = &self.rbuf[self.rpos..];
-        let header: [u8; FRAME_HEADER_BYTES] = available.get(..FRAME_HEADER_BYTES)?.try_into().ok()?;
+        let header: [u8; FRAME_HEADER_BYTES] =
+            available.get(..FRAME_HEADER_BYTES)?.try_into().ok()?;
         let header = match frame::parse_header(header, limit) {
             Ok(header) => header,
             Err(error) => return Some(Err(error)),
@@ -472,7 +479,7 @@ impl Conn {
                         ),
                         Err(error) => (Err(error), Effect::None),
                     }
-                })
+                });
             }
             RequestBody::Append {
                 handle,
@@ -493,10 +500,19 @@ impl Conn {
                 handle,
                 lsn,
                 durability,
-            } => match self.log(handle).and_then(|log| check_level(durability).map(|()| log)) {
+            } => match self
+                .log(handle)
+                .and_then(|log| check_level(durability).map(|()| log))
+            {
                 Ok(log) => match ctx.engine.check_appended(log, lsn) {
                     Ok(()) if durability == Durability::Disk && lsn > 0 => {
-                        return self.after_durable(ctx, id, log, lsn, ResponseBody::Committed { lsn })
+                        return self.after_durable(
+                            ctx,
+                            id,
+                            log,
+                            lsn,
+                            ResponseBody::Committed { lsn },
+                        )
                     }
                     Ok(()) => Ok(ResponseBody::Committed { lsn }),
                     Err(error) => Err(error),
@@ -555,7 +571,10 @@ impl Conn {
             RequestBody::Status => Ok(ResponseBody::Status(Box::new(ctx.engine.status(ctx.net)))),
             RequestBody::PowerFail => {
                 return self.to_worker(ctx, id, |engine| {
-                    (Ok(ResponseBody::PowerFailed(engine.power_fail())), Effect::None)
+                    (
+                        Ok(ResponseBody::PowerFailed(engine.power_fail())),
+                        Effect::None,
+                    )
                 })
             }
             RequestBody::PowerRestore => {
@@ -581,7 +600,10 @@ impl Conn {
             unreachable!("append() is given appends")
         };
         let id = request.id;
-        let log = match self.log(*handle).and_then(|log| check_level(*durability).map(|()| log)) {
+        let log = match self
+            .log(*handle)
+            .and_then(|log| check_level(*durability).map(|()| log))
+        {
             Ok(log) => log,
             Err(error) => {
                 self.answer(id, error_body(&error));
@@ -601,7 +623,10 @@ impl Conn {
             );
         }
         let placed = {
-            let records: Vec<Record<'_>> = records.iter().map(|p: &Payload| Record::new(&p.0)).collect();
+            let records: Vec<Record<'_>> = records
+                .iter()
+                .map(|p: &Payload| Record::new(&p.0))
+                .collect();
             ctx.engine.append(log, &records)
         };
         match placed {
@@ -645,7 +670,9 @@ impl Conn {
             ));
         }
         if self.ring.is_some() {
-            return Err(Error::BadRequest("this connection already has a ring".into()));
+            return Err(Error::BadRequest(
+                "this connection already has a ring".into(),
+            ));
         }
         let data_bytes = if data_bytes == 0 {
             ctx.ring_bytes

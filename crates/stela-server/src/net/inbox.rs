@@ -11,7 +11,7 @@ use crate::engine::Opened;
 use crate::error::Error;
 use crate::sync::lock;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use stela_proto::ResponseBody;
 
 /// A connection, as a slot and the serial of the connection that had it (slots are reused).
@@ -43,14 +43,14 @@ pub(crate) enum Event {
 
 pub(crate) struct Inbox {
     events: Mutex<Vec<Event>>,
-    waker: mio::Waker,
+    waker: Arc<mio::Waker>,
     asleep: AtomicBool,
     /// Events were pushed quietly since the last nudge.
     pending: AtomicBool,
 }
 
 impl Inbox {
-    pub fn new(waker: mio::Waker) -> Inbox {
+    pub fn new(waker: Arc<mio::Waker>) -> Inbox {
         Inbox {
             events: Mutex::new(Vec::new()),
             waker,

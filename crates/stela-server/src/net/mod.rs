@@ -144,7 +144,9 @@ pub(crate) fn create(
         .map_err(StartError::EventLoop)?;
     let tcp = match tcp {
         Some(listener) => {
-            listener.set_nonblocking(true).map_err(StartError::EventLoop)?;
+            listener
+                .set_nonblocking(true)
+                .map_err(StartError::EventLoop)?;
             let mut listener = mio::net::TcpListener::from_std(listener);
             poll.registry()
                 .register(&mut listener, TCP_LISTENER, Interest::READABLE)
@@ -163,13 +165,14 @@ pub(crate) fn create(
     counters
         .partial_cap
         .store(config.partial_frame_bytes as u64, Ordering::Relaxed);
-    let inbox = Arc::new(Inbox::new(
-        mio::Waker::new(poll.registry(), WAKER).map_err(StartError::EventLoop)?,
-    ));
-    let workers = Arc::new(Workers::start(config.workers).map_err(|source| StartError::Thread {
-        name: "stela-worker".into(),
-        source,
-    })?);
+    let inbox = Arc::new(Inbox::new(Arc::clone(&waker)));
+    let workers =
+        Arc::new(
+            Workers::start(config.workers).map_err(|source| StartError::Thread {
+                name: "stela-worker".into(),
+                source,
+            })?,
+        );
     {
         let inbox = Arc::clone(&inbox);
         engine.on_release(Box::new(move |space_freed| {
@@ -236,7 +239,9 @@ impl EventLoop {
             let spinning = !self.spin.is_zero() && now.duration_since(last_activity) < self.spin;
             let mut sleeping = false;
             let timeout = if spinning {
-                if now.duration_since(last_socket_poll) < SOCKET_POLL_EVERY && !self.rings.is_empty() {
+                if now.duration_since(last_socket_poll) < SOCKET_POLL_EVERY
+                    && !self.rings.is_empty()
+                {
                     None // rings only this turn
                 } else {
                     Some(Some(Duration::ZERO))
@@ -276,7 +281,11 @@ impl EventLoop {
                                 }
                             }
                         } else {
-                            self.on_socket(slot, event.is_readable() || event.is_read_closed(), event.is_writable());
+                            self.on_socket(
+                                slot,
+                                event.is_readable() || event.is_read_closed(),
+                                event.is_writable(),
+                            );
                         }
                     }
                     Token(_) => {}
@@ -367,7 +376,9 @@ impl EventLoop {
         let refused = if listener == UNIX_LISTENER {
             self.unix.accept().ok().map(|(s, _)| Stream::Unix(s))
         } else {
-            self.tcp.as_ref().and_then(|t| t.accept().ok().map(|(s, _)| Stream::Tcp(s)))
+            self.tcp
+                .as_ref()
+                .and_then(|t| t.accept().ok().map(|(s, _)| Stream::Tcp(s)))
         };
         if let Some(stream) = refused {
             self.refuse_now(stream, "the daemon has no file descriptor left");
@@ -398,7 +409,9 @@ impl EventLoop {
     fn add_conn(&mut self, stream: Stream) {
         // Handshake slots are few: the oldest connection still in its handshake makes room.
         while self.live_handshakes() >= self.limits.handshakes {
-            let Some(oldest) = self.handshakes.pop_front() else { break };
+            let Some(oldest) = self.handshakes.pop_front() else {
+                break;
+            };
             if self.is_current(oldest) {
                 if let Some(conn) = self.conn_mut(oldest.slot) {
                     conn.refuse(
@@ -436,7 +449,13 @@ impl EventLoop {
     fn live_handshakes(&self) -> usize {
         self.handshakes
             .iter()
-            .filter(|c| self.is_current(**c) && matches!(self.conns[c.slot].as_ref().map(|c| c.phase), Some(Phase::Handshake)))
+            .filter(|c| {
+                self.is_current(**c)
+                    && matches!(
+                        self.conns[c.slot].as_ref().map(|c| c.phase),
+                        Some(Phase::Handshake)
+                    )
+            })
             .count()
     }
 
@@ -500,7 +519,9 @@ impl EventLoop {
     }
 
     fn flush(&mut self, slot: usize) {
-        let Some(conn) = self.conn_mut(slot) else { return };
+        let Some(conn) = self.conn_mut(slot) else {
+            return;
+        };
         match conn.flush() {
             Ok(true) if conn.phase == Phase::Closing => self.close(slot),
             Ok(_) => {}
@@ -522,7 +543,9 @@ impl EventLoop {
         }
         // Only those ready now: a connection that keeps sending must not starve the rest.
         for _ in 0..self.ready.len() {
-            let Some(slot) = self.ready.pop_front() else { break };
+            let Some(slot) = self.ready.pop_front() else {
+                break;
+            };
             any = true;
             self.step(slot);
         }
@@ -560,7 +583,10 @@ impl EventLoop {
         match progress {
             Progress::Hello(id, role) => self.hello(slot, id, role),
             Progress::Waiting => {
-                if matches!(self.conns[slot].as_ref().and_then(|c| c.waiting.as_ref()), Some(Waiting::Space { .. })) {
+                if matches!(
+                    self.conns[slot].as_ref().and_then(|c| c.waiting.as_ref()),
+                    Some(Waiting::Space { .. })
+                ) {
                     self.parked.push(slot);
                 }
             }
@@ -581,14 +607,17 @@ impl EventLoop {
             Role::Client => self.clients < self.limits.clients,
             Role::Admin => self.admins < self.limits.admins || self.clients < self.limits.clients,
         };
-        let Some(conn) = self.conn_mut(slot) else { return };
+        let limits = self.limits;
+        let Some(conn) = self.conn_mut(slot) else {
+            return;
+        };
         if !admitted {
             let peer = conn.peer.clone();
             conn.refuse(
                 ErrorCode::TooManyConnections,
                 format!(
                     "the daemon serves at most {} connections (and {} administrators); try again later",
-                    self.limits.clients, self.limits.admins
+                    limits.clients, limits.admins
                 ),
             );
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
@@ -605,7 +634,9 @@ impl EventLoop {
     }
 
     fn register_doorbell(&mut self, slot: usize) {
-        let Some(Some(conn)) = self.conns.get(slot) else { return };
+        let Some(Some(conn)) = self.conns.get(slot) else {
+            return;
+        };
         let Some(ring) = &conn.ring else { return };
         let fd = ring.doorbell_fd().as_raw_fd();
         let mut source = mio::unix::SourceFd(&fd);
@@ -647,15 +678,27 @@ impl EventLoop {
                         // The connection is gone: give back what the job took for it.
                         if let Effect::Opened(opened) = effect {
                             let engine = Arc::clone(&self.engine);
-                            self.workers.submit(Box::new(move || engine.release(opened.log)));
+                            self.workers
+                                .submit(Box::new(move || engine.release(opened.log)));
                         }
                         continue;
                     }
                     let c = self.conns[conn.slot].as_mut().expect("current");
                     let result = match (result, effect) {
-                        (Ok(ResponseBody::Opened { positions, max_record_bytes, .. }), Effect::Opened(opened)) => {
+                        (
+                            Ok(ResponseBody::Opened {
+                                positions,
+                                max_record_bytes,
+                                ..
+                            }),
+                            Effect::Opened(opened),
+                        ) => {
                             let handle = c.add_handle(opened.log);
-                            Ok(ResponseBody::Opened { handle, positions, max_record_bytes })
+                            Ok(ResponseBody::Opened {
+                                handle,
+                                positions,
+                                max_record_bytes,
+                            })
                         }
                         (result, _) => result,
                     };
@@ -673,7 +716,9 @@ impl EventLoop {
         let mut faulted = Vec::new();
         for index in 0..self.rings.len() {
             let slot = self.rings[index];
-            let Some(Some(conn)) = self.conns.get_mut(slot) else { continue };
+            let Some(Some(conn)) = self.conns.get_mut(slot) else {
+                continue;
+            };
             let Some(ring) = &mut conn.ring else { continue };
             match ring.step(&self.engine, &conn.handles) {
                 Ok(did) => any |= did,
@@ -712,7 +757,9 @@ impl EventLoop {
             }
         }
         for slot in expired {
-            let Some(conn) = self.conn_mut(slot) else { continue };
+            let Some(conn) = self.conn_mut(slot) else {
+                continue;
+            };
             let why = if conn.phase == Phase::Handshake {
                 "no Hello within the handshake timeout"
             } else {
@@ -746,7 +793,10 @@ impl EventLoop {
         let _ = self.poll.registry().deregister(conn.stream.source());
         if let Some(ring) = &conn.ring {
             let fd = ring.doorbell_fd().as_raw_fd();
-            let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&fd));
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut mio::unix::SourceFd(&fd));
             self.counters.rings.fetch_sub(1, Ordering::Relaxed);
             self.rings.retain(|&s| s != slot);
         }
@@ -777,7 +827,10 @@ impl EventLoop {
 }
 
 fn is_out_of_descriptors(error: &io::Error) -> bool {
-    matches!(error.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE)
+    )
 }
 
 /// Sends `bytes` with `fds` attached (SCM_RIGHTS). `None`: the socket is full, try again.
@@ -786,5 +839,11 @@ pub(crate) fn send_with_fds(
     bytes: &[u8],
     fds: &[OwnedFd],
 ) -> io::Result<Option<usize>> {
-    stela_net::shm::send_with_fds(socket, bytes, fds)
+    use std::os::fd::AsFd;
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|fd| fd.as_fd()).collect();
+    match stela_net::shm::send_with_fds(socket, bytes, &borrowed) {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
 }

@@ -20,14 +20,17 @@ use crate::error::Error;
 use crate::pool::{LogId, Record};
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::Arc;
 use stela_net::shm::{Completer, Completion, DaemonRing, RingFault};
-use stela_proto::ring::{Entry, EntryKind, RESULT_SLOTS};
-use stela_proto::{Durability, ErrorCode, ResponseBody};
+use stela_proto::ring::{Entry, EntryKind};
+use stela_proto::{Durability, ResponseBody};
+
+/// Result slots per ring: a blocking client has one entry in flight; more let a pipelining one
+/// keep several.
+const RESULT_SLOTS: u32 = 16;
 
 pub(crate) struct RingConn {
     ring: DaemonRing,
-    completer: Arc<Completer>,
+    completer: Completer,
     /// The entry waiting for the disk, if one is.
     pending: Option<u64>,
     /// An append found no space; retry once space is freed.
@@ -39,7 +42,8 @@ impl RingConn {
     /// Creates a ring of `data_bytes`; returns it, the descriptors for the client (memory,
     /// doorbell) and the answer that goes with them.
     pub fn create(data_bytes: usize) -> io::Result<(RingConn, Vec<OwnedFd>, ResponseBody)> {
-        let (ring, memory, doorbell) = DaemonRing::create(data_bytes, RESULT_SLOTS)?;
+        let (ring, memory, doorbell) =
+            DaemonRing::create(data_bytes as u64, RESULT_SLOTS).map_err(io::Error::other)?;
         let completer = ring.completer();
         let answer = ResponseBody::RingMapped {
             data_bytes: data_bytes as u32,
@@ -63,7 +67,9 @@ impl RingConn {
     }
 
     pub fn drain_doorbell(&self) {
-        self.ring.drain_doorbell();
+        if let Err(error) = self.ring.drain_doorbell() {
+            tracing::error!(%error, "reading a ring's doorbell failed");
+        }
     }
 
     /// Asks the client to ring the doorbell from now on; `false` if an entry is already
@@ -93,7 +99,7 @@ impl RingConn {
     /// the connection must close.
     pub fn step(&mut self, engine: &Engine, handles: &[Option<LogId>]) -> Result<bool, RingFault> {
         if let Some(seq) = self.pending {
-            if self.completer.done_seq() < seq {
+            if self.completer.completed() < seq {
                 return Ok(false);
             }
             self.pending = None;
@@ -137,7 +143,7 @@ fn handle_entry(
     handles: &[Option<LogId>],
     entry: &Entry<'_>,
     seq: u64,
-    completer: &Arc<Completer>,
+    completer: &Completer,
 ) -> Handled {
     let log = match handles
         .get(entry.handle as usize)
@@ -169,7 +175,7 @@ fn handle_entry(
     if entry.durability != Durability::Disk || last < first || last == 0 {
         return Handled::Done(Ok((first, last)));
     }
-    let (completer, name) = (Arc::clone(completer), engine.log_name(log));
+    let (completer, name) = (completer.clone(), engine.log_name(log));
     let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
         let result = outcome
             .map(|()| (first, last))
@@ -183,26 +189,12 @@ fn handle_entry(
     }
 }
 
-/// Publishes the completion of entry `seq`.
+/// Publishes the completion of entry `seq`. A ring carries an error's code, not its message;
+/// `stela status` names the cause of a stopped or full log.
 fn complete(completer: &Completer, seq: u64, result: Result<(u64, u64), &Error>) {
     let completion = match result {
-        Ok((first_lsn, last_lsn)) => Completion {
-            first_lsn,
-            last_lsn,
-            status: 0,
-            message: String::new(),
-        },
-        Err(error) => Completion {
-            first_lsn: 0,
-            last_lsn: 0,
-            status: error_status(error.code()),
-            message: error.to_string(),
-        },
+        Ok((first_lsn, last_lsn)) => Completion::ok(first_lsn, last_lsn),
+        Err(error) => Completion::failed(error.code(), 0),
     };
-    completer.complete(seq, &completion);
-}
-
-/// A wire error code as a ring status (0 is success).
-fn error_status(code: ErrorCode) -> u32 {
-    stela_proto::ring::status_of(code)
+    completer.complete(seq, completion);
 }

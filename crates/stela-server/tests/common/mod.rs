@@ -89,6 +89,7 @@ impl RawClient {
         match client.request(RequestBody::Hello {
             version: PROTOCOL_VERSION,
             client: "stela-server tests".into(),
+            role: stela_proto::Role::Client,
         }) {
             Ok(ResponseBody::Welcome { .. }) => client,
             other => panic!("hello answered with {other:?}"),
