@@ -255,13 +255,13 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             let code = done
                 .error_code()
                 .unwrap_or(stela_proto::ErrorCode::BadRequest);
-            return Err(Error::Server {
-                code,
-                message: format!(
-                    "the daemon refused the request ({code:?}, status {}, over the shared-memory ring; `stela status` names the cause of a stopped or full log)",
+            let message = ring.refusal_message(seq).unwrap_or_else(|| {
+                format!(
+                    "the daemon refused the request ({code:?}, status {})",
                     done.status
-                ),
+                )
             });
+            return Err(Error::Server { code, message });
         }
         Ok(Some((done.first_lsn, done.last_lsn)))
     }

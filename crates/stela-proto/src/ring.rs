@@ -114,7 +114,38 @@ pub const PAD_MARKER: u32 = u32::MAX;
 /// [`Completion::error_code`]).
 pub const STATUS_OK: u32 = 0;
 
-const _: () = assert!(RESULTS_OFFSET + MAX_SLOTS as usize * RESULT_BYTES <= HEADER_BYTES);
+/// Where the daemon explains its latest refusal: the entry's seq (u64), the text's length
+/// (u32), zero (u32), then the text, UTF-8. Written before the refusal's `done_seq`; a client
+/// reads it only for an entry whose completion is an error, and only if the seq matches.
+pub const MESSAGE_OFFSET: usize = 3072;
+pub const MESSAGE_BYTES: usize = HEADER_BYTES - MESSAGE_OFFSET;
+const MESSAGE_TEXT_BYTES: usize = MESSAGE_BYTES - 16;
+
+const _: () = assert!(RESULTS_OFFSET + MAX_SLOTS as usize * RESULT_BYTES <= MESSAGE_OFFSET);
+
+/// The bytes of the message area for a refusal of entry `seq` (the text cut at a character
+/// boundary to fit).
+pub fn encode_message(seq: u64, text: &str) -> [u8; MESSAGE_BYTES] {
+    let mut end = text.len().min(MESSAGE_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut area = [0u8; MESSAGE_BYTES];
+    area[0..8].copy_from_slice(&seq.to_le_bytes());
+    area[8..12].copy_from_slice(&(end as u32).to_le_bytes());
+    area[16..16 + end].copy_from_slice(&text.as_bytes()[..end]);
+    area
+}
+
+/// The seq and text of a message area (whatever bytes it holds: lengths are clamped, invalid
+/// UTF-8 replaced).
+pub fn decode_message(area: &[u8; MESSAGE_BYTES]) -> (u64, String) {
+    let len = (read_u32(area, 8) as usize).min(MESSAGE_TEXT_BYTES);
+    (
+        read_u64(area, 0),
+        String::from_utf8_lossy(&area[16..16 + len]).into_owned(),
+    )
+}
 
 /// Why bytes are not a valid ring header, entry or publication; each names where it was found.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -1044,10 +1075,13 @@ mod tests {
         );
         assert_eq!(completion.error_code(), Some(ErrorCode::Io));
         assert!(Completion::ok(1, 2).is_ok());
-        for status in 1..=12 {
+        for status in 1..=17 {
             assert_eq!(status_of(error_of_status(status).unwrap()), status);
         }
-        assert_eq!(error_of_status(13), None);
+        assert_eq!(error_of_status(18), None);
+        let (seq, text) = decode_message(&encode_message(9, &"é".repeat(2000)));
+        assert_eq!(seq, 9);
+        assert!(text.len() <= MESSAGE_TEXT_BYTES && text.chars().all(|c| c == 'é'));
         for code in 1..=7 {
             assert_eq!(FaultCode::from_u32(code).unwrap().as_u32(), code);
         }

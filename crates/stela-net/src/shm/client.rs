@@ -27,8 +27,8 @@ use std::fmt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::time::{Duration, Instant};
 use stela_proto::ring::{
-    decode_result, encode_entry, entry_len, pad_bytes, Completion, EntryHeader, EntryKind,
-    RingLayout,
+    decode_message, decode_result, encode_entry, entry_len, pad_bytes, Completion, EntryHeader,
+    EntryKind, RingLayout,
 };
 use stela_proto::Durability;
 
@@ -398,6 +398,13 @@ impl ClientRing {
             return Err(ShmError::ResultGone { seq });
         }
         Ok(completion)
+    }
+
+    /// The daemon's explanation of its refusal of entry `seq`, if it is still there (it is
+    /// until the daemon refuses another entry).
+    pub fn refusal_message(&self, seq: u64) -> Option<String> {
+        let (stored, text) = decode_message(&self.region.read_message());
+        (stored == seq).then_some(text)
     }
 
     fn slot_index(&self, seq: u64) -> usize {

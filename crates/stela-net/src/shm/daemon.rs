@@ -25,8 +25,8 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU32 as PrivateU32, AtomicU64 as PrivateU64};
 use std::sync::Arc;
 use stela_proto::ring::{
-    check_entry_start, check_published, encode_result, parse_entry, Completion, Entry, EntryStart,
-    FaultCode, RingError, RingLayout,
+    check_entry_start, check_published, encode_message, encode_result, parse_entry, Completion,
+    Entry, EntryStart, FaultCode, RingError, RingLayout,
 };
 
 /// Why the daemon stopped reading a ring.
@@ -369,6 +369,13 @@ impl fmt::Debug for Completer {
 }
 
 impl Completer {
+    /// As [`Completer::complete`], for a refusal, with the daemon's explanation (the client
+    /// shows it in its error).
+    pub fn refuse(&self, seq: u64, completion: Completion, message: &str) {
+        self.region.write_message(&encode_message(seq, message));
+        self.complete(seq, completion);
+    }
+
     /// As [`DaemonRing::complete`].
     pub fn complete(&self, seq: u64, completion: Completion) {
         let last = self.completions.completed.load(Relaxed);

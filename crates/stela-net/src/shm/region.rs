@@ -177,6 +177,31 @@ mod real {
             };
         }
 
+        pub(crate) fn read_message(&self) -> [u8; MESSAGE_BYTES] {
+            let mut area = [0u8; MESSAGE_BYTES];
+            // SAFETY: the message area lies inside the header page; `area` is private.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.map.as_ptr().add(MESSAGE_OFFSET),
+                    area.as_mut_ptr(),
+                    MESSAGE_BYTES,
+                )
+            };
+            area
+        }
+
+        pub(crate) fn write_message(&self, area: &[u8; MESSAGE_BYTES]) {
+            // SAFETY: as in `read_message`. The client reads it only after `done_seq` covers
+            // the refused entry, which is published after this write.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    area.as_ptr(),
+                    self.map.as_ptr().add(MESSAGE_OFFSET),
+                    MESSAGE_BYTES,
+                )
+            };
+        }
+
         pub(crate) fn futex_wait(&self, expected: u32) {
             os::futex_wait(self.wake(), expected);
         }
@@ -229,6 +254,7 @@ mod model {
         fault: AtomicU32,
         fault_seq: AtomicU64,
         results: Box<[UnsafeCell<[u8; RESULT_BYTES]>]>,
+        message: UnsafeCell<[u8; MESSAGE_BYTES]>,
         /// One cell per 8 bytes: entries and pads are 8-aligned and 8-granular.
         data: Box<[UnsafeCell<u64>]>,
         /// The kernel's futex hash bucket: check-and-sleep is atomic against wake.
@@ -260,6 +286,7 @@ mod model {
                     results: (0..layout.slots)
                         .map(|_| UnsafeCell::new([0; RESULT_BYTES]))
                         .collect(),
+                    message: UnsafeCell::new([0; MESSAGE_BYTES]),
                     data: (0..layout.data_bytes / 8)
                         .map(|_| UnsafeCell::new(0))
                         .collect(),
@@ -349,6 +376,16 @@ mod model {
             let index = (seq & u64::from(self.layout.slots - 1)) as usize;
             // SAFETY: loom checks that this write races no access to the slot.
             self.shared.results[index].with_mut(|p| unsafe { *p = *slot });
+        }
+
+        pub(crate) fn read_message(&self) -> [u8; MESSAGE_BYTES] {
+            // SAFETY: loom checks that this read races no write of the area.
+            self.shared.message.with(|p| unsafe { *p })
+        }
+
+        pub(crate) fn write_message(&self, area: &[u8; MESSAGE_BYTES]) {
+            // SAFETY: loom checks that this write races no access to the area.
+            self.shared.message.with_mut(|p| unsafe { *p = *area });
         }
 
         /// Test-only corruption of a data word (a wild write by the client).

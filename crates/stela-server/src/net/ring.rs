@@ -189,12 +189,12 @@ fn handle_entry(
     }
 }
 
-/// Publishes the completion of entry `seq`. A ring carries an error's code, not its message;
-/// `stela status` names the cause of a stopped or full log.
+/// Publishes the completion of entry `seq` (with the error's message, for a refusal).
 fn complete(completer: &Completer, seq: u64, result: Result<(u64, u64), &Error>) {
-    let completion = match result {
-        Ok((first_lsn, last_lsn)) => Completion::ok(first_lsn, last_lsn),
-        Err(error) => Completion::failed(error.code(), 0),
-    };
-    completer.complete(seq, completion);
+    match result {
+        Ok((first_lsn, last_lsn)) => completer.complete(seq, Completion::ok(first_lsn, last_lsn)),
+        Err(error) => {
+            completer.refuse(seq, Completion::failed(error.code(), 0), &error.to_string())
+        }
+    }
 }
