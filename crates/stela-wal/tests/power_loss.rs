@@ -875,7 +875,7 @@ fn every_subset_of_the_last_write(scenario: fn(&FaultStorage) -> BeforeCut) {
         "the last write spans {sectors} sectors"
     );
     assert!(
-        write.start % sector != 0,
+        !write.start.is_multiple_of(sector),
         "the last write starts inside a sector"
     );
     let frames = frame_ranges(&shape.segment);
