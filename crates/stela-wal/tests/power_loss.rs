@@ -35,7 +35,7 @@ use std::sync::Arc;
 use stela_format::frame::{self, Decoded, Layout};
 use stela_wal::files::LogFiles;
 use stela_wal::storage::{Call, CrashPlan, FaultStorage, Hooked, Hooks, Storage, SECTOR_BYTES};
-use stela_wal::{Log, Lsn, Wal, WalOptions};
+use stela_wal::{tools, Log, Lsn, Wal, WalOptions};
 
 const DIR: &str = "/power-loss/wal";
 /// Small segments (a handful of records each), so most workloads rotate several times and
@@ -997,5 +997,48 @@ fn damage_before_the_last_sync_stays_corruption() {
             image,
             "{plan:?}: a refused open changed the segment"
         );
+    }
+}
+
+/// The case that used to need an operator: the last write reached the disk except for its
+/// second sector, so valid records follow the damage. `stela wal
+/// verify` reports it as a torn tail (not a problem), `repair` without `--corrupt-suffix` cuts it
+/// (keeping a copy), and a `Strict` open afterwards finds a clean log with every acknowledged
+/// record: the tools and open classify it alike.
+#[test]
+fn a_write_missing_its_middle_is_a_torn_tail_for_verify_and_repair_too() {
+    let disk = FaultStorage::new();
+    let before = group_commit_then_cut(&disk);
+    let write = &before.last_write;
+    let sector = SECTOR_BYTES as u64;
+    let sectors = write.end.div_ceil(sector) - write.start / sector;
+    let all_but_the_second = ((1 << sectors) - 1) & !0b10;
+    disk.crash(CrashPlan::LastWriteSectors {
+        kept: all_but_the_second,
+        garbage: 0,
+    });
+
+    let report = tools::verify(Path::new(DIR), &disk).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let (_, torn) = report.torn_tail.clone().expect("a torn tail");
+    assert!(torn.unsynced_records > 0, "{torn:?}");
+    assert!(torn.reason.contains("valid record"), "{}", torn.reason);
+
+    let repaired = tools::repair(Path::new(DIR), Arc::new(disk.clone()), false).unwrap();
+    let (_, cut) = repaired.torn_tail.expect("repair cut the torn write");
+    assert_eq!(cut, torn);
+    let salvage = repaired.salvage_dir.expect("a copy of what was cut");
+    assert_eq!(disk.file_names(&salvage).len(), 1);
+
+    let log = Log::open(DIR, raw_options(Arc::new(disk.clone())), RAW_TAG).unwrap();
+    assert!(log.recovery_report().torn_tail.is_none());
+    let records: Vec<(Lsn, Vec<u8>)> = log
+        .read_from(Lsn::FIRST)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(records.len() >= before.acked);
+    for (lsn, payload) in &records {
+        assert_eq!(payload, &before.appended[lsn.get() as usize - 1]);
     }
 }
