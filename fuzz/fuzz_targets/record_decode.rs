@@ -13,18 +13,19 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stela_format::frame::{self, Decoded};
+use stela_format::frame::{self, Decoded, Layout};
 use stela_format::{Codec, Lsn};
 use stela_fuzz::Record;
 
 fuzz_target!(|payload: &[u8]| {
     let mut framed = Vec::new();
-    frame::encode(&mut framed, Lsn::new(42), payload);
-    let rec = match frame::decode(&framed) {
+    frame::encode(&mut framed, Lsn::new(42), payload, 4096);
+    let rec = match frame::decode(Layout::V2, &framed) {
         Decoded::Record(rec) => rec,
         other => panic!("a framed payload decodes as {other:?}"),
     };
     assert_eq!(rec.lsn, Lsn::new(42));
+    assert_eq!(rec.sync_base, Some(4096));
     assert_eq!(rec.payload, payload);
 
     for codec in Codec::ALL {

@@ -2,13 +2,18 @@
 //!
 //! Input: one control byte (is this the last segment, skip damage, which payload limit; see
 //! `ScanInput`), then the segment's bytes. The scan starts at the LSN the header names (what
-//! recovery does, since it checks the header against the file name), or 1.
+//! recovery does, since it checks the header against the file name), or 1, and reads frames of
+//! the layout the header's version names (version 1, or else version 2).
 //!
 //! Oracles:
 //! - never panics;
 //! - the findings are consistent: record count and first/last LSN agree, a torn tail only in the
 //!   last segment and only after the data, damage in increasing offsets inside the file, each
 //!   resuming (if at all) past its own offset, at most one damage without `skip_damage`;
+//! - a torn tail with valid records after it (a torn last write) only in a version 2 segment,
+//!   and only if each of those records was framed before a sync reached the torn offset: the
+//!   records found by resynchronising after it, as the scan does, all have a sync base at most
+//!   that offset, and there are as many as the scan says;
 //! - the records it counted can be found again: walking the frames from the header on, following
 //!   the scan's own damage reports, finds exactly `records` frames, each whole and inside the
 //!   file, not overlapping, in strictly increasing LSN order, ending at `end_offset`;
@@ -17,10 +22,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stela_format::frame::{self, Decoded};
+use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
 use stela_format::Lsn;
-use stela_fuzz::{header_start_lsn, ScanInput};
+use stela_fuzz::{header_layout, header_start_lsn, ScanInput};
 use stela_wal::scan::scan_segment;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,9 +34,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let bytes = input.segment;
     let start = header_start_lsn(bytes).unwrap_or(Lsn::FIRST);
+    let layout = header_layout(bytes);
     let scan = scan_segment(
         bytes,
         start,
+        layout,
         input.is_last,
         input.max_payload,
         input.skip_damage,
@@ -63,7 +70,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(damage.offset < len);
         assert!(damage.expected_lsn >= start);
         if let Some(at) = damage.resumes_at {
-            assert!(at > damage.offset && at + frame::HEADER_BYTES as u64 <= len);
+            assert!(at > damage.offset && at + layout.header_bytes() as u64 <= len);
             previous_end = at;
         }
     }
@@ -83,6 +90,33 @@ fuzz_target!(|data: &[u8]| {
         assert!(end <= len);
         assert_ne!(bytes[end as usize - 1], 0);
         assert!(bytes[end as usize..].iter().all(|&b| b == 0));
+        // The records of a torn last write: found again, each framed below the torn offset.
+        let expected = scan.last_lsn.map_or(start, Lsn::next);
+        let mut found = 0;
+        let mut from = torn.offset as usize + 1;
+        let mut min_lsn = expected;
+        while let Some(at) = frame::find_next_valid(layout, bytes, from, min_lsn, input.max_payload)
+        {
+            let Decoded::Record(rec) =
+                frame::decode_with_limit(layout, &bytes[at..], input.max_payload)
+            else {
+                unreachable!("find_next_valid returned an invalid frame");
+            };
+            let base = rec
+                .sync_base
+                .expect("only version 2 frames follow a torn offset");
+            assert!(
+                u64::from(base) <= torn.offset,
+                "a record synced past the damage was cut"
+            );
+            found += 1;
+            from = at + rec.frame_len();
+            min_lsn = rec.lsn.next();
+        }
+        assert_eq!(found, torn.unsynced_records);
+        if layout == Layout::V1 {
+            assert_eq!(torn.unsynced_records, 0);
+        }
     }
 
     // Find the records again, following the scan's damage reports.
@@ -93,10 +127,10 @@ fuzz_target!(|data: &[u8]| {
     let mut last_lsn = None;
     let mut end = HEADER_BYTES;
     while pos < bytes.len() {
-        match frame::decode_with_limit(&bytes[pos..], input.max_payload) {
+        match frame::decode_with_limit(layout, &bytes[pos..], input.max_payload) {
             Decoded::Record(rec) if rec.lsn == expected => {
                 assert!(last_lsn.is_none_or(|l| rec.lsn > l));
-                assert!(rec.frame_len() <= input.max_payload as usize + frame::HEADER_BYTES);
+                assert!(rec.frame_len() <= input.max_payload as usize + layout.header_bytes());
                 found += 1;
                 last_lsn = Some(rec.lsn);
                 pos += rec.frame_len();

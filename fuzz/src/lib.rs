@@ -2,6 +2,7 @@
 //! the valid inputs the seed corpus is made of (`tests/seeds.rs` writes them to `seeds/`).
 
 use serde::{Deserialize, Serialize};
+use stela_format::frame::Layout;
 use stela_format::{frame, header, Codec, Lsn, SegmentHeader, TypeTag};
 
 /// The record type of the paper's benchmark.
@@ -48,9 +49,10 @@ pub fn sample_records() -> Vec<Record> {
     ]
 }
 
-/// The header of a segment of [`Record`]s.
+/// The header of a segment of [`Record`]s, version 2.
 pub fn header(codec: Codec, segment_seq: u64, start: Lsn, capacity: u64) -> SegmentHeader {
     SegmentHeader {
+        layout: Layout::V2,
         codec,
         segment_seq,
         start_lsn: start,
@@ -59,20 +61,48 @@ pub fn header(codec: Codec, segment_seq: u64, start: Lsn, capacity: u64) -> Segm
     }
 }
 
-/// A whole segment file as the log writes it: header, frames of `records` from `start` on,
-/// zeros up to `capacity` (if the frames leave room).
-pub fn segment(codec: Codec, start: Lsn, records: &[Record], capacity: u64) -> Vec<u8> {
-    let mut bytes = header(codec, 0, start, capacity).encode().to_vec();
+/// A whole segment file as the log writes it: header, frames of `records` from `start` on (each
+/// committed before the next was framed, so each frame's sync base is its own offset), zeros up
+/// to `capacity` (if the frames leave room). Version 1 segments, as older builds wrote them,
+/// have 16-byte frames without a sync base.
+pub fn segment(
+    layout: Layout,
+    codec: Codec,
+    start: Lsn,
+    records: &[Record],
+    capacity: u64,
+) -> Vec<u8> {
+    let mut bytes = SegmentHeader {
+        layout,
+        ..header(codec, 0, start, capacity)
+    }
+    .encode()
+    .to_vec();
     let mut lsn = start;
     for record in records {
         let payload = codec.encode(record).expect("records encode");
-        frame::encode(&mut bytes, lsn, &payload);
+        match layout {
+            Layout::V1 => frame::encode_v1(&mut bytes, lsn, &payload),
+            Layout::V2 => {
+                let sync_base = bytes.len() as u32;
+                frame::encode(&mut bytes, lsn, &payload, sync_base)
+            }
+        }
         lsn = lsn.next();
     }
     if bytes.len() < capacity as usize {
         bytes.resize(capacity as usize, 0);
     }
     bytes
+}
+
+/// The frame layout a segment's header names (version 1, or else version 2: a header the
+/// fuzzer broke is refused before any frame is read anyway).
+pub fn header_layout(bytes: &[u8]) -> Layout {
+    match bytes.get(8..10) {
+        Some([1, 0]) => Layout::V1,
+        _ => Layout::V2,
+    }
 }
 
 /// The first LSN a segment's header names, if the bytes are long enough to hold one and it is
@@ -92,7 +122,8 @@ pub fn header_codec(bytes: &[u8]) -> Option<Codec> {
 /// small ones that make lengths implausible.
 pub const MAX_PAYLOADS: [u32; 6] = [u32::MAX, frame::MAX_PAYLOAD_BYTES, 1024, 64, 16, 0];
 
-/// How `segment_scan` reads its input: one control byte, then the whole segment file.
+/// How `segment_scan` reads its input: one control byte, then the whole segment file (whose
+/// header's version picks the frame layout, see [`header_layout`]).
 #[derive(Debug, Clone, Copy)]
 pub struct ScanInput<'a> {
     pub is_last: bool,
@@ -124,23 +155,33 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut out = Vec::new();
     let records = sample_records();
 
-    // frame_decode: frames of each codec's payloads, and the edge cases of the header.
+    // frame_decode: frames of each codec's payloads in both layouts (the target decodes every
+    // input with both), and the edge cases of the header.
     for codec in Codec::ALL {
         let payload = codec.encode(&records[1]).expect("encodes");
         let mut bytes = Vec::new();
-        frame::encode(&mut bytes, Lsn::new(1), &payload);
+        frame::encode(&mut bytes, Lsn::new(1), &payload, 4096);
         out.push(("frame_decode", format!("{}-lsn1", codec.name()), bytes));
+        let mut bytes = Vec::new();
+        frame::encode_v1(&mut bytes, Lsn::new(1), &payload);
+        out.push(("frame_decode", format!("{}-lsn1-v1", codec.name()), bytes));
     }
     let mut empty = Vec::new();
-    frame::encode(&mut empty, Lsn::MAX, b"");
+    frame::encode(&mut empty, Lsn::MAX, b"", frame::MIN_SYNC_BASE);
     out.push(("frame_decode", "empty-payload-max-lsn".into(), empty));
-    out.push(("frame_decode", "unwritten".into(), vec![0; 16]));
+    out.push(("frame_decode", "unwritten".into(), vec![0; 20]));
 
-    // segment_header: one header per codec, one with a tag longer than the 200 stored bytes.
+    // segment_header: one header per codec, one with a tag longer than the 200 stored bytes,
+    // one of version 1.
     for codec in Codec::ALL {
         let h = header(codec, 3, Lsn::new(1001), SEGMENT_BYTES);
         out.push(("segment_header", codec.name().into(), h.encode().to_vec()));
     }
+    let v1 = SegmentHeader {
+        layout: Layout::V1,
+        ..header(Codec::Postcard, 0, Lsn::FIRST, SEGMENT_BYTES)
+    };
+    out.push(("segment_header", "v1".into(), v1.encode().to_vec()));
     let long = SegmentHeader {
         type_tag: TypeTag::new(&"é".repeat(150)),
         ..header(Codec::Json, 0, Lsn::FIRST, 64 << 20)
@@ -148,27 +189,73 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     out.push(("segment_header", "long-tag".into(), long.encode().to_vec()));
 
     // segment_scan and recovery_open: whole segments, clean, torn and damaged.
-    let clean = |codec: Codec| segment(codec, Lsn::FIRST, &records, SEGMENT_BYTES);
-    let frames_end = |codec: Codec| {
-        header::HEADER_BYTES
-            + records
-                .iter()
-                .map(|r| frame::HEADER_BYTES + codec.encode(r).expect("encodes").len())
-                .sum::<usize>()
+    let clean = |layout, codec: Codec| segment(layout, codec, Lsn::FIRST, &records, SEGMENT_BYTES);
+    let frame_ends = |layout: Layout, codec: Codec| {
+        let mut end = header::HEADER_BYTES;
+        let mut ends = Vec::new();
+        for record in &records {
+            end += layout.frame_len(codec.encode(record).expect("encodes").len());
+            ends.push(end);
+        }
+        ends
     };
     let mut segments = Vec::new();
     for codec in Codec::ALL {
-        segments.push((format!("{}-clean", codec.name()), clean(codec)));
+        segments.push((format!("{}-clean", codec.name()), clean(Layout::V2, codec)));
     }
-    let end = frames_end(Codec::Postcard);
-    let mut torn = clean(Codec::Postcard);
+    let end = *frame_ends(Layout::V2, Codec::Postcard)
+        .last()
+        .expect("records");
+    let mut torn = clean(Layout::V2, Codec::Postcard);
     torn[end - 3..end + 5].fill(0xA5); // the last frame cut short, garbage after it
     segments.push(("postcard-torn-tail".into(), torn));
-    let mut damaged = clean(Codec::MessagePack);
-    damaged[header::HEADER_BYTES + 20] ^= 0x40; // inside the first record: valid records follow
+    let mut damaged = clean(Layout::V2, Codec::MessagePack);
+    damaged[header::HEADER_BYTES + 24] ^= 0x40; // inside the first record: valid records follow
     segments.push(("msgpack-damaged-middle".into(), damaged));
-    let start_late = segment(Codec::Json, Lsn::new(41235), &records[..2], SEGMENT_BYTES);
+    // The first record synced on its own, the other two written together after it (framed
+    // with the first one's end as their sync base), and the middle of that last write lost: a
+    // torn last write, with a valid record after the damage.
+    let ends = frame_ends(Layout::V2, Codec::Json);
+    let mut last_write = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        let payload = Codec::Json.encode(record).expect("encodes");
+        let base = if i == 0 {
+            header::HEADER_BYTES
+        } else {
+            ends[0]
+        };
+        frame::encode(
+            &mut last_write,
+            Lsn::new(i as u64 + 1),
+            &payload,
+            base as u32,
+        );
+    }
+    let mut torn_write = header(Codec::Json, 0, Lsn::FIRST, SEGMENT_BYTES)
+        .encode()
+        .to_vec();
+    torn_write.extend_from_slice(&last_write);
+    torn_write.resize(SEGMENT_BYTES as usize, 0);
+    torn_write[ends[0] + 4..ends[1] - 2].fill(0);
+    segments.push(("json-torn-last-write".into(), torn_write));
+    let start_late = segment(
+        Layout::V2,
+        Codec::Json,
+        Lsn::new(41235),
+        &records[..2],
+        SEGMENT_BYTES,
+    );
     segments.push(("json-start-41235".into(), start_late));
+    segments.push((
+        "msgpack-v1-clean".into(),
+        clean(Layout::V1, Codec::MessagePack),
+    ));
+    let v1_end = *frame_ends(Layout::V1, Codec::Postcard)
+        .last()
+        .expect("records");
+    let mut v1_torn = clean(Layout::V1, Codec::Postcard);
+    v1_torn[v1_end - 3..v1_end + 5].fill(0xA5);
+    segments.push(("postcard-v1-torn-tail".into(), v1_torn));
 
     for (name, bytes) in &segments {
         for (is_last, skip) in [(true, false), (false, true)] {

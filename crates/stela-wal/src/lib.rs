@@ -11,7 +11,9 @@
 //! - [`reader`]: the lazy, ordered reader that checks every frame.
 //! - [`par_iter`]: the same order, with decoding spread over worker threads (fast replay).
 //! - [`segment`]: segment files: listing, safe creation, headers.
-//! - [`storage`]: the I/O trait, the real file system, and the fault-injecting one.
+//! - [`storage`]: the I/O trait and the real file system; with the `testing` feature, the
+//!   fault-injecting one (power cuts down to single sectors) and a forwarding wrapper for test
+//!   storages.
 //! - [`tools`]: verify, dump and repair, for the `stela wal` commands.
 //! - [`options`], [`error`]: how a log is opened and what can go wrong.
 //!

@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
-use stela_wal::storage::{CrashPlan, FaultStorage, OpenMode, Storage, StorageFile};
+use stela_wal::storage::{Call, CrashPlan, FaultStorage, Hooked, Hooks};
 use stela_wal::{Codec, Error, Lsn, Wal, WalOptions};
 
 /// Segment header and frame header sizes, from docs/FORMAT.md. Spelled out here rather than
@@ -407,65 +407,12 @@ impl Gate {
     }
 }
 
-/// `FaultStorage` with a [`Gate`] in front of `sync_data`.
-#[derive(Debug)]
-struct GatedStorage {
-    inner: FaultStorage,
-    gate: Arc<Gate>,
-}
-
-#[derive(Debug)]
-struct GatedFile {
-    inner: Box<dyn StorageFile>,
-    gate: Arc<Gate>,
-}
-
-impl Storage for GatedStorage {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(GatedFile {
-            inner: self.inner.open(path, mode)?,
-            gate: Arc::clone(&self.gate),
-        }))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
-    }
-    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        self.inner.lock_dir(dir)
-    }
-}
-
-impl StorageFile for GatedFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.gate.pass();
-        self.inner.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.inner.allocate(len)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
+impl Hooks for Gate {
+    fn before(&self, call: &Call<'_>) -> io::Result<()> {
+        if let Call::SyncData { .. } = call {
+            self.pass();
+        }
+        Ok(())
     }
 }
 
@@ -479,29 +426,27 @@ fn concurrent_committers_share_syncs_and_lose_nothing() {
     const THREADS: u32 = 8;
     const EACH: u32 = 200;
     let fs = FaultStorage::new();
-    let gate = Arc::new(Gate::default());
-    let storage = GatedStorage {
-        inner: fs.clone(),
-        gate: Arc::clone(&gate),
-    };
+    // `FaultStorage` with the gate in front of `sync_data`.
+    let storage = Hooked::wrap(Arc::new(fs.clone()), Gate::default());
+    let gate = storage.clone();
     // One large segment: no seal syncs, so every counted sync is a commit round's.
     let options = WalOptions::default()
         .codec(Codec::Postcard)
         .segment_bytes(1 << 20)
         .storage(Arc::new(storage));
     let wal: Wal<Rec> = Wal::open(mem_dir(), options).unwrap();
-    gate.hold(THREADS as usize);
+    gate.hooks().hold(THREADS as usize);
 
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
             let wal = wal.clone();
-            let gate = Arc::clone(&gate);
+            let gate = gate.clone();
             std::thread::spawn(move || {
                 let mut acked = Vec::new();
                 for i in 0..EACH {
                     let lsn = wal.append(&rec(t * EACH + i)).unwrap();
                     if i == 0 {
-                        gate.arrive();
+                        gate.hooks().arrive();
                     }
                     wal.commit(lsn).unwrap();
                     assert!(

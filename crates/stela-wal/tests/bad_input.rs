@@ -22,7 +22,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
-use stela_wal::storage::{CrashPlan, FaultStorage, OpenMode, Storage, StorageFile};
+use stela_wal::storage::{Call, CrashPlan, FaultStorage, Hooked, Hooks, OpenMode, Storage};
 use stela_wal::{Codec, Error, Log, Lsn, RecoveryMode, Wal, WalOptions};
 
 /// Segment header and frame header sizes, from docs/FORMAT.md.
@@ -720,81 +720,31 @@ impl Probe {
     }
 }
 
-#[derive(Debug)]
-struct ProbedStorage {
-    inner: FaultStorage,
-    probe: Arc<Probe>,
-}
-
-#[derive(Debug)]
-struct ProbedFile {
-    inner: Box<dyn StorageFile>,
-    path: PathBuf,
-    probe: Arc<Probe>,
-}
-
-impl Storage for ProbedStorage {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(ProbedFile {
-            inner: self.inner.open(path, mode)?,
-            path: path.to_path_buf(),
-            probe: Arc::clone(&self.probe),
-        }))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
-    }
-    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        self.inner.lock_dir(dir)
-    }
-}
-
-impl StorageFile for ProbedFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        let mut state = self.probe.state.lock().unwrap();
-        if let Some(n) = state.hold_for.take() {
-            let wait;
-            (state, wait) = self
-                .probe
-                .arrivals
-                .wait_timeout_while(state, Duration::from_secs(10), |s| s.arrived < n)
-                .unwrap();
-            assert!(
-                !wait.timed_out(),
-                "only {} of {n} committers arrived",
-                state.arrived
-            );
+impl Hooks for Probe {
+    fn before(&self, call: &Call<'_>) -> io::Result<()> {
+        if let Call::SyncData { .. } = call {
+            let mut state = self.state.lock().unwrap();
+            if let Some(n) = state.hold_for.take() {
+                let wait;
+                (state, wait) = self
+                    .arrivals
+                    .wait_timeout_while(state, Duration::from_secs(10), |s| s.arrived < n)
+                    .unwrap();
+                assert!(
+                    !wait.timed_out(),
+                    "only {} of {n} committers arrived",
+                    state.arrived
+                );
+            }
         }
-        let result = self.inner.sync_data();
-        state.syncs.push((self.path.clone(), result.is_ok()));
-        result
+        Ok(())
     }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.inner.allocate(len)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
+
+    fn after(&self, call: &Call<'_>, outcome: Result<(), &io::Error>) {
+        if let Call::SyncData { path } = call {
+            let mut state = self.state.lock().unwrap();
+            state.syncs.push((path.to_path_buf(), outcome.is_ok()));
+        }
     }
 }
 
@@ -829,29 +779,27 @@ fn block_on<F: Future + Unpin>(future: &mut F) -> F::Output {
 fn a_failed_fsync_fails_every_waiter_poisons_the_log_and_is_never_retried() {
     const COMMITTERS: usize = 4;
     let fs = FaultStorage::new();
-    let probe = Arc::new(Probe::default());
-    let storage = ProbedStorage {
-        inner: fs.clone(),
-        probe: Arc::clone(&probe),
-    };
+    let storage = Hooked::wrap(Arc::new(fs.clone()), Probe::default());
+    // A handle on the same hooks, for this test and its committer threads.
+    let probe = storage.clone();
     let wal: Wal<Rec> =
         Wal::open(mem_dir(), mem_options(Arc::new(storage), Codec::Postcard)).unwrap();
     let acked = recs(0..5);
     for r in &acked {
         wal.append_durable(r).unwrap();
     }
-    let syncs_before = probe.syncs().len();
+    let syncs_before = probe.hooks().syncs().len();
     fs.fail_sync_after(0);
-    probe.hold(COMMITTERS);
+    probe.hooks().hold(COMMITTERS);
 
     let (results, received) = mpsc::channel();
     for t in 0..COMMITTERS {
         let wal = wal.clone();
-        let probe = Arc::clone(&probe);
+        let probe = probe.clone();
         let results = results.clone();
         std::thread::spawn(move || {
             let lsn = wal.append(&rec(100 + t as u32)).unwrap();
-            probe.arrive();
+            probe.hooks().arrive();
             results.send((lsn, wal.commit(lsn))).unwrap();
         });
     }
@@ -882,7 +830,7 @@ fn a_failed_fsync_fails_every_waiter_poisons_the_log_and_is_never_retried() {
         assert!(matches!(error, Error::Poisoned { .. }), "{error:?}");
         assert!(error.to_string().contains("fdatasync"), "{error}");
     }
-    let syncs = probe.syncs();
+    let syncs = probe.hooks().syncs();
     assert_eq!(
         syncs[syncs_before..]
             .iter()

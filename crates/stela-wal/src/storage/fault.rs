@@ -2,16 +2,24 @@
 //!
 //! It keeps, for every file, the bytes a process sees now and the bytes that would survive a
 //! power cut (those covered by a successful `sync_data`), and, for every directory entry, the
-//! names made durable by `sync_dir`. [`FaultStorage::crash`] then drops everything volatile: the
-//! unsynced writes of each file (optionally keeping a prefix of them, the last one torn inside a
-//! 512-byte sector, as a disk does when power fails mid-write) and every name created, renamed or
-//! removed since its directory was last synced.
+//! names made durable by `sync_dir`. [`FaultStorage::crash`] then drops everything volatile: every
+//! name created, renamed or removed since its directory was last synced, and the unsynced writes
+//! of each file, or some of them, as the [`CrashPlan`] says:
+//! - all of them lost;
+//! - a prefix of them kept, the last one torn inside a 512-byte sector (garbage to the sector's
+//!   end), as a disk that persists writes in order does;
+//! - any subset of their sectors kept, in any order (`ScrambleSectors`, seeded): a drive may
+//!   persist the sectors of a multi-sector write, and separate writes, in any order, and a sector
+//!   being written may hold garbage;
+//! - exactly the given sectors of each file's last write kept, the earlier unsynced writes whole
+//!   (`LastWriteSectors`), so that tests can try every subset.
+//!
+//! A sector that is only partly covered by a write keeps its other bytes in every plan: the model
+//! (as `docs/FORMAT.md` states for the real media) is that a write never damages bytes it was not
+//! asked to write.
 //!
 //! It also injects the failures a log must survive: an fsync that fails (`fail_sync_after`), a
 //! device that fills up (`set_space_limit`), and writes that fail outright (`fail_writes`).
-//!
-//! Writes are assumed to persist in the order they were issued (a prefix survives), except for
-//! the tear of the last one. That is the model `docs/FORMAT.md` states for the real media.
 
 use super::{OpenMode, Storage, StorageFile};
 use std::collections::BTreeMap;
@@ -20,10 +28,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-const SECTOR: usize = 512;
+/// The unit in which a crash keeps or loses the bytes of a write.
+pub const SECTOR_BYTES: usize = 512;
+const SECTOR: usize = SECTOR_BYTES;
 
 /// What survives [`FaultStorage::crash`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CrashPlan {
     /// Only synced data and names survive.
     LoseUnsynced,
@@ -31,6 +41,19 @@ pub enum CrashPlan {
     /// which is cut at a random byte with the rest of its sector filled with garbage. `seed`
     /// makes the choice repeatable.
     TearUnsynced { seed: u64 },
+    /// Synced data survives, and each 512-byte sector that unsynced writes touched ends up, on
+    /// its own, as it was after some prefix of the writes to it (none, some, or all of them, so
+    /// later writes may persist where earlier ones did not), and sometimes with the next write
+    /// to it torn: cut at a random byte, garbage to the end of the write's part of the sector.
+    /// The file's length is as after a random prefix of its unsynced operations. `seed` makes
+    /// the choices repeatable.
+    ScrambleSectors { seed: u64 },
+    /// Synced data and every unsynced operation but the last write of each file survive; of
+    /// that last write, exactly the sectors in `kept` persist (bit `i`: the `i`-th 512-byte
+    /// sector the write touches, counted from the one that holds its first byte; sectors past
+    /// the 64th are never kept). Its sectors in `garbage` and not in `kept` hold garbage where
+    /// the write's bytes would be; the others keep the bytes from before the write.
+    LastWriteSectors { kept: u64, garbage: u64 },
 }
 
 /// An in-memory file system with power-loss and failure injection. Cloning shares the state.
@@ -79,6 +102,14 @@ enum Op {
 }
 
 impl Op {
+    /// The length of a file after this operation, from `len` before it.
+    fn len_after(&self, len: usize) -> usize {
+        match self {
+            Op::Write { offset, bytes } => len.max(offset + bytes.len()),
+            Op::Resize { len: new } => *new,
+        }
+    }
+
     fn apply(&self, to: &mut Vec<u8>) {
         match self {
             Op::Write { offset, bytes } => {
@@ -174,29 +205,42 @@ impl FaultStorage {
         self.list(dir).unwrap_or_default()
     }
 
+    /// The byte ranges of a file's writes since its last successful `sync_data`, in the order
+    /// they were issued.
+    pub fn unsynced_writes(&self, path: &Path) -> Vec<std::ops::Range<u64>> {
+        let state = lock(&self.inner);
+        let Some(file) = state.names.get(path) else {
+            return Vec::new();
+        };
+        let data = lock(&file.data);
+        data.unsynced
+            .iter()
+            .filter_map(|op| match op {
+                Op::Write { offset, bytes } => Some(*offset as u64..(offset + bytes.len()) as u64),
+                Op::Resize { .. } => None,
+            })
+            .collect()
+    }
+
     /// Cuts the power. Every handle opened before keeps working on the lost state, so callers
     /// should drop the old log first; a log opened afterwards sees what the disk kept.
     pub fn crash(&self, plan: CrashPlan) {
-        let mut rng = match plan {
-            CrashPlan::LoseUnsynced => None,
-            CrashPlan::TearUnsynced { seed } => Some(SplitMix(seed)),
-        };
+        let mut rng = SplitMix(match plan {
+            CrashPlan::TearUnsynced { seed } | CrashPlan::ScrambleSectors { seed } => seed,
+            CrashPlan::LoseUnsynced | CrashPlan::LastWriteSectors { .. } => 0,
+        });
         let mut state = lock(&self.inner);
         let mut survivors = BTreeMap::new();
         for (path, file) in &state.durable_names {
             let data = lock(&file.data);
-            let mut kept = data.durable.clone();
-            if let Some(rng) = rng.as_mut() {
-                let keep = rng.below(data.unsynced.len() as u64 + 1) as usize;
-                for (i, op) in data.unsynced.iter().take(keep).enumerate() {
-                    match op {
-                        Op::Write { offset, bytes } if i + 1 == keep && !bytes.is_empty() => {
-                            tear(&mut kept, *offset, bytes, rng);
-                        }
-                        op => op.apply(&mut kept),
-                    }
+            let kept = match plan {
+                CrashPlan::LoseUnsynced => data.durable.clone(),
+                CrashPlan::TearUnsynced { .. } => keep_torn_prefix(&data, &mut rng),
+                CrashPlan::ScrambleSectors { .. } => keep_scrambled_sectors(&data, &mut rng),
+                CrashPlan::LastWriteSectors { kept, garbage } => {
+                    keep_last_write_sectors(&data, kept, garbage)
                 }
-            }
+            };
             let survivor = Arc::new(MemFile {
                 data: Mutex::new(FileData {
                     current: kept.clone(),
@@ -211,6 +255,124 @@ impl FaultStorage {
         state.locked.clear();
         state.faults = Faults::default();
     }
+}
+
+/// The durable bytes plus a random prefix of the unsynced operations, the last write of which is
+/// torn (see [`CrashPlan::TearUnsynced`]).
+fn keep_torn_prefix(data: &FileData, rng: &mut SplitMix) -> Vec<u8> {
+    let mut kept = data.durable.clone();
+    let keep = rng.below(data.unsynced.len() as u64 + 1) as usize;
+    for (i, op) in data.unsynced.iter().take(keep).enumerate() {
+        match op {
+            Op::Write { offset, bytes } if i + 1 == keep && !bytes.is_empty() => {
+                tear(&mut kept, *offset, bytes, rng);
+            }
+            op => op.apply(&mut kept),
+        }
+    }
+    kept
+}
+
+/// The sectors a write of `len` bytes at `offset` touches, each with the part of the write in it.
+fn sectors_of(offset: usize, len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let end = offset + len;
+    (offset / SECTOR..end.div_ceil(SECTOR))
+        .map(move |sector| offset.max(sector * SECTOR)..end.min((sector + 1) * SECTOR))
+}
+
+/// Bytes a torn sector holds where a write's bytes should be: never all zeros, so a test sees
+/// them as written.
+fn garbage_at(position: usize) -> u8 {
+    (position as u8).wrapping_mul(151) ^ 0x5A | 1
+}
+
+fn fill_garbage(bytes: &mut [u8], range: std::ops::Range<usize>) {
+    let start = range.start;
+    for (i, b) in bytes[range].iter_mut().enumerate() {
+        *b = garbage_at(start + i);
+    }
+}
+
+/// The durable bytes with each sector the unsynced writes touched as after some prefix of the
+/// writes to it, the next one sometimes torn (see [`CrashPlan::ScrambleSectors`]).
+fn keep_scrambled_sectors(data: &FileData, rng: &mut SplitMix) -> Vec<u8> {
+    let prefix = rng.below(data.unsynced.len() as u64 + 1) as usize;
+    let len = data.unsynced[..prefix]
+        .iter()
+        .fold(data.durable.len(), |len, op| op.len_after(len));
+    let writes: Vec<(usize, &[u8])> = data
+        .unsynced
+        .iter()
+        .filter_map(|op| match op {
+            Op::Write { offset, bytes } => Some((*offset, bytes.as_slice())),
+            Op::Resize { .. } => None,
+        })
+        .collect();
+    let mut by_sector: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (index, (offset, bytes)) in writes.iter().enumerate() {
+        for part in sectors_of(*offset, bytes.len()) {
+            by_sector
+                .entry(part.start / SECTOR)
+                .or_default()
+                .push(index);
+        }
+    }
+    let mut kept = data.durable.clone();
+    kept.resize(kept.len().max(data.current.len()), 0);
+    for (sector, touching) in by_sector {
+        let whole = sector * SECTOR..(sector + 1) * SECTOR;
+        let part_of = |index: usize| {
+            let (offset, bytes) = writes[index];
+            let part = offset.max(whole.start)..(offset + bytes.len()).min(whole.end);
+            (part.clone(), &bytes[part.start - offset..part.end - offset])
+        };
+        let applied = rng.below(touching.len() as u64 + 1) as usize;
+        for &index in &touching[..applied] {
+            let (part, bytes) = part_of(index);
+            kept[part].copy_from_slice(bytes);
+        }
+        if applied < touching.len() && rng.below(3) == 0 {
+            let (part, bytes) = part_of(touching[applied]);
+            let cut = part.start + rng.below(part.len() as u64) as usize;
+            kept[part.start..cut].copy_from_slice(&bytes[..cut - part.start]);
+            fill_garbage(&mut kept, cut..part.end);
+        }
+    }
+    kept.resize(len, 0);
+    kept
+}
+
+/// The durable bytes and every unsynced operation, except that only the chosen sectors of the
+/// last write persist (see [`CrashPlan::LastWriteSectors`]).
+fn keep_last_write_sectors(data: &FileData, kept: u64, garbage: u64) -> Vec<u8> {
+    let last = data
+        .unsynced
+        .iter()
+        .rposition(|op| matches!(op, Op::Write { .. }));
+    let mut out = data.durable.clone();
+    for (i, op) in data.unsynced.iter().enumerate() {
+        let Op::Write { offset, bytes } = op else {
+            op.apply(&mut out);
+            continue;
+        };
+        if Some(i) != last {
+            op.apply(&mut out);
+            continue;
+        }
+        let end = offset + bytes.len();
+        if out.len() < end {
+            out.resize(end, 0);
+        }
+        for (k, part) in sectors_of(*offset, bytes.len()).enumerate() {
+            let bit = if k < 64 { 1u64 << k } else { 0 };
+            if kept & bit != 0 {
+                out[part.clone()].copy_from_slice(&bytes[part.start - offset..part.end - offset]);
+            } else if garbage & bit != 0 {
+                fill_garbage(&mut out, part);
+            }
+        }
+    }
+    out
 }
 
 /// Applies a write cut short: a random prefix lands, and the sector the cut falls in gets
@@ -555,6 +717,113 @@ mod tests {
         let err = file.write_all_at(&[1], 10).unwrap_err();
         assert!(super::super::is_out_of_space(&err));
         file.write_all_at(&[2; 4], 0).unwrap();
+    }
+
+    /// Exactly the chosen sectors of the last write persist; earlier unsynced writes persist
+    /// whole; bytes of a partly covered sector outside the write are never touched.
+    #[test]
+    fn last_write_sectors_keep_exactly_the_chosen_sectors() {
+        let (fs, dir) = setup();
+        let path = dir.join("a");
+        let file = fs.open(&path, OpenMode::CreateNew).unwrap();
+        fs.sync_dir(&dir).unwrap();
+        file.write_all_at(&[1u8; 2048], 0).unwrap();
+        file.sync_data().unwrap();
+        file.write_all_at(&[2u8; 100], 200).unwrap(); // an earlier unsynced write
+        file.write_all_at(&[3u8; 1200], 700).unwrap(); // sectors 1, 2, 3 (700..1900)
+        assert_eq!(fs.unsynced_writes(&path), vec![200..300, 700..1900]);
+        fs.crash(CrashPlan::LastWriteSectors {
+            kept: 0b101,
+            garbage: 0b010,
+        });
+        let kept = fs.read_file(&path).unwrap();
+        assert_eq!(kept.len(), 2048);
+        assert!(kept[200..300].iter().all(|&b| b == 2), "earlier write lost");
+        assert!(kept[..200].iter().chain(&kept[300..700]).all(|&b| b == 1));
+        assert!(
+            kept[700..1024].iter().all(|&b| b == 3),
+            "sector 0 of the write"
+        );
+        assert!(
+            (1024..1536).all(|at| kept[at] == garbage_at(at)),
+            "sector 1: garbage"
+        );
+        assert!(
+            kept[1536..1900].iter().all(|&b| b == 3),
+            "sector 2 of the write"
+        );
+        assert!(
+            kept[1900..].iter().all(|&b| b == 1),
+            "bytes after the write"
+        );
+
+        // Neither kept nor garbage: the bytes from before the write.
+        let (fs, dir) = setup();
+        let path = dir.join("b");
+        let file = fs.open(&path, OpenMode::CreateNew).unwrap();
+        fs.sync_dir(&dir).unwrap();
+        file.write_all_at(&[1u8; 2048], 0).unwrap();
+        file.sync_data().unwrap();
+        file.write_all_at(&[3u8; 1200], 700).unwrap();
+        fs.crash(CrashPlan::LastWriteSectors {
+            kept: 0b100,
+            garbage: 0,
+        });
+        let kept = fs.read_file(&path).unwrap();
+        assert!(kept[..1536].iter().all(|&b| b == 1));
+        assert!(kept[1536..1900].iter().all(|&b| b == 3));
+    }
+
+    /// Scrambled sectors: every sector is one of its versions (or torn between two), later
+    /// writes persist without earlier ones in some runs, and synced bytes are never touched.
+    #[test]
+    fn scrambled_sectors_persist_in_any_order() {
+        let mut later_without_earlier = false;
+        for seed in 0..200 {
+            let (fs, dir) = setup();
+            let path = dir.join("a");
+            let file = fs.open(&path, OpenMode::CreateNew).unwrap();
+            fs.sync_dir(&dir).unwrap();
+            file.write_all_at(&[1u8; 4096], 0).unwrap();
+            file.sync_data().unwrap();
+            file.write_all_at(&[2u8; 1024], 512).unwrap(); // sectors 1 and 2
+            file.write_all_at(&[3u8; 1024], 2048).unwrap(); // sectors 4 and 5
+            fs.crash(CrashPlan::ScrambleSectors { seed });
+            let kept = fs.read_file(&path).unwrap();
+            assert_eq!(kept.len(), 4096);
+            for (i, sector) in kept.chunks(SECTOR).enumerate() {
+                let new = match i {
+                    1 | 2 => 2,
+                    4 | 5 => 3,
+                    _ => 1,
+                };
+                // One version throughout, or one version up to a cut and garbage after it.
+                let version_ok = |b: u8| b == 1 || b == new;
+                let is_garbage =
+                    |from: usize| (from..SECTOR).all(|j| sector[j] == garbage_at(i * SECTOR + j));
+                let whole = sector.iter().all(|&b| b == sector[0]) && version_ok(sector[0]);
+                let torn = (0..SECTOR).any(|cut| {
+                    sector[..cut]
+                        .iter()
+                        .all(|&b| b == sector[0] && version_ok(b))
+                        && is_garbage(cut)
+                });
+                assert!(whole || torn, "seed {seed}: sector {i} is no version");
+                if new == 1 {
+                    assert!(
+                        sector.iter().all(|&b| b == 1),
+                        "seed {seed}: synced sector {i}"
+                    );
+                }
+            }
+            let first_write = kept[512] == 2 && kept[1024] == 2;
+            let second_write = kept[2048] == 3 && kept[2560] == 3;
+            later_without_earlier |= second_write && !first_write;
+        }
+        assert!(
+            later_without_earlier,
+            "the later write never persisted alone"
+        );
     }
 
     #[test]

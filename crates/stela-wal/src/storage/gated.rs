@@ -1,5 +1,5 @@
 //! [`GatedStorage`]: a wrapper around any [`Storage`] whose disk can be told to stop, or to
-//! crawl, on demand.
+//! crawl, on demand. It is a [`Hooked`] storage whose hooks are a [`Gate`].
 //!
 //! It owns a gate, shared by every clone and by every file opened through it. While the gate is
 //! shut ([`GatedStorage::stall`]), each `write_all_at` and `sync_data` on those files waits at it
@@ -20,31 +20,27 @@
 //! set during the sleep still holds it. Dropping the storage does not open the gate; a test that
 //! stalls must release, or its blocked threads stay blocked.
 
-use super::{OpenMode, Storage, StorageFile};
+use super::hooked::{Call, Hooked, Hooks};
+use super::Storage;
 use std::fmt;
 use std::io;
-use std::ops::Range;
-use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
 
-/// A [`Storage`] whose file writes and syncs can be stalled or slowed. Cloning shares the gate.
-#[derive(Clone)]
-pub struct GatedStorage {
-    inner: Arc<dyn Storage>,
-    gate: Arc<Gate>,
-}
+/// A [`Storage`] whose file writes and syncs can be stalled or slowed: a [`Hooked`] storage
+/// whose hooks are a [`Gate`]. Cloning shares the gate.
+pub type GatedStorage = Hooked<Gate>;
 
-/// The state every clone and every file opened through them share.
+/// The gate of a [`GatedStorage`], shared by every clone and every file opened through them.
 #[derive(Default)]
-struct Gate {
+pub struct Gate {
     state: Mutex<GateState>,
     /// Signalled when the gate opens.
     opened: Condvar,
 }
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct GateState {
     stalled: bool,
     /// Calls now waiting for the gate to open.
@@ -76,17 +72,12 @@ impl Gate {
         }
         state.waiting -= 1;
     }
-
-    fn write_delay(&self) -> Option<Duration> {
-        lock(&self.state).write_delay
-    }
 }
 
-impl fmt::Debug for GatedStorage {
+impl fmt::Debug for Gate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = lock(&self.gate.state);
-        f.debug_struct("GatedStorage")
-            .field("inner", &self.inner)
+        let state = lock(&self.state);
+        f.debug_struct("Gate")
             .field("stalled", &state.stalled)
             .field("waiting", &state.waiting)
             .field("write_delay", &state.write_delay)
@@ -94,150 +85,60 @@ impl fmt::Debug for GatedStorage {
     }
 }
 
-impl GatedStorage {
+impl Hooks for Gate {
+    fn before(&self, call: &Call<'_>) -> io::Result<()> {
+        match call {
+            Call::Write { .. } => {
+                // Sleep first and meet the gate afterwards, so a stall set during the sleep
+                // still holds the write.
+                let delay = lock(&self.state).write_delay;
+                if let Some(delay) = delay {
+                    thread::sleep(delay);
+                }
+                self.pass();
+            }
+            Call::SyncData { .. } => self.pass(),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl Hooked<Gate> {
     /// Wraps `inner` with the gate open and no write delay.
     pub fn new(inner: Arc<dyn Storage>) -> GatedStorage {
-        GatedStorage {
-            inner,
-            gate: Arc::new(Gate::default()),
-        }
+        Hooked::wrap(inner, Gate::default())
     }
 
     /// Shuts the gate: from now on every `write_all_at` and `sync_data` on files opened through
     /// this storage (or a clone) waits until [`GatedStorage::release`]. Stalling twice is the
     /// same as once.
     pub fn stall(&self) {
-        lock(&self.gate.state).stalled = true;
+        lock(&self.hooks().state).stalled = true;
     }
 
     /// Opens the gate and lets every waiting call go on.
     pub fn release(&self) {
-        lock(&self.gate.state).stalled = false;
-        self.gate.opened.notify_all();
+        lock(&self.hooks().state).stalled = false;
+        self.hooks().opened.notify_all();
     }
 
     /// Makes each later `write_all_at` sleep for `delay` before it writes; `None` removes the
     /// delay. Syncs are not delayed.
     pub fn set_write_delay(&self, delay: Option<Duration>) {
-        lock(&self.gate.state).write_delay = delay;
+        lock(&self.hooks().state).write_delay = delay;
     }
 
     /// How many `write_all_at` and `sync_data` calls are waiting at the shut gate right now.
     pub fn writes_blocked(&self) -> usize {
-        lock(&self.gate.state).waiting
-    }
-}
-
-impl Storage for GatedStorage {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(dir)
-    }
-
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        let file = self.inner.open(path, mode)?;
-        Ok(Box::new(GatedFile {
-            inner: file,
-            gate: Arc::clone(&self.gate),
-        }))
-    }
-
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove(path)
-    }
-
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
-    }
-
-    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        self.inner.lock_dir(dir)
-    }
-}
-
-/// A file opened through [`GatedStorage`]: the wrapped storage's file behind the shared gate.
-struct GatedFile {
-    inner: Box<dyn StorageFile>,
-    gate: Arc<Gate>,
-}
-
-impl fmt::Debug for GatedFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GatedFile")
-            .field("inner", &self.inner)
-            .finish()
-    }
-}
-
-impl StorageFile for GatedFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if let Some(delay) = self.gate.write_delay() {
-            thread::sleep(delay);
-        }
-        self.gate.pass();
-        self.inner.write_all_at(buf, offset)
-    }
-
-    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
-        if let Some(delay) = self.gate.write_delay() {
-            thread::sleep(delay);
-        }
-        self.gate.pass();
-        self.inner.write_all_vectored_at(bufs, offset)
-    }
-
-    fn sync_data(&self) -> io::Result<()> {
-        self.gate.pass();
-        self.inner.sync_data()
-    }
-
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-
-    fn is_empty(&self) -> io::Result<bool> {
-        self.inner.is_empty()
-    }
-
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.inner.allocate(len)
-    }
-
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-
-    // The provided methods below are forwarded too, so a wrapped file that answers them better
-    // than the defaults (the real file system knows its holes) keeps doing so.
-
-    fn data_regions(&self, from: u64) -> io::Result<Vec<Range<u64>>> {
-        self.inner.data_regions(from)
-    }
-
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_exact_at(buf, offset)
-    }
-
-    fn read_to_vec(&self) -> io::Result<Vec<u8>> {
-        self.inner.read_to_vec()
+        lock(&self.hooks().state).waiting
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{FaultStorage, StdStorage};
+    use crate::storage::{FaultStorage, OpenMode, StdStorage};
     use std::path::PathBuf;
     use std::time::Instant;
 

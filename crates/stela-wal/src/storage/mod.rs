@@ -1,26 +1,41 @@
 //! The I/O boundary of the log: every byte the log reads or writes goes through [`Storage`].
 //!
-//! Two implementations ship: [`StdStorage`], the real file system, and [`FaultStorage`], an
-//! in-memory file system that remembers which bytes and which directory entries were made
-//! durable, so tests can "pull the plug": lose every unsynced write, tear the last sector of the
-//! write in flight, fail an fsync, or run out of space. Because the log never touches `std::fs`
-//! directly, any I/O that bypassed this trait would show up as a file the fault layer does not
-//! know about. [`GatedStorage`] wraps either one and can stall or slow its file writes and
-//! syncs on demand, for tests and benchmarks of what sits above the log when the disk hangs.
+//! The product uses [`StdStorage`], the real file system. With the `testing` feature (tests of
+//! this crate, and the crates whose tests and benchmarks need them, enable it) come the test
+//! storages:
+//! - `FaultStorage`, an in-memory file system that remembers which bytes and which directory
+//!   entries were made durable, so tests can "pull the plug": lose every unsynced write, tear the
+//!   last one, keep any subset of the sectors of unsynced writes (a drive persists them in any
+//!   order), fail an fsync, or run out of space. Because the log never touches `std::fs`
+//!   directly, any I/O that bypassed this trait would show up as a file the fault layer does not
+//!   know about.
+//! - `Hooked`, the one forwarding wrapper: it passes every call to a wrapped storage and lets a
+//!   test's `Hooks` stall, fail, count or record calls on the way.
+//! - `GatedStorage`, a `Hooked` storage whose writes and syncs can be stalled or slowed on
+//!   demand, for tests and benchmarks of what sits above the log when the disk hangs.
 //!
 //! The contract the log relies on, and which `FaultStorage` models:
-//! - `write_all_at` data is volatile until `sync_data` on that file returns `Ok`.
+//! - `write_all_at` data is volatile until `sync_data` on that file returns `Ok`; until then a
+//!   power cut may keep any part of it, sector by sector.
 //! - A created, renamed or removed name is volatile until `sync_dir` on its directory returns.
 //! - After a failed `sync_data` nothing is known about which of the file's writes are durable,
 //!   and a later `sync_data` proves nothing about them (Linux may drop the dirty pages and clear
 //!   the error). The log therefore never retries a failed sync: it stops.
 
+#[cfg(any(test, feature = "testing"))]
 mod fault;
+#[cfg(any(test, feature = "testing"))]
 mod gated;
+#[cfg(any(test, feature = "testing"))]
+mod hooked;
 mod std_fs;
 
-pub use fault::{CrashPlan, FaultStorage};
-pub use gated::GatedStorage;
+#[cfg(any(test, feature = "testing"))]
+pub use fault::{CrashPlan, FaultStorage, SECTOR_BYTES};
+#[cfg(any(test, feature = "testing"))]
+pub use gated::{Gate, GatedStorage};
+#[cfg(any(test, feature = "testing"))]
+pub use hooked::{Call, Hooked, Hooks};
 pub use std_fs::StdStorage;
 
 use std::fmt;
