@@ -139,6 +139,8 @@ pub(crate) struct Conn {
     pub stream: Stream,
     pub peer: String,
     pub phase: Phase,
+    /// The role it was admitted with (what it counts against), once admitted.
+    pub admitted: Option<Role>,
     /// Received bytes not yet handled, from `rpos` on.
     rbuf: Vec<u8>,
     rpos: usize,
@@ -152,6 +154,8 @@ pub(crate) struct Conn {
     pub waiting: Option<Waiting>,
     /// The socket may hold bytes not read yet (reading stopped early).
     pub unread: bool,
+    /// The peer closed its end: answer what it sent, then close.
+    pub peer_closed: bool,
     pub accepted_at: Instant,
     pub last_request: Instant,
     pub ring: Option<RingConn>,
@@ -172,6 +176,7 @@ impl Conn {
             peer: stream.peer(),
             stream,
             phase: Phase::Handshake,
+            admitted: None,
             rbuf: Vec::new(),
             rpos: 0,
             wbuf: Vec::new(),
@@ -180,6 +185,7 @@ impl Conn {
             handles: Vec::new(),
             waiting: None,
             unread: false,
+            peer_closed: false,
             accepted_at: now,
             last_request: now,
             ring: None,
@@ -277,6 +283,7 @@ impl Conn {
     /// The loop admitted the Hello of request `id`.
     pub fn admit(&mut self, id: u64, role: Role) {
         self.phase = Phase::Ready(role);
+        self.admitted = Some(role);
         self.answer(
             id,
             ResponseBody::Welcome {
@@ -309,6 +316,16 @@ impl Conn {
                 return Progress::Idle;
             }
             let request = match self.next_frame(ctx.max_frame) {
+                None if self.peer_closed => {
+                    if self.held_bytes() > 0 {
+                        self.refuse(
+                            ErrorCode::BadFrame,
+                            "the connection ended inside a frame".into(),
+                        );
+                    }
+                    self.phase = Phase::Closing;
+                    return Progress::Close;
+                }
                 None => {
                     self.compact();
                     return Progress::Idle;

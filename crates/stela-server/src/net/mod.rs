@@ -484,6 +484,10 @@ impl EventLoop {
             self.scratch = scratch;
             return;
         };
+        if conn.peer_closed {
+            self.scratch = scratch;
+            return;
+        }
         if conn.waiting.is_some() || conn.phase == Phase::Closing {
             conn.unread = true; // read once the connection can go on
             self.scratch = scratch;
@@ -507,12 +511,16 @@ impl EventLoop {
                 }
                 self.ready.push_back(slot);
             }
-            Err(error) => {
-                if error.kind() != io::ErrorKind::UnexpectedEof {
-                    tracing::debug!(%error, "connection failed");
+            Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => {
+                // The peer closed its end (perhaps only for writing): what it sent is still
+                // answered, then the connection closes.
+                if let Some(conn) = self.conn_mut(slot) {
+                    conn.peer_closed = true;
                 }
-                // Requests already received are still answered if they can be; the peer is
-                // gone, so there is nobody to answer: close now.
+                self.ready.push_back(slot);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "connection failed");
                 self.close(slot);
             }
         }
@@ -801,10 +809,10 @@ impl EventLoop {
             self.rings.retain(|&s| s != slot);
         }
         self.held -= conn.held_bytes().min(self.held);
-        match conn.phase {
-            Phase::Ready(Role::Client) => self.clients -= 1,
-            Phase::Ready(Role::Admin) => self.admins -= 1,
-            _ => {}
+        match conn.admitted {
+            Some(Role::Client) => self.clients -= 1,
+            Some(Role::Admin) => self.admins -= 1,
+            None => {}
         }
         self.counters.connections.fetch_sub(1, Ordering::Relaxed);
         for log in conn.handles.drain(..).flatten() {
