@@ -123,13 +123,15 @@ impl Engine {
             let thread = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
-                    crate::flusher::run(&pool, &logs, &|released| {
-                        for (waiter, outcome) in released.waiters {
-                            waiter(outcome);
-                        }
-                        if let Some(hook) = hook.get() {
-                            hook(released.space_freed);
-                        }
+                    abort_on_panic("a flusher", || {
+                        crate::flusher::run(&pool, &logs, &|released| {
+                            for (waiter, outcome) in released.waiters {
+                                waiter(outcome);
+                            }
+                            if let Some(hook) = hook.get() {
+                                hook(released.space_freed);
+                            }
+                        })
                     })
                 })
                 .map_err(|source| StartError::Thread { name, source })?;
@@ -454,6 +456,18 @@ impl Engine {
         } else {
             Err(failures.join("; "))
         }
+    }
+}
+
+/// Runs `body`; if it panics (a bug: the daemon never panics on input), stops the whole process
+/// at once. A daemon with a dead flusher or event loop would keep acknowledging what it can no
+/// longer write, or hang every client; dying is the fail-stop answer, with the same guarantees as
+/// a SIGKILL (`docs/DURABILITY.md`).
+pub(crate) fn abort_on_panic(what: &str, body: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
+        tracing::error!("{what} panicked; stopping the daemon");
+        eprintln!("stela: {what} panicked; stopping the daemon");
+        std::process::abort();
     }
 }
 

@@ -49,7 +49,7 @@ impl Server {
         let (event_loop, net) = net::create(&config, Arc::clone(&engine), unix, tcp)?;
         let event_loop = std::thread::Builder::new()
             .name("stela-loop".into())
-            .spawn(move || event_loop.run())
+            .spawn(move || crate::engine::abort_on_panic("the event loop", || event_loop.run()))
             .map_err(|source| StartError::Thread {
                 name: "stela-loop".into(),
                 source,

@@ -111,20 +111,39 @@ impl RingConn {
             };
             did = true;
             let seq = entry.seq;
-            let outcome = handle_entry(engine, handles, &entry, seq, &self.completer);
-            match outcome {
-                Handled::NoSpace => {
+            let disk = entry.durability == Durability::Disk;
+            match place_entry(engine, handles, &entry) {
+                Placed::NoSpace => {
                     self.parked = true;
                     break;
                 }
-                Handled::Done(result) => {
+                Placed::Refused(error) => {
                     self.ring.consume();
-                    self.complete(seq, result.as_ref().map(|r| *r));
+                    self.complete(seq, Err(&error));
                 }
-                Handled::Waiting => {
+                // The records are in the pool: the entry's space goes back to the client. Only
+                // then may a flusher complete it, so the disk wait is registered after.
+                Placed::At(log, first, last) => {
                     self.ring.consume();
-                    self.pending = Some(seq);
-                    break;
+                    if !disk || last < first || last == 0 {
+                        self.complete(seq, Ok((first, last)));
+                        continue;
+                    }
+                    let (completer, name) = (self.completer.clone(), engine.log_name(log));
+                    let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
+                        let result = outcome
+                            .map(|()| (first, last))
+                            .map_err(|e| Error::from_pool(&name, e));
+                        complete(&completer, seq, result.as_ref().map(|r| *r));
+                    });
+                    match engine.when_durable(log, last, waiter) {
+                        Ok(Some(_)) => self.complete(seq, Ok((first, last))),
+                        Ok(None) => {
+                            self.pending = Some(seq);
+                            break;
+                        }
+                        Err((_, error)) => self.complete(seq, Err(&error)),
+                    }
                 }
             }
         }
@@ -132,19 +151,17 @@ impl RingConn {
     }
 }
 
-enum Handled {
+/// Where an entry's records went.
+enum Placed {
+    /// No buffer space: leave the entry in the ring and retry.
     NoSpace,
-    Done(Result<(u64, u64), Error>),
-    Waiting,
+    Refused(Error),
+    /// In the pool at LSNs `first..=last` of the log (for a commit: the LSN waited for).
+    At(LogId, u64, u64),
 }
 
-fn handle_entry(
-    engine: &Engine,
-    handles: &[Option<LogId>],
-    entry: &Entry<'_>,
-    seq: u64,
-    completer: &Completer,
-) -> Handled {
+/// Places an append's records in the pool, or checks a commit's LSN.
+fn place_entry(engine: &Engine, handles: &[Option<LogId>], entry: &Entry<'_>) -> Placed {
     let log = match handles
         .get(entry.handle as usize)
         .copied()
@@ -153,39 +170,24 @@ fn handle_entry(
         .and_then(|log| check_level(entry.durability).map(|()| log))
     {
         Ok(log) => log,
-        Err(error) => return Handled::Done(Err(error)),
+        Err(error) => return Placed::Refused(error),
     };
-    let (first, last) = match entry.kind {
+    match entry.kind {
         EntryKind::Append => {
             let records: Vec<Record<'_>> = entry
                 .records()
                 .map(|(payload, crc)| Record { payload, crc })
                 .collect();
             match engine.append(log, &records) {
-                Ok(placed) => placed,
-                Err(Error::NoSpace) => return Handled::NoSpace,
-                Err(error) => return Handled::Done(Err(error)),
+                Ok((first, last)) => Placed::At(log, first, last),
+                Err(Error::NoSpace) => Placed::NoSpace,
+                Err(error) => Placed::Refused(error),
             }
         }
         EntryKind::Commit => match engine.check_appended(log, entry.lsn) {
-            Ok(()) => (entry.lsn, entry.lsn),
-            Err(error) => return Handled::Done(Err(error)),
+            Ok(()) => Placed::At(log, entry.lsn, entry.lsn),
+            Err(error) => Placed::Refused(error),
         },
-    };
-    if entry.durability != Durability::Disk || last < first || last == 0 {
-        return Handled::Done(Ok((first, last)));
-    }
-    let (completer, name) = (completer.clone(), engine.log_name(log));
-    let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
-        let result = outcome
-            .map(|()| (first, last))
-            .map_err(|e| Error::from_pool(&name, e));
-        complete(&completer, seq, result.as_ref().map(|r| *r));
-    });
-    match engine.when_durable(log, last, waiter) {
-        Ok(Some(_)) => Handled::Done(Ok((first, last))),
-        Ok(None) => Handled::Waiting,
-        Err((_, error)) => Handled::Done(Err(error)),
     }
 }
 
