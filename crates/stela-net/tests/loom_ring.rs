@@ -27,8 +27,8 @@
 //! | client death, 17 kill points | 2 | 297,032 | 20 s |
 //! | daemon death, 10 death points | 2 | 198,080 | 5 s |
 //! | default run, all four | | 2,433,926 | 123 s |
-//! | client death with `LOOM_MAX_PREEMPTIONS=3` | 3 | 9,019,053 | ~13 min |
-//! | daemon death with `LOOM_MAX_PREEMPTIONS=3` | 3 | 6,706,497 | ~9 min |
+//! | client death with `LOOM_MAX_PREEMPTIONS=3` | 3 | 9,019,053 | 16 min |
+//! | daemon death with `LOOM_MAX_PREEMPTIONS=3` | 3 | 6,706,497 | 6 min |
 //!
 //! Each model was also checked to fail when the protocol is broken: without the client's fence
 //! after publishing, or the one before it sleeps, or without `mark_gone`'s bump of `wake`, loom
