@@ -4,11 +4,14 @@
 //! consumes and completes. Prints the median and the tail.
 //!
 //! ```sh
-//! cargo run --release -p stela-net --example ring_rtt [-- ROUNDS]
+//! cargo run --release -p stela-net --example ring_rtt [-- ROUNDS [sleep]]
 //! ```
 //!
 //! Both threads spin the whole time: on a machine with fewer than two idle cores the numbers
-//! mostly measure the scheduler.
+//! mostly measure the scheduler. With `sleep` the client does not spin: for every answer it
+//! sets `client_waiting` and calls FUTEX_WAIT (the daemon still spins, and pays a FUTEX_WAKE
+//! each time). The answer usually lands before the client really blocks, so this measures the
+//! cost of the sleeping protocol more than that of a wake-up from a real sleep (the tail does).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,9 +25,14 @@ fn main() {
         .nth(1)
         .map(|a| a.parse().expect("ROUNDS is a number"))
         .unwrap_or(200_000);
+    let sleep = std::env::args().nth(2).as_deref() == Some("sleep");
     let (mut daemon, memfd, eventfd) = DaemonRing::create(1 << 20, 64).expect("create the ring");
     let mut client = ClientRing::from_fds(memfd, eventfd).expect("open the client end");
-    client.set_spin(Duration::from_millis(1));
+    client.set_spin(if sleep {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(1)
+    });
 
     let stop = Arc::new(AtomicBool::new(false));
     let daemon_stop = stop.clone();
@@ -77,9 +85,14 @@ fn main() {
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
     let ns = |d: Duration| d.as_nanos();
     println!(
-        "ring round trip, 100-byte buffered append, {rounds} rounds, both ends spinning:\n  \
+        "ring round trip, 100-byte buffered append, {rounds} rounds, {}:\n  \
          median {} ns, p90 {} ns, p99 {} ns, p99.9 {} ns, max {} ns\n  \
          {:.0} round trips/s (one client, one at a time)",
+        if sleep {
+            "client not spinning (futex protocol every time)"
+        } else {
+            "both ends spinning"
+        },
         ns(at(0.5)),
         ns(at(0.9)),
         ns(at(0.99)),

@@ -203,8 +203,9 @@ fn a_full_area_makes_the_writer_wait_until_the_daemon_consumes() {
         let answers: Vec<_> = (1..=10).map(|seq| client.wait(seq).unwrap()).collect();
         answers
     });
-    // The writer sleeps on the futex once the area is full; nothing is consumed until then.
-    while !ring.client_waiting() {
+    // The writer sleeps on the futex once the area is full; nothing is consumed until then. (If
+    // it did not wait for room it would submit all ten and sleep on an answer instead.)
+    while !ring.client_waiting() || submitted.load(Ordering::SeqCst) < 3 {
         thread::yield_now();
     }
     assert_eq!(

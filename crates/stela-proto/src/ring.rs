@@ -568,12 +568,8 @@ pub fn encode_entry(
     header: &EntryHeader,
     payloads: &[&[u8]],
 ) -> Result<usize, RingError> {
-    let count = u32::try_from(payloads.len()).unwrap_or(u32::MAX);
-    check_count(seq, header.kind, count)?;
-    if header.kind == EntryKind::Append && header.lsn != 0 {
-        return Err(RingError::NonZeroField { seq, field: "lsn" });
-    }
-    let len = entry_len(payloads)?;
+    let len = check_entry(seq, header, payloads)?;
+    let count = payloads.len() as u32;
     let Some(out) = out.get_mut(..len) else {
         return Err(RingError::BufferTooSmall {
             needed: len,
@@ -603,6 +599,20 @@ pub fn encode_entry(
     }
     debug_assert_eq!(at, len);
     Ok(len)
+}
+
+/// Checks that `payloads` suit `header` (as [`encode_entry`] and the parser require) and returns
+/// the length of the entry they make, without writing anything.
+///
+/// # Errors
+/// As [`encode_entry`], except [`RingError::BufferTooSmall`].
+pub fn check_entry(seq: u64, header: &EntryHeader, payloads: &[&[u8]]) -> Result<usize, RingError> {
+    let count = u32::try_from(payloads.len()).unwrap_or(u32::MAX);
+    check_count(seq, header.kind, count)?;
+    if header.kind == EntryKind::Append && header.lsn != 0 {
+        return Err(RingError::NonZeroField { seq, field: "lsn" });
+    }
+    entry_len(payloads)
 }
 
 /// The 4 bytes a client writes where an entry did not fit before the end of the area.

@@ -27,8 +27,8 @@ use std::fmt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::time::{Duration, Instant};
 use stela_proto::ring::{
-    decode_message, decode_result, encode_entry, entry_len, pad_bytes, Completion, EntryHeader,
-    EntryKind, RingLayout,
+    check_entry, decode_message, decode_result, encode_entry, pad_bytes, Completion, EntryHeader,
+    EntryKind, RingError, RingLayout,
 };
 use stela_proto::Durability;
 
@@ -163,7 +163,7 @@ impl ClientRing {
     ) -> Result<ClientRing, ShmError> {
         use super::os;
         use std::os::fd::AsFd;
-        use stela_proto::ring::{RingError, HEADER_BYTES, MAX_DATA_BYTES};
+        use stela_proto::ring::{HEADER_BYTES, MAX_DATA_BYTES};
         let seals = os::seals(memfd.as_fd()).map_err(ShmError::io("fcntl(F_GET_SEALS)"))?;
         if seals & os::RING_SEALS != os::RING_SEALS {
             return Err(ShmError::Unsealed {
@@ -292,27 +292,23 @@ impl ClientRing {
         let seq = self.next_seq;
         // A stopped ring or a dead daemon refuses at once, even when there is room.
         self.hopeless(seq, &mut |_| false)?;
-        // Validate the entry before waiting for room: encoding into nothing reports every
-        // error except the (expected) lack of room.
-        match encode_entry(&mut [], seq, &header, payloads) {
-            Err(stela_proto::ring::RingError::BufferTooSmall { .. }) => {}
-            Err(stela_proto::ring::RingError::EntryTooLarge { len, .. }) => {
+        let data_bytes = self.layout.data_bytes;
+        let len = match check_entry(seq, &header, payloads) {
+            Ok(len) if len as u64 <= data_bytes => len as u64,
+            Ok(len) => {
+                return Err(ShmError::EntryTooLarge {
+                    len: len as u64,
+                    max: data_bytes,
+                })
+            }
+            Err(RingError::EntryTooLarge { len, .. }) => {
                 return Err(ShmError::EntryTooLarge {
                     len,
-                    max: self.layout.data_bytes,
+                    max: data_bytes,
                 })
             }
             Err(error) => return Err(ShmError::BadEntry(error)),
-            Ok(_) => unreachable!("an entry never fits in zero bytes"),
-        }
-        let len = entry_len(payloads).map_err(ShmError::BadEntry)? as u64;
-        let data_bytes = self.layout.data_bytes;
-        if len > data_bytes {
-            return Err(ShmError::EntryTooLarge {
-                len,
-                max: data_bytes,
-            });
-        }
+        };
         let position = self.layout.position(self.written) as u64;
         let pad = if position + len > data_bytes {
             data_bytes - position
@@ -322,7 +318,8 @@ impl ClientRing {
         let slots = u64::from(self.layout.slots);
         let end = self.written + pad + len;
         self.wait_until(seq, |ring| {
-            let room = end - ring.region.head().load(Acquire) <= data_bytes;
+            // (`head` never passes `tail`; a daemon that broke that would only make us wait.)
+            let room = end.wrapping_sub(ring.region.head().load(Acquire)) <= data_bytes;
             let slot_free = seq <= slots || ring.region.done_seq().load(Acquire) >= seq - slots;
             room && slot_free
         })?;
