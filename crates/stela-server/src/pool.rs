@@ -701,17 +701,22 @@ impl<W> Pool<W> {
             Outcome::Failed(_) => 0,
         };
         let freed_any = synced > 0 || matches!(outcome, Outcome::Failed(_));
-        // The synced prefix: its buffers go back, its waiters are told.
-        if let Some(last) = runs[..synced].last() {
-            let bytes: usize = runs[..synced].iter().map(|r| r.data.len()).sum();
+        // The synced prefix: its buffers go back, its waiters are told. The work's references
+        // to the runs go first, so each buffer's allocation is reused, not replaced.
+        let end = runs[..synced]
+            .last()
+            .map(|last| (last.last_lsn(), last.segment, last.offset + last.data.len() as u64));
+        let bytes: usize = runs[..synced].iter().map(|r| r.data.len()).sum();
+        drop(runs);
+        if let Some((last_lsn, segment, offset)) = end {
             for &slot in &slots[..synced] {
                 let front = log_mut(&mut state, log).queue.pop_front();
                 debug_assert_eq!(front, Some(slot));
                 free_slot(&mut state, slot, self.config.buffer_bytes);
             }
             let entry = log_mut(&mut state, log);
-            entry.durable_lsn = entry.durable_lsn.max(last.last_lsn());
-            entry.synced = (last.segment, last.offset + last.data.len() as u64);
+            entry.durable_lsn = entry.durable_lsn.max(last_lsn);
+            entry.synced = (segment, offset);
             entry.dirty -= bytes;
             let durable = entry.durable_lsn;
             let (done, waiting) = std::mem::take(&mut entry.waiters)
@@ -723,7 +728,6 @@ impl<W> Pool<W> {
             state.bytes_written += bytes as u64;
             state.writes += 1;
         }
-        drop(runs);
         let entry = log_mut(&mut state, log);
         entry.writing = false;
         match outcome {
