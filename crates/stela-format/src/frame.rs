@@ -35,6 +35,8 @@
 
 use crate::lsn::Lsn;
 
+pub use crate::resync::{encode_v1, find_next_valid, lsn_field};
+
 /// Bytes before the payload in a version 2 frame, the layout writers use.
 pub const HEADER_BYTES: usize = 20;
 
@@ -221,22 +223,8 @@ pub fn encode_with_crc(
     out.extend_from_slice(payload);
 }
 
-/// Appends a version 1 frame. The log never writes these; they exist so that tests, fuzzers and
-/// fixtures can build the segments older builds wrote and check that they stay readable.
-///
-/// # Panics
-/// As [`encode`].
-pub fn encode_v1(out: &mut Vec<u8>, lsn: Lsn, payload: &[u8]) {
-    let len = check_encodable(lsn, payload);
-    out.reserve(V1_HEADER_BYTES + payload.len());
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&checksum_v1(crc32c::crc32c(payload), len, lsn).to_le_bytes());
-    out.extend_from_slice(&lsn.get().to_le_bytes());
-    out.extend_from_slice(payload);
-}
-
 /// The payload length as stored, after checking what every encoder requires.
-fn check_encodable(lsn: Lsn, payload: &[u8]) -> u32 {
+pub(crate) fn check_encodable(lsn: Lsn, payload: &[u8]) -> u32 {
     assert!(lsn != Lsn::ZERO, "LSN 0 names no record");
     assert!(lsn <= Lsn::MAX, "LSN {} is reserved", u64::MAX);
     u32::try_from(payload.len())
@@ -309,40 +297,6 @@ pub fn decode_with_limit(layout: Layout, buf: &[u8], max_payload: u32) -> Decode
 /// Decodes the frame of `layout` at the start of `buf` with the format's own length limit.
 pub fn decode(layout: Layout, buf: &[u8]) -> Decoded<'_> {
     decode_with_limit(layout, buf, MAX_PAYLOAD_BYTES)
-}
-
-/// The LSN field of the frame header at `at` (any layout: the LSN is at the same place).
-///
-/// # Panics
-/// If fewer than 16 bytes follow `at`.
-pub fn lsn_field(buf: &[u8], at: usize) -> Lsn {
-    Lsn::new(u64::from_le_bytes(
-        buf[at + 8..at + 16].try_into().expect("8 bytes"),
-    ))
-}
-
-/// Finds the first offset at or after `from` where a whole, valid frame of `layout` with an LSN
-/// of at least `min_lsn` starts. Used after a bad frame, to tell a torn tail (nothing valid
-/// follows) from corruption in the middle of the log (valid records follow). Tries every byte
-/// offset, because after a bad length field the reader no longer knows where frames start.
-pub fn find_next_valid(
-    layout: Layout,
-    buf: &[u8],
-    from: usize,
-    min_lsn: Lsn,
-    max_payload: u32,
-) -> Option<usize> {
-    let last_start = buf.len().checked_sub(layout.header_bytes())?;
-    (from..=last_start).find(|&offset| {
-        // Cheap checks first: most offsets fail on the LSN range or the length.
-        if lsn_field(buf, offset).get() < min_lsn.get().max(1) {
-            return false;
-        }
-        matches!(
-            decode_with_limit(layout, &buf[offset..], max_payload),
-            Decoded::Record(_)
-        )
-    })
 }
 
 #[cfg(test)]

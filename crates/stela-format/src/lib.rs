@@ -37,6 +37,7 @@ pub mod codec;
 pub mod frame;
 pub mod header;
 pub mod lsn;
+pub mod resync;
 pub mod segment_name;
 
 pub use codec::{Codec, CodecError};

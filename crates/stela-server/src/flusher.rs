@@ -21,14 +21,11 @@ use stela_wal::Lsn;
 
 /// Writes `work` and syncs it; says how it ended.
 pub fn write(logs: &Logs, work: &Work) -> Outcome {
-    let Some(entry) = logs.get(work.log) else {
-        let error = stela_wal::Error::Io {
-            op: "write",
-            path: logs.dir().to_path_buf(),
-            source: std::io::Error::other("the log was closed with records still buffered"),
-        };
-        return Outcome::Failed(Arc::new(error));
-    };
+    // A log leaves the table only after the pool removed it, which it does only once nothing of
+    // the log is queued or being written: work always finds its log.
+    let entry = logs
+        .get(work.log)
+        .expect("a log with work in the pool is open");
     let mut writer = lock(&entry.writer);
     let runs = &work.runs;
     let mut at = 0;

@@ -150,8 +150,14 @@ impl Logs {
     }
 
     /// Drops one handle of `log`; when it was the last, writes out what the pool holds of the
-    /// log and closes its files. Blocking: not for the event loop.
-    pub fn release<W>(&self, pool: &Pool<W>, log: LogId) {
+    /// log (`written` blocks until everything up to the LSN it is given is durable) and closes
+    /// its files. Blocking: not for the event loop.
+    pub fn release<W>(
+        &self,
+        pool: &Pool<W>,
+        log: LogId,
+        written: impl FnOnce(u64) -> Result<(), crate::pool::PoolError>,
+    ) {
         let _opening = lock(&self.opening);
         let name = {
             let mut table = lock(&self.table);
@@ -165,7 +171,7 @@ impl Logs {
             entry.name.clone()
         };
         let last = pool.close_log(log);
-        if let Err(error) = pool.wait_durable(log, last) {
+        if let Err(error) = written(last) {
             tracing::warn!(log = %name, %error, "closing a log whose buffers could not be written");
         }
         if !pool.remove_log(log) {

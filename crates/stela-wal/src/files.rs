@@ -7,6 +7,9 @@
 //! flusher that writes them unchanged at their offset. Policy (when to write, when to sync, how
 //! much to buffer, who waits) lives in the caller; this layer only keeps the files right.
 //!
+//! The writer lives in [`crate::writer`] (the durability-critical part); this module opens
+//! and lists.
+//!
 //! Invariants:
 //! - Only the newest segment is ever written, and only at offsets at or above its header and
 //!   below its capacity, with version 2 frames. A version 1 newest segment (written by an older
@@ -27,15 +30,15 @@ use crate::error::{Error, Result};
 use crate::options::{RecoveryMode, WalOptions};
 use crate::reader::RawReader;
 use crate::recovery::{self, Expect, RecoveryReport};
-use crate::segment::{self, SegmentFile};
-use crate::storage::{Storage, StorageFile};
+use crate::segment::SegmentFile;
+use crate::storage::Storage;
+pub use crate::writer::SegmentWriter;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use stela_format::frame::Layout;
-use stela_format::header::HEADER_BYTES;
+
 use stela_format::segment_name::segment_file_name;
-use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
+use stela_format::{Codec, Lsn, TypeTag};
 
 /// A log's segment files after recovery, without the embedded group commit.
 ///
@@ -115,15 +118,14 @@ impl LogFiles {
             skip_damage: options.recovery == RecoveryMode::SkipCorrupt,
             _lock: recovered.lock,
         });
-        let writer = SegmentWriter {
-            storage: Arc::clone(&options.storage),
-            segments: Arc::clone(&segments),
-            file: recovered.tail,
-            path: dir.join(segment_file_name(recovered.tail_header.start_lsn)),
-            header: recovered.tail_header,
-            new_capacity: options.segment_bytes,
-            failure: None,
-        };
+        let writer = SegmentWriter::new(
+            Arc::clone(&options.storage),
+            Arc::clone(&segments),
+            recovered.tail,
+            dir.join(segment_file_name(recovered.tail_header.start_lsn)),
+            recovered.tail_header,
+            options.segment_bytes,
+        );
         Ok(LogFiles {
             writer,
             segments,
@@ -151,188 +153,6 @@ impl LogFiles {
     /// The capacity new segments are created with.
     pub fn segment_bytes(&self) -> u64 {
         self.segment_bytes
-    }
-}
-
-/// The newest segment of a log, open for writing. See the module documentation.
-pub struct SegmentWriter {
-    storage: Arc<dyn Storage>,
-    segments: Arc<SegmentSet>,
-    file: Box<dyn StorageFile>,
-    path: PathBuf,
-    header: SegmentHeader,
-    /// Capacity of the segments this writer creates.
-    new_capacity: u64,
-    /// The first failure; every later call is refused with it.
-    failure: Option<Arc<Error>>,
-}
-
-impl fmt::Debug for SegmentWriter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SegmentWriter")
-            .field("path", &self.path)
-            .field("segment_start", &self.header.start_lsn)
-            .field("capacity", &self.header.capacity)
-            .field("failure", &self.failure)
-            .finish()
-    }
-}
-
-impl SegmentWriter {
-    /// The first LSN of the newest segment.
-    pub fn segment_start(&self) -> Lsn {
-        self.header.start_lsn
-    }
-
-    /// The capacity of the newest segment: frames must end at or before it.
-    pub fn capacity(&self) -> u64 {
-        self.header.capacity
-    }
-
-    /// The newest segment's file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The segments of the log (the same set [`LogFiles::segments`] holds).
-    pub fn segments(&self) -> &Arc<SegmentSet> {
-        &self.segments
-    }
-
-    /// Writes `bufs` back to back at `offset` of the newest segment, as one positioned write.
-    /// Not durable until [`SegmentWriter::sync`].
-    ///
-    /// # Errors
-    /// The I/O error naming the segment ([`Error::DiskFull`] for a full device); then, and
-    /// after any earlier failure, [`Error::Poisoned`] for every later call.
-    ///
-    /// # Panics
-    /// If the bytes would not lie between the segment header and the segment's capacity, or
-    /// the newest segment is a version 1 segment (rotate first): both are caller bugs that
-    /// would break the format.
-    pub fn write_at(&mut self, offset: u64, bufs: &[&[u8]]) -> Result<()> {
-        self.check_failure()?;
-        let len: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
-        assert!(
-            self.header.layout == Layout::CURRENT,
-            "{}: a version {} segment is never written; rotate first",
-            self.path.display(),
-            self.header.layout.version()
-        );
-        assert!(
-            offset >= HEADER_BYTES as u64 && offset + len <= self.header.capacity,
-            "{}: a write of {len} bytes at offset {offset} leaves the segment (capacity {})",
-            self.path.display(),
-            self.header.capacity
-        );
-        if len == 0 {
-            return Ok(());
-        }
-        let result = self
-            .file
-            .write_all_vectored_at(bufs, offset)
-            .map_err(|e| Error::io("write", &self.path, e));
-        self.record(result)
-    }
-
-    /// Makes everything written to the newest segment durable (fdatasync).
-    ///
-    /// # Errors
-    /// As [`SegmentWriter::write_at`]. A failed sync is never retried: the writer is poisoned.
-    pub fn sync(&mut self) -> Result<()> {
-        self.check_failure()?;
-        let result = self
-            .file
-            .sync_data()
-            .map_err(|e| Error::io("fdatasync", &self.path, e));
-        self.record(result)
-    }
-
-    /// Seals the newest segment (fdatasync) and creates the next one, whose first LSN is
-    /// `start`, durably (temporary name, preallocation, header, fdatasync, rename, directory
-    /// fsync), and adds it to the [`SegmentSet`]. The new segment's data starts at offset 256.
-    ///
-    /// If `start` is the newest segment's own first LSN, that segment holds no record (a
-    /// version 1 segment, or one too small for the next frame): the new segment replaces it
-    /// under the same name, atomically.
-    ///
-    /// # Errors
-    /// As [`SegmentWriter::write_at`]; a full device shows up here as [`Error::DiskFull`].
-    ///
-    /// # Panics
-    /// If `start` is below the newest segment's first LSN.
-    pub fn rotate(&mut self, start: Lsn) -> Result<()> {
-        self.check_failure()?;
-        assert!(
-            start >= self.header.start_lsn,
-            "segment starting at {start} after one starting at {}",
-            self.header.start_lsn
-        );
-        // Seal: a failed fdatasync stops the writer for good, like any other.
-        let sealed = self
-            .file
-            .sync_data()
-            .map_err(|e| Error::io("fdatasync", &self.path, e));
-        self.record(sealed)?;
-        // Create: nothing written is at stake any more. If the next segment cannot be made for
-        // lack of space, the writer stays on its sealed segment and a later `rotate` tries
-        // again with a new file; any other failure stops the writer as usual.
-        match self.create_next(start) {
-            Err(error @ Error::DiskFull { .. }) => Err(error),
-            result => self.record(result),
-        }
-    }
-
-    fn create_next(&mut self, start: Lsn) -> Result<()> {
-        let replaces = start == self.header.start_lsn;
-        let header = SegmentHeader {
-            layout: Layout::CURRENT,
-            codec: self.header.codec,
-            segment_seq: self.header.segment_seq + u64::from(!replaces),
-            start_lsn: start,
-            capacity: self.new_capacity,
-            type_tag: self.header.type_tag.clone(),
-        };
-        let dir = self.segments.dir();
-        self.file = segment::create(self.storage.as_ref(), dir, &header)?;
-        self.path = dir.join(segment_file_name(start));
-        self.header = header;
-        if !replaces {
-            self.segments.push(SegmentFile {
-                start,
-                path: self.path.clone(),
-            });
-        }
-        Ok(())
-    }
-
-    fn check_failure(&self) -> Result<()> {
-        match &self.failure {
-            Some(cause) => Err(Error::Poisoned {
-                cause: Arc::clone(cause),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Keeps a copy of the first failure, and hands the caller the error itself.
-    fn record(&mut self, result: Result<()>) -> Result<()> {
-        let Err(error) = result else {
-            return Ok(());
-        };
-        match error.duplicate_io() {
-            Some(copy) => {
-                self.failure = Some(Arc::new(copy));
-                Err(error)
-            }
-            // Only I/O errors come from storage calls, but should another kind appear, the
-            // caller still learns that the writer stopped.
-            None => {
-                let error = Arc::new(error);
-                self.failure = Some(Arc::clone(&error));
-                Err(Error::Poisoned { cause: error })
-            }
-        }
     }
 }
 
@@ -421,7 +241,7 @@ impl SegmentSet {
         Ok(removable)
     }
 
-    fn push(&self, segment: SegmentFile) {
+    pub(crate) fn push(&self, segment: SegmentFile) {
         self.lock().push(segment);
     }
 }

@@ -44,6 +44,7 @@ pub mod segment;
 pub mod storage;
 pub mod tools;
 pub mod wal;
+pub mod writer;
 
 pub use error::{Corruption, Error, Result};
 pub use files::{LogFiles, SegmentSet, SegmentWriter};

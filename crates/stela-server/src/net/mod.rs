@@ -20,6 +20,7 @@ pub(crate) mod conn;
 pub(crate) mod inbox;
 pub mod limits;
 pub(crate) mod ring;
+mod ring_conn;
 
 use crate::config::DaemonConfig;
 use crate::engine::{Engine, NetStats};

@@ -31,6 +31,10 @@
 //! shutdown, closing the log). No I/O happens here: a flusher takes [`Work`], writes it and
 //! reports back with [`Pool::complete`], which hands back the `disk` waiters it satisfied.
 
+mod view;
+
+pub use view::{PoolRead, PoolStats};
+
 use crate::sync::{self, lock, Arc, Condvar, Mutex};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -56,13 +60,6 @@ pub struct PoolConfig {
     pub dirty_cap: usize,
     pub write_threshold: usize,
     pub flush_interval: Duration,
-}
-
-impl PoolConfig {
-    /// The largest payload whose frame fits in one buffer and under the cap.
-    pub fn max_record_bytes(&self) -> usize {
-        self.buffer_bytes.min(self.dirty_cap) - frame::HEADER_BYTES
-    }
 }
 
 /// Where a log's files stand when it joins the pool (from `stela_wal::files::LogFiles`).
@@ -162,20 +159,6 @@ impl Run {
     pub fn last_lsn(&self) -> u64 {
         self.first_lsn + self.records - 1
     }
-
-    /// The records, in LSN order.
-    pub fn records(&self) -> impl Iterator<Item = (u64, &[u8])> {
-        let mut at = 0;
-        std::iter::from_fn(move || {
-            let frame::Decoded::Record(record) =
-                frame::decode(frame::Layout::V2, self.data.get(at..)?)
-            else {
-                return None;
-            };
-            at += record.frame_len();
-            Some((record.lsn.get(), record.payload))
-        })
-    }
 }
 
 #[derive(Debug)]
@@ -187,16 +170,6 @@ enum Slot {
     Sealed(Run),
     /// Handed to a flusher; still readable until written.
     Writing(Arc<Run>),
-}
-
-impl Slot {
-    fn run(&self) -> Option<&Run> {
-        match self {
-            Slot::Free(_) => None,
-            Slot::Filling(run) | Slot::Sealed(run) => Some(run),
-            Slot::Writing(run) => Some(run),
-        }
-    }
 }
 
 /// Where the next frame of a log goes.
@@ -224,8 +197,8 @@ struct LogState<W> {
     urgent_to: u64,
     failure: Option<Failure>,
     /// The disk was full when a segment had to be created: when to try again, and whether a
-    /// drain has already tried (a drain does not wait for space that may never come).
-    disk_full: Option<(Instant, Failure, bool)>,
+    /// A drain does not wait for it: space may never come.
+    disk_full: Option<(Instant, Failure)>,
     closing: bool,
     dirty: usize,
     /// `disk` waiters: (LSN, who to tell).
@@ -254,20 +227,6 @@ pub struct Work {
     slots: Vec<usize>,
 }
 
-impl Work {
-    pub fn first_lsn(&self) -> u64 {
-        self.runs.first().map_or(0, |r| r.first_lsn())
-    }
-
-    pub fn last_lsn(&self) -> u64 {
-        self.runs.last().map_or(0, |r| r.last_lsn())
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.runs.iter().map(|r| r.data.len()).sum()
-    }
-}
-
 /// How writing a piece of work ended.
 #[derive(Debug)]
 pub enum Outcome {
@@ -286,25 +245,6 @@ pub enum Outcome {
 pub struct Released<W> {
     pub waiters: Vec<(W, Result<(), PoolError>)>,
     pub space_freed: bool,
-}
-
-/// The answer to a read of LSNs the pool may hold.
-#[derive(Debug, PartialEq, Eq)]
-pub enum PoolRead {
-    /// `from` is durable: read it from the log files.
-    OnDisk,
-    /// Records from `from` on, in order, copied out of the buffers (empty: nothing yet).
-    Buffered(Vec<(u64, Vec<u8>)>),
-}
-
-/// Counters for `stela status`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PoolStats {
-    pub dirty_bytes: usize,
-    pub free_buffers: usize,
-    pub appends_waited: u64,
-    pub bytes_written: u64,
-    pub writes: u64,
 }
 
 /// The pool; `W` is whoever a `disk` waiter is (a connection's request, a ring's entry).
@@ -374,16 +314,12 @@ impl<W> Pool<W> {
         }
     }
 
-    pub fn config(&self) -> &PoolConfig {
-        &self.config
-    }
-
     /// Adds a log positioned where its files end. Returns its id.
     pub fn add_log(&self, setup: LogSetup) -> LogId {
-        let room_in_segment = setup.segment_bytes - SEGMENT_HEADER_BYTES as u64;
-        let max_payload = (self.config.max_record_bytes() as u64)
-            .min(room_in_segment.saturating_sub(frame::HEADER_BYTES as u64))
-            as usize;
+        // A frame must fit one buffer, the cap, and a fresh segment after its header.
+        let room = (self.config.buffer_bytes.min(self.config.dirty_cap) as u64)
+            .min(setup.segment_bytes - SEGMENT_HEADER_BYTES as u64);
+        let max_payload = room.saturating_sub(frame::HEADER_BYTES as u64) as usize;
         let mut state = lock(&self.state);
         state.logs.push(Some(LogState {
             next_lsn: setup.next_lsn,
@@ -408,13 +344,6 @@ impl<W> Pool<W> {
         state.logs.len() - 1
     }
 
-    /// The largest payload `log` accepts.
-    pub fn max_record_bytes(&self, log: LogId) -> usize {
-        lock(&self.state).logs[log]
-            .as_ref()
-            .map_or(0, |l| l.max_payload)
-    }
-
     /// Frames `records` into the buffers as one run of LSNs and returns the first and last
     /// LSN, or refuses. When this returns `Ok` the records are acknowledged at `buffered`: they
     /// reach the disk unless the daemon dies first. `NoSpace` leaves nothing placed.
@@ -429,7 +358,7 @@ impl<W> Pool<W> {
         if let Some(failure) = &entry.failure {
             return Err(PoolError::Failed(Arc::clone(failure)));
         }
-        if let Some((_, failure, _)) = &entry.disk_full {
+        if let Some((_, failure)) = &entry.disk_full {
             return Err(PoolError::DiskFull(Arc::clone(failure)));
         }
         if entry.closing {
@@ -475,13 +404,11 @@ impl<W> Pool<W> {
             self.place(&mut state, log, record);
         }
         state.dirty += total;
-        let entry = log_mut(&mut state, log);
-        entry.dirty += total;
-        let last = entry.next_lsn - 1;
+        log_mut(&mut state, log).dirty += total;
         if self.eligible_bytes(&state, log, Instant::now()) > 0 {
             self.work.notify_one();
         }
-        Ok((next, last))
+        Ok((next, next + records.len() as u64 - 1))
     }
 
     fn cursor(&self, state: &State<W>, log: LogId) -> Cursor {
@@ -589,15 +516,8 @@ impl<W> Pool<W> {
             return 0;
         }
         let draining = state.admission != Admission::Open || entry.closing;
-        if let Some((retry_at, _, tried_in_drain)) = &entry.disk_full {
-            let due = if draining {
-                !tried_in_drain
-            } else {
-                now >= *retry_at
-            };
-            if !due {
-                return 0;
-            }
+        if entry.disk_full.as_ref().is_some_and(|d| now < d.0) {
+            return 0;
         }
         let mut bytes = 0;
         for &slot in &entry.queue {
@@ -703,9 +623,13 @@ impl<W> Pool<W> {
         let freed_any = synced > 0 || matches!(outcome, Outcome::Failed(_));
         // The synced prefix: its buffers go back, its waiters are told. The work's references
         // to the runs go first, so each buffer's allocation is reused, not replaced.
-        let end = runs[..synced]
-            .last()
-            .map(|last| (last.last_lsn(), last.segment, last.offset + last.data.len() as u64));
+        let end = runs[..synced].last().map(|last| {
+            (
+                last.last_lsn(),
+                last.segment,
+                last.offset + last.data.len() as u64,
+            )
+        });
         let bytes: usize = runs[..synced].iter().map(|r| r.data.len()).sum();
         drop(runs);
         if let Some((last_lsn, segment, offset)) = end {
@@ -735,8 +659,7 @@ impl<W> Pool<W> {
             Outcome::DiskFull { error, .. } => {
                 // The rest goes back to the front of the queue, as it was: same bytes, same
                 // offsets, written once a segment can be created.
-                let draining = entry.closing;
-                entry.disk_full = Some((Instant::now() + DISK_FULL_RETRY, error, draining));
+                entry.disk_full = Some((Instant::now() + DISK_FULL_RETRY, error));
                 for &slot in &slots[synced..] {
                     let Slot::Writing(run) =
                         std::mem::replace(&mut state.slots[slot], Slot::Free(Vec::new()))
@@ -745,11 +668,6 @@ impl<W> Pool<W> {
                     };
                     let run = Arc::try_unwrap(run).expect("the flusher gave its runs back");
                     state.slots[slot] = Slot::Sealed(run);
-                }
-                if state.admission != Admission::Open {
-                    if let Some((_, _, tried)) = &mut log_mut(&mut state, log).disk_full {
-                        *tried = true;
-                    }
                 }
                 // Waiters of this log learn that the disk is full (their records stay).
                 let entry = log_mut(&mut state, log);
@@ -808,11 +726,11 @@ impl<W> Pool<W> {
         if lsn <= entry.durable_lsn {
             return Ok(Some(waiter));
         }
-        if lsn >= entry.next_lsn {
-            let next = entry.next_lsn;
+        let next = entry.next_lsn;
+        if lsn >= next {
             return Err((waiter, PoolError::NotAppended { lsn, next }));
         }
-        if let Some((_, failure, _)) = &entry.disk_full {
+        if let Some((_, failure)) = &entry.disk_full {
             return Err((waiter, PoolError::DiskFull(Arc::clone(failure))));
         }
         entry.waiters.push((lsn, waiter));
@@ -823,42 +741,12 @@ impl<W> Pool<W> {
         Ok(None)
     }
 
-    /// Blocks until every record of `log` up to `lsn` is durable (for callers that may block:
-    /// closing a log, tests).
-    pub fn wait_durable(&self, log: LogId, lsn: u64) -> Result<(), PoolError> {
-        let mut state = lock(&self.state);
-        loop {
-            let entry = log_mut(&mut state, log);
-            if let Some(failure) = &entry.failure {
-                return Err(PoolError::Failed(Arc::clone(failure)));
-            }
-            if lsn <= entry.durable_lsn {
-                return Ok(());
-            }
-            if lsn >= entry.next_lsn {
-                let next = entry.next_lsn;
-                return Err(PoolError::NotAppended { lsn, next });
-            }
-            if let Some((_, failure, true)) = &entry.disk_full {
-                return Err(PoolError::DiskFull(Arc::clone(failure)));
-            }
-            if lsn > entry.urgent_to {
-                entry.urgent_to = lsn;
-                self.work.notify_one();
-            }
-            state = sync::wait(&self.progress, state);
-        }
-    }
-
-    /// Stops taking appends for `log` and makes all of it eligible; then [`Pool::wait_durable`]
-    /// of its last LSN and [`Pool::remove_log`] close it.
+    /// Stops taking appends for `log` and makes all of it eligible; then a wait for its last
+    /// LSN ([`Pool::when_durable`]) and [`Pool::remove_log`] close it.
     pub fn close_log(&self, log: LogId) -> u64 {
         let mut state = lock(&self.state);
         let entry = log_mut(&mut state, log);
         entry.closing = true;
-        if let Some((_, _, tried)) = &mut entry.disk_full {
-            *tried = false;
-        }
         let last = entry.next_lsn - 1;
         self.work.notify_all();
         last
@@ -876,77 +764,6 @@ impl<W> Pool<W> {
         idle
     }
 
-    /// Reads records of `log` from `from` on, if they are still only in the buffers.
-    pub fn read(&self, log: LogId, from: u64, max_records: usize, max_bytes: usize) -> PoolRead {
-        let state = lock(&self.state);
-        let entry = log_ref(&state, log);
-        if from <= entry.durable_lsn {
-            return PoolRead::OnDisk;
-        }
-        let mut out = Vec::new();
-        let mut bytes = 0;
-        'runs: for &slot in &entry.queue {
-            let Some(run) = state.slots[slot].run() else {
-                continue;
-            };
-            if run.last_lsn() < from {
-                continue;
-            }
-            for (lsn, payload) in run.records() {
-                if lsn < from {
-                    continue;
-                }
-                if out.len() >= max_records
-                    || (!out.is_empty() && bytes + payload.len() > max_bytes)
-                {
-                    break 'runs;
-                }
-                bytes += payload.len();
-                out.push((lsn, payload.to_vec()));
-            }
-        }
-        PoolRead::Buffered(out)
-    }
-
-    /// The log's next LSN and durable LSN.
-    pub fn positions(&self, log: LogId) -> (u64, u64) {
-        let state = lock(&self.state);
-        let entry = log_ref(&state, log);
-        (entry.next_lsn, entry.durable_lsn)
-    }
-
-    pub fn log_dirty_bytes(&self, log: LogId) -> usize {
-        lock(&self.state).logs[log].as_ref().map_or(0, |l| l.dirty)
-    }
-
-    /// Why the log cannot take writes, if it cannot: it stopped, or the disk is full.
-    pub fn log_failure(&self, log: LogId) -> Option<PoolError> {
-        let state = lock(&self.state);
-        let entry = state.logs[log].as_ref()?;
-        if let Some(failure) = &entry.failure {
-            return Some(PoolError::Failed(Arc::clone(failure)));
-        }
-        entry
-            .disk_full
-            .as_ref()
-            .map(|d| PoolError::DiskFull(Arc::clone(&d.1)))
-    }
-
-    pub fn stats(&self) -> PoolStats {
-        let state = lock(&self.state);
-        PoolStats {
-            dirty_bytes: state.dirty,
-            free_buffers: state.free.len(),
-            appends_waited: state.appends_waited,
-            bytes_written: state.bytes_written,
-            writes: state.writes,
-        }
-    }
-
-    pub fn admission(&self) -> Admission {
-        lock(&self.state).admission
-    }
-
     /// Stops admitting appends, makes every buffer eligible, and returns the dirty bytes at
     /// that moment: what the drain has to write.
     pub fn begin_drain(&self, admission: Admission) -> usize {
@@ -954,11 +771,6 @@ impl<W> Pool<W> {
         // Shutting down outranks a power failure: once exiting, power-restore cannot reopen.
         if state.admission != Admission::ShuttingDown {
             state.admission = admission;
-        }
-        for entry in state.logs.iter_mut().flatten() {
-            if let Some((_, _, tried)) = &mut entry.disk_full {
-                *tried = false;
-            }
         }
         self.work.notify_all();
         state.dirty
@@ -976,7 +788,7 @@ impl<W> Pool<W> {
     }
 
     /// Waits until nothing dirty is left that can be written: every log written, failed and
-    /// dropped, or stuck on a full disk after one more attempt.
+    /// dropped, or stuck on a full disk.
     pub fn wait_drained(&self) {
         let mut state = lock(&self.state);
         while !self.drained(&state) {
@@ -986,12 +798,11 @@ impl<W> Pool<W> {
     }
 
     fn drained(&self, state: &State<W>) -> bool {
-        state.logs.iter().flatten().all(|l| {
-            !l.writing
-                && (l.dirty == 0
-                    || l.failure.is_some()
-                    || matches!(l.disk_full, Some((_, _, true))))
-        })
+        state
+            .logs
+            .iter()
+            .flatten()
+            .all(|l| !l.writing && (l.dirty == 0 || l.failure.is_some() || l.disk_full.is_some()))
     }
 }
 
@@ -1009,12 +820,10 @@ fn log_mut<W>(state: &mut State<W>, log: LogId) -> &mut LogState<W> {
 
 /// Moves a filling buffer to sealed (it takes no more records).
 fn seal(slot: &mut Slot) {
-    if let Slot::Filling(_) = slot {
-        let Slot::Filling(run) = std::mem::replace(slot, Slot::Free(Vec::new())) else {
-            unreachable!()
-        };
-        *slot = Slot::Sealed(run);
-    }
+    *slot = match std::mem::replace(slot, Slot::Free(Vec::new())) {
+        Slot::Filling(run) => Slot::Sealed(run),
+        other => other,
+    };
 }
 
 /// Returns a slot to the free list, reusing its allocation when nobody else holds it.

@@ -17,10 +17,13 @@
 //! - **Completions are in seq order**, each result slot written before `done_seq` covers it,
 //!   and only for consumed entries.
 
+mod report;
+mod wake;
+
+pub use report::RingFault;
+
 use super::region::{Doorbell, Region};
 use super::sync::fence;
-use super::ShmError;
-use std::fmt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU32 as PrivateU32, AtomicU64 as PrivateU64};
 use std::sync::Arc;
@@ -28,35 +31,6 @@ use stela_proto::ring::{
     check_entry_start, check_published, encode_message, encode_result, parse_entry, Completion,
     Entry, EntryStart, FaultCode, RingError, RingLayout,
 };
-
-/// Why the daemon stopped reading a ring.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RingFault {
-    /// What went into the shared `fault` word.
-    pub code: FaultCode,
-    /// The first seq that will never be completed (the entry that failed, or the next one).
-    pub seq: u64,
-    /// The ring position (`head`) it was found at.
-    pub at: u64,
-    /// The failed check; `None` when the daemon closed the ring itself ([`DaemonRing::fault`]).
-    pub error: Option<RingError>,
-}
-
-impl fmt::Display for RingFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ring stopped ({:?}) at seq {}, position {}",
-            self.code, self.seq, self.at
-        )?;
-        if let Some(error) = &self.error {
-            write!(f, ": {error}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for RingFault {}
 
 /// The daemon's end of one connection's ring.
 pub struct DaemonRing {
@@ -77,18 +51,6 @@ pub struct DaemonRing {
     fault: Option<RingFault>,
 }
 
-impl fmt::Debug for DaemonRing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DaemonRing")
-            .field("layout", &self.layout)
-            .field("head", &self.head)
-            .field("expected_seq", &self.expected_seq)
-            .field("completed", &self.completions.completed.load(Relaxed))
-            .field("fault", &self.fault)
-            .finish()
-    }
-}
-
 impl DaemonRing {
     pub(crate) fn from_parts(region: Region, doorbell: Doorbell) -> DaemonRing {
         DaemonRing {
@@ -105,80 +67,6 @@ impl DaemonRing {
             stopped: PrivateU32::new(0),
             fault: None,
         }
-    }
-
-    /// Creates a ring of `data_bytes` (a power of two, 4 KiB..64 MiB) with `slots` result slots
-    /// (a power of two, at most 64): a sealed memfd, mapped here, and an eventfd doorbell.
-    /// Returns the ring, the memfd and a second descriptor of the eventfd: send both to the
-    /// client (`os::send_with_fds`), which opens its end with `ClientRing::from_fds`, then drop
-    /// them (the daemon keeps its own mapping and doorbell descriptor).
-    ///
-    /// # Errors
-    /// [`ShmError::Layout`] for sizes out of bounds; [`ShmError::Io`] naming the failed call.
-    #[cfg(not(loom))]
-    pub fn create(
-        data_bytes: u64,
-        slots: u32,
-    ) -> Result<(DaemonRing, std::os::fd::OwnedFd, std::os::fd::OwnedFd), ShmError> {
-        use super::os;
-        use std::os::fd::AsFd;
-        let layout = RingLayout::new(data_bytes, slots).map_err(ShmError::Layout)?;
-        let memfd = os::create_sealed_memfd(c"stela-ring", layout.region_bytes())
-            .map_err(ShmError::io("memfd_create"))?;
-        let map = os::Mapping::map(memfd.as_fd(), layout.region_bytes() as usize)
-            .map_err(ShmError::io("mmap"))?;
-        let region = Region::new(map, layout);
-        region.write_line0(&layout.encode_line0());
-        let eventfd = os::eventfd().map_err(ShmError::io("eventfd"))?;
-        let client_eventfd = eventfd.try_clone().map_err(ShmError::io("dup eventfd"))?;
-        let ring = DaemonRing::from_parts(region, Doorbell::new(eventfd));
-        Ok((ring, memfd, client_eventfd))
-    }
-
-    pub fn layout(&self) -> RingLayout {
-        self.layout
-    }
-
-    /// The doorbell's descriptor, to register for reading in the event loop (epoll/mio). It
-    /// becomes readable when the client published while [`DaemonRing::set_asleep`] was set.
-    #[cfg(not(loom))]
-    pub fn doorbell_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.doorbell.fd()
-    }
-
-    /// The model's doorbell, for the loom harness to wait on.
-    #[cfg(loom)]
-    pub fn model_doorbell(&self) -> Doorbell {
-        self.doorbell.clone()
-    }
-
-    /// Resets the doorbell after a wake-up (level-triggered epoll would otherwise report it
-    /// again).
-    ///
-    /// # Errors
-    /// [`ShmError::Io`] from `read`, which only fails if the descriptor is broken.
-    pub fn drain_doorbell(&self) -> Result<(), ShmError> {
-        self.doorbell
-            .drain()
-            .map_err(ShmError::io("read eventfd"))?;
-        Ok(())
-    }
-
-    /// Whether the client has published bytes not yet consumed (false once the ring is
-    /// stopped). A cheap load for a spinning event loop.
-    pub fn has_published(&self) -> bool {
-        self.stopped.load(Relaxed) == 0 && self.region.tail().load(Relaxed) != self.head
-    }
-
-    /// Whether the client says it sleeps on `wake` (for tests and status; the ring itself
-    /// wakes it when needed).
-    pub fn client_waiting(&self) -> bool {
-        self.region.client_waiting().load(Relaxed) != 0
-    }
-
-    /// The seq the next entry must carry (entries consumed + 1).
-    pub fn expected_seq(&self) -> u64 {
-        self.expected_seq
     }
 
     /// The stop report, if the ring is stopped.
@@ -294,21 +182,6 @@ impl DaemonRing {
         self.publish_fault(code);
     }
 
-    /// Announces that the daemon is about to sleep until the doorbell rings. Returns true if
-    /// that is safe: nothing is published that it has not consumed (checked after a SeqCst
-    /// fence, so a client publishing concurrently either is seen here or sees the flag and
-    /// rings). On false, call [`DaemonRing::clear_asleep`] and keep reading.
-    pub fn set_asleep(&self) -> bool {
-        self.region.daemon_asleep().store(1, Relaxed);
-        fence(SeqCst);
-        self.stopped.load(Relaxed) != 0 || self.region.tail().load(Relaxed) == self.head
-    }
-
-    /// Clears the flag of [`DaemonRing::set_asleep`] after waking (clients stop ringing).
-    pub fn clear_asleep(&self) {
-        self.region.daemon_asleep().store(0, Relaxed);
-    }
-
     fn stop(&mut self, error: RingError) -> RingFault {
         let fault = RingFault {
             code: error.fault_code(),
@@ -358,14 +231,6 @@ struct Completions {
 pub struct Completer {
     region: Region,
     completions: Arc<Completions>,
-}
-
-impl fmt::Debug for Completer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Completer")
-            .field("completed", &self.completions.completed.load(Relaxed))
-            .finish_non_exhaustive()
-    }
 }
 
 impl Completer {

@@ -1,0 +1,271 @@
+//! The engine's requests that change no acknowledged record: opening and closing logs, where a
+//! log stands, reading records back, truncation, and `stela status`. Apart from the
+//! acknowledgement path ([`super`]), so that the durability-critical core stays small.
+
+use super::{Engine, Waiter};
+use crate::config::DaemonConfig;
+use crate::error::{Error, Result};
+use crate::logs::LogEntry;
+use crate::pool::PoolError;
+use crate::pool::{Admission, LogId, PoolRead};
+use crate::sync::lock;
+use std::sync::{Arc, Condvar, Mutex};
+use stela_proto::DirtyCap;
+use stela_proto::{LogStatus, Payload, Positions, ResponseBody, StatusReport};
+use stela_wal::Lsn;
+
+/// What the connection layer knows that `stela status` shows.
+#[derive(Debug, Clone, Default)]
+pub struct NetStats {
+    pub connections: u32,
+    pub max_connections: u32,
+    pub file_limit: u64,
+    pub rings: u32,
+    pub refused_connections: u64,
+    pub partial_frame_bytes: u64,
+    pub partial_frame_cap: u64,
+}
+
+/// A log opened for one more handle.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub log: LogId,
+    pub name: String,
+    pub positions: Positions,
+    pub max_record_bytes: usize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("dir", &self.config.dir)
+            .field("cap", &self.cap.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    pub fn config(&self) -> &DaemonConfig {
+        &self.config
+    }
+
+    pub fn dirty_cap(&self) -> &DirtyCap {
+        &self.cap
+    }
+
+    fn entry(&self, log: LogId) -> Result<Arc<LogEntry>> {
+        self.logs.get(log).ok_or(Error::ShuttingDown)
+    }
+
+    /// The name of an open log (empty once it is closed).
+    pub fn log_name(&self, log: LogId) -> String {
+        self.logs
+            .get(log)
+            .map_or_else(String::new, |e| e.name.clone())
+    }
+
+    /// Opens (or with `create`, creates) a log for one more handle. Blocking: recovery reads
+    /// the log's files.
+    pub fn open(&self, name: &str, codec: &str, type_tag: &str, create: bool) -> Result<Opened> {
+        let entry = self.logs.open(&self.pool, name, codec, type_tag, create)?;
+        Ok(Opened {
+            log: entry.id,
+            name: entry.name.clone(),
+            positions: self.positions(entry.id),
+            max_record_bytes: self.pool.max_record_bytes(entry.id),
+        })
+    }
+
+    /// Gives back one handle of `log`; the last one closes the log. Blocking.
+    pub fn release(&self, log: LogId) {
+        self.logs
+            .release(&self.pool, log, |last| self.wait_durable(log, last));
+    }
+
+    /// Blocks until every record of `log` up to `lsn` is durable (closing a log).
+    fn wait_durable(&self, log: LogId, lsn: u64) -> Result<(), PoolError> {
+        let done = Arc::new((Mutex::new(None), Condvar::new()));
+        let signal = Arc::clone(&done);
+        let waiter: Waiter = Box::new(move |outcome| {
+            *lock(&signal.0) = Some(outcome);
+            signal.1.notify_all();
+        });
+        match self.pool.when_durable(log, lsn, waiter) {
+            Ok(Some(_)) => Ok(()),
+            Err((_, error)) => Err(error),
+            Ok(None) => {
+                let mut outcome = lock(&done.0);
+                loop {
+                    if let Some(outcome) = outcome.take() {
+                        return outcome;
+                    }
+                    outcome = done.1.wait(outcome).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+    }
+
+    pub fn positions(&self, log: LogId) -> Positions {
+        let (next, durable) = self.pool.positions(log);
+        let first = self
+            .logs
+            .get(log)
+            .map_or(1, |entry| entry.segments.first_lsn().get());
+        Positions {
+            first_lsn: first,
+            last_lsn: next - 1,
+            written_lsn: durable,
+            durable_lsn: durable,
+        }
+    }
+
+    /// Reads records from `from` on. From the buffers only, unless `may_block`: `Ok(None)` then
+    /// means the read needs the files and must be run where blocking is allowed.
+    pub fn read(
+        &self,
+        log: LogId,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+        may_block: bool,
+    ) -> Result<Option<ResponseBody>> {
+        let from = from.max(1);
+        let (next, _) = self.pool.positions(log);
+        let mut records: Vec<(u64, Payload)> = Vec::new();
+        match self.pool.read(log, from, max_records, max_bytes) {
+            PoolRead::Buffered(found) => {
+                records.extend(found.into_iter().map(|(l, p)| (l, Payload(p))));
+            }
+            PoolRead::OnDisk if !may_block => return Ok(None),
+            PoolRead::OnDisk => {
+                let entry = self.entry(log)?;
+                let (_, durable) = self.pool.positions(log);
+                let files_error = |source| Error::Files {
+                    log: entry.name.clone(),
+                    source,
+                };
+                let mut bytes = 0;
+                let reader = entry.segments.reader(Lsn::new(from), Lsn::new(durable + 1));
+                for item in reader {
+                    let (lsn, payload) = item.map_err(files_error)?;
+                    if records.len() >= max_records
+                        || (!records.is_empty() && bytes + payload.len() > max_bytes)
+                    {
+                        break;
+                    }
+                    bytes += payload.len();
+                    records.push((lsn.get(), Payload(payload)));
+                }
+                // Go on into the buffers, so one read is not cut short at the durable LSN (and
+                // a `from` below the first segment still finds what is buffered).
+                let resume = records.last().map_or(durable + 1, |&(last, _)| last + 1);
+                if records.len() < max_records && bytes < max_bytes {
+                    if let PoolRead::Buffered(more) =
+                        self.pool
+                            .read(log, resume, max_records - records.len(), max_bytes - bytes)
+                    {
+                        records.extend(more.into_iter().map(|(l, p)| (l, Payload(p))));
+                    }
+                }
+            }
+        }
+        let next_lsn = records.last().map_or(from, |(lsn, _)| lsn + 1);
+        Ok(Some(ResponseBody::Records {
+            at_end: next_lsn >= next,
+            next: next_lsn,
+            records,
+        }))
+    }
+
+    /// Releases whole segments below `before`. Blocking.
+    pub fn truncate(&self, log: LogId, before: u64) -> Result<u64> {
+        let entry = self.entry(log)?;
+        let removed = entry
+            .segments
+            .truncate_before(Lsn::new(before))
+            .map_err(|source| Error::Files {
+                log: entry.name.clone(),
+                source,
+            })?;
+        Ok(removed as u64)
+    }
+
+    pub fn status(&self, net: &NetStats) -> StatusReport {
+        let stats = self.pool.stats();
+        let logs = self
+            .logs
+            .all()
+            .iter()
+            .map(|entry| LogStatus {
+                name: entry.name.clone(),
+                codec: entry.codec.name().to_owned(),
+                positions: self.positions(entry.id),
+                dirty_bytes: self.pool.log_dirty_bytes(entry.id) as u64,
+                failure: self
+                    .pool
+                    .log_failure(entry.id)
+                    .map(|f| self.pool_error(entry.id, f).to_string()),
+            })
+            .collect();
+        let budget_ms = self.config.power_window.as_secs_f64() * 1000.0 / 2.0;
+        StatusReport {
+            server: format!("stela {}", env!("CARGO_PKG_VERSION")),
+            pid: std::process::id(),
+            dir: self.config.dir.display().to_string(),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            buffers: self.config.buffers as u32,
+            buffer_bytes: self.config.buffer_bytes as u64,
+            flush_interval_ms: self.config.flush_interval.as_millis() as u64,
+            dirty_cap: self.cap.clone(),
+            dirty_bytes: stats.dirty_bytes as u64,
+            free_buffers: stats.free_buffers as u32,
+            power: match self.pool.admission() {
+                Admission::Open => "normal",
+                Admission::PowerFailing => "failed: writes refused until power-restore",
+                Admission::ShuttingDown => "shutting down",
+            }
+            .to_owned(),
+            last_emergency_flush: lock(&self.last_emergency_flush).clone(),
+            logs,
+            connections: net.connections,
+            max_connections: net.max_connections,
+            file_limit: net.file_limit,
+            rings: net.rings,
+            refused_connections: net.refused_connections,
+            partial_frame_bytes: net.partial_frame_bytes,
+            partial_frame_cap: net.partial_frame_cap,
+            threads: thread_count(),
+            appends_waited: stats.appends_waited,
+            bytes_written: stats.bytes_written,
+            crash_semantics: vec![
+                "client crash: loses nothing acknowledged (buffered or disk)".into(),
+                "daemon SIGTERM/SIGINT: writes and syncs every buffer, then exits: loses nothing acknowledged".into(),
+                format!(
+                    "daemon SIGKILL or crash: loses buffered records not yet written (now {} B); never disk records",
+                    stats.dirty_bytes
+                ),
+                "OS crash: same as daemon crash (the flushers sync every write, so written = synced)".into(),
+                format!(
+                    "power loss with notice (SIGPWR, stela power-fail, UPS hook): flushes at most {} B in about {:.1} ms, within {budget_ms:.0} ms: loses nothing acknowledged",
+                    self.cap.bytes,
+                    self.cap.bytes as f64 / self.cap.measured_write_bytes_per_s.max(1) as f64 * 1000.0
+                ),
+                "power loss without notice: like a daemon crash".into(),
+                "machine or disk loss: loses everything (no standby yet; replicated and all are refused)".into(),
+            ],
+        }
+    }
+}
+
+/// Threads of this process (`/proc/self/status`), for `stela status`; 0 where unknown.
+fn thread_count() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
