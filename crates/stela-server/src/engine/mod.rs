@@ -140,17 +140,13 @@ impl Engine {
             .map_err(|e| self.pool_error(log, e))
     }
 
-    /// Calls `waiter` once every record of `log` up to `lsn` is durable: returns it back at once
-    /// if that is already so, or refuses with the reason.
-    pub fn when_durable(
-        &self,
-        log: LogId,
-        lsn: u64,
-        waiter: Waiter,
-    ) -> Result<Option<Waiter>, (Waiter, Error)> {
-        self.pool
-            .when_durable(log, lsn, waiter)
-            .map_err(|(w, e)| (w, self.pool_error(log, e)))
+    /// Calls `waiter` once every record of `log` up to `lsn` is durable. `Ok(true)`: that is
+    /// already so, and `waiter` is dropped uncalled; `Ok(false)`: it will be called.
+    pub fn when_durable(&self, log: LogId, lsn: u64, waiter: Waiter) -> Result<bool> {
+        match self.pool.when_durable(log, lsn, waiter) {
+            Ok(already) => Ok(already.is_some()),
+            Err((_, error)) => Err(self.pool_error(log, error)),
+        }
     }
 
     /// A `buffered` commit: every LSN appended is already acknowledged at `buffered`.

@@ -13,7 +13,7 @@
 //!   one `BadFrame` answer, then the connection closes (no trustworthy boundary is left). The
 //!   first request must be a `Hello` of our version; anything else is answered, then closed.
 
-use super::inbox::{ConnRef, Effect, Event, Inbox};
+use super::inbox::{Answer, ConnRef, Effect, Event, Inbox};
 use super::ring::RingConn;
 use crate::engine::{Engine, NetStats, Waiter};
 use crate::error::Error;
@@ -416,17 +416,17 @@ impl Conn {
             let result = outcome
                 .map(|()| body)
                 .map_err(|e| Error::from_pool(&log_name, e));
-            inbox.push_quiet(Event::Answer {
+            inbox.push_quiet(Event::Answer(Box::new(Answer {
                 conn: me,
                 id,
                 result,
                 effect: Effect::None,
-            });
+            })));
         })
     }
 
     /// Runs `job` on a worker; its result answers request `id`.
-    fn to_worker(
+    fn hand_to_worker(
         &mut self,
         ctx: &Ctx<'_>,
         id: u64,
@@ -436,12 +436,12 @@ impl Conn {
         self.waiting = Some(Waiting::Answer);
         ctx.workers.submit(Box::new(move || {
             let (result, effect) = job(&engine);
-            inbox.post(Event::Answer {
+            inbox.post(Event::Answer(Box::new(Answer {
                 conn: me,
                 id,
                 result,
                 effect,
-            });
+            })));
         }));
         Progress::Waiting
     }
@@ -458,15 +458,15 @@ impl Conn {
         let name = ctx.engine.log_name(log);
         let waiter = Self::waiter(ctx, id, body.clone(), name);
         match ctx.engine.when_durable(log, lsn, waiter) {
-            Ok(Some(_)) => {
+            Ok(true) => {
                 self.answer(id, body);
                 Progress::Idle
             }
-            Ok(None) => {
+            Ok(false) => {
                 self.waiting = Some(Waiting::Answer);
                 Progress::Waiting
             }
-            Err((_, error)) => {
+            Err(error) => {
                 self.answer(id, error_body(&error));
                 Progress::Idle
             }
@@ -484,7 +484,7 @@ impl Conn {
                 type_tag,
                 create,
             } => {
-                return self.to_worker(ctx, id, move |engine| {
+                return self.hand_to_worker(ctx, id, move |engine| {
                     match engine.open(&log, &codec, &type_tag, create) {
                         Ok(opened) => (
                             Ok(ResponseBody::Opened {
@@ -548,7 +548,7 @@ impl Conn {
                     Ok(log) => match ctx.engine.read(log, from, max_records, max_bytes, false) {
                         Ok(Some(body)) => Ok(body),
                         Ok(None) => {
-                            return self.to_worker(ctx, id, move |engine| {
+                            return self.hand_to_worker(ctx, id, move |engine| {
                                 let result = engine
                                     .read(log, from, max_records, max_bytes, true)
                                     .map(|body| body.expect("a blocking read always answers"));
@@ -562,7 +562,7 @@ impl Conn {
             }
             RequestBody::Truncate { handle, before } => match self.log(handle) {
                 Ok(log) => {
-                    return self.to_worker(ctx, id, move |engine| {
+                    return self.hand_to_worker(ctx, id, move |engine| {
                         let result = engine
                             .truncate(log, before)
                             .map(|segments| ResponseBody::Truncated { segments });
@@ -577,7 +577,7 @@ impl Conn {
             RequestBody::Close { handle } => match self.log(handle) {
                 Ok(log) => {
                     self.handles[handle as usize] = None;
-                    return self.to_worker(ctx, id, move |engine| {
+                    return self.hand_to_worker(ctx, id, move |engine| {
                         engine.release(log);
                         (Ok(ResponseBody::Closed), Effect::None)
                     });
@@ -587,7 +587,7 @@ impl Conn {
             RequestBody::MapRing { data_bytes } => self.map_ring(ctx, data_bytes),
             RequestBody::Status => Ok(ResponseBody::Status(Box::new(ctx.engine.status(ctx.net)))),
             RequestBody::PowerFail => {
-                return self.to_worker(ctx, id, |engine| {
+                return self.hand_to_worker(ctx, id, |engine| {
                     (
                         Ok(ResponseBody::PowerFailed(engine.power_fail())),
                         Effect::None,

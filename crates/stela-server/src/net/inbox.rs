@@ -30,14 +30,18 @@ pub(crate) enum Effect {
     Opened(Opened),
 }
 
+/// The answer to request `id` of `conn`, which waited.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub conn: ConnRef,
+    pub id: u64,
+    pub result: Result<ResponseBody, Error>,
+    pub effect: Effect,
+}
+
 #[derive(Debug)]
 pub(crate) enum Event {
-    Answer {
-        conn: ConnRef,
-        id: u64,
-        result: Result<ResponseBody, Error>,
-        effect: Effect,
-    },
+    Answer(Box<Answer>),
     SpaceFreed,
 }
 

@@ -27,7 +27,7 @@ use crate::engine::{Engine, NetStats};
 use crate::error::StartError;
 use crate::workers::Workers;
 use conn::{Conn, Ctx, Phase, Progress, Stream, Waiting};
-use inbox::{ConnRef, Effect, Event, Inbox};
+use inbox::{Answer, ConnRef, Effect, Event, Inbox};
 use mio::{Events, Interest, Poll, Token};
 use std::collections::VecDeque;
 use std::io;
@@ -677,12 +677,13 @@ impl EventLoop {
                         }
                     }
                 }
-                Event::Answer {
-                    conn,
-                    id,
-                    result,
-                    effect,
-                } => {
+                Event::Answer(answer) => {
+                    let Answer {
+                        conn,
+                        id,
+                        result,
+                        effect,
+                    } = *answer;
                     if !self.is_current(conn) {
                         // The connection is gone: give back what the job took for it.
                         if let Effect::Opened(opened) = effect {

@@ -79,12 +79,12 @@ impl RingConn {
                         complete(&completer, seq, result.as_ref().map(|r| *r));
                     });
                     match engine.when_durable(log, last, waiter) {
-                        Ok(Some(_)) => self.complete(seq, Ok((first, last))),
-                        Ok(None) => {
+                        Ok(true) => self.complete(seq, Ok((first, last))),
+                        Ok(false) => {
                             self.pending = Some(seq);
                             break;
                         }
-                        Err((_, error)) => self.complete(seq, Err(&error)),
+                        Err(error) => self.complete(seq, Err(&error)),
                     }
                 }
             }
