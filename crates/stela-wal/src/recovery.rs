@@ -101,7 +101,7 @@ pub(crate) fn recover(
     let mut segments = listing.segments;
     if segments.is_empty() {
         let header = new_header(options, expect, 0, Lsn::FIRST);
-        let tail = segment::create(storage, dir, &header)?;
+        let tail = crate::writer::create(storage, dir, &header)?;
         report.segments = 1;
         return Ok(Recovered {
             segments: vec![SegmentFile {

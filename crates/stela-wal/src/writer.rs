@@ -3,6 +3,12 @@
 //! through it, and so do the log daemon's flushers.
 //!
 //! Invariants (see also [`crate::files`]):
+//! - A file named `<lsn>.wal` always has a complete, synced header: a segment is prepared under
+//!   a temporary name (allocated to full size, header written, fdatasync'ed) and only then
+//!   renamed into place, and the directory is fsync'ed before any record is written into it.
+//! - Segments are preallocated to their full capacity, so writing records never grows the file
+//!   (fdatasync then flushes data only, and a full disk shows up when a segment is created, not
+//!   in the middle of a commit), and unwritten space reads as zeros.
 //! - Only the newest segment is written, only between its header and its capacity.
 //! - A segment is fdatasync'ed before its successor is created, so only the newest segment can
 //!   end in a torn write.
@@ -13,14 +19,14 @@
 
 use crate::error::{Error, Result};
 use crate::files::SegmentSet;
-use crate::segment::{self, SegmentFile};
-use crate::storage::{Storage, StorageFile};
+use crate::segment::SegmentFile;
+use crate::storage::{OpenMode, Storage, StorageFile};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use stela_format::frame::Layout;
 use stela_format::header::HEADER_BYTES;
-use stela_format::segment_name::segment_file_name;
+use stela_format::segment_name::{segment_file_name, temp_file_name};
 use stela_format::{Lsn, SegmentHeader};
 
 /// The newest segment of a log, open for writing. See the module documentation.
@@ -183,7 +189,7 @@ impl SegmentWriter {
             type_tag: self.header.type_tag.clone(),
         };
         let dir = self.segments.dir();
-        self.file = segment::create(self.storage.as_ref(), dir, &header)?;
+        self.file = create(self.storage.as_ref(), dir, &header)?;
         self.path = dir.join(segment_file_name(start));
         self.header = header;
         if !replaces {
@@ -223,4 +229,39 @@ impl SegmentWriter {
             }
         }
     }
+}
+
+/// Creates the segment described by `header` in `dir`, durably, and returns it open for writing.
+pub(crate) fn create(
+    storage: &dyn Storage,
+    dir: &Path,
+    header: &SegmentHeader,
+) -> Result<Box<dyn StorageFile>> {
+    let temp = dir.join(temp_file_name(header.start_lsn));
+    let path = dir.join(segment_file_name(header.start_lsn));
+    // A leftover from a crash during an earlier attempt is incomplete by definition.
+    let _ = storage.remove(&temp);
+    let file = storage
+        .open(&temp, OpenMode::CreateNew)
+        .map_err(|e| Error::io("create", &temp, e))?;
+    let result = (|| {
+        file.allocate(header.capacity)
+            .map_err(|e| Error::io("preallocate", &temp, e))?;
+        file.write_all_at(&header.encode(), 0)
+            .map_err(|e| Error::io("write header of", &temp, e))?;
+        file.sync_data()
+            .map_err(|e| Error::io("fdatasync", &temp, e))?;
+        storage
+            .rename(&temp, &path)
+            .map_err(|e| Error::io("rename", &temp, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("fsync directory", dir, e))
+    })();
+    if let Err(error) = result {
+        // Leave no half-made segment behind (best effort: the error we report is the first one).
+        let _ = storage.remove(&temp);
+        return Err(error);
+    }
+    Ok(file)
 }

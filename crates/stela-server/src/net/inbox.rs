@@ -39,9 +39,10 @@ pub(crate) struct Answer {
     pub effect: Effect,
 }
 
-#[derive(Debug)]
 pub(crate) enum Event {
     Answer(Box<Answer>),
+    /// A ring's `disk` entry is settled: publish its completion (and wake its client).
+    RingDone(Box<(stela_net::shm::Completer, u64, Result<(u64, u64), Error>)>),
     SpaceFreed,
 }
 

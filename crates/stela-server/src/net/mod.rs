@@ -665,6 +665,10 @@ impl EventLoop {
         let any = !events.is_empty();
         for event in events {
             match event {
+                Event::RingDone(done) => {
+                    let (completer, seq, result) = *done;
+                    ring::complete(&completer, seq, result.as_ref().map(|r| *r));
+                }
                 Event::SpaceFreed => {
                     for slot in std::mem::take(&mut self.parked) {
                         self.ready.push_back(slot);
@@ -730,7 +734,7 @@ impl EventLoop {
                 continue;
             };
             let Some(ring) = &mut conn.ring else { continue };
-            match ring.step(&self.engine, &conn.handles) {
+            match ring.step(&self.engine, &self.inbox, &conn.handles) {
                 Ok(did) => any |= did,
                 Err(fault) => {
                     tracing::warn!(peer = %conn.peer, %fault, "bad entry in a shared-memory ring; closing the connection");

@@ -15,9 +15,11 @@
 //!   space is freed: the client simply waits longer (backpressure), nothing is dropped.
 
 use super::conn::check_level;
+use super::inbox::{Event, Inbox};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::pool::{LogId, Record};
+use std::sync::Arc;
 use stela_net::shm::{Completer, Completion, DaemonRing, RingFault};
 use stela_proto::ring::{Entry, EntryKind};
 use stela_proto::Durability;
@@ -39,7 +41,12 @@ impl RingConn {
 
     /// Handles the published entries; `Ok(true)` if it did anything. `Err`: the ring is bad and
     /// the connection must close.
-    pub fn step(&mut self, engine: &Engine, handles: &[Option<LogId>]) -> Result<bool, RingFault> {
+    pub fn step(
+        &mut self,
+        engine: &Engine,
+        inbox: &Arc<Inbox>,
+        handles: &[Option<LogId>],
+    ) -> Result<bool, RingFault> {
         if let Some(seq) = self.pending {
             if self.completer.completed() < seq {
                 return Ok(false);
@@ -71,12 +78,16 @@ impl RingConn {
                         self.complete(seq, Ok((first, last)));
                         continue;
                     }
+                    // The flusher that makes it durable hands the completion to the event loop,
+                    // which publishes it and wakes the client, so the flusher goes straight on to
+                    // its next round instead of making one wake-up call per waiter.
                     let (completer, name) = (self.completer.clone(), engine.log_name(log));
+                    let inbox = Arc::clone(inbox);
                     let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
                         let result = outcome
                             .map(|()| (first, last))
                             .map_err(|e| Error::from_pool(&name, e));
-                        complete(&completer, seq, result.as_ref().map(|r| *r));
+                        inbox.push_quiet(Event::RingDone(Box::new((completer, seq, result))));
                     });
                     match engine.when_durable(log, last, waiter) {
                         Ok(true) => self.complete(seq, Ok((first, last))),
@@ -134,7 +145,7 @@ fn place_entry(engine: &Engine, handles: &[Option<LogId>], entry: &Entry<'_>) ->
 }
 
 /// Publishes the completion of entry `seq` (with the error's message, for a refusal).
-fn complete(completer: &Completer, seq: u64, result: Result<(u64, u64), &Error>) {
+pub(super) fn complete(completer: &Completer, seq: u64, result: Result<(u64, u64), &Error>) {
     match result {
         Ok((first_lsn, last_lsn)) => completer.complete(seq, Completion::ok(first_lsn, last_lsn)),
         Err(error) => {
