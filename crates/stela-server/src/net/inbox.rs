@@ -39,10 +39,13 @@ pub(crate) struct Answer {
     pub effect: Effect,
 }
 
+/// A ring's `disk` entry settled: the ring, the entry's seq, and its LSNs or why it failed.
+pub(crate) type RingDone = (stela_net::shm::Completer, u64, Result<(u64, u64), Error>);
+
 pub(crate) enum Event {
     Answer(Box<Answer>),
     /// A ring's `disk` entry is settled: publish its completion (and wake its client).
-    RingDone(Box<(stela_net::shm::Completer, u64, Result<(u64, u64), Error>)>),
+    RingDone(Box<RingDone>),
     SpaceFreed,
 }
 
