@@ -47,6 +47,9 @@ const CONN_BASE: usize = 16;
 const READ_BUDGET: usize = 256 << 10;
 /// While polling, sockets are asked for events at least this often (rings every turn).
 const SOCKET_POLL_EVERY: Duration = Duration::from_micros(20);
+/// How long the loop keeps polling while a ring waits for the disk (past it, it sleeps and the
+/// completion wakes it).
+const DISK_SPIN: Duration = Duration::from_millis(5);
 /// How often deadlines are checked.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
@@ -115,6 +118,8 @@ pub(crate) struct EventLoop {
     parked: Vec<usize>,
     /// Connections with a ring.
     rings: Vec<usize>,
+    /// Rings with an entry waiting for the disk (as of the last scan).
+    disk_waits: usize,
     held: usize,
     held_cap: usize,
     handshake_timeout: Duration,
@@ -213,6 +218,7 @@ pub(crate) fn create(
             throttled: VecDeque::new(),
             parked: Vec::new(),
             rings: Vec::new(),
+            disk_waits: 0,
             held: 0,
             held_cap: config.partial_frame_bytes.max(max_frame),
             handshake_timeout: config.handshake_timeout,
@@ -237,7 +243,11 @@ impl EventLoop {
         let mut last_sweep = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
-            let spinning = !self.spin.is_zero() && now.duration_since(last_activity) < self.spin;
+            // A ring waiting for the disk will need its completion published as soon as the
+            // flusher settles it: keep polling through the sync rather than sleep and be woken.
+            let quiet = now.duration_since(last_activity);
+            let spinning = !self.spin.is_zero()
+                && (quiet < self.spin || (self.disk_waits > 0 && quiet < DISK_SPIN));
             let mut sleeping = false;
             let timeout = if spinning {
                 if now.duration_since(last_socket_poll) < SOCKET_POLL_EVERY
@@ -728,13 +738,16 @@ impl EventLoop {
     fn scan_rings(&mut self) -> bool {
         let mut any = false;
         let mut faulted = Vec::new();
+        self.disk_waits = 0;
         for index in 0..self.rings.len() {
             let slot = self.rings[index];
             let Some(Some(conn)) = self.conns.get_mut(slot) else {
                 continue;
             };
             let Some(ring) = &mut conn.ring else { continue };
-            match ring.step(&self.engine, &self.inbox, &conn.handles) {
+            let stepped = ring.step(&self.engine, &self.inbox, &conn.handles);
+            self.disk_waits += usize::from(ring.awaits_disk());
+            match stepped {
                 Ok(did) => any |= did,
                 Err(fault) => {
                     tracing::warn!(peer = %conn.peer, %fault, "bad entry in a shared-memory ring; closing the connection");

@@ -63,4 +63,9 @@ impl RingConn {
     pub fn idle(&self) -> bool {
         self.pending.is_none() && !self.parked
     }
+
+    /// An entry waits for the disk.
+    pub fn awaits_disk(&self) -> bool {
+        self.pending.is_some()
+    }
 }
