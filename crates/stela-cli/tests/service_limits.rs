@@ -310,7 +310,7 @@ fn announced_frame_bodies_cost_only_the_bytes_received() {
         rss_with as f64 / 1e6
     );
     assert!(
-        rss_with < rss_before + 16 << 20,
+        rss_with < rss_before + (16 << 20),
         "announced bodies cost the daemon {} MB",
         (rss_with - rss_before) >> 20
     );
