@@ -11,9 +11,8 @@
 //!   else dirty). SIGPWR: the emergency flush reports no failure and exactly those bytes;
 //!   afterwards nothing is dirty and everything appended is durable; `buffered` and `disk`
 //!   appends through rings (of connections opened before and after the notice) are refused
-//!   with `PowerFailing`; `stela status`, human and JSON, shows
-//!   the flush and the refusal of writes. After a SIGKILL both logs hold exactly the acknowledged
-//!   records at their LSNs.
+//!   with `PowerFailing`; `stela status`, human and JSON, shows the flush and the refusal of
+//!   writes. After a SIGKILL both logs hold exactly the acknowledged records at their LSNs.
 //! - `sigpwr_amid_ring_appends_acknowledges_only_what_it_flushes`: SIGPWR at a random moment
 //!   while three ring clients append (batches at `buffered`, singles at `buffered`, batches at
 //!   `disk`): when the flush is reported nothing is dirty and everything appended is durable;
