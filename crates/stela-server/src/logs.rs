@@ -180,9 +180,26 @@ impl Logs {
             tracing::error!(log = %name, "log still busy after its last handle closed; kept open");
             return;
         }
-        let mut table = lock(&self.table);
-        table.by_name.remove(&name);
-        table.by_id.remove(&log);
+        let entry = {
+            let mut table = lock(&self.table);
+            table.by_name.remove(&name);
+            table.by_id.remove(&log).map(|(entry, _)| entry)
+        };
+        // Someone may still hold the entry for a moment (a status report being built); its
+        // files, and the directory lock, go with the last holder, and the close is not over
+        // before that: whoever opens the log next must find it free.
+        let mut entry = entry;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while let Some(held) = entry.take() {
+            match Arc::try_unwrap(held) {
+                Ok(closed) => drop(closed),
+                Err(held) if std::time::Instant::now() < deadline => {
+                    entry = Some(held);
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(_) => tracing::warn!(log = %name, "closed, but still held after 10 s"),
+            }
+        }
         tracing::info!(log = %name, "closed (no handle left)");
     }
 

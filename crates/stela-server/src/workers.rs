@@ -34,7 +34,7 @@ impl Workers {
                             receiver.recv()
                         };
                         match job {
-                            Ok(job) => job(),
+                            Ok(job) => crate::engine::abort_on_panic("a worker", job),
                             Err(_) => return, // the loop is gone
                         }
                     })?,

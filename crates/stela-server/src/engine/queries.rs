@@ -196,15 +196,24 @@ impl Engine {
             .logs
             .all()
             .iter()
-            .map(|entry| LogStatus {
-                name: entry.name.clone(),
-                codec: entry.codec.name().to_owned(),
-                positions: self.positions(entry.id),
-                dirty_bytes: self.pool.log_dirty_bytes(entry.id) as u64,
-                failure: self
-                    .pool
-                    .log_failure(entry.id)
-                    .map(|f| self.pool_error(entry.id, f).to_string()),
+            .filter_map(|entry| {
+                // A log whose last handle is being closed may have left the pool already.
+                let (next, durable) = self.pool.positions_if_present(entry.id)?;
+                Some(LogStatus {
+                    name: entry.name.clone(),
+                    codec: entry.codec.name().to_owned(),
+                    positions: Positions {
+                        first_lsn: entry.segments.first_lsn().get(),
+                        last_lsn: next - 1,
+                        written_lsn: durable,
+                        durable_lsn: durable,
+                    },
+                    dirty_bytes: self.pool.log_dirty_bytes(entry.id) as u64,
+                    failure: self
+                        .pool
+                        .log_failure(entry.id)
+                        .map(|f| self.pool_error(entry.id, f).to_string()),
+                })
             })
             .collect();
         let budget_ms = self.config.power_window.as_secs_f64() * 1000.0 / 2.0;

@@ -118,6 +118,9 @@ pub(crate) struct EventLoop {
     parked: Vec<usize>,
     /// Connections with a ring.
     rings: Vec<usize>,
+    /// Handles of connections closed while a request of theirs was still out (a worker job, a
+    /// `disk` wait): given back when its answer arrives, so no log is closed under it.
+    orphans: Vec<(ConnRef, Vec<crate::pool::LogId>)>,
     /// Rings with an entry waiting for the disk (as of the last scan).
     disk_waits: usize,
     held: usize,
@@ -218,6 +221,7 @@ pub(crate) fn create(
             throttled: VecDeque::new(),
             parked: Vec::new(),
             rings: Vec::new(),
+            orphans: Vec::new(),
             disk_waits: 0,
             held: 0,
             held_cap: config.partial_frame_bytes.max(max_frame),
@@ -699,12 +703,16 @@ impl EventLoop {
                         effect,
                     } = *answer;
                     if !self.is_current(conn) {
-                        // The connection is gone: give back what the job took for it.
+                        // The connection is gone: give back what the request took for it, and
+                        // the handles it held while the request was out.
+                        let mut handles = Vec::new();
                         if let Effect::Opened(opened) = effect {
-                            let engine = Arc::clone(&self.engine);
-                            self.workers
-                                .submit(Box::new(move || engine.release(opened.log)));
+                            handles.push(opened.log);
                         }
+                        if let Some(at) = self.orphans.iter().position(|(c, _)| *c == conn) {
+                            handles.extend(self.orphans.swap_remove(at).1);
+                        }
+                        self.release(handles);
                         continue;
                     }
                     let c = self.conns[conn.slot].as_mut().expect("current");
@@ -834,12 +842,26 @@ impl EventLoop {
             None => {}
         }
         self.counters.connections.fetch_sub(1, Ordering::Relaxed);
-        for log in conn.handles.drain(..).flatten() {
-            let engine = Arc::clone(&self.engine);
-            self.workers.submit(Box::new(move || engine.release(log)));
+        let handles: Vec<_> = conn.handles.drain(..).flatten().collect();
+        if matches!(conn.waiting, Some(Waiting::Answer)) {
+            let me = ConnRef {
+                slot,
+                serial: conn.serial,
+            };
+            self.orphans.push((me, handles));
+        } else {
+            self.release(handles);
         }
         tracing::debug!(peer = %conn.peer, "connection closed");
         self.free_slots.push(slot);
+    }
+
+    /// Gives back log handles (on a worker: closing a log writes it out).
+    fn release(&self, handles: Vec<crate::pool::LogId>) {
+        for log in handles {
+            let engine = Arc::clone(&self.engine);
+            self.workers.submit(Box::new(move || engine.release(log)));
+        }
     }
 
     fn close_all(&mut self) {

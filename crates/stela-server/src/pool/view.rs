@@ -111,6 +111,14 @@ impl<W> Pool<W> {
         (entry.next_lsn, entry.durable_lsn)
     }
 
+    /// As [`Pool::positions`], or `None` once the log left the pool: for a look at every open
+    /// log (status), which may meet one whose last handle is being closed.
+    pub fn positions_if_present(&self, log: LogId) -> Option<(u64, u64)> {
+        let state = lock(&self.state);
+        let entry = state.logs[log].as_ref()?;
+        Some((entry.next_lsn, entry.durable_lsn))
+    }
+
     pub fn log_dirty_bytes(&self, log: LogId) -> usize {
         lock(&self.state).logs[log].as_ref().map_or(0, |l| l.dirty)
     }
