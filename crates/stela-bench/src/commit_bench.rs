@@ -579,7 +579,7 @@ fn daemon_line(row: &CommitRow, daemon: &DaemonSource) -> String {
         |kib| format!("RSS {:.1} MiB", kib as f64 / 1024.0),
     );
     let whose = match daemon {
-        DaemonSource::Running(_) => "the daemon's own",
+        DaemonSource::Running(_) => "the daemon's own; the connections include this sample's",
         _ => "in this process: RSS is the whole process's, threads the daemon's",
     };
     format!(
