@@ -674,7 +674,7 @@ pub fn check_descriptors(idle: usize, clients: usize, in_process: bool) -> anyho
     .saturating_add(open + SPARE_FDS);
     anyhow::ensure!(
         needed <= limit,
-        "{idle} idle connections and {clients} clients need about {needed} file descriptors in \
+        "{idle} idle connections and {clients} client(s) need about {needed} file descriptors in \
          this process{} ({open} open already), above its file limit of {limit}: raise the hard \
          limit (ulimit -Hn, LimitNOFILE=) or ask for fewer",
         if in_process {
