@@ -1,12 +1,21 @@
 //! `stela-bench commit`: commits/s and commit latency of the embedded log against the log
-//! daemon, by number of concurrent clients and record size. It owns the arguments, the order of
-//! the runs, the result rows (table, JSON lines), and the ratios the daemon is judged by:
-//! `service-buffered` should cost at most 10 % against `service-unsafe`, be at least 10x
-//! `embedded-sync` at one client, and answer a one-client commit in under 30 us (p50).
+//! daemon, by number of concurrent clients, record size, transport (shared-memory ring or
+//! socket) and idle connections held open. It owns the arguments, the order of the runs, the
+//! result rows (table, JSON lines), and the ratios the daemon is judged by (over the ring, with
+//! no idle connections): `service-buffered` reaches at least half of `embedded-unsafe` at 1, 16
+//! and 64 clients and answers a one-client commit in at most 2 us (p50); `service-disk` reaches
+//! at least 0.9 of `embedded-group` at 16 and 64 clients; with N idle connections held,
+//! `service-buffered` keeps at least 90 % of its commits/s with none. The socket transport's
+//! figures are printed beside, without a target.
 //!
-//! Every (mode, clients, record size) is one run on a fresh log: a temporary directory, or
-//! `--dir DIR/<mode>-c<clients>-<bytes>B`. All clients of a run write to one log. How a run is
-//! timed is in [`stela::drive`], the driver the product's demo runs on too.
+//! Every (mode, transport, idle connections, clients, record size) is one run on a fresh log.
+//! Embedded runs: a temporary directory, or `--dir DIR/<mode>-c<clients>-<N>B-r<repeat>`.
+//! Service runs: by default a daemon started in this process for the run, in a temporary
+//! directory or `--dir DIR/<mode>-<transport>-i<idle>-c<clients>-<N>B-r<repeat>`; with
+//! `--socket PATH`, the daemon already running there, with its own settings, in a log of its
+//! own named `bench-<mode>-<transport>-i<idle>-c<clients>-<N>B-r<repeat>-<pid>-<start time>`
+//! (left in the daemon afterwards). All clients of a run write to one log. How a run is timed is
+//! in [`stela::drive`], the driver the product's demo runs on too.
 
 use crate::commit_chart::save_commit_charts;
 use crate::harness::RunDir;
@@ -17,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
-use stela::drive::{self, DaemonEnv, Mode, RecordSource, Timing, WARMUP};
+use stela::drive::{self, Daemon, DaemonEnv, Mode, RecordSource, ServiceRun, Timing, WARMUP};
+use stela_client::Transport;
 use stela_format::Codec;
 
 /// Record sizes run when `--record-bytes` is not given.
@@ -27,6 +37,36 @@ pub const DEFAULT_RECORD_BYTES: [usize; 2] = [100, 4096];
 const RECORD_BYTES_RANGE: std::ops::RangeInclusive<usize> = 32..=256 << 10;
 /// Distinct records each run cycles through (generated once, untimed).
 const RECORDS_PER_SIZE: usize = 256;
+/// Most idle connections one run may hold.
+const MAX_IDLE_CONNECTIONS: usize = 1_000_000;
+
+/// How the service modes' clients reach the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportChoice {
+    /// The shared-memory ring (a run that cannot get one fails rather than use the socket).
+    Shm,
+    /// The Unix socket.
+    Socket,
+}
+
+impl TransportChoice {
+    pub fn name(self) -> &'static str {
+        self.transport().name()
+    }
+
+    pub fn transport(self) -> Transport {
+        match self {
+            TransportChoice::Shm => Transport::SharedMemory,
+            TransportChoice::Socket => Transport::Socket,
+        }
+    }
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Arguments of `stela-bench commit`.
 #[derive(clap::Args, Debug, Clone)]
@@ -51,13 +91,30 @@ pub struct CommitBenchArgs {
     /// when there are several).
     #[arg(long, value_name = "PATH")]
     pub chart: Option<PathBuf>,
-    /// Keep each run's log in DIR/<mode>-c<clients>-<N>B-r<repeat> instead of a temporary
+    /// Keep each run's log in DIR/<mode>-c<clients>-<N>B-r<repeat> (service modes:
+    /// DIR/<mode>-<transport>-i<idle>-c<clients>-<N>B-r<repeat>) instead of a temporary
     /// directory.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// Run every (mode, clients, size) this many times, the modes taking turns, and report
-    /// the run with the median commits/s: run-to-run swings on a VM are larger than some of the
-    /// differences between modes, and taking turns exposes every mode to the same drift.
+    /// Run the service modes against the daemon already running at this Unix socket instead of
+    /// one started in this process per run. Its own settings then apply; each run writes a log
+    /// of its own there (bench-<mode>-<transport>-i<idle>-c<clients>-<N>B-r<repeat>-<pid>-<time>),
+    /// left in place, and touches no other.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// How the service modes' clients commit, comma list: shm (the shared-memory ring; a run
+    /// that cannot get one fails) or socket. Several take turns like the modes.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TransportChoice::Shm])]
+    pub transport: Vec<TransportChoice>,
+    /// Connections held open, through their Hello and silent, during each service run; comma
+    /// list (e.g. 0,5000), the counts taking turns like the modes. Raises this process's file
+    /// limit to its hard limit; fails at once if they do not fit.
+    #[arg(long, value_name = "N", value_delimiter = ',', default_value = "0")]
+    pub idle_connections: Vec<usize>,
+    /// Run every (mode, transport, idle connections, clients, size) this many times, taking
+    /// turns, and report the run with the median commits/s: run-to-run swings on a VM are larger
+    /// than some of the differences between modes, and taking turns exposes every one to the
+    /// same drift.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
     /// Do not show a progress bar.
@@ -73,6 +130,10 @@ pub struct CommitBenchConfig {
     pub record_bytes: Vec<usize>,
     pub timing: Timing,
     pub dir: Option<PathBuf>,
+    /// A running daemon for the service modes (none: one in this process per run).
+    pub socket: Option<PathBuf>,
+    pub transports: Vec<TransportChoice>,
+    pub idle_connections: Vec<usize>,
     pub json: bool,
     pub progress: bool,
     pub repeats: usize,
@@ -92,6 +153,18 @@ impl CommitBenchArgs {
         anyhow::ensure!(
             !self.modes.is_empty(),
             "--modes must name at least one mode"
+        );
+        anyhow::ensure!(
+            !self.transport.is_empty(),
+            "--transport must name shm, socket or both"
+        );
+        anyhow::ensure!(
+            !self.idle_connections.is_empty()
+                && self
+                    .idle_connections
+                    .iter()
+                    .all(|&n| n <= MAX_IDLE_CONNECTIONS),
+            "--idle-connections must be a list of numbers from 0 to {MAX_IDLE_CONNECTIONS}"
         );
         let record_bytes = match self.record_bytes {
             Some(bytes) => {
@@ -114,6 +187,9 @@ impl CommitBenchArgs {
                 window: Duration::from_secs_f64(self.duration),
             },
             dir: self.dir.clone(),
+            socket: self.socket.clone(),
+            transports: dedup(&self.transport),
+            idle_connections: dedup(&self.idle_connections),
             json: self.json,
             repeats: self.repeats.max(1),
             progress: !self.no_progress,
@@ -135,6 +211,11 @@ fn dedup<T: PartialEq + Copy>(items: &[T]) -> Vec<T> {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct CommitRow {
     pub mode: String,
+    /// `shm` or `socket` for the service modes (what the clients actually got); null for the
+    /// embedded ones.
+    pub transport: Option<String>,
+    /// Connections held idle during the run (service modes; null for the embedded ones).
+    pub idle_connections: Option<usize>,
     pub clients: usize,
     pub record_bytes: usize,
     pub commits: u64,
@@ -143,6 +224,56 @@ pub struct CommitRow {
     /// Median latency of one commit in microseconds (null if nothing committed).
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
+    /// The daemon in the middle of the run (service modes): resident memory in KiB (for a
+    /// daemon in this process, the whole process's; null if its pid is not readable here),
+    /// threads, and connections held.
+    pub daemon_rss_kib: Option<u64>,
+    pub daemon_threads: Option<u32>,
+    pub daemon_connections: Option<u32>,
+}
+
+/// One kind of run: a mode, and for the service modes a transport and an idle-connection count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Variant {
+    mode: Mode,
+    transport: Option<TransportChoice>,
+    idle: Option<usize>,
+}
+
+impl Variant {
+    /// Every variant of `cfg`, modes first, so a mode's variants are measured next to each
+    /// other.
+    fn all(cfg: &CommitBenchConfig) -> Vec<Variant> {
+        let mut variants = Vec::new();
+        for &mode in &cfg.modes {
+            if mode.durability().is_none() {
+                variants.push(Variant {
+                    mode,
+                    transport: None,
+                    idle: None,
+                });
+                continue;
+            }
+            for &transport in &cfg.transports {
+                for &idle in &cfg.idle_connections {
+                    variants.push(Variant {
+                        mode,
+                        transport: Some(transport),
+                        idle: Some(idle),
+                    });
+                }
+            }
+        }
+        variants
+    }
+
+    /// `<mode>` or `<mode>-<transport>-i<idle>`: names a run's folder or log.
+    fn label(&self) -> String {
+        match (self.transport, self.idle) {
+            (Some(transport), Some(idle)) => format!("{}-{transport}-i{idle}", self.mode),
+            _ => self.mode.to_string(),
+        }
+    }
 }
 
 /// `stela-bench commit`: runs, prints to `out`, saves the chart(s) if asked.
@@ -159,28 +290,59 @@ pub fn run_commit_bench(args: &CommitBenchArgs, out: &mut dyn Write) -> anyhow::
     Ok(())
 }
 
-/// Every (record size, clients, mode) of `cfg`, in that order, so the rows of one client count
-/// are measured next to each other. Prints rows as they come, then the ratios (not in JSON).
+/// Where the service runs' daemon comes from, settled once per invocation.
+enum DaemonSource {
+    /// None needed: no service mode is run.
+    None,
+    /// One per run in this process, with the disk rate measured once.
+    InProcess(DaemonEnv),
+    /// The one running at this socket.
+    Running(PathBuf),
+}
+
+/// Every (record size, clients, variant) of `cfg`, in that order, so the rows of one client
+/// count are measured next to each other. Prints rows as they come, then the ratios (not in
+/// JSON).
 pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<CommitRow>> {
     if let Some(dir) = &cfg.dir {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
-    let daemon = if cfg.modes.iter().any(|m| m.durability().is_some()) {
-        let base = cfg.dir.clone().unwrap_or_else(std::env::temp_dir);
-        Some(DaemonEnv::measure(&base)?)
-    } else {
-        None
+    let variants = Variant::all(cfg);
+    let any_service = cfg.modes.iter().any(|m| m.durability().is_some());
+    let daemon = match (&cfg.socket, any_service) {
+        (_, false) => DaemonSource::None,
+        (Some(socket), true) => DaemonSource::Running(socket.clone()),
+        (None, true) => {
+            let base = cfg.dir.clone().unwrap_or_else(std::env::temp_dir);
+            DaemonSource::InProcess(DaemonEnv::measure(&base)?)
+        }
     };
+    // Fail before the first run, not after an hour of them, if the idle connections do not fit.
+    let most_idle = cfg.idle_connections.iter().copied().max().unwrap_or(0);
+    let most_clients = cfg.clients.iter().copied().max().unwrap_or(1);
+    match &daemon {
+        DaemonSource::None => {}
+        DaemonSource::InProcess(_) => drive::check_descriptors(most_idle, most_clients, true)?,
+        DaemonSource::Running(socket) => {
+            drive::check_descriptors(most_idle, most_clients, false)?;
+            // Reachable at all? (Each run checks its room for connections again.)
+            drive::daemon_status(socket)?;
+        }
+    }
     if !cfg.json {
-        print_preamble(cfg, daemon.as_ref(), out)?;
+        print_preamble(cfg, &daemon, out)?;
         writeln!(out, "{}", table_header())?;
     }
-    let runs = cfg.record_bytes.len() * cfg.clients.len() * cfg.modes.len() * cfg.repeats;
+    let show_daemon = !cfg.json && any_service && most_idle > 0;
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let runs = cfg.record_bytes.len() * cfg.clients.len() * variants.len() * cfg.repeats;
     let progress = if cfg.progress && !cfg.json && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(runs as u64);
         bar.set_style(
             ProgressStyle::with_template(
-                "{msg:32} [{bar:30}] {pos}/{len} runs, {elapsed} elapsed, eta {eta}",
+                "{msg:40} [{bar:30}] {pos}/{len} runs, {elapsed} elapsed, eta {eta}",
             )
             .expect("valid template")
             .progress_chars("=> "),
@@ -194,24 +356,56 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
     for &bytes in &cfg.record_bytes {
         let records = make_sized_records(RECORDS_PER_SIZE, 42, bytes);
         for &clients in &cfg.clients {
-            let mut outcomes: Vec<Vec<CommitRow>> = vec![Vec::new(); cfg.modes.len()];
+            let mut outcomes: Vec<Vec<CommitRow>> = vec![Vec::new(); variants.len()];
             for repeat in 0..cfg.repeats {
-                for (index, &mode) in cfg.modes.iter().enumerate() {
-                    let name = format!("{mode}-c{clients}-{bytes}B");
+                for (index, variant) in variants.iter().enumerate() {
+                    let name = format!("{}-c{clients}-{bytes}B-r{repeat}", variant.label());
                     progress.set_message(name.clone());
-                    let dir = RunDir::new(cfg.dir.as_deref(), &format!("{name}-r{repeat}"))?;
                     let sources = (0..clients)
                         .map(|c| Cycle {
                             records: &records,
                             next: c * RECORDS_PER_SIZE / clients,
                         })
                         .collect();
-                    let outcome =
-                        drive::run_mode(mode, dir.path(), daemon.as_ref(), cfg.timing, sources)
-                            .with_context(|| format!("{name}: run failed"))?;
+                    let log = format!("bench-{name}-{}-{started}", std::process::id());
+                    let service = match (&daemon, variant.transport, variant.idle) {
+                        (DaemonSource::InProcess(env), Some(transport), Some(idle)) => {
+                            Some(ServiceRun {
+                                daemon: Daemon::InProcess(env),
+                                transport: transport.transport(),
+                                idle_connections: idle,
+                            })
+                        }
+                        (DaemonSource::Running(socket), Some(transport), Some(idle)) => {
+                            Some(ServiceRun {
+                                daemon: Daemon::Running { socket, log: &log },
+                                transport: transport.transport(),
+                                idle_connections: idle,
+                            })
+                        }
+                        _ => None,
+                    };
+                    // A run against a running daemon keeps nothing here: no folder for it.
+                    let dir = match service.map(|s| s.daemon) {
+                        Some(Daemon::Running { .. }) => None,
+                        _ => Some(RunDir::new(cfg.dir.as_deref(), &name)?),
+                    };
+                    let scratch = std::env::temp_dir();
+                    let path = dir.as_ref().map_or(scratch.as_path(), RunDir::path);
+                    let outcome = drive::run_mode_with(
+                        variant.mode,
+                        path,
+                        service.as_ref(),
+                        cfg.timing,
+                        sources,
+                    )
+                    .with_context(|| format!("{name}: run failed"))?;
                     drop(dir);
+                    let sample = outcome.daemon.as_ref();
                     outcomes[index].push(CommitRow {
-                        mode: mode.name().to_string(),
+                        mode: variant.mode.name().to_string(),
+                        transport: outcome.transport.map(str::to_string),
+                        idle_connections: variant.idle,
                         clients,
                         record_bytes: bytes,
                         commits: outcome.commits,
@@ -219,6 +413,9 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
                         commits_per_s: outcome.commits_per_s(),
                         p50_us: outcome.latency.percentile_us(50.0),
                         p99_us: outcome.latency.percentile_us(99.0),
+                        daemon_rss_kib: sample.and_then(|s| s.rss_kib),
+                        daemon_threads: sample.map(|s| s.threads),
+                        daemon_connections: sample.map(|s| s.connections),
                     });
                     progress.inc(1);
                 }
@@ -226,13 +423,18 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
             for mut runs in outcomes {
                 runs.sort_by(|a, b| a.commits_per_s.total_cmp(&b.commits_per_s));
                 let row = runs.swap_remove(runs.len() / 2);
-                let line = if cfg.json {
+                let mut lines = vec![if cfg.json {
                     serde_json::to_string(&row)?
                 } else {
                     table_row(&row)
-                };
+                }];
+                if show_daemon && row.transport.is_some() {
+                    lines.push(daemon_line(&row, &daemon));
+                }
                 progress.suspend(|| -> std::io::Result<()> {
-                    writeln!(out, "{line}")?;
+                    for line in &lines {
+                        writeln!(out, "{line}")?;
+                    }
                     out.flush()
                 })?;
                 rows.push(row);
@@ -241,8 +443,9 @@ pub fn run(cfg: &CommitBenchConfig, out: &mut dyn Write) -> anyhow::Result<Vec<C
     }
     progress.finish_and_clear();
     if !cfg.json {
+        let baseline = baseline_idle(&cfg.idle_connections);
         for &bytes in &cfg.record_bytes {
-            print_ratios(&rows, bytes, out)?;
+            print_ratios(&rows, bytes, baseline, out)?;
         }
     }
     Ok(rows)
@@ -266,9 +469,9 @@ impl RecordSource for Cycle<'_> {
 
 fn print_preamble(
     cfg: &CommitBenchConfig,
-    daemon: Option<&DaemonEnv>,
+    daemon: &DaemonSource,
     out: &mut dyn Write,
-) -> std::io::Result<()> {
+) -> anyhow::Result<()> {
     let sizes: Vec<String> = cfg
         .record_bytes
         .iter()
@@ -294,11 +497,40 @@ fn print_preamble(
         cfg.timing.warmup.as_secs_f64(),
         cfg.timing.window.as_secs_f64()
     )?;
-    if let Some(daemon) = daemon {
-        writeln!(
+    let transports: Vec<&str> = cfg.transports.iter().map(|t| t.name()).collect();
+    let idle: Vec<String> = cfg.idle_connections.iter().map(|n| n.to_string()).collect();
+    match daemon {
+        DaemonSource::None => {}
+        DaemonSource::InProcess(env) => writeln!(
             out,
             "daemon: in this process, default config, one per run; disk rate measured once: {}",
-            daemon.describe()
+            env.describe()
+        )?,
+        DaemonSource::Running(socket) => {
+            let report = drive::daemon_status(socket)?;
+            writeln!(
+                out,
+                "daemon: already running at {} ({}, pid {}, dir {}), its own settings apply: {}",
+                socket.display(),
+                report.server,
+                report.pid,
+                report.dir,
+                report.dirty_cap.derivation
+            )?;
+            writeln!(
+                out,
+                "each service run writes a log of its own there, bench-<run>-{}-<time>, left in \
+                 place",
+                std::process::id()
+            )?;
+        }
+    }
+    if !matches!(daemon, DaemonSource::None) {
+        writeln!(
+            out,
+            "service modes over: {}; idle connections held during each run: {}",
+            transports.join(", "),
+            idle.join(", ")
         )?;
     }
     Ok(())
@@ -307,8 +539,17 @@ fn print_preamble(
 /// The header line of the table.
 pub fn table_header() -> String {
     format!(
-        "{:<17} {:>7} {:>8} {:>10} {:>7} {:>12} {:>9} {:>9}",
-        "mode", "clients", "record B", "commits", "seconds", "commits/s", "p50 us", "p99 us"
+        "{:<17} {:>9} {:>6} {:>7} {:>8} {:>10} {:>7} {:>12} {:>9} {:>9}",
+        "mode",
+        "transport",
+        "idle",
+        "clients",
+        "record B",
+        "commits",
+        "seconds",
+        "commits/s",
+        "p50 us",
+        "p99 us"
     )
 }
 
@@ -316,8 +557,11 @@ pub fn table_header() -> String {
 pub fn table_row(row: &CommitRow) -> String {
     let latency = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
     format!(
-        "{:<17} {:>7} {:>8} {:>10} {:>7.2} {:>12.0} {:>9} {:>9}",
+        "{:<17} {:>9} {:>6} {:>7} {:>8} {:>10} {:>7.2} {:>12.0} {:>9} {:>9}",
         row.mode,
+        row.transport.as_deref().unwrap_or("-"),
+        row.idle_connections
+            .map_or_else(|| "-".to_string(), |n| n.to_string()),
         row.clients,
         row.record_bytes,
         row.commits,
@@ -328,17 +572,60 @@ pub fn table_row(row: &CommitRow) -> String {
     )
 }
 
-fn find(rows: &[CommitRow], mode: Mode, clients: usize, bytes: usize) -> Option<&CommitRow> {
+/// The line under a service row: what the daemon held in the middle of the run.
+fn daemon_line(row: &CommitRow, daemon: &DaemonSource) -> String {
+    let rss = row.daemon_rss_kib.map_or_else(
+        || "RSS unknown (its pid is not on this machine)".to_string(),
+        |kib| format!("RSS {:.1} MiB", kib as f64 / 1024.0),
+    );
+    let whose = match daemon {
+        DaemonSource::Running(_) => "the daemon's own; the connections include this sample's",
+        _ => "in this process: RSS is the whole process's, threads the daemon's",
+    };
+    format!(
+        "  daemon: {rss}, {} threads, {} connections ({whose})",
+        row.daemon_threads.unwrap_or(0),
+        row.daemon_connections.unwrap_or(0)
+    )
+}
+
+/// The idle-connection count the targets are judged at: 0 when it was run, else the fewest.
+fn baseline_idle(idle: &[usize]) -> usize {
+    idle.iter().copied().min().unwrap_or(0)
+}
+
+/// Which rows a ratio line compares: a mode, and for the service modes, how they ran.
+#[derive(Clone, Copy)]
+struct Pick<'a> {
+    mode: Mode,
+    transport: Option<&'a str>,
+    idle: Option<usize>,
+}
+
+impl Pick<'_> {
+    fn matches(&self, row: &CommitRow) -> bool {
+        row.mode == self.mode.name()
+            && row.transport.as_deref() == self.transport
+            && row.idle_connections == self.idle
+    }
+}
+
+fn find<'r>(
+    rows: &'r [CommitRow],
+    pick: Pick<'_>,
+    clients: usize,
+    bytes: usize,
+) -> Option<&'r CommitRow> {
     rows.iter()
-        .find(|r| r.mode == mode.name() && r.clients == clients && r.record_bytes == bytes)
+        .find(|r| pick.matches(r) && r.clients == clients && r.record_bytes == bytes)
 }
 
 /// `numerator / denominator` commits/s at every client count both were run at.
 fn ratios(
     rows: &[CommitRow],
     bytes: usize,
-    numerator: Mode,
-    denominator: Mode,
+    numerator: Pick<'_>,
+    denominator: Pick<'_>,
 ) -> Vec<(usize, f64)> {
     let mut clients: Vec<usize> = rows
         .iter()
@@ -365,13 +652,42 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
-/// The issue's targets for `service-buffered`, at one record size, where the rows allow: one
-/// column per client count.
-fn print_ratios(rows: &[CommitRow], bytes: usize, out: &mut dyn Write) -> std::io::Result<()> {
-    let buffered = Mode::ServiceBuffered;
+/// A target on a ratio: at least `min` at each of `at` (client counts) that was run.
+struct Target {
+    min: f64,
+    at: &'static [usize],
+}
+
+impl Target {
+    /// "(target >= 0.50 at 1, 16, 64: met)", judged on the counts run, or why it is not judged.
+    fn judge(&self, found: &[(usize, f64)]) -> String {
+        let at: Vec<String> = self.at.iter().map(|c| c.to_string()).collect();
+        let judged: Vec<f64> = found
+            .iter()
+            .filter(|(c, _)| self.at.contains(c))
+            .map(|&(_, r)| r)
+            .collect();
+        let outcome = if judged.is_empty() {
+            "none of these client counts run".to_string()
+        } else {
+            verdict(judged.iter().all(|&r| r >= self.min)).to_string()
+        };
+        format!("target >= {:.2} at {}: {outcome}", self.min, at.join(", "))
+    }
+}
+
+/// The issue's targets at one record size, where the rows allow: one column per client count.
+/// Over the ring with the baseline idle count; the socket's figures beside, without target;
+/// then `service-buffered` with each other idle count against the baseline.
+fn print_ratios(
+    rows: &[CommitRow],
+    bytes: usize,
+    baseline: usize,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     let mut clients: Vec<usize> = rows
         .iter()
-        .filter(|r| r.record_bytes == bytes && r.mode == buffered.name())
+        .filter(|r| r.record_bytes == bytes && r.transport.is_some())
         .map(|r| r.clients)
         .collect();
     clients.sort_unstable();
@@ -380,50 +696,122 @@ fn print_ratios(rows: &[CommitRow], bytes: usize, out: &mut dyn Write) -> std::i
         return Ok(());
     }
     let columns: String = clients.iter().map(|c| format!("{c:>8}")).collect();
+    let label_width = 52;
     writeln!(out)?;
     writeln!(
         out,
-        "{:<38}{columns}",
+        "{:<label_width$}{columns}",
         format!("{bytes} B records, clients:")
     )?;
-    let lines = [
-        (Mode::ServiceUnsafe, "target >= 0.90 at every client count"),
-        (Mode::EmbeddedSync, "target >= 10 at 1 client"),
-        (Mode::EmbeddedUnsafe, "no target"),
-    ];
-    for (other, target) in lines {
-        let found = ratios(rows, bytes, buffered, other);
-        if found.is_empty() {
-            continue;
-        }
-        let values: String = clients
+    let values = |found: &[(usize, f64)]| -> String {
+        clients
             .iter()
             .map(|c| match found.iter().find(|(fc, _)| fc == c) {
                 Some((_, r)) => format!("{r:>8.2}"),
                 None => format!("{:>8}", "-"),
             })
-            .collect();
-        let met = match other {
-            Mode::ServiceUnsafe => Some(found.iter().all(|&(_, r)| r >= 0.90)),
-            Mode::EmbeddedSync => found
-                .iter()
-                .find(|&&(c, _)| c == 1)
-                .map(|&(_, r)| r >= 10.0),
-            _ => None,
+            .collect()
+    };
+    let embedded = |mode| Pick {
+        mode,
+        transport: None,
+        idle: None,
+    };
+    let idle_note = if baseline == 0 {
+        String::new()
+    } else {
+        format!(", {baseline} idle")
+    };
+    let transports = ["shm", "socket"];
+    for transport in transports {
+        let judged = transport == "shm";
+        let service = |mode| Pick {
+            mode,
+            transport: Some(transport),
+            idle: Some(baseline),
         };
-        let judged = met.map_or_else(String::new, |m| format!(": {}", verdict(m)));
-        writeln!(
-            out,
-            "{:<38}{values}   ({target}{judged})",
-            format!("  {buffered} / {other}")
-        )?;
+        let lines = [
+            (
+                Mode::ServiceBuffered,
+                Mode::EmbeddedUnsafe,
+                Target {
+                    min: 0.5,
+                    at: &[1, 16, 64],
+                },
+            ),
+            (
+                Mode::ServiceDisk,
+                Mode::EmbeddedGroup,
+                Target {
+                    min: 0.9,
+                    at: &[16, 64],
+                },
+            ),
+        ];
+        for (numerator, denominator, target) in lines {
+            let found = ratios(rows, bytes, service(numerator), embedded(denominator));
+            if found.is_empty() {
+                continue;
+            }
+            let judgement = if judged {
+                target.judge(&found)
+            } else {
+                "no target".to_string()
+            };
+            writeln!(
+                out,
+                "{:<label_width$}{}   ({judgement})",
+                format!("  {transport}{idle_note}: {numerator} / {denominator}"),
+                values(&found)
+            )?;
+        }
+        if let Some(p50) =
+            find(rows, service(Mode::ServiceBuffered), 1, bytes).and_then(|r| r.p50_us)
+        {
+            let judgement = if judged {
+                format!("target <= 2 us: {}", verdict(p50 <= 2.0))
+            } else {
+                "no target".to_string()
+            };
+            writeln!(
+                out,
+                "  {transport}{idle_note}: {} p50 at 1 client: {p50:.1} us ({judgement})",
+                Mode::ServiceBuffered
+            )?;
+        }
     }
-    if let Some(p50) = find(rows, buffered, 1, bytes).and_then(|r| r.p50_us) {
-        writeln!(
-            out,
-            "  {buffered} p50 at 1 client: {p50:.1} us (target < 30 us: {})",
-            verdict(p50 < 30.0)
-        )?;
+    // Idle connections: buffered commits/s with each other count against the baseline.
+    let mut idle_counts: Vec<usize> = rows
+        .iter()
+        .filter_map(|r| r.idle_connections)
+        .filter(|&n| n != baseline)
+        .collect();
+    idle_counts.sort_unstable();
+    idle_counts.dedup();
+    for transport in transports {
+        for &idle in &idle_counts {
+            let pick = |idle| Pick {
+                mode: Mode::ServiceBuffered,
+                transport: Some(transport),
+                idle: Some(idle),
+            };
+            let found = ratios(rows, bytes, pick(idle), pick(baseline));
+            if found.is_empty() {
+                continue;
+            }
+            let judgement = if transport == "shm" {
+                let met = found.iter().all(|&(_, r)| r >= 0.9);
+                format!("target within 10 %, >= 0.90: {}", verdict(met))
+            } else {
+                "no target".to_string()
+            };
+            writeln!(
+                out,
+                "{:<label_width$}{}   ({judgement})",
+                format!("  {transport}: buffered commits/s with {idle} idle / with {baseline}"),
+                values(&found)
+            )?;
+        }
     }
     Ok(())
 }
@@ -479,38 +867,232 @@ mod tests {
     }
 
     #[test]
-    fn runs_table_ratios_and_dir() {
-        let base = tempfile::tempdir().unwrap();
-        let cfg = CommitBenchConfig {
-            modes: vec![
-                Mode::EmbeddedSync,
-                Mode::ServiceBuffered,
-                Mode::ServiceUnsafe,
-            ],
+    fn transports_idle_counts_and_socket_parse() {
+        let cfg = Cli::try_parse_from(["x"])
+            .unwrap()
+            .args
+            .to_config()
+            .unwrap();
+        assert_eq!(cfg.transports, vec![TransportChoice::Shm]);
+        assert_eq!(cfg.idle_connections, vec![0]);
+        assert_eq!(cfg.socket, None);
+        let cfg = Cli::try_parse_from([
+            "x",
+            "--transport",
+            "shm,socket",
+            "--idle-connections",
+            "0,5000",
+            "--socket",
+            "/run/stela/stela.sock",
+        ])
+        .unwrap()
+        .args
+        .to_config()
+        .unwrap();
+        assert_eq!(
+            cfg.transports,
+            vec![TransportChoice::Shm, TransportChoice::Socket]
+        );
+        assert_eq!(cfg.idle_connections, vec![0, 5000]);
+        assert_eq!(cfg.socket, Some(PathBuf::from("/run/stela/stela.sock")));
+        assert!(Cli::try_parse_from(["x", "--transport", "pigeon"]).is_err());
+        let too_many = Cli::try_parse_from(["x", "--idle-connections", "2000000"])
+            .unwrap()
+            .args;
+        assert!(too_many.to_config().is_err());
+        // Every service mode runs once per (transport, idle count); an embedded one once.
+        let cfg = Cli::try_parse_from([
+            "x",
+            "--modes",
+            "embedded-unsafe,service-disk",
+            "--transport",
+            "shm,socket",
+            "--idle-connections",
+            "0,10",
+        ])
+        .unwrap()
+        .args
+        .to_config()
+        .unwrap();
+        let labels: Vec<String> = Variant::all(&cfg).iter().map(Variant::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "embedded-unsafe",
+                "service-disk-shm-i0",
+                "service-disk-shm-i10",
+                "service-disk-socket-i0",
+                "service-disk-socket-i10"
+            ]
+        );
+    }
+
+    fn short_config(base: &std::path::Path) -> CommitBenchConfig {
+        CommitBenchConfig {
+            modes: vec![Mode::EmbeddedUnsafe, Mode::ServiceBuffered],
             clients: vec![1, 2],
             record_bytes: vec![100],
             timing: Timing {
                 warmup: Duration::from_millis(10),
                 window: Duration::from_millis(100),
             },
-            dir: Some(base.path().to_path_buf()),
+            dir: Some(base.to_path_buf()),
+            socket: None,
+            transports: vec![TransportChoice::Shm, TransportChoice::Socket],
+            idle_connections: vec![0, 3],
             json: false,
             progress: false,
-            repeats: 2,
-        };
+            repeats: 1,
+        }
+    }
+
+    #[test]
+    fn runs_table_ratios_and_dir() {
+        let base = tempfile::tempdir().unwrap();
+        let cfg = short_config(base.path());
         let mut out = Vec::new();
         let rows = run(&cfg, &mut out).unwrap();
-        assert_eq!(rows.len(), 6);
+        assert_eq!(rows.len(), 10);
         assert!(rows.iter().all(|r| r.commits > 0 && r.p99_us >= r.p50_us));
+        for row in &rows {
+            if row.mode == "embedded-unsafe" {
+                assert_eq!(row.transport, None, "{row:?}");
+                assert_eq!(row.daemon_threads, None, "{row:?}");
+                continue;
+            }
+            let idle = row.idle_connections.unwrap();
+            // The daemon held the idle connections and the clients while it was sampled.
+            let connections = row.daemon_connections.unwrap() as usize;
+            assert!(connections >= idle + row.clients, "{row:?}");
+            assert!(row.daemon_threads.unwrap() > 0, "{row:?}");
+            assert!(row.daemon_rss_kib.unwrap() > 0, "{row:?}");
+        }
+        let transports: Vec<Option<&str>> = rows.iter().map(|r| r.transport.as_deref()).collect();
+        assert_eq!(
+            &transports[..5],
+            [
+                None,
+                Some("shm"),
+                Some("shm"),
+                Some("socket"),
+                Some("socket")
+            ]
+        );
         let text = String::from_utf8(out).unwrap();
-        assert!(text.contains("service-buffered / service-unsafe"), "{text}");
-        assert!(text.contains("p50 at 1 client"), "{text}");
+        for line in [
+            "shm: service-buffered / embedded-unsafe",
+            "socket: service-buffered / embedded-unsafe",
+            "shm: service-buffered p50 at 1 client",
+            "shm: buffered commits/s with 3 idle / with 0",
+            "socket: buffered commits/s with 3 idle / with 0",
+            "  daemon: RSS ",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
         assert!(base
             .path()
-            .join("service-buffered-c2-100B-r1/logs/bench")
+            .join("service-buffered-socket-i3-c2-100B-r0/logs/bench")
             .is_dir());
-        assert!(base.path().join("embedded-sync-c1-100B-r0").is_dir());
+        assert!(base.path().join("embedded-unsafe-c1-100B-r0").is_dir());
         // A second run into the same folders refuses rather than appending to old logs.
         assert!(run(&cfg, &mut Vec::new()).is_err());
+    }
+
+    fn row(
+        mode: Mode,
+        transport: Option<&str>,
+        idle: Option<usize>,
+        clients: usize,
+        rate: f64,
+    ) -> CommitRow {
+        CommitRow {
+            mode: mode.name().into(),
+            transport: transport.map(str::to_string),
+            idle_connections: idle,
+            clients,
+            record_bytes: 100,
+            commits: rate as u64,
+            seconds: 1.0,
+            commits_per_s: rate,
+            p50_us: Some(1.5),
+            p99_us: Some(9.0),
+            daemon_rss_kib: None,
+            daemon_threads: None,
+            daemon_connections: None,
+        }
+    }
+
+    #[test]
+    fn ratios_are_judged_at_their_client_counts_over_shm_only() {
+        let mut rows = Vec::new();
+        for clients in [1, 4, 16, 64] {
+            rows.push(row(Mode::EmbeddedUnsafe, None, None, clients, 1000.0));
+            rows.push(row(Mode::EmbeddedGroup, None, None, clients, 1000.0));
+            // Below target only at 4 clients, which the target does not name.
+            let buffered = if clients == 4 { 100.0 } else { 600.0 };
+            rows.push(row(
+                Mode::ServiceBuffered,
+                Some("shm"),
+                Some(0),
+                clients,
+                buffered,
+            ));
+            rows.push(row(
+                Mode::ServiceBuffered,
+                Some("socket"),
+                Some(0),
+                clients,
+                10.0,
+            ));
+            rows.push(row(Mode::ServiceDisk, Some("shm"), Some(0), clients, 950.0));
+            // 5000 idle costs 20 % at 64 clients, nothing elsewhere.
+            let idle = if clients == 64 { 480.0 } else { buffered };
+            rows.push(row(
+                Mode::ServiceBuffered,
+                Some("shm"),
+                Some(5000),
+                clients,
+                idle,
+            ));
+        }
+        let mut out = Vec::new();
+        print_ratios(&rows, 100, 0, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let line = |start: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("{start:?} missing from\n{text}"))
+                .to_string()
+        };
+        let buffered = line("shm: service-buffered / embedded-unsafe");
+        assert!(
+            buffered.contains("0.60    0.10    0.60    0.60"),
+            "{buffered}"
+        );
+        assert!(
+            buffered.ends_with("(target >= 0.50 at 1, 16, 64: met)"),
+            "{buffered}"
+        );
+        assert!(line("shm: service-disk / embedded-group").ends_with(": met)"));
+        assert!(line("socket: service-buffered / embedded-unsafe").ends_with("(no target)"));
+        assert!(
+            line("shm: service-buffered p50 at 1 client").contains("1.5 us (target <= 2 us: met)")
+        );
+        let idle = line("shm: buffered commits/s with 5000 idle / with 0");
+        assert!(idle.contains("1.00    1.00    1.00    0.80"), "{idle}");
+        assert!(idle.ends_with("NOT met)"), "{idle}");
+        // Without a baseline of 0, the ratios are judged at the fewest idle connections run.
+        let mut out = Vec::new();
+        let shifted: Vec<CommitRow> = rows
+            .iter()
+            .filter(|r| r.idle_connections != Some(0))
+            .cloned()
+            .collect();
+        print_ratios(&shifted, 100, 5000, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("shm, 5000 idle: service-buffered / embedded-unsafe"),
+            "{text}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! SVG charts of `stela-bench commit`: commits/s (log scale, since the modes span three orders
-//! of magnitude) by concurrent clients, one line per mode, one chart per record size.
+//! of magnitude) by concurrent clients, one line per mode (per mode, transport and idle
+//! connections when several of those were run), one chart per record size.
 //!
 //! Text is written as SVG `<text>` elements, so no font files or system libraries are needed.
 
@@ -55,21 +56,70 @@ fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// One line of a chart: a mode, and for the service modes how they ran.
+struct Series {
+    mode: Mode,
+    label: String,
+    /// 0 for the first transport and idle count of its mode, then 1, 2, ...: drawn thinner.
+    variant: usize,
+    points: Vec<(u32, f64)>,
+}
+
 fn draw(rows: &[&CommitRow], bytes: usize, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    // How the service rows ran, in the order they first appear; named in the legend only when
+    // there was more than one transport or idle count.
+    let mut transports: Vec<Option<&str>> = Vec::new();
+    let mut idles: Vec<Option<usize>> = Vec::new();
+    for row in rows.iter().filter(|r| r.transport.is_some()) {
+        if !transports.contains(&row.transport.as_deref()) {
+            transports.push(row.transport.as_deref());
+        }
+        if !idles.contains(&row.idle_connections) {
+            idles.push(row.idle_connections);
+        }
+    }
     // Modes in their canonical order, each with its points sorted by clients.
-    let series: Vec<(Mode, Vec<(u32, f64)>)> = Mode::ALL
-        .into_iter()
-        .filter_map(|mode| {
+    let mut series: Vec<Series> = Vec::new();
+    for mode in Mode::ALL {
+        let ways: Vec<(Option<&str>, Option<usize>)> = if mode.durability().is_some() {
+            transports
+                .iter()
+                .flat_map(|&t| idles.iter().map(move |&i| (t, i)))
+                .collect()
+        } else {
+            vec![(None, None)]
+        };
+        for (variant, &(transport, idle)) in ways.iter().enumerate() {
             let mut points: Vec<(u32, f64)> = rows
                 .iter()
-                .filter(|r| r.mode == mode.name() && r.commits_per_s > 0.0)
+                .filter(|r| {
+                    r.mode == mode.name()
+                        && r.transport.as_deref() == transport
+                        && r.idle_connections == idle
+                        && r.commits_per_s > 0.0
+                })
                 .map(|r| (r.clients as u32, r.commits_per_s))
                 .collect();
+            if points.is_empty() {
+                continue;
+            }
             points.sort_by_key(|p| p.0);
-            (!points.is_empty()).then_some((mode, points))
-        })
-        .collect();
-    let all = series.iter().flat_map(|(_, points)| points.iter());
+            let mut label = mode.name().to_string();
+            if let (true, Some(transport)) = (transports.len() > 1, transport) {
+                label.push_str(&format!(" {transport}"));
+            }
+            if let (true, Some(idle)) = (idles.len() > 1, idle) {
+                label.push_str(&format!(" {idle} idle"));
+            }
+            series.push(Series {
+                mode,
+                label,
+                variant,
+                points,
+            });
+        }
+    }
+    let all = series.iter().flat_map(|s| s.points.iter());
     let (min_rate, max_rate) = all
         .clone()
         .fold((f64::MAX, 0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
@@ -106,17 +156,23 @@ fn draw(rows: &[&CommitRow], bytes: usize, path: &Path) -> Result<(), Box<dyn st
         .y_desc("commits/s (log scale)")
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
-    for (mode, points) in &series {
-        let index = Mode::ALL.iter().position(|m| m == mode).unwrap_or(0);
+    for line in &series {
+        let index = Mode::ALL.iter().position(|&m| m == line.mode).unwrap_or(0);
         let color = COLORS[index % COLORS.len()];
+        let width = if line.mode.durability().is_some() {
+            3
+        } else {
+            2
+        };
         let style = ShapeStyle {
             color: color.to_rgba(),
             filled: false,
-            stroke_width: if mode.durability().is_some() { 3 } else { 2 },
+            stroke_width: if line.variant == 0 { width } else { 1 },
         };
+        let points = &line.points;
         chart
             .draw_series(LineSeries::new(points.clone(), style))?
-            .label(mode.name())
+            .label(line.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         chart.draw_series(
             points
@@ -139,8 +195,11 @@ mod tests {
     use super::*;
 
     fn row(mode: Mode, clients: usize, bytes: usize, rate: f64) -> CommitRow {
+        let service = mode.durability().is_some();
         CommitRow {
             mode: mode.name().into(),
+            transport: service.then(|| "shm".to_string()),
+            idle_connections: service.then_some(0),
             clients,
             record_bytes: bytes,
             commits: rate as u64,
@@ -148,6 +207,9 @@ mod tests {
             commits_per_s: rate,
             p50_us: Some(10.0),
             p99_us: Some(20.0),
+            daemon_rss_kib: None,
+            daemon_threads: None,
+            daemon_connections: None,
         }
     }
 
@@ -173,6 +235,31 @@ mod tests {
         );
         let svg = std::fs::read_to_string(&saved[0]).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("service-buffered"));
+
+        // A second transport gets lines of its own, named in the legend.
+        let mut socket: Vec<CommitRow> = rows
+            .iter()
+            .filter(|r| r.record_bytes == 100 && r.transport.is_some())
+            .cloned()
+            .collect();
+        for row in &mut socket {
+            row.transport = Some("socket".into());
+            row.commits_per_s /= 2.0;
+        }
+        let both = dir.path().join("both.svg");
+        let mut with_socket: Vec<CommitRow> = rows
+            .iter()
+            .filter(|r| r.record_bytes == 100)
+            .cloned()
+            .collect();
+        with_socket.extend(socket);
+        save_commit_charts(&with_socket, &both).unwrap();
+        let svg = std::fs::read_to_string(&both).unwrap();
+        assert!(svg.contains("service-buffered socket") && svg.contains("service-buffered shm"));
+        assert!(
+            svg.lines().any(|l| l.trim() == "embedded-unsafe"),
+            "embedded lines keep their plain names"
+        );
 
         let one: Vec<CommitRow> = rows.into_iter().filter(|r| r.record_bytes == 100).collect();
         assert_eq!(save_commit_charts(&one, &path).unwrap(), vec![path.clone()]);

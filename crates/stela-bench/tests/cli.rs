@@ -1,6 +1,8 @@
 //! Black-box tests of the `stela-bench` binary: every `--json` line of `commit`, `wal` and
 //! `power-fail` is one result with exactly the documented keys, and bad arguments exit 2 naming
-//! the flag. Runs are kept short; nothing here asserts on timing.
+//! the flag; `commit` runs over either transport, against a daemon already running (leaving its
+//! other logs alone), and with idle connections held, reporting the daemon's memory and threads.
+//! Runs are kept short; nothing here asserts on timing.
 
 mod common;
 
@@ -26,43 +28,198 @@ fn json_lines(out: &std::process::Output, want: &[&str]) -> Vec<Map<String, Valu
         .collect()
 }
 
+/// The keys of every `stela-bench commit --json` line.
+const COMMIT_KEYS: [&str; 13] = [
+    "mode",
+    "transport",
+    "idle_connections",
+    "clients",
+    "record_bytes",
+    "commits",
+    "seconds",
+    "commits_per_s",
+    "p50_us",
+    "p99_us",
+    "daemon_rss_kib",
+    "daemon_threads",
+    "daemon_connections",
+];
+
 #[test]
-fn commit_json_lines_have_exactly_the_keys() {
+fn commit_json_lines_have_exactly_the_keys_over_either_transport() {
     let out = stela_bench(&[
         "commit",
         "--clients",
         "1",
         "--modes",
         "embedded-unsafe,service-buffered",
+        "--transport",
+        "shm,socket",
         "--record-bytes",
         "100",
         "--duration",
-        "0.3",
+        "0.2",
         "--json",
     ]);
-    let rows = json_lines(
-        &out,
-        &[
-            "mode",
-            "clients",
-            "record_bytes",
-            "commits",
-            "seconds",
-            "commits_per_s",
-            "p50_us",
-            "p99_us",
-        ],
-    );
-    assert_eq!(rows.len(), 2, "{}", text(&out));
-    let mut modes = Vec::new();
+    let rows = json_lines(&out, &COMMIT_KEYS);
+    assert_eq!(rows.len(), 3, "{}", text(&out));
+    let mut seen = Vec::new();
     for row in &rows {
         assert!(row["commits"].as_u64().unwrap_or(0) > 0, "{row:?}");
         assert_eq!(row["clients"].as_u64(), Some(1), "{row:?}");
         assert_eq!(row["record_bytes"].as_u64(), Some(100), "{row:?}");
         assert!(row["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{row:?}");
-        modes.push(row["mode"].as_str().unwrap_or_default().to_string());
+        let service = row["transport"].is_string();
+        assert_eq!(row["idle_connections"].as_u64(), service.then_some(0));
+        assert_eq!(row["daemon_threads"].is_u64(), service, "{row:?}");
+        seen.push((
+            row["mode"].as_str().unwrap_or_default().to_string(),
+            row["transport"].as_str().map(str::to_string),
+        ));
     }
-    assert_eq!(modes, ["embedded-unsafe", "service-buffered"]);
+    let want = [
+        ("embedded-unsafe", None),
+        ("service-buffered", Some("shm")),
+        ("service-buffered", Some("socket")),
+    ];
+    let want: Vec<(String, Option<String>)> = want
+        .iter()
+        .map(|(m, t)| (m.to_string(), t.map(str::to_string)))
+        .collect();
+    assert_eq!(seen, want);
+}
+
+#[test]
+fn commit_against_a_running_daemon_writes_only_logs_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = stela_server::DaemonConfig::new(dir.path());
+    config.assume_write_rate = Some(1 << 30);
+    let server = stela_server::Server::start(config).unwrap();
+    let socket = server.socket_path().to_path_buf();
+    let keep: stela_client::Wal<String> =
+        stela_client::Wal::open(&*socket, "keep", stela_client::WalOptions::default()).unwrap();
+    for n in 0..5 {
+        keep.append(&format!("record {n}")).unwrap();
+    }
+    let out = stela_bench(&[
+        "commit",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--clients",
+        "2",
+        "--modes",
+        "service-buffered,service-disk",
+        "--idle-connections",
+        "0,3",
+        "--record-bytes",
+        "100",
+        "--duration",
+        "0.2",
+        "--json",
+    ]);
+    let rows = json_lines(&out, &COMMIT_KEYS);
+    assert_eq!(rows.len(), 4, "{}", text(&out));
+    for row in &rows {
+        assert_eq!(row["transport"].as_str(), Some("shm"), "{row:?}");
+        assert!(row["commits"].as_u64().unwrap_or(0) > 0, "{row:?}");
+        let idle = row["idle_connections"].as_u64().unwrap();
+        // `keep`, the two clients, the idle ones: the daemon of this test held them all.
+        let connections = row["daemon_connections"].as_u64().unwrap();
+        assert!(connections > idle + 2, "{row:?}");
+        // The daemon runs in this test's process: its pid is on this machine.
+        assert!(row["daemon_rss_kib"].as_u64().unwrap_or(0) > 0, "{row:?}");
+    }
+    // `keep` is as it was; one log per run was added, named for its run, holding what that run
+    // committed (the daemon closed them when their clients left: read them from its directory).
+    assert_eq!(keep.positions().unwrap().last_lsn, 5);
+    let mut logs: Vec<String> = std::fs::read_dir(dir.path().join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    logs.sort();
+    assert_eq!(logs.len(), 5, "{logs:?}");
+    assert!(logs.contains(&"keep".to_string()), "{logs:?}");
+    for name in logs.iter().filter(|n| *n != "keep") {
+        assert!(name.starts_with("bench-service-"), "{name}");
+        assert!(
+            name.contains("-shm-i") && name.contains("-c2-100B-r0-"),
+            "{name}"
+        );
+        let options = stela_client::WalOptions::default().create_if_missing(false);
+        let log: stela_client::Wal<stela_bench::Record> =
+            stela_client::Wal::open(&*socket, name, options).unwrap();
+        assert!(log.positions().unwrap().last_lsn > 0, "{name}");
+    }
+    // Nothing of the runs was written beside the daemon's logs.
+    let mut entries: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert!(
+        entries
+            .iter()
+            .all(|e| e == "logs" || e.starts_with("stela")),
+        "{entries:?}"
+    );
+    drop(keep);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn commit_with_idle_connections_reports_the_daemons_memory_and_threads() {
+    let out = stela_bench(&[
+        "commit",
+        "--clients",
+        "1,3",
+        "--modes",
+        "service-buffered",
+        "--idle-connections",
+        "0,50",
+        "--record-bytes",
+        "100",
+        "--duration",
+        "0.2",
+        "--json",
+    ]);
+    let rows = json_lines(&out, &COMMIT_KEYS);
+    assert_eq!(rows.len(), 4, "{}", text(&out));
+    let mut threads = Vec::new();
+    for row in &rows {
+        let idle = row["idle_connections"].as_u64().unwrap();
+        let clients = row["clients"].as_u64().unwrap();
+        assert!(
+            row["daemon_connections"].as_u64().unwrap() >= idle + clients,
+            "{row:?}"
+        );
+        assert!(row["daemon_rss_kib"].as_u64().unwrap_or(0) > 0, "{row:?}");
+        threads.push(row["daemon_threads"].as_u64().unwrap());
+    }
+    // The daemon's threads: neither its clients' threads nor its connections are among them.
+    assert!(threads[0] > 0, "{threads:?}");
+    assert!(threads.iter().all(|&t| t == threads[0]), "{threads:?}");
+
+    let out = stela_bench(&[
+        "commit",
+        "--clients",
+        "1",
+        "--modes",
+        "service-buffered",
+        "--idle-connections",
+        "0,50",
+        "--record-bytes",
+        "100",
+        "--duration",
+        "0.2",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("  daemon: RSS ").count(), 2, "{stdout}");
+    assert!(stdout.contains("threads, 5"), "{stdout}");
+    assert!(
+        stdout.contains("shm: buffered commits/s with 50 idle / with 0"),
+        "{stdout}"
+    );
 }
 
 #[test]

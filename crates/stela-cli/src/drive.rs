@@ -1,15 +1,23 @@
 //! Timed commit loops, shared by `stela demo` and `stela-bench commit`: the six ways a client
-//! can commit a record ([`Mode`]), opening what each needs (an embedded log, or a daemon in this
-//! process plus one connection per client), and N client threads committing for a fixed time.
-//! It lives with the product because the demo is the product's main job; the benchmark crate
-//! drives its runs through it (never the other way round).
+//! can commit a record ([`Mode`]), opening what each needs (an embedded log, or a daemon plus
+//! one connection per client), and N client threads committing for a fixed time. It lives with
+//! the product because the demo is the product's main job; the benchmark crate drives its runs
+//! through it (never the other way round).
+//!
+//! The daemon of a service run ([`ServiceRun`]) is either started in this process for the run
+//! ([`Daemon::InProcess`], in the run's directory) or one already running
+//! ([`Daemon::Running`], whose own settings then apply; the run writes a log of its own there,
+//! which must be new). A service run can also hold idle connections ([`IdleConnections`]:
+//! connected, through their Hello, then silent) for its whole length, and it samples the
+//! daemon's memory, threads and connections in the middle of the measured window
+//! ([`DaemonSample`]).
 //!
 //! What a measurement means, for every mode alike:
 //! - Before anything is opened, the file system's dirty pages are written back (`syncfs`,
 //!   untimed), so a run's fdatasyncs do not queue behind the writeback of an earlier run (a
 //!   `--sync none` run leaves gigabytes dirty) or of anything else.
-//! - Opening the log, starting the daemon, connecting the clients, and stopping it all afterwards
-//!   are outside the timed window.
+//! - Opening the log, starting the daemon, opening the idle connections, connecting the clients,
+//!   and stopping it all afterwards are outside the timed window.
 //! - The clients run for a warm-up (not counted), then for the measured window. A commit counts
 //!   when it completes inside the window; its latency is from just before it was handed to the
 //!   log (so encoding is included) to its return.
@@ -23,12 +31,19 @@ use crate::latency::Histogram;
 use anyhow::{anyhow, Context};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use stela_client::{Address, Connection, Transport};
 use stela_format::Codec;
-use stela_proto::Durability;
+use stela_proto::frame::{self, FRAME_HEADER_BYTES};
+use stela_proto::{
+    Durability, Request, RequestBody, Response, ResponseBody, Role, StatusReport, PROTOCOL_VERSION,
+};
 use stela_server::{DaemonConfig, Server};
 use stela_wal::storage::{StdStorage, Storage};
 use stela_wal::SyncMode;
@@ -110,6 +125,31 @@ pub struct Outcome {
     pub commits: u64,
     pub seconds: f64,
     pub latency: Histogram,
+    /// Service runs: what the clients committed over, `shm` or `socket` (as
+    /// [`stela_client::Wal::transport`] names it).
+    pub transport: Option<&'static str>,
+    /// Service runs: the daemon, sampled in the middle of the measured window.
+    pub daemon: Option<DaemonSample>,
+}
+
+/// The daemon of a service run, sampled in the middle of its measured window (the clients
+/// committing, the idle connections held).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DaemonSample {
+    pub pid: u32,
+    /// Resident memory in KiB (`VmRSS` of `/proc/<pid>/status`). For a daemon in this process it
+    /// is the whole process's: the daemon, its clients and whatever runs them. `None` when the
+    /// daemon's pid cannot be read here (another machine or pid namespace).
+    pub rss_kib: Option<u64>,
+    /// The daemon's threads. A running daemon counts its own (its Status answer); in this
+    /// process, the threads that appeared since just before the daemon started, less the
+    /// clients' (the driver's and the client library's watcher).
+    pub threads: u32,
+    /// Connections the daemon held (the clients, the idle ones, the sample's own when it asks
+    /// a running daemon).
+    pub connections: u32,
+    /// True when the daemon runs in this process.
+    pub in_process: bool,
 }
 
 impl Outcome {
@@ -187,14 +227,46 @@ impl DaemonEnv {
     }
 }
 
-/// Name of the log every client of a service run writes to.
+/// Name of the log every client of a service run writes to, in a daemon started for the run.
 const LOG_NAME: &str = "bench";
 
 /// Unix socket paths are limited to about 108 bytes; a deep `--dir` would exceed it.
 const MAX_SOCKET_PATH: usize = 100;
 
+/// Which daemon a service run commits through.
+#[derive(Clone, Copy, Debug)]
+pub enum Daemon<'a> {
+    /// One started in this process for the run, in the run's directory, with these settings.
+    InProcess(&'a DaemonEnv),
+    /// One already running at `socket`, with its own settings; the run writes the log `log`,
+    /// which must hold no records yet (runs never share a log).
+    Running { socket: &'a Path, log: &'a str },
+}
+
+/// How a service run reaches its daemon.
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceRun<'a> {
+    pub daemon: Daemon<'a>,
+    /// How the clients' appends and commits travel. [`Transport::SharedMemory`] fails the run at
+    /// open when the daemon gives no ring, rather than measuring the socket under its name.
+    pub transport: Transport,
+    /// Connections opened before the clients, through their Hello and silent until the run ends.
+    pub idle_connections: usize,
+}
+
+impl<'a> ServiceRun<'a> {
+    /// A daemon in this process, the default transport, no idle connections (the demo's runs).
+    pub fn in_process(daemon: &'a DaemonEnv) -> ServiceRun<'a> {
+        ServiceRun {
+            daemon: Daemon::InProcess(daemon),
+            transport: Transport::Auto,
+            idle_connections: 0,
+        }
+    }
+}
+
 /// One run: `sources.len()` clients commit records in `mode` to one log in `dir` (which must be
-/// fresh) for `timing`.
+/// fresh) for `timing`; the service modes through a daemon started in this process in `dir`.
 pub fn run_mode<S>(
     mode: Mode,
     dir: &Path,
@@ -206,13 +278,33 @@ where
     S: RecordSource,
     S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
+    let service = daemon.map(ServiceRun::in_process);
+    run_mode_with(mode, dir, service.as_ref(), timing, sources)
+}
+
+/// One run, the service modes as `service` says. `dir` holds the log of an embedded run and the
+/// daemon of an in-process one (fresh, in both cases); a run against a running daemon does not
+/// use it.
+pub fn run_mode_with<S>(
+    mode: Mode,
+    dir: &Path,
+    service: Option<&ServiceRun<'_>>,
+    timing: Timing,
+    sources: Vec<S>,
+) -> anyhow::Result<Outcome>
+where
+    S: RecordSource,
+    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
     anyhow::ensure!(!sources.is_empty(), "at least one client is needed");
-    settle_writeback(dir)?;
     match mode.durability() {
-        None => run_embedded(mode, dir, timing, sources),
+        None => {
+            settle_writeback(dir)?;
+            run_embedded(mode, dir, timing, sources)
+        }
         Some(durability) => {
-            let daemon = daemon.ok_or_else(|| anyhow!("{mode} needs the daemon's settings"))?;
-            run_service(durability, dir, daemon, timing, sources)
+            let service = service.ok_or_else(|| anyhow!("{mode} needs a daemon"))?;
+            run_service(durability, dir, service, timing, sources)
         }
     }
 }
@@ -262,7 +354,7 @@ where
             }) as Commit<'_, S::Record>
         })
         .collect();
-    let outcome = drive(sources, commits, timing)?;
+    let outcome = drive(sources, commits, timing, None)?;
     wal.close()
         .with_context(|| format!("{mode}: close the log"))?;
     Ok(outcome)
@@ -271,7 +363,7 @@ where
 fn run_service<S>(
     durability: Durability,
     dir: &Path,
-    daemon: &DaemonEnv,
+    service: &ServiceRun<'_>,
     timing: Timing,
     sources: Vec<S>,
 ) -> anyhow::Result<Outcome>
@@ -279,50 +371,368 @@ where
     S: RecordSource,
     S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    let mut config = daemon.config(dir);
-    let short_socket = if config.socket_path().as_os_str().len() > MAX_SOCKET_PATH {
-        let socket_dir = tempfile::Builder::new()
-            .prefix("stela-")
-            .tempdir()
-            .context("create a directory for the daemon's socket")?;
-        config.socket = Some(socket_dir.path().join("stela.sock"));
-        Some(socket_dir)
-    } else {
-        None
-    };
-    let server = Server::start(config).context("start the daemon")?;
+    let clients = sources.len();
     let options = stela_client::WalOptions::default()
         .codec(Codec::MessagePack)
-        .durability(durability);
-    let result = (|| {
-        let commits = sources
-            .iter()
-            .map(|_| {
-                let client: stela_client::Wal<S::Record> =
-                    stela_client::Wal::open(server.socket_path(), LOG_NAME, options.clone())
-                        .context("connect a client to the daemon")?;
-                Ok(Box::new(move |record: &S::Record| {
-                    client.append_durable(record)?;
-                    Ok(())
-                }) as Commit<'_, S::Record>)
+        .durability(durability)
+        .transport(service.transport);
+    match service.daemon {
+        Daemon::InProcess(env) => {
+            settle_writeback(dir)?;
+            check_descriptors(service.idle_connections, clients, true)?;
+            let mut config = env.config(dir);
+            let short_socket = if config.socket_path().as_os_str().len() > MAX_SOCKET_PATH {
+                let socket_dir = tempfile::Builder::new()
+                    .prefix("stela-")
+                    .tempdir()
+                    .context("create a directory for the daemon's socket")?;
+                config.socket = Some(socket_dir.path().join("stela.sock"));
+                Some(socket_dir)
+            } else {
+                None
+            };
+            let served = stela_server::limits::limits(
+                stela_server::limits::raise_file_limit(),
+                config.max_connections,
+                config.admin_connections,
+            )
+            .clients;
+            anyhow::ensure!(
+                service.idle_connections + clients <= served,
+                "{} idle connections and {clients} clients are more than the daemon serves at \
+                 once with this file limit ({served})",
+                service.idle_connections
+            );
+            let threads_before: HashSet<u32> = tasks().into_iter().map(|(tid, _)| tid).collect();
+            let server = Server::start(config).context("start the daemon")?;
+            let probe = || -> anyhow::Result<DaemonSample> {
+                let status = server.status();
+                Ok(DaemonSample {
+                    pid: status.pid,
+                    rss_kib: rss_kib(Path::new("/proc/self/status")),
+                    threads: daemon_threads_in_process(&threads_before),
+                    connections: status.connections,
+                    in_process: true,
+                })
+            };
+            let result = connect_and_drive(
+                server.socket_path(),
+                LOG_NAME,
+                service.idle_connections,
+                &options,
+                timing,
+                sources,
+                &probe,
+            );
+            let stopped = server.shutdown();
+            drop(short_socket);
+            let outcome = result?;
+            stopped.map_err(|e| anyhow!("stopping the daemon: {e}"))?;
+            Ok(outcome)
+        }
+        Daemon::Running { socket, log } => {
+            check_descriptors(service.idle_connections, clients, false)?;
+            let report = daemon_status(socket)?;
+            let free = report.max_connections.saturating_sub(report.connections) as usize;
+            anyhow::ensure!(
+                service.idle_connections + clients <= free,
+                "the daemon at {} serves at most {} client connections and holds {} now: no room \
+                 for {} idle connections and {clients} clients",
+                socket.display(),
+                report.max_connections,
+                report.connections,
+                service.idle_connections
+            );
+            // Its logs are in its directory: settle that file system when it is on this machine.
+            if Path::new(&report.dir).is_dir() {
+                settle_writeback(Path::new(&report.dir))?;
+            }
+            let probe = || -> anyhow::Result<DaemonSample> {
+                let report = daemon_status(socket)?;
+                Ok(DaemonSample {
+                    pid: report.pid,
+                    rss_kib: rss_kib(Path::new(&format!("/proc/{}/status", report.pid))),
+                    threads: report.threads,
+                    connections: report.connections,
+                    in_process: false,
+                })
+            };
+            connect_and_drive(
+                socket,
+                log,
+                service.idle_connections,
+                &options,
+                timing,
+                sources,
+                &probe,
+            )
+        }
+    }
+}
+
+/// Opens the idle connections, then one client per source on `log`, and drives them.
+fn connect_and_drive<S>(
+    socket: &Path,
+    log: &str,
+    idle_connections: usize,
+    options: &stela_client::WalOptions,
+    timing: Timing,
+    sources: Vec<S>,
+    probe: &dyn Fn() -> anyhow::Result<DaemonSample>,
+) -> anyhow::Result<Outcome>
+where
+    S: RecordSource,
+    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    let idle = IdleConnections::open(socket, idle_connections)?;
+    let clients = sources
+        .iter()
+        .map(|_| {
+            stela_client::Wal::<S::Record>::open(socket, log, options.clone()).with_context(|| {
+                format!(
+                    "connect a client to the daemon at {} (transport {})",
+                    socket.display(),
+                    options.transport.name()
+                )
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        // The clients (and their connections) are dropped when their threads end.
-        drive(sources, commits, timing)
-    })();
-    let stopped = server.shutdown();
-    drop(short_socket);
-    let outcome = result?;
-    stopped.map_err(|e| anyhow!("stopping the daemon: {e}"))?;
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let positions = clients[0].positions()?;
+    anyhow::ensure!(
+        positions.last_lsn == 0,
+        "the log {log:?} of the daemon at {} already holds records (up to LSN {}): a run needs a \
+         log of its own",
+        socket.display(),
+        positions.last_lsn
+    );
+    let transport = clients[0].transport();
+    if let Some(other) = clients.iter().find(|c| c.transport() != transport) {
+        anyhow::bail!(
+            "the clients of one run got different transports ({transport} and {})",
+            other.transport()
+        );
+    }
+    let commits = clients
+        .into_iter()
+        .map(|client| {
+            Box::new(move |record: &S::Record| {
+                client.append_durable(record)?;
+                Ok(())
+            }) as Commit<'_, S::Record>
+        })
+        .collect();
+    // The clients (and their connections) are dropped when their threads end.
+    let mut outcome = drive(sources, commits, timing, Some(probe))?;
+    drop(idle);
+    outcome.transport = Some(transport);
     Ok(outcome)
 }
 
+/// The daemon's Status answer, over an administrator's connection.
+pub fn daemon_status(socket: &Path) -> anyhow::Result<StatusReport> {
+    let address = Address::Unix(socket.to_path_buf());
+    let mut connection = Connection::connect_admin(&address)
+        .with_context(|| format!("is a daemon running at {address}?"))?;
+    match connection.request(RequestBody::Status)? {
+        ResponseBody::Status(report) => Ok(*report),
+        other => anyhow::bail!("the daemon at {address} answered Status with {other:?}"),
+    }
+}
+
+/// Batches in which idle connections are opened: every connection of a batch says Hello
+/// before any answer is read, and a batch stays below the daemon's slots for connections not
+/// yet through their Hello (64), so none is closed as a laggard.
+const IDLE_BATCH: usize = 32;
+/// How long an idle connection waits for its Welcome.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest Welcome accepted.
+const MAX_WELCOME_BYTES: usize = 64 << 10;
+
+/// Connections that said Hello (role Client), were welcomed, and then say nothing: what a
+/// daemon holds for applications connected but quiet. Spoken in the raw protocol, so each costs
+/// this process one socket and no buffers. Closed when dropped.
+#[derive(Debug)]
+pub struct IdleConnections {
+    streams: Vec<UnixStream>,
+}
+
+impl IdleConnections {
+    /// Opens `count` connections to the daemon at `socket`, each through its Hello.
+    ///
+    /// # Errors
+    /// A connection cannot be made (the file limit, most likely) or the daemon refuses one (its
+    /// connection limit); the message names which connection of how many.
+    pub fn open(socket: &Path, count: usize) -> anyhow::Result<IdleConnections> {
+        let mut hello = Vec::new();
+        frame::encode(
+            &Request {
+                id: 1,
+                body: RequestBody::Hello {
+                    version: PROTOCOL_VERSION,
+                    client: format!("stela idle connection {}", env!("CARGO_PKG_VERSION")),
+                    role: Role::Client,
+                },
+            },
+            &mut hello,
+        )?;
+        let mut streams: Vec<UnixStream> = Vec::with_capacity(count);
+        while streams.len() < count {
+            let first = streams.len();
+            for number in first + 1..=(first + IDLE_BATCH).min(count) {
+                let which = || {
+                    format!(
+                        "idle connection {number} of {count} to {}",
+                        socket.display()
+                    )
+                };
+                let mut stream = UnixStream::connect(socket).map_err(|error| {
+                    let hint = if error.raw_os_error() == Some(libc_emfile()) {
+                        " (this process is out of file descriptors: raise its hard limit)"
+                    } else {
+                        ""
+                    };
+                    anyhow!("{}: {error}{hint}", which())
+                })?;
+                stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+                stream.write_all(&hello).with_context(which)?;
+                streams.push(stream);
+            }
+            for (offset, stream) in streams[first..].iter_mut().enumerate() {
+                read_welcome(stream).with_context(|| {
+                    format!(
+                        "idle connection {} of {count} to {}",
+                        first + offset + 1,
+                        socket.display()
+                    )
+                })?;
+            }
+        }
+        Ok(IdleConnections { streams })
+    }
+
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+}
+
+/// EMFILE, without a libc dependency for one number (the same on every Linux architecture).
+fn libc_emfile() -> i32 {
+    rustix::io::Errno::MFILE.raw_os_error()
+}
+
+/// Reads the answer to an idle connection's Hello: a Welcome, or the daemon's refusal.
+fn read_welcome(stream: &mut UnixStream) -> anyhow::Result<()> {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream
+        .read_exact(&mut header)
+        .context("no answer to Hello (the daemon closed the connection or did not answer)")?;
+    let header = frame::parse_header(header, MAX_WELCOME_BYTES)?;
+    let mut body = vec![0u8; header.body_len];
+    stream
+        .read_exact(&mut body)
+        .context("the answer to Hello was cut short")?;
+    let response: Response = frame::decode_body(header, &body)?;
+    match response.body {
+        ResponseBody::Welcome { .. } => Ok(()),
+        ResponseBody::Error { code, message } => {
+            anyhow::bail!("the daemon refused it ({code:?}): {message}")
+        }
+        other => anyhow::bail!("the daemon answered Hello with {other:?}"),
+    }
+}
+
+/// Descriptors this process uses per client: its socket three times (reader, writer, the
+/// handle kept for the ring), the watcher's copy, the ring's memory and doorbell.
+const FDS_PER_CLIENT: u64 = 6;
+/// What a daemon in this process adds per client: its socket and the ring's doorbell, and a
+/// spare.
+const DAEMON_FDS_PER_CLIENT: u64 = 3;
+/// Everything else: the logs, listeners, event loops, files the benchmark opens.
+const SPARE_FDS: u64 = 64;
+
+/// Raises this process's file limit to its hard limit and checks that `idle` idle connections
+/// and `clients` clients fit under it (both ends of every connection when the daemon is in this
+/// process).
+///
+/// # Errors
+/// They do not fit: the message says how many descriptors they need and what the limit is.
+pub fn check_descriptors(idle: usize, clients: usize, in_process: bool) -> anyhow::Result<()> {
+    let limit = stela_server::limits::raise_file_limit();
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    let (idle, clients) = (idle as u64, clients as u64);
+    let needed = if in_process {
+        idle.saturating_mul(2)
+            .saturating_add(clients.saturating_mul(FDS_PER_CLIENT + DAEMON_FDS_PER_CLIENT))
+            .saturating_add(stela_server::limits::RESERVED_FDS)
+    } else {
+        idle.saturating_add(clients.saturating_mul(FDS_PER_CLIENT))
+    }
+    .saturating_add(open + SPARE_FDS);
+    anyhow::ensure!(
+        needed <= limit,
+        "{idle} idle connections and {clients} client(s) need about {needed} file descriptors in \
+         this process{} ({open} open already), above its file limit of {limit}: raise the hard \
+         limit (ulimit -Hn, LimitNOFILE=) or ask for fewer",
+        if in_process {
+            ", which holds both ends of each connection since the daemon runs in it"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// `VmRSS` of a `/proc/<pid>/status` file, in KiB; `None` if it cannot be read.
+fn rss_kib(status: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(status).ok()?;
+    let line = text.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// This process's threads: id and name.
+fn tasks() -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let tid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            Some((tid, comm.trim_end().to_string()))
+        })
+        .collect()
+}
+
+/// Names of the driver's client threads (the kernel keeps 15 bytes of a name: the prefix
+/// survives).
+const CLIENT_THREAD: &str = "drive-client";
+/// The client library's watcher thread ("stela-client-watcher", cut to 15 bytes).
+const CLIENT_LIBRARY_THREAD: &str = "stela-client";
+
+/// Threads of a daemon in this process: those not there before it started, less the clients'.
+fn daemon_threads_in_process(before: &HashSet<u32>) -> u32 {
+    tasks()
+        .into_iter()
+        .filter(|(tid, name)| {
+            !before.contains(tid)
+                && !name.starts_with(CLIENT_THREAD)
+                && !name.starts_with(CLIENT_LIBRARY_THREAD)
+        })
+        .count() as u32
+}
+
 /// Runs one thread per (source, commit) pair for the warm-up and the window; merges what the
-/// threads measured.
+/// threads measured. With a `probe`, samples the daemon in the middle of the window.
 fn drive<S>(
     sources: Vec<S>,
     commits: Vec<Commit<'_, S::Record>>,
     timing: Timing,
+    probe: Option<&dyn Fn() -> anyhow::Result<DaemonSample>>,
 ) -> anyhow::Result<Outcome>
 where
     S: RecordSource,
@@ -332,42 +742,58 @@ where
     let window: OnceLock<(Instant, Instant)> = OnceLock::new();
     // A failing client stops the others at once rather than at the end of the window.
     let failed = AtomicBool::new(false);
-    let results = std::thread::scope(|scope| {
+    let (results, sample) = std::thread::scope(|scope| {
         let handles: Vec<_> = sources
             .into_iter()
             .zip(commits)
-            .map(|(mut source, mut commit)| {
+            .enumerate()
+            .map(|(index, (mut source, mut commit))| {
                 let (barrier, window, failed) = (&barrier, &window, &failed);
-                scope.spawn(move || -> anyhow::Result<Histogram> {
-                    let mut latency = Histogram::new();
-                    barrier.wait();
-                    let &(from, to) = window.get().expect("set before the barrier");
-                    loop {
-                        let record = source.next_record();
-                        let started = Instant::now();
-                        if started >= to || failed.load(Ordering::Relaxed) {
-                            break;
+                std::thread::Builder::new()
+                    .name(format!("{CLIENT_THREAD}-{index}"))
+                    .spawn_scoped(scope, move || -> anyhow::Result<Histogram> {
+                        let mut latency = Histogram::new();
+                        barrier.wait();
+                        let &(from, to) = window.get().expect("set before the barrier");
+                        loop {
+                            let record = source.next_record();
+                            let started = Instant::now();
+                            if started >= to || failed.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            if let Err(error) = commit(record) {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(error);
+                            }
+                            let ended = Instant::now();
+                            if ended >= from && ended < to {
+                                latency.record((ended - started).as_nanos() as u64);
+                            }
                         }
-                        if let Err(error) = commit(record) {
-                            failed.store(true, Ordering::Relaxed);
-                            return Err(error);
-                        }
-                        let ended = Instant::now();
-                        if ended >= from && ended < to {
-                            latency.record((ended - started).as_nanos() as u64);
-                        }
-                    }
-                    // Drop the commit (for the service modes: the connection) here, so the
-                    // daemon sees its clients go before it is asked to stop.
-                    drop(commit);
-                    Ok(latency)
-                })
+                        // Drop the commit (for the service modes: the connection) here, so the
+                        // daemon sees its clients go before it is asked to stop.
+                        drop(commit);
+                        Ok(latency)
+                    })
+                    .expect("spawn a client thread")
             })
             .collect();
         let from = Instant::now() + timing.warmup;
         let _ = window.set((from, from + timing.window));
         barrier.wait();
-        handles.into_iter().map(|h| h.join()).collect::<Vec<_>>()
+        let sample = probe.map(|probe| {
+            let at = from + timing.window / 2;
+            while !failed.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if now >= at {
+                    break;
+                }
+                std::thread::sleep((at - now).min(Duration::from_millis(10)));
+            }
+            probe()
+        });
+        let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+        (results, sample)
     });
     let mut latency = Histogram::new();
     for result in results {
@@ -377,10 +803,15 @@ where
             Err(_) => anyhow::bail!("a client thread panicked"),
         }
     }
+    let daemon = sample
+        .transpose()
+        .context("sample the daemon's memory and threads")?;
     Ok(Outcome {
         commits: latency.count(),
         seconds: timing.window.as_secs_f64(),
         latency,
+        transport: None,
+        daemon,
     })
 }
 
@@ -426,6 +857,123 @@ mod tests {
                 stela_wal::Wal::open(&log, stela_wal::WalOptions::default()).unwrap();
             assert!(wal.last_lsn().get() >= outcome.commits, "{mode}");
         }
+    }
+
+    fn daemon_in(dir: &Path, max_connections: usize) -> Server {
+        let mut config = DaemonConfig::new(dir);
+        config.assume_write_rate = Some(1 << 30);
+        config.max_connections = max_connections;
+        Server::start(config).unwrap()
+    }
+
+    #[test]
+    fn a_run_holds_its_idle_connections_and_samples_the_daemon() {
+        let daemon = DaemonEnv {
+            write_bytes_per_s: 1 << 30,
+        };
+        for (clients, idle) in [(1, 0), (3, 20)] {
+            let dir = tempfile::tempdir().unwrap();
+            let service = ServiceRun {
+                daemon: Daemon::InProcess(&daemon),
+                transport: Transport::SharedMemory,
+                idle_connections: idle,
+            };
+            let sources = (0..clients).map(|c| Same(c << 32)).collect();
+            let outcome = run_mode_with(
+                Mode::ServiceBuffered,
+                dir.path(),
+                Some(&service),
+                short(),
+                sources,
+            )
+            .unwrap();
+            assert!(outcome.commits > 0);
+            assert_eq!(outcome.transport, Some("shm"));
+            let sample = outcome.daemon.unwrap();
+            assert!(sample.in_process);
+            assert_eq!(sample.pid, std::process::id());
+            assert!(sample.rss_kib.unwrap() > 0);
+            assert!(sample.connections as usize >= clients as usize + idle);
+            // That the count leaves out the clients' threads is checked where no other test
+            // starts threads beside it: stela-bench's black-box tests.
+            assert!(sample.threads > 0);
+        }
+    }
+
+    #[test]
+    fn a_running_daemon_keeps_its_other_logs_and_a_run_refuses_a_used_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = daemon_in(dir.path(), 100);
+        let socket = server.socket_path().to_path_buf();
+        let keep: stela_client::Wal<u64> =
+            stela_client::Wal::open(&*socket, "keep", stela_client::WalOptions::default()).unwrap();
+        for n in 1..=5u64 {
+            keep.append(&n).unwrap();
+        }
+        let service = ServiceRun {
+            daemon: Daemon::Running {
+                socket: &socket,
+                log: "fresh",
+            },
+            transport: Transport::Socket,
+            idle_connections: 4,
+        };
+        let unused = tempfile::tempdir().unwrap();
+        let sources = (0..2).map(|c| Same(c << 32)).collect();
+        let outcome = run_mode_with(
+            Mode::ServiceDisk,
+            unused.path(),
+            Some(&service),
+            short(),
+            sources,
+        )
+        .unwrap();
+        assert!(outcome.commits > 0);
+        assert_eq!(outcome.transport, Some("socket"));
+        let sample = outcome.daemon.unwrap();
+        assert!(!sample.in_process);
+        assert_eq!(sample.pid, std::process::id());
+        // `keep`, the two clients, the four idle ones (the sampler's own admin connection too).
+        assert!(sample.connections >= 7, "{sample:?}");
+        assert_eq!(keep.positions().unwrap().last_lsn, 5);
+        assert!(std::fs::read_dir(unused.path()).unwrap().next().is_none());
+        let again = (0..1).map(Same).collect();
+        let error = run_mode_with(
+            Mode::ServiceBuffered,
+            unused.path(),
+            Some(&service),
+            short(),
+            again,
+        )
+        .unwrap_err();
+        assert!(
+            format!("{error:#}").contains("already holds records"),
+            "{error:#}"
+        );
+        drop(keep);
+        server.shutdown().unwrap();
+    }
+
+    #[test]
+    fn idle_connections_past_the_daemons_limit_fail_naming_which_and_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = daemon_in(dir.path(), 3);
+        let held = IdleConnections::open(server.socket_path(), 3).unwrap();
+        assert_eq!(held.len(), 3);
+        assert_eq!(server.status().connections, 3);
+        let error = IdleConnections::open(server.socket_path(), 2).unwrap_err();
+        let message = format!("{error:#}");
+        assert!(message.contains("idle connection 1 of 2"), "{message}");
+        assert!(message.contains("TooManyConnections"), "{message}");
+        drop(held);
+        server.shutdown().unwrap();
+    }
+
+    #[test]
+    fn descriptors_that_cannot_fit_are_refused_before_anything_opens() {
+        check_descriptors(10, 4, true).unwrap();
+        let error = check_descriptors(usize::MAX, 4, true).unwrap_err();
+        assert!(error.to_string().contains("file limit"), "{error}");
     }
 
     #[test]
