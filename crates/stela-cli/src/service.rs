@@ -80,6 +80,9 @@ pub struct ServeArgs {
     /// never poll).
     #[arg(long, default_value_t = config::SPIN.as_micros() as u64)]
     pub spin_us: u64,
+    /// Run the event loop with normal scheduling even where realtime is permitted.
+    #[arg(long)]
+    pub no_realtime: bool,
 }
 
 impl ServeArgs {
@@ -105,6 +108,7 @@ impl ServeArgs {
         config.partial_frame_bytes = self.partial_frame_bytes;
         config.ring_bytes = self.ring_size;
         config.spin = Duration::from_micros(self.spin_us);
+        config.realtime_loop = !self.no_realtime;
         config
     }
 }
@@ -243,12 +247,17 @@ pub fn power_restore(target: TargetArgs, out: &mut dyn Write) -> anyhow::Result<
 fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{} (pid {}), dir {}, up {:.1} s, {} thread(s)",
+        "{} (pid {}), dir {}, up {:.1} s, {} thread(s), event loop {}",
         report.server,
         report.pid,
         report.dir,
         report.uptime_ms as f64 / 1e3,
-        report.threads
+        report.threads,
+        if report.realtime_loop {
+            "realtime (SCHED_FIFO 1)"
+        } else {
+            "normal scheduling"
+        }
     )?;
     writeln!(
         out,
@@ -326,6 +335,7 @@ fn status_json(report: &StatusReport) -> serde_json::Value {
         "connections": report.connections, "max_connections": report.max_connections,
         "file_limit": report.file_limit, "rings": report.rings,
         "refused_connections": report.refused_connections, "threads": report.threads,
+        "realtime_loop": report.realtime_loop,
         "partial_frame_bytes": report.partial_frame_bytes, "partial_frame_cap": report.partial_frame_cap,
         "power": report.power,
         "buffers": report.buffers, "buffer_bytes": report.buffer_bytes, "free_buffers": report.free_buffers,

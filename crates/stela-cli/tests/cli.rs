@@ -156,3 +156,70 @@ fn a_missing_directory_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("/nonexistent/stela-log: not a directory"));
 }
+
+/// `docs/DAEMON.md` lists every daemon setting with its default; the defaults live in
+/// `stela_server::config`. The page must say what the code does.
+#[test]
+fn the_settings_page_gives_the_defaults_the_daemon_has() {
+    use stela_server::config;
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/DAEMON.md"))
+            .expect("docs/DAEMON.md");
+    let documented: std::collections::HashMap<String, String> = page
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let flag = cells.get(1)?.strip_prefix("`--")?.strip_suffix('`')?;
+            Some((flag.to_owned(), cells.get(2)?.to_string()))
+        })
+        .collect();
+    let expected: Vec<(&str, String)> = vec![
+        ("buffers", config::BUFFERS.to_string()),
+        ("buffer-size", config::BUFFER_BYTES.to_string()),
+        ("write-threshold", config::WRITE_THRESHOLD.to_string()),
+        (
+            "flush-interval",
+            config::FLUSH_INTERVAL.as_millis().to_string(),
+        ),
+        ("power-window", config::POWER_WINDOW.as_millis().to_string()),
+        ("segment-size", config::SEGMENT_BYTES.to_string()),
+        ("flushers", config::FLUSHERS.to_string()),
+        ("workers", config::WORKERS.to_string()),
+        ("max-connections", config::MAX_CONNECTIONS.to_string()),
+        ("admin-connections", config::ADMIN_CONNECTIONS.to_string()),
+        (
+            "handshake-timeout",
+            config::HANDSHAKE_TIMEOUT.as_secs().to_string(),
+        ),
+        ("idle-timeout", config::IDLE_TIMEOUT.as_secs().to_string()),
+        (
+            "partial-frame-bytes",
+            config::PARTIAL_FRAME_BYTES.to_string(),
+        ),
+        ("ring-size", config::RING_BYTES.to_string()),
+        ("spin-us", config::SPIN.as_micros().to_string()),
+        (
+            "no-realtime",
+            if config::REALTIME_LOOP { "off" } else { "on" }.to_string(),
+        ),
+    ];
+    for (flag, value) in &expected {
+        assert_eq!(
+            documented.get(*flag),
+            Some(value),
+            "docs/DAEMON.md gives --{flag} another default than stela_server::config"
+        );
+    }
+    // And `stela serve --help` shows the same defaults (clap takes them from the constants).
+    let help = common::text(&common::stela(&["serve", "--help"]));
+    for (flag, value) in expected.iter().filter(|(f, _)| *f != "no-realtime") {
+        let shown = format!("[default: {value}]");
+        let at = help
+            .find(&format!("--{flag} "))
+            .unwrap_or_else(|| panic!("--{flag} missing from `stela serve --help`"));
+        assert!(
+            help[at..].contains(&shown),
+            "--{flag}: {shown} not shown:\n{help}"
+        );
+    }
+}

@@ -250,7 +250,12 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             Err(ShmError::EntryTooLarge { .. }) => return Ok(None),
             Err(error) => return Err(ring_error(error)),
         };
-        let done = ring.wait(seq).map_err(ring_error)?;
+        let done = if durability == Durability::Disk {
+            ring.wait_patiently(seq)
+        } else {
+            ring.wait(seq)
+        }
+        .map_err(ring_error)?;
         if !done.is_ok() {
             let code = done
                 .error_code()

@@ -280,6 +280,8 @@ pub struct StatusReport {
     pub partial_frame_cap: u64,
     /// Threads of the daemon process.
     pub threads: u32,
+    /// Whether the event loop runs with realtime scheduling (`docs/DAEMON.md`).
+    pub realtime_loop: bool,
     /// Appends that had to wait for buffer space since start (backpressure).
     pub appends_waited: u64,
     pub bytes_written: u64,

@@ -41,6 +41,8 @@ pub const PARTIAL_FRAME_BYTES: usize = 256 << 20;
 pub const RING_BYTES: usize = 1 << 20;
 /// How long the event loop keeps polling after its last event before it sleeps.
 pub const SPIN: Duration = Duration::from_micros(50);
+/// Whether the event loop asks for realtime scheduling (granted to root or CAP_SYS_NICE).
+pub const REALTIME_LOOP: bool = true;
 
 /// How to run a daemon. [`DaemonConfig::new`] gives the defaults above.
 #[derive(Clone, Debug)]
@@ -72,6 +74,8 @@ pub struct DaemonConfig {
     pub ring_bytes: usize,
     /// How long the event loop polls before sleeping; zero: never poll.
     pub spin: Duration,
+    /// Ask for realtime scheduling of the event loop (it runs normally where not permitted).
+    pub realtime_loop: bool,
     pub storage: Arc<dyn Storage>,
     /// React to SIGPWR (emergency flush) and SIGTERM/SIGINT (flush and stop). Only one daemon
     /// per process may.
@@ -101,6 +105,7 @@ impl DaemonConfig {
             partial_frame_bytes: PARTIAL_FRAME_BYTES,
             ring_bytes: RING_BYTES,
             spin: SPIN,
+            realtime_loop: REALTIME_LOOP,
             storage: Arc::new(StdStorage),
             handle_signals: false,
         }

@@ -317,7 +317,7 @@ impl ClientRing {
         };
         let slots = u64::from(self.layout.slots);
         let end = self.written + pad + len;
-        self.wait_until(seq, |ring| {
+        self.wait_until(seq, true, |ring| {
             // (`head` never passes `tail`; a daemon that broke that would only make us wait.)
             let room = end.wrapping_sub(ring.region.head().load(Acquire)) <= data_bytes;
             let slot_free = seq <= slots || ring.region.done_seq().load(Acquire) >= seq - slots;
@@ -380,6 +380,17 @@ impl ClientRing {
     /// there; [`ShmError::NotSubmitted`], [`ShmError::ResultGone`] for a seq this ring cannot
     /// answer; [`ShmError::Inconsistent`] if the daemon broke the protocol.
     pub fn wait(&mut self, seq: u64) -> Result<Completion, ShmError> {
+        self.wait_for(seq, true)
+    }
+
+    /// As [`ClientRing::wait`], without spinning first, and without letting the wait teach the
+    /// spin budget anything: for an answer known to take long (a `disk` entry waits for an
+    /// fdatasync), where spinning would only take the CPU from the daemon.
+    pub fn wait_patiently(&mut self, seq: u64) -> Result<Completion, ShmError> {
+        self.wait_for(seq, false)
+    }
+
+    fn wait_for(&mut self, seq: u64, spin: bool) -> Result<Completion, ShmError> {
         if seq == 0 || seq >= self.next_seq {
             return Err(ShmError::NotSubmitted {
                 seq,
@@ -387,7 +398,9 @@ impl ClientRing {
             });
         }
         if seq > self.harvested {
-            self.wait_until(seq, |ring| ring.region.done_seq().load(Acquire) >= seq)?;
+            self.wait_until(seq, spin, |ring| {
+                ring.region.done_seq().load(Acquire) >= seq
+            })?;
             self.harvest(seq)?;
         }
         let (stored, completion) = self.results[self.slot_index(seq)];
@@ -474,13 +487,16 @@ impl ClientRing {
     fn wait_until(
         &mut self,
         seq: u64,
+        spin: bool,
         mut ready: impl FnMut(&ClientRing) -> bool,
     ) -> Result<(), ShmError> {
         if ready(self) || self.hopeless(seq, &mut ready)? {
             return Ok(());
         }
         self.publish()?;
-        if !self.spin.budget.is_zero() {
+        if !spin {
+            // A patient wait: straight to sleep, the spin budget left as it was.
+        } else if !self.spin.budget.is_zero() {
             let started = Instant::now();
             let mut spins = 0u32;
             loop {

@@ -24,6 +24,7 @@ pub struct NetStats {
     pub refused_connections: u64,
     pub partial_frame_bytes: u64,
     pub partial_frame_cap: u64,
+    pub realtime_loop: bool,
 }
 
 /// A log opened for one more handle.
@@ -45,6 +46,11 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
+    /// A pool refusal, told in the terms of the log it concerns.
+    pub fn log_error(&self, log: LogId, error: PoolError) -> Error {
+        self.pool_error(log, error)
+    }
+
     pub fn config(&self) -> &DaemonConfig {
         &self.config
     }
@@ -132,39 +138,51 @@ impl Engine {
         let from = from.max(1);
         let (next, _) = self.pool.positions(log);
         let mut records: Vec<(u64, Payload)> = Vec::new();
-        match self.pool.read(log, from, max_records, max_bytes) {
-            PoolRead::Buffered(found) => {
-                records.extend(found.into_iter().map(|(l, p)| (l, Payload(p))));
+        let mut bytes = 0;
+        // From the files up to the durable LSN, then on into the buffers; a flusher may make
+        // what was buffered durable (and free it) meanwhile, so read the files again from there.
+        loop {
+            let at = records.last().map_or(from, |&(last, _)| last + 1);
+            let (want, room) = (max_records - records.len(), max_bytes.saturating_sub(bytes));
+            if want == 0 || room == 0 {
+                break;
             }
-            PoolRead::OnDisk if !may_block => return Ok(None),
-            PoolRead::OnDisk => {
-                let entry = self.entry(log)?;
-                let (_, durable) = self.pool.positions(log);
-                let files_error = |source| Error::Files {
-                    log: entry.name.clone(),
-                    source,
-                };
-                let mut bytes = 0;
-                let reader = entry.segments.reader(Lsn::new(from), Lsn::new(durable + 1));
-                for item in reader {
-                    let (lsn, payload) = item.map_err(files_error)?;
-                    if records.len() >= max_records
-                        || (!records.is_empty() && bytes + payload.len() > max_bytes)
-                    {
+            match self.pool.read(log, at, want, room) {
+                PoolRead::Buffered(found) => {
+                    records.extend(found.into_iter().map(|(l, p)| (l, Payload(p))));
+                    break;
+                }
+                PoolRead::OnDisk if !may_block => return Ok(None),
+                PoolRead::OnDisk => {
+                    let entry = self.entry(log)?;
+                    let (_, durable) = self.pool.positions(log);
+                    let before = records.len();
+                    let mut full = false;
+                    for item in entry.segments.reader(Lsn::new(at), Lsn::new(durable + 1)) {
+                        let (lsn, payload) = item.map_err(|source| Error::Files {
+                            log: entry.name.clone(),
+                            source,
+                        })?;
+                        if records.len() >= max_records
+                            || (!records.is_empty() && bytes + payload.len() > max_bytes)
+                        {
+                            full = true;
+                            break;
+                        }
+                        bytes += payload.len();
+                        records.push((lsn.get(), Payload(payload)));
+                    }
+                    if full {
                         break;
                     }
-                    bytes += payload.len();
-                    records.push((lsn.get(), Payload(payload)));
-                }
-                // Go on into the buffers, so one read is not cut short at the durable LSN (and
-                // a `from` below the first segment still finds what is buffered).
-                let resume = records.last().map_or(durable + 1, |&(last, _)| last + 1);
-                if records.len() < max_records && bytes < max_bytes {
-                    if let PoolRead::Buffered(more) =
-                        self.pool
-                            .read(log, resume, max_records - records.len(), max_bytes - bytes)
-                    {
-                        records.extend(more.into_iter().map(|(l, p)| (l, Payload(p))));
+                    if records.len() == before {
+                        // Nothing on disk at `at` (below the first segment): what is buffered.
+                        if let PoolRead::Buffered(found) =
+                            self.pool.read(log, durable + 1, want, room)
+                        {
+                            records.extend(found.into_iter().map(|(l, p)| (l, Payload(p))));
+                        }
+                        break;
                     }
                 }
             }
@@ -243,6 +261,7 @@ impl Engine {
             refused_connections: net.refused_connections,
             partial_frame_bytes: net.partial_frame_bytes,
             partial_frame_cap: net.partial_frame_cap,
+            realtime_loop: net.realtime_loop,
             threads: thread_count(),
             appends_waited: stats.appends_waited,
             bytes_written: stats.bytes_written,

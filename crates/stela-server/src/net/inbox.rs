@@ -39,8 +39,14 @@ pub(crate) struct Answer {
     pub effect: Effect,
 }
 
-/// A ring's `disk` entry settled: the ring, the entry's seq, and its LSNs or why it failed.
-pub(crate) type RingDone = (stela_net::shm::Completer, u64, Result<(u64, u64), Error>);
+/// A ring's `disk` entry settled: the ring, the entry's seq, its log, and its LSNs or why it
+/// failed (told in the log's terms by the loop: rare, so the flusher does not look names up).
+pub(crate) type RingDone = (
+    stela_net::shm::Completer,
+    u64,
+    crate::pool::LogId,
+    Result<(u64, u64), crate::pool::PoolError>,
+);
 
 pub(crate) enum Event {
     Answer(Box<Answer>),

@@ -81,13 +81,10 @@ impl RingConn {
                     // The flusher that makes it durable hands the completion to the event loop,
                     // which publishes it and wakes the client, so the flusher goes straight on to
                     // its next round instead of making one wake-up call per waiter.
-                    let (completer, name) = (self.completer.clone(), engine.log_name(log));
-                    let inbox = Arc::clone(inbox);
+                    let (completer, inbox) = (self.completer.clone(), Arc::clone(inbox));
                     let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
-                        let result = outcome
-                            .map(|()| (first, last))
-                            .map_err(|e| Error::from_pool(&name, e));
-                        inbox.push_quiet(Event::RingDone(Box::new((completer, seq, result))));
+                        let done = outcome.map(|()| (first, last));
+                        inbox.push_quiet(Event::RingDone(Box::new((completer, seq, log, done))));
                     });
                     match engine.when_durable(log, last, waiter) {
                         Ok(true) => self.complete(seq, Ok((first, last))),

@@ -217,6 +217,10 @@ struct State<W> {
     appends_waited: u64,
     bytes_written: u64,
     writes: u64,
+    /// Flushers asleep in `next_work`, and threads asleep in `wait_drained`: only they need a
+    /// wake-up call (each costs a system call, asleep or not).
+    idle_flushers: usize,
+    drain_waiters: usize,
 }
 
 /// What a flusher writes next: a prefix of one log's queue.
@@ -305,6 +309,8 @@ impl<W> Pool<W> {
                 admission: Admission::Open,
                 space_wanted: false,
                 appends_waited: 0,
+                idle_flushers: 0,
+                drain_waiters: 0,
                 bytes_written: 0,
                 writes: 0,
             }),
@@ -397,7 +403,7 @@ impl<W> Pool<W> {
             state.appends_waited += 1;
             state.space_wanted = true;
             // Whatever is eligible must go out for space to appear.
-            self.work.notify_one();
+            self.wake_flusher(&state);
             return Err(PoolError::NoSpace);
         }
         for record in records {
@@ -406,7 +412,7 @@ impl<W> Pool<W> {
         state.dirty += total;
         log_mut(&mut state, log).dirty += total;
         if self.eligible_bytes(&state, log, Instant::now()) > 0 {
-            self.work.notify_one();
+            self.wake_flusher(&state);
         }
         Ok((next, next + records.len() as u64 - 1))
     }
@@ -580,6 +586,11 @@ impl<W> Pool<W> {
         let mut state = lock(&self.state);
         loop {
             if let Some(work) = self.take_work(&mut state) {
+                // More may be waiting for another flusher (another log).
+                if (0..state.logs.len()).any(|l| self.eligible_bytes(&state, l, Instant::now()) > 0)
+                {
+                    self.wake_flusher(&state);
+                }
                 return Some(work);
             }
             if state.admission == Admission::ShuttingDown && self.drained(&state) {
@@ -606,7 +617,15 @@ impl<W> Pool<W> {
                     at.saturating_duration_since(now)
                 })
                 .max(Duration::from_millis(1));
+            state.idle_flushers += 1;
             state = sync::wait_timeout(&self.work, state, due);
+            state.idle_flushers -= 1;
+        }
+    }
+
+    fn wake_flusher(&self, state: &State<W>) {
+        if state.idle_flushers > 0 {
+            self.work.notify_one();
         }
     }
 
@@ -699,10 +718,10 @@ impl<W> Pool<W> {
             }
         }
         let space_freed = freed_any && std::mem::take(&mut state.space_wanted);
-        self.progress.notify_all();
-        // Another log may have become eligible meanwhile, and the caller is one flusher of
-        // several: let a sleeping one look.
-        self.work.notify_one();
+        if state.drain_waiters > 0 {
+            self.progress.notify_all();
+        }
+        // The caller, a flusher, looks for more work next, and wakes another if there is more.
         Released {
             waiters: released,
             space_freed,
@@ -734,9 +753,11 @@ impl<W> Pool<W> {
             return Err((waiter, PoolError::DiskFull(Arc::clone(failure))));
         }
         entry.waiters.push((lsn, waiter));
-        if lsn > entry.urgent_to {
-            entry.urgent_to = lsn;
-            self.work.notify_one();
+        // A flusher writing this log takes the rest when it is done.
+        let wake = lsn > entry.urgent_to && !entry.writing;
+        entry.urgent_to = entry.urgent_to.max(lsn);
+        if wake {
+            self.wake_flusher(&state);
         }
         Ok(None)
     }
@@ -793,7 +814,9 @@ impl<W> Pool<W> {
         let mut state = lock(&self.state);
         while !self.drained(&state) {
             self.work.notify_all();
+            state.drain_waiters += 1;
             state = sync::wait(&self.progress, state);
+            state.drain_waiters -= 1;
         }
     }
 
