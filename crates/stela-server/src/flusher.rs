@@ -14,9 +14,8 @@
 //! numbers or reorders anything.
 
 use crate::logs::Logs;
-use crate::pool::{Outcome, Pool, Work};
+use crate::pool::{Failure, Outcome, Pool, Work};
 use crate::sync::lock;
-use std::sync::Arc;
 use stela_wal::Lsn;
 
 /// Writes `work` and syncs it; says how it ended.
@@ -44,7 +43,7 @@ pub fn write(logs: &Logs, work: &Work) -> Outcome {
                     tracing::warn!(log = %entry.name, %error, "disk full: segment not created; records kept, retrying");
                     Outcome::DiskFull {
                         synced: at,
-                        error: Arc::new(error),
+                        error: Failure::new(error),
                     }
                 } else {
                     failed(&entry.name, error)
@@ -73,7 +72,7 @@ pub fn write(logs: &Logs, work: &Work) -> Outcome {
 
 fn failed(log: &str, error: stela_wal::Error) -> Outcome {
     tracing::error!(%log, %error, "log stopped: write or sync failed");
-    Outcome::Failed(Arc::new(error))
+    Outcome::Failed(Failure::new(error))
 }
 
 /// A full disk while a segment was being made (not while syncing data): nothing written was

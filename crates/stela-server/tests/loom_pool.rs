@@ -112,8 +112,8 @@ struct Acked {
 /// What the flushers wrote: (log, lsn, payload, file offset), in completion order.
 type Written = Arc<Mutex<Vec<(LogId, u64, Vec<u8>, u64)>>>;
 
-fn failure() -> Arc<stela_wal::Error> {
-    Arc::new(stela_wal::Error::Io {
+fn failure() -> stela_server::pool::Failure {
+    stela_server::pool::Failure::new(stela_wal::Error::Io {
         op: "write",
         path: "/model".into(),
         source: std::io::Error::other("disk gone"),
@@ -446,8 +446,12 @@ fn a_failed_write_stops_only_its_log() {
                     true,
                 );
                 assert!(refused.is_none(), "log 1 is not affected: {refused:?}");
-                pool.wait_durable(logs[1], 2)
-                    .expect("log 1 is not affected");
+                let waiter = note();
+                match pool.when_durable(logs[1], 2, Arc::clone(&waiter)) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => wait_note(&waiter).expect("log 1 is not affected"),
+                    Err((_, e)) => panic!("log 1 is not affected: {e}"),
+                }
                 acked
             })
         };

@@ -46,7 +46,8 @@ use stela_format::Lsn;
 pub type LogId = usize;
 
 /// Why a log cannot be written: what the flusher reported.
-pub type Failure = Arc<stela_wal::Error>;
+// The failure itself is shared data, not a synchronisation point: std's Arc even under loom.
+pub type Failure = std::sync::Arc<stela_wal::Error>;
 
 /// How long a log whose next segment could not be created for lack of space waits before the
 /// next attempt.
@@ -362,10 +363,10 @@ impl<W> Pool<W> {
         }
         let entry = log_mut(&mut state, log);
         if let Some(failure) = &entry.failure {
-            return Err(PoolError::Failed(Arc::clone(failure)));
+            return Err(PoolError::Failed(Failure::clone(failure)));
         }
         if let Some((_, failure)) = &entry.disk_full {
-            return Err(PoolError::DiskFull(Arc::clone(failure)));
+            return Err(PoolError::DiskFull(Failure::clone(failure)));
         }
         if entry.closing {
             return Err(PoolError::Closed);
@@ -690,12 +691,12 @@ impl<W> Pool<W> {
                 }
                 // Waiters of this log learn that the disk is full (their records stay).
                 let entry = log_mut(&mut state, log);
-                let failure = entry.disk_full.as_ref().map(|d| Arc::clone(&d.1));
+                let failure = entry.disk_full.as_ref().map(|d| Failure::clone(&d.1));
                 if let Some(failure) = failure {
                     released.extend(
                         std::mem::take(&mut entry.waiters)
                             .into_iter()
-                            .map(|(_, w)| (w, Err(PoolError::DiskFull(Arc::clone(&failure))))),
+                            .map(|(_, w)| (w, Err(PoolError::DiskFull(Failure::clone(&failure))))),
                     );
                 }
             }
@@ -704,7 +705,7 @@ impl<W> Pool<W> {
                 // order, so drop them all and refuse everything after.
                 let queue: Vec<usize> = entry.queue.drain(..).collect();
                 let dropped = std::mem::take(&mut entry.dirty);
-                entry.failure = Some(Arc::clone(&failure));
+                entry.failure = Some(Failure::clone(&failure));
                 let waiters = std::mem::take(&mut entry.waiters);
                 for slot in queue {
                     free_slot(&mut state, slot, self.config.buffer_bytes);
@@ -713,7 +714,7 @@ impl<W> Pool<W> {
                 released.extend(
                     waiters
                         .into_iter()
-                        .map(|(_, w)| (w, Err(PoolError::Failed(Arc::clone(&failure))))),
+                        .map(|(_, w)| (w, Err(PoolError::Failed(Failure::clone(&failure))))),
                 );
             }
         }
@@ -740,7 +741,7 @@ impl<W> Pool<W> {
         let mut state = lock(&self.state);
         let entry = log_mut(&mut state, log);
         if let Some(failure) = &entry.failure {
-            return Err((waiter, PoolError::Failed(Arc::clone(failure))));
+            return Err((waiter, PoolError::Failed(Failure::clone(failure))));
         }
         if lsn <= entry.durable_lsn {
             return Ok(Some(waiter));
@@ -750,7 +751,7 @@ impl<W> Pool<W> {
             return Err((waiter, PoolError::NotAppended { lsn, next }));
         }
         if let Some((_, failure)) = &entry.disk_full {
-            return Err((waiter, PoolError::DiskFull(Arc::clone(failure))));
+            return Err((waiter, PoolError::DiskFull(Failure::clone(failure))));
         }
         entry.waiters.push((lsn, waiter));
         // A flusher writing this log takes the rest when it is done.

@@ -1,8 +1,8 @@
 //! What the pool tells without changing anything: reads of records still in the buffers,
 //! positions, counters, failures. Apart from the pool's durability-critical core ([`super`]).
 
-use super::{log_ref, Admission, LogId, Pool, PoolConfig, PoolError, Run, Slot, Work};
-use crate::sync::{lock, Arc};
+use super::{log_ref, Admission, Failure, LogId, Pool, PoolConfig, PoolError, Run, Slot, Work};
+use crate::sync::lock;
 use stela_format::frame;
 
 /// The answer to a read of LSNs the pool may hold.
@@ -128,12 +128,12 @@ impl<W> Pool<W> {
         let state = lock(&self.state);
         let entry = state.logs[log].as_ref()?;
         if let Some(failure) = &entry.failure {
-            return Some(PoolError::Failed(Arc::clone(failure)));
+            return Some(PoolError::Failed(Failure::clone(failure)));
         }
         entry
             .disk_full
             .as_ref()
-            .map(|d| PoolError::DiskFull(Arc::clone(&d.1)))
+            .map(|d| PoolError::DiskFull(Failure::clone(&d.1)))
     }
 
     pub fn stats(&self) -> PoolStats {
