@@ -250,3 +250,13 @@ pub(crate) fn abort_on_panic(what: &str, body: impl FnOnce()) {
         std::process::abort();
     }
 }
+
+/// Refuses the levels that need a standby: the one place that says which levels this daemon
+/// serves.
+pub fn check_level(durability: stela_proto::Durability) -> Result<(), Error> {
+    use stela_proto::Durability;
+    match durability {
+        Durability::Unsafe | Durability::Buffered | Durability::Disk => Ok(()),
+        Durability::Replicated | Durability::All => Err(Error::Unsupported(durability)),
+    }
+}

@@ -15,7 +15,7 @@
 
 use super::inbox::{Answer, ConnRef, Effect, Event, Inbox};
 use super::ring::RingConn;
-use crate::engine::{Engine, NetStats, Waiter};
+use crate::engine::{check_level, Engine, NetStats, Waiter};
 use crate::error::Error;
 use crate::pool::{LogId, Record};
 use crate::workers::Workers;
@@ -721,13 +721,5 @@ fn write_some(stream: &mut Stream, bytes: &[u8]) -> io::Result<Option<usize>> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-    }
-}
-
-/// Refuses the levels that need a standby.
-pub(crate) fn check_level(durability: Durability) -> Result<(), Error> {
-    match durability {
-        Durability::Unsafe | Durability::Buffered | Durability::Disk => Ok(()),
-        Durability::Replicated | Durability::All => Err(Error::Unsupported(durability)),
     }
 }

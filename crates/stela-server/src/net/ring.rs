@@ -14,8 +14,8 @@
 //! - An append that finds no buffer space is left in the ring, unconsumed, and retried when
 //!   space is freed: the client simply waits longer (backpressure), nothing is dropped.
 
-use super::conn::check_level;
 use super::inbox::{Event, Inbox};
+use crate::engine::check_level;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::pool::{LogId, Record};
