@@ -9,8 +9,9 @@
 //!   good (nothing after it is acknowledged) and closes the connection.
 //! - Completions are published in sequence: while an entry waits for the disk, the entries
 //!   after it are not read (as on the socket, a waiting request holds back the connection).
-//!   A `disk` entry is completed by the flusher that made it durable, directly in the ring,
-//!   without a hop through the event loop.
+//!   A `disk` entry made durable by a flusher is handed back to the event loop (one inbox
+//!   event), which publishes its completion and wakes the client: the flusher makes no wake-up
+//!   call per waiter and goes straight on to its next round.
 //! - An append that finds no buffer space is left in the ring, unconsumed, and retried when
 //!   space is freed: the client simply waits longer (backpressure), nothing is dropped.
 
