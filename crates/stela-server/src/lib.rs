@@ -48,3 +48,4 @@ pub use error::{Error, StartError};
 pub use net::limits;
 pub use pool::{Pool, PoolConfig, PoolError};
 pub use server::Server;
+pub use stela_net::tls::ServerTlsFiles;
