@@ -267,6 +267,9 @@ pub(crate) struct Conn {
     pub unread: bool,
     /// The peer closed its end: answer what it sent, then close.
     pub peer_closed: bool,
+    /// Handling stopped at [`MAX_PENDING_OUTPUT`]: once the answers are out, the loop must
+    /// hand the connection its turn again (no new bytes may arrive to trigger it).
+    pub output_full: bool,
     pub accepted_at: Instant,
     pub last_request: Instant,
     pub ring: Option<RingConn>,
@@ -304,6 +307,7 @@ impl Conn {
             waiting: None,
             unread: false,
             peer_closed: false,
+            output_full: false,
             accepted_at: now,
             last_request: now,
             ring: None,
@@ -434,6 +438,7 @@ impl Conn {
                 return Progress::Close;
             }
             if self.wbuf.len() - self.wpos > MAX_PENDING_OUTPUT {
+                self.output_full = true;
                 return Progress::Idle;
             }
             let request = match self.next_frame(ctx.max_frame) {

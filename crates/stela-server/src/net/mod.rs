@@ -593,6 +593,11 @@ impl EventLoop {
         };
         match conn.flush() {
             Ok(true) if conn.phase == Phase::Closing => self.close(slot),
+            Ok(true) if conn.output_full => {
+                // A pipelining client's requests waited for its answers to go out.
+                conn.output_full = false;
+                self.ready.push_back(slot);
+            }
             Ok(_) => {}
             Err(error) => {
                 tracing::debug!(%error, "writing to a connection failed");
