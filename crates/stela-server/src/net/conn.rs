@@ -75,7 +75,8 @@ impl TlsStream {
 
     /// Plaintext the peer sent; `WouldBlock` once neither rustls nor the socket has more. A
     /// failed handshake (a certificate that does not verify, no certificate where one is
-    /// required, a peer that does not speak TLS) is `PermissionDenied`, after the alert is sent.
+    /// required, a peer that does not speak TLS) is `PermissionDenied`, after the alert is sent;
+    /// a TLS error after the handshake is `InvalidData`.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             match self.tls.reader().read(buf) {
@@ -94,11 +95,14 @@ impl TlsStream {
                 Err(e) => return Err(e),
             }
             if let Err(error) = self.tls.process_new_packets() {
+                // Failing the handshake is a refused login; failing later, a broken connection.
+                let kind = if self.tls.is_handshaking() {
+                    io::ErrorKind::PermissionDenied
+                } else {
+                    io::ErrorKind::InvalidData
+                };
                 let _ = self.write_pending();
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("TLS: {error}"),
-                ));
+                return Err(io::Error::new(kind, format!("TLS: {error}")));
             }
             // Handshake messages to send back.
             self.write_pending()?;
