@@ -571,6 +571,7 @@ impl IdleConnections {
                     version: PROTOCOL_VERSION,
                     client: format!("stela idle connection {}", env!("CARGO_PKG_VERSION")),
                     role: Role::Client,
+                    token: None,
                 },
             },
             &mut hello,

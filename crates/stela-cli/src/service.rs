@@ -2,7 +2,9 @@
 //! (`stela status`, `stela power-fail`, `stela power-restore`).
 //!
 //! Which socket a tool talks to: `--socket PATH`, else `--dir DIR` (its `DIR/stela.sock`), else
-//! `$STELA_SOCKET`, else `/run/stela/stela.sock` (where the shipped systemd unit puts it).
+//! `$STELA_SOCKET`, else `/run/stela/stela.sock` (where the shipped systemd unit puts it). With
+//! `--tcp HOST:PORT` a tool talks TLS to a TCP daemon instead (`--tls-ca`, and `--token-file` or
+//! `--tls-cert`/`--tls-key` to authenticate; docs/DAEMON.md, "Security").
 
 use anyhow::Context;
 use clap::Args;
@@ -24,12 +26,38 @@ pub struct ServeArgs {
     /// Unix socket to listen on (default DIR/stela.sock).
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Permission bits of the socket, in octal.
+    /// Permission bits of the socket, in octal (0660 lets its group connect).
     #[arg(long, default_value = "600", value_parser = parse_octal)]
     pub socket_mode: u32,
-    /// Also listen on TCP at this address (no authentication: bind to a trusted network).
+    /// Group of the socket (a name or a number), e.g. the database's, with --socket-mode 660.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
+    /// Also listen on TCP at this address: under TLS (--tls-cert, --tls-key) with client
+    /// authentication (--tls-client-ca, --token-file, --admin-token-file), or --tcp-insecure.
     #[arg(long)]
     pub tcp: Option<SocketAddr>,
+    /// Serve --tcp without TLS or authentication; refused unless --tcp is a loopback address.
+    #[arg(long, requires = "tcp")]
+    pub tcp_insecure: bool,
+    /// The daemon's TLS certificate chain (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["tcp", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require TCP clients to present a certificate issued by this CA (PEM): mutual TLS.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// A client certificate naming this (DNS subject alternative name) is an administrator's
+    /// (repeatable).
+    #[arg(long, value_name = "NAME", requires = "tls_client_ca")]
+    pub tls_admin_name: Vec<String>,
+    /// Tokens (one per line) that authenticate TCP clients as clients.
+    #[arg(long, value_name = "FILE", requires = "tcp")]
+    pub token_file: Option<PathBuf>,
+    /// Tokens (one per line) that authenticate TCP clients as administrators.
+    #[arg(long, value_name = "FILE", requires = "tcp")]
+    pub admin_token_file: Option<PathBuf>,
     /// Number of log buffers.
     #[arg(long, default_value_t = config::BUFFERS)]
     pub buffers: usize,
@@ -91,7 +119,20 @@ impl ServeArgs {
         let mut config = DaemonConfig::new(&self.dir);
         config.socket = self.socket.clone();
         config.socket_mode = self.socket_mode;
+        config.socket_group = self.socket_group.clone();
         config.tcp = self.tcp;
+        config.tcp_insecure = self.tcp_insecure;
+        config.tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(stela_server::ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            _ => None,
+        };
+        config.tls_admin_names = self.tls_admin_name.clone();
+        config.token_file = self.token_file.clone();
+        config.admin_token_file = self.admin_token_file.clone();
         config.buffers = self.buffers;
         config.buffer_bytes = self.buffer_size;
         config.write_threshold = self.write_threshold;
@@ -122,20 +163,75 @@ pub struct TargetArgs {
     /// The daemon's directory (its socket is DIR/stela.sock).
     #[arg(long, conflicts_with = "socket")]
     pub dir: Option<PathBuf>,
+    /// A daemon's TCP address, HOST:PORT (or tls://HOST:PORT), spoken to over TLS; with
+    /// --tcp-insecure, plain TCP to a loopback daemon.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["socket", "dir"])]
+    pub tcp: Option<String>,
+    /// Speak plain TCP to a --tcp-insecure daemon (no TLS, no authentication).
+    #[arg(long, requires = "tcp", conflicts_with_all = ["tls_ca", "token_file", "tls_cert"])]
+    pub tcp_insecure: bool,
+    /// The CA the daemon's certificate chains to (PEM); needed with --tcp.
+    #[arg(long, value_name = "FILE", requires = "tcp")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for a daemon with --tls-client-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["tcp", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// A file whose (first) token is sent to authenticate.
+    #[arg(long, value_name = "FILE", requires = "tcp")]
+    pub token_file: Option<PathBuf>,
+    /// The name the daemon's certificate must carry, if not the host of --tcp.
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
 }
 
 impl TargetArgs {
-    pub fn address(&self) -> Address {
+    pub fn address(&self) -> anyhow::Result<Address> {
+        if let Some(tcp) = &self.tcp {
+            return self.tcp_address(tcp);
+        }
         if let Some(socket) = &self.socket {
-            return Address::Unix(socket.clone());
+            return Ok(Address::Unix(socket.clone()));
         }
         if let Some(dir) = &self.dir {
-            return Address::Unix(dir.join("stela.sock"));
+            return Ok(Address::Unix(dir.join("stela.sock")));
         }
-        match std::env::var_os("STELA_SOCKET") {
+        Ok(match std::env::var_os("STELA_SOCKET") {
             Some(path) => Address::Unix(path.into()),
             None => Address::Unix("/run/stela/stela.sock".into()),
+        })
+    }
+
+    fn tcp_address(&self, tcp: &str) -> anyhow::Result<Address> {
+        if self.tcp_insecure {
+            use std::net::ToSocketAddrs;
+            let bare = tcp.strip_prefix("tcp://").unwrap_or(tcp);
+            let addr = bare
+                .to_socket_addrs()
+                .with_context(|| format!("--tcp {tcp}"))?
+                .next()
+                .with_context(|| format!("--tcp {tcp}: no address"))?;
+            return Ok(Address::Tcp(addr));
         }
+        let Some(ca) = &self.tls_ca else {
+            anyhow::bail!(
+                "--tcp {tcp} needs --tls-ca FILE (the CA of the daemon's certificate), or \
+                 --tcp-insecure for a daemon serving plain TCP on loopback"
+            );
+        };
+        let mut target = stela_client::TlsTarget::new(tcp, ca)?;
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            target = target.client_cert(cert, key);
+        }
+        if let Some(file) = &self.token_file {
+            target = target.token_file(file);
+        }
+        if let Some(name) = &self.tls_server_name {
+            target = target.server_name(name);
+        }
+        Ok(Address::Tls(Box::new(target)))
     }
 }
 
@@ -191,7 +287,7 @@ pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
-    let address = target.address();
+    let address = target.address()?;
     Connection::connect_admin(&address)
         .with_context(|| format!("is `stela serve` running at {address}?"))
 }

@@ -714,6 +714,7 @@ fn malformed_input_gets_an_error_and_a_closed_connection() {
             version: PROTOCOL_VERSION,
             client: "raw".into(),
             role: stela_proto::Role::Client,
+            token: None,
         },
     });
     let mut bad_crc = hello.clone();
@@ -747,6 +748,7 @@ fn malformed_input_gets_an_error_and_a_closed_connection() {
             version: PROTOCOL_VERSION + 1,
             client: "from the future".into(),
             role: stela_proto::Role::Client,
+            token: None,
         },
     });
 

@@ -66,6 +66,7 @@ fn hello(role: Role) -> Vec<u8> {
             version: PROTOCOL_VERSION,
             client: "service_limits".into(),
             role,
+            token: None,
         },
     })
 }

@@ -160,6 +160,7 @@ impl RawConnection {
             version: PROTOCOL_VERSION,
             client: "shm_crash raw child".into(),
             role: stela_proto::Role::Client,
+            token: None,
         }) {
             ResponseBody::Welcome { .. } => conn,
             other => panic!("Hello answered {other:?}"),

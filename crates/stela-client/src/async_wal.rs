@@ -186,6 +186,12 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 let (r, w) = stream.into_split();
                 (Box::new(r), Box::new(w))
             }
+            Address::Tls(_) => {
+                return Err(connect_err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "AsyncWal does not speak TLS yet: use Wal (blocking) for a tls:// daemon",
+                )))
+            }
         };
         let shared = Arc::new(Shared {
             writer: tokio::sync::Mutex::new(writer),
@@ -197,6 +203,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 version: PROTOCOL_VERSION,
                 client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")),
                 role: stela_proto::Role::Client,
+                token: None,
             })
             .await?;
         if !matches!(hello, ResponseBody::Welcome { .. }) {

@@ -22,6 +22,8 @@ use stela_proto::{Request, RequestBody, Response, ResponseBody, Role, PROTOCOL_V
 pub enum Address {
     Unix(PathBuf),
     Tcp(SocketAddr),
+    /// TCP under TLS, with this client's credentials ([`crate::tls`]).
+    Tls(Box<crate::tls::TlsTarget>),
 }
 
 impl std::fmt::Display for Address {
@@ -29,6 +31,7 @@ impl std::fmt::Display for Address {
         match self {
             Address::Unix(path) => write!(f, "{}", path.display()),
             Address::Tcp(addr) => write!(f, "tcp://{addr}"),
+            Address::Tls(target) => write!(f, "{target}"),
         }
     }
 }
@@ -98,6 +101,7 @@ impl Connection {
             source,
         };
         let mut unix = None;
+        let mut token = None;
         let (read, write): (Box<dyn Read + Send>, Box<dyn Write + Send>) = match address {
             Address::Unix(path) => {
                 let stream = UnixStream::connect(path).map_err(connect_err)?;
@@ -119,6 +123,11 @@ impl Connection {
                     Box::new(SpinStream::new(stream, Duration::ZERO, |_| Ok(()))?),
                 )
             }
+            Address::Tls(target) => {
+                let (read, write, sent) = crate::tls::connect(target)?;
+                token = sent;
+                (read, write)
+            }
         };
         let mut connection = Connection {
             reader: BufReader::with_capacity(64 << 10, read),
@@ -134,6 +143,7 @@ impl Connection {
             version: PROTOCOL_VERSION,
             client: format!("stela-client {}", env!("CARGO_PKG_VERSION")),
             role,
+            token,
         })?;
         match answer {
             ResponseBody::Welcome { server, .. } => connection.server = server,

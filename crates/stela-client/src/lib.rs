@@ -14,6 +14,7 @@
 
 pub mod async_wal;
 pub mod connection;
+pub mod tls;
 pub mod wal;
 mod watcher;
 
@@ -21,6 +22,7 @@ pub use async_wal::AsyncWal;
 pub use connection::{Address, Connection};
 pub use stela_format::{Codec, Lsn};
 pub use stela_proto::{Durability, ErrorCode, Positions, StatusReport};
+pub use tls::TlsTarget;
 pub use wal::{Iter, Transport, Wal, WalOptions};
 
 use thiserror::Error;
@@ -45,6 +47,9 @@ pub enum Error {
     Codec(#[from] stela_format::codec::CodecError),
     #[error("record of {bytes} bytes is larger than the daemon accepts ({max} bytes)")]
     RecordTooLarge { bytes: usize, max: usize },
+    /// A certificate, key or token file of a TLS address could not be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] stela_net::tls::TlsError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,7 +1,9 @@
 //! stela-net: the transports between a stela client and the daemon.
 //!
 //! - this file: [`SpinStream`], a socket that spins briefly before it sleeps;
-//! - [`shm`]: the shared-memory ring a client on the same machine commits through.
+//! - [`shm`]: the shared-memory ring a client on the same machine commits through;
+//! - [`tls`]: TLS for TCP (certificates, keys, tokens, rustls configurations), shared by the
+//!   daemon, the client and replication.
 //!
 //! Why spin: on the machines we measure (virtual CPUs), waking a thread that sleeps in `read` costs
 //! about 60 microseconds of a 62-microsecond Unix-socket round trip; a reader that polls the
@@ -19,6 +21,7 @@
 //! so callers can use `read_exact`/`write_all` unchanged.
 
 pub mod shm;
+pub mod tls;
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};

@@ -78,6 +78,10 @@ pub enum RequestBody {
         /// daemon is at its connection limit, from a small reserve.
         #[serde(default)]
         role: Role,
+        /// A shared token proving who the client is (`--token-file`), for a TCP daemon that
+        /// asks for one. Sent over TLS only; ignored on the Unix socket.
+        #[serde(default)]
+        token: Option<String>,
     },
     /// Opens (or with `create`, creates) the named log. `codec` and `type_tag` must match the
     /// log's header, exactly as for an embedded open. The answer names a handle for later
@@ -236,6 +240,12 @@ pub enum ErrorCode {
     Timeout,
     /// The log has used every LSN.
     LsnExhausted,
+    /// The client did not prove who it is (no token, a wrong one, no client certificate); the
+    /// connection is closed.
+    Unauthenticated,
+    /// An administrative request (power-fail, power-restore, truncate) from a TCP client not
+    /// authenticated as an administrator; the connection stays open.
+    Forbidden,
 }
 
 /// Who a connection is, for the connection limit.

@@ -21,6 +21,7 @@ fn request() -> impl Strategy<Value = Request> {
                 version,
                 client,
                 role: if admin { Role::Admin } else { Role::Client },
+                token: None,
             }
         }),
         any::<u32>().prop_map(|data_bytes| RequestBody::MapRing { data_bytes }),
@@ -166,7 +167,8 @@ fn a_hello_without_a_role_decodes_as_a_client() {
         RequestBody::Hello {
             version: 1,
             client: "old".into(),
-            role: Role::Client
+            role: Role::Client,
+            token: None,
         }
     );
 }

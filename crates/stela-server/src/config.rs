@@ -43,6 +43,8 @@ pub const RING_BYTES: usize = 1 << 20;
 pub const SPIN: Duration = Duration::from_micros(50);
 /// Whether the event loop asks for realtime scheduling (granted to root or CAP_SYS_NICE).
 pub const REALTIME_LOOP: bool = true;
+/// Permission bits of the Unix socket: its owner only (a group with `--socket-group`, 0660).
+pub const SOCKET_MODE: u32 = 0o600;
 
 /// How to run a daemon. [`DaemonConfig::new`] gives the defaults above.
 #[derive(Clone, Debug)]
@@ -53,8 +55,22 @@ pub struct DaemonConfig {
     pub socket: Option<PathBuf>,
     /// Permission bits of the socket.
     pub socket_mode: u32,
-    /// Also listen on TCP here.
+    /// The group the Unix socket is given (a name or a number; default: the daemon's own).
+    pub socket_group: Option<String>,
+    /// Also listen on TCP here. Needs `tls`, or `tcp_insecure` on a loopback address.
     pub tcp: Option<SocketAddr>,
+    /// Serve TCP without TLS. Refused unless `tcp` is a loopback address.
+    pub tcp_insecure: bool,
+    /// TLS on the TCP listener: the daemon's certificate and key, and the CA of client
+    /// certificates (mutual TLS).
+    pub tls: Option<stela_net::tls::ServerTlsFiles>,
+    /// Tokens that authenticate TCP clients as clients (one per line).
+    pub token_file: Option<PathBuf>,
+    /// Tokens that authenticate TCP clients as administrators (one per line).
+    pub admin_token_file: Option<PathBuf>,
+    /// A verified client certificate naming one of these (DNS subject alternative name) is an
+    /// administrator's.
+    pub tls_admin_names: Vec<String>,
     pub buffers: usize,
     pub buffer_bytes: usize,
     pub write_threshold: usize,
@@ -87,8 +103,14 @@ impl DaemonConfig {
         DaemonConfig {
             dir: dir.into(),
             socket: None,
-            socket_mode: 0o600,
+            socket_mode: SOCKET_MODE,
+            socket_group: None,
             tcp: None,
+            tcp_insecure: false,
+            tls: None,
+            token_file: None,
+            admin_token_file: None,
+            tls_admin_names: Vec::new(),
             buffers: BUFFERS,
             buffer_bytes: BUFFER_BYTES,
             write_threshold: WRITE_THRESHOLD,
@@ -131,6 +153,41 @@ impl DaemonConfig {
         if !self.ring_bytes.is_power_of_two() || !(4096..=64 << 20).contains(&self.ring_bytes) {
             return Err("ring size must be a power of two between 4 KiB and 64 MiB".into());
         }
-        Ok(())
+        self.check_tcp()
+    }
+
+    /// TCP is never open without authentication by accident: it needs TLS with a way for
+    /// clients to prove who they are, or an explicit `tcp_insecure` on a loopback address.
+    fn check_tcp(&self) -> Result<(), String> {
+        let client_auth = self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
+            || self.token_file.is_some()
+            || self.admin_token_file.is_some();
+        let Some(addr) = self.tcp else {
+            if self.tls.is_some() || self.tcp_insecure {
+                return Err("TLS settings and --tcp-insecure need --tcp".into());
+            }
+            return Ok(());
+        };
+        match (&self.tls, self.tcp_insecure) {
+            (Some(_), true) => Err("--tcp-insecure and --tls-cert exclude each other".into()),
+            (None, false) => Err(format!(
+                "--tcp {addr} needs TLS (--tls-cert and --tls-key, with --tls-client-ca or \
+                 --token-file) or, on a loopback address, --tcp-insecure"
+            )),
+            (None, true) if !addr.ip().is_loopback() => Err(format!(
+                "--tcp-insecure serves TCP without TLS, so only on a loopback address, not {addr}"
+            )),
+            (Some(_), false) if !client_auth => Err(
+                "TLS on --tcp needs a way to authenticate clients: --tls-client-ca, \
+                 --token-file or --admin-token-file"
+                    .into(),
+            ),
+            _ if !self.tls_admin_names.is_empty()
+                && self.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) =>
+            {
+                Err("--tls-admin-name needs --tls-client-ca".into())
+            }
+            _ => Ok(()),
+        }
     }
 }

@@ -79,6 +79,9 @@ pub enum Error {
     UnknownHandle(u32),
     #[error("{0}")]
     BadRequest(String),
+    /// An administrative request from a TCP client not authenticated as an administrator.
+    #[error("{request} is an administrative request: refused for {peer}, which is not authenticated as an administrator")]
+    Forbidden { request: &'static str, peer: String },
     #[error("durability {0} needs a standby, which this daemon does not have")]
     Unsupported(stela_proto::Durability),
     /// Daemon-side I/O that is not a log's: the socket, a ring's memory, a measurement.
@@ -110,6 +113,7 @@ impl Error {
             Error::Files { .. } | Error::Io { .. } | Error::Start(_) => ErrorCode::Io,
             Error::UnknownHandle(_) => ErrorCode::UnknownHandle,
             Error::BadRequest(_) => ErrorCode::BadRequest,
+            Error::Forbidden { .. } => ErrorCode::Forbidden,
             Error::Unsupported(_) => ErrorCode::Unsupported,
         }
     }
@@ -151,4 +155,8 @@ pub enum StartError {
     Thread { name: String, source: io::Error },
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("setting up TLS: {0}")]
+    Tls(#[from] stela_net::tls::TlsError),
+    #[error("socket group {name:?}: {message}")]
+    SocketGroup { name: String, message: String },
 }

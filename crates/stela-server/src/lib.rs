@@ -56,3 +56,4 @@ pub use net::limits;
 pub use pool::{Pool, PoolConfig, PoolError};
 #[cfg(not(loom))]
 pub use server::Server;
+pub use stela_net::tls::ServerTlsFiles;

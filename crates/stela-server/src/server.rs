@@ -1,8 +1,10 @@
 //! Start-up and shutdown of a daemon: the engine, the socket(s), the event loop thread, the
 //! signal thread.
 //!
-//! Invariants: the socket appears at its path only once its mode is set (it is bound under a
-//! temporary name, chmod'ed, then renamed); a second daemon on the same socket refuses to start
+//! Invariants: the socket appears at its path only once its group and mode are set (it is
+//! bound under a temporary name, chown'ed to `--socket-group`, chmod'ed, then renamed); TCP
+//! starts only with TLS and client authentication, or as an explicit insecure loopback
+//! listener ([`DaemonConfig::check`]); a second daemon on the same socket refuses to start
 //! rather than steal it; shutdown (SIGTERM, SIGINT, [`Server::shutdown`]) stops admitting,
 //! writes and syncs every buffer while the event loop still delivers the answers that releases,
 //! then stops the loop and closes the logs, so it loses nothing acknowledged.
@@ -11,6 +13,7 @@ use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::error::StartError;
 use crate::net::{self, LoopHandle};
+use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -35,9 +38,16 @@ impl Server {
     /// the event loop. Returns once clients can connect.
     pub fn start(config: DaemonConfig) -> Result<Server, StartError> {
         config.check().map_err(StartError::Config)?;
+        // Credentials and the socket's group are checked before the engine touches the disk.
+        let auth = net::auth::Auth::load(&config)?;
+        let socket_group = config
+            .socket_group
+            .as_deref()
+            .map(resolve_group)
+            .transpose()?;
         let engine = Engine::start(&config)?;
         let socket_path = config.socket_path();
-        let unix = bind_unix(&socket_path, config.socket_mode)?;
+        let unix = bind_unix(&socket_path, config.socket_mode, socket_group)?;
         let tcp = match config.tcp {
             Some(addr) => Some(TcpListener::bind(addr).map_err(|source| StartError::Bind {
                 what: addr.to_string(),
@@ -46,7 +56,14 @@ impl Server {
             None => None,
         };
         let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
-        let (event_loop, net) = net::create(&config, Arc::clone(&engine), unix, tcp)?;
+        if let Some(addr) = tcp_addr {
+            if auth.tls.is_some() {
+                tracing::info!(%addr, "listening on TCP with TLS");
+            } else {
+                tracing::warn!(%addr, "listening on TCP WITHOUT TLS (--tcp-insecure, loopback only)");
+            }
+        }
+        let (event_loop, net) = net::create(&config, Arc::clone(&engine), unix, tcp, auth)?;
         let event_loop = std::thread::Builder::new()
             .name("stela-loop".into())
             .spawn(move || crate::engine::abort_on_panic("the event loop", || event_loop.run()))
@@ -80,6 +97,14 @@ impl Server {
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp_addr
+    }
+
+    /// TCP peers refused for failing authentication since the start (TLS handshake or token).
+    pub fn refused_logins(&self) -> u64 {
+        self.net
+            .counters
+            .refused_logins
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn status(&self) -> StatusReport {
@@ -168,7 +193,42 @@ fn watch_signals(
     Ok((handle, thread))
 }
 
-fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, StartError> {
+/// The group id of `name` (a group name, or a number).
+fn resolve_group(name: &str) -> Result<u32, StartError> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let error = |message: String| StartError::SocketGroup {
+        name: name.to_owned(),
+        message,
+    };
+    let c_name = std::ffi::CString::new(name).map_err(|_| error("contains a NUL byte".into()))?;
+    let mut buffer = vec![0u8; 16 << 10];
+    loop {
+        // SAFETY: `group` and `found` are plain out-parameters; `buffer` is a writable area of
+        // the length passed, which getgrnam_r fills with the strings `group` points into. We
+        // read only `gr_gid` (a plain integer) before the buffer goes away.
+        let mut group: libc::group = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        let code = unsafe {
+            libc::getgrnam_r(
+                c_name.as_ptr(),
+                &mut group,
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                &mut found,
+            )
+        };
+        match code {
+            0 if found.is_null() => return Err(error("no such group".into())),
+            0 => return Ok(group.gr_gid),
+            libc::ERANGE if buffer.len() < 1 << 20 => buffer.resize(buffer.len() * 4, 0),
+            code => return Err(error(io::Error::from_raw_os_error(code).to_string())),
+        }
+    }
+}
+
+fn bind_unix(path: &Path, mode: u32, group: Option<u32>) -> Result<UnixListener, StartError> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             return Err(StartError::SocketInUse(path.to_owned()));
@@ -190,6 +250,9 @@ fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, StartError> {
     let temp = path.with_file_name(format!(".{file_name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&temp);
     let listener = UnixListener::bind(&temp).map_err(bind_err)?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(&temp, None, Some(gid)).map_err(bind_err)?;
+    }
     std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(mode)).map_err(bind_err)?;
     std::fs::rename(&temp, path).map_err(bind_err)?;
     Ok(listener)

@@ -176,6 +176,7 @@ fn raw_open(socket: &std::path::Path, log: &str) -> Result<(UnixStream, u32), St
             version: PROTOCOL_VERSION,
             client: "close_races".into(),
             role: stela_proto::Role::Client,
+            token: None,
         },
     );
     assert!(matches!(

@@ -213,6 +213,8 @@ pub fn status_of(code: ErrorCode) -> u32 {
         ErrorCode::TooManyConnections => 15,
         ErrorCode::Timeout => 16,
         ErrorCode::LsnExhausted => 17,
+        ErrorCode::Unauthenticated => 18,
+        ErrorCode::Forbidden => 19,
     }
 }
 
@@ -235,6 +237,8 @@ pub fn error_of_status(status: u32) -> Option<ErrorCode> {
         15 => ErrorCode::TooManyConnections,
         16 => ErrorCode::Timeout,
         17 => ErrorCode::LsnExhausted,
+        18 => ErrorCode::Unauthenticated,
+        19 => ErrorCode::Forbidden,
         _ => return None,
     })
 }

@@ -13,6 +13,7 @@
 //!   one `BadFrame` answer, then the connection closes (no trustworthy boundary is left). The
 //!   first request must be a `Hello` of our version; anything else is answered, then closed.
 
+use super::auth::{self, Identity};
 use super::inbox::{Answer, ConnRef, Effect, Event, Inbox};
 use super::ring::RingConn;
 use crate::engine::{check_level, Engine, NetStats, Waiter};
@@ -33,6 +34,93 @@ use stela_proto::{
 pub(crate) enum Stream {
     Unix(mio::net::UnixStream),
     Tcp(mio::net::TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+/// A TCP connection under TLS, driven without blocking: ciphertext is read from the socket
+/// only when no plaintext is left, and written out as far as the socket takes it; what it does
+/// not take waits for the next writable event ([`Stream::flush_pending`]).
+pub(crate) struct TlsStream {
+    tcp: mio::net::TcpStream,
+    tls: stela_net::tls::rustls::ServerConnection,
+    /// The peer closed the TCP connection.
+    eof: bool,
+}
+
+impl TlsStream {
+    pub fn new(tcp: mio::net::TcpStream, tls: stela_net::tls::rustls::ServerConnection) -> Self {
+        TlsStream {
+            tcp,
+            tls,
+            eof: false,
+        }
+    }
+
+    pub fn connection(&self) -> &stela_net::tls::rustls::ServerConnection {
+        &self.tls
+    }
+
+    /// Writes pending ciphertext. `Ok(true)`: none is left.
+    fn write_pending(&mut self) -> io::Result<bool> {
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.tcp) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Plaintext the peer sent; `WouldBlock` once neither rustls nor the socket has more. A
+    /// failed handshake (a certificate that does not verify, no certificate where one is
+    /// required, a peer that does not speak TLS) is `PermissionDenied`, after the alert is sent;
+    /// a TLS error after the handshake is `InvalidData`.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.tls.reader().read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                Err(e) => return Err(e),
+            }
+            if self.eof {
+                return Ok(0);
+            }
+            match self.tls.read_tls(&mut self.tcp) {
+                Ok(0) => self.eof = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            if let Err(error) = self.tls.process_new_packets() {
+                // Failing the handshake is a refused login; failing later, a broken connection.
+                let kind = if self.tls.is_handshaking() {
+                    io::ErrorKind::PermissionDenied
+                } else {
+                    io::ErrorKind::InvalidData
+                };
+                let _ = self.write_pending();
+                return Err(io::Error::new(kind, format!("TLS: {error}")));
+            }
+            // Handshake messages to send back.
+            self.write_pending()?;
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // Keep the ciphertext held here bounded: take more only once the socket took it all.
+        if !self.write_pending()? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let taken = self.tls.writer().write(buf)?;
+        self.write_pending()?;
+        if taken == 0 && !buf.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(taken)
+    }
 }
 
 impl Stream {
@@ -40,6 +128,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 
@@ -47,6 +136,23 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.write(buf),
             Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    /// Writes what the stream itself holds (TLS ciphertext). `Ok(true)`: nothing is left.
+    pub fn flush_pending(&mut self) -> io::Result<bool> {
+        match self {
+            Stream::Tls(s) => s.write_pending(),
+            Stream::Unix(_) | Stream::Tcp(_) => Ok(true),
+        }
+    }
+
+    /// Says goodbye in TLS (close_notify), as far as the socket takes it.
+    pub fn close_notify(&mut self) {
+        if let Stream::Tls(s) = self {
+            s.tls.send_close_notify();
+            let _ = s.write_pending();
         }
     }
 
@@ -54,6 +160,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => s,
             Stream::Tcp(s) => s,
+            Stream::Tls(s) => &mut s.tcp,
         }
     }
 
@@ -61,6 +168,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.as_fd(),
             Stream::Tcp(s) => s.as_fd(),
+            Stream::Tls(s) => s.tcp.as_fd(),
         }
     }
 
@@ -83,6 +191,10 @@ impl Stream {
             Stream::Tcp(s) => s
                 .peer_addr()
                 .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
+            Stream::Tls(s) => s
+                .tcp
+                .peer_addr()
+                .map_or_else(|_| "tls peer".into(), |a| format!("tls {a}")),
         }
     }
 }
@@ -113,8 +225,9 @@ pub(crate) enum Progress {
     Idle,
     /// A request waits (space, disk, worker).
     Waiting,
-    /// The first request was a valid Hello asking for this role; the loop decides admission.
-    Hello(u64, Role),
+    /// The first request was a valid Hello asking for this role, with this token; the loop
+    /// decides authentication and admission.
+    Hello(u64, Role, Option<String>),
     /// Close once the answers are out.
     Close,
 }
@@ -141,6 +254,8 @@ pub(crate) struct Conn {
     pub phase: Phase,
     /// The role it was admitted with (what it counts against), once admitted.
     pub admitted: Option<Role>,
+    /// Who it proved to be (set by the loop at its Hello; Unix peers are `Local`).
+    pub identity: Identity,
     /// Received bytes not yet handled, from `rpos` on.
     rbuf: Vec<u8>,
     rpos: usize,
@@ -156,6 +271,9 @@ pub(crate) struct Conn {
     pub unread: bool,
     /// The peer closed its end: answer what it sent, then close.
     pub peer_closed: bool,
+    /// Handling stopped at [`MAX_PENDING_OUTPUT`]: once the answers are out, the loop must
+    /// hand the connection its turn again (no new bytes may arrive to trigger it).
+    pub output_full: bool,
     pub accepted_at: Instant,
     pub last_request: Instant,
     pub ring: Option<RingConn>,
@@ -171,10 +289,17 @@ fn error_body(error: &Error) -> ResponseBody {
 impl Conn {
     pub fn new(serial: u64, stream: Stream) -> Conn {
         let now = Instant::now();
+        // Until authenticated at its Hello, a TCP peer may do no more than a client.
+        let identity = if stream.is_unix() {
+            Identity::Local
+        } else {
+            Identity::Client
+        };
         Conn {
             serial,
             peer: stream.peer(),
             stream,
+            identity,
             phase: Phase::Handshake,
             admitted: None,
             rbuf: Vec::new(),
@@ -186,6 +311,7 @@ impl Conn {
             waiting: None,
             unread: false,
             peer_closed: false,
+            output_full: false,
             accepted_at: now,
             last_request: now,
             ring: None,
@@ -223,8 +349,11 @@ impl Conn {
         Ok(total)
     }
 
-    /// Sends what it can of the pending answers. `Ok(true)`: all sent.
+    /// Sends what it can of the pending answers. `Ok(true)`: all sent (TLS records included).
     pub fn flush(&mut self) -> io::Result<bool> {
+        if !self.stream.flush_pending()? {
+            return Ok(false);
+        }
         while self.wpos < self.wbuf.len() {
             let written = match &mut self.fds {
                 Some((at, fds)) if *at == self.wpos => {
@@ -248,7 +377,7 @@ impl Conn {
         if self.wbuf.capacity() > 64 << 10 {
             self.wbuf = Vec::new();
         }
-        Ok(true)
+        self.stream.flush_pending()
     }
 
     fn answer(&mut self, id: u64, body: ResponseBody) {
@@ -313,6 +442,7 @@ impl Conn {
                 return Progress::Close;
             }
             if self.wbuf.len() - self.wpos > MAX_PENDING_OUTPUT {
+                self.output_full = true;
                 return Progress::Idle;
             }
             let request = match self.next_frame(ctx.max_frame) {
@@ -343,9 +473,12 @@ impl Conn {
             self.last_request = Instant::now();
             if self.phase == Phase::Handshake {
                 return match request.body {
-                    RequestBody::Hello { version, role, .. } if version == PROTOCOL_VERSION => {
-                        Progress::Hello(request.id, role)
-                    }
+                    RequestBody::Hello {
+                        version,
+                        role,
+                        token,
+                        ..
+                    } if version == PROTOCOL_VERSION => Progress::Hello(request.id, role, token),
                     RequestBody::Hello { version, .. } => {
                         self.refuse(
                             ErrorCode::UnsupportedVersion,
@@ -476,6 +609,21 @@ impl Conn {
     /// Handles one request of a handshaken connection.
     fn handle(&mut self, ctx: &Ctx<'_>, request: Request, answered: bool) -> Progress {
         let Request { id, body } = request;
+        if let Some(what) = auth::administrative(&body) {
+            if !self.identity.may_administer() {
+                tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
+                    "administrative request refused: not authenticated as an administrator");
+                let refusal = Error::Forbidden {
+                    request: what,
+                    peer: self.peer.clone(),
+                };
+                self.answer(id, error_body(&refusal));
+                return Progress::Idle;
+            }
+            // At warn, so the default filter keeps it: it halts or changes what others rely on.
+            tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
+                "administrative request");
+        }
         let result: Result<ResponseBody, Error> = match body {
             RequestBody::Hello { .. } => Err(Error::BadRequest("Hello was already sent".into())),
             RequestBody::Open {

@@ -15,7 +15,14 @@
 //! `Timeout`; so are connections idle past the idle timeout; the bytes held for partly received
 //! frames of all connections together stay under a cap (a connection past it is not read until
 //! the others' bytes are handled). Failures to accept are logged, never dropped silently.
+//!
+//! Security ([`auth`]): TCP connections run TLS (rustls, driven without blocking inside the
+//! loop: a TLS connection costs no thread), unless the listener is an explicit insecure loopback
+//! one. A peer that fails the TLS handshake or does not authenticate at its Hello is refused,
+//! logged with its address and counted in [`NetCounters::refused_logins`]. Administrative
+//! requests are refused to TCP peers not authenticated as administrators.
 
+pub(crate) mod auth;
 pub(crate) mod conn;
 pub(crate) mod inbox;
 pub mod limits;
@@ -26,7 +33,8 @@ use crate::config::DaemonConfig;
 use crate::engine::{Engine, NetStats};
 use crate::error::StartError;
 use crate::workers::Workers;
-use conn::{Conn, Ctx, Phase, Progress, Stream, Waiting};
+use auth::{Auth, Identity};
+use conn::{Conn, Ctx, Phase, Progress, Stream, TlsStream, Waiting};
 use inbox::{Answer, ConnRef, Effect, Event, Inbox};
 use mio::{Events, Interest, Poll, Token};
 use std::collections::VecDeque;
@@ -60,6 +68,10 @@ pub struct NetCounters {
     pub connections: AtomicU32,
     pub rings: AtomicU32,
     pub refused: AtomicU64,
+    /// TCP peers refused for failing authentication: a TLS handshake that failed (no or a
+    /// wrong client certificate, not TLS at all) or a Hello without the right token. Also
+    /// counted in `refused`.
+    pub refused_logins: AtomicU64,
     pub partial_bytes: AtomicU64,
     pub max_connections: AtomicU32,
     /// The event loop got realtime scheduling.
@@ -106,6 +118,7 @@ pub(crate) struct EventLoop {
     stop: Arc<AtomicBool>,
     unix: mio::net::UnixListener,
     tcp: Option<mio::net::TcpListener>,
+    auth: Auth,
     conns: Vec<Option<Conn>>,
     free_slots: Vec<usize>,
     next_serial: u64,
@@ -148,6 +161,7 @@ pub(crate) fn create(
     engine: Arc<Engine>,
     unix: std::os::unix::net::UnixListener,
     tcp: Option<std::net::TcpListener>,
+    auth: Auth,
 ) -> Result<(EventLoop, LoopHandle), StartError> {
     let poll = Poll::new().map_err(StartError::EventLoop)?;
     let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(StartError::EventLoop)?);
@@ -215,6 +229,7 @@ pub(crate) fn create(
             stop,
             unix,
             tcp,
+            auth,
             conns: Vec::new(),
             free_slots: Vec::new(),
             next_serial: 1,
@@ -370,10 +385,11 @@ impl EventLoop {
                 match &self.tcp {
                     Some(tcp) => tcp.accept().map(|(s, _)| {
                         let _ = s.set_nodelay(true);
-                        Stream::Tcp(s)
+                        s
                     }),
                     None => return,
                 }
+                .and_then(|s| self.secure(s))
             };
             match accepted {
                 Ok(stream) => self.add_conn(stream),
@@ -389,6 +405,16 @@ impl EventLoop {
                 }
             }
         }
+    }
+
+    /// A TCP connection as the listener serves it: under TLS unless insecure.
+    fn secure(&self, tcp: mio::net::TcpStream) -> io::Result<Stream> {
+        let Some(config) = &self.auth.tls else {
+            return Ok(Stream::Tcp(tcp));
+        };
+        let tls = stela_net::tls::rustls::ServerConnection::new(Arc::clone(config))
+            .map_err(io::Error::other)?;
+        Ok(Stream::Tls(Box::new(TlsStream::new(tcp, tls))))
     }
 
     /// The process has no descriptor left: free the spare one, accept one connection to tell it
@@ -542,11 +568,23 @@ impl EventLoop {
                 }
                 self.ready.push_back(slot);
             }
+            Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+                if let Some(conn) = self.conn_mut(slot) {
+                    tracing::warn!(peer = %conn.peer, %error, "connection refused: TLS handshake failed");
+                }
+                self.count_refused_login();
+                self.close(slot);
+            }
             Err(error) => {
                 tracing::debug!(%error, "connection failed");
                 self.close(slot);
             }
         }
+    }
+
+    fn count_refused_login(&self) {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        self.counters.refused_logins.fetch_add(1, Ordering::Relaxed);
     }
 
     fn flush(&mut self, slot: usize) {
@@ -555,6 +593,11 @@ impl EventLoop {
         };
         match conn.flush() {
             Ok(true) if conn.phase == Phase::Closing => self.close(slot),
+            Ok(true) if conn.output_full => {
+                // A pipelining client's requests waited for its answers to go out.
+                conn.output_full = false;
+                self.ready.push_back(slot);
+            }
             Ok(_) => {}
             Err(error) => {
                 tracing::debug!(%error, "writing to a connection failed");
@@ -612,7 +655,7 @@ impl EventLoop {
         let unread = conn.unread && conn.waiting.is_none();
         self.held = (self.held + held_after).saturating_sub(held_before);
         match progress {
-            Progress::Hello(id, role) => self.hello(slot, id, role),
+            Progress::Hello(id, role, token) => self.hello(slot, id, role, token),
             Progress::Waiting => {
                 if matches!(
                     self.conns[slot].as_ref().and_then(|c| c.waiting.as_ref()),
@@ -633,7 +676,37 @@ impl EventLoop {
         }
     }
 
-    fn hello(&mut self, slot: usize, id: u64, role: Role) {
+    fn hello(&mut self, slot: usize, id: u64, role: Role, token: Option<String>) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if !conn.stream.is_unix() {
+            let tls = match &conn.stream {
+                Stream::Tls(s) => Some(s.connection()),
+                _ => None,
+            };
+            match self.auth.identify(tls, token.as_deref()) {
+                Ok(identity) => {
+                    conn.identity = identity;
+                    tracing::info!(peer = %conn.peer, identity = identity.name(), "TCP client authenticated");
+                }
+                Err(why) => {
+                    tracing::warn!(peer = %conn.peer, why, "connection refused: not authenticated");
+                    conn.refuse(
+                        ErrorCode::Unauthenticated,
+                        format!("not authenticated: {why}"),
+                    );
+                    self.count_refused_login();
+                    return;
+                }
+            }
+        }
+        // The reserve for administrators is theirs only: a TCP client asking for it counts as
+        // a client.
+        let role = match (role, conn.identity) {
+            (Role::Admin, Identity::Client) => Role::Client,
+            (role, _) => role,
+        };
         let admitted = match role {
             Role::Client => self.clients < self.limits.clients,
             Role::Admin => self.admins < self.limits.admins || self.clients < self.limits.clients,
@@ -834,6 +907,7 @@ impl EventLoop {
         let Some(mut conn) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };
+        conn.stream.close_notify();
         let _ = self.poll.registry().deregister(conn.stream.source());
         if let Some(ring) = &conn.ring {
             let fd = ring.doorbell_fd().as_raw_fd();

@@ -90,6 +90,7 @@ impl RawClient {
             version: PROTOCOL_VERSION,
             client: "stela-server tests".into(),
             role: stela_proto::Role::Client,
+            token: None,
         }) {
             Ok(ResponseBody::Welcome { .. }) => client,
             other => panic!("hello answered with {other:?}"),

@@ -1,0 +1,663 @@
+//! Security of `stela serve` (docs/DAEMON.md, "Security"), tested on real daemon processes:
+//! TCP only with TLS and client authentication (or an explicit insecure loopback listener),
+//! refused logins logged with the peer's address, administrative requests refused to TCP
+//! clients not authenticated as administrators and logged with their peer, and a Unix socket
+//! reached through its group by a process of another user.
+//!
+//! Certificates are made here with rcgen: a CA, the daemon's certificate (for `localhost` and
+//! 127.0.0.1), client certificates, and a second, unrelated CA.
+
+mod common;
+
+use common::{stela, text, Daemon};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use stela_client::{Address, Connection, Durability, ErrorCode, TlsTarget, Wal, WalOptions};
+use stela_proto::RequestBody;
+
+const CLIENT_TOKEN: &str = "client-token-5d1c0e9a7b3f4e21";
+const ADMIN_TOKEN: &str = "admin-token-8f2a61c4d09b7e35";
+
+/// A CA and what it issued, written as PEM files into a directory.
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    cert: PathBuf,
+}
+
+impl Ca {
+    fn new(dir: &Path, name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).unwrap();
+        let path = dir.join(format!("{name}.pem"));
+        std::fs::write(&path, cert.pem()).unwrap();
+        Ca {
+            issuer: Issuer::new(params, key),
+            cert: path,
+        }
+    }
+
+    /// A certificate for `names` (DNS names or IP addresses): (cert, key) files.
+    fn issue(&self, dir: &Path, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name.push(DnType::CommonName, file);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (cert_path, key_path) = (
+            dir.join(format!("{file}.pem")),
+            dir.join(format!("{file}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// The TCP address the daemon printed (`--tcp 127.0.0.1:0` picks a free port).
+fn tcp_addr(daemon: &mut Daemon) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let output = daemon.output();
+        if let Some(addr) = output
+            .lines()
+            .find_map(|l| l.strip_prefix("stela serve: listening on tcp://"))
+        {
+            return addr.trim().to_owned();
+        }
+        daemon.assert_alive("before printing its TCP address");
+        assert!(Instant::now() < deadline, "no TCP address in:\n{output}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the daemon's log shows `what` (its log lines are written as they happen).
+fn wait_logged(daemon: &Daemon, what: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let output = daemon.output();
+        if let Some(line) = output.lines().find(|l| what.iter().all(|w| l.contains(w))) {
+            return line.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not log a line with {what:?}:\n{output}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn lines_with(daemon: &Daemon, what: &str) -> usize {
+    daemon.output().lines().filter(|l| l.contains(what)).count()
+}
+
+struct Setup {
+    _temp: tempfile::TempDir,
+    dir: PathBuf,
+    pki: PathBuf,
+    ca: Ca,
+    server: (PathBuf, PathBuf),
+    client_tokens: PathBuf,
+    admin_tokens: PathBuf,
+    wrong_token: PathBuf,
+}
+
+fn setup() -> Setup {
+    let temp = tempfile::tempdir().unwrap();
+    let pki = temp.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    let ca = Ca::new(&pki, "stela-test-ca");
+    let server = ca.issue(&pki, "daemon", &["localhost", "127.0.0.1"]);
+    let client_tokens = pki.join("client.tokens");
+    let admin_tokens = pki.join("admin.tokens");
+    let wrong_token = pki.join("wrong.token");
+    std::fs::write(&client_tokens, format!("# clients\n{CLIENT_TOKEN}\n")).unwrap();
+    std::fs::write(&admin_tokens, format!("{ADMIN_TOKEN}\n")).unwrap();
+    std::fs::write(&wrong_token, "client-token-5d1c0e9a7b3f4e22\n").unwrap();
+    Setup {
+        dir: temp.path().join("daemon"),
+        _temp: temp,
+        pki,
+        ca,
+        server,
+        client_tokens,
+        admin_tokens,
+        wrong_token,
+    }
+}
+
+#[test]
+fn tcp_without_tls_is_refused_unless_explicitly_insecure_on_loopback() {
+    let setup = setup();
+    let dir = s(&setup.dir);
+    let plain = stela(&["serve", "--dir", dir, "--tcp", "127.0.0.1:0"]);
+    assert!(!plain.status.success(), "{}", text(&plain));
+    assert!(text(&plain).contains("needs TLS"), "{}", text(&plain));
+
+    let wide = stela(&[
+        "serve",
+        "--dir",
+        dir,
+        "--tcp",
+        "0.0.0.0:0",
+        "--tcp-insecure",
+    ]);
+    assert!(!wide.status.success(), "{}", text(&wide));
+    assert!(
+        text(&wide).contains("only on a loopback address"),
+        "{}",
+        text(&wide)
+    );
+
+    // TLS without any way to authenticate clients would let anyone in.
+    let (cert, key) = &setup.server;
+    let open = stela(&[
+        "serve",
+        "--dir",
+        dir,
+        "--tcp",
+        "127.0.0.1:0",
+        "--tls-cert",
+        s(cert),
+        "--tls-key",
+        s(key),
+    ]);
+    assert!(!open.status.success(), "{}", text(&open));
+    assert!(
+        text(&open).contains("authenticate clients"),
+        "{}",
+        text(&open)
+    );
+
+    // Explicitly insecure on loopback: served, with a warning; its clients are no admins.
+    let mut daemon = Daemon::start(&setup.dir, &["--tcp", "127.0.0.1:0", "--tcp-insecure"]);
+    let addr = tcp_addr(&mut daemon);
+    wait_logged(&daemon, &["WITHOUT TLS"]);
+    let status = stela(&["status", "--tcp", &addr, "--tcp-insecure"]);
+    assert!(status.status.success(), "{}", text(&status));
+    let power = stela(&["power-fail", "--tcp", &addr, "--tcp-insecure"]);
+    assert!(!power.status.success(), "{}", text(&power));
+    assert!(text(&power).contains("Forbidden"), "{}", text(&power));
+    daemon.terminate();
+}
+
+#[test]
+fn tokens_over_tls_authenticate_and_only_admins_administer() {
+    let setup = setup();
+    let (cert, key) = &setup.server;
+    let mut daemon = Daemon::start(
+        &setup.dir,
+        &[
+            "--tcp",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(cert),
+            "--tls-key",
+            s(key),
+            "--token-file",
+            s(&setup.client_tokens),
+            "--admin-token-file",
+            s(&setup.admin_tokens),
+        ],
+    );
+    let addr = tcp_addr(&mut daemon);
+    let port = addr.rsplit_once(':').unwrap().1.to_owned();
+    let ca = s(&setup.ca.cert);
+
+    // Plain TCP to the TLS port: a Hello in clear gets no Welcome, and the refusal is logged
+    // with the peer's address.
+    let mut raw = std::net::TcpStream::connect(&addr).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut hello = Vec::new();
+    stela_proto::frame::encode(
+        &stela_proto::Request {
+            id: 1,
+            body: RequestBody::Hello {
+                version: stela_proto::PROTOCOL_VERSION,
+                client: "plain".into(),
+                role: stela_proto::Role::Client,
+                token: Some(ADMIN_TOKEN.into()),
+            },
+        },
+        &mut hello,
+    )
+    .unwrap();
+    let local = raw.local_addr().unwrap().to_string();
+    raw.write_all(&hello).unwrap();
+    let mut answer = Vec::new();
+    let _ = raw.read_to_end(&mut answer);
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("Welcome"),
+        "a plaintext client was welcomed"
+    );
+    wait_logged(&daemon, &["TLS handshake failed", &local]);
+
+    // TLS without a token: refused, logged, counted.
+    let anonymous = stela(&["status", "--tcp", &addr, "--tls-ca", ca]);
+    assert!(!anonymous.status.success(), "{}", text(&anonymous));
+    assert!(
+        text(&anonymous).contains("not authenticated"),
+        "{}",
+        text(&anonymous)
+    );
+    wait_logged(&daemon, &["not authenticated", "no token", "127.0.0.1:"]);
+
+    // A wrong token (one character off): refused.
+    let wrong = stela(&[
+        "status",
+        "--tcp",
+        &addr,
+        "--tls-ca",
+        ca,
+        "--token-file",
+        s(&setup.wrong_token),
+    ]);
+    assert!(!wrong.status.success(), "{}", text(&wrong));
+    assert!(text(&wrong).contains("wrong token"), "{}", text(&wrong));
+    wait_logged(&daemon, &["not authenticated", "wrong token", "127.0.0.1:"]);
+
+    // The certificate names localhost: a client checking another name refuses the daemon.
+    let misnamed = stela(&[
+        "status",
+        "--tcp",
+        &addr,
+        "--tls-ca",
+        ca,
+        "--token-file",
+        s(&setup.client_tokens),
+        "--tls-server-name",
+        "elsewhere.example",
+    ]);
+    assert!(!misnamed.status.success(), "{}", text(&misnamed));
+
+    // A client token: the client commits, reads its status, but power-fail and truncate are
+    // refused (Forbidden) and logged with its address.
+    let client = TlsTarget::new(&format!("tls://localhost:{port}"), &setup.ca.cert)
+        .unwrap()
+        .token_file(&setup.client_tokens);
+    let wal: Wal<String> = Wal::open(
+        Address::Tls(Box::new(client.clone())),
+        "orders",
+        WalOptions::default().durability(Durability::Disk),
+    )
+    .unwrap();
+    for i in 0..100 {
+        let lsn = wal.append(&format!("order {i}")).unwrap();
+        wal.commit(lsn).unwrap();
+    }
+    let records: Vec<(u64, String)> = wal
+        .iter()
+        .unwrap()
+        .map(|r| r.map(|(lsn, rec)| (lsn.get(), rec)).unwrap())
+        .collect();
+    assert_eq!(records.len(), 100);
+    assert_eq!(records[99].1, "order 99");
+    // Megabytes each way: more than a socket buffer holds, so the daemon's TLS writes must
+    // wait for the socket and go on at its next writable event.
+    let big: Vec<String> = (0..64).map(|i| format!("{i:08}").repeat(8 << 10)).collect();
+    for half in big.chunks(32) {
+        let last = wal.append_batch(half).unwrap();
+        wal.commit(last).unwrap();
+    }
+    let read: Vec<String> = wal
+        .iter_from(stela_client::Lsn::new(101))
+        .unwrap()
+        .map(|r| r.unwrap().1)
+        .collect();
+    assert_eq!(read, big, "records read back over TLS");
+    slow_reader_gets_every_answer(&port, &setup);
+    let refused = wal.truncate_before(stela_client::Lsn::new(50));
+    assert_eq!(
+        refused.as_ref().err().and_then(|e| e.code()),
+        Some(ErrorCode::Forbidden),
+        "{refused:?}"
+    );
+    let mut conn = Connection::connect(&Address::Tls(Box::new(client))).unwrap();
+    let power = conn.request(RequestBody::PowerFail);
+    assert_eq!(
+        power.as_ref().err().and_then(|e| e.code()),
+        Some(ErrorCode::Forbidden),
+        "{power:?}"
+    );
+    // The connection stays usable after the refusal; and a commit still works (power was
+    // not failed).
+    assert!(matches!(
+        conn.request(RequestBody::Status),
+        Ok(stela_proto::ResponseBody::Status(_))
+    ));
+    let lsn = wal.append(&"after the refusals".to_owned()).unwrap();
+    wal.commit(lsn).unwrap();
+    wait_logged(
+        &daemon,
+        &[
+            "administrative request refused",
+            "truncate",
+            "tls 127.0.0.1:",
+        ],
+    );
+    wait_logged(
+        &daemon,
+        &[
+            "administrative request refused",
+            "power-fail",
+            "tls 127.0.0.1:",
+        ],
+    );
+    let cli_power = stela(&[
+        "power-fail",
+        "--tcp",
+        &addr,
+        "--tls-ca",
+        ca,
+        "--token-file",
+        s(&setup.client_tokens),
+    ]);
+    assert!(!cli_power.status.success(), "{}", text(&cli_power));
+    assert!(
+        text(&cli_power).contains("Forbidden"),
+        "{}",
+        text(&cli_power)
+    );
+    let status = stela(&[
+        "status",
+        "--tcp",
+        &addr,
+        "--tls-ca",
+        ca,
+        "--token-file",
+        s(&setup.client_tokens),
+    ]);
+    assert!(status.status.success(), "{}", text(&status));
+    assert!(text(&status).contains("orders"), "{}", text(&status));
+
+    // The admin token: power-fail and power-restore are served, and logged with the peer.
+    let admin = |command: &str| {
+        stela(&[
+            command,
+            "--tcp",
+            &addr,
+            "--tls-ca",
+            ca,
+            "--token-file",
+            s(&setup.admin_tokens),
+        ])
+    };
+    let failed = admin("power-fail");
+    assert!(failed.status.success(), "{}", text(&failed));
+    let line = wait_logged(
+        &daemon,
+        &["administrative request", "power-fail", "identity=\"admin\""],
+    );
+    assert!(line.contains("tls 127.0.0.1:"), "{line}");
+    let append = wal.append(&"while power fails".to_owned());
+    assert_eq!(
+        append.as_ref().err().and_then(|e| e.code()),
+        Some(ErrorCode::PowerFailing),
+        "{append:?}"
+    );
+    let restored = admin("power-restore");
+    assert!(restored.status.success(), "{}", text(&restored));
+    wait_logged(
+        &daemon,
+        &["administrative request", "power-restore", "tls 127.0.0.1:"],
+    );
+
+    // Over the Unix socket the peer is trusted, and logged by its uid.
+    let local = stela(&["power-restore", "--dir", s(&setup.dir)]);
+    assert!(local.status.success(), "{}", text(&local));
+    wait_logged(
+        &daemon,
+        &["administrative request", "power-restore", "uid "],
+    );
+    assert!(lines_with(&daemon, "connection refused") >= 3);
+    daemon.terminate();
+}
+
+#[test]
+fn mutual_tls_identifies_clients_and_admins_and_refuses_other_cas() {
+    let setup = setup();
+    let (cert, key) = &setup.server;
+    let pki = &setup.pki;
+    let app = setup.ca.issue(pki, "app", &["app.clients.stela"]);
+    let ops = setup.ca.issue(pki, "ops", &["ops.admins.stela"]);
+    let stranger_ca = Ca::new(pki, "stranger-ca");
+    let stranger = stranger_ca.issue(pki, "stranger", &["ops.admins.stela"]);
+    let mut daemon = Daemon::start(
+        &setup.dir,
+        &[
+            "--tcp",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(cert),
+            "--tls-key",
+            s(key),
+            "--tls-client-ca",
+            s(&setup.ca.cert),
+            "--tls-admin-name",
+            "ops.admins.stela",
+        ],
+    );
+    let addr = tcp_addr(&mut daemon);
+    let ca = s(&setup.ca.cert);
+    let with_cert = |command: &str, (cert, key): &(PathBuf, PathBuf)| {
+        stela(&[
+            command,
+            "--tcp",
+            &addr,
+            "--tls-ca",
+            ca,
+            "--tls-cert",
+            s(cert),
+            "--tls-key",
+            s(key),
+        ])
+    };
+
+    // No client certificate: the handshake fails; logged with the address.
+    let before = lines_with(&daemon, "TLS handshake failed");
+    let none = stela(&["status", "--tcp", &addr, "--tls-ca", ca]);
+    assert!(!none.status.success(), "{}", text(&none));
+    wait_logged(&daemon, &["TLS handshake failed", "127.0.0.1:"]);
+
+    // A certificate of another CA (even naming an admin): refused in the handshake.
+    let foreign = with_cert("power-fail", &stranger);
+    assert!(!foreign.status.success(), "{}", text(&foreign));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lines_with(&daemon, "TLS handshake failed") < before + 2 {
+        assert!(Instant::now() < deadline, "{}", daemon.output());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // The application's certificate: a client. Status yes, power-fail no.
+    let status = with_cert("status", &app);
+    assert!(status.status.success(), "{}", text(&status));
+    let refused = with_cert("power-fail", &app);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("Forbidden"), "{}", text(&refused));
+    wait_logged(&daemon, &["administrative request refused", "power-fail"]);
+
+    // The operator's certificate names an admin: served.
+    let failed = with_cert("power-fail", &ops);
+    assert!(failed.status.success(), "{}", text(&failed));
+    wait_logged(
+        &daemon,
+        &["administrative request", "identity=\"admin\"", "power-fail"],
+    );
+    let restored = with_cert("power-restore", &ops);
+    assert!(restored.status.success(), "{}", text(&restored));
+    daemon.terminate();
+}
+
+/// A process of another user reaches the socket through the socket's group, and is refused
+/// without it. Needs root (to run the client as another uid); fails, saying so, otherwise.
+#[test]
+fn the_socket_group_lets_another_user_in() {
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    assert!(
+        root,
+        "this test runs a client as another user, which needs root (the CI runs as root)"
+    );
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    const GROUP: u32 = 47_211;
+    const USER: u32 = 47_212;
+    const OTHER_GROUP: u32 = 47_213;
+    let setup = setup();
+    let top = setup.dir.parent().unwrap();
+    // The other user must be able to reach the socket's directory and run the binary.
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir(&setup.dir).unwrap();
+    std::fs::set_permissions(&setup.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let binary = top.join("stela");
+    std::fs::copy(env!("CARGO_BIN_EXE_stela"), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let unknown = stela(&[
+        "serve",
+        "--dir",
+        s(&setup.dir),
+        "--socket-group",
+        "no-such-group-stela-test",
+    ]);
+    assert!(!unknown.status.success(), "{}", text(&unknown));
+    assert!(
+        text(&unknown).contains("no such group"),
+        "{}",
+        text(&unknown)
+    );
+
+    let group = GROUP.to_string();
+    let daemon = Daemon::start(
+        &setup.dir,
+        &["--socket-group", &group, "--socket-mode", "0660"],
+    );
+    let socket = daemon.socket();
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert_eq!(meta.gid(), GROUP, "the socket's group");
+    assert_eq!(meta.mode() & 0o777, 0o660, "the socket's mode");
+
+    let as_user = |gid: u32, command: &str| {
+        std::process::Command::new(&binary)
+            .args([command, "--socket", s(&socket)])
+            .uid(USER)
+            .gid(gid)
+            .output()
+            .unwrap()
+    };
+    let member = as_user(GROUP, "status");
+    assert!(member.status.success(), "{}", text(&member));
+    let outsider = as_user(OTHER_GROUP, "status");
+    assert!(!outsider.status.success(), "{}", text(&outsider));
+    assert!(
+        text(&outsider).contains("Permission denied"),
+        "{}",
+        text(&outsider)
+    );
+    // A socket peer is trusted; its administrative requests are logged with its uid.
+    let power = as_user(GROUP, "power-fail");
+    assert!(power.status.success(), "{}", text(&power));
+    wait_logged(
+        &daemon,
+        &[
+            "administrative request",
+            "power-fail",
+            &format!("uid {USER}"),
+        ],
+    );
+    daemon.terminate();
+}
+
+/// A client that pipelines reads of megabytes and reads nothing for a while: the daemon's TLS
+/// writes fill the socket, wait (`WouldBlock`), and go on at the socket's writable events;
+/// every answer arrives whole and in order.
+fn slow_reader_gets_every_answer(port: &str, setup: &Setup) {
+    use stela_net::tls::{self, rustls, ClientTlsFiles};
+    use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
+    use stela_proto::{Request, Response, ResponseBody};
+    let config = tls::client_config(&ClientTlsFiles {
+        ca: setup.ca.cert.clone(),
+        identity: None,
+    })
+    .unwrap();
+    let tcp = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    let tls =
+        rustls::ClientConnection::new(config, tls::server_name("localhost").unwrap()).unwrap();
+    let mut stream = rustls::StreamOwned::new(tls, tcp);
+    let send = |requests: Vec<RequestBody>, first_id: u64| {
+        let mut out = Vec::new();
+        for (i, body) in requests.into_iter().enumerate() {
+            frame::encode(
+                &Request {
+                    id: first_id + i as u64,
+                    body,
+                },
+                &mut out,
+            )
+            .unwrap();
+        }
+        out
+    };
+    const READS: u64 = 8;
+    let mut out = send(
+        vec![
+            RequestBody::Hello {
+                version: stela_proto::PROTOCOL_VERSION,
+                client: "slow reader".into(),
+                role: stela_proto::Role::Client,
+                token: Some(CLIENT_TOKEN.into()),
+            },
+            RequestBody::Open {
+                log: "orders".into(),
+                codec: "msgpack".into(),
+                type_tag: std::any::type_name::<String>().into(),
+                create: false,
+            },
+        ],
+        1,
+    );
+    out.extend(send(
+        (0..READS)
+            .map(|_| RequestBody::Read {
+                handle: 0,
+                from: 101,
+                max_records: 1 << 20,
+                max_bytes: 16 << 20,
+            })
+            .collect(),
+        3,
+    ));
+    stream.write_all(&out).unwrap();
+    stream.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for id in 1..3 + READS {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        stream.read_exact(&mut header).unwrap();
+        let header = frame::parse_header(header, MAX_FRAME_BYTES).unwrap();
+        let mut body = vec![0u8; header.body_len];
+        stream.read_exact(&mut body).unwrap();
+        let response: Response = frame::decode_body(header, &body).unwrap();
+        assert_eq!(response.id, id);
+        if id >= 3 {
+            match response.body {
+                ResponseBody::Records { records, .. } => {
+                    assert_eq!(records.len(), 64, "answer {id}");
+                }
+                other => panic!("answer {id}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Who a connection is, and what it may ask: the daemon's authentication and its one check of
+//! administrative requests.
+//!
+//! Identities: a Unix-socket peer is [`Identity::Local`], trusted as an administrator (the
+//! socket's owner, group and mode decide who can connect at all). A TCP peer proves itself with
+//! a token from `--admin-token-file` or `--token-file` sent in its Hello, or with a client
+//! certificate rustls verified against `--tls-client-ca` (an administrator's if it names one of
+//! `--tls-admin-name`); it is then [`Identity::Admin`] or [`Identity::Client`]. Without proof
+//! it is refused, except on a `--tcp-insecure` loopback listener with no authentication
+//! configured, where it is a client.
+//!
+//! Invariants:
+//! - A token, when sent, decides: a wrong token is refused even if a certificate was verified.
+//! - [`administrative`] is the one place that says which requests are administrative; the
+//!   connection refuses them to anyone but an administrator and logs every one with its peer.
+
+use crate::config::DaemonConfig;
+use crate::error::StartError;
+use std::sync::Arc;
+use stela_net::tls::{self, rustls, Tokens};
+use stela_proto::RequestBody;
+
+/// Who a connection proved to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Identity {
+    /// A peer on the Unix socket: trusted (the socket's permissions decide who gets there).
+    Local,
+    /// A TCP peer authenticated as an administrator.
+    Admin,
+    /// A TCP peer authenticated as a client (or any peer of an insecure loopback listener).
+    Client,
+}
+
+impl Identity {
+    pub fn may_administer(self) -> bool {
+        matches!(self, Identity::Local | Identity::Admin)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Identity::Local => "local",
+            Identity::Admin => "admin",
+            Identity::Client => "client",
+        }
+    }
+}
+
+/// The name of `request` if it is administrative: it halts or changes what other clients
+/// rely on (power-fail, power-restore, truncate).
+pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
+    match request {
+        RequestBody::PowerFail => Some("power-fail"),
+        RequestBody::PowerRestore => Some("power-restore"),
+        RequestBody::Truncate { .. } => Some("truncate"),
+        RequestBody::Hello { .. }
+        | RequestBody::Open { .. }
+        | RequestBody::Append { .. }
+        | RequestBody::Commit { .. }
+        | RequestBody::Read { .. }
+        | RequestBody::Positions { .. }
+        | RequestBody::Close { .. }
+        | RequestBody::MapRing { .. }
+        | RequestBody::Status => None,
+    }
+}
+
+/// How TCP peers are authenticated (loaded once at start).
+pub(crate) struct Auth {
+    /// The TLS configuration of the TCP listener; `None`: plain TCP (`--tcp-insecure`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    client_tokens: Option<Tokens>,
+    admin_tokens: Option<Tokens>,
+    admin_names: Vec<String>,
+    /// Some proof is asked for (a token or a client certificate).
+    required: bool,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("tls", &self.tls.is_some())
+            .field("required", &self.required)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Auth {
+    /// Reads the certificates, keys and token files the configuration names.
+    pub fn load(config: &DaemonConfig) -> Result<Auth, StartError> {
+        let client_tokens = config.token_file.as_deref().map(Tokens::load).transpose()?;
+        let admin_tokens = config
+            .admin_token_file
+            .as_deref()
+            .map(Tokens::load)
+            .transpose()?;
+        let tokens = client_tokens.is_some() || admin_tokens.is_some();
+        let client_ca = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        let tls = match (&config.tls, config.tcp) {
+            // With tokens as well, a client may come without a certificate (and send a token).
+            (Some(files), Some(_)) => Some(tls::server_config(files, tokens)?),
+            _ => None,
+        };
+        Ok(Auth {
+            tls,
+            client_tokens,
+            admin_tokens,
+            admin_names: config.tls_admin_names.clone(),
+            required: tokens || client_ca,
+        })
+    }
+
+    /// The identity of a TCP peer that sent `token` in its Hello, over `tls` (its verified
+    /// client certificate, if any). `Err`: why it is refused.
+    pub fn identify(
+        &self,
+        tls: Option<&rustls::ServerConnection>,
+        token: Option<&str>,
+    ) -> Result<Identity, &'static str> {
+        if let Some(token) = token {
+            let admin = self
+                .admin_tokens
+                .as_ref()
+                .is_some_and(|t| t.matches(token.as_bytes()));
+            let client = self
+                .client_tokens
+                .as_ref()
+                .is_some_and(|t| t.matches(token.as_bytes()));
+            return match (admin, client) {
+                (true, _) => Ok(Identity::Admin),
+                (false, true) => Ok(Identity::Client),
+                (false, false) => Err("wrong token"),
+            };
+        }
+        // rustls only hands out a certificate it verified against the client CA.
+        if let Some(cert) = tls
+            .and_then(|c| c.peer_certificates())
+            .and_then(|chain| chain.first())
+        {
+            return Ok(if tls::certificate_names_any(cert, &self.admin_names) {
+                Identity::Admin
+            } else {
+                Identity::Client
+            });
+        }
+        if self.required {
+            Err("no token and no client certificate")
+        } else {
+            Ok(Identity::Client)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_the_requests_that_change_others_state_are_administrative() {
+        use RequestBody as R;
+        assert_eq!(administrative(&R::PowerFail), Some("power-fail"));
+        assert_eq!(administrative(&R::PowerRestore), Some("power-restore"));
+        assert_eq!(
+            administrative(&R::Truncate {
+                handle: 0,
+                before: 1
+            }),
+            Some("truncate")
+        );
+        assert_eq!(administrative(&R::Status), None);
+        assert_eq!(
+            administrative(&R::Commit {
+                handle: 0,
+                lsn: 1,
+                durability: stela_proto::Durability::Disk
+            }),
+            None
+        );
+    }
+
+    #[test]
+    fn a_token_decides_and_without_proof_a_peer_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = dir.path().join("admin");
+        let client = dir.path().join("client");
+        std::fs::write(&admin, "admin-token-0123456789\n").unwrap();
+        std::fs::write(&client, "client-token-0123456789\n").unwrap();
+        let mut config = DaemonConfig::new(dir.path());
+        config.token_file = Some(client);
+        config.admin_token_file = Some(admin);
+        let auth = Auth::load(&config).unwrap();
+        assert_eq!(
+            auth.identify(None, Some("admin-token-0123456789")),
+            Ok(Identity::Admin)
+        );
+        assert_eq!(
+            auth.identify(None, Some("client-token-0123456789")),
+            Ok(Identity::Client)
+        );
+        assert_eq!(
+            auth.identify(None, Some("client-token-012345678")),
+            Err("wrong token")
+        );
+        assert!(auth.identify(None, None).is_err());
+        // An insecure loopback listener without tokens: every peer is a client.
+        let open = Auth::load(&DaemonConfig::new(dir.path())).unwrap();
+        assert_eq!(open.identify(None, None), Ok(Identity::Client));
+        assert!(!Identity::Client.may_administer());
+        assert!(Identity::Admin.may_administer() && Identity::Local.may_administer());
+    }
+}
