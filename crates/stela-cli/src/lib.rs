@@ -50,7 +50,9 @@ pub enum Command {
     Wal(WalCommand),
     /// Run the log daemon (the RapiLog log service) on a directory.
     Serve(service::ServeArgs),
-    /// Show a running daemon's buffers, dirty-byte cap, logs and crash semantics.
+    /// Show a running daemon's buffers, dirty-byte cap, logs and crash semantics. Exits 3 when
+    /// the daemon is unhealthy (power-fail notice in force, a log stopped or waiting for disk
+    /// space), so it serves as a health check.
     Status {
         #[command(flatten)]
         target: service::TargetArgs,
@@ -207,8 +209,12 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { target, json } => {
-            service::status(target, json, out)?;
-            Ok(ExitCode::SUCCESS)
+            let problems = service::status(target, json, out)?;
+            Ok(if problems.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(service::EXIT_UNHEALTHY)
+            })
         }
         Command::PowerFail(target) => {
             service::power_fail(target, out)?;

@@ -292,21 +292,65 @@ fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
         .with_context(|| format!("is `stela serve` running at {address}?"))
 }
 
-pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+/// The exit code of `stela status` when the daemon answers but is not healthy: power is
+/// failing (writes refused), or a log has stopped or waits for disk space.
+pub const EXIT_UNHEALTHY: u8 = 3;
+
+/// Prints a running daemon's status; returns its problems (empty when healthy), so that
+/// `stela status` can serve as a health check.
+pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Result<Vec<String>> {
     let answer = connect(&target)?.request(RequestBody::Status)?;
     let ResponseBody::Status(report) = answer else {
         anyhow::bail!("unexpected answer to Status: {answer:?}");
     };
+    let problems = health_problems(&report);
     if json {
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&status_json(&report))?
-        )?;
+        let mut value = status_json(&report);
+        value["healthy"] = serde_json::json!(problems.is_empty());
+        value["problems"] = serde_json::json!(problems);
+        writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
     } else {
         print_status(&report, out)?;
+        match problems.as_slice() {
+            [] => writeln!(out, "health: ok")?,
+            _ => writeln!(out, "health: UNHEALTHY: {}", problems.join("; "))?,
+        }
     }
-    Ok(())
+    Ok(problems)
+}
+
+/// What keeps the daemon from taking writes: a power-fail notice in force, a stopped log, a
+/// log waiting for space. (Shutting down is not a problem of health: the daemon is leaving.)
+fn health_problems(report: &StatusReport) -> Vec<String> {
+    let mut problems = Vec::new();
+    if report.power != "normal" && !report.power.starts_with("shutting down") {
+        problems.push(format!("power {}", report.power));
+    }
+    for log in &report.logs {
+        if let Some(failure) = &log.failure {
+            problems.push(format!("log {} stopped: {failure}", log.name));
+        }
+        if let Some(reason) = &log.waiting_for_space {
+            problems.push(format!("log {} waits for disk space: {reason}", log.name));
+        }
+    }
+    problems
+}
+
+/// `[#####...............]  25 %`: how full the dirty-byte cap is, in plain text.
+fn fill_bar(used: u64, cap: u64) -> String {
+    const WIDTH: u64 = 20;
+    let filled = if cap == 0 {
+        WIDTH
+    } else {
+        (used.min(cap) * WIDTH).div_ceil(cap)
+    };
+    let percent = (used * 100).checked_div(cap).unwrap_or(100);
+    format!(
+        "[{}{}] {percent:>3} %",
+        "#".repeat(filled as usize),
+        ".".repeat((WIDTH - filled) as usize)
+    )
 }
 
 pub fn power_fail(target: TargetArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -377,8 +421,10 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
     )?;
     writeln!(
         out,
-        "dirty: {} B of a cap of {} B",
-        report.dirty_bytes, report.dirty_cap.bytes
+        "dirty: {} {} B of a cap of {} B",
+        fill_bar(report.dirty_bytes, report.dirty_cap.bytes),
+        report.dirty_bytes,
+        report.dirty_cap.bytes
     )?;
     writeln!(out, "  {}", report.dirty_cap.derivation)?;
     writeln!(
@@ -412,10 +458,12 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             p.last_lsn,
             p.durable_lsn,
             log.dirty_bytes,
-            log.failure
-                .as_deref()
-                .map(|f| format!(", STOPPED: {f}"))
-                .unwrap_or_default()
+            match (&log.failure, &log.waiting_for_space) {
+                (Some(failure), _) => format!(", STOPPED: {failure}"),
+                (None, Some(reason)) =>
+                    format!(", WAITING FOR SPACE (retried each second): {reason}"),
+                (None, None) => String::new(),
+            }
         )?;
     }
     writeln!(out, "what an acknowledgement survives:")?;
@@ -451,7 +499,7 @@ fn status_json(report: &StatusReport) -> serde_json::Value {
         "logs": report.logs.iter().map(|l| serde_json::json!({
             "name": l.name, "codec": l.codec, "first_lsn": l.positions.first_lsn,
             "last_lsn": l.positions.last_lsn, "durable_lsn": l.positions.durable_lsn,
-            "dirty_bytes": l.dirty_bytes, "failure": l.failure,
+            "dirty_bytes": l.dirty_bytes, "failure": l.failure, "waiting_for_space": l.waiting_for_space,
         })).collect::<Vec<_>>(),
         "crash_semantics": report.crash_semantics,
     })
@@ -469,5 +517,60 @@ mod tests {
         assert_eq!(parse_size("2M"), Ok(2 << 20));
         assert!(parse_size("12XB").unwrap_err().contains("unit"));
         assert!(parse_size("lots").is_err());
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+    use stela_proto::LogStatus;
+
+    fn report(power: &str, logs: Vec<LogStatus>) -> StatusReport {
+        StatusReport {
+            power: power.to_owned(),
+            logs,
+            ..StatusReport::default()
+        }
+    }
+
+    fn log(name: &str, failure: Option<&str>, waiting: Option<&str>) -> LogStatus {
+        LogStatus {
+            name: name.to_owned(),
+            failure: failure.map(str::to_owned),
+            waiting_for_space: waiting.map(str::to_owned),
+            ..LogStatus::default()
+        }
+    }
+
+    #[test]
+    fn health_names_every_problem_and_nothing_else() {
+        assert!(health_problems(&report("normal", vec![log("a", None, None)])).is_empty());
+        assert!(health_problems(&report("shutting down", vec![])).is_empty());
+        let problems = health_problems(&report(
+            "failed: writes refused until power-restore",
+            vec![
+                log("a", Some("fdatasync failed"), None),
+                log("b", None, Some("no space for the next segment")),
+                log("c", None, None),
+            ],
+        ));
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].starts_with("power failed"), "{problems:?}");
+        assert!(problems[1].contains("log a stopped"), "{problems:?}");
+        assert!(
+            problems[2].contains("log b waits for disk space"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn the_fill_bar_is_plain_and_bounded() {
+        assert_eq!(fill_bar(0, 100), "[....................]   0 %");
+        assert_eq!(fill_bar(50, 100), "[##########..........]  50 %");
+        assert_eq!(fill_bar(1, 100), "[#...................]   1 %");
+        assert_eq!(fill_bar(100, 100), "[####################] 100 %");
+        assert_eq!(fill_bar(7, 0), "[####################] 100 %");
+        // Over the cap (it can be lowered at a restart): the bar stays full, the figure says so.
+        assert_eq!(fill_bar(150, 100), "[####################] 150 %");
     }
 }

@@ -321,6 +321,10 @@ pub struct LogStatus {
     pub dirty_bytes: u64,
     /// Set once a write or sync of this log failed (it then refuses writes).
     pub failure: Option<String>,
+    /// Set while the log's next segment cannot be created for lack of space: it refuses new
+    /// records and retries; what it already placed is written once space returns.
+    #[serde(default)]
+    pub waiting_for_space: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

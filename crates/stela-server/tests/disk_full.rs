@@ -13,11 +13,11 @@
 //! - from then on that log's appends (`buffered` and `disk`) and `disk` commits are refused
 //!   with `DiskFull`, while nothing acknowledged is dropped: the records past the segment stay
 //!   in the daemon's memory (dirty, and served by a read);
-//! - the daemon stays up, `status` shows the log's failure, and another log whose segment has
+//! - the daemon stays up, `status` shows the log waiting for space (not stopped), and another log whose segment has
 //!   room goes on taking and syncing records;
 //! - once space is freed the log goes on by itself (the daemon retries the segment every
 //!   second; the test allows ten): appends are acknowledged again and a `disk` commit of
-//!   everything succeeds, the status failure is gone, and after shutdown the files hold every
+//!   everything succeeds, the status shows no log waiting for space or stopped, and after shutdown the files hold every
 //!   acknowledged record at its LSN, in order, plus the record whose `disk` wait was refused
 //!   (it was placed and kept, and written when space came back), and nothing else.
 
@@ -160,11 +160,15 @@ fn disk_full_refuses_then_resumes_by_itself() {
     // Nothing was dropped: the records past the segment are in memory, and served.
     let status = server.status();
     let full_status = status.logs.iter().find(|l| l.name == "full").unwrap();
-    let failure = full_status
-        .failure
+    let waiting = full_status
+        .waiting_for_space
         .as_deref()
         .expect("status shows the full disk");
-    assert!(failure.contains("space"), "{failure}");
+    assert!(waiting.contains("space"), "{waiting}");
+    assert!(
+        full_status.failure.is_none(),
+        "a log waiting for space is not stopped: {full_status:?}"
+    );
     assert!(full_status.dirty_bytes > 0, "{full_status:?}");
     match full.request(RequestBody::Read {
         handle: hf,
@@ -244,7 +248,10 @@ fn disk_full_refuses_then_resumes_by_itself() {
     assert_eq!(full.positions(hf).durable_lsn, last);
     let status = server.status();
     assert!(
-        status.logs.iter().all(|l| l.failure.is_none()),
+        status
+            .logs
+            .iter()
+            .all(|l| l.failure.is_none() && l.waiting_for_space.is_none()),
         "{:?}",
         status.logs
     );

@@ -217,7 +217,7 @@ impl Engine {
             .filter_map(|entry| {
                 // A log whose last handle is being closed may have left the pool already.
                 let (next, durable) = self.pool.positions_if_present(entry.id)?;
-                Some(LogStatus {
+                let mut status = LogStatus {
                     name: entry.name.clone(),
                     codec: entry.codec.name().to_owned(),
                     positions: Positions {
@@ -227,11 +227,20 @@ impl Engine {
                         durable_lsn: durable,
                     },
                     dirty_bytes: self.pool.log_dirty_bytes(entry.id) as u64,
-                    failure: self
-                        .pool
-                        .log_failure(entry.id)
-                        .map(|f| self.pool_error(entry.id, f).to_string()),
-                })
+                    failure: None,
+                    waiting_for_space: None,
+                };
+                match self.pool.log_failure(entry.id) {
+                    Some(error @ PoolError::DiskFull(_)) => {
+                        status.waiting_for_space =
+                            Some(self.pool_error(entry.id, error).to_string());
+                    }
+                    Some(error) => {
+                        status.failure = Some(self.pool_error(entry.id, error).to_string())
+                    }
+                    None => {}
+                }
+                Some(status)
             })
             .collect();
         let budget_ms = self.config.power_window.as_secs_f64() * 1000.0 / 2.0;
