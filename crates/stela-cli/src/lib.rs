@@ -11,11 +11,13 @@
 //! The benchmarks (`stela-bench`, a binary of its own) measure through the same [`drive`];
 //! nothing here depends on them or on their peers.
 //!
-//! Exit codes: 0 success (for `verify`: the log is clean), 1 the log is damaged, 2 the command
-//! itself failed (bad arguments, unreadable directory, ...).
+//! Exit codes ([`exit`]): 0 success (`verify`: clean; `status`: healthy), 1 the log is
+//! damaged, 2 bad arguments or another failure, 3 the daemon is unhealthy, 4 not a log,
+//! 5 the log is locked by another process, 6 no daemon answers.
 
 pub mod demo;
 pub mod drive;
+pub mod exit;
 pub mod latency;
 pub mod service;
 
@@ -33,7 +35,8 @@ use stela_wal::Lsn;
 #[command(
     name = "stela",
     version,
-    about = "Durability and availability as a service, outside the database"
+    about = "Durability and availability as a service, outside the database",
+    after_help = exit::HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -124,8 +127,8 @@ where
         Ok(code) => code,
         Err(error) => {
             let _ = out.flush();
-            eprintln!("stela: {error:#}");
-            ExitCode::from(2)
+            eprintln!("stela: {}", exit::render(&error));
+            exit::code_of(&error)
         }
     }
 }
@@ -138,20 +141,24 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         Command::Wal(WalCommand::Dump { dir, from }) => {
-            require_dir(&dir)?;
-            let written = tools::dump(&dir, Arc::new(StdStorage), Lsn::new(from.max(1)), out);
-            match written {
-                Ok(_) => Ok(ExitCode::SUCCESS),
-                Err(error @ stela_wal::Error::Corruption(_)) => {
-                    out.flush()?;
-                    eprintln!("stela: {error}");
-                    Ok(ExitCode::from(1))
-                }
-                Err(error) => Err(error.into()),
+            let dumped = tools::dump(&dir, Arc::new(StdStorage), Lsn::new(from.max(1)), out)?;
+            if dumped.problems.is_empty() {
+                return Ok(ExitCode::SUCCESS);
             }
+            // The valid prefix is printed; the damage after it is said, and the exit is
+            // verify's, so a script never takes a damaged log's dump for the whole log.
+            out.flush()?;
+            eprintln!(
+                "stela: {}: damaged after the {} record(s) above:",
+                dir.display(),
+                dumped.records
+            );
+            for problem in &dumped.problems {
+                eprintln!("  CORRUPT: {problem}");
+            }
+            Ok(ExitCode::from(exit::DAMAGED))
         }
         Command::Wal(WalCommand::Verify { dir, json }) => {
-            require_dir(&dir)?;
             let report = tools::verify(&dir, &StdStorage)?;
             if json {
                 writeln!(out, "{}", verify_json(&report))?;
@@ -168,7 +175,6 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             dir,
             corrupt_suffix,
         }) => {
-            require_dir(&dir)?;
             let report = tools::repair(&dir, Arc::new(StdStorage), corrupt_suffix)?;
             match &report.torn_tail {
                 Some((path, torn)) => writeln!(
@@ -225,13 +231,6 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-fn require_dir(dir: &Path) -> anyhow::Result<()> {
-    if !dir.is_dir() {
-        anyhow::bail!("{}: not a directory", dir.display());
-    }
-    Ok(())
 }
 
 fn print_verify(dir: &Path, report: &VerifyReport, out: &mut dyn Write) -> std::io::Result<()> {

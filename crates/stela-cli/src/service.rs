@@ -294,7 +294,7 @@ fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
 
 /// The exit code of `stela status` when the daemon answers but is not healthy: power is
 /// failing (writes refused), or a log has stopped or waits for disk space.
-pub const EXIT_UNHEALTHY: u8 = 3;
+pub const EXIT_UNHEALTHY: u8 = crate::exit::UNHEALTHY;
 
 /// Prints a running daemon's status; returns its problems (empty when healthy), so that
 /// `stela status` can serve as a health check.

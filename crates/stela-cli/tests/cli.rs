@@ -108,8 +108,8 @@ fn repair_with_corrupt_suffix_keeps_the_valid_prefix() {
     let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
     assert_eq!(
         out.status.code(),
-        Some(2),
-        "plain repair refuses corruption: {}",
+        Some(1),
+        "plain repair refuses corruption (exit 1, damaged): {}",
         text(&out)
     );
     assert!(
@@ -153,8 +153,12 @@ fn dump_prints_json_lines_with_lsns() {
 #[test]
 fn a_missing_directory_is_a_clear_error() {
     let out = stela(&["wal", "verify", "/nonexistent/stela-log"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out).contains("/nonexistent/stela-log: not a directory"));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        text(&out).contains("/nonexistent/stela-log: not a log: no such file or directory"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// `docs/DAEMON.md` lists every daemon setting with its default; the defaults live in

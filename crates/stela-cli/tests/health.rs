@@ -2,7 +2,8 @@
 //! "health: ok" while the daemon takes writes; exit 3 with the reason (text and JSON) while a
 //! power-fail notice is in force; healthy again after power-restore. (A stopped log and a log
 //! waiting for space are covered by the unit tests of `service::health_problems` over the status
-//! report, and the daemon's own tests check that the report shows them.)
+//! report, and the daemon's own tests check that the report shows them.) No daemon at all is
+//! exit 6, "no daemon answers", not a verdict on its health.
 
 mod common;
 
@@ -57,6 +58,6 @@ fn status_exit_code_follows_the_daemons_health() {
 fn status_of_no_daemon_is_an_error_not_a_health_verdict() {
     let dir = tempdir();
     let out = stela(&["status", "--dir", dir.path().to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     assert!(text(&out).contains("stela serve"), "{}", text(&out));
 }

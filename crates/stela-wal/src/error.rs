@@ -83,6 +83,11 @@ pub enum Error {
     #[error("{}: no log here (and create_if_missing is off)", dir.display())]
     NotFound { dir: PathBuf },
 
+    /// A tool (verify, dump, repair) was pointed at something that holds no log: a missing
+    /// path, a file, or a directory without a single segment file. Nothing was changed.
+    #[error("{}: not a log: {reason}", path.display())]
+    NotALog { path: PathBuf, reason: &'static str },
+
     /// `commit` of an LSN that has not been appended.
     #[error("LSN {lsn} has not been appended (next LSN is {next})")]
     NotAppended { lsn: Lsn, next: Lsn },

@@ -36,18 +36,56 @@ pub struct VerifyReport {
     pub torn_tail: Option<(PathBuf, TornTail)>,
     /// Human-readable descriptions, each naming the file and offset.
     pub problems: Vec<String>,
+    /// The first LSN that is not part of the log's valid prefix: where the first damage is
+    /// (`None` when clean). `dump` prints the records before it; `repair --corrupt-suffix`
+    /// keeps exactly those.
+    pub valid_prefix_end: Option<Lsn>,
 }
 
 impl VerifyReport {
     pub fn is_clean(&self) -> bool {
         self.problems.is_empty()
     }
+
+    /// Records a problem found where the record `lsn` was expected.
+    fn damaged_at(&mut self, lsn: Lsn, problem: String) {
+        self.problems.push(problem);
+        self.valid_prefix_end = Some(self.valid_prefix_end.map_or(lsn, |end| end.min(lsn)));
+    }
+}
+
+/// The segments of the log in `dir`, or [`Error::NotALog`] when there is no log there: the
+/// tools must never call a typo'd path or an application's directory a clean (empty) log.
+fn log_segments(dir: &Path, storage: &dyn Storage) -> Result<segment::Listing> {
+    let not_a_log = |reason| Error::NotALog {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let listing = match segment::list(storage, dir) {
+        Ok(listing) => listing,
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_a_log("no such file or directory"))
+        }
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotADirectory => {
+            return Err(not_a_log("a file, not a log directory"))
+        }
+        Err(error) => return Err(error),
+    };
+    if listing.segments.is_empty() {
+        return Err(not_a_log(
+            "a directory without segment files (<first LSN>.wal)",
+        ));
+    }
+    Ok(listing)
 }
 
 /// Checks every segment of the log in `dir` without changing anything: headers, checksums, LSN
 /// continuity within and across segments. Reports all damage, not only the first.
+///
+/// # Errors
+/// [`Error::NotALog`] when `dir` holds no log; I/O errors naming the file.
 pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
-    let listing = segment::list(storage, dir)?;
+    let listing = log_segments(dir, storage)?;
     let mut report = VerifyReport::default();
     let mut expected: Option<Lsn> = None;
     let count = listing.segments.len();
@@ -63,10 +101,13 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
             header: header.as_ref().map(Clone::clone).map_err(|e| e.to_string()),
             scan: None,
         };
+        // Where this segment's records should begin: a damaged header or a gap ends the valid
+        // prefix there.
+        let here = expected.unwrap_or(seg.start).min(seg.start);
         let header = match header {
             Ok(header) => header,
             Err(error) => {
-                report.problems.push(error.to_string());
+                report.damaged_at(here, error.to_string());
                 report.segments.push(entry);
                 expected = None;
                 continue;
@@ -74,27 +115,36 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
         };
         match report.codec {
             None => report.codec = Some(header.codec),
-            Some(codec) if codec != header.codec => report.problems.push(format!(
-                "{}: codec {} differs from earlier segments' {codec}",
-                seg.path.display(),
-                header.codec
-            )),
+            Some(codec) if codec != header.codec => report.damaged_at(
+                here,
+                format!(
+                    "{}: codec {} differs from earlier segments' {codec}",
+                    seg.path.display(),
+                    header.codec
+                ),
+            ),
             Some(_) => {}
         }
         if header.start_lsn != seg.start {
-            report.problems.push(format!(
-                "{}: header says first LSN {}, file name says {}",
-                seg.path.display(),
-                header.start_lsn,
-                seg.start
-            ));
+            report.damaged_at(
+                here,
+                format!(
+                    "{}: header says first LSN {}, file name says {}",
+                    seg.path.display(),
+                    header.start_lsn,
+                    seg.start
+                ),
+            );
         }
         if let Some(exp) = expected.filter(|&e| e != seg.start) {
-            report.problems.push(format!(
-                "{}: records {exp}..{} are missing before this segment",
-                seg.path.display(),
-                seg.start
-            ));
+            report.damaged_at(
+                here,
+                format!(
+                    "{}: records {exp}..{} are missing before this segment",
+                    seg.path.display(),
+                    seg.start
+                ),
+            );
         }
         let bytes = file
             .read_to_vec()
@@ -108,7 +158,7 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
             report.last_lsn = scan.last_lsn;
         }
         for damage in &scan.damage {
-            report.problems.push(describe(&seg.path, damage));
+            report.damaged_at(damage.expected_lsn, describe(&seg.path, damage));
         }
         if let Some(torn) = &scan.torn_tail {
             report.torn_tail = Some((seg.path.clone(), torn.clone()));
@@ -134,26 +184,52 @@ fn describe(path: &Path, damage: &Damage) -> String {
     text
 }
 
+/// What `dump` wrote, and the damage that ended it.
+#[derive(Debug, Default)]
+pub struct DumpReport {
+    /// Records written.
+    pub records: u64,
+    /// `verify`'s problems: when not empty, the records written are the log's valid prefix
+    /// (from `from`) and the log is damaged after them; the caller must not call it a success.
+    pub problems: Vec<String>,
+}
+
 /// Writes every record of the log in `dir` as a JSON line `{"lsn":N,"record":...}` (postcard
-/// payloads, which cannot be decoded without their type, as `{"hex":"..."}`). Read only. Stops
-/// with an error at damage, after writing every record before it.
-pub fn dump(dir: &Path, storage: Arc<dyn Storage>, from: Lsn, out: &mut dyn Write) -> Result<u64> {
+/// payloads, which cannot be decoded without their type, as `{"hex":"..."}`). Read only. On a
+/// damaged log it writes the valid prefix, the records before the first damage `verify` finds,
+/// and returns the damage in [`DumpReport::problems`]; it never reads past the damage.
+///
+/// # Errors
+/// [`Error::NotALog`] when `dir` holds no log; I/O and decoding errors.
+pub fn dump(
+    dir: &Path,
+    storage: Arc<dyn Storage>,
+    from: Lsn,
+    out: &mut dyn Write,
+) -> Result<DumpReport> {
     let report = verify(dir, storage.as_ref())?;
-    let Some(codec) = report.codec else {
-        return Ok(0);
+    let mut dumped = DumpReport {
+        records: 0,
+        problems: report.problems.clone(),
     };
+    let Some(codec) = report.codec else {
+        return Ok(dumped);
+    };
+    // Stop before a torn tail (it is not part of the log) and before the first damage.
+    let mut end = report.last_lsn.map_or(Lsn::FIRST, Lsn::next);
+    if let Some(damage) = report.valid_prefix_end {
+        end = end.min(damage);
+    }
     let segments: Vec<SegmentFile> = report
         .segments
         .iter()
+        .filter(|s| s.start < end && s.scan.is_some())
         .map(|s| SegmentFile {
             start: s.start,
             path: s.path.clone(),
         })
         .collect();
-    // Stop before a torn tail: it is not part of the log.
-    let end = report.last_lsn.map_or(Lsn::FIRST, Lsn::next);
     let mut reader = RawReader::new(storage, segments, from, end, u32::MAX, false);
-    let mut written = 0;
     while let Some(item) = reader.next_record() {
         let (lsn, payload) = item?;
         let record = codec
@@ -164,23 +240,39 @@ pub fn dump(dir: &Path, storage: Arc<dyn Storage>, from: Lsn, out: &mut dyn Writ
             })?;
         let line = serde_json::json!({ "lsn": lsn.get(), "record": record });
         writeln!(out, "{line}").map_err(|e| Error::io("write", "<output>", e))?;
-        written += 1;
+        dumped.records += 1;
     }
-    Ok(written)
+    Ok(dumped)
 }
 
 /// Repairs the log in `dir` by opening it for writing: a torn tail is cut, and with
-/// `cut_corrupt_suffix` so is everything from the first damage on. Every removed byte and
-/// segment is kept in a `salvage-<unix-ms>/` folder inside `dir`.
+/// `cut_corrupt_suffix` so is everything from the first damage `verify` reports on. Every
+/// removed byte and segment is kept in a `salvage-<unix-ms>/` folder inside `dir`.
+///
+/// Damage to a whole segment (an unreadable or mismatched header, or records missing before it
+/// because a segment was lost or cut short) moves that segment and every later one aside;
+/// damage inside a segment is cut there by the open. When the oldest segment's header is
+/// unreadable nothing of the log can be trusted (not even its codec and record type): every
+/// segment is moved aside and the directory no longer holds a log.
+///
+/// # Errors
+/// [`Error::NotALog`] when `dir` holds no log; without `cut_corrupt_suffix`, corruption is an
+/// error and nothing is changed.
 pub fn repair(
     dir: &Path,
     storage: Arc<dyn Storage>,
     cut_corrupt_suffix: bool,
 ) -> Result<RecoveryReport> {
+    log_segments(dir, storage.as_ref())?;
+    let mut set_aside = RecoveryReport::default();
+    if cut_corrupt_suffix {
+        set_aside = set_aside_damaged_segments(dir, storage.as_ref())?;
+        if set_aside.segments == 0 {
+            return Ok(set_aside);
+        }
+    }
     let listing = segment::list(storage.as_ref(), dir)?;
-    let Some(first) = listing.segments.first() else {
-        return Ok(RecoveryReport::default());
-    };
+    let first = &listing.segments[0];
     let file = storage
         .open(&first.path, OpenMode::Read)
         .map_err(|e| Error::io("open", &first.path, e))?;
@@ -198,5 +290,69 @@ pub fn repair(
             RecoveryMode::Strict
         });
     let log = Log::open_inner(dir, options, header.type_tag, true)?;
-    Ok(log.recovery_report().clone())
+    let mut report = log.recovery_report().clone();
+    set_aside.damage.append(&mut report.damage);
+    report.damage = set_aside.damage;
+    report.salvage_dir = report.salvage_dir.or(set_aside.salvage_dir);
+    Ok(report)
+}
+
+/// Moves aside, durably, the segments from the first one that is damaged as a whole (see
+/// [`repair`]). Returns what it moved in `damage` and `salvage_dir`, and in `segments` how many
+/// segments are left.
+fn set_aside_damaged_segments(dir: &Path, storage: &dyn Storage) -> Result<RecoveryReport> {
+    let verdict = verify(dir, storage)?;
+    let mut report = RecoveryReport {
+        segments: verdict.segments.len(),
+        ..RecoveryReport::default()
+    };
+    let Some(end) = verdict.valid_prefix_end else {
+        return Ok(report);
+    };
+    let whole_segment_damage = |s: &SegmentReport| match &s.header {
+        Err(_) => true,
+        Ok(header) => header.start_lsn != s.start || Some(header.codec) != verdict.codec,
+    };
+    let Some(from) = verdict.segments.iter().position(|s| {
+        s.start > end || (s.start == end && (whole_segment_damage(s) || s.scan.is_none()))
+    }) else {
+        return Ok(report);
+    };
+    // The oldest segment's header decides the codec and record type: if it is the damaged one
+    // while a later header is fine, the later segments do not belong to a log we can name.
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let salvage = dir.join(format!("salvage-{ms}"));
+    storage
+        .create_dir_all(&salvage)
+        .map_err(|e| Error::io("create directory", &salvage, e))?;
+    let first_moved = &verdict.segments[from];
+    report.damage.push((
+        first_moved.path.clone(),
+        Damage {
+            offset: 0,
+            expected_lsn: end,
+            reason: verdict
+                .problems
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "damaged segment".to_owned()),
+            resumes_at: None,
+        },
+    ));
+    for moved in &verdict.segments[from..] {
+        let to = salvage.join(moved.path.file_name().expect("segment name"));
+        storage
+            .rename(&moved.path, &to)
+            .map_err(|e| Error::io("move aside", &moved.path, e))?;
+    }
+    for synced in [&salvage, dir] {
+        storage
+            .sync_dir(synced)
+            .map_err(|e| Error::io("fsync directory", synced, e))?;
+    }
+    report.segments = from;
+    report.salvage_dir = Some(salvage);
+    Ok(report)
 }

@@ -1,0 +1,99 @@
+//! The `stela` command's exit codes, one per thing a script can act on, and how an error is
+//! printed: once, with the path or address it concerns, each cause said once.
+//!
+//! The codes are part of the command line's contract (listed in `stela --help` and the README);
+//! they never change meaning.
+
+use std::process::ExitCode;
+
+/// Success; for `wal verify` the log is clean, for `status` the daemon is healthy.
+pub const OK: u8 = 0;
+/// The log is damaged (`wal verify`, `wal dump`).
+pub const DAMAGED: u8 = 1;
+/// Bad arguments, or a failure with no code of its own below.
+pub const USAGE_OR_FAILURE: u8 = 2;
+/// `status`: the daemon answers but does not take writes (power failing, a log stopped or
+/// waiting for disk space).
+pub const UNHEALTHY: u8 = 3;
+/// The path holds no log (missing, a file, or a directory without segment files).
+pub const NOT_A_LOG: u8 = 4;
+/// The log is open in another process (a running daemon, or an application's `Wal`).
+pub const LOCKED: u8 = 5;
+/// No daemon answers at the address.
+pub const DAEMON_UNREACHABLE: u8 = 6;
+
+/// The text `stela --help` shows under the commands.
+pub const HELP: &str = "Exit codes: 0 ok (verify: clean; status: healthy), 1 the log is damaged, \
+2 bad arguments or another failure, 3 status: the daemon is unhealthy, 4 not a log, \
+5 the log is locked by another process, 6 no daemon answers at the address.";
+
+/// The exit code for a failed command.
+pub fn code_of(error: &anyhow::Error) -> ExitCode {
+    for cause in error.chain() {
+        if let Some(wal) = cause.downcast_ref::<stela_wal::Error>() {
+            match wal {
+                stela_wal::Error::NotALog { .. } | stela_wal::Error::NotFound { .. } => {
+                    return ExitCode::from(NOT_A_LOG)
+                }
+                stela_wal::Error::Locked { .. } => return ExitCode::from(LOCKED),
+                stela_wal::Error::Corruption(_) | stela_wal::Error::BadHeader { .. } => {
+                    return ExitCode::from(DAMAGED)
+                }
+                _ => {}
+            }
+        }
+        if let Some(stela_client::Error::Connect { .. }) = cause.downcast_ref() {
+            return ExitCode::from(DAEMON_UNREACHABLE);
+        }
+    }
+    ExitCode::from(USAGE_OR_FAILURE)
+}
+
+/// The error and its causes on one line, each cause once: the crates' errors already include
+/// their source in their own message (`open /x: No such file or directory (os error 2)`), so a
+/// cause whose text is already there is not repeated.
+pub fn render(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = std::io::Error::from_raw_os_error(2);
+        let wal = stela_wal::Error::NotALog {
+            path: "/nowhere".into(),
+            reason: "no such file or directory",
+        };
+        let error = anyhow::Error::new(wal).context("verifying /nowhere");
+        assert_eq!(
+            render(&error),
+            "verifying /nowhere: /nowhere: not a log: no such file or directory"
+        );
+        assert_eq!(code_of(&error), ExitCode::from(NOT_A_LOG));
+        // thiserror's `{source}` in the message plus the chain would say the OS error twice.
+        #[derive(Debug, thiserror::Error)]
+        #[error("open /x: {source}")]
+        struct Open {
+            #[source]
+            source: std::io::Error,
+        }
+        let error = anyhow::Error::new(Open { source: io });
+        let text = render(&error);
+        assert_eq!(text.matches("os error 2").count(), 1, "{text}");
+        assert_eq!(code_of(&error), ExitCode::from(USAGE_OR_FAILURE));
+    }
+}
