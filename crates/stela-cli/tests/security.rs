@@ -625,6 +625,7 @@ fn slow_reader_gets_every_answer(port: &str, setup: &Setup) {
                 codec: "msgpack".into(),
                 type_tag: std::any::type_name::<String>().into(),
                 create: false,
+                durability: None,
             },
         ],
         1,

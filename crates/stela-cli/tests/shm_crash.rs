@@ -242,6 +242,7 @@ fn unpublished_child(socket: &Path, round: u32) {
         codec: "msgpack".into(),
         type_tag: TYPE_TAG.into(),
         create: true,
+        durability: None,
     }) {
         ResponseBody::Opened { handle, .. } => handle,
         other => panic!("Open answered {other:?}"),

@@ -157,12 +157,12 @@ impl<T> Clone for AsyncWal<T> {
 impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     /// Connects to the daemon at `address` and opens the log `name`. Must run inside a tokio
     /// runtime (it spawns the task that reads answers).
-    pub async fn open(
-        address: impl Into<Address>,
-        name: &str,
-        options: WalOptions,
-    ) -> Result<AsyncWal<T>> {
-        let address = address.into();
+    pub async fn open<A>(address: A, name: &str, options: WalOptions) -> Result<AsyncWal<T>>
+    where
+        A: TryInto<Address>,
+        Error: From<A::Error>,
+    {
+        let address = address.try_into()?;
         let connect_err = |source| Error::Connect {
             address: address.to_string(),
             source,
@@ -212,13 +212,14 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         let type_tag = options
             .type_tag
             .clone()
-            .unwrap_or_else(|| std::any::type_name::<T>().to_owned());
+            .unwrap_or_else(stela_format::default_type_tag::<T>);
         let answer = shared
             .request(RequestBody::Open {
                 log: name.to_owned(),
                 codec: options.codec.name().to_owned(),
                 type_tag,
                 create: options.create_if_missing,
+                durability: Some(options.durability),
             })
             .await?;
         let ResponseBody::Opened {

@@ -54,6 +54,86 @@ impl From<SocketAddr> for Address {
     }
 }
 
+impl Address {
+    /// Reads an address written as text: `unix:PATH`, `tcp://HOST:PORT` (the host's first
+    /// address when it is a name), or a bare path (a Unix socket). A TLS address needs the
+    /// daemon's CA and this client's credentials, so it is built with [`crate::TlsTarget`],
+    /// not from text alone.
+    ///
+    /// # Errors
+    /// [`Error::BadAddress`] naming the text and what is wrong with it.
+    pub fn parse(text: &str) -> Result<Address> {
+        let bad = |reason: &str| Error::BadAddress {
+            address: text.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if let Some(path) = text.strip_prefix("unix:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(bad("no socket path after unix:"));
+            }
+            return Ok(Address::Unix(PathBuf::from(path)));
+        }
+        if let Some(host_port) = text.strip_prefix("tcp://") {
+            let host_port = host_port.strip_suffix('/').unwrap_or(host_port);
+            if let Ok(addr) = host_port.parse::<SocketAddr>() {
+                return Ok(Address::Tcp(addr));
+            }
+            if !host_port.contains(':') {
+                return Err(bad("no port after the host"));
+            }
+            use std::net::ToSocketAddrs;
+            let mut found = host_port
+                .to_socket_addrs()
+                .map_err(|e| bad(&format!("cannot resolve the host: {e}")))?;
+            return found
+                .next()
+                .map(Address::Tcp)
+                .ok_or_else(|| bad("the host has no address"));
+        }
+        if text.starts_with("tls://") {
+            return Err(bad(
+                "a TLS address needs the daemon's CA: build it with stela_client::TlsTarget",
+            ));
+        }
+        if text.contains("://") {
+            return Err(bad("unknown scheme"));
+        }
+        if text.is_empty() {
+            return Err(bad("empty"));
+        }
+        Ok(Address::Unix(PathBuf::from(text)))
+    }
+}
+
+impl TryFrom<&str> for Address {
+    type Error = Error;
+    fn try_from(text: &str) -> Result<Address> {
+        Address::parse(text)
+    }
+}
+
+impl TryFrom<String> for Address {
+    type Error = Error;
+    fn try_from(text: String) -> Result<Address> {
+        Address::parse(&text)
+    }
+}
+
+impl TryFrom<&String> for Address {
+    type Error = Error;
+    fn try_from(text: &String) -> Result<Address> {
+        Address::parse(text)
+    }
+}
+
+impl std::str::FromStr for Address {
+    type Err = Error;
+    fn from_str(text: &str) -> Result<Address> {
+        Address::parse(text)
+    }
+}
+
 /// A handshaken connection. Not shared between threads: [`crate::Wal`] wraps it in a mutex.
 pub struct Connection {
     reader: BufReader<Box<dyn Read + Send>>,
@@ -326,4 +406,70 @@ pub(crate) fn unexpected(asked: &'static str, got: ResponseBody) -> Error {
         other => format!("{other:?}").chars().take(120).collect(),
     };
     Error::UnexpectedAnswer { asked, got }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_from_text() {
+        let unix = |p: &str| Address::Unix(PathBuf::from(p));
+        assert_eq!(
+            Address::parse("/run/stela.sock").unwrap(),
+            unix("/run/stela.sock")
+        );
+        assert_eq!(Address::parse("stela.sock").unwrap(), unix("stela.sock"));
+        assert_eq!(
+            Address::parse("unix:/run/s.sock").unwrap(),
+            unix("/run/s.sock")
+        );
+        assert_eq!(
+            Address::parse("unix:///run/s.sock").unwrap(),
+            unix("/run/s.sock")
+        );
+        assert_eq!(
+            Address::parse("tcp://127.0.0.1:7070").unwrap(),
+            Address::Tcp("127.0.0.1:7070".parse().unwrap())
+        );
+        assert_eq!(
+            Address::parse("tcp://[::1]:7070/").unwrap(),
+            Address::Tcp("[::1]:7070".parse().unwrap())
+        );
+        assert!(matches!(
+            Address::parse("tcp://localhost:7070").unwrap(),
+            Address::Tcp(a) if a.port() == 7070 && a.ip().is_loopback()
+        ));
+        let a: Address = "/x.sock".try_into().unwrap();
+        assert_eq!(a, unix("/x.sock"));
+        let b: Address = String::from("tcp://10.0.0.1:1").try_into().unwrap();
+        assert_eq!(b.to_string(), "tcp://10.0.0.1:1");
+        for (bad, why) in [
+            ("", "empty"),
+            ("unix:", "no socket path"),
+            ("tcp://10.0.0.1", "no port"),
+            ("http://x:1", "unknown scheme"),
+            ("tls://db:7070", "TlsTarget"),
+        ] {
+            let error = Address::parse(bad).unwrap_err().to_string();
+            assert!(
+                error.contains(why) && error.contains("bad daemon address"),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn an_address_reads_back_from_its_display(
+            path in "/[a-z0-9._-]{1,12}(/[a-z0-9._-]{1,12}){0,3}",
+            ip in proptest::array::uniform4(0u8..),
+            port in 1u16..,
+        ) {
+            let unix = Address::Unix(PathBuf::from(&path));
+            proptest::prop_assert_eq!(Address::parse(&unix.to_string()).unwrap(), unix);
+            let tcp = Address::Tcp(SocketAddr::from((ip, port)));
+            proptest::prop_assert_eq!(Address::parse(&tcp.to_string()).unwrap(), tcp);
+        }
+    }
 }

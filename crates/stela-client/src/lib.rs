@@ -25,6 +25,12 @@ pub use stela_proto::{Durability, ErrorCode, Positions, StatusReport};
 pub use tls::TlsTarget;
 pub use wal::{Iter, Transport, Wal, WalOptions};
 
+/// The README's code blocks, compiled (and, unless marked `no_run`, run) as doctests, so the
+/// snippets a newcomer copies are the code CI builds.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 use thiserror::Error;
 
 /// Everything a client call can fail with.
@@ -50,6 +56,17 @@ pub enum Error {
     /// A certificate, key or token file of a TLS address could not be used.
     #[error("TLS: {0}")]
     Tls(#[from] stela_net::tls::TlsError),
+    /// A daemon address given as text could not be understood. Nothing was connected.
+    #[error(
+        "bad daemon address {address:?}: {reason} (expected unix:PATH, a path, or tcp://HOST:PORT)"
+    )]
+    BadAddress { address: String, reason: String },
+}
+
+impl From<std::convert::Infallible> for Error {
+    fn from(never: std::convert::Infallible) -> Error {
+        match never {}
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -183,17 +183,23 @@ impl<T> std::fmt::Debug for Wal<T> {
 
 impl<T: Serialize + DeserializeOwned> Wal<T> {
     /// Connects to the daemon at `address` and opens the log `name` in it.
-    pub fn open(address: impl Into<Address>, name: &str, options: WalOptions) -> Result<Wal<T>> {
-        let mut connection = Connection::connect_with(&address.into(), options.spin)?;
+    pub fn open<A>(address: A, name: &str, options: WalOptions) -> Result<Wal<T>>
+    where
+        A: TryInto<Address>,
+        Error: From<A::Error>,
+    {
+        let address = address.try_into()?;
+        let mut connection = Connection::connect_with(&address, options.spin)?;
         let type_tag = options
             .type_tag
             .clone()
-            .unwrap_or_else(|| std::any::type_name::<T>().to_owned());
+            .unwrap_or_else(stela_format::default_type_tag::<T>);
         let answer = connection.request(RequestBody::Open {
             log: name.to_owned(),
             codec: options.codec.name().to_owned(),
             type_tag,
             create: options.create_if_missing,
+            durability: Some(options.durability),
         })?;
         let ResponseBody::Opened {
             handle,

@@ -108,18 +108,32 @@ fn a_second_client_with_another_codec_or_type_is_refused_by_name() {
 }
 
 #[test]
-fn replicated_is_refused_until_a_standby_exists() {
+fn replicated_is_refused_at_open_until_a_standby_exists() {
     let dir = tempfile::tempdir().unwrap();
     let server = server(dir.path());
-    let wal: Wal<u32> = Wal::open(
-        server.socket_path(),
-        "r",
-        WalOptions::default().durability(Durability::Replicated),
+    for level in [Durability::Replicated, Durability::All] {
+        let error = Wal::<u32>::open(
+            server.socket_path(),
+            "r",
+            WalOptions::default().durability(level),
+        )
+        .unwrap_err();
+        assert_eq!(error.code(), Some(ErrorCode::Unsupported), "{error}");
+        assert!(error.to_string().contains("standby"), "{error}");
+    }
+    // Opened at a level it serves, a commit asking for more is still refused, at the commit.
+    let wal: Wal<u32> = Wal::open(server.socket_path(), "r", WalOptions::default()).unwrap();
+    let lsn = wal.append(&7).unwrap();
+    let error = wal.commit_at(lsn, Durability::Replicated).unwrap_err();
+    assert_eq!(error.code(), Some(ErrorCode::Unsupported), "{error}");
+    // And a string is an address.
+    let by_text: Wal<u32> = Wal::open(
+        server.socket_path().to_str().unwrap(),
+        "r2",
+        WalOptions::default(),
     )
     .unwrap();
-    let error = wal.append_durable(&7).unwrap_err();
-    assert_eq!(error.code(), Some(ErrorCode::Unsupported), "{error}");
-    assert!(error.to_string().contains("standby"), "{error}");
+    by_text.append_durable(&1).unwrap();
 }
 
 #[test]

@@ -66,11 +66,55 @@ impl TypeTag {
         }
     }
 
-    /// Whether two tags name the same type.
+    /// Whether two tags are the same tag, byte for byte.
     pub fn same_as(&self, other: &TypeTag) -> bool {
         self.len == other.len && self.crc == other.crc && self.shown == other.shown
     }
+
+    /// Whether two tags name the same record type: the same tag, or the same type name once
+    /// module paths are dropped ([`short_type_name`]), so a log written under the full path
+    /// `std::any::type_name` gave (`my_app::Order`, the default of earlier versions) opens
+    /// with today's default (`Order`), and from another binary of the same package
+    /// (`other_bin::Order`). Only whole stored tags are compared that way (a tag longer than
+    /// the header's 200 bytes is compared exactly).
+    pub fn names_same_type(&self, other: &TypeTag) -> bool {
+        self.same_as(other)
+            || (self.is_whole()
+                && other.is_whole()
+                && short_type_name(&self.shown) == short_type_name(&other.shown))
+    }
+
+    fn is_whole(&self) -> bool {
+        self.shown.len() == self.len as usize
+    }
 }
+
+/// The default type tag of a record type `T`: its Rust type name without module paths, so it
+/// does not depend on the crate or binary that names it (`Order`, `Vec<Order>`,
+/// `HashMap<String, Order>`). Two types of the same name in different modules get the same
+/// default tag: set a tag of your own (`WalOptions::type_tag`) to tell them apart.
+pub fn default_type_tag<T: ?Sized>() -> String {
+    short_type_name(std::any::type_name::<T>())
+}
+
+/// `a::b::Order<c::Item>` → `Order<Item>`: every path in a type name cut to its last segment.
+pub fn short_type_name(full: &str) -> String {
+    let mut short = String::with_capacity(full.len());
+    let mut segment = String::new();
+    for c in full.chars() {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            segment.push(c);
+        } else {
+            short.push_str(segment.rsplit("::").next().unwrap_or(""));
+            segment.clear();
+            short.push(c);
+        }
+    }
+    short.push_str(segment.rsplit("::").next().unwrap_or(""));
+    short
+}
+
+impl TypeTag {}
 
 impl std::fmt::Display for TypeTag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -205,6 +249,49 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    mod record_types {
+        pub mod a {
+            pub struct Order;
+        }
+        pub mod b {
+            pub struct Order;
+        }
+    }
+
+    #[test]
+    fn the_default_tag_does_not_depend_on_the_module_or_crate() {
+        use record_types::{a, b};
+        assert_eq!(default_type_tag::<a::Order>(), "Order");
+        assert_eq!(
+            default_type_tag::<b::Order>(),
+            default_type_tag::<a::Order>()
+        );
+        assert_eq!(default_type_tag::<Vec<a::Order>>(), "Vec<Order>");
+        assert_eq!(
+            default_type_tag::<std::collections::HashMap<String, (u32, a::Order)>>(),
+            "HashMap<String, (u32, Order)>"
+        );
+        assert_eq!(default_type_tag::<[u8]>(), "[u8]");
+        assert_eq!(short_type_name("&dyn my_crate::Trait"), "&dyn Trait");
+    }
+
+    #[test]
+    fn tags_name_the_same_type_across_module_paths_only() {
+        let old = TypeTag::new("my_app::orders::Order");
+        let other_bin = TypeTag::new("other_bin::Order");
+        let today = TypeTag::new("Order");
+        assert!(old.names_same_type(&today) && today.names_same_type(&old));
+        assert!(other_bin.names_same_type(&old));
+        assert!(!old.same_as(&today));
+        assert!(!today.names_same_type(&TypeTag::new("Invoice")));
+        assert!(!today.names_same_type(&TypeTag::new("Vec<Order>")));
+        // A tag cut to the header's capacity is compared exactly.
+        let long = format!("m::{}", "X".repeat(300));
+        let cut = TypeTag::new(&long);
+        assert!(cut.names_same_type(&TypeTag::new(&long)));
+        assert!(!cut.names_same_type(&TypeTag::new(&long[3..])));
+    }
+
     use super::*;
     use proptest::prelude::*;
 

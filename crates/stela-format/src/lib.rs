@@ -42,5 +42,5 @@ pub mod segment_name;
 
 pub use codec::{Codec, CodecError};
 pub use frame::{Decoded, FrameRecord, Layout, Rejection};
-pub use header::{HeaderError, SegmentHeader, TypeTag};
+pub use header::{default_type_tag, HeaderError, SegmentHeader, TypeTag};
 pub use lsn::Lsn;

@@ -91,6 +91,11 @@ pub enum RequestBody {
         codec: String,
         type_tag: String,
         create: bool,
+        /// The level the client will commit at by default: a daemon that cannot serve it
+        /// refuses the open (`Unsupported`) rather than the first commit. Absent from older
+        /// clients.
+        #[serde(default)]
+        durability: Option<Durability>,
     },
     /// Appends records as one contiguous run of LSNs and acknowledges at `durability`.
     Append {

@@ -33,6 +33,7 @@ fn request() -> impl Strategy<Value = Request> {
                     codec,
                     type_tag,
                     create,
+                    durability: None,
                 }
             }
         ),

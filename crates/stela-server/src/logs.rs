@@ -15,6 +15,7 @@ use crate::sync::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use stela_format::TypeTag;
 use stela_wal::files::{LogFiles, SegmentSet, SegmentWriter};
 use stela_wal::storage::Storage;
 use stela_wal::{Codec, WalOptions};
@@ -100,7 +101,9 @@ impl Logs {
             let mut table = lock(&self.table);
             if let Some(&id) = table.by_name.get(name) {
                 let (entry, handles) = table.by_id.get_mut(&id).expect("named logs are listed");
-                if entry.codec != codec || entry.type_tag != type_tag {
+                if entry.codec != codec
+                    || !TypeTag::new(&entry.type_tag).names_same_type(&TypeTag::new(type_tag))
+                {
                     return Err(Error::Mismatch {
                         name: name.to_owned(),
                         open: entry.codec,

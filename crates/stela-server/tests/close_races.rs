@@ -191,6 +191,7 @@ fn raw_open(socket: &std::path::Path, log: &str) -> Result<(UnixStream, u32), St
             codec: "msgpack".into(),
             type_tag: common::TYPE_TAG.into(),
             create: false,
+            durability: None,
         },
     );
     match receive(&stream).0.body {

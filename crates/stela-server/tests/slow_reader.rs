@@ -48,6 +48,7 @@ fn pipelined_reads_past_the_output_cap_are_all_answered() {
             codec: "msgpack".into(),
             type_tag: common::TYPE_TAG.into(),
             create: false,
+            durability: None,
         },
     ];
     bodies.extend((0..READS).map(|_| RequestBody::Read {

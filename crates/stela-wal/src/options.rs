@@ -45,7 +45,7 @@ pub struct WalOptions {
     /// Verify every segment at open (true), or only the last one (false: faster open of long
     /// logs; damage in older segments is then reported by the reader that reaches it).
     pub verify_on_open: bool,
-    /// Name of the record type stored in the header; defaults to `std::any::type_name::<T>()`.
+    /// Name of the record type stored in the header; defaults to the type name without module paths (`stela_format::default_type_tag`).
     pub type_tag: Option<String>,
     pub create_if_missing: bool,
     pub storage: Arc<dyn Storage>,

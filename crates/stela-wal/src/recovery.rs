@@ -424,7 +424,7 @@ fn check_header(seg: &SegmentFile, header: &SegmentHeader, expect: &Expect) -> R
             expected: expect.codec,
         });
     }
-    if !header.type_tag.same_as(&expect.type_tag) {
+    if !header.type_tag.names_same_type(&expect.type_tag) {
         return Err(Error::WrongRecordType {
             segment: seg.path.clone(),
             found: header.type_tag.clone(),

@@ -57,7 +57,7 @@ thread_local! {
 
 impl<T: Serialize + DeserializeOwned> Wal<T> {
     /// Opens or creates the log in `dir`. The record type is recorded in the log (as
-    /// `options.type_tag`, by default `std::any::type_name::<T>()`), and so is the codec:
+    /// `options.type_tag`, by default [`stela_format::default_type_tag`]: the type name without module paths), and so is the codec:
     /// opening with another of either is an error, never a stream of garbage records.
     ///
     /// # Errors
@@ -66,7 +66,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         let tag = options
             .type_tag
             .clone()
-            .unwrap_or_else(|| std::any::type_name::<T>().to_string());
+            .unwrap_or_else(stela_format::default_type_tag::<T>);
         let codec = options.codec;
         let log = Log::open(dir, options, &tag)?;
         Ok(Wal {

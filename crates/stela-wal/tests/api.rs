@@ -862,3 +862,50 @@ fn reopening_right_after_commit_async_is_not_locked() {
         }
     }
 }
+
+mod tag_compat {
+    //! The default record type tag is the type's name without module paths: a log written by
+    //! an earlier version (full `std::any::type_name` path) or by another binary of the same
+    //! package opens with it; a log of another type does not.
+    use serde::{Deserialize, Serialize};
+    use stela_wal::{Error, Wal, WalOptions};
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    pub struct Invoice {
+        pub id: u64,
+    }
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    pub struct Receipt {
+        pub id: u64,
+    }
+
+    #[test]
+    fn a_log_opens_whatever_module_path_named_its_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal: Wal<Invoice> = Wal::open(
+            dir.path(),
+            WalOptions::default().type_tag("billing_v1::model::Invoice"),
+        )
+        .unwrap();
+        let lsn = wal.append(&Invoice { id: 7 }).unwrap();
+        wal.commit(lsn).unwrap();
+        wal.close().unwrap();
+
+        let wal: Wal<Invoice> = Wal::open(dir.path(), WalOptions::default()).unwrap();
+        let records: Vec<Invoice> = wal.iter().unwrap().map(|r| r.unwrap().1).collect();
+        assert_eq!(records, vec![Invoice { id: 7 }]);
+        wal.close().unwrap();
+
+        match Wal::<Receipt>::open(dir.path(), WalOptions::default()) {
+            Err(Error::WrongRecordType {
+                found, expected, ..
+            }) => {
+                assert_eq!(found.shown, "billing_v1::model::Invoice");
+                assert_eq!(expected.shown, "Receipt");
+            }
+            Err(other) => panic!("opening invoices as receipts: {other}"),
+            Ok(_) => panic!("a log of invoices opened as receipts"),
+        }
+    }
+}

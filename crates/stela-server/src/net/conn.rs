@@ -631,7 +631,14 @@ impl Conn {
                 codec,
                 type_tag,
                 create,
+                durability,
             } => {
+                // A default level this daemon cannot serve is refused now, not at the first
+                // commit.
+                if let Some(Err(error)) = durability.map(check_level) {
+                    self.answer(id, error_body(&error));
+                    return Progress::Idle;
+                }
                 return self.hand_to_worker(ctx, id, move |engine| {
                     match engine.open(&log, &codec, &type_tag, create) {
                         Ok(opened) => (

@@ -123,6 +123,7 @@ impl RawClient {
             codec: "msgpack".into(),
             type_tag: TYPE_TAG.into(),
             create: true,
+            durability: None,
         }) {
             Ok(ResponseBody::Opened { handle, .. }) => handle,
             other => panic!("open {log}: {other:?}"),
