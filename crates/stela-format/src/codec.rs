@@ -182,14 +182,20 @@ mod tests {
             Codec::MessagePack.to_json_value(&named).unwrap(),
             serde_json::json!({"account": 2, "amount": -5, "memo": "withdraw"})
         );
-        assert_eq!(Codec::MessagePack.decode::<Withdrawal>(&named).unwrap(), record);
+        assert_eq!(
+            Codec::MessagePack.decode::<Withdrawal>(&named).unwrap(),
+            record
+        );
         // What earlier versions wrote: the fields as an array.
         let array = rmp_serde::to_vec(&record).unwrap();
         assert_eq!(
             Codec::MessagePack.to_json_value(&array).unwrap(),
             serde_json::json!([2, -5, "withdraw"])
         );
-        assert_eq!(Codec::MessagePack.decode::<Withdrawal>(&array).unwrap(), record);
+        assert_eq!(
+            Codec::MessagePack.decode::<Withdrawal>(&array).unwrap(),
+            record
+        );
     }
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]

@@ -10,6 +10,7 @@
 //! a short lock that no file I/O is ever done under, so a slow open never stalls a flusher.
 
 use crate::error::{Error, Result};
+use crate::measure;
 use crate::pool::{LogId, LogSetup, Pool};
 use crate::sync::lock;
 use std::collections::HashMap;
@@ -121,9 +122,18 @@ impl Logs {
         if !exists && !create {
             return Err(Error::NoSuchLog(name.to_owned()));
         }
+        let segment_bytes = fit_segment_bytes(self.segment_bytes, measure::free_bytes(&self.dir));
+        if segment_bytes < self.segment_bytes {
+            tracing::warn!(
+                log = name,
+                segment_bytes,
+                configured = self.segment_bytes,
+                "little free space: this log's new segments are smaller than configured"
+            );
+        }
         let options = WalOptions::default()
             .codec(codec)
-            .segment_bytes(self.segment_bytes)
+            .segment_bytes(segment_bytes)
             .storage(Arc::clone(&self.storage))
             .create_if_missing(create);
         let files = LogFiles::open(&dir, options, type_tag).map_err(|source| Error::Open {
@@ -136,7 +146,7 @@ impl Logs {
             capacity: files.writer.capacity(),
             write_offset: files.write_offset,
             durable_offset: files.durable_offset,
-            segment_bytes: self.segment_bytes,
+            segment_bytes,
         });
         let entry = Arc::new(LogEntry {
             id,
@@ -226,5 +236,40 @@ impl Logs {
         let mut all: Vec<_> = table.by_id.drain().map(|(_, (e, _))| e).collect();
         all.sort_by_key(|e| e.id);
         all
+    }
+}
+
+/// The smallest segment a log gets when space is short.
+pub const MIN_SEGMENT_BYTES: u64 = 64 << 10;
+
+/// The segment size for a log opened with `free` bytes left: the configured size while the
+/// volume has room for two such segments; else a quarter of the free space (at least
+/// [`MIN_SEGMENT_BYTES`], in 4 KiB steps), so a log can still be created and grown on a small or
+/// nearly full volume. Segments are preallocated, so a size the volume cannot hold would refuse
+/// the open with a full disk.
+pub fn fit_segment_bytes(configured: u64, free: Option<u64>) -> u64 {
+    match free {
+        Some(free) if free < configured.saturating_mul(2) => {
+            (free / 4 / 4096 * 4096).clamp(MIN_SEGMENT_BYTES, configured.max(MIN_SEGMENT_BYTES))
+        }
+        _ => configured,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_shrink_to_fit_a_small_volume() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(fit_segment_bytes(64 * MIB, None), 64 * MIB);
+        assert_eq!(fit_segment_bytes(64 * MIB, Some(500 * MIB)), 64 * MIB);
+        assert_eq!(fit_segment_bytes(64 * MIB, Some(16 * MIB)), 4 * MIB);
+        assert_eq!(
+            fit_segment_bytes(64 * MIB, Some(100_000)),
+            MIN_SEGMENT_BYTES
+        );
+        assert_eq!(fit_segment_bytes(MIB, Some(MIB)), 256 << 10);
     }
 }

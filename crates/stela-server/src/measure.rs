@@ -8,6 +8,13 @@
 //! ([`RATE_SAFETY`]): the flush takes two write + sync rounds (the run the flusher already holds,
 //! then the rest), and on a shared or virtual disk the rate swings by a factor of two between
 //! the measurement and the emergency.
+//!
+//! A start must not need spare space (a daemon restarted after its disk filled up, or on a small
+//! volume): the measuring flush takes at most a quarter of the free space, its scratch segment
+//! is no larger than the flush, and each measured rate is recorded in the directory
+//! ([`RATE_FILE`]). When there is too little room to measure, or the measurement runs out of
+//! space, the recorded rate of an earlier start is used, else [`FALLBACK_WRITE_RATE`]; the cap's
+//! derivation says which.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -61,13 +68,117 @@ pub const MEASURE_ROUNDS: usize = 3;
 /// Bytes per run handed to the writer: the default buffer size.
 const RUN_BYTES: usize = crate::config::BUFFER_BYTES;
 
+/// Where a measured rate is kept for the next start: one line, bytes per second.
+pub const RATE_FILE: &str = "measured-write-rate";
+
+/// The smallest measuring flush worth timing; with less free space than four times this, the
+/// recorded rate is used instead.
+pub const MIN_MEASURE_BYTES: usize = 256 << 10;
+
+/// The rate assumed when there is neither room to measure nor a recorded rate: a slow disk's,
+/// so that the cap errs small (10 MB/s fills half of a 50 ms window x 0.5 with 125 kB).
+pub const FALLBACK_WRITE_RATE: u64 = 10_000_000;
+
+/// Where the start-up rate came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RateSource {
+    Measured,
+    Assumed,
+    Recorded,
+    Fallback,
+}
+
+impl RateSource {
+    pub fn describe(self) -> &'static str {
+        match self {
+            RateSource::Measured => "measured now",
+            RateSource::Assumed => "assumed (--assume-write-rate)",
+            RateSource::Recorded => {
+                "recorded by an earlier start (too little free space to measure)"
+            }
+            RateSource::Fallback => {
+                "a slow disk's, assumed (too little free space to measure and no recorded rate)"
+            }
+        }
+    }
+}
+
+/// Bytes free for this process on the file system of `dir`, if the OS says.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let stat = rustix::fs::statvfs(dir).ok()?;
+    Some(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// The start-up rate for a pool of `pool_bytes` in `dir`: measured with what space there is,
+/// else recorded, else the fallback. A measured rate is recorded for the next start (best
+/// effort: a full disk keeps the old record).
+pub fn start_up_rate(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    pool_bytes: u64,
+) -> std::io::Result<(u64, RateSource)> {
+    let wanted = measure_bytes_for(pool_bytes);
+    let room = free_bytes(dir).map_or(wanted, |free| (free / 4) as usize);
+    let bytes = wanted.min(room);
+    if bytes >= MIN_MEASURE_BYTES {
+        match measure_write_rate_with(storage, dir, bytes) {
+            Ok(rate) => {
+                if let Err(error) = record_rate(dir, rate) {
+                    tracing::warn!(%error, "could not record the measured write rate");
+                }
+                return Ok((rate, RateSource::Measured));
+            }
+            Err(error)
+                if stela_wal::storage::is_out_of_space(&error) || is_wrapped_full(&error) =>
+            {
+                tracing::warn!(%error, "no room to measure the disk's write rate");
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(match recorded_rate(dir) {
+        Some(rate) => (rate, RateSource::Recorded),
+        None => (FALLBACK_WRITE_RATE, RateSource::Fallback),
+    })
+}
+
+/// The measuring path turns the log's errors into `io::Error::other(text)`: a full disk is
+/// then only recognisable by its text.
+fn is_wrapped_full(error: &std::io::Error) -> bool {
+    let text = error.to_string();
+    text.contains("no space left") || text.contains("No space left")
+}
+
+/// The rate an earlier start measured in `dir`, if one was recorded and reads back.
+pub fn recorded_rate(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join(RATE_FILE)).ok()?;
+    text.split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+        .filter(|&r| r > 0)
+}
+
+/// Records `rate` durably: a temporary file written and synced, renamed over the record, the
+/// directory synced.
+fn record_rate(dir: &Path, rate: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let temp = dir.join(format!("{RATE_FILE}.tmp"));
+    let mut file = std::fs::File::create(&temp)?;
+    writeln!(file, "{rate} bytes/s, measured by stela serve at start")?;
+    file.sync_all()?;
+    std::fs::rename(&temp, dir.join(RATE_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 fn measure_once(storage: &Arc<dyn Storage>, dir: &Path, bytes: usize) -> std::io::Result<u64> {
     let scratch = dir.join(format!(".stela-measure-{}", std::process::id()));
     remove_scratch(storage, &scratch);
+    // The scratch segment holds the flush and no more: a start must not need spare space.
     let options = WalOptions::default()
         .codec(Codec::MessagePack)
         .storage(Arc::clone(storage))
-        .segment_bytes((bytes as u64 + (1 << 20)).max(64 << 20));
+        .segment_bytes(bytes as u64 + (64 << 10));
     let to_io = |e: stela_wal::Error| std::io::Error::other(e.to_string());
     let result = (|| {
         // The segment exists before the clock starts, as it does for a running log: creating

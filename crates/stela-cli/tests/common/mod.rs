@@ -79,6 +79,16 @@ impl Daemon {
     /// Like [`Daemon::start`], with the daemon's file limit (soft and hard) set to `limit`, so
     /// it cannot raise it.
     pub fn start_with_file_limit(dir: &Path, args: &[&str], limit: Option<u64>) -> Daemon {
+        Daemon::spawn(dir, args, limit, true)
+    }
+
+    /// Like [`Daemon::start`], but the daemon measures the disk at start as it does by default
+    /// (no `--assume-write-rate`).
+    pub fn start_measuring(dir: &Path, args: &[&str]) -> Daemon {
+        Daemon::spawn(dir, args, None, false)
+    }
+
+    fn spawn(dir: &Path, args: &[&str], limit: Option<u64>, assume_rate: bool) -> Daemon {
         static STARTS: AtomicU64 = AtomicU64::new(0);
         let n = STARTS.fetch_add(1, Ordering::SeqCst);
         // Next to the daemon's directory, in the test's temporary directory.
@@ -86,7 +96,7 @@ impl Daemon {
         let out = std::fs::File::create(&log).unwrap();
         let mut command = Command::new(STELA);
         command.arg("serve").arg("--dir").arg(dir);
-        if !args.contains(&"--assume-write-rate") {
+        if assume_rate && !args.contains(&"--assume-write-rate") {
             // No disk measurement at start: every start is quick.
             command.args(["--assume-write-rate", "500000000"]);
         }

@@ -56,19 +56,17 @@ impl Engine {
                 source,
             })?;
         let pool_bytes = (config.buffers * config.buffer_bytes) as u64;
-        let rate = match config.assume_write_rate {
-            Some(rate) => rate,
-            None => measure::measure_write_rate_with(
-                &config.storage,
-                &config.dir,
-                measure::measure_bytes_for(pool_bytes),
-            )
-            .map_err(|source| StartError::Measure {
-                path: config.dir.clone(),
-                source,
-            })?,
+        let (rate, source) = match config.assume_write_rate {
+            Some(rate) => (rate, measure::RateSource::Assumed),
+            None => measure::start_up_rate(&config.storage, &config.dir, pool_bytes).map_err(
+                |source| StartError::Measure {
+                    path: config.dir.clone(),
+                    source,
+                },
+            )?,
         };
-        let cap = measure::dirty_cap(pool_bytes, rate, config.power_window);
+        let mut cap = measure::dirty_cap(pool_bytes, rate, config.power_window);
+        cap.derivation = format!("{}; disk rate {}", cap.derivation, source.describe());
         tracing::info!(derivation = %cap.derivation, "dirty-byte cap");
         let pool: Arc<Pool<Waiter>> = Arc::new(Pool::new(PoolConfig {
             buffers: config.buffers,
