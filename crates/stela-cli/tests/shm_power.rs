@@ -268,7 +268,8 @@ fn sigpwr_flushes_what_ring_clients_had_acknowledged() {
 
     // 5. What the administrator sees.
     let out = stela(&["status", "--dir", daemon.dir_arg()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // Exit 3: unhealthy while the power-fail notice is in force (the health check).
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let human = text(&out);
     assert!(
         human.contains("power: failed: writes refused until power-restore"),
