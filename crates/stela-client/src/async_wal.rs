@@ -274,10 +274,19 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             .await
     }
 
+    /// As [`crate::Wal::append_batch_durable`].
+    pub async fn append_batch_durable(&self, records: &[T]) -> Result<Lsn> {
+        self.append_at(records, self.options.durability).await
+    }
+
     /// As [`crate::Wal::commit`]: resolves once everything up to `lsn` is at the log's
     /// durability.
     pub async fn commit(&self, lsn: Lsn) -> Result<()> {
-        let durability = self.options.durability;
+        self.commit_at(lsn, self.options.durability).await
+    }
+
+    /// As [`crate::Wal::commit_at`]: resolves once everything up to `lsn` is at `durability`.
+    pub async fn commit_at(&self, lsn: Lsn, durability: Durability) -> Result<()> {
         if lsn.get() <= self.appended.load(Ordering::Relaxed)
             && matches!(durability, Durability::Buffered | Durability::Unsafe)
         {
@@ -310,8 +319,53 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         }
     }
 
+    /// As [`crate::Wal::durable_lsn`].
     pub async fn durable_lsn(&self) -> Result<Lsn> {
         Ok(Lsn::new(self.positions().await?.durable_lsn))
+    }
+
+    /// As [`crate::Wal::last_lsn`].
+    pub async fn last_lsn(&self) -> Result<Lsn> {
+        Ok(Lsn::new(self.positions().await?.last_lsn))
+    }
+
+    /// As [`crate::Wal::iter`]: every record, in order, fetched in batches as
+    /// [`AsyncIter::next`] is awaited.
+    pub fn iter(&self) -> AsyncIter<'_, T> {
+        self.iter_from(Lsn::FIRST)
+    }
+
+    /// As [`crate::Wal::iter_from`].
+    pub fn iter_from(&self, lsn: Lsn) -> AsyncIter<'_, T> {
+        AsyncIter {
+            wal: self,
+            next: Lsn::new(lsn.get().max(1)),
+            batch: Vec::new().into_iter(),
+            done: false,
+        }
+    }
+
+    pub fn options(&self) -> &WalOptions {
+        &self.options
+    }
+
+    /// As [`crate::Wal::close`]: commits everything this handle (and its clones) appended at
+    /// the log's durability, then closes the handle in the daemon.
+    pub async fn close(self) -> Result<()> {
+        let last = self.appended.load(Ordering::Relaxed);
+        if last > 0 && self.options.durability != Durability::Unsafe {
+            self.commit(Lsn::new(last)).await?;
+        }
+        match self
+            .shared
+            .request(RequestBody::Close {
+                handle: self.handle,
+            })
+            .await?
+        {
+            ResponseBody::Closed => Ok(()),
+            other => Err(unexpected("Close", other)),
+        }
     }
 
     /// Up to `max_records` records from `from` on, in order (records still in the daemon's
@@ -347,6 +401,41 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         {
             ResponseBody::Truncated { segments } => Ok(segments as usize),
             other => Err(unexpected("Truncate", other)),
+        }
+    }
+}
+
+/// The records of an [`AsyncWal`], in order: `while let Some(item) = iter.next().await`.
+pub struct AsyncIter<'a, T> {
+    wal: &'a AsyncWal<T>,
+    next: Lsn,
+    batch: std::vec::IntoIter<(Lsn, T)>,
+    done: bool,
+}
+
+impl<T: Serialize + DeserializeOwned> AsyncIter<'_, T> {
+    /// The next record, `None` at the end of the log as it is when the iterator reaches it.
+    pub async fn next(&mut self) -> Option<Result<(Lsn, T)>> {
+        if let Some(item) = self.batch.next() {
+            return Some(Ok(item));
+        }
+        if self.done {
+            return None;
+        }
+        match self.wal.read_from(self.next, 1024).await {
+            Ok((records, next)) => {
+                if records.is_empty() {
+                    self.done = true;
+                    return None;
+                }
+                self.next = next;
+                self.batch = records.into_iter();
+                self.batch.next().map(Ok)
+            }
+            Err(error) => {
+                self.done = true;
+                Some(Err(error))
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ pub mod tls;
 pub mod wal;
 mod watcher;
 
-pub use async_wal::AsyncWal;
+pub use async_wal::{AsyncIter, AsyncWal};
 pub use connection::{Address, Connection};
 pub use stela_format::{Codec, Lsn};
 pub use stela_proto::{Durability, ErrorCode, Positions, StatusReport};

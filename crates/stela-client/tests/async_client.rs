@@ -90,3 +90,46 @@ async fn a_daemon_that_goes_away_fails_every_call() {
         "{again}"
     );
 }
+
+/// `AsyncWal` has the blocking API's calls, with the same results on the same log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_api_matches_the_blocking_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let socket = server.socket_path().to_str().unwrap().to_owned();
+    let wal: AsyncWal<String> = AsyncWal::open(socket.as_str(), "parity", WalOptions::default())
+        .await
+        .unwrap();
+    let first = wal.append(&"one".to_owned()).await.unwrap();
+    let batch = wal
+        .append_batch_durable(&["two".to_owned(), "three".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!((first.get(), batch.get()), (1, 3));
+    wal.commit_at(Lsn::new(3), Durability::Disk).await.unwrap();
+    assert_eq!(wal.durable_lsn().await.unwrap(), Lsn::new(3));
+    assert_eq!(wal.last_lsn().await.unwrap(), Lsn::new(3));
+    let refused = wal.commit_at(Lsn::new(3), Durability::Replicated).await;
+    assert!(refused.is_err());
+
+    let mut iter = wal.iter();
+    let mut read = Vec::new();
+    while let Some(item) = iter.next().await {
+        read.push(item.unwrap());
+    }
+    let mut from_two = Vec::new();
+    let mut iter = wal.iter_from(Lsn::new(2));
+    while let Some(item) = iter.next().await {
+        from_two.push(item.unwrap().1);
+    }
+    wal.close().await.unwrap();
+
+    // The blocking client sees the same log.
+    let blocking: stela_client::Wal<String> =
+        stela_client::Wal::open(socket.as_str(), "parity", WalOptions::default()).unwrap();
+    let seen: Vec<(Lsn, String)> = blocking.iter().unwrap().map(|r| r.unwrap()).collect();
+    assert_eq!(read, seen);
+    assert_eq!(from_two, vec!["two".to_owned(), "three".to_owned()]);
+    assert_eq!(blocking.last_lsn().unwrap(), Lsn::new(3));
+    blocking.close().unwrap();
+}
