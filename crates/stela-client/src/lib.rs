@@ -56,6 +56,23 @@ pub enum Error {
     /// A certificate, key or token file of a TLS address could not be used.
     #[error("TLS: {0}")]
     Tls(#[from] stela_net::tls::TlsError),
+    /// The connection to the daemon was lost during this call (the daemon died or restarted):
+    /// whether the daemon acted on it is unknown (a `disk` commit may or may not be durable;
+    /// check the log). The call is not sent again; the next call reconnects.
+    #[error("the connection to the daemon at {address} was lost during {during}; its outcome is unknown and it was not retried (the next call reconnects): {cause}")]
+    Disconnected {
+        address: String,
+        during: &'static str,
+        cause: String,
+    },
+    /// The connection was lost and could not be re-established in time.
+    #[error("could not reconnect to the daemon at {address} within {waited:?} after the connection was lost ({cause}): {last}")]
+    Reconnect {
+        address: String,
+        waited: std::time::Duration,
+        cause: String,
+        last: String,
+    },
     /// A daemon address given as text could not be understood. Nothing was connected.
     #[error(
         "bad daemon address {address:?}: {reason} (expected unix:PATH, a path, or tcp://HOST:PORT)"

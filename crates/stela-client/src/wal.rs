@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use stela_format::{Codec, Lsn};
 use stela_net::shm::ShmError;
 use stela_proto::ring::EntryKind;
@@ -52,6 +52,10 @@ pub struct WalOptions {
     pub transport: Transport,
     /// Size of the shared-memory ring's data area (0: the daemon's default).
     pub ring_bytes: u32,
+    /// After the connection is lost (the daemon restarted), how long the next call keeps
+    /// trying to connect and reopen the log before it fails naming the address. Zero: never
+    /// reconnect.
+    pub reconnect_within: std::time::Duration,
 }
 
 /// How appends and commits reach the daemon.
@@ -87,6 +91,7 @@ impl Default for WalOptions {
             spin: stela_net::DEFAULT_SPIN,
             transport: Transport::Auto,
             ring_bytes: 0,
+            reconnect_within: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -135,6 +140,11 @@ impl WalOptions {
         self.ring_bytes = bytes;
         self
     }
+
+    pub fn reconnect_within(mut self, within: std::time::Duration) -> Self {
+        self.reconnect_within = within;
+        self
+    }
 }
 
 /// Encodes records with the log's codec, refusing any larger than the daemon accepts (before
@@ -162,8 +172,10 @@ pub(crate) fn encode_records<T: Serialize>(
 /// A typed log held by the daemon. `Send + Sync`; calls from many threads share one connection
 /// one request at a time, so give each busy thread its own `Wal` (they may name the same log).
 pub struct Wal<T> {
-    connection: Mutex<Connection>,
-    handle: u32,
+    session: Mutex<Session>,
+    address: Address,
+    name: String,
+    type_tag: String,
     options: WalOptions,
     max_record_bytes: usize,
     /// The highest LSN this client has had acknowledged, so `commit` at `buffered` of an LSN
@@ -172,13 +184,29 @@ pub struct Wal<T> {
     _records: PhantomData<fn() -> T>,
 }
 
+/// The connection and the log's handle on it; replaced as a whole when the connection is lost
+/// and the next call reconnects.
+pub(crate) struct Session {
+    connection: Connection,
+    handle: u32,
+    /// Why the connection is unusable, once a call found it so.
+    lost: Option<String>,
+}
+
 impl<T> std::fmt::Debug for Wal<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Wal")
-            .field("handle", &self.handle)
+            .field("address", &self.address)
+            .field("log", &self.name)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether a call's error means the connection itself is gone (the daemon died or restarted,
+/// or the stream is out of step), rather than a refusal the connection survives.
+fn connection_lost(error: &Error) -> bool {
+    matches!(error, Error::Io(_) | Error::Frame(_))
 }
 
 impl<T: Serialize + DeserializeOwned> Wal<T> {
@@ -189,15 +217,36 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         Error: From<A::Error>,
     {
         let address = address.try_into()?;
-        let mut connection = Connection::connect_with(&address, options.spin)?;
         let type_tag = options
             .type_tag
             .clone()
             .unwrap_or_else(stela_format::default_type_tag::<T>);
+        let (session, positions, max_record_bytes) =
+            Self::connect_session(&address, name, &type_tag, &options)?;
+        Ok(Wal {
+            session: Mutex::new(session),
+            address,
+            name: name.to_owned(),
+            type_tag,
+            options,
+            max_record_bytes,
+            appended: AtomicU64::new(positions.last_lsn),
+            _records: PhantomData,
+        })
+    }
+
+    /// Connects, opens the log and maps the ring as `options` ask.
+    fn connect_session(
+        address: &Address,
+        name: &str,
+        type_tag: &str,
+        options: &WalOptions,
+    ) -> Result<(Session, Positions, usize)> {
+        let mut connection = Connection::connect_with(address, options.spin)?;
         let answer = connection.request(RequestBody::Open {
             log: name.to_owned(),
             codec: options.codec.name().to_owned(),
-            type_tag,
+            type_tag: type_tag.to_owned(),
             create: options.create_if_missing,
             durability: Some(options.durability),
         })?;
@@ -216,23 +265,73 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
                 }
             }
         }
-        Ok(Wal {
-            connection: Mutex::new(connection),
+        let session = Session {
+            connection,
             handle,
-            options,
-            max_record_bytes: max_record_bytes as usize,
-            appended: AtomicU64::new(positions.last_lsn),
-            _records: PhantomData,
+            lost: None,
+        };
+        Ok((session, positions, max_record_bytes as usize))
+    }
+
+    /// Runs `call` on the session, reconnecting first if an earlier call lost the connection.
+    /// A call that loses the connection itself fails with [`Error::Disconnected`]: whether the
+    /// daemon acted on it is unknown, so it is never sent again by this library.
+    fn call<R>(
+        &self,
+        what: &'static str,
+        call: impl FnOnce(&mut Session) -> Result<R>,
+    ) -> Result<R> {
+        let mut session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cause) = session.lost.clone() {
+            self.reconnect(&mut session, &cause)?;
+        }
+        call(&mut session).map_err(|error| {
+            if connection_lost(&error) {
+                session.lost = Some(error.to_string());
+                Error::Disconnected {
+                    address: self.address.to_string(),
+                    during: what,
+                    cause: error.to_string(),
+                }
+            } else {
+                error
+            }
         })
     }
 
-    fn connection(&self) -> MutexGuard<'_, Connection> {
-        self.connection.lock().unwrap_or_else(|e| e.into_inner())
+    /// Connects again and reopens the log, retrying until `reconnect_within` has passed.
+    fn reconnect(&self, session: &mut Session, cause: &str) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.options.reconnect_within;
+        let mut pause = std::time::Duration::from_millis(5);
+        loop {
+            match Self::connect_session(&self.address, &self.name, &self.type_tag, &self.options) {
+                Ok((fresh, positions, _)) => {
+                    *session = fresh;
+                    // Buffered records the old daemon had not written are gone: what this
+                    // client may treat as acknowledged is what the log holds now.
+                    self.appended.store(positions.last_lsn, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(error) if std::time::Instant::now() >= deadline => {
+                    return Err(Error::Reconnect {
+                        address: self.address.to_string(),
+                        waited: self.options.reconnect_within,
+                        cause: cause.to_owned(),
+                        last: error.to_string(),
+                    });
+                }
+                Err(_) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                }
+            }
+        }
     }
 
     /// The transport appends and commits use: `shm` or `socket`.
     pub fn transport(&self) -> &'static str {
-        if self.connection().ring.is_some() {
+        let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        if session.connection.ring.is_some() {
             Transport::SharedMemory.name()
         } else {
             Transport::Socket.name()
@@ -279,28 +378,29 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
 
     fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
         let payloads = encode_records(self.options.codec, self.max_record_bytes, records)?;
-        let mut connection = self.connection();
-        let slices: Vec<&[u8]> = payloads.iter().map(|p| p.0.as_slice()).collect();
-        if let Some((_, last)) = Self::through_ring(
-            &mut connection,
-            self.handle,
-            EntryKind::Append,
-            durability,
-            0,
-            &slices,
-        )? {
-            self.appended.fetch_max(last, Ordering::Relaxed);
-            return Ok(Lsn::new(last));
-        }
-        drop(slices);
-        let answer = connection.request(RequestBody::Append {
-            handle: self.handle,
-            durability,
-            records: payloads,
+        let last_lsn = self.call("append", |session| {
+            let slices: Vec<&[u8]> = payloads.iter().map(|p| p.0.as_slice()).collect();
+            if let Some((_, last)) = Self::through_ring(
+                &mut session.connection,
+                session.handle,
+                EntryKind::Append,
+                durability,
+                0,
+                &slices,
+            )? {
+                return Ok(last);
+            }
+            drop(slices);
+            let answer = session.connection.request(RequestBody::Append {
+                handle: session.handle,
+                durability,
+                records: payloads,
+            })?;
+            match answer {
+                ResponseBody::Appended { last_lsn, .. } => Ok(last_lsn),
+                other => Err(unexpected("Append", other)),
+            }
         })?;
-        let ResponseBody::Appended { last_lsn, .. } = answer else {
-            return Err(unexpected("Append", answer));
-        };
         self.appended.fetch_max(last_lsn, Ordering::Relaxed);
         Ok(Lsn::new(last_lsn))
     }
@@ -337,38 +437,41 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         if appended_here && matches!(durability, Durability::Buffered | Durability::Unsafe) {
             return Ok(()); // acknowledged at buffered when it was appended
         }
-        let mut connection = self.connection();
-        if Self::through_ring(
-            &mut connection,
-            self.handle,
-            EntryKind::Commit,
-            durability,
-            lsn.get(),
-            &[],
-        )?
-        .is_some()
-        {
-            return Ok(());
-        }
-        let answer = connection.request(RequestBody::Commit {
-            handle: self.handle,
-            lsn: lsn.get(),
-            durability,
-        })?;
-        match answer {
-            ResponseBody::Committed { .. } => Ok(()),
-            other => Err(unexpected("Commit", other)),
-        }
+        self.call("commit", |session| {
+            if Self::through_ring(
+                &mut session.connection,
+                session.handle,
+                EntryKind::Commit,
+                durability,
+                lsn.get(),
+                &[],
+            )?
+            .is_some()
+            {
+                return Ok(());
+            }
+            let answer = session.connection.request(RequestBody::Commit {
+                handle: session.handle,
+                lsn: lsn.get(),
+                durability,
+            })?;
+            match answer {
+                ResponseBody::Committed { .. } => Ok(()),
+                other => Err(unexpected("Commit", other)),
+            }
+        })
     }
 
     /// Where the log stands in the daemon.
     pub fn positions(&self) -> Result<Positions> {
-        match self.connection().request(RequestBody::Positions {
-            handle: self.handle,
-        })? {
-            ResponseBody::Positions(positions) => Ok(positions),
-            other => Err(unexpected("Positions", other)),
-        }
+        self.call("positions", |session| {
+            match session.connection.request(RequestBody::Positions {
+                handle: session.handle,
+            })? {
+                ResponseBody::Positions(positions) => Ok(positions),
+                other => Err(unexpected("Positions", other)),
+            }
+        })
     }
 
     /// The highest LSN fdatasync'ed by the daemon.
@@ -399,13 +502,15 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
 
     /// Releases whole segments below `lsn` (after a checkpoint); returns how many.
     pub fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
-        match self.connection().request(RequestBody::Truncate {
-            handle: self.handle,
-            before: lsn.get(),
-        })? {
-            ResponseBody::Truncated { segments } => Ok(segments as usize),
-            other => Err(unexpected("Truncate", other)),
-        }
+        self.call("truncate", |session| {
+            match session.connection.request(RequestBody::Truncate {
+                handle: session.handle,
+                before: lsn.get(),
+            })? {
+                ResponseBody::Truncated { segments } => Ok(segments as usize),
+                other => Err(unexpected("Truncate", other)),
+            }
+        })
     }
 
     pub fn options(&self) -> &WalOptions {
@@ -418,9 +523,11 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         if last > 0 && self.options.durability != Durability::Unsafe {
             self.commit(Lsn::new(last))?;
         }
-        let handle = self.handle;
-        self.connection().request(RequestBody::Close { handle })?;
-        Ok(())
+        self.call("close", |session| {
+            let handle = session.handle;
+            session.connection.request(RequestBody::Close { handle })?;
+            Ok(())
+        })
     }
 }
 
@@ -452,11 +559,14 @@ impl<T: Serialize + DeserializeOwned> Iterator for Iter<'_, T> {
             if self.done {
                 return None;
             }
-            let answer = self.wal.connection().request(RequestBody::Read {
-                handle: self.wal.handle,
-                from: self.next,
-                max_records: READ_RECORDS,
-                max_bytes: READ_BYTES,
+            let from = self.next;
+            let answer = self.wal.call("read", |session| {
+                session.connection.request(RequestBody::Read {
+                    handle: session.handle,
+                    from,
+                    max_records: READ_RECORDS,
+                    max_bytes: READ_BYTES,
+                })
             });
             match answer {
                 Ok(ResponseBody::Records {
