@@ -75,11 +75,8 @@ impl Codec {
     ) -> Result<(), CodecError> {
         let result = match self {
             Codec::Json => serde_json::to_writer(&mut *out, value).map_err(|e| e.to_string()),
-            // Structs as maps with their field names, so a dump of the log reads without the
-            // Rust type (`{"amount":-5,"memo":"withdraw"}`, not `[-5,"withdraw"]`). Decoding
-            // takes either form, so logs written as arrays (before 2026-11-24) still read.
             Codec::MessagePack => {
-                rmp_serde::encode::write_named(&mut *out, value).map_err(|e| e.to_string())
+                rmp_serde::encode::write(&mut *out, value).map_err(|e| e.to_string())
             }
             Codec::Postcard => postcard::to_io(value, &mut *out)
                 .map(|_| ())
@@ -162,41 +159,6 @@ fn decode_msgpack<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
 mod tests {
     use super::*;
     use serde::Deserialize;
-
-    #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    struct Withdrawal {
-        account: u32,
-        amount: i64,
-        memo: String,
-    }
-
-    #[test]
-    fn msgpack_records_keep_their_field_names_and_old_array_records_still_decode() {
-        let record = Withdrawal {
-            account: 2,
-            amount: -5,
-            memo: "withdraw".into(),
-        };
-        let named = Codec::MessagePack.encode(&record).unwrap();
-        assert_eq!(
-            Codec::MessagePack.to_json_value(&named).unwrap(),
-            serde_json::json!({"account": 2, "amount": -5, "memo": "withdraw"})
-        );
-        assert_eq!(
-            Codec::MessagePack.decode::<Withdrawal>(&named).unwrap(),
-            record
-        );
-        // What earlier versions wrote: the fields as an array.
-        let array = rmp_serde::to_vec(&record).unwrap();
-        assert_eq!(
-            Codec::MessagePack.to_json_value(&array).unwrap(),
-            serde_json::json!([2, -5, "withdraw"])
-        );
-        assert_eq!(
-            Codec::MessagePack.decode::<Withdrawal>(&array).unwrap(),
-            record
-        );
-    }
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
     struct Data {
