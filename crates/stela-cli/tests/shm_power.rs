@@ -280,7 +280,7 @@ fn sigpwr_flushes_what_ring_clients_had_acknowledged() {
         "{human}"
     );
     let out = stela(&["status", "--dir", daemon.dir_arg(), "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let shown = &json["last_emergency_flush"];
     assert_eq!(shown["bytes"], flush.bytes, "{json:#}");
