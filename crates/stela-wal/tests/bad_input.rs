@@ -176,7 +176,7 @@ fn wrong_codec_is_refused_naming_the_segment_and_both_codecs() {
     }
     let message = error.to_string();
     for part in [&segment.display().to_string(), "json", "msgpack"] {
-        assert!(message.contains(&part), "{message:?} does not name {part}");
+        assert!(message.contains(part), "{message:?} does not name {part}");
     }
     assert_eq!(snapshot(dir.path()), before);
 }
