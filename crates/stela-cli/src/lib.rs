@@ -52,7 +52,7 @@ pub enum Command {
     #[command(subcommand)]
     Wal(WalCommand),
     /// Run the log daemon (the RapiLog log service) on a directory.
-    Serve(service::ServeArgs),
+    Serve(Box<service::ServeArgs>),
     /// Show a running daemon's buffers, dirty-byte cap, logs and crash semantics. Exits 3 when
     /// the daemon is unhealthy (power-fail notice in force, a log stopped or waiting for disk
     /// space), so it serves as a health check.
@@ -211,7 +211,7 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(args) => {
-            service::serve(args, out)?;
+            service::serve(*args, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { target, json } => {

@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// authentication (--tls-client-ca, --token-file, --admin-token-file), or --tcp-insecure.
     #[arg(long)]
     pub tcp: Option<SocketAddr>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (plain HTTP: bind it to an address only
+    /// the monitoring can reach; port 0 picks a free port, printed at start).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
     /// Serve --tcp without TLS or authentication; refused unless --tcp is a loopback address.
     #[arg(long, requires = "tcp")]
     pub tcp_insecure: bool,
@@ -121,6 +125,7 @@ impl ServeArgs {
         config.socket_mode = self.socket_mode;
         config.socket_group = self.socket_group.clone();
         config.tcp = self.tcp;
+        config.metrics = self.metrics;
         config.tcp_insecure = self.tcp_insecure;
         config.tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(stela_server::ServerTlsFiles {
@@ -271,6 +276,9 @@ pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     if let Some(addr) = server.tcp_addr() {
         writeln!(out, "stela serve: listening on tcp://{addr}")?;
+    }
+    if let Some(addr) = server.metrics_addr() {
+        writeln!(out, "stela serve: metrics on http://{addr}/metrics")?;
     }
     writeln!(out, "stela serve: {}", status.dirty_cap.derivation)?;
     writeln!(

@@ -59,6 +59,8 @@ pub struct DaemonConfig {
     pub socket_group: Option<String>,
     /// Also listen on TCP here. Needs `tls`, or `tcp_insecure` on a loopback address.
     pub tcp: Option<SocketAddr>,
+    /// Serve Prometheus metrics over HTTP at `http://ADDR/metrics` (port 0: any free port).
+    pub metrics: Option<SocketAddr>,
     /// Serve TCP without TLS. Refused unless `tcp` is a loopback address.
     pub tcp_insecure: bool,
     /// TLS on the TCP listener: the daemon's certificate and key, and the CA of client
@@ -106,6 +108,7 @@ impl DaemonConfig {
             socket_mode: SOCKET_MODE,
             socket_group: None,
             tcp: None,
+            metrics: None,
             tcp_insecure: false,
             tls: None,
             token_file: None,

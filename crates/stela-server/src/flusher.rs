@@ -14,7 +14,8 @@
 //! numbers or reorders anything.
 
 use crate::logs::Logs;
-use crate::pool::{Failure, Outcome, Pool, Work};
+use crate::metrics::Metrics;
+use crate::pool::{Failure, Outcome, Pool, Released, Work};
 use crate::sync::lock;
 use stela_wal::Lsn;
 
@@ -82,9 +83,16 @@ fn is_disk_full_at_creation(error: &stela_wal::Error) -> bool {
 }
 
 /// One flusher thread's loop: until the pool is shut down and drained.
-pub fn run<W>(pool: &Pool<W>, logs: &Logs, release: &dyn Fn(crate::pool::Released<W>)) {
+pub fn run<W>(pool: &Pool<W>, logs: &Logs, metrics: &Metrics, release: &dyn Fn(Released<W>)) {
     while let Some(work) = pool.next_work() {
+        let started = std::time::Instant::now();
         let outcome = write(logs, &work);
+        let bytes = work.runs.iter().map(|r| r.bytes().len() as u64).sum();
+        metrics.flushed(
+            bytes,
+            started.elapsed(),
+            matches!(outcome, Outcome::Failed(_)),
+        );
         let released = pool.complete(work, outcome);
         if !released.waiters.is_empty() || released.space_freed {
             release(released);

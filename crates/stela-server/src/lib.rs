@@ -16,6 +16,7 @@
 //! - [`measure`]: the start-up disk measurement and the dirty-byte cap.
 //! - `net`: the event loop: connections without a thread each, the shared-memory rings,
 //!   limits and timeouts. It calls the engine; nothing calls back into it but its inbox.
+//! - [`metrics`]: the Prometheus metrics and the `/metrics` endpoint.
 //! - [`config`]: every setting and its default, in one place.
 //! - [`error`]: the one error type, and its wire codes.
 //! - [`server`]: start-up, signals, shutdown.
@@ -37,6 +38,7 @@ pub mod error;
 pub mod flusher;
 pub mod logs;
 pub mod measure;
+pub mod metrics;
 // The event loop and start-up are left out of the loom build: the shared-memory ring's cells
 // are loom's there (modelled in stela-net's own loom test), which the loop cannot hand between
 // threads, and the pool model needs neither.

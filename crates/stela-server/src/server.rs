@@ -28,6 +28,7 @@ pub struct Server {
     net: LoopHandle,
     socket_path: PathBuf,
     tcp_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
     event_loop: Option<JoinHandle<()>>,
     stop_requested: Arc<(Mutex<bool>, Condvar)>,
     signals: Option<(signal_hook::iterator::Handle, JoinHandle<()>)>,
@@ -71,6 +72,10 @@ impl Server {
                 name: "stela-loop".into(),
                 source,
             })?;
+        let metrics_addr = match config.metrics {
+            Some(addr) => Some(start_metrics(addr, &engine, &net)?),
+            None => None,
+        };
         let stop_requested = Arc::new((Mutex::new(false), Condvar::new()));
         let signals = if config.handle_signals {
             Some(watch_signals(
@@ -85,6 +90,7 @@ impl Server {
             net,
             socket_path,
             tcp_addr,
+            metrics_addr,
             event_loop: Some(event_loop),
             stop_requested,
             signals,
@@ -97,6 +103,11 @@ impl Server {
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp_addr
+    }
+
+    /// Where `/metrics` is served, if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// TCP peers refused for failing authentication since the start (TLS handshake or token).
@@ -159,6 +170,41 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.stop_all();
     }
+}
+
+/// Starts the `/metrics` endpoint; each scrape reads the engine's and the loop's statistics.
+fn start_metrics(
+    addr: SocketAddr,
+    engine: &Arc<Engine>,
+    net: &LoopHandle,
+) -> Result<SocketAddr, StartError> {
+    let (engine, counters) = (Arc::clone(engine), Arc::clone(&net.counters));
+    let render = move || {
+        let status = engine.status(&counters.snapshot());
+        let snapshot = crate::metrics::Snapshot {
+            dirty_bytes: status.dirty_bytes,
+            dirty_cap_bytes: status.dirty_cap.bytes,
+            buffered_bytes: (status.buffers as u64 - status.free_buffers as u64)
+                * status.buffer_bytes,
+            bytes_written: status.bytes_written,
+            connections: u64::from(status.connections),
+            refused_connections: status.refused_connections,
+            refused_logins: counters
+                .refused_logins
+                .load(std::sync::atomic::Ordering::Relaxed),
+            power_failing: status.power != "normal",
+            stopped_logs: status
+                .logs
+                .iter()
+                .filter(|l| l.failure.is_some() || l.waiting_for_space.is_some())
+                .count() as u64,
+        };
+        engine.metrics.render(&snapshot)
+    };
+    crate::metrics::start(addr, render).map_err(|source| StartError::Bind {
+        what: format!("the metrics endpoint {addr}"),
+        source,
+    })
 }
 
 /// SIGPWR runs the emergency flush on the signal thread; SIGTERM and SIGINT ask

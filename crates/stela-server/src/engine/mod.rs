@@ -41,6 +41,7 @@ pub struct Engine {
     started: Instant,
     release_hook: Arc<OnceLock<ReleaseHook>>,
     flushers: Mutex<Vec<JoinHandle<()>>>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Engine {
@@ -81,19 +82,21 @@ impl Engine {
             config.segment_bytes,
         ));
         let release_hook: Arc<OnceLock<ReleaseHook>> = Arc::new(OnceLock::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         let mut flushers = Vec::new();
         for index in 0..config.flushers {
-            let (pool, logs, hook) = (
+            let (pool, logs, hook, metrics) = (
                 Arc::clone(&pool),
                 Arc::clone(&logs),
                 Arc::clone(&release_hook),
+                Arc::clone(&metrics),
             );
             let name = format!("stela-flusher-{index}");
             let thread = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
                     abort_on_panic("a flusher", || {
-                        crate::flusher::run(&pool, &logs, &|released| {
+                        crate::flusher::run(&pool, &logs, &metrics, &|released| {
                             for (waiter, outcome) in released.waiters {
                                 waiter(outcome);
                             }
@@ -115,6 +118,7 @@ impl Engine {
             started: Instant::now(),
             release_hook,
             flushers: Mutex::new(flushers),
+            metrics,
         }))
     }
 

@@ -624,6 +624,11 @@ impl Conn {
             tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
                 "administrative request");
         }
+        if let RequestBody::Append { durability, .. } | RequestBody::Commit { durability, .. } =
+            &body
+        {
+            ctx.engine.metrics.requested(*durability);
+        }
         let result: Result<ResponseBody, Error> = match body {
             RequestBody::Hello { .. } => Err(Error::BadRequest("Hello was already sent".into())),
             RequestBody::Open {

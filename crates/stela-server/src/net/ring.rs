@@ -62,7 +62,11 @@ impl RingConn {
             did = true;
             let seq = entry.seq;
             let disk = entry.durability == Durability::Disk;
-            match place_entry(engine, handles, &entry) {
+            let placed = place_entry(engine, handles, &entry);
+            if !matches!(placed, Placed::NoSpace) {
+                engine.metrics.requested(entry.durability); // once, not at each retry
+            }
+            match placed {
                 Placed::NoSpace => {
                     self.parked = true;
                     break;

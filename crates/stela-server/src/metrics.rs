@@ -1,0 +1,288 @@
+//! The daemon's Prometheus metrics and the `/metrics` endpoint (`stela serve --metrics ADDR`).
+//!
+//! Owns: the registry, the counters the hot paths bump (one atomic add each: requests by level,
+//! flushes, failed writes), and the gauges set from the engine's and the event loop's own
+//! statistics at scrape time (dirty and buffered bytes against the cap, connections, refusals,
+//! power state), so a scrape costs the hot paths nothing.
+//!
+//! The endpoint is a small blocking HTTP/1.1 responder on its own thread: `GET /metrics` gets
+//! the text exposition format, any other path 404, anything unreadable 400; a client that
+//! sends nothing is dropped after a read timeout. It never panics on input.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+use stela_proto::Durability;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Level {
+    level: &'static str,
+}
+
+/// Every metric of the daemon.
+pub struct Metrics {
+    registry: Registry,
+    /// Append and commit requests received, by the level asked, indexed as [`level_index`].
+    commits: [Counter; 5],
+    flush_bytes: Histogram,
+    flush_seconds: Histogram,
+    failed_writes: Counter,
+    dirty_bytes: Gauge<u64, AtomicU64>,
+    dirty_cap_bytes: Gauge<u64, AtomicU64>,
+    buffered_bytes: Gauge<u64, AtomicU64>,
+    bytes_written: Gauge<u64, AtomicU64>,
+    connections: Gauge<u64, AtomicU64>,
+    refused_connections: Gauge<u64, AtomicU64>,
+    refused_logins: Gauge<u64, AtomicU64>,
+    power_failing: Gauge<u64, AtomicU64>,
+    stopped_logs: Gauge<u64, AtomicU64>,
+}
+
+const LEVELS: [&str; 5] = ["unsafe", "buffered", "disk", "replicated", "all"];
+
+fn level_index(level: Durability) -> usize {
+    match level {
+        Durability::Unsafe => 0,
+        Durability::Buffered => 1,
+        Durability::Disk => 2,
+        Durability::Replicated => 3,
+        Durability::All => 4,
+    }
+}
+
+/// What a scrape reads from the rest of the daemon.
+pub struct Snapshot {
+    pub dirty_bytes: u64,
+    pub dirty_cap_bytes: u64,
+    pub buffered_bytes: u64,
+    pub bytes_written: u64,
+    pub connections: u64,
+    pub refused_connections: u64,
+    pub refused_logins: u64,
+    pub power_failing: bool,
+    pub stopped_logs: u64,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("stela");
+        let family = Family::<Level, Counter>::default();
+        let commits = LEVELS.map(|level| family.get_or_create(&Level { level }).clone());
+        registry.register(
+            "commit_requests",
+            "Append and commit requests received (socket and shared-memory ring), by the level asked",
+            family,
+        );
+        let flush_bytes = Histogram::new(exponential_buckets(4096.0, 4.0, 10));
+        registry.register(
+            "flush_bytes",
+            "Bytes written and synced by one flush of one log",
+            flush_bytes.clone(),
+        );
+        let flush_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 14));
+        registry.register(
+            "flush_seconds",
+            "Time of one flush of one log: its writes and its fdatasync",
+            flush_seconds.clone(),
+        );
+        let failed_writes = Counter::default();
+        registry.register(
+            "failed_writes",
+            "Flushes whose write or fdatasync failed (each stops its log for good)",
+            failed_writes.clone(),
+        );
+        let mut gauge = |name: &str, help: &str| {
+            let gauge = Gauge::<u64, AtomicU64>::default();
+            registry.register(name, help, gauge.clone());
+            gauge
+        };
+        let dirty_bytes = gauge(
+            "dirty_bytes",
+            "Acknowledged bytes not yet written and synced",
+        );
+        let dirty_cap_bytes = gauge(
+            "dirty_cap_bytes",
+            "The cap on dirty bytes: what can be flushed within half the power window",
+        );
+        let buffered_bytes = gauge(
+            "buffered_bytes",
+            "Bytes held in the daemon's buffers (dirty, or written and kept for reads)",
+        );
+        let bytes_written = gauge("written_bytes", "Bytes written to the logs since start");
+        let connections = gauge("connections", "Client connections open now");
+        let refused_connections = gauge(
+            "refused_connections",
+            "Connections refused since start (limit, timeouts, failed logins)",
+        );
+        let refused_logins = gauge(
+            "refused_logins",
+            "TCP peers refused for failing authentication since start",
+        );
+        let power_failing = gauge(
+            "power_failing",
+            "1 while a power-fail notice is in force (writes refused)",
+        );
+        let stopped_logs = gauge(
+            "stopped_logs",
+            "Logs that take no writes: a failed write or sync, or no space for a segment",
+        );
+        Metrics {
+            registry,
+            commits,
+            flush_bytes,
+            flush_seconds,
+            failed_writes,
+            dirty_bytes,
+            dirty_cap_bytes,
+            buffered_bytes,
+            bytes_written,
+            connections,
+            refused_connections,
+            refused_logins,
+            power_failing,
+            stopped_logs,
+        }
+    }
+
+    /// An append or commit request at `level` received.
+    pub fn requested(&self, level: Durability) {
+        self.commits[level_index(level)].inc();
+    }
+
+    /// One flush of one log: `bytes` in `elapsed`, or a failure.
+    pub fn flushed(&self, bytes: u64, elapsed: Duration, failed: bool) {
+        if failed {
+            self.failed_writes.inc();
+        } else {
+            self.flush_bytes.observe(bytes as f64);
+            self.flush_seconds.observe(elapsed.as_secs_f64());
+        }
+    }
+
+    /// The exposition text, after setting the gauges from `now`.
+    pub fn render(&self, now: &Snapshot) -> String {
+        self.dirty_bytes.set(now.dirty_bytes);
+        self.dirty_cap_bytes.set(now.dirty_cap_bytes);
+        self.buffered_bytes.set(now.buffered_bytes);
+        self.bytes_written.set(now.bytes_written);
+        self.connections.set(now.connections);
+        self.refused_connections.set(now.refused_connections);
+        self.refused_logins.set(now.refused_logins);
+        self.power_failing.set(u64::from(now.power_failing));
+        self.stopped_logs.set(now.stopped_logs);
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        to_classic_text(&text)
+    }
+}
+
+/// OpenMetrics text as the classic Prometheus text format (version 0.0.4), which every
+/// scraper and `promtool check metrics` read: a counter's HELP and TYPE name its `_total`
+/// sample, and there is no `# EOF` line.
+fn to_classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut classic = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        classic.push_str(renamed.as_deref().unwrap_or(line));
+        classic.push('\n');
+    }
+    classic
+}
+
+/// Serves `/metrics` on `listener` until the process ends; `snapshot` renders one scrape.
+pub fn serve(listener: TcpListener, render: impl Fn() -> String + Send + 'static) {
+    for stream in listener.incoming() {
+        match stream {
+            Ok(stream) => {
+                if let Err(error) = answer(stream, &render) {
+                    tracing::debug!(%error, "metrics request");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "accepting a metrics connection"),
+        }
+    }
+}
+
+/// Binds the endpoint and starts its thread.
+pub fn start(
+    addr: SocketAddr,
+    render: impl Fn() -> String + Send + 'static,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("stela-metrics".into())
+        .spawn(move || serve(listener, render))?;
+    Ok(bound)
+}
+
+fn answer(stream: TcpStream, render: &dyn Fn() -> String) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut reader = BufReader::new(stream.try_clone()?).take(16 << 10);
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return respond(stream, "400 Bad Request", "text/plain", "bad request\n");
+    }
+    // The headers are read and ignored (to the blank line), so the client sees its request
+    // consumed before the answer.
+    let mut header = String::new();
+    loop {
+        header.clear();
+        match reader.read_line(&mut header) {
+            Ok(0) => break,
+            Ok(_) if header == "\r\n" || header == "\n" => break,
+            Ok(_) => {}
+            Err(_) => return respond(stream, "400 Bad Request", "text/plain", "bad request\n"),
+        }
+    }
+    let mut parts = request_line.split_whitespace();
+    match (parts.next(), parts.next()) {
+        (Some("GET"), Some("/metrics")) => respond(
+            stream,
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            &render(),
+        ),
+        (Some(_), Some(_)) => respond(stream, "404 Not Found", "text/plain", "try /metrics\n"),
+        _ => respond(stream, "400 Bad Request", "text/plain", "bad request\n"),
+    }
+}
+
+use std::io::Read as _;
+
+fn respond(mut stream: TcpStream, status: &str, kind: &str, body: &str) -> std::io::Result<()> {
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
+}
