@@ -570,8 +570,9 @@ fn stop_process(pid: libc::pid_t) {
 fn assert_daemon_gone(what: &str, result: &Result<(), stela_client::Error>) {
     match result {
         Ok(()) => panic!("{what}: acknowledged by a daemon that was stopped, then killed"),
-        Err(stela_client::Error::Io(error)) => assert!(
-            error.to_string().contains("daemon is gone"),
+        // The connection is lost mid-call: its outcome is unknown, and it says why.
+        Err(error @ stela_client::Error::Disconnected { cause, .. }) => assert!(
+            cause.contains("daemon is gone"),
             "{what}: the error does not say the daemon is gone: {error}"
         ),
         Err(other) => panic!("{what}: not the ring's error: {other}"),
