@@ -113,14 +113,16 @@ check "stela-power-fail.service runs stela power-fail" 0 "power-fail|default" ru
 pass "stela-power-fail.service is wanted by sigpwr.target" \
     grep -qx 'WantedBy=sigpwr.target' "$unit"
 pass "stela-power-fail.service is Type=oneshot" grep -qx 'Type=oneshot' "$unit"
-pass "stela.service serves /var/lib/stela on /run/stela/stela.sock" grep -qx \
-    'ExecStart=/usr/bin/stela serve --dir /var/lib/stela --socket /run/stela/stela.sock' \
-    "$here/stela.service"
+pass "stela.service serves /var/lib/stela on /run/stela/stela.sock" grep -q \
+    '^ExecStart=/usr/bin/stela serve --dir /var/lib/stela --socket /run/stela/stela.sock' \
+    "$here/../systemd/stela.service"
 
 if command -v systemd-analyze >/dev/null; then
     mkdir "$work/units"
     for u in stela.service stela-power-fail.service; do
-        sed "s#/usr/bin/stela#$bin/stela#" "$here/$u" >"$work/units/$u"
+        src=$here/$u
+        [ -f "$src" ] || src=$here/../systemd/$u
+        sed "s#/usr/bin/stela#$bin/stela#" "$src" >"$work/units/$u"
     done
     pass "systemd-analyze verify accepts both units" systemd-analyze verify \
         "$work/units/stela.service" "$work/units/stela-power-fail.service"

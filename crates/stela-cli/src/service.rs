@@ -280,6 +280,8 @@ pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(addr) = server.metrics_addr() {
         writeln!(out, "stela serve: metrics on http://{addr}/metrics")?;
     }
+    // systemd's Type=notify: ready once the socket listens (a no-op without $NOTIFY_SOCKET).
+    notify_systemd(&format!("READY=1\nMAINPID={}", std::process::id()));
     writeln!(out, "stela serve: {}", status.dirty_cap.derivation)?;
     writeln!(
         out,
@@ -287,9 +289,9 @@ pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         status.pid
     )?;
     out.flush()?;
-    server
-        .run_until_stopped()
-        .map_err(|failures| anyhow::anyhow!("stopped with failures: {failures}"))?;
+    let stopped = server.run_until_stopped();
+    notify_systemd("STOPPING=1");
+    stopped.map_err(|failures| anyhow::anyhow!("stopped with failures: {failures}"))?;
     writeln!(out, "stela serve: every buffer written and synced; stopped")?;
     Ok(())
 }
@@ -298,6 +300,30 @@ fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
     let address = target.address()?;
     Connection::connect_admin(&address)
         .with_context(|| format!("is `stela serve` running at {address}?"))
+}
+
+/// Tells systemd (`Type=notify`) about the daemon's state: `state` is sent as one datagram to
+/// `$NOTIFY_SOCKET` (a path, or `@name` in the abstract namespace). Without the variable, or if
+/// sending fails, nothing happens but a warning: readiness is a courtesy to the supervisor.
+fn notify_systemd(state: &str) {
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = (|| -> std::io::Result<()> {
+        let socket = std::os::unix::net::UnixDatagram::unbound()?;
+        let target = target.to_string_lossy();
+        if let Some(name) = target.strip_prefix('@') {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+            socket.send_to_addr(state.as_bytes(), &addr)?;
+        } else {
+            socket.send_to(state.as_bytes(), target.as_ref())?;
+        }
+        Ok(())
+    })();
+    if let Err(error) = sent {
+        tracing::warn!(%error, "could not notify systemd");
+    }
 }
 
 /// The exit code of `stela status` when the daemon answers but is not healthy: power is

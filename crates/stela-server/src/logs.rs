@@ -140,6 +140,7 @@ impl Logs {
             log: name.to_owned(),
             source,
         })?;
+        tracing::info!(log = name, codec = %codec, type_tag, next_lsn = files.next_lsn.get(), "log opened");
         let id = pool.add_log(LogSetup {
             next_lsn: files.next_lsn.get(),
             segment_start: files.writer.segment_start().get(),

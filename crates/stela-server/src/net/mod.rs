@@ -488,7 +488,7 @@ impl EventLoop {
             self.free_slots.push(slot);
             return;
         }
-        tracing::debug!(peer = %conn.peer, "connection accepted");
+        tracing::info!(peer = %conn.peer, "connection accepted");
         self.conns[slot] = Some(conn);
         self.handshakes.push_back(ConnRef { slot, serial });
         self.counters.connections.fetch_add(1, Ordering::Relaxed);
@@ -935,7 +935,7 @@ impl EventLoop {
         } else {
             self.release(handles);
         }
-        tracing::debug!(peer = %conn.peer, "connection closed");
+        tracing::info!(peer = %conn.peer, "connection closed");
         self.free_slots.push(slot);
     }
 
