@@ -36,7 +36,8 @@ use stela_wal::Lsn;
     name = "stela",
     version,
     about = "Durability and availability as a service, outside the database",
-    after_help = exit::HELP
+    after_help = exit::HELP,
+    args_override_self = true
 )]
 pub struct Cli {
     /// How log lines are written to stderr: `text`, or `json` (one object per line, for log
@@ -113,6 +114,30 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // `stela serve --config FILE`: the file's settings go in as flags right after `serve`, so
+    // the command line's own flags (later) override them.
+    if let Some(serve) = args.iter().position(|a| a == "serve") {
+        let file = args[serve..].iter().enumerate().find_map(|(i, a)| {
+            let a = a.to_str()?;
+            match a.strip_prefix("--config") {
+                Some("") => args.get(serve + i + 1).cloned(),
+                Some(rest) => rest.strip_prefix('=').map(OsString::from),
+                None => None,
+            }
+        });
+        if let Some(file) = file {
+            match service::config_file_flags(Path::new(&file)) {
+                Ok(flags) => {
+                    args.splice(serve + 1..serve + 1, flags);
+                }
+                Err(error) => {
+                    eprintln!("stela: {}", exit::render(&error));
+                    return ExitCode::from(exit::USAGE_OR_FAILURE);
+                }
+            }
+        }
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(error) => {

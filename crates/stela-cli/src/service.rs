@@ -18,8 +18,20 @@ use stela_server::{config, DaemonConfig, Server};
 
 /// `stela serve`'s flags. Every default comes from `stela_server::config` (the one place the
 /// daemon's defaults live; `docs/DAEMON.md` lists them and a test checks it does).
-#[derive(Args, Debug)]
+#[derive(Args, Debug, serde::Serialize)]
+#[command(args_override_self = true)]
+#[serde(rename_all = "kebab-case")]
 pub struct ServeArgs {
+    /// Read settings from this TOML file: one key per flag (`buffer-size = "1MiB"`,
+    /// `no-realtime = true`); flags given on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Print the effective settings (file, flags and defaults) as TOML and exit: a file that
+    /// `--config` reads back.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
     /// Directory of the daemon: its logs live in DIR/logs/NAME.
     #[arg(long)]
     pub dir: PathBuf,
@@ -28,6 +40,7 @@ pub struct ServeArgs {
     pub socket: Option<PathBuf>,
     /// Permission bits of the socket, in octal (0660 lets its group connect).
     #[arg(long, default_value = "600", value_parser = parse_octal)]
+    #[serde(serialize_with = "octal")]
     pub socket_mode: u32,
     /// Group of the socket (a name or a number), e.g. the database's, with --socket-mode 660.
     #[arg(long, value_name = "GROUP")]
@@ -117,7 +130,68 @@ pub struct ServeArgs {
     pub no_realtime: bool,
 }
 
+fn octal<S: serde::Serializer>(mode: &u32, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&format!("{mode:o}"))
+}
+
+/// The flags a `--config` file stands for, to be placed before the command line's own (which
+/// then override them): `key = value` becomes `--key value`, `key = true` `--key`, an array
+/// one `--key value` per element.
+///
+/// # Errors
+/// An unreadable file, or TOML that is not a table of flags and values.
+pub fn config_file_flags(path: &std::path::Path) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the config file {}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("{}: not a TOML table of settings", path.display()))?;
+    let mut flags = Vec::new();
+    let scalar = |key: &str, value: &toml::Value| -> anyhow::Result<Option<String>> {
+        Ok(match value {
+            toml::Value::String(s) => Some(s.clone()),
+            toml::Value::Integer(i) => Some(i.to_string()),
+            toml::Value::Float(f) => Some(f.to_string()),
+            toml::Value::Boolean(_) => None,
+            other => anyhow::bail!(
+                "{}: `{key}` has a {} value; settings are strings, numbers or booleans",
+                path.display(),
+                other.type_str()
+            ),
+        })
+    };
+    for (key, value) in &table {
+        if key == "config" || key == "print-config" {
+            anyhow::bail!("{}: `{key}` cannot be set in a config file", path.display());
+        }
+        let flag = format!("--{key}");
+        match value {
+            toml::Value::Boolean(true) => flags.push(flag.into()),
+            toml::Value::Boolean(false) => {}
+            toml::Value::Array(items) => {
+                for item in items {
+                    if let Some(v) = scalar(key, item)? {
+                        flags.push(flag.clone().into());
+                        flags.push(v.into());
+                    }
+                }
+            }
+            other => {
+                if let Some(v) = scalar(key, other)? {
+                    flags.push(flag.into());
+                    flags.push(v.into());
+                }
+            }
+        }
+    }
+    Ok(flags)
+}
+
 impl ServeArgs {
+    /// These settings as a TOML config file.
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        Ok(toml::to_string(self)?)
+    }
+
     /// The daemon's configuration from these flags.
     pub fn config(&self) -> DaemonConfig {
         let mut config = DaemonConfig::new(&self.dir);
@@ -265,6 +339,10 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if args.print_config {
+        write!(out, "{}", args.to_toml()?)?;
+        return Ok(());
+    }
     let mut config = args.config();
     config.handle_signals = true;
     let server = Server::start(config).context("starting the daemon")?;
