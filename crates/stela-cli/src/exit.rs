@@ -17,7 +17,8 @@ pub const USAGE_OR_FAILURE: u8 = 2;
 pub const UNHEALTHY: u8 = 3;
 /// The path holds no log (missing, a file, or a directory without segment files).
 pub const NOT_A_LOG: u8 = 4;
-/// The log is open in another process (a running daemon, or an application's `Wal`).
+/// The log is open in another process (a running daemon, or an application's `Wal`), or, for
+/// `logs delete`, by a client of the daemon.
 pub const LOCKED: u8 = 5;
 /// No daemon answers at the address.
 pub const DAEMON_UNREACHABLE: u8 = 6;
@@ -42,8 +43,13 @@ pub fn code_of(error: &anyhow::Error) -> ExitCode {
                 _ => {}
             }
         }
-        if let Some(stela_client::Error::Connect { .. }) = cause.downcast_ref() {
-            return ExitCode::from(DAEMON_UNREACHABLE);
+        match cause.downcast_ref::<stela_client::Error>() {
+            Some(stela_client::Error::Connect { .. }) => return ExitCode::from(DAEMON_UNREACHABLE),
+            Some(stela_client::Error::Server {
+                code: stela_client::ErrorCode::LogInUse,
+                ..
+            }) => return ExitCode::from(LOCKED),
+            _ => {}
         }
     }
     ExitCode::from(USAGE_OR_FAILURE)

@@ -19,6 +19,7 @@ pub mod demo;
 pub mod drive;
 pub mod exit;
 pub mod latency;
+pub mod logs_cmd;
 pub mod service;
 
 use clap::{Parser, Subcommand};
@@ -79,6 +80,9 @@ pub enum Command {
     PowerFail(service::TargetArgs),
     /// Tell a running daemon power is back: writes are admitted again.
     PowerRestore(service::TargetArgs),
+    /// The logs a running daemon holds: list them, delete one no client has open.
+    #[command(subcommand)]
+    Logs(logs_cmd::LogsCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -274,6 +278,10 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::PowerRestore(target) => {
             service::power_restore(target, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logs(command) => {
+            logs_cmd::run(command, out)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -143,6 +143,28 @@ pub enum RequestBody {
     PowerFail,
     /// Power is back: admit writes again.
     PowerRestore,
+    /// Every log in the daemon's directory, open or not.
+    ListLogs,
+    /// Removes a log that no client has open: its files, then its directory (administrative).
+    DeleteLog {
+        log: String,
+    },
+}
+
+/// One log of [`ResponseBody::Logs`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogListing {
+    pub name: String,
+    /// Handles open on it now (0: closed).
+    pub handles: u32,
+    pub segments: u32,
+    pub bytes_on_disk: u64,
+    /// The first LSN the log holds (from its oldest segment's name; 0 if it has none).
+    pub first_lsn: u64,
+    /// The last LSN appended, known while the log is open.
+    pub last_lsn: Option<u64>,
+    /// `open`, `closed`, `stopped: ...` or `waiting for space: ...`.
+    pub state: String,
 }
 
 /// The daemon's answer to the request with the same id.
@@ -191,6 +213,12 @@ pub enum ResponseBody {
     Status(Box<StatusReport>),
     PowerFailed(EmergencyFlush),
     PowerRestored,
+    Logs(Vec<LogListing>),
+    Deleted {
+        log: String,
+        segments: u32,
+        bytes: u64,
+    },
     Error {
         code: ErrorCode,
         message: String,
@@ -248,9 +276,11 @@ pub enum ErrorCode {
     /// The client did not prove who it is (no token, a wrong one, no client certificate); the
     /// connection is closed.
     Unauthenticated,
-    /// An administrative request (power-fail, power-restore, truncate) from a TCP client not
-    /// authenticated as an administrator; the connection stays open.
+    /// An administrative request (power-fail, power-restore, truncate, delete) from a TCP
+    /// client not authenticated as an administrator; the connection stays open.
     Forbidden,
+    /// The log is open by a client: it cannot be deleted now.
+    LogInUse,
 }
 
 /// Who a connection is, for the connection limit.

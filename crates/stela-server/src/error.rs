@@ -51,6 +51,8 @@ pub enum Error {
     BadLogName(String),
     #[error("log {0:?} does not exist (open it with create to make it)")]
     NoSuchLog(String),
+    #[error("log {log:?} is open by {handles} client handle(s): close them before deleting it")]
+    LogInUse { log: String, handles: u32 },
     #[error("unknown codec {0:?} (expected json, msgpack or postcard)")]
     UnknownCodec(String),
     #[error("log {name:?} is open with codec {open} and record type {open_type:?}, not {asked} / {asked_type:?}")]
@@ -107,6 +109,7 @@ impl Error {
             Error::NotAppended { .. } => ErrorCode::NotAppended,
             Error::LsnExhausted { .. } => ErrorCode::LsnExhausted,
             Error::BadLogName(_) | Error::NoSuchLog(_) => ErrorCode::BadLogName,
+            Error::LogInUse { .. } => ErrorCode::LogInUse,
             Error::UnknownCodec(_) | Error::Mismatch { .. } | Error::Open { .. } => {
                 ErrorCode::OpenFailed
             }

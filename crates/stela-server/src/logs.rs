@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use stela_format::TypeTag;
 use stela_wal::files::{LogFiles, SegmentSet, SegmentWriter};
-use stela_wal::storage::Storage;
+use stela_wal::storage::{OpenMode, Storage};
 use stela_wal::{Codec, WalOptions};
 
 /// One open log.
@@ -223,6 +223,94 @@ impl Logs {
     }
 
     /// Every open log, by id.
+    /// Every log directory under `DIR/logs`, with what its files hold and how many handles
+    /// are open on it. Reads only file names and sizes.
+    pub fn on_disk(&self) -> Result<Vec<(String, u32, u32, u64, u64)>> {
+        let io = |source| Error::Io {
+            what: format!("listing {}", self.dir.display()),
+            source,
+        };
+        let mut names = self.storage.list(&self.dir).map_err(io)?;
+        names.retain(|n| valid_name(n));
+        names.sort();
+        let table = lock(&self.table);
+        let mut listed = Vec::new();
+        for name in names {
+            let dir = self.dir.join(&name);
+            let Ok(files) = self.storage.list(&dir) else {
+                continue; // a file, not a log directory
+            };
+            let mut segments = 0;
+            let mut bytes = 0;
+            let mut first = u64::MAX;
+            for file in &files {
+                if let Some(start) = stela_format::segment_name::parse_segment_file_name(file) {
+                    segments += 1;
+                    first = first.min(start.get());
+                }
+                if let Ok(handle) = self.storage.open(&dir.join(file), OpenMode::Read) {
+                    bytes += handle.len().unwrap_or(0);
+                }
+            }
+            let handles = table
+                .by_name
+                .get(&name)
+                .and_then(|id| table.by_id.get(id))
+                .map_or(0, |(_, handles)| *handles as u32);
+            let first = if segments == 0 { 0 } else { first };
+            listed.push((name, handles, segments, bytes, first));
+        }
+        Ok(listed)
+    }
+
+    /// Deletes the log `name`, which no client may have open: its files, then (after a
+    /// directory fsync) its directory. Returns the segments and bytes removed.
+    pub fn delete(&self, name: &str) -> Result<(u32, u64)> {
+        if !valid_name(name) {
+            return Err(Error::BadLogName(name.to_owned()));
+        }
+        // Under the opening lock, so no open of the same log runs meanwhile.
+        let _opening = lock(&self.opening);
+        {
+            let table = lock(&self.table);
+            if let Some((_, handles)) = table.by_name.get(name).and_then(|id| table.by_id.get(id)) {
+                return Err(Error::LogInUse {
+                    log: name.to_owned(),
+                    handles: *handles as u32,
+                });
+            }
+        }
+        let dir = self.dir.join(name);
+        let files = self
+            .storage
+            .list(&dir)
+            .map_err(|_| Error::NoSuchLog(name.to_owned()))?;
+        let io = |what: String| move |source| Error::Io { what, source };
+        let (mut segments, mut bytes) = (0, 0);
+        for file in &files {
+            let path = dir.join(file);
+            if stela_format::segment_name::parse_segment_file_name(file).is_some() {
+                segments += 1;
+            }
+            if let Ok(handle) = self.storage.open(&path, OpenMode::Read) {
+                bytes += handle.len().unwrap_or(0);
+            }
+            self.storage
+                .remove(&path)
+                .map_err(io(format!("removing {}", path.display())))?;
+        }
+        self.storage
+            .sync_dir(&dir)
+            .map_err(io(format!("syncing {}", dir.display())))?;
+        // The storage trait removes files only; the empty directory goes on a real disk.
+        let _ = std::fs::remove_dir(&dir);
+        self.storage
+            .sync_dir(&self.dir)
+            .map_err(io(format!("syncing {}", self.dir.display())))?;
+        tracing::warn!(log = name, segments, bytes, "log deleted");
+        Ok((segments, bytes))
+    }
+
     pub fn all(&self) -> Vec<Arc<LogEntry>> {
         let table = lock(&self.table);
         let mut all: Vec<_> = table.by_id.values().map(|(e, _)| Arc::clone(e)).collect();

@@ -215,6 +215,7 @@ pub fn status_of(code: ErrorCode) -> u32 {
         ErrorCode::LsnExhausted => 17,
         ErrorCode::Unauthenticated => 18,
         ErrorCode::Forbidden => 19,
+        ErrorCode::LogInUse => 20,
     }
 }
 
@@ -239,6 +240,7 @@ pub fn error_of_status(status: u32) -> Option<ErrorCode> {
         17 => ErrorCode::LsnExhausted,
         18 => ErrorCode::Unauthenticated,
         19 => ErrorCode::Forbidden,
+        20 => ErrorCode::LogInUse,
         _ => return None,
     })
 }

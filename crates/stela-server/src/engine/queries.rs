@@ -11,7 +11,7 @@ use crate::pool::{Admission, LogId, PoolRead};
 use crate::sync::lock;
 use std::sync::{Arc, Condvar, Mutex};
 use stela_proto::DirtyCap;
-use stela_proto::{LogStatus, Payload, Positions, ResponseBody, StatusReport};
+use stela_proto::{LogListing, LogStatus, Payload, Positions, ResponseBody, StatusReport};
 use stela_wal::Lsn;
 
 /// What the connection layer knows that `stela status` shows.
@@ -196,6 +196,52 @@ impl Engine {
     }
 
     /// Releases whole segments below `before`. Blocking.
+    /// Every log in the directory: open ones with their last LSN and state.
+    pub fn list_logs(&self) -> Result<Vec<LogListing>> {
+        let open: std::collections::HashMap<String, Arc<LogEntry>> = self
+            .logs
+            .all()
+            .into_iter()
+            .map(|entry| (entry.name.clone(), entry))
+            .collect();
+        let listed = self.logs.on_disk()?;
+        Ok(listed
+            .into_iter()
+            .map(|(name, handles, segments, bytes_on_disk, first_lsn)| {
+                let entry = open.get(&name);
+                let last_lsn = entry
+                    .and_then(|e| self.pool.positions_if_present(e.id))
+                    .map(|(next, _)| next - 1);
+                let state = match entry.and_then(|e| self.pool.log_failure(e.id)) {
+                    Some(error @ PoolError::DiskFull(_)) => format!(
+                        "waiting for space: {}",
+                        self.pool_error(entry.map_or(0, |e| e.id), error)
+                    ),
+                    Some(error) => format!(
+                        "stopped: {}",
+                        self.pool_error(entry.map_or(0, |e| e.id), error)
+                    ),
+                    None if handles > 0 => "open".to_owned(),
+                    None => "closed".to_owned(),
+                };
+                LogListing {
+                    name,
+                    handles,
+                    segments,
+                    bytes_on_disk,
+                    first_lsn,
+                    last_lsn,
+                    state,
+                }
+            })
+            .collect())
+    }
+
+    /// Deletes a log no client has open (its files, durably).
+    pub fn delete_log(&self, name: &str) -> Result<(u32, u64)> {
+        self.logs.delete(name)
+    }
+
     pub fn truncate(&self, log: LogId, before: u64) -> Result<u64> {
         let entry = self.entry(log)?;
         let removed = entry

@@ -46,12 +46,13 @@ impl Identity {
 }
 
 /// The name of `request` if it is administrative: it halts or changes what other clients
-/// rely on (power-fail, power-restore, truncate).
+/// rely on (power-fail, power-restore, truncate, delete).
 pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
     match request {
         RequestBody::PowerFail => Some("power-fail"),
         RequestBody::PowerRestore => Some("power-restore"),
         RequestBody::Truncate { .. } => Some("truncate"),
+        RequestBody::DeleteLog { .. } => Some("delete"),
         RequestBody::Hello { .. }
         | RequestBody::Open { .. }
         | RequestBody::Append { .. }
@@ -60,6 +61,7 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
         | RequestBody::Positions { .. }
         | RequestBody::Close { .. }
         | RequestBody::MapRing { .. }
+        | RequestBody::ListLogs
         | RequestBody::Status => None,
     }
 }

@@ -758,6 +758,25 @@ impl Conn {
                 ctx.engine.power_restore();
                 Ok(ResponseBody::PowerRestored)
             }
+            // Both read or change the directory: off the event loop.
+            RequestBody::ListLogs => {
+                return self.hand_to_worker(ctx, id, move |engine| {
+                    (engine.list_logs().map(ResponseBody::Logs), Effect::None)
+                });
+            }
+            RequestBody::DeleteLog { log } => {
+                return self.hand_to_worker(ctx, id, move |engine| {
+                    let result =
+                        engine
+                            .delete_log(&log)
+                            .map(|(segments, bytes)| ResponseBody::Deleted {
+                                log,
+                                segments,
+                                bytes,
+                            });
+                    (result, Effect::None)
+                });
+            }
         };
         match result {
             Ok(body) => self.answer(id, body),

@@ -1,0 +1,107 @@
+//! `stela logs list|delete`: the logs a running daemon holds in its directory, and removing one
+//! that no client has open (an administrative request: over TCP only an administrator may).
+
+use crate::service::TargetArgs;
+use anyhow::Context;
+use clap::Subcommand;
+use std::io::Write;
+use stela_client::Connection;
+use stela_proto::{LogListing, RequestBody, ResponseBody};
+
+#[derive(Subcommand, Debug)]
+pub enum LogsCommand {
+    /// Every log in the daemon's directory: name, handles open, segments, bytes on disk,
+    /// first and last LSN, state.
+    List {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a log no client has open: its segments, then its directory (durably).
+    Delete {
+        /// The log's name.
+        name: String,
+        #[command(flatten)]
+        target: TargetArgs,
+    },
+}
+
+fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
+    let address = target.address()?;
+    Connection::connect_admin(&address)
+        .with_context(|| format!("is `stela serve` running at {address}?"))
+}
+
+pub fn run(command: LogsCommand, out: &mut dyn Write) -> anyhow::Result<()> {
+    match command {
+        LogsCommand::List { target, json } => {
+            let answer = connect(&target)?.request(RequestBody::ListLogs)?;
+            let ResponseBody::Logs(logs) = answer else {
+                anyhow::bail!("unexpected answer to ListLogs: {answer:?}");
+            };
+            if json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&listing_json(&logs))?
+                )?;
+            } else {
+                print_listing(&logs, out)?;
+            }
+        }
+        LogsCommand::Delete { name, target } => {
+            let answer = connect(&target)?.request(RequestBody::DeleteLog { log: name })?;
+            let ResponseBody::Deleted {
+                log,
+                segments,
+                bytes,
+            } = answer
+            else {
+                anyhow::bail!("unexpected answer to DeleteLog: {answer:?}");
+            };
+            writeln!(
+                out,
+                "deleted log {log}: {segments} segment(s), {bytes} bytes"
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn print_listing(logs: &[LogListing], out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<24} {:>7} {:>8} {:>14} {:>10} {:>10}  state",
+        "log", "handles", "segments", "bytes", "first LSN", "last LSN"
+    )?;
+    for log in logs {
+        writeln!(
+            out,
+            "{:<24} {:>7} {:>8} {:>14} {:>10} {:>10}  {}",
+            log.name,
+            log.handles,
+            log.segments,
+            log.bytes_on_disk,
+            log.first_lsn,
+            log.last_lsn.map_or("-".to_owned(), |l| l.to_string()),
+            log.state
+        )?;
+    }
+    Ok(())
+}
+
+fn listing_json(logs: &[LogListing]) -> serde_json::Value {
+    serde_json::Value::Array(
+        logs.iter()
+            .map(|l| {
+                serde_json::json!({
+                    "name": l.name, "handles": l.handles, "segments": l.segments,
+                    "bytes_on_disk": l.bytes_on_disk, "first_lsn": l.first_lsn,
+                    "last_lsn": l.last_lsn, "state": l.state,
+                })
+            })
+            .collect(),
+    )
+}
