@@ -225,7 +225,7 @@ impl Logs {
     /// Every open log, by id.
     /// Every log directory under `DIR/logs`, with what its files hold and how many handles
     /// are open on it. Reads only file names and sizes.
-    pub fn on_disk(&self) -> Result<Vec<(String, u32, u32, u64, u64)>> {
+    pub fn on_disk(&self) -> Result<Vec<OnDisk>> {
         let io = |source| Error::Io {
             what: format!("listing {}", self.dir.display()),
             source,
@@ -258,7 +258,13 @@ impl Logs {
                 .and_then(|id| table.by_id.get(id))
                 .map_or(0, |(_, handles)| *handles as u32);
             let first = if segments == 0 { 0 } else { first };
-            listed.push((name, handles, segments, bytes, first));
+            listed.push(OnDisk {
+                name,
+                handles,
+                segments,
+                bytes,
+                first_lsn: first,
+            });
         }
         Ok(listed)
     }
@@ -326,6 +332,17 @@ impl Logs {
         all.sort_by_key(|e| e.id);
         all
     }
+}
+
+/// A log directory as [`Logs::on_disk`] finds it.
+pub struct OnDisk {
+    pub name: String,
+    /// Handles open on it now.
+    pub handles: u32,
+    pub segments: u32,
+    pub bytes: u64,
+    /// From the oldest segment's name; 0 without segments.
+    pub first_lsn: u64,
 }
 
 /// The smallest segment a log gets when space is short.

@@ -207,7 +207,14 @@ impl Engine {
         let listed = self.logs.on_disk()?;
         Ok(listed
             .into_iter()
-            .map(|(name, handles, segments, bytes_on_disk, first_lsn)| {
+            .map(|disk| {
+                let crate::logs::OnDisk {
+                    name,
+                    handles,
+                    segments,
+                    bytes: bytes_on_disk,
+                    first_lsn,
+                } = disk;
                 let entry = open.get(&name);
                 let last_lsn = entry
                     .and_then(|e| self.pool.positions_if_present(e.id))
