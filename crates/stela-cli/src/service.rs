@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// Skip the start-up disk measurement and assume this write rate (bytes/s).
     #[arg(long)]
     pub assume_write_rate: Option<u64>,
+    /// Retention: keep about this many bytes of each open log's newest segments and remove
+    /// older whole segments (bytes; K/M/G suffixes). Default: keep all until a client truncates.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub retain_bytes: Option<usize>,
     /// Size of each segment file of the logs the daemon creates (bytes; K/M suffixes).
     #[arg(long, default_value_t = config::SEGMENT_BYTES as usize, value_parser = parse_size)]
     pub segment_size: usize,
@@ -200,6 +204,7 @@ impl ServeArgs {
         config.socket_group = self.socket_group.clone();
         config.tcp = self.tcp;
         config.metrics = self.metrics;
+        config.retain_bytes = self.retain_bytes.map(|b| b as u64);
         config.tcp_insecure = self.tcp_insecure;
         config.tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(stela_server::ServerTlsFiles {
@@ -331,7 +336,12 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         "" | "B" => 1,
         "K" | "KiB" | "k" => 1 << 10,
         "M" | "MiB" => 1 << 20,
-        _ => return Err(format!("unknown size unit {unit:?} (use K/KiB or M/MiB)")),
+        "G" | "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "unknown size unit {unit:?} (use K/KiB, M/MiB or G/GiB)"
+            ))
+        }
     };
     number
         .checked_mul(scale)

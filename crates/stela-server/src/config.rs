@@ -61,6 +61,10 @@ pub struct DaemonConfig {
     pub tcp: Option<SocketAddr>,
     /// Serve Prometheus metrics over HTTP at `http://ADDR/metrics` (port 0: any free port).
     pub metrics: Option<SocketAddr>,
+    /// Retention: keep about this many bytes of each open log's newest segments and remove
+    /// older whole segments (checked every second). `None`: keep everything until a client
+    /// truncates.
+    pub retain_bytes: Option<u64>,
     /// Serve TCP without TLS. Refused unless `tcp` is a loopback address.
     pub tcp_insecure: bool,
     /// TLS on the TCP listener: the daemon's certificate and key, and the CA of client
@@ -109,6 +113,7 @@ impl DaemonConfig {
             socket_group: None,
             tcp: None,
             metrics: None,
+            retain_bytes: None,
             tcp_insecure: false,
             tls: None,
             token_file: None,

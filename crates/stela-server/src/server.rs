@@ -76,6 +76,22 @@ impl Server {
             Some(addr) => Some(start_metrics(addr, &engine, &net)?),
             None => None,
         };
+        if let Some(keep) = config.retain_bytes {
+            let engine = Arc::clone(&engine);
+            std::thread::Builder::new()
+                .name("stela-retention".into())
+                .spawn(move || {
+                    // Ends with the daemon: the engine's logs are empty once it shut down.
+                    while !engine.is_shut_down() {
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                        engine.apply_retention(keep);
+                    }
+                })
+                .map_err(|source| StartError::Thread {
+                    name: "stela-retention".into(),
+                    source,
+                })?;
+        }
         let stop_requested = Arc::new((Mutex::new(false), Condvar::new()));
         let signals = if config.handle_signals {
             Some(watch_signals(

@@ -249,6 +249,43 @@ impl Engine {
         self.logs.delete(name)
     }
 
+    /// Whether the daemon has begun to shut down.
+    pub fn is_shut_down(&self) -> bool {
+        self.pool.admission() == Admission::ShuttingDown
+    }
+
+    /// Applies `--retain-bytes`: for each open log, removes the oldest whole segments beyond
+    /// the newest ones that hold at least `keep` bytes. Only sealed segments go (the newest is
+    /// never removed), and a sealed segment was synced before its successor was created, so
+    /// nothing not yet durable is ever removed. Returns the segments removed.
+    pub fn apply_retention(&self, keep: u64) -> usize {
+        let mut removed = 0;
+        for entry in self.logs.all() {
+            let segments = entry.segments.list();
+            let mut kept_bytes = 0;
+            let mut first_kept = segments.len();
+            for (index, segment) in segments.iter().enumerate().rev() {
+                if kept_bytes >= keep {
+                    break;
+                }
+                kept_bytes += std::fs::metadata(&segment.path).map_or(0, |m| m.len());
+                first_kept = index;
+            }
+            if first_kept == 0 || first_kept >= segments.len() {
+                continue;
+            }
+            match entry.segments.truncate_before(segments[first_kept].start) {
+                Ok(count) => {
+                    removed += count;
+                    tracing::info!(log = %entry.name, segments = count, before = %segments[first_kept].start,
+                        "retention: removed the oldest segments");
+                }
+                Err(error) => tracing::warn!(log = %entry.name, %error, "retention failed"),
+            }
+        }
+        removed
+    }
+
     pub fn truncate(&self, log: LogId, before: u64) -> Result<u64> {
         let entry = self.entry(log)?;
         let removed = entry
