@@ -118,30 +118,14 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-    // `stela serve --config FILE`: the file's settings go in as flags right after `serve`, so
-    // the command line's own flags (later) override them.
-    if let Some(serve) = args.iter().position(|a| a == "serve") {
-        let file = args[serve..].iter().enumerate().find_map(|(i, a)| {
-            let a = a.to_str()?;
-            match a.strip_prefix("--config") {
-                Some("") => args.get(serve + i + 1).cloned(),
-                Some(rest) => rest.strip_prefix('=').map(OsString::from),
-                None => None,
-            }
-        });
-        if let Some(file) = file {
-            match service::config_file_flags(Path::new(&file)) {
-                Ok(flags) => {
-                    args.splice(serve + 1..serve + 1, flags);
-                }
-                Err(error) => {
-                    eprintln!("stela: {}", exit::render(&error));
-                    return ExitCode::from(exit::USAGE_OR_FAILURE);
-                }
-            }
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let args = match expand_config_file(args) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("stela: {}", exit::render(&error));
+            return ExitCode::from(exit::USAGE_OR_FAILURE);
         }
-    }
+    };
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(error) => {
@@ -180,6 +164,41 @@ where
             eprintln!("stela: {}", exit::render(&error));
             exit::code_of(&error)
         }
+    }
+}
+
+/// `stela serve --config FILE`: the file's settings go in as flags right after `serve`, so
+/// the command line's own flags (later) override them. Other commands pass unchanged.
+///
+/// # Errors
+/// The file cannot be read or is not a table of settings.
+pub fn expand_config_file(mut args: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
+    let Some(serve) = args.iter().position(|a| a == "serve") else {
+        return Ok(args);
+    };
+    let file = args[serve..].iter().enumerate().find_map(|(i, a)| {
+        let a = a.to_str()?;
+        match a.strip_prefix("--config") {
+            Some("") => args.get(serve + i + 1).cloned(),
+            Some(rest) => rest.strip_prefix('=').map(OsString::from),
+            None => None,
+        }
+    });
+    if let Some(file) = file {
+        let flags = service::config_file_flags(Path::new(&file))?;
+        args.splice(serve + 1..serve + 1, flags);
+    }
+    Ok(args)
+}
+
+/// What SIGHUP re-reads for a daemon started with `--config`: this process's command line with
+/// the file read again.
+fn reload_from_command_line() -> Result<stela_server::DaemonConfig, String> {
+    let args = expand_config_file(std::env::args_os().collect()).map_err(|e| exit::render(&e))?;
+    let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+    match cli.command {
+        Command::Serve(serve) => Ok(serve.config()),
+        _ => Err("not a `stela serve` command line".to_owned()),
     }
 }
 
@@ -261,7 +280,11 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(args) => {
-            service::serve(*args, out)?;
+            let reload: Option<stela_server::server::ReloadHook> = args
+                .config
+                .is_some()
+                .then(|| Box::new(reload_from_command_line) as stela_server::server::ReloadHook);
+            service::serve(*args, reload, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { target, json } => {

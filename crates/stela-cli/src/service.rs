@@ -348,7 +348,11 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{text} is too large"))
 }
 
-pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn serve(
+    args: ServeArgs,
+    reload: Option<stela_server::server::ReloadHook>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     if args.print_config {
         write!(out, "{}", args.to_toml()?)?;
         return Ok(());
@@ -356,6 +360,9 @@ pub fn serve(args: ServeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut config = args.config();
     config.handle_signals = true;
     let server = Server::start(config).context("starting the daemon")?;
+    if let Some(reload) = reload {
+        server.on_reload(reload);
+    }
     let status = server.status();
     writeln!(
         out,

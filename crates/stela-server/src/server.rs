@@ -18,7 +18,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use stela_proto::{EmergencyFlush, StatusReport};
 
@@ -29,6 +30,7 @@ pub struct Server {
     socket_path: PathBuf,
     tcp_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
+    reloadable: Arc<Reloadable>,
     event_loop: Option<JoinHandle<()>>,
     stop_requested: Arc<(Mutex<bool>, Condvar)>,
     signals: Option<(signal_hook::iterator::Handle, JoinHandle<()>)>,
@@ -76,15 +78,26 @@ impl Server {
             Some(addr) => Some(start_metrics(addr, &engine, &net)?),
             None => None,
         };
-        if let Some(keep) = config.retain_bytes {
-            let engine = Arc::clone(&engine);
+        let reloadable = Arc::new(Reloadable {
+            retain_bytes: AtomicU64::new(config.retain_bytes.unwrap_or(0)),
+            counters: Arc::clone(&net.counters),
+            hook: OnceLock::new(),
+            running: config.clone(),
+        });
+        {
+            let (engine, reloadable) = (Arc::clone(&engine), Arc::clone(&reloadable));
             std::thread::Builder::new()
                 .name("stela-retention".into())
                 .spawn(move || {
-                    // Ends with the daemon: the engine's logs are empty once it shut down.
+                    // Ends with the daemon: it stops once shutdown has begun.
                     while !engine.is_shut_down() {
                         std::thread::sleep(std::time::Duration::from_secs(1));
-                        engine.apply_retention(keep);
+                        match reloadable.retain_bytes.load(Ordering::Relaxed) {
+                            0 => {}
+                            keep => {
+                                engine.apply_retention(keep);
+                            }
+                        }
                     }
                 })
                 .map_err(|source| StartError::Thread {
@@ -97,6 +110,7 @@ impl Server {
             Some(watch_signals(
                 Arc::clone(&engine),
                 Arc::clone(&stop_requested),
+                Arc::clone(&reloadable),
             )?)
         } else {
             None
@@ -107,6 +121,7 @@ impl Server {
             socket_path,
             tcp_addr,
             metrics_addr,
+            reloadable,
             event_loop: Some(event_loop),
             stop_requested,
             signals,
@@ -119,6 +134,19 @@ impl Server {
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp_addr
+    }
+
+    /// Installs what SIGHUP calls to read the configuration again (the CLI re-reads its
+    /// `--config` file and flags); [`Server::reload`] applies what it returns.
+    pub fn on_reload(&self, hook: ReloadHook) {
+        let _ = self.reloadable.hook.set(hook);
+    }
+
+    /// Applies what can change while running: the idle timeout and the retention. Every
+    /// other setting needs a restart: a change to one is reported, not applied. Returns what
+    /// was applied and what was not, one line each.
+    pub fn reload(&self, new: &DaemonConfig) -> Vec<String> {
+        self.reloadable.apply(new)
     }
 
     /// Where `/metrics` is served, if it is.
@@ -223,14 +251,91 @@ fn start_metrics(
     })
 }
 
+/// What SIGHUP calls for the configuration to apply.
+pub type ReloadHook = Box<dyn Fn() -> Result<DaemonConfig, String> + Send + Sync>;
+
+/// The settings a running daemon can change (SIGHUP), and the configuration it runs with.
+struct Reloadable {
+    /// `--retain-bytes`, 0 for none.
+    retain_bytes: AtomicU64,
+    counters: Arc<net::NetCounters>,
+    hook: OnceLock<ReloadHook>,
+    running: DaemonConfig,
+}
+
+impl Reloadable {
+    fn apply(&self, new: &DaemonConfig) -> Vec<String> {
+        let mut said = Vec::new();
+        self.counters
+            .idle_timeout_ms
+            .store(new.idle_timeout.as_millis() as u64, Ordering::Relaxed);
+        said.push(format!(
+            "idle-timeout = {} s (applied)",
+            new.idle_timeout.as_secs()
+        ));
+        self.retain_bytes
+            .store(new.retain_bytes.unwrap_or(0), Ordering::Relaxed);
+        said.push(match new.retain_bytes {
+            Some(bytes) => format!("retain-bytes = {bytes} (applied)"),
+            None => "retain-bytes unset: keep everything (applied)".to_owned(),
+        });
+        let old = &self.running;
+        let restart_needed = [
+            ("dir", old.dir != new.dir),
+            ("socket", old.socket != new.socket),
+            ("tcp", old.tcp != new.tcp),
+            ("metrics", old.metrics != new.metrics),
+            ("buffers", old.buffers != new.buffers),
+            ("buffer-size", old.buffer_bytes != new.buffer_bytes),
+            ("segment-size", old.segment_bytes != new.segment_bytes),
+            ("power-window", old.power_window != new.power_window),
+            (
+                "max-connections",
+                old.max_connections != new.max_connections,
+            ),
+            ("flushers", old.flushers != new.flushers),
+            ("workers", old.workers != new.workers),
+            ("token-file", old.token_file != new.token_file),
+            (
+                "admin-token-file",
+                old.admin_token_file != new.admin_token_file,
+            ),
+        ];
+        for (key, changed) in restart_needed {
+            if changed {
+                said.push(format!("{key} changed: NOT applied, needs a restart"));
+            }
+        }
+        said
+    }
+
+    fn reload_from_hook(&self) {
+        let Some(hook) = self.hook.get() else {
+            tracing::warn!("SIGHUP: no configuration to reload (started without --config)");
+            return;
+        };
+        match hook() {
+            Ok(new) => {
+                for line in self.apply(&new) {
+                    tracing::warn!("SIGHUP reload: {line}");
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "SIGHUP reload refused; the running configuration stays")
+            }
+        }
+    }
+}
+
 /// SIGPWR runs the emergency flush on the signal thread; SIGTERM and SIGINT ask
-/// [`Server::run_until_stopped`] to shut down.
+/// [`Server::run_until_stopped`] to shut down; SIGHUP reloads what can change.
 fn watch_signals(
     engine: Arc<Engine>,
     stop: Arc<(Mutex<bool>, Condvar)>,
+    reloadable: Arc<Reloadable>,
 ) -> Result<(signal_hook::iterator::Handle, JoinHandle<()>), StartError> {
-    use libc::{SIGINT, SIGPWR, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGPWR, SIGTERM, SIGINT])
+    use libc::{SIGHUP, SIGINT, SIGPWR, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGPWR, SIGTERM, SIGINT, SIGHUP])
         .map_err(StartError::Signals)?;
     let handle = signals.handle();
     let thread = std::thread::Builder::new()
@@ -240,6 +345,8 @@ fn watch_signals(
                 if signal == SIGPWR {
                     tracing::warn!("SIGPWR: power is failing");
                     engine.power_fail();
+                } else if signal == SIGHUP {
+                    reloadable.reload_from_hook();
                 } else {
                     tracing::info!(signal, "stopping: flushing every buffer first");
                     let (flag, condvar) = &*stop;

@@ -74,6 +74,8 @@ pub struct NetCounters {
     pub refused_logins: AtomicU64,
     pub partial_bytes: AtomicU64,
     pub max_connections: AtomicU32,
+    /// The idle timeout in milliseconds (0: never), changeable while running (SIGHUP reload).
+    pub idle_timeout_ms: AtomicU64,
     /// The event loop got realtime scheduling.
     pub realtime: AtomicBool,
     pub file_limit: AtomicU64,
@@ -143,7 +145,6 @@ pub(crate) struct EventLoop {
     held: usize,
     held_cap: usize,
     handshake_timeout: Duration,
-    idle_timeout: Duration,
     spin: Duration,
     realtime: bool,
     max_frame: usize,
@@ -190,6 +191,9 @@ pub(crate) fn create(
         .max_connections
         .store(limits.clients as u32, Ordering::Relaxed);
     counters.file_limit.store(file_limit, Ordering::Relaxed);
+    counters
+        .idle_timeout_ms
+        .store(config.idle_timeout.as_millis() as u64, Ordering::Relaxed);
     counters
         .partial_cap
         .store(config.partial_frame_bytes as u64, Ordering::Relaxed);
@@ -246,7 +250,6 @@ pub(crate) fn create(
             held: 0,
             held_cap: config.partial_frame_bytes.max(max_frame),
             handshake_timeout: config.handshake_timeout,
-            idle_timeout: config.idle_timeout,
             spin: config.spin,
             realtime: config.realtime_loop,
             max_frame,
@@ -856,16 +859,18 @@ impl EventLoop {
     /// Deadlines: handshakes and idle connections; parked appends are retried as a safety net.
     fn sweep(&mut self) {
         let now = Instant::now();
+        let idle_timeout =
+            Duration::from_millis(self.counters.idle_timeout_ms.load(Ordering::Relaxed));
         let mut expired = Vec::new();
         for (slot, conn) in self.conns.iter().enumerate() {
             let Some(conn) = conn else { continue };
             let late = match conn.phase {
                 Phase::Handshake => now.duration_since(conn.accepted_at) >= self.handshake_timeout,
                 Phase::Ready(_) => {
-                    !self.idle_timeout.is_zero()
+                    !idle_timeout.is_zero()
                         && conn.waiting.is_none()
                         && conn.ring.as_ref().is_none_or(|r| r.idle())
-                        && now.duration_since(conn.last_request) >= self.idle_timeout
+                        && now.duration_since(conn.last_request) >= idle_timeout
                 }
                 Phase::Closing => false,
             };
