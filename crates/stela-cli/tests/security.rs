@@ -662,3 +662,54 @@ fn slow_reader_gets_every_answer(port: &str, setup: &Setup) {
         }
     }
 }
+
+/// Token rotation: with the daemon started from a config file, SIGHUP reads the token files
+/// again; the old token is refused from then on and the new one accepted, without a restart.
+#[test]
+fn sighup_rotates_the_tokens() {
+    let setup = setup();
+    let (cert, key) = &setup.server;
+    let config = setup.pki.join("stela.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "tcp = \"127.0.0.1:0\"\ntls-cert = {:?}\ntls-key = {:?}\ntoken-file = {:?}\n",
+            s(cert),
+            s(key),
+            s(&setup.client_tokens)
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start(&setup.dir, &["--config", s(&config)]);
+    let addr = tcp_addr(&mut daemon);
+    let ca = s(&setup.ca.cert);
+    let status_with = |tokens: &Path| {
+        stela(&[
+            "status",
+            "--tcp",
+            &addr,
+            "--tls-ca",
+            ca,
+            "--token-file",
+            s(tokens),
+        ])
+    };
+    let before = status_with(&setup.client_tokens);
+    assert_eq!(before.status.code(), Some(0), "{}", text(&before));
+
+    // Rotate: the client token file now holds another token.
+    let old = setup.pki.join("old.token");
+    std::fs::copy(&setup.client_tokens, &old).unwrap();
+    std::fs::write(&setup.client_tokens, "rotated-client-token-0123456789\n").unwrap();
+    // SAFETY: signalling our own child process by its pid.
+    unsafe {
+        libc::kill(daemon.child.id() as i32, libc::SIGHUP);
+    }
+    wait_logged(&daemon, &["tokens: token files read again (applied)"]);
+    let refused = status_with(&old);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("wrong token"), "{}", text(&refused));
+    let accepted = status_with(&setup.client_tokens);
+    assert_eq!(accepted.status.code(), Some(0), "{}", text(&accepted));
+    daemon.terminate();
+}

@@ -42,7 +42,7 @@ impl Server {
     pub fn start(config: DaemonConfig) -> Result<Server, StartError> {
         config.check().map_err(StartError::Config)?;
         // Credentials and the socket's group are checked before the engine touches the disk.
-        let auth = net::auth::Auth::load(&config)?;
+        let auth = Arc::new(net::auth::Auth::load(&config)?);
         let socket_group = config
             .socket_group
             .as_deref()
@@ -66,7 +66,8 @@ impl Server {
                 tracing::warn!(%addr, "listening on TCP WITHOUT TLS (--tcp-insecure, loopback only)");
             }
         }
-        let (event_loop, net) = net::create(&config, Arc::clone(&engine), unix, tcp, auth)?;
+        let (event_loop, net) =
+            net::create(&config, Arc::clone(&engine), unix, tcp, Arc::clone(&auth))?;
         let event_loop = std::thread::Builder::new()
             .name("stela-loop".into())
             .spawn(move || crate::engine::abort_on_panic("the event loop", || event_loop.run()))
@@ -81,6 +82,7 @@ impl Server {
         let reloadable = Arc::new(Reloadable {
             retain_bytes: AtomicU64::new(config.retain_bytes.unwrap_or(0)),
             counters: Arc::clone(&net.counters),
+            auth: Arc::clone(&auth),
             hook: OnceLock::new(),
             running: config.clone(),
         });
@@ -259,6 +261,7 @@ struct Reloadable {
     /// `--retain-bytes`, 0 for none.
     retain_bytes: AtomicU64,
     counters: Arc<net::NetCounters>,
+    auth: Arc<net::auth::Auth>,
     hook: OnceLock<ReloadHook>,
     running: DaemonConfig,
 }
@@ -279,6 +282,10 @@ impl Reloadable {
             Some(bytes) => format!("retain-bytes = {bytes} (applied)"),
             None => "retain-bytes unset: keep everything (applied)".to_owned(),
         });
+        said.push(match self.auth.reload_tokens(new) {
+            Ok(what) => format!("tokens: {what} (applied)"),
+            Err(why) => format!("tokens: NOT applied: {why}"),
+        });
         let old = &self.running;
         let restart_needed = [
             ("dir", old.dir != new.dir),
@@ -295,11 +302,6 @@ impl Reloadable {
             ),
             ("flushers", old.flushers != new.flushers),
             ("workers", old.workers != new.workers),
-            ("token-file", old.token_file != new.token_file),
-            (
-                "admin-token-file",
-                old.admin_token_file != new.admin_token_file,
-            ),
         ];
         for (key, changed) in restart_needed {
             if changed {

@@ -70,8 +70,8 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
 pub(crate) struct Auth {
     /// The TLS configuration of the TCP listener; `None`: plain TCP (`--tcp-insecure`).
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    client_tokens: Option<Tokens>,
-    admin_tokens: Option<Tokens>,
+    /// Replaced whole by a SIGHUP reload (token rotation); read under the lock per login.
+    tokens: std::sync::RwLock<TokenFiles>,
     admin_names: Vec<String>,
     /// Some proof is asked for (a token or a client certificate).
     required: bool,
@@ -86,7 +86,37 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// The token files' contents.
+struct TokenFiles {
+    client: Option<Tokens>,
+    admin: Option<Tokens>,
+}
+
 impl Auth {
+    /// Reads the token files of `config` again (SIGHUP: token rotation). Tokens can be
+    /// re-read, not switched on or off: whether the TLS listener asks for a client certificate
+    /// depends on them, and it was built at start. On any error the old tokens stay.
+    pub fn reload_tokens(&self, config: &DaemonConfig) -> Result<&'static str, String> {
+        let mut tokens = self.tokens.write().unwrap_or_else(|e| e.into_inner());
+        if tokens.client.is_some() != config.token_file.is_some()
+            || tokens.admin.is_some() != config.admin_token_file.is_some()
+        {
+            return Err("token files added or removed: needs a restart".to_owned());
+        }
+        if tokens.client.is_none() && tokens.admin.is_none() {
+            return Ok("no token files");
+        }
+        let load = |path: Option<&std::path::Path>| {
+            path.map(Tokens::load)
+                .transpose()
+                .map_err(|e| e.to_string())
+        };
+        let client = load(config.token_file.as_deref())?;
+        let admin = load(config.admin_token_file.as_deref())?;
+        *tokens = TokenFiles { client, admin };
+        Ok("token files read again")
+    }
+
     /// Reads the certificates, keys and token files the configuration names.
     pub fn load(config: &DaemonConfig) -> Result<Auth, StartError> {
         let client_tokens = config.token_file.as_deref().map(Tokens::load).transpose()?;
@@ -104,8 +134,10 @@ impl Auth {
         };
         Ok(Auth {
             tls,
-            client_tokens,
-            admin_tokens,
+            tokens: std::sync::RwLock::new(TokenFiles {
+                client: client_tokens,
+                admin: admin_tokens,
+            }),
             admin_names: config.tls_admin_names.clone(),
             required: tokens || client_ca,
         })
@@ -119,12 +151,13 @@ impl Auth {
         token: Option<&str>,
     ) -> Result<Identity, &'static str> {
         if let Some(token) = token {
-            let admin = self
-                .admin_tokens
+            let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
+            let admin = tokens
+                .admin
                 .as_ref()
                 .is_some_and(|t| t.matches(token.as_bytes()));
-            let client = self
-                .client_tokens
+            let client = tokens
+                .client
                 .as_ref()
                 .is_some_and(|t| t.matches(token.as_bytes()));
             return match (admin, client) {

@@ -120,7 +120,7 @@ pub(crate) struct EventLoop {
     stop: Arc<AtomicBool>,
     unix: mio::net::UnixListener,
     tcp: Option<mio::net::TcpListener>,
-    auth: Auth,
+    auth: Arc<Auth>,
     conns: Vec<Option<Conn>>,
     free_slots: Vec<usize>,
     next_serial: u64,
@@ -162,7 +162,7 @@ pub(crate) fn create(
     engine: Arc<Engine>,
     unix: std::os::unix::net::UnixListener,
     tcp: Option<std::net::TcpListener>,
-    auth: Auth,
+    auth: Arc<Auth>,
 ) -> Result<(EventLoop, LoopHandle), StartError> {
     let poll = Poll::new().map_err(StartError::EventLoop)?;
     let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(StartError::EventLoop)?);
