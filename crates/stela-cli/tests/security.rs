@@ -713,3 +713,62 @@ fn sighup_rotates_the_tokens() {
     assert_eq!(accepted.status.code(), Some(0), "{}", text(&accepted));
     daemon.terminate();
 }
+
+/// `AsyncWal` speaks TLS with a token as the blocking client does: it commits through a TLS
+/// daemon, and a wrong token is refused.
+#[test]
+fn the_async_client_speaks_tls() {
+    let setup = setup();
+    let (cert, key) = &setup.server;
+    let mut daemon = Daemon::start(
+        &setup.dir,
+        &[
+            "--tcp",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(cert),
+            "--tls-key",
+            s(key),
+            "--token-file",
+            s(&setup.client_tokens),
+        ],
+    );
+    let addr = tcp_addr(&mut daemon);
+    let port = addr.rsplit_once(':').unwrap().1.to_owned();
+    let target = |tokens: &Path| {
+        TlsTarget::new(&format!("tls://localhost:{port}"), &setup.ca.cert)
+            .unwrap()
+            .token_file(tokens)
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let wal: stela_client::AsyncWal<String> = stela_client::AsyncWal::open(
+            stela_client::Address::Tls(Box::new(target(&setup.client_tokens))),
+            "async-tls",
+            stela_client::WalOptions::default(),
+        )
+        .await
+        .unwrap();
+        let lsn = wal.append_durable(&"over tls".to_owned()).await.unwrap();
+        wal.commit_at(lsn, stela_client::Durability::Disk)
+            .await
+            .unwrap();
+        let mut records = wal.iter();
+        let first = records.next().await.unwrap().unwrap();
+        assert_eq!(first.1, "over tls");
+        wal.close().await.unwrap();
+
+        let refused = stela_client::AsyncWal::<String>::open(
+            stela_client::Address::Tls(Box::new(target(&setup.wrong_token))),
+            "async-tls",
+            stela_client::WalOptions::default(),
+        )
+        .await;
+        let error = refused.err().expect("a wrong token was let in");
+        assert!(error.to_string().contains("wrong token"), "{error}");
+    });
+    daemon.terminate();
+}

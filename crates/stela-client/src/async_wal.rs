@@ -167,6 +167,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             address: address.to_string(),
             source,
         };
+        let mut token = None;
         let (reader, writer): (
             Box<dyn AsyncRead + Send + Unpin>,
             Box<dyn AsyncWrite + Send + Unpin>,
@@ -186,11 +187,10 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 let (r, w) = stream.into_split();
                 (Box::new(r), Box::new(w))
             }
-            Address::Tls(_) => {
-                return Err(connect_err(std::io::Error::new(
-                    std::io::ErrorKind::Unsupported,
-                    "AsyncWal does not speak TLS yet: use Wal (blocking) for a tls:// daemon",
-                )))
+            Address::Tls(target) => {
+                let (read, write, sent) = crate::tls::connect_async(target).await?;
+                token = sent;
+                (read, write)
             }
         };
         let shared = Arc::new(Shared {
@@ -203,7 +203,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 version: PROTOCOL_VERSION,
                 client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")),
                 role: stela_proto::Role::Client,
-                token: None,
+                token,
             })
             .await?;
         if !matches!(hello, ResponseBody::Welcome { .. }) {

@@ -149,6 +149,41 @@ pub(crate) fn connect(target: &TlsTarget) -> Result<Connected> {
     ))
 }
 
+/// The async halves [`crate::AsyncWal`] uses, and the token for its Hello.
+pub(crate) type AsyncConnected = (
+    Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+    Option<String>,
+);
+
+/// [`connect`] for async callers: the same configuration and checks, over tokio-rustls.
+pub(crate) async fn connect_async(target: &TlsTarget) -> Result<AsyncConnected> {
+    let connect_err = |source: io::Error| Error::Connect {
+        address: target.to_string(),
+        source,
+    };
+    let config = tls::client_config(&ClientTlsFiles {
+        ca: target.ca.clone(),
+        identity: target.client_cert.clone(),
+    })?;
+    let name = tls::server_name(target.server_name.as_deref().unwrap_or(&target.host))?;
+    let token = target
+        .token_file
+        .as_deref()
+        .map(tls::read_client_token)
+        .transpose()?;
+    let tcp = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
+        .await
+        .map_err(connect_err)?;
+    tcp.set_nodelay(true).map_err(connect_err)?;
+    let stream = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(connect_err)?;
+    let (read, write) = tokio::io::split(stream);
+    Ok((Box::new(read), Box::new(write), token))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
