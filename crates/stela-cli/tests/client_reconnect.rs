@@ -100,3 +100,47 @@ fn without_a_daemon_the_client_gives_up_naming_the_address() {
         "{second}"
     );
 }
+
+#[test]
+fn an_async_client_survives_a_daemon_restart() {
+    let base = tempdir();
+    let dir = base.path().join("d");
+    let daemon = Daemon::start(&dir, &[]);
+    let socket = daemon.socket();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let restarted = runtime.block_on(async {
+        let wal: stela_client::AsyncWal<String> = stela_client::AsyncWal::open(
+            socket.as_path(),
+            "r",
+            WalOptions::default()
+                .durability(Durability::Disk)
+                .reconnect_within(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+        wal.append_durable(&"before".to_owned()).await.unwrap();
+        daemon.kill();
+        // Restart the daemon while the next call may already be reconnecting: it either
+        // finds the connection gone (Disconnected, not retried) or reconnects and succeeds.
+        let restarted = Daemon::start(&dir, &[]);
+        let mut expected = vec!["before".to_owned()];
+        match wal.append_durable(&"maybe".to_owned()).await {
+            Ok(_) => expected.push("maybe".to_owned()),
+            Err(lost) => assert!(matches!(lost, Error::Disconnected { .. }), "{lost}"),
+        }
+        wal.append_durable(&"after".to_owned()).await.unwrap();
+        let mut read = Vec::new();
+        let mut records = wal.iter();
+        while let Some(item) = records.next().await {
+            read.push(item.unwrap().1);
+        }
+        expected.push("after".to_owned());
+        assert_eq!(read, expected);
+        wal.close().await.unwrap();
+        restarted
+    });
+    restarted.terminate();
+}

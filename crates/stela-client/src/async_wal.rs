@@ -3,8 +3,9 @@
 //! hands each to the call that waits for it.
 //!
 //! Invariants: an id is registered before its request is written, so an answer always finds
-//! its caller; if the connection fails, every call in flight and every later call gets the
-//! error (none waits forever). The daemon answers a connection's requests in order, so a `disk`
+//! its caller; if the connection fails, every call in flight gets the error (none waits
+//! forever, none is sent again), and the next call reconnects and reopens the log within
+//! `WalOptions::reconnect_within`, else fails naming the address. The daemon answers a connection's requests in order, so a `disk`
 //! commit delays the answers queued behind it on the same connection; open one `AsyncWal` per
 //! independent stream of commits if that matters.
 //!
@@ -77,6 +78,15 @@ impl Shared {
         }
     }
 
+    fn is_broken(&self) -> bool {
+        self.broken_reason().is_some()
+    }
+
+    fn broken_reason(&self) -> Option<String> {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.broken.clone()
+    }
+
     fn fail(&self, message: &str) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.broken.get_or_insert_with(|| message.to_owned());
@@ -133,8 +143,7 @@ impl Shared {
 /// A typed log held by the daemon, for async callers. Cheap to clone; clones share the
 /// connection and may be used from many tasks at once.
 pub struct AsyncWal<T> {
-    shared: Arc<Shared>,
-    handle: u32,
+    session: Arc<Session>,
     options: WalOptions,
     max_record_bytes: usize,
     appended: Arc<AtomicU64>,
@@ -144,14 +153,96 @@ pub struct AsyncWal<T> {
 impl<T> Clone for AsyncWal<T> {
     fn clone(&self) -> Self {
         AsyncWal {
-            shared: Arc::clone(&self.shared),
-            handle: self.handle,
+            session: Arc::clone(&self.session),
             options: self.options.clone(),
             max_record_bytes: self.max_record_bytes,
             appended: Arc::clone(&self.appended),
             _records: PhantomData,
         }
     }
+}
+
+/// Where the log is and the connection to it now; replaced when a call finds the connection
+/// broken (the daemon restarted) and the next call reconnects. Shared by clones.
+struct Session {
+    address: Address,
+    name: String,
+    type_tag: String,
+    current: tokio::sync::Mutex<(Arc<Shared>, u32)>,
+}
+
+/// Connects, says hello, opens the log. Returns the connection, the handle, where the log
+/// stands and the largest record the daemon takes.
+async fn connect_session(
+    address: &Address,
+    name: &str,
+    type_tag: &str,
+    options: &WalOptions,
+) -> Result<(Arc<Shared>, u32, Positions, usize)> {
+    let connect_err = |source| Error::Connect {
+        address: address.to_string(),
+        source,
+    };
+    let mut token = None;
+    let (reader, writer): (
+        Box<dyn AsyncRead + Send + Unpin>,
+        Box<dyn AsyncWrite + Send + Unpin>,
+    ) = match address {
+        Address::Unix(path) => {
+            let (r, w) = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(connect_err)?
+                .into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Address::Tcp(addr) => {
+            let stream = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(connect_err)?;
+            stream.set_nodelay(true)?;
+            let (r, w) = stream.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Address::Tls(target) => {
+            let (read, write, sent) = crate::tls::connect_async(target).await?;
+            token = sent;
+            (read, write)
+        }
+    };
+    let shared = Arc::new(Shared {
+        writer: tokio::sync::Mutex::new(writer),
+        pending: Mutex::new(Pending::default()),
+    });
+    tokio::spawn(Arc::clone(&shared).read_answers(reader));
+    let hello = shared
+        .request(RequestBody::Hello {
+            version: PROTOCOL_VERSION,
+            client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")),
+            role: stela_proto::Role::Client,
+            token,
+        })
+        .await?;
+    if !matches!(hello, ResponseBody::Welcome { .. }) {
+        return Err(unexpected("Hello", hello));
+    }
+    let answer = shared
+        .request(RequestBody::Open {
+            log: name.to_owned(),
+            codec: options.codec.name().to_owned(),
+            type_tag: type_tag.to_owned(),
+            create: options.create_if_missing,
+            durability: Some(options.durability),
+        })
+        .await?;
+    let ResponseBody::Opened {
+        handle,
+        positions,
+        max_record_bytes,
+    } = answer
+    else {
+        return Err(unexpected("Open", answer));
+    };
+    Ok((shared, handle, positions, max_record_bytes as usize))
 }
 
 impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
@@ -163,89 +254,92 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         Error: From<A::Error>,
     {
         let address = address.try_into()?;
-        let connect_err = |source| Error::Connect {
-            address: address.to_string(),
-            source,
-        };
-        let mut token = None;
-        let (reader, writer): (
-            Box<dyn AsyncRead + Send + Unpin>,
-            Box<dyn AsyncWrite + Send + Unpin>,
-        ) = match &address {
-            Address::Unix(path) => {
-                let (r, w) = tokio::net::UnixStream::connect(path)
-                    .await
-                    .map_err(connect_err)?
-                    .into_split();
-                (Box::new(r), Box::new(w))
-            }
-            Address::Tcp(addr) => {
-                let stream = tokio::net::TcpStream::connect(addr)
-                    .await
-                    .map_err(connect_err)?;
-                stream.set_nodelay(true)?;
-                let (r, w) = stream.into_split();
-                (Box::new(r), Box::new(w))
-            }
-            Address::Tls(target) => {
-                let (read, write, sent) = crate::tls::connect_async(target).await?;
-                token = sent;
-                (read, write)
-            }
-        };
-        let shared = Arc::new(Shared {
-            writer: tokio::sync::Mutex::new(writer),
-            pending: Mutex::new(Pending::default()),
-        });
-        tokio::spawn(Arc::clone(&shared).read_answers(reader));
-        let hello = shared
-            .request(RequestBody::Hello {
-                version: PROTOCOL_VERSION,
-                client: format!("stela-client async {}", env!("CARGO_PKG_VERSION")),
-                role: stela_proto::Role::Client,
-                token,
-            })
-            .await?;
-        if !matches!(hello, ResponseBody::Welcome { .. }) {
-            return Err(unexpected("Hello", hello));
-        }
         let type_tag = options
             .type_tag
             .clone()
             .unwrap_or_else(stela_format::default_type_tag::<T>);
-        let answer = shared
-            .request(RequestBody::Open {
-                log: name.to_owned(),
-                codec: options.codec.name().to_owned(),
-                type_tag,
-                create: options.create_if_missing,
-                durability: Some(options.durability),
-            })
-            .await?;
-        let ResponseBody::Opened {
-            handle,
-            positions,
-            max_record_bytes,
-        } = answer
-        else {
-            return Err(unexpected("Open", answer));
-        };
+        let (shared, handle, positions, max_record_bytes) =
+            connect_session(&address, name, &type_tag, &options).await?;
         Ok(AsyncWal {
-            shared,
-            handle,
+            session: Arc::new(Session {
+                address,
+                name: name.to_owned(),
+                type_tag,
+                current: tokio::sync::Mutex::new((shared, handle)),
+            }),
             options,
-            max_record_bytes: max_record_bytes as usize,
+            max_record_bytes,
             appended: Arc::new(AtomicU64::new(positions.last_lsn)),
             _records: PhantomData,
         })
     }
 
+    /// Sends the request `make(handle)` on the current connection, reconnecting first if an
+    /// earlier call found it broken. A call that finds it broken fails with
+    /// [`Error::Disconnected`] and is never sent again (as for the blocking client).
+    async fn call(
+        &self,
+        what: &'static str,
+        make: impl FnOnce(u32) -> RequestBody,
+    ) -> Result<ResponseBody> {
+        let (shared, handle) = {
+            let mut current = self.session.current.lock().await;
+            if current.0.is_broken() {
+                self.reconnect(&mut current).await?;
+            }
+            (Arc::clone(&current.0), current.1)
+        };
+        match shared.request(make(handle)).await {
+            Err(error) if crate::wal::connection_lost(&error) => Err(Error::Disconnected {
+                address: self.session.address.to_string(),
+                during: what,
+                cause: error.to_string(),
+            }),
+            other => other,
+        }
+    }
+
+    async fn reconnect(&self, current: &mut (Arc<Shared>, u32)) -> Result<()> {
+        let session = &self.session;
+        let cause = current.0.broken_reason().unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + self.options.reconnect_within;
+        let mut pause = std::time::Duration::from_millis(5);
+        loop {
+            match connect_session(
+                &session.address,
+                &session.name,
+                &session.type_tag,
+                &self.options,
+            )
+            .await
+            {
+                Ok((shared, handle, positions, _)) => {
+                    *current = (shared, handle);
+                    // What the new daemon holds is what counts as appended now.
+                    self.appended.store(positions.last_lsn, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(error) if tokio::time::Instant::now() >= deadline => {
+                    return Err(Error::Reconnect {
+                        address: session.address.to_string(),
+                        waited: self.options.reconnect_within,
+                        cause,
+                        last: error.to_string(),
+                    })
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
     async fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
         let payloads = encode_records(self.options.codec, self.max_record_bytes, records)?;
         let answer = self
-            .shared
-            .request(RequestBody::Append {
-                handle: self.handle,
+            .call("append", |handle| RequestBody::Append {
+                handle,
                 durability,
                 records: payloads,
             })
@@ -293,9 +387,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             return Ok(());
         }
         match self
-            .shared
-            .request(RequestBody::Commit {
-                handle: self.handle,
+            .call("commit", |handle| RequestBody::Commit {
+                handle,
                 lsn: lsn.get(),
                 durability,
             })
@@ -308,10 +401,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
 
     pub async fn positions(&self) -> Result<Positions> {
         match self
-            .shared
-            .request(RequestBody::Positions {
-                handle: self.handle,
-            })
+            .call("positions", |handle| RequestBody::Positions { handle })
             .await?
         {
             ResponseBody::Positions(positions) => Ok(positions),
@@ -357,10 +447,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             self.commit(Lsn::new(last)).await?;
         }
         match self
-            .shared
-            .request(RequestBody::Close {
-                handle: self.handle,
-            })
+            .call("close", |handle| RequestBody::Close { handle })
             .await?
         {
             ResponseBody::Closed => Ok(()),
@@ -372,9 +459,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     /// buffers included), and the LSN to ask for next. Empty when `from` is past the end.
     pub async fn read_from(&self, from: Lsn, max_records: u32) -> Result<(Vec<(Lsn, T)>, Lsn)> {
         let answer = self
-            .shared
-            .request(RequestBody::Read {
-                handle: self.handle,
+            .call("read", |handle| RequestBody::Read {
+                handle,
                 from: from.get().max(1),
                 max_records: max_records.max(1),
                 max_bytes: 1 << 20,
@@ -392,9 +478,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
 
     pub async fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
         match self
-            .shared
-            .request(RequestBody::Truncate {
-                handle: self.handle,
+            .call("truncate", |handle| RequestBody::Truncate {
+                handle,
                 before: lsn.get(),
             })
             .await?

@@ -205,7 +205,7 @@ impl<T> std::fmt::Debug for Wal<T> {
 
 /// Whether a call's error means the connection itself is gone (the daemon died or restarted,
 /// or the stream is out of step), rather than a refusal the connection survives.
-fn connection_lost(error: &Error) -> bool {
+pub(crate) fn connection_lost(error: &Error) -> bool {
     matches!(error, Error::Io(_) | Error::Frame(_))
 }
 
