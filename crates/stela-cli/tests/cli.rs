@@ -227,3 +227,42 @@ fn the_settings_page_gives_the_defaults_the_daemon_has() {
         );
     }
 }
+
+/// A log written with `field_names` dumps its MessagePack records with their field names; the
+/// default (compact) log dumps them as arrays.
+#[test]
+fn dump_shows_field_names_of_a_log_written_with_them() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Withdrawal {
+        account: u32,
+        amount: i64,
+        memo: String,
+    }
+    for (named, expected) in [
+        (
+            true,
+            serde_json::json!({"account": 2, "amount": -5, "memo": "withdraw"}),
+        ),
+        (false, serde_json::json!([2, -5, "withdraw"])),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let wal: stela_wal::Wal<Withdrawal> = stela_wal::Wal::open(
+            dir.path(),
+            stela_wal::WalOptions::default().field_names(named),
+        )
+        .unwrap();
+        let lsn = wal
+            .append(&Withdrawal {
+                account: 2,
+                amount: -5,
+                memo: "withdraw".into(),
+            })
+            .unwrap();
+        wal.commit(lsn).unwrap();
+        wal.close().unwrap();
+        let out = stela(&["wal", "dump", dir.path().to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(line["record"], expected, "field_names {named}");
+    }
+}

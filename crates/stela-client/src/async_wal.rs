@@ -336,7 +336,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     }
 
     async fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
-        let payloads = encode_records(self.options.codec, self.max_record_bytes, records)?;
+        let payloads = encode_records(&self.options, self.max_record_bytes, records)?;
         let answer = self
             .call("append", |handle| RequestBody::Append {
                 handle,

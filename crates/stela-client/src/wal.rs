@@ -40,6 +40,9 @@ fn ring_error(error: ShmError) -> Error {
 #[derive(Clone, Debug)]
 pub struct WalOptions {
     pub codec: Codec,
+    /// MessagePack only: write structs as maps of their field names, so `stela wal dump` shows
+    /// them, at the cost of the names' bytes in every record (docs/FORMAT.md). Off by default.
+    pub field_names: bool,
     /// What `commit` and `append_durable` wait for.
     pub durability: Durability,
     /// Name of the record type checked against the log's header; defaults to the Rust type name,
@@ -85,6 +88,7 @@ impl Default for WalOptions {
     fn default() -> WalOptions {
         WalOptions {
             codec: Codec::MessagePack,
+            field_names: false,
             durability: Durability::Buffered,
             type_tag: None,
             create_if_missing: true,
@@ -108,6 +112,12 @@ impl WalOptions {
 
     pub fn codec(mut self, codec: Codec) -> Self {
         self.codec = codec;
+        self
+    }
+
+    /// MessagePack structs as maps with their field names (see [`WalOptions::field_names`]).
+    pub fn field_names(mut self, on: bool) -> Self {
+        self.field_names = on;
         self
     }
 
@@ -150,14 +160,17 @@ impl WalOptions {
 /// Encodes records with the log's codec, refusing any larger than the daemon accepts (before
 /// anything is sent, so a batch is all or nothing).
 pub(crate) fn encode_records<T: Serialize>(
-    codec: Codec,
+    options: &WalOptions,
     max: usize,
     records: &[T],
 ) -> Result<Vec<Payload>> {
     records
         .iter()
         .map(|record| {
-            let bytes = codec.encode(record)?;
+            let mut bytes = Vec::new();
+            options
+                .codec
+                .encode_into_named(record, &mut bytes, options.field_names)?;
             if bytes.len() > max {
                 return Err(Error::RecordTooLarge {
                     bytes: bytes.len(),
@@ -377,7 +390,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
     }
 
     fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
-        let payloads = encode_records(self.options.codec, self.max_record_bytes, records)?;
+        let payloads = encode_records(&self.options, self.max_record_bytes, records)?;
         let last_lsn = self.call("append", |session| {
             let slices: Vec<&[u8]> = payloads.iter().map(|p| p.0.as_slice()).collect();
             if let Some((_, last)) = Self::through_ring(

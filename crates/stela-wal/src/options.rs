@@ -33,6 +33,9 @@ pub enum RecoveryMode {
 #[derive(Clone, Debug)]
 pub struct WalOptions {
     pub codec: Codec,
+    /// MessagePack only: write structs as maps of their field names, so `stela wal dump` shows
+    /// them, at the cost of the names' bytes in every record (see FORMAT.md). Off by default.
+    pub field_names: bool,
     pub sync: SyncMode,
     /// Size of each segment file, preallocated when the segment is created.
     pub segment_bytes: u64,
@@ -55,6 +58,7 @@ impl Default for WalOptions {
     fn default() -> WalOptions {
         WalOptions {
             codec: Codec::MessagePack,
+            field_names: false,
             sync: SyncMode::Data,
             segment_bytes: 64 << 20,
             max_record_bytes: 16 << 20,
@@ -71,6 +75,12 @@ impl Default for WalOptions {
 impl WalOptions {
     pub fn codec(mut self, codec: Codec) -> Self {
         self.codec = codec;
+        self
+    }
+
+    /// MessagePack structs as maps with their field names (see [`WalOptions::field_names`]).
+    pub fn field_names(mut self, on: bool) -> Self {
+        self.field_names = on;
         self
     }
     pub fn sync(mut self, sync: SyncMode) -> Self {

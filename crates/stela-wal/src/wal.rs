@@ -37,6 +37,7 @@ use stela_format::{Codec, Lsn};
 pub struct Wal<T> {
     log: Log,
     codec: Codec,
+    field_names: bool,
     _records: PhantomData<fn(T) -> T>,
 }
 
@@ -45,6 +46,7 @@ impl<T> Clone for Wal<T> {
         Wal {
             log: self.log.clone(),
             codec: self.codec,
+            field_names: self.field_names,
             _records: PhantomData,
         }
     }
@@ -57,8 +59,9 @@ thread_local! {
 
 impl<T: Serialize + DeserializeOwned> Wal<T> {
     /// Opens or creates the log in `dir`. The record type is recorded in the log (as
-    /// `options.type_tag`, by default [`stela_format::default_type_tag`]: the type name without module paths), and so is the codec:
-    /// opening with another of either is an error, never a stream of garbage records.
+    /// `options.type_tag`, by default [`stela_format::default_type_tag`]: the type name without
+    /// module paths), and so is the codec: opening with another of either is an error, never a
+    /// stream of garbage records.
     ///
     /// # Errors
     /// See [`Log::open`].
@@ -67,11 +70,12 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             .type_tag
             .clone()
             .unwrap_or_else(stela_format::default_type_tag::<T>);
-        let codec = options.codec;
+        let (codec, field_names) = (options.codec, options.field_names);
         let log = Log::open(dir, options, &tag)?;
         Ok(Wal {
             log,
             codec,
+            field_names,
             _records: PhantomData,
         })
     }
@@ -173,7 +177,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
 
     fn encode(&self, record: &T, out: &mut Vec<u8>) -> Result<()> {
         self.codec
-            .encode_into(record, out)
+            .encode_into_named(record, out, self.field_names)
             .map_err(|source| Error::Codec { lsn: None, source })
     }
 }
