@@ -1,9 +1,10 @@
 //! `stela status` as a health check, against a real `stela serve` process: exit 0 and
 //! "health: ok" while the daemon takes writes; exit 3 with the reason (text and JSON) while a
-//! power-fail notice is in force; healthy again after power-restore. (A stopped log and a log
-//! waiting for space are covered by the unit tests of `service::health_problems` over the status
-//! report, and the daemon's own tests check that the report shows them.) No daemon at all is
-//! exit 6, "no daemon answers", not a verdict on its health.
+//! power-fail notice is in force; healthy again after power-restore; exit 3 naming the log when a
+//! log's sync failed (a daemon in this process whose storage injects the failure, asked by the
+//! real `stela status`). A log waiting for space is covered by the unit tests of
+//! `service::health_problems` and the daemon's disk-full test. No daemon at all is exit 6, "no
+//! daemon answers", not a verdict on its health.
 
 mod common;
 
@@ -60,4 +61,51 @@ fn status_of_no_daemon_is_an_error_not_a_health_verdict() {
     let out = stela(&["status", "--dir", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     assert!(text(&out).contains("stela serve"), "{}", text(&out));
+}
+
+/// A log whose sync failed makes `stela status` (the real command, against a daemon whose
+/// storage injects the failure) exit 3, naming the log and the cause.
+#[test]
+fn a_stopped_log_makes_status_unhealthy() {
+    use std::sync::Arc;
+    use stela_wal::storage::FaultStorage;
+    let socket_dir = tempdir();
+    let fault = FaultStorage::new();
+    let mut config = stela_server::DaemonConfig::new("/stela");
+    config.socket = Some(socket_dir.path().join("stela.sock"));
+    config.storage = Arc::new(fault.clone());
+    config.assume_write_rate = Some(500 << 20);
+    let server = stela_server::Server::start(config).unwrap();
+    let socket = server.socket_path().to_str().unwrap().to_owned();
+    let healthy = stela(&["status", "--socket", &socket]);
+    assert_eq!(healthy.status.code(), Some(0), "{}", text(&healthy));
+
+    let wal: stela_client::Wal<String> = stela_client::Wal::open(
+        socket.as_str(),
+        "failing",
+        stela_client::WalOptions::default().durability(stela_client::Durability::Disk),
+    )
+    .unwrap();
+    wal.append_durable(&"synced".to_owned()).unwrap();
+    fault.fail_sync_after(0);
+    let refused = wal.append_durable(&"not synced".to_owned()).unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(stela_client::ErrorCode::LogStopped),
+        "{refused}"
+    );
+
+    let out = stela(&["status", "--socket", &socket]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let shown = text(&out);
+    assert!(
+        shown.contains("failing") && shown.contains("STOPPED"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("health: UNHEALTHY: log failing stopped"),
+        "{shown}"
+    );
+    drop(wal);
+    let _ = server.shutdown();
 }
