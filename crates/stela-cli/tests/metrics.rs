@@ -76,6 +76,11 @@ fn a_scrape_shows_what_the_daemon_did() {
     let disk = value(&after, "stela_commit_requests_total{level=\"disk\"}").unwrap();
     assert!(buffered >= 30.0, "buffered {buffered}:\n{after}");
     assert!(disk >= 10.0, "disk {disk}:\n{after}");
+    // Acknowledged: every one of them (nothing was refused), by level.
+    let acked_buffered = value(&after, "stela_commits_total{level=\"buffered\"}").unwrap();
+    let acked_disk = value(&after, "stela_commits_total{level=\"disk\"}").unwrap();
+    assert_eq!(acked_buffered, 30.0, "{after}");
+    assert_eq!(acked_disk, 10.0, "{after}");
     assert!(
         value(&after, "stela_flush_seconds_count").unwrap() >= 1.0,
         "{after}"

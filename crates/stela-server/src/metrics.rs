@@ -1,6 +1,7 @@
 //! The daemon's Prometheus metrics and the `/metrics` endpoint (`stela serve --metrics ADDR`).
 //!
-//! Owns: the registry, the counters the hot paths bump (one atomic add each: requests by level,
+//! Owns: the registry, the counters the hot paths bump (one atomic add each: requests and
+//! acknowledgements by level,
 //! flushes, failed writes), and the gauges set from the engine's and the event loop's own
 //! statistics at scrape time (dirty and buffered bytes against the cap, connections, refusals,
 //! power state), so a scrape costs the hot paths nothing.
@@ -31,6 +32,8 @@ pub struct Metrics {
     registry: Registry,
     /// Append and commit requests received, by the level asked, indexed as [`level_index`].
     commits: [Counter; 5],
+    /// Appends and commits acknowledged, by level, indexed as [`level_index`].
+    acknowledged: [Counter; 5],
     flush_bytes: Histogram,
     flush_seconds: Histogram,
     failed_writes: Counter,
@@ -85,6 +88,13 @@ impl Metrics {
             "commit_requests",
             "Append and commit requests received (socket and shared-memory ring), by the level asked",
             family,
+        );
+        let acked = Family::<Level, Counter>::default();
+        let acknowledged = LEVELS.map(|level| acked.get_or_create(&Level { level }).clone());
+        registry.register(
+            "commits",
+            "Appends and commits acknowledged, by the level they were acknowledged at",
+            acked,
         );
         let flush_bytes = Histogram::new(exponential_buckets(4096.0, 4.0, 10));
         registry.register(
@@ -142,6 +152,7 @@ impl Metrics {
         Metrics {
             registry,
             commits,
+            acknowledged,
             flush_bytes,
             flush_seconds,
             failed_writes,
@@ -160,6 +171,11 @@ impl Metrics {
     /// An append or commit request at `level` received.
     pub fn requested(&self, level: Durability) {
         self.commits[level_index(level)].inc();
+    }
+
+    /// An append or commit acknowledged at `level`.
+    pub fn acked(&self, level: Durability) {
+        self.acknowledged[level_index(level)].inc();
     }
 
     /// One flush of one log: `bytes` in `elapsed`, or a failure.

@@ -544,8 +544,11 @@ impl Conn {
 
     /// A `disk` waiter that answers request `id` through the inbox.
     fn waiter(ctx: &Ctx<'_>, id: u64, body: ResponseBody, log_name: String) -> Waiter {
-        let (inbox, me) = (Arc::clone(ctx.inbox), ctx.me);
+        let (inbox, me, engine) = (Arc::clone(ctx.inbox), ctx.me, Arc::clone(ctx.engine));
         Box::new(move |outcome| {
+            if outcome.is_ok() {
+                engine.metrics.acked(Durability::Disk);
+            }
             let result = outcome
                 .map(|()| body)
                 .map_err(|e| Error::from_pool(&log_name, e));
@@ -592,6 +595,7 @@ impl Conn {
         let waiter = Self::waiter(ctx, id, body.clone(), name);
         match ctx.engine.when_durable(log, lsn, waiter) {
             Ok(true) => {
+                ctx.engine.metrics.acked(Durability::Disk);
                 self.answer(id, body);
                 Progress::Idle
             }
@@ -691,7 +695,10 @@ impl Conn {
                             ResponseBody::Committed { lsn },
                         )
                     }
-                    Ok(()) => Ok(ResponseBody::Committed { lsn }),
+                    Ok(()) => {
+                        ctx.engine.metrics.acked(durability);
+                        Ok(ResponseBody::Committed { lsn })
+                    }
                     Err(error) => Err(error),
                 },
                 Err(error) => Err(error),
@@ -810,6 +817,7 @@ impl Conn {
         if durability == Durability::Unsafe && !answered {
             // Acknowledged on receipt, before the records are placed: the answer goes out even
             // if they then have to wait for space (or are refused).
+            ctx.engine.metrics.acked(Durability::Unsafe);
             self.answer(
                 id,
                 ResponseBody::Appended {
@@ -850,6 +858,7 @@ impl Conn {
                 if durability == Durability::Disk && last >= first {
                     self.after_durable(ctx, id, log, last, body)
                 } else {
+                    ctx.engine.metrics.acked(durability);
                     self.answer(id, body);
                     Progress::Idle
                 }

@@ -80,6 +80,7 @@ impl RingConn {
                 Placed::At(log, first, last) => {
                     self.ring.consume();
                     if !disk || last < first || last == 0 {
+                        engine.metrics.acked(entry.durability);
                         self.complete(seq, Ok((first, last)));
                         continue;
                     }
@@ -92,7 +93,10 @@ impl RingConn {
                         inbox.push_quiet(Event::RingDone(Box::new((completer, seq, log, done))));
                     });
                     match engine.when_durable(log, last, waiter) {
-                        Ok(true) => self.complete(seq, Ok((first, last))),
+                        Ok(true) => {
+                            engine.metrics.acked(Durability::Disk);
+                            self.complete(seq, Ok((first, last)))
+                        }
                         Ok(false) => {
                             self.pending = Some(seq);
                             break;
