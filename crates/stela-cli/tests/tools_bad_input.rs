@@ -200,7 +200,23 @@ fn lost_and_cut_segments_get_the_same_verdict_from_every_tool() {
     // A sealed segment is cut at each length, frame boundaries included; the newest is cut
     // inside its header.
     let first_len = std::fs::metadata(&files[0]).unwrap().len();
-    for keep in [0, 100, 256, 300, 500, first_len - 1] {
+    // Every frame boundary of the first segment (a sealed segment cut exactly between two
+    // records), and lengths inside the header and inside frames.
+    let bytes = std::fs::read(&files[0]).unwrap();
+    let mut boundaries = vec![256u64];
+    let mut at = 256usize;
+    while at + 4 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        at += 20 + len;
+        boundaries.push(at as u64);
+    }
+    assert!(boundaries.len() > 3, "{boundaries:?}");
+    let mut cuts = vec![0, 100, 300, 500, first_len - 1];
+    cuts.extend(&boundaries);
+    for keep in cuts {
         let cut = base.path().join(format!("cut{keep}"));
         copy_log(&original, &cut);
         let file = std::fs::OpenOptions::new()
