@@ -388,3 +388,28 @@ pub fn ring_seeds() -> Vec<(String, Vec<u8>)> {
     out.push(("result-slot".into(), slot));
     out
 }
+
+/// The seeds of `mirror_apply` (`tests/mirror_seeds.rs` writes them to `seeds/mirror_apply/`): a
+/// first segment shipped whole (mode byte 0: header and frames, no zero tail), and frames alone
+/// continuing an empty first segment (mode byte 1), in both codecs' sizes of the sample records.
+pub fn mirror_seeds() -> Vec<(String, Vec<u8>)> {
+    let whole = segment(Layout::V2, Codec::MessagePack, Lsn::FIRST, &sample_records(), 0);
+    let frames = whole[header::HEADER_BYTES..].to_vec();
+    let mut shipped_header = vec![0u8];
+    shipped_header.extend_from_slice(&whole);
+    let mut shipped_frames = vec![1u8];
+    shipped_frames.extend_from_slice(&frames);
+    // The header's capacity must hold the frames: ship it with the target's segment size.
+    let header_only = SegmentHeader {
+        capacity: SEGMENT_BYTES,
+        ..header(Codec::MessagePack, 0, Lsn::FIRST, SEGMENT_BYTES)
+    };
+    let mut with_capacity = vec![0u8];
+    with_capacity.extend_from_slice(&header_only.encode());
+    with_capacity.extend_from_slice(&frames);
+    vec![
+        ("segment-zero-capacity".into(), shipped_header),
+        ("frames".into(), shipped_frames),
+        ("segment".into(), with_capacity),
+    ]
+}

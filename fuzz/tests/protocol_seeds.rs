@@ -28,6 +28,8 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             RequestBody::Hello {
                 version: PROTOCOL_VERSION,
                 client: "stela-client 0.1.0".into(),
+                role: Default::default(),
+                token: None,
             },
         ),
         (
@@ -37,6 +39,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                 codec: "msgpack".into(),
                 type_tag: "app::Entry".into(),
                 create: true,
+                durability: None,
             },
         ),
         (

@@ -159,10 +159,10 @@ impl LogFiles {
 /// Every segment of a log, oldest first. Shared by the writer (which adds segments), readers
 /// and truncation; holds the directory lock.
 pub struct SegmentSet {
-    storage: Arc<dyn Storage>,
+    pub(crate) storage: Arc<dyn Storage>,
     dir: PathBuf,
     list: Mutex<Vec<SegmentFile>>,
-    max_payload: u32,
+    pub(crate) max_payload: u32,
     skip_damage: bool,
     _lock: Box<dyn Send + Sync>,
 }

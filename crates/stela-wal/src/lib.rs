@@ -6,6 +6,8 @@
 //! - [`files`]: the segment files without the group commit: [`LogFiles`] after recovery, the
 //!   [`SegmentWriter`] of the newest segment and the [`SegmentSet`] of all of them (what the log
 //!   daemon writes through, and the embedded log too).
+//! - [`mirror`]: a log filled byte for byte from another's segment bytes (a standby's copy of
+//!   its primary), and the reader that cuts those bytes out of the primary's files.
 //! - [`recovery`]: what happens at open: segment checks, torn-tail repair, salvage modes.
 //! - [`scan`]: the pure classification of a segment's bytes: records, torn tail, damage.
 //! - [`reader`]: the lazy, ordered reader that checks every frame.
@@ -35,6 +37,7 @@
 pub mod error;
 pub mod files;
 pub mod log;
+pub mod mirror;
 pub mod options;
 pub mod par_iter;
 pub mod reader;

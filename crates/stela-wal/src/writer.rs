@@ -157,10 +157,32 @@ impl SegmentWriter {
     /// # Panics
     /// If `start` is below the newest segment's first LSN.
     pub fn rotate(&mut self, start: Lsn) -> Result<()> {
+        let replaces = start == self.header.start_lsn;
+        self.rotate_to(SegmentHeader {
+            layout: Layout::CURRENT,
+            codec: self.header.codec,
+            segment_seq: self.header.segment_seq + u64::from(!replaces),
+            start_lsn: start,
+            capacity: self.new_capacity,
+            type_tag: self.header.type_tag.clone(),
+        })
+    }
+
+    /// As [`SegmentWriter::rotate`], creating exactly `header`: a standby mirroring its
+    /// primary byte for byte takes the primary's capacity and numbering
+    /// ([`crate::mirror`], which checks that `header` continues this log).
+    ///
+    /// # Errors
+    /// As [`SegmentWriter::rotate`].
+    ///
+    /// # Panics
+    /// If `header` starts below the newest segment.
+    pub fn rotate_to(&mut self, header: SegmentHeader) -> Result<()> {
         self.check_failure()?;
         assert!(
-            start >= self.header.start_lsn,
-            "segment starting at {start} after one starting at {}",
+            header.start_lsn >= self.header.start_lsn,
+            "segment starting at {} after one starting at {}",
+            header.start_lsn,
             self.header.start_lsn
         );
         // Seal: a failed fdatasync stops the writer for good, like any other.
@@ -172,22 +194,15 @@ impl SegmentWriter {
         // Create: nothing written is at stake any more. If the next segment cannot be made for
         // lack of space, the writer stays on its sealed segment and a later `rotate` tries
         // again with a new file; any other failure stops the writer as usual.
-        match self.create_next(start) {
+        match self.create_exact(header) {
             Err(error @ Error::DiskFull { .. }) => Err(error),
             result => self.record(result),
         }
     }
 
-    fn create_next(&mut self, start: Lsn) -> Result<()> {
+    fn create_exact(&mut self, header: SegmentHeader) -> Result<()> {
+        let start = header.start_lsn;
         let replaces = start == self.header.start_lsn;
-        let header = SegmentHeader {
-            layout: Layout::CURRENT,
-            codec: self.header.codec,
-            segment_seq: self.header.segment_seq + u64::from(!replaces),
-            start_lsn: start,
-            capacity: self.new_capacity,
-            type_tag: self.header.type_tag.clone(),
-        };
         let dir = self.segments.dir();
         self.file = create(self.storage.as_ref(), dir, &header)?;
         self.path = dir.join(segment_file_name(start));

@@ -1,0 +1,424 @@
+//! Mirroring a log byte for byte: the standby's end of log shipping and the primary's reader of
+//! what it must ship, so that both nodes hold identical segment files.
+//!
+//! A log is shipped as [`Chunk`]s: a stretch of one segment's bytes at an offset, exactly as the
+//! primary wrote (or will write) them. A chunk at offset 0 starts with a segment header (the
+//! primary's, capacity and numbering included); any other chunk holds whole frames that continue
+//! the mirror where it stands. [`Mirror::apply`] checks a chunk completely before it writes a byte
+//! of it; [`read_chunk`] cuts the next chunk out of the primary's files (catch-up, when the bytes
+//! are no longer in the primary's memory).
+//!
+//! Invariants:
+//! - **Nothing unchecked is written.** A chunk that does not continue the mirror exactly (wrong
+//!   segment, wrong offset, a frame that fails its checksum, an LSN out of sequence, a header of
+//!   another codec, record type or numbering, bytes beyond the segment's capacity) is refused
+//!   with [`MirrorError::Refused`] and changes nothing: a lying or confused peer cannot damage
+//!   the mirror, and the mirror stays usable.
+//! - **Recovery reads the mirror as it reads the primary.** Before writing a frame whose sync
+//!   base (the offset below which the *primary* had synced when it framed it) lies beyond what
+//!   the mirror has synced, the mirror syncs what it has written, so a torn write on the standby
+//!   is recognised exactly as on the primary (`docs/FORMAT.md`, torn last write).
+//! - **Segments are created whole and sealed in order** through [`SegmentWriter::rotate_to`]:
+//!   the previous segment is synced before the next exists.
+//! - **Fail stop.** A failed write or sync poisons the writer; every later call fails with it.
+
+use crate::error::{Error, Result};
+use crate::files::{LogFiles, SegmentSet};
+use crate::options::WalOptions;
+use crate::storage::OpenMode;
+use crate::writer::SegmentWriter;
+use std::path::Path;
+use std::sync::Arc;
+use stela_format::frame::{self, Decoded, Layout};
+use stela_format::header::HEADER_BYTES;
+use stela_format::{Lsn, SegmentHeader};
+
+/// A stretch of one segment's bytes, as the primary has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk<'a> {
+    /// First LSN of the segment the bytes belong to.
+    pub segment_start: Lsn,
+    /// Offset of `bytes[0]` in that segment; 0 when the chunk starts with the segment header.
+    pub offset: u64,
+    pub bytes: &'a [u8],
+}
+
+/// Where a mirror stands: the next chunk must start here (or at offset 0 of the segment
+/// starting at `next_lsn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub segment_start: Lsn,
+    /// Where the next frame goes in that segment.
+    pub offset: u64,
+    /// The LSN the next record must have.
+    pub next_lsn: Lsn,
+}
+
+/// Why a chunk was not mirrored.
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    /// The chunk does not continue the mirror; nothing was written.
+    #[error("chunk refused, nothing written: {0}")]
+    Refused(String),
+    /// Writing or syncing failed: the mirror is stopped (see [`Error::Poisoned`]).
+    #[error(transparent)]
+    Wal(#[from] Error),
+}
+
+/// A log being filled with another log's bytes. See the module documentation.
+#[derive(Debug)]
+pub struct Mirror {
+    writer: SegmentWriter,
+    /// The newest segment's header (as the writer's).
+    header: SegmentHeader,
+    segments: Arc<SegmentSet>,
+    position: Position,
+    /// Everything below this offset of the newest segment is synced.
+    synced_offset: u64,
+    /// Every record up to here is synced.
+    durable_lsn: Lsn,
+    max_payload: u32,
+}
+
+impl Mirror {
+    /// Opens (or creates) the log in `dir` to mirror into, recovering it as
+    /// [`crate::Log::open`] would; it continues from where its files end.
+    ///
+    /// # Errors
+    /// As [`LogFiles::open`].
+    pub fn open(dir: &Path, options: WalOptions, type_tag: &str) -> Result<Mirror> {
+        Mirror::from_files(LogFiles::open(dir, options, type_tag)?)
+    }
+
+    /// A mirror continuing `files`.
+    ///
+    /// # Errors
+    /// Reading the newest segment's header failed.
+    pub fn from_files(files: LogFiles) -> Result<Mirror> {
+        let path = files.writer.path();
+        let mut bytes = [0u8; HEADER_BYTES];
+        files
+            .segments
+            .storage
+            .open(path, OpenMode::Read)
+            .and_then(|file| file.read_exact_at(&mut bytes, 0))
+            .map_err(|e| Error::io("read header of", path, e))?;
+        let header = SegmentHeader::decode(&bytes).map_err(|reason| Error::BadHeader {
+            segment: path.to_path_buf(),
+            reason,
+        })?;
+        let max_payload = files.max_record_bytes() as u32;
+        let position = Position {
+            segment_start: files.writer.segment_start(),
+            offset: files.write_offset,
+            next_lsn: files.next_lsn,
+        };
+        Ok(Mirror {
+            writer: files.writer,
+            header,
+            segments: files.segments,
+            position,
+            synced_offset: files.durable_offset,
+            durable_lsn: Lsn::new(files.next_lsn.get() - 1),
+            max_payload,
+        })
+    }
+
+    /// Where the next chunk must start.
+    pub fn position(&self) -> Position {
+        self.position
+    }
+
+    /// The last LSN written (not necessarily synced); 0 for an empty log.
+    pub fn received_lsn(&self) -> u64 {
+        self.position.next_lsn.get() - 1
+    }
+
+    /// The last LSN synced; 0 for an empty log.
+    pub fn durable_lsn(&self) -> u64 {
+        self.durable_lsn.get()
+    }
+
+    /// The log's segments (for readers).
+    pub fn segments(&self) -> &Arc<SegmentSet> {
+        &self.segments
+    }
+
+    /// Checks `chunk` and writes it; returns the last LSN now written. Not durable until
+    /// [`Mirror::sync`].
+    ///
+    /// # Errors
+    /// [`MirrorError::Refused`] if the chunk does not continue the mirror (nothing written);
+    /// [`MirrorError::Wal`] if a write or sync failed (the mirror is stopped).
+    pub fn apply(&mut self, chunk: Chunk<'_>) -> std::result::Result<u64, MirrorError> {
+        let (header, frames_at, frames) = self.check(chunk)?;
+        if let Some(header) = header {
+            // The same header again (an empty segment shipped whole): nothing to replace.
+            if header.encode() != self.header.encode() {
+                self.writer.rotate_to(header.clone())?;
+                self.header = header;
+            }
+            self.position.segment_start = chunk.segment_start;
+            self.position.offset = HEADER_BYTES as u64;
+            self.synced_offset = HEADER_BYTES as u64;
+            // Rotation synced everything before the new segment.
+            self.durable_lsn = Lsn::new(self.position.next_lsn.get() - 1);
+        }
+        debug_assert_eq!(frames_at, self.position.offset);
+        // Write in stretches; before a frame whose sync base the mirror has not reached, sync
+        // what is written (module invariant: torn writes look the same on both nodes).
+        let body = &chunk.bytes[(frames_at - chunk.offset) as usize..];
+        let mut stretch_start = 0usize;
+        let mut at = 0usize;
+        for &(len, sync_base) in &frames {
+            let frame_offset = frames_at + at as u64;
+            if u64::from(sync_base) > self.synced_offset {
+                if at > stretch_start {
+                    self.writer.write_at(
+                        frames_at + stretch_start as u64,
+                        &[&body[stretch_start..at]],
+                    )?;
+                }
+                self.writer.sync()?;
+                self.synced_offset = frame_offset;
+                self.durable_lsn =
+                    Lsn::new(self.position.next_lsn.get() - 1 + count_frames_before(&frames, at));
+                stretch_start = at;
+            }
+            at += len;
+        }
+        if at > stretch_start {
+            self.writer.write_at(
+                frames_at + stretch_start as u64,
+                &[&body[stretch_start..at]],
+            )?;
+        }
+        self.position.offset = frames_at + at as u64;
+        self.position.next_lsn = Lsn::new(self.position.next_lsn.get() + frames.len() as u64);
+        Ok(self.received_lsn())
+    }
+
+    /// Makes everything written durable; returns the last LSN synced.
+    ///
+    /// # Errors
+    /// The failed sync (the mirror is stopped).
+    pub fn sync(&mut self) -> Result<u64> {
+        self.writer.sync()?;
+        self.synced_offset = self.position.offset;
+        self.durable_lsn = Lsn::new(self.position.next_lsn.get() - 1);
+        Ok(self.durable_lsn())
+    }
+
+    /// Checks a chunk without writing: the header it starts (if any), the offset its frames
+    /// start at, and each frame's length and sync base.
+    #[allow(clippy::type_complexity)]
+    fn check(
+        &self,
+        chunk: Chunk<'_>,
+    ) -> std::result::Result<(Option<SegmentHeader>, u64, Vec<(usize, u32)>), MirrorError> {
+        let refuse = |why: String| Err(MirrorError::Refused(why));
+        let here = self.position;
+        let current = &self.header;
+        let (header, frames_at, capacity) = if chunk.offset == 0 {
+            if chunk.bytes.len() < HEADER_BYTES {
+                return refuse(format!(
+                    "a chunk at offset 0 must start with the {HEADER_BYTES}-byte segment header; it has {} bytes",
+                    chunk.bytes.len()
+                ));
+            }
+            let header = match SegmentHeader::decode(&chunk.bytes[..HEADER_BYTES]) {
+                Ok(header) => header,
+                Err(error) => return refuse(format!("bad segment header: {error}")),
+            };
+            if header.start_lsn != chunk.segment_start || header.start_lsn != here.next_lsn {
+                return refuse(format!(
+                    "a segment starting at LSN {} (chunk says {}); the mirror's next LSN is {}",
+                    header.start_lsn, chunk.segment_start, here.next_lsn
+                ));
+            }
+            if header.layout != Layout::CURRENT {
+                return refuse(format!(
+                    "a version {} segment; only version {} is shipped",
+                    header.layout.version(),
+                    Layout::CURRENT.version()
+                ));
+            }
+            if header.codec != current.codec || !header.type_tag.same_as(&current.type_tag) {
+                return refuse(format!(
+                    "a segment of {} records in {}; this log holds {} records in {}",
+                    header.type_tag.shown, header.codec, current.type_tag.shown, current.codec
+                ));
+            }
+            let replaces = header.start_lsn == current.start_lsn;
+            let expected_seq = current.segment_seq + u64::from(!replaces);
+            if header.segment_seq != expected_seq {
+                return refuse(format!(
+                    "segment number {} where {} comes next",
+                    header.segment_seq, expected_seq
+                ));
+            }
+            if replaces && here.offset != HEADER_BYTES as u64 {
+                return refuse(format!(
+                    "a new segment starting at LSN {} would replace one that holds records",
+                    header.start_lsn
+                ));
+            }
+            if header.capacity < HEADER_BYTES as u64 || header.capacity > u64::from(u32::MAX) {
+                return refuse(format!("implausible segment capacity {}", header.capacity));
+            }
+            let capacity = header.capacity;
+            (Some(header), HEADER_BYTES as u64, capacity)
+        } else {
+            if chunk.segment_start != here.segment_start || chunk.offset != here.offset {
+                return refuse(format!(
+                    "bytes for segment {} at offset {}; the mirror continues segment {} at offset {}",
+                    chunk.segment_start, chunk.offset, here.segment_start, here.offset
+                ));
+            }
+            (None, chunk.offset, current.capacity)
+        };
+        let body = &chunk.bytes[(frames_at - chunk.offset) as usize..];
+        if frames_at + body.len() as u64 > capacity {
+            return refuse(format!(
+                "{} bytes at offset {frames_at} go beyond the segment's capacity {capacity}",
+                body.len()
+            ));
+        }
+        let mut frames = Vec::new();
+        let mut at = 0usize;
+        let mut lsn = here.next_lsn.get();
+        while at < body.len() {
+            match frame::decode_with_limit(Layout::CURRENT, &body[at..], self.max_payload) {
+                Decoded::Record(record) => {
+                    if record.lsn.get() != lsn {
+                        return refuse(format!(
+                            "record {} at offset {} where record {lsn} comes next",
+                            record.lsn,
+                            frames_at + at as u64
+                        ));
+                    }
+                    let sync_base = record.sync_base.unwrap_or(HEADER_BYTES as u32);
+                    if u64::from(sync_base) > frames_at + at as u64 {
+                        return refuse(format!(
+                            "record {lsn} claims its segment was synced up to {sync_base}, beyond its own offset {}",
+                            frames_at + at as u64
+                        ));
+                    }
+                    frames.push((record.frame_len(), sync_base));
+                    at += record.frame_len();
+                    lsn += 1;
+                }
+                Decoded::Unwritten => {
+                    return refuse(format!(
+                        "blank bytes at offset {} inside a chunk",
+                        frames_at + at as u64
+                    ))
+                }
+                Decoded::Incomplete { .. } => {
+                    return refuse(format!(
+                        "the chunk ends inside a record at offset {}",
+                        frames_at + at as u64
+                    ))
+                }
+                Decoded::Rejected(why) => {
+                    return refuse(format!("at offset {}: {why}", frames_at + at as u64))
+                }
+            }
+        }
+        Ok((header, frames_at, frames))
+    }
+}
+
+/// How many of `frames` start before byte `at` of the chunk body.
+fn count_frames_before(frames: &[(usize, u32)], at: usize) -> u64 {
+    let mut seen = 0usize;
+    frames
+        .iter()
+        .take_while(|(len, _)| {
+            let before = seen < at;
+            seen += len;
+            before
+        })
+        .count() as u64
+}
+
+/// The next chunk to ship to a mirror standing at `from`, read from the primary's files: whole
+/// frames of the segment `from` names, from its offset on, at most `max_bytes` of them (at least
+/// one frame), and only records below `end` (the first LSN the primary has not made durable:
+/// bytes not yet synced may still change on the primary's disk and are shipped from its memory
+/// instead). When `from` is at the end of its segment and the next segment exists, the chunk is
+/// that segment's header and first frames. `None`: nothing to ship below `end`.
+///
+/// # Errors
+/// An I/O error reading the segment, or [`Error::NotALog`]-style refusal when `from` is not a
+/// position in these files (a frame that does not check out where one should be).
+pub fn read_chunk(
+    segments: &SegmentSet,
+    from: Position,
+    end: Lsn,
+    max_bytes: usize,
+) -> Result<Option<(Lsn, u64, Vec<u8>)>> {
+    if from.next_lsn >= end {
+        return Ok(None);
+    }
+    let list = segments.list();
+    let Some(index) = list.iter().position(|s| s.start == from.segment_start) else {
+        return Err(Error::Truncated {
+            lsn: from.next_lsn,
+            first: list.first().map_or(Lsn::FIRST, |s| s.start),
+        });
+    };
+    let storage = &segments.storage;
+    let (segment, offset) = match list.get(index + 1) {
+        Some(next) if next.start == from.next_lsn => (next, 0u64),
+        // Nothing of this segment mirrored yet: its header goes too, since the mirror's empty
+        // segment of the same first LSN may have been made with another capacity.
+        _ if from.offset <= HEADER_BYTES as u64 => (&list[index], 0u64),
+        _ => (&list[index], from.offset),
+    };
+    let file = storage
+        .open(&segment.path, OpenMode::Read)
+        .map_err(|e| Error::io("open", &segment.path, e))?;
+    let len = file
+        .len()
+        .map_err(|e| Error::io("stat", &segment.path, e))?;
+    let want =
+        (max_bytes.max(HEADER_BYTES + frame::HEADER_BYTES) as u64).min(len - offset.min(len));
+    let mut buf = vec![0u8; want as usize];
+    let mut filled = 0usize;
+    while filled < buf.len() {
+        let n = file
+            .read_at(&mut buf[filled..], offset + filled as u64)
+            .map_err(|e| Error::io("read", &segment.path, e))?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    buf.truncate(filled);
+    let frames_at = if offset == 0 { HEADER_BYTES } else { 0 };
+    let mut at = frames_at;
+    let mut lsn = from.next_lsn.get();
+    while at < buf.len() && lsn < end.get() {
+        match frame::decode_with_limit(Layout::CURRENT, &buf[at..], segments.max_payload) {
+            Decoded::Record(record) if record.lsn.get() == lsn => {
+                at += record.frame_len();
+                lsn += 1;
+            }
+            Decoded::Incomplete { needed } if at == frames_at => {
+                // One frame larger than the read: read exactly it.
+                let mut whole = vec![0u8; needed];
+                file.read_exact_at(&mut whole, offset + at as u64)
+                    .map_err(|e| Error::io("read", &segment.path, e))?;
+                buf.truncate(at);
+                buf.extend_from_slice(&whole);
+            }
+            _ => break,
+        }
+    }
+    if at == frames_at && offset != 0 {
+        return Ok(None);
+    }
+    buf.truncate(at);
+    Ok(Some((segment.start, offset, buf)))
+}
