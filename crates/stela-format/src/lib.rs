@@ -14,6 +14,8 @@
 //! - [`header`]: the fixed header at the start of every segment file: magic, version (which
 //!   says the frame layout), codec, record type, segment sequence and first LSN.
 //! - [`segment_name`]: segment file names, which carry the first LSN of the segment.
+//! - [`term`]: terms and a replicated log's term history, its encoding, and the divergence point
+//!   of two copies of a log.
 //!
 //! ```
 //! use stela_format::{codec::Codec, frame, lsn::Lsn};
@@ -39,6 +41,7 @@ pub mod header;
 pub mod lsn;
 pub mod resync;
 pub mod segment_name;
+pub mod term;
 
 pub use codec::{Codec, CodecError};
 pub use frame::{Decoded, FrameRecord, Layout, Rejection};
