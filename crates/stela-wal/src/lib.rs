@@ -16,6 +16,7 @@
 //! - [`storage`]: the I/O trait and the real file system; with the `testing` feature, the
 //!   fault-injecting one (power cuts down to single sectors) and a forwarding wrapper for test
 //!   storages.
+//! - [`term_store`]: a replicated log's durable term state (current term, term history).
 //! - [`tools`]: verify, dump and repair, for the `stela wal` commands.
 //! - [`options`], [`error`]: how a log is opened and what can go wrong.
 //!
@@ -45,6 +46,7 @@ pub mod recovery;
 pub mod scan;
 pub mod segment;
 pub mod storage;
+pub mod term_store;
 pub mod tools;
 pub mod wal;
 pub mod writer;
@@ -56,5 +58,6 @@ pub use options::{RecoveryMode, SyncMode, WalOptions};
 pub use par_iter::ParIter;
 pub use reader::RawReader;
 pub use recovery::RecoveryReport;
+pub use term_store::TermStore;
 pub use stela_format::{Codec, Lsn};
 pub use wal::{Iter, Wal};
