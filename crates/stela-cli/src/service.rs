@@ -132,6 +132,18 @@ pub struct ServeArgs {
     /// Run the event loop with normal scheduling even where realtime is permitted.
     #[arg(long)]
     pub no_realtime: bool,
+    /// Primary role: ship every open log to the standby whose replication listener is at
+    /// HOST:PORT, and serve the `replicated` and `all` levels (loopback only until the stream
+    /// runs over TLS).
+    #[arg(long, value_name = "ADDR")]
+    pub standby: Option<std::net::SocketAddr>,
+    /// Standby role: take a primary's streams at ADDR and mirror its logs into DIR/logs,
+    /// byte for byte (loopback only until the stream runs over TLS).
+    #[arg(long, value_name = "ADDR")]
+    pub repl_listen: Option<std::net::SocketAddr>,
+    /// This node's name in replication messages and logs.
+    #[arg(long, default_value = "stela")]
+    pub node: String,
 }
 
 fn octal<S: serde::Serializer>(mode: &u32, serializer: S) -> Result<S::Ok, S::Error> {
@@ -234,6 +246,9 @@ impl ServeArgs {
         config.ring_bytes = self.ring_size;
         config.spin = Duration::from_micros(self.spin_us);
         config.realtime_loop = !self.no_realtime;
+        config.standby = self.standby;
+        config.repl_listen = self.repl_listen;
+        config.node = self.node.clone();
         config
     }
 }

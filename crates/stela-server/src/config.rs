@@ -102,6 +102,14 @@ pub struct DaemonConfig {
     /// React to SIGPWR (emergency flush) and SIGTERM/SIGINT (flush and stop). Only one daemon
     /// per process may.
     pub handle_signals: bool,
+    /// Primary role: ship every open log to the standby listening here, and serve `replicated`
+    /// and `all`. Loopback only until the replication stream runs over TLS.
+    pub standby: Option<std::net::SocketAddr>,
+    /// Standby role: take the primary's streams here and mirror them into `dir/logs`.
+    /// Loopback only until the replication stream runs over TLS.
+    pub repl_listen: Option<std::net::SocketAddr>,
+    /// This node's name in replication messages and logs.
+    pub node: String,
 }
 
 impl DaemonConfig {
@@ -138,6 +146,9 @@ impl DaemonConfig {
             realtime_loop: REALTIME_LOOP,
             storage: Arc::new(StdStorage),
             handle_signals: false,
+            standby: None,
+            repl_listen: None,
+            node: "stela".to_owned(),
         }
     }
 
@@ -160,6 +171,17 @@ impl DaemonConfig {
         }
         if !self.ring_bytes.is_power_of_two() || !(4096..=64 << 20).contains(&self.ring_bytes) {
             return Err("ring size must be a power of two between 4 KiB and 64 MiB".into());
+        }
+        for (flag, addr) in [
+            ("--standby", self.standby),
+            ("--repl-listen", self.repl_listen),
+        ] {
+            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+                return Err(format!(
+                    "{flag} {addr}: the replication stream has no TLS yet, so it runs on loopback \
+                     addresses only"
+                ));
+            }
         }
         self.check_tcp()
     }

@@ -45,6 +45,7 @@ pub mod metrics;
 #[cfg(not(loom))]
 mod net;
 pub mod pool;
+pub mod replication;
 #[cfg(not(loom))]
 pub mod server;
 mod sync;

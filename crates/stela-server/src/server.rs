@@ -34,6 +34,8 @@ pub struct Server {
     event_loop: Option<JoinHandle<()>>,
     stop_requested: Arc<(Mutex<bool>, Condvar)>,
     signals: Option<(signal_hook::iterator::Handle, JoinHandle<()>)>,
+    /// The standby role's listener for the primary's streams (`--repl-listen`).
+    standby: Option<crate::replication::standby::Standby>,
 }
 
 impl Server {
@@ -49,6 +51,21 @@ impl Server {
             .map(resolve_group)
             .transpose()?;
         let engine = Engine::start(&config)?;
+        let standby = match config.repl_listen {
+            Some(addr) => Some(
+                crate::replication::standby::Standby::start(
+                    addr,
+                    &config.dir,
+                    Arc::clone(&config.storage),
+                    config.segment_bytes,
+                )
+                .map_err(|source| StartError::Bind {
+                    what: format!("the replication listener {addr}"),
+                    source,
+                })?,
+            ),
+            None => None,
+        };
         let socket_path = config.socket_path();
         let unix = bind_unix(&socket_path, config.socket_mode, socket_group)?;
         let tcp = match config.tcp {
@@ -127,7 +144,18 @@ impl Server {
             event_loop: Some(event_loop),
             stop_requested,
             signals,
+            standby,
         })
+    }
+
+    /// Where the standby role takes its primary's streams (`--repl-listen`; port 0 resolved).
+    pub fn repl_addr(&self) -> Option<SocketAddr> {
+        self.standby.as_ref().map(|s| s.addr())
+    }
+
+    /// The engine (status, replication state).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     pub fn socket_path(&self) -> &Path {
@@ -199,6 +227,10 @@ impl Server {
         };
         // Drain while the loop still runs, so `disk` waiters released by the drain are answered.
         let drained = self.engine.shutdown();
+        // Whatever was shipped by now is the standby's; its streams end here.
+        if let Some(replication) = self.engine.replication() {
+            replication.stop_all();
+        }
         self.net.stop();
         if event_loop.join().is_err() {
             tracing::error!("the event loop panicked");

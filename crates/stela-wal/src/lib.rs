@@ -58,6 +58,6 @@ pub use options::{RecoveryMode, SyncMode, WalOptions};
 pub use par_iter::ParIter;
 pub use reader::RawReader;
 pub use recovery::RecoveryReport;
-pub use term_store::TermStore;
 pub use stela_format::{Codec, Lsn};
+pub use term_store::TermStore;
 pub use wal::{Iter, Wal};

@@ -342,11 +342,16 @@ fn count_frames_before(frames: &[(usize, u32)], at: usize) -> u64 {
         .count() as u64
 }
 
+/// A chunk read for shipping: its segment's first LSN, its offset, its bytes, and the LSN after
+/// the last record in it.
+pub type Shipped = (Lsn, u64, Vec<u8>, Lsn);
+
 /// The next chunk to ship to a mirror standing at `from`, read from the primary's files: whole
 /// frames of the segment `from` names, from its offset on, at most `max_bytes` of them (at least
 /// one frame), and only records below `end` (the first LSN the primary has not made durable:
 /// bytes not yet synced may still change on the primary's disk and are shipped from its memory
-/// instead). When `from` is at the end of its segment and the next segment exists, the chunk is
+/// instead). Returns the segment, the offset, the bytes and the LSN after the last record in
+/// them. When `from` is at the end of its segment and the next segment exists, the chunk is
 /// that segment's header and first frames. `None`: nothing to ship below `end`.
 ///
 /// # Errors
@@ -357,7 +362,7 @@ pub fn read_chunk(
     from: Position,
     end: Lsn,
     max_bytes: usize,
-) -> Result<Option<(Lsn, u64, Vec<u8>)>> {
+) -> Result<Option<Shipped>> {
     if from.next_lsn >= end {
         return Ok(None);
     }
@@ -420,5 +425,5 @@ pub fn read_chunk(
         return Ok(None);
     }
     buf.truncate(at);
-    Ok(Some((segment.start, offset, buf)))
+    Ok(Some((segment.start, offset, buf, Lsn::new(lsn))))
 }

@@ -46,7 +46,9 @@ impl TermStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Term(0), TermHistory::new()),
             Err(e) => return Err(Error::io("open", &path, e)),
             Ok(file) => {
-                let bytes = file.read_to_vec().map_err(|e| Error::io("read", &path, e))?;
+                let bytes = file
+                    .read_to_vec()
+                    .map_err(|e| Error::io("read", &path, e))?;
                 decode(&bytes).ok_or(Error::NotALog {
                     path: path.clone(),
                     reason: "damaged term state (TERMS): refusing to forget the terms this node has seen",
@@ -212,7 +214,9 @@ mod tests {
         let fs = FaultStorage::new();
         fs.create_dir_all(Path::new("/log")).unwrap();
         store(&fs).unwrap().begin(Term(5), 1).unwrap();
-        let file = fs.open(Path::new("/log/TERMS"), OpenMode::ReadWrite).unwrap();
+        let file = fs
+            .open(Path::new("/log/TERMS"), OpenMode::ReadWrite)
+            .unwrap();
         file.write_all_at(&[0xff], 3).unwrap();
         let error = store(&fs).unwrap_err().to_string();
         assert!(error.contains("TERMS"), "{error}");

@@ -39,7 +39,7 @@ fn write_log(dir: &Path, sizes: &[usize], group: usize, segment_bytes: u64) -> u
 fn ship(primary: &LogFiles, mirror: &mut Mirror, maxes: &[usize], sync_every: usize) -> usize {
     let end = primary.next_lsn;
     let mut chunks = 0;
-    while let Some((segment_start, offset, bytes)) = read_chunk(
+    while let Some((segment_start, offset, bytes, _)) = read_chunk(
         &primary.segments,
         mirror.position(),
         end,
@@ -158,7 +158,7 @@ struct HalfWay {
     _root: tempfile::TempDir,
     primary: LogFiles,
     mirror: Mirror,
-    next: (Lsn, u64, Vec<u8>),
+    next: (Lsn, u64, Vec<u8>, Lsn),
 }
 
 fn half_way() -> HalfWay {
@@ -169,7 +169,7 @@ fn half_way() -> HalfWay {
     let primary = LogFiles::open(&p, options(4096), TAG).unwrap();
     let mut mirror = Mirror::open(&m, options(4096), TAG).unwrap();
     for _ in 0..5 {
-        let (s, o, b) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, 700)
+        let (s, o, b, _) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, 700)
             .unwrap()
             .unwrap();
         mirror
@@ -209,7 +209,7 @@ fn refused(mirror: &mut Mirror, segment_start: Lsn, offset: u64, bytes: &[u8]) -
 #[test]
 fn chunks_that_do_not_continue_the_mirror_are_refused_and_change_nothing() {
     let mut h = half_way();
-    let (s, o, b) = h.next.clone();
+    let (s, o, b, _) = h.next.clone();
     let frames_at = if o == 0 { 256 } else { 0 };
     // Wrong offset, wrong segment.
     if o != 0 {
@@ -267,7 +267,7 @@ fn a_segment_header_of_another_log_is_refused() {
     )
     .unwrap();
     for mirror in [&mut other_type, &mut other_codec] {
-        let (s, o, b) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, 4096)
+        let (s, o, b, _) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, 4096)
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -290,7 +290,7 @@ fn a_segment_header_of_another_log_is_refused() {
         primary.next_lsn,
         4096,
     );
-    let (s, o, b) = first.unwrap().unwrap();
+    let (s, o, b, _) = first.unwrap().unwrap();
     refused(&mut ahead, s, o, &b);
 }
 
@@ -303,7 +303,7 @@ fn a_mirror_reopened_continues_where_it_stopped() {
     let primary = LogFiles::open(&p, options(4096), TAG).unwrap();
     let mut mirror = Mirror::open(&m, options(4096), TAG).unwrap();
     for _ in 0..7 {
-        let (s, o, b) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, 1000)
+        let (s, o, b, _) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, 1000)
             .unwrap()
             .unwrap();
         mirror
@@ -368,7 +368,7 @@ mod power_loss {
             let mut mirror = Mirror::open(Path::new(MIRROR), mirror_options(&fs), TAG).unwrap();
             let mut durable = 0;
             for i in 0..chunks_before_cut {
-                let Some((s, o, b)) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, maxes[i % maxes.len()]).unwrap() else { break };
+                let Some((s, o, b, _)) = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, maxes[i % maxes.len()]).unwrap() else { break };
                 mirror.apply(Chunk { segment_start: s, offset: o, bytes: &b }).unwrap();
                 if (i + 1) % sync_every == 0 {
                     durable = mirror.sync().unwrap();

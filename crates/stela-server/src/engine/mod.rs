@@ -9,6 +9,7 @@
 //! one round by that one completion; the emergency flush stops admission before it measures what
 //! it must write, so nothing is acknowledged that it does not then write.
 
+mod levels;
 mod queries;
 
 pub use queries::{NetStats, Opened};
@@ -42,6 +43,8 @@ pub struct Engine {
     release_hook: Arc<OnceLock<ReleaseHook>>,
     flushers: Mutex<Vec<JoinHandle<()>>>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Shipping to the standby (`--standby`): what `replicated` and `all` wait for.
+    replication: Option<Arc<crate::replication::Replication>>,
 }
 
 impl Engine {
@@ -119,6 +122,7 @@ impl Engine {
             release_hook,
             flushers: Mutex::new(flushers),
             metrics,
+            replication: levels::replication(config),
         }))
     }
 
@@ -137,9 +141,9 @@ impl Engine {
     /// Places `records` as one run of LSNs; returns (first, last). `Error::NoSpace`: nothing was
     /// placed, retry after the release hook reports freed space.
     pub fn append(&self, log: LogId, records: &[Record<'_>]) -> Result<(u64, u64)> {
-        self.pool
-            .try_append(log, records)
-            .map_err(|e| self.pool_error(log, e))
+        let placed = self.pool.try_append(log, records);
+        self.shipper_has_work(log);
+        placed.map_err(|e| self.pool_error(log, e))
     }
 
     /// Calls `waiter` once every record of `log` up to `lsn` is durable. `Ok(true)`: that is
@@ -250,15 +254,5 @@ pub(crate) fn abort_on_panic(what: &str, body: impl FnOnce()) {
         tracing::error!("{what} panicked; stopping the daemon");
         eprintln!("stela: {what} panicked; stopping the daemon");
         std::process::abort();
-    }
-}
-
-/// Refuses the levels that need a standby: the one place that says which levels this daemon
-/// serves.
-pub fn check_level(durability: stela_proto::Durability) -> Result<(), Error> {
-    use stela_proto::Durability;
-    match durability {
-        Durability::Unsafe | Durability::Buffered | Durability::Disk => Ok(()),
-        Durability::Replicated | Durability::All => Err(Error::Unsupported(durability)),
     }
 }

@@ -74,6 +74,20 @@ impl Engine {
     /// the log's files.
     pub fn open(&self, name: &str, codec: &str, type_tag: &str, create: bool) -> Result<Opened> {
         let entry = self.logs.open(&self.pool, name, codec, type_tag, create)?;
+        if let Some(replication) = &self.replication {
+            replication.watch(
+                &self.pool,
+                crate::replication::LogInfo {
+                    id: entry.id,
+                    name: entry.name.clone(),
+                    codec: entry.codec,
+                    type_tag: entry.type_tag.clone(),
+                    segments: Arc::clone(&entry.segments),
+                    dir: entry.segments.dir().to_path_buf(),
+                },
+                Arc::clone(&self.config.storage),
+            );
+        }
         Ok(Opened {
             log: entry.id,
             name: entry.name.clone(),
@@ -86,6 +100,13 @@ impl Engine {
     pub fn release(&self, log: LogId) {
         self.logs
             .release(&self.pool, log, |last| self.wait_durable(log, last));
+        if let Some(replication) = self
+            .replication
+            .as_ref()
+            .filter(|_| self.logs.get(log).is_none())
+        {
+            replication.unwatch(log);
+        }
     }
 
     /// Blocks until every record of `log` up to `lsn` is durable (closing a log).

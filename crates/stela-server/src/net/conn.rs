@@ -16,7 +16,7 @@
 use super::auth::{self, Identity};
 use super::inbox::{Answer, ConnRef, Effect, Event, Inbox};
 use super::ring::RingConn;
-use crate::engine::{check_level, Engine, NetStats, Waiter};
+use crate::engine::{Engine, NetStats, Waiter};
 use crate::error::Error;
 use crate::pool::{LogId, Record};
 use crate::workers::Workers;
@@ -543,21 +543,28 @@ impl Conn {
     }
 
     /// A `disk` waiter that answers request `id` through the inbox.
-    fn waiter(ctx: &Ctx<'_>, id: u64, body: ResponseBody, log_name: String) -> Waiter {
+    fn waiter(
+        ctx: &Ctx<'_>,
+        id: u64,
+        body: ResponseBody,
+        log_name: String,
+        level: Durability,
+    ) -> Waiter {
         let (inbox, me, engine) = (Arc::clone(ctx.inbox), ctx.me, Arc::clone(ctx.engine));
         Box::new(move |outcome| {
             if outcome.is_ok() {
-                engine.metrics.acked(Durability::Disk);
+                engine.metrics.acked(level);
             }
             let result = outcome
                 .map(|()| body)
                 .map_err(|e| Error::from_pool(&log_name, e));
-            inbox.push_quiet(Event::Answer(Box::new(Answer {
+            let answer = Event::Answer(Box::new(Answer {
                 conn: me,
                 id,
                 result,
                 effect: Effect::None,
-            })));
+            }));
+            inbox.push_answer(level, answer);
         })
     }
 
@@ -582,20 +589,20 @@ impl Conn {
         Progress::Waiting
     }
 
-    /// Waits until `lsn` of `log` is durable, then answers `id` with `body`.
+    /// Waits until `lsn` of `log` is acknowledged at `level` (`disk`, `replicated`, `all`),
+    /// then answers `id` with `body`.
     fn after_durable(
         &mut self,
         ctx: &Ctx<'_>,
         id: u64,
-        log: LogId,
-        lsn: u64,
+        (log, lsn, level): (LogId, u64, Durability),
         body: ResponseBody,
     ) -> Progress {
         let name = ctx.engine.log_name(log);
-        let waiter = Self::waiter(ctx, id, body.clone(), name);
-        match ctx.engine.when_durable(log, lsn, waiter) {
+        let waiter = Self::waiter(ctx, id, body.clone(), name, level);
+        match ctx.engine.when_acked(log, lsn, level, waiter) {
             Ok(true) => {
-                ctx.engine.metrics.acked(Durability::Disk);
+                ctx.engine.metrics.acked(level);
                 self.answer(id, body);
                 Progress::Idle
             }
@@ -644,7 +651,7 @@ impl Conn {
             } => {
                 // A default level this daemon cannot serve is refused now, not at the first
                 // commit.
-                if let Some(Err(error)) = durability.map(check_level) {
+                if let Some(Err(error)) = durability.map(|d| ctx.engine.check_level(d)) {
                     self.answer(id, error_body(&error));
                     return Progress::Idle;
                 }
@@ -683,15 +690,14 @@ impl Conn {
                 durability,
             } => match self
                 .log(handle)
-                .and_then(|log| check_level(durability).map(|()| log))
+                .and_then(|log| ctx.engine.check_level(durability).map(|()| log))
             {
                 Ok(log) => match ctx.engine.check_appended(log, lsn) {
-                    Ok(()) if durability == Durability::Disk && lsn > 0 => {
+                    Ok(()) if Engine::waits(durability) && lsn > 0 => {
                         return self.after_durable(
                             ctx,
                             id,
-                            log,
-                            lsn,
+                            (log, lsn, durability),
                             ResponseBody::Committed { lsn },
                         )
                     }
@@ -805,7 +811,7 @@ impl Conn {
         let id = request.id;
         let log = match self
             .log(*handle)
-            .and_then(|log| check_level(*durability).map(|()| log))
+            .and_then(|log| ctx.engine.check_level(*durability).map(|()| log))
         {
             Ok(log) => log,
             Err(error) => {
@@ -855,8 +861,8 @@ impl Conn {
                     first_lsn: first,
                     last_lsn: last,
                 };
-                if durability == Durability::Disk && last >= first {
-                    self.after_durable(ctx, id, log, last, body)
+                if Engine::waits(durability) && last >= first {
+                    self.after_durable(ctx, id, (log, last, durability), body)
                 } else {
                     ctx.engine.metrics.acked(durability);
                     self.answer(id, body);

@@ -765,9 +765,6 @@ impl EventLoop {
             match event {
                 Event::RingDone(done) => {
                     let (completer, seq, log, result) = *done;
-                    if result.is_ok() {
-                        self.engine.metrics.acked(stela_proto::Durability::Disk);
-                    }
                     let result = result.map_err(|e| self.engine.log_error(log, e));
                     ring::complete(&completer, seq, result.as_ref().map(|r| *r));
                 }

@@ -16,14 +16,12 @@
 //!   space is freed: the client simply waits longer (backpressure), nothing is dropped.
 
 use super::inbox::{Event, Inbox};
-use crate::engine::check_level;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::pool::{LogId, Record};
 use std::sync::Arc;
 use stela_net::shm::{Completer, Completion, DaemonRing, RingFault};
 use stela_proto::ring::{Entry, EntryKind};
-use stela_proto::Durability;
 
 pub(crate) struct RingConn {
     pub(super) ring: DaemonRing,
@@ -61,7 +59,7 @@ impl RingConn {
             };
             did = true;
             let seq = entry.seq;
-            let disk = entry.durability == Durability::Disk;
+            let level = entry.durability;
             let placed = place_entry(engine, handles, &entry);
             if !matches!(placed, Placed::NoSpace) {
                 engine.metrics.requested(entry.durability); // once, not at each retry
@@ -79,7 +77,7 @@ impl RingConn {
                 // then may a flusher complete it, so the disk wait is registered after.
                 Placed::At(log, first, last) => {
                     self.ring.consume();
-                    if !disk || last < first || last == 0 {
+                    if !Engine::waits(level) || last < first || last == 0 {
                         engine.metrics.acked(entry.durability);
                         self.complete(seq, Ok((first, last)));
                         continue;
@@ -88,13 +86,15 @@ impl RingConn {
                     // which publishes it and wakes the client, so the flusher goes straight on to
                     // its next round instead of making one wake-up call per waiter.
                     let (completer, inbox) = (self.completer.clone(), Arc::clone(inbox));
+                    let metrics = Arc::clone(&engine.metrics);
                     let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
-                        let done = outcome.map(|()| (first, last));
-                        inbox.push_quiet(Event::RingDone(Box::new((completer, seq, log, done))));
+                        let _ = outcome.is_ok().then(|| metrics.acked(level));
+                        let done = Box::new((completer, seq, log, outcome.map(|()| (first, last))));
+                        inbox.push_answer(level, Event::RingDone(done));
                     });
-                    match engine.when_durable(log, last, waiter) {
+                    match engine.when_acked(log, last, level, waiter) {
                         Ok(true) => {
-                            engine.metrics.acked(Durability::Disk);
+                            engine.metrics.acked(level);
                             self.complete(seq, Ok((first, last)))
                         }
                         Ok(false) => {
@@ -126,7 +126,7 @@ fn place_entry(engine: &Engine, handles: &[Option<LogId>], entry: &Entry<'_>) ->
         .copied()
         .flatten()
         .ok_or(Error::UnknownHandle(entry.handle))
-        .and_then(|log| check_level(entry.durability).map(|()| log))
+        .and_then(|log| engine.check_level(entry.durability).map(|()| log))
     {
         Ok(log) => log,
         Err(error) => return Placed::Refused(error),

@@ -33,7 +33,7 @@
 
 mod view;
 
-pub use view::{PoolRead, PoolStats};
+pub use view::{PoolRead, PoolStats, Ship};
 
 use crate::sync::{self, lock, Arc, Condvar, Mutex};
 use std::collections::VecDeque;

@@ -155,3 +155,90 @@ impl<W> Pool<W> {
         &self.config
     }
 }
+
+/// What a log's shipper to its standby sends next ([`Pool::ship`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ship {
+    /// The position is durable: read the bytes from the segment files.
+    OnDisk,
+    /// Nothing appended past the position yet.
+    Nothing,
+    /// Framed bytes of segment `segment` from `offset` on, copied out of the buffers, ending
+    /// before record `next_lsn`. `new_segment_capacity`: the capacity of segments the log creates
+    /// from now on (for the header of a segment the flusher has not created yet).
+    Bytes {
+        segment: u64,
+        offset: u64,
+        bytes: Vec<u8>,
+        next_lsn: u64,
+        new_segment_capacity: u64,
+    },
+}
+
+impl<W> Pool<W> {
+    /// The bytes a standby standing at (`segment`, `offset`, `next_lsn`) lacks, if the buffers
+    /// still hold them: whole frames, at most about `max_bytes` (at least one run's tail), from
+    /// the run that holds the position, or from the run that starts the next segment at
+    /// `next_lsn`, on through the runs that continue it in the same segment. Read only.
+    pub fn ship(
+        &self,
+        log: LogId,
+        (segment, offset, next_lsn): (u64, u64, u64),
+        max_bytes: usize,
+    ) -> Ship {
+        let state = lock(&self.state);
+        let Some(entry) = state.logs.get(log).and_then(|l| l.as_ref()) else {
+            return Ship::Nothing;
+        };
+        if next_lsn <= entry.durable_lsn {
+            return Ship::OnDisk;
+        }
+        if next_lsn >= entry.next_lsn {
+            return Ship::Nothing;
+        }
+        let mut out: Option<(u64, u64, Vec<u8>, u64)> = None;
+        for &slot in &entry.queue {
+            let Some(run) = state.slots[slot].run() else {
+                continue;
+            };
+            let end = run.offset + run.data.len() as u64;
+            match &mut out {
+                None => {
+                    let from = if run.segment == segment && run.offset <= offset && offset < end {
+                        (offset - run.offset) as usize
+                    } else if run.segment == next_lsn && run.segment != segment {
+                        0
+                    } else {
+                        continue;
+                    };
+                    out = Some((
+                        run.segment,
+                        run.offset + from as u64,
+                        run.data[from..].to_vec(),
+                        run.last_lsn() + 1,
+                    ));
+                }
+                Some((seg, at, bytes, next)) => {
+                    if run.segment != *seg
+                        || run.offset != *at + bytes.len() as u64
+                        || bytes.len() >= max_bytes
+                    {
+                        break;
+                    }
+                    bytes.extend_from_slice(&run.data);
+                    *next = run.last_lsn() + 1;
+                }
+            }
+        }
+        match out {
+            Some((segment, offset, bytes, next_lsn)) if !bytes.is_empty() => Ship::Bytes {
+                segment,
+                offset,
+                bytes,
+                next_lsn,
+                new_segment_capacity: entry.segment_bytes,
+            },
+            _ => Ship::OnDisk,
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Which acknowledgement levels this daemon serves, and how a wait at each is registered:
+//! `disk` with the pool (the flusher's completion), `replicated` with the standby's
+//! acknowledgements ([`crate::replication`]), `all` with both in turn.
+
+use super::{Engine, Waiter};
+use crate::config::DaemonConfig;
+use crate::error::{Error, Result};
+use crate::pool::LogId;
+use crate::replication::Replication;
+use crate::sync::lock;
+use std::sync::{Arc, Mutex};
+use stela_proto::Durability;
+
+/// The primary's replication, if this daemon has a standby.
+pub(super) fn replication(config: &DaemonConfig) -> Option<Arc<Replication>> {
+    config
+        .standby
+        .map(|standby| Arc::new(Replication::new(standby, config.node.clone())))
+}
+
+impl Engine {
+    /// Refuses a level this daemon cannot serve: `replicated` and `all` need a standby.
+    pub fn check_level(&self, durability: Durability) -> Result<()> {
+        match durability {
+            Durability::Unsafe | Durability::Buffered | Durability::Disk => Ok(()),
+            Durability::Replicated | Durability::All if self.replication.is_some() => Ok(()),
+            Durability::Replicated | Durability::All => Err(Error::Unsupported(durability)),
+        }
+    }
+
+    /// Whether an acknowledgement at `durability` waits for something after the append.
+    pub fn waits(durability: Durability) -> bool {
+        matches!(
+            durability,
+            Durability::Disk | Durability::Replicated | Durability::All
+        )
+    }
+
+    /// Calls `waiter` once `lsn` of `log` is acknowledged at `durability` (a level that
+    /// [`Engine::waits`]). `Ok(true)`: it already is, and `waiter` is dropped uncalled.
+    pub fn when_acked(
+        &self,
+        log: LogId,
+        lsn: u64,
+        durability: Durability,
+        waiter: Waiter,
+    ) -> Result<bool> {
+        let replication = match (&self.replication, durability) {
+            (_, Durability::Disk) => return self.when_durable(log, lsn, waiter),
+            (Some(replication), _) => Arc::clone(replication),
+            (None, level) => return Err(Error::Unsupported(level)),
+        };
+        let received = |waiter: Waiter| match replication.when_received(log, lsn, waiter) {
+            Ok(already) => Ok(already),
+            Err(error) => Err(self.log_error(log, error)),
+        };
+        if durability == Durability::Replicated {
+            return received(waiter);
+        }
+        // `all`: on the primary's disk first, then in the standby's memory. The waiter sits in a
+        // slot so that whichever path ends the wait takes it, exactly once.
+        let slot = Arc::new(Mutex::new(Some(waiter)));
+        let for_disk = Arc::clone(&slot);
+        let then = Arc::clone(&replication);
+        let chained: Waiter = Box::new(move |outcome| {
+            let Some(waiter) = lock(&*for_disk).take() else {
+                return;
+            };
+            match outcome {
+                Err(error) => waiter(Err(error)),
+                Ok(()) => wait_received(&then, log, lsn, waiter),
+            }
+        });
+        if self.when_durable(log, lsn, chained)? {
+            let waiter = lock(&*slot).take();
+            let waiter = waiter.expect("a waiter dropped uncalled is still in its slot");
+            return received(waiter);
+        }
+        Ok(false)
+    }
+
+    /// Wakes `log`'s shipper after an append.
+    pub(super) fn shipper_has_work(&self, log: LogId) {
+        if let Some(replication) = &self.replication {
+            replication.appended(log);
+        }
+    }
+
+    /// The primary's replication, if it has a standby.
+    pub fn replication(&self) -> Option<&Arc<Replication>> {
+        self.replication.as_ref()
+    }
+}
+
+/// Registers `waiter` for the standby's acknowledgement of `lsn`, or calls it at once if that
+/// is already in, or cannot come.
+fn wait_received(replication: &Replication, log: LogId, lsn: u64, waiter: Waiter) {
+    let slot = Arc::new(Mutex::new(Some(waiter)));
+    let registered = Arc::clone(&slot);
+    let forward: Waiter = Box::new(move |outcome| {
+        if let Some(waiter) = lock(&*registered).take() {
+            waiter(outcome);
+        }
+    });
+    let now = match replication.when_received(log, lsn, forward) {
+        Ok(false) => return,
+        Ok(true) => Ok(()),
+        Err(error) => Err(error),
+    };
+    let waiter = lock(&*slot).take();
+    if let Some(waiter) = waiter {
+        waiter(now);
+    }
+}

@@ -1,0 +1,513 @@
+//! Log shipping to a hot standby (RemusDB's commit protection, with the log as the only state
+//! shipped): the primary's side. One shipper thread per open log sends the log's framed bytes to
+//! the standby as they are appended (from the pool's buffers, or from the segment files when the
+//! standby is behind what the buffers still hold); an acknowledgement reader takes the standby's
+//! received and durable LSNs and releases the `replicated` and `all` waiters they satisfy.
+//! [`standby`] is the other end.
+//!
+//! Invariants:
+//! - **Only commit acknowledgements wait.** Appends and `buffered`/`disk` commits never touch this
+//!   module's locks on their way; shipping runs beside them. A `replicated` waiter is released
+//!   only by an acknowledgement from the standby that it holds the LSN (written to its OS: in its
+//!   memory), an `all` waiter only once that is so *and* the LSN is on the primary's disk.
+//! - **Bytes shipped are the bytes written.** The shipper copies frames exactly as the pool framed
+//!   them, and segment headers exactly as the flusher creates them, so the standby's segments are
+//!   byte-identical (`stela_wal::mirror` checks every chunk).
+//! - **Terms.** Every message carries the log's current term (`stela_wal::TermStore`, in the log's
+//!   directory); a standby at a higher term refuses the stream and the primary stops shipping.
+//! - **Never silent.** While the standby is unreachable, `replicated` waits block (RemusDB's
+//!   choice: an acknowledgement is a promise); the shipper retries and says so in the log.
+
+pub mod standby;
+
+use crate::engine::Waiter;
+use crate::pool::{LogId, Pool, PoolError, Ship};
+use crate::sync::lock;
+use std::collections::HashMap;
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+use stela_format::header::HEADER_BYTES;
+use stela_format::term::Term;
+use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
+use stela_proto::repl::{chunk_message, ReplMessage};
+use stela_proto::{frame, MAX_FRAME_BYTES};
+use stela_wal::mirror::{read_chunk, Position};
+use stela_wal::{SegmentSet, TermStore};
+
+/// Most bytes one chunk carries.
+const CHUNK_BYTES: usize = 1 << 20;
+/// How long an idle shipper waits before a heartbeat.
+const HEARTBEAT: Duration = Duration::from_millis(50);
+/// How long a shipper waits before trying an unreachable standby again.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// The primary's replication: one [`Link`] per open log.
+pub struct Replication {
+    standby: SocketAddr,
+    node: String,
+    links: Mutex<HashMap<LogId, Arc<Link>>>,
+}
+
+/// What a log's shipper and its waiters share.
+struct Link {
+    name: String,
+    state: Mutex<LinkState>,
+    /// Signalled on every append (the shipper has bytes to send) and on stop.
+    appended: Condvar,
+    stop: AtomicBool,
+}
+
+#[derive(Default)]
+struct LinkState {
+    /// Highest LSN the standby holds in memory / on disk, as it last said.
+    received: u64,
+    standby_durable: u64,
+    /// Appends since the shipper last looked.
+    dirty: bool,
+    connected: bool,
+    /// `replicated` waiters: (LSN, who to tell).
+    waiters: Vec<(u64, Waiter)>,
+    /// Set when the standby refused this primary's term: no `replicated` acknowledgement can
+    /// come from it any more.
+    fenced: Option<String>,
+}
+
+/// What the shipper needs of a log.
+pub struct LogInfo {
+    pub id: LogId,
+    pub name: String,
+    pub codec: Codec,
+    pub type_tag: String,
+    pub segments: Arc<SegmentSet>,
+    pub dir: std::path::PathBuf,
+}
+
+impl Replication {
+    pub fn new(standby: SocketAddr, node: String) -> Replication {
+        Replication {
+            standby,
+            node,
+            links: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts shipping `log` (once per open log).
+    pub fn watch<W: Send + 'static>(
+        self: &Arc<Self>,
+        pool: &Arc<Pool<W>>,
+        log: LogInfo,
+        storage: Arc<dyn stela_wal::storage::Storage>,
+    ) {
+        let mut links = lock(&self.links);
+        if links.contains_key(&log.id) {
+            return;
+        }
+        let link = Arc::new(Link {
+            name: log.name.clone(),
+            state: Mutex::new(LinkState::default()),
+            appended: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        links.insert(log.id, Arc::clone(&link));
+        let (me, pool) = (Arc::clone(self), Arc::clone(pool));
+        let spawned = std::thread::Builder::new()
+            .name(format!("stela-ship-{}", log.id))
+            .spawn(move || me.ship_log(&pool, &link, &log, storage));
+        if let Err(error) = spawned {
+            tracing::error!(%error, "could not start a shipper thread; replicated commits of this log will wait");
+        }
+    }
+
+    /// Stops shipping `log` (it was closed); its waiters are told.
+    pub fn unwatch(&self, log: LogId) {
+        if let Some(link) = lock(&self.links).remove(&log) {
+            link.stop.store(true, Ordering::SeqCst);
+            link.appended.notify_all();
+            let waiters = std::mem::take(&mut lock(&link.state).waiters);
+            for (_, waiter) in waiters {
+                waiter(Err(PoolError::Closed));
+            }
+        }
+    }
+
+    /// Stops every shipper (the daemon is shutting down, everything is written).
+    pub fn stop_all(&self) {
+        let logs: Vec<LogId> = lock(&self.links).keys().copied().collect();
+        for log in logs {
+            self.unwatch(log);
+        }
+    }
+
+    /// Records of `log` were appended: its shipper has work.
+    pub fn appended(&self, log: LogId) {
+        if let Some(link) = lock(&self.links).get(&log) {
+            lock(&link.state).dirty = true;
+            link.appended.notify_one();
+        }
+    }
+
+    /// Calls `waiter` once the standby holds `lsn` of `log`. `Ok(true)`: it already does (the
+    /// waiter is dropped uncalled).
+    pub fn when_received(&self, log: LogId, lsn: u64, waiter: Waiter) -> Result<bool, PoolError> {
+        let Some(link) = lock(&self.links).get(&log).cloned() else {
+            return Err(PoolError::Closed);
+        };
+        let mut state = lock(&link.state);
+        if state.received >= lsn {
+            return Ok(true);
+        }
+        if let Some(why) = &state.fenced {
+            tracing::warn!(log = %link.name, why, "replicated commit refused: fenced");
+            return Err(PoolError::Closed);
+        }
+        state.waiters.push((lsn, waiter));
+        Ok(false)
+    }
+
+    /// Where each log's standby stands: (name, received, durable, connected).
+    pub fn status(&self) -> Vec<(String, u64, u64, bool)> {
+        lock(&self.links)
+            .values()
+            .map(|link| {
+                let s = lock(&link.state);
+                (
+                    link.name.clone(),
+                    s.received,
+                    s.standby_durable,
+                    s.connected,
+                )
+            })
+            .collect()
+    }
+
+    fn ship_log<W>(
+        &self,
+        pool: &Pool<W>,
+        link: &Arc<Link>,
+        log: &LogInfo,
+        storage: Arc<dyn stela_wal::storage::Storage>,
+    ) {
+        let mut terms = match TermStore::open(Arc::clone(&storage), &log.dir) {
+            Ok(terms) => terms,
+            Err(error) => {
+                tracing::error!(log = %log.name, %error, "cannot read the log's terms; not shipping it");
+                return;
+            }
+        };
+        // Every start of a primary is a new term: records it lost in a crash may have been
+        // shipped, and their LSNs are given to new records now; the new term tells the two apart.
+        let (next, _) = pool.positions(log.id);
+        let first = if terms.history().entries().is_empty() {
+            1
+        } else {
+            next
+        };
+        let term = Term(terms.current().0 + 1);
+        if let Err(error) = terms.begin(term, first) {
+            tracing::error!(log = %log.name, %error, "cannot record the log's new term; not shipping it");
+            return;
+        }
+        let term = term.0;
+        let mut warned = false;
+        while !link.stop.load(Ordering::SeqCst) {
+            match self.session(pool, link, log, term) {
+                Ok(()) => return,
+                Err(why) => {
+                    lock(&link.state).connected = false;
+                    if !warned {
+                        tracing::warn!(log = %log.name, standby = %self.standby, why, "standby unreachable; replicated commits wait; retrying");
+                        warned = true;
+                    }
+                    if lock(&link.state).fenced.is_some() {
+                        return;
+                    }
+                    std::thread::sleep(RETRY);
+                }
+            }
+        }
+    }
+
+    /// One connection to the standby: handshake, then ship until stopped or broken.
+    fn session<W>(
+        &self,
+        pool: &Pool<W>,
+        link: &Arc<Link>,
+        log: &LogInfo,
+        term: u64,
+    ) -> Result<(), String> {
+        let stream = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1))
+            .map_err(|e| format!("connect {}: {e}", self.standby))?;
+        let _ = stream.set_nodelay(true);
+        let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+        let mut reader = BufReader::new(stream);
+        send(
+            &mut writer,
+            &ReplMessage::Open {
+                term,
+                node: self.node.clone(),
+                log: log.name.clone(),
+                codec: log.codec.name().to_owned(),
+                type_tag: log.type_tag.clone(),
+                token: None,
+            },
+        )?;
+        let mut at = match receive(&mut reader)? {
+            ReplMessage::Position {
+                segment_start,
+                offset,
+                next_lsn,
+                durable_lsn,
+                history,
+                ..
+            } => {
+                let (ours, _) = pool.positions(log.id);
+                if next_lsn > ours {
+                    return Err(self.fence(
+                        link,
+                        u64::MAX,
+                        term,
+                        format!(
+                            "the standby holds records up to LSN {} and this primary only up to {}: the copies diverged, and cutting the standby's suffix (reprotection) is not built yet",
+                            next_lsn - 1,
+                            ours - 1
+                        ),
+                    ));
+                }
+                // Records the standby holds in this primary's own term came from it: they count.
+                if history.last().is_some_and(|&(t, _)| t == term) {
+                    release(link, next_lsn - 1, durable_lsn);
+                }
+                Position {
+                    segment_start: Lsn::new(segment_start),
+                    offset,
+                    next_lsn: Lsn::new(next_lsn),
+                }
+            }
+            ReplMessage::Refuse {
+                term: theirs,
+                message,
+            } => {
+                return Err(self.fence(link, theirs, term, message));
+            }
+            other => return Err(format!("expected the standby's position, got {other:?}")),
+        };
+        lock(&link.state).connected = true;
+        tracing::info!(log = %log.name, standby = %self.standby, from = at.next_lsn.get(), "shipping to the standby");
+        // Acknowledgements arrive on their own thread, so shipping never waits for them.
+        let acks = {
+            let link = Arc::clone(link);
+            std::thread::Builder::new()
+                .name("stela-ship-acks".into())
+                .spawn(move || read_acks(reader, &link, term))
+                .map_err(|e| e.to_string())?
+        };
+        let mut header = header_for(&log.segments, at.segment_start, log, None)?;
+        let result = loop {
+            if link.stop.load(Ordering::SeqCst) {
+                break Ok(());
+            }
+            if acks.is_finished() {
+                break Err("the standby closed the stream".to_owned());
+            }
+            // Next bytes: from memory if the pool still holds them, else from the files.
+            let shipped = match pool.ship(
+                log.id,
+                (at.segment_start.get(), at.offset, at.next_lsn.get()),
+                CHUNK_BYTES,
+            ) {
+                Ship::Bytes {
+                    segment,
+                    offset,
+                    bytes,
+                    next_lsn,
+                    new_segment_capacity,
+                } => Some((segment, offset, bytes, next_lsn, new_segment_capacity)),
+                Ship::OnDisk => {
+                    let (_, durable) = pool.positions(log.id);
+                    read_chunk(&log.segments, at, Lsn::new(durable + 1), CHUNK_BYTES)
+                        .map_err(|e| e.to_string())?
+                        .map(|(segment, offset, bytes, next)| {
+                            (segment.get(), offset, bytes, next.get(), 0)
+                        })
+                }
+                Ship::Nothing => None,
+            };
+            let Some((segment, offset, mut bytes, next_lsn, capacity)) = shipped else {
+                let mut state = lock(&link.state);
+                if !state.dirty {
+                    let (next, timeout) = link
+                        .appended
+                        .wait_timeout(state, HEARTBEAT)
+                        .unwrap_or_else(|e| e.into_inner());
+                    state = next;
+                    if timeout.timed_out() && !state.dirty {
+                        drop(state);
+                        send(&mut writer, &ReplMessage::Heartbeat { term })?;
+                        continue;
+                    }
+                }
+                state.dirty = false;
+                continue;
+            };
+            // A segment the standby has not started yet goes with its header, exactly as the
+            // flusher writes it.
+            let mut offset = offset;
+            if offset == HEADER_BYTES as u64 {
+                if segment != header.start_lsn.get() {
+                    header = header_for(
+                        &log.segments,
+                        Lsn::new(segment),
+                        log,
+                        Some((&header, capacity)),
+                    )?;
+                }
+                let mut whole = header.encode().to_vec();
+                whole.append(&mut bytes);
+                bytes = whole;
+                offset = 0;
+            }
+            if offset == 0 {
+                // A header read from the files: later segments are numbered after it.
+                if let Ok(read) = SegmentHeader::decode(&bytes[..HEADER_BYTES.min(bytes.len())]) {
+                    header = read;
+                }
+            }
+            send(&mut writer, &chunk_message(term, segment, offset, &bytes))?;
+            at = Position {
+                segment_start: Lsn::new(segment),
+                offset: offset + bytes.len() as u64,
+                next_lsn: Lsn::new(next_lsn),
+            };
+        };
+        let _ = writer.shutdown(std::net::Shutdown::Both);
+        let _ = acks.join();
+        result
+    }
+
+    fn fence(&self, link: &Link, theirs: u64, ours: u64, message: String) -> String {
+        let why = format!("the standby refused term {ours} (it is at term {theirs}): {message}");
+        let mut state = lock(&link.state);
+        if theirs > ours {
+            state.connected = false;
+            state.fenced = Some(why.clone());
+            for (_, waiter) in state.waiters.drain(..) {
+                waiter(Err(PoolError::Closed));
+            }
+            tracing::error!(log = %link.name, why, "fenced: a newer primary exists; replicated commits are refused");
+        }
+        why
+    }
+}
+
+/// Releases the waiters `received` satisfies.
+fn release(link: &Link, received: u64, durable: u64) {
+    let ready: Vec<Waiter> = {
+        let mut state = lock(&link.state);
+        state.received = state.received.max(received);
+        state.standby_durable = state.standby_durable.max(durable);
+        let received = state.received;
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiters)
+            .into_iter()
+            .partition(|(lsn, _)| *lsn <= received);
+        state.waiters = waiting;
+        ready.into_iter().map(|(_, w)| w).collect()
+    };
+    for waiter in ready {
+        waiter(Ok(()));
+    }
+}
+
+fn read_acks(mut reader: BufReader<TcpStream>, link: &Arc<Link>, term: u64) {
+    loop {
+        match receive(&mut reader) {
+            Ok(ReplMessage::Ack {
+                term: theirs,
+                received_lsn,
+                durable_lsn,
+            }) if theirs == term => release(link, received_lsn, durable_lsn),
+            Ok(ReplMessage::Refuse {
+                term: theirs,
+                message,
+            }) => {
+                tracing::warn!(log = %link.name, theirs, message, "the standby refused the stream");
+                if theirs > term {
+                    let mut state = lock(&link.state);
+                    state.fenced = Some(format!("the standby is at term {theirs}: {message}"));
+                    for (_, waiter) in state.waiters.drain(..) {
+                        waiter(Err(PoolError::Closed));
+                    }
+                }
+                return;
+            }
+            Ok(other) => {
+                tracing::warn!(log = %link.name, ?other, "unexpected message from the standby; reconnecting");
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// The header of segment `start`: read from its file if the flusher created it, else derived
+/// from `previous` (the next sequence number, the capacity new segments get) as the flusher will
+/// create it.
+fn header_for(
+    segments: &SegmentSet,
+    start: Lsn,
+    log: &LogInfo,
+    previous: Option<(&SegmentHeader, u64)>,
+) -> Result<SegmentHeader, String> {
+    let list = segments.list();
+    if let Some(file) = list.iter().find(|s| s.start == start) {
+        let bytes =
+            std::fs::read(&file.path).map_err(|e| format!("{}: {e}", file.path.display()))?;
+        return SegmentHeader::decode(bytes.get(..HEADER_BYTES).unwrap_or(&[]))
+            .map_err(|e| format!("{}: {e}", file.path.display()));
+    }
+    let (seq, capacity) = match previous {
+        Some((header, capacity)) => (header.segment_seq + 1, capacity),
+        None => {
+            let newest = list.last().ok_or("the log has no segment")?;
+            let bytes = std::fs::read(&newest.path).map_err(|e| e.to_string())?;
+            let header = SegmentHeader::decode(bytes.get(..HEADER_BYTES).unwrap_or(&[]))
+                .map_err(|e| e.to_string())?;
+            (header.segment_seq + 1, header.capacity)
+        }
+    };
+    Ok(SegmentHeader {
+        layout: stela_format::frame::Layout::CURRENT,
+        codec: log.codec,
+        segment_seq: seq,
+        start_lsn: start,
+        capacity,
+        type_tag: TypeTag::new(&log.type_tag),
+    })
+}
+
+/// Writes one framed message.
+pub(crate) fn send(writer: &mut impl Write, message: &ReplMessage) -> Result<(), String> {
+    let mut out = Vec::new();
+    frame::encode(message, &mut out).map_err(|e| e.to_string())?;
+    writer.write_all(&out).map_err(|e| e.to_string())
+}
+
+/// Reads one framed message (blocking).
+pub(crate) fn receive(reader: &mut impl Read) -> Result<ReplMessage, String> {
+    let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
+    reader.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let parsed = frame::parse_header(header, MAX_FRAME_BYTES).map_err(|e| e.to_string())?;
+    // The body is read as it arrives: a peer announcing a large body and sending nothing costs
+    // no more than what it sent.
+    let mut body = Vec::new();
+    reader
+        .take(parsed.body_len as u64)
+        .read_to_end(&mut body)
+        .map_err(|e| e.to_string())?;
+    if body.len() != parsed.body_len {
+        return Err("the peer closed the connection inside a frame".into());
+    }
+    frame::decode_body(parsed, &body).map_err(|e| e.to_string())
+}

@@ -1,0 +1,178 @@
+//! Log shipping to a standby, two daemons in this process on loopback: `replicated` and `all`
+//! are acknowledged only once the standby holds the records, a `replicated` commit waits while
+//! the standby is down and completes when it comes back, the standby's segment files are the
+//! primary's byte for byte, and a daemon without a standby refuses the levels that need one.
+
+mod common;
+
+use common::{read_back, rec, NoHang, RawClient, Rec};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+use stela_proto::{Durability, ErrorCode};
+use stela_server::{DaemonConfig, Server};
+use stela_wal::storage::StdStorage;
+
+fn config(dir: &Path) -> DaemonConfig {
+    let mut config = DaemonConfig::new(dir);
+    config.assume_write_rate = Some(100 << 20);
+    config.segment_bytes = 64 << 10; // several segments in a test
+    config.spin = Duration::ZERO;
+    config
+}
+
+fn standby(dir: &Path, port: u16) -> NoHang {
+    let mut config = config(dir);
+    config.repl_listen = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    config.node = "standby".into();
+    NoHang::new(Server::start(config).expect("the standby starts"))
+}
+
+fn primary(dir: &Path, standby: SocketAddr) -> NoHang {
+    let mut config = config(dir);
+    config.standby = Some(standby);
+    config.node = "primary".into();
+    NoHang::new(Server::start(config).expect("the primary starts"))
+}
+
+fn segment_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".wal"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn log_dir(root: &Path, log: &str) -> PathBuf {
+    root.join("logs").join(log)
+}
+
+#[test]
+fn replicated_commits_reach_the_standby_byte_for_byte() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    let standby = standby(&s_dir, 0);
+    let repl = standby.repl_addr().expect("listening");
+    let primary = primary(&p_dir, repl);
+    let mut client = RawClient::connect(primary.socket_path());
+    let handle = client.open("ledger");
+    let mut written: Vec<Rec> = Vec::new();
+    for seq in 0..400u64 {
+        let batch: Vec<Rec> = (0..3)
+            .map(|i| rec(1, seq * 3 + i, 50 + (seq as usize * 7) % 300))
+            .collect();
+        let level = match seq % 4 {
+            0 => Durability::Replicated,
+            1 => Durability::All,
+            2 => Durability::Buffered,
+            _ => Durability::Disk,
+        };
+        let (_, last) = client.append(handle, level, &batch).expect("append");
+        written.extend(batch);
+        if seq % 10 == 9 {
+            client
+                .commit(handle, last, Durability::Replicated)
+                .expect("replicated commit");
+        }
+    }
+    let (_, last) = client
+        .append(handle, Durability::Buffered, &[rec(1, 9999, 10)])
+        .unwrap();
+    written.push(rec(1, 9999, 10));
+    client
+        .commit(handle, last, Durability::All)
+        .expect("all commit");
+    drop(client);
+    primary.shutdown().expect("primary stops cleanly");
+    // The standby syncs what it holds when the primary's stream ends.
+    std::thread::sleep(Duration::from_millis(300));
+    standby.shutdown().expect("standby stops cleanly");
+
+    let (p_log, s_log) = (log_dir(&p_dir, "ledger"), log_dir(&s_dir, "ledger"));
+    let (p_files, s_files) = (segment_files(&p_log), segment_files(&s_log));
+    assert!(p_files.len() > 1, "the test crosses segments");
+    assert_eq!(
+        p_files.iter().map(|f| &f.0).collect::<Vec<_>>(),
+        s_files.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    for ((name, p), (_, s)) in p_files.iter().zip(&s_files) {
+        assert!(p == s, "{name} differs between primary and standby");
+    }
+    let on_standby = read_back(&s_log, std::sync::Arc::new(StdStorage));
+    assert_eq!(on_standby, written);
+    assert_eq!(read_back(&p_log, std::sync::Arc::new(StdStorage)), written);
+}
+
+#[test]
+fn a_replicated_commit_waits_for_a_standby_that_is_down() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    // Find a free port for the standby, then leave it closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let primary = primary(&p_dir, SocketAddr::from(([127, 0, 0, 1], port)));
+    let socket = primary.socket_path().to_path_buf();
+    let (done, finished) = mpsc::channel();
+    let writer = std::thread::spawn(move || {
+        let mut client = RawClient::connect(&socket);
+        let handle = client.open("orders");
+        let (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(2, 1, 100)])
+            .unwrap();
+        let result = client.commit(handle, last, Durability::Replicated);
+        done.send(result).unwrap();
+    });
+    // No standby: the acknowledgement must not come (a buffered one would have come at once).
+    assert!(
+        finished.recv_timeout(Duration::from_millis(700)).is_err(),
+        "a replicated commit was acknowledged with no standby running"
+    );
+    let standby = standby(&s_dir, port);
+    let result = finished
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the commit completes once the standby is up");
+    assert_eq!(result, Ok(()));
+    writer.join().unwrap();
+    primary.shutdown().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    standby.shutdown().unwrap();
+    assert_eq!(
+        read_back(&log_dir(&s_dir, "orders"), std::sync::Arc::new(StdStorage)),
+        vec![rec(2, 1, 100)]
+    );
+}
+
+#[test]
+fn without_a_standby_replicated_levels_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let server = NoHang::new(Server::start(config(root.path())).unwrap());
+    let mut client = RawClient::connect(server.socket_path());
+    let handle = client.open("solo");
+    for level in [Durability::Replicated, Durability::All] {
+        let refused = client.append(handle, level, &[rec(3, 1, 10)]).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Unsupported, "{refused:?}");
+    }
+    drop(client);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_replication_address_off_loopback_is_refused_until_tls() {
+    let root = tempfile::tempdir().unwrap();
+    let mut config = config(root.path());
+    config.standby = Some("10.1.2.3:7000".parse().unwrap());
+    let error = Server::start(config).err().expect("refused").to_string();
+    assert!(error.contains("loopback"), "{error}");
+}
