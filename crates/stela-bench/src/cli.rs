@@ -7,6 +7,8 @@
 //!   ([`crate::commit_bench`]).
 //! - `stela-bench power-fail`: the emergency flush of a full dirty set against its budget
 //!   ([`crate::power_bench`]).
+//! - `stela-bench replicated`: `buffered` against `replicated` across a veth link
+//!   ([`crate::repl_bench`]).
 //!
 //! Exit codes: 0 success, 2 the command failed (bad arguments, a run that failed, ...).
 
@@ -43,6 +45,12 @@ pub enum Command {
     /// Time of the emergency flush of a full dirty set on this disk, against half the power
     /// window (stalls the disk to fill the buffers, then announces the power failure).
     PowerFail(PowerBenchArgs),
+    /// `buffered` against `replicated` commits, the standby across a veth link in a network
+    /// namespace this command creates (root), with the link's round trip.
+    Replicated(crate::repl_bench::ReplBenchArgs),
+    /// Echo server the `replicated` benchmark runs in the standby's namespace.
+    #[command(hide = true)]
+    Netecho(crate::repl_bench::NetEchoArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -76,6 +84,8 @@ where
         Command::Wal(args) => run_wal_bench(&args, &mut out).map(drop),
         Command::Commit(args) => crate::commit_bench::run_commit_bench(&args, &mut out),
         Command::PowerFail(args) => crate::power_bench::run(args).map(drop),
+        Command::Replicated(args) => crate::repl_bench::run(&args, &mut out).map(drop),
+        Command::Netecho(args) => crate::repl_bench::net_echo(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

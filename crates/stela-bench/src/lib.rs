@@ -12,6 +12,8 @@
 //!   timed by the product's commit driver ([`stela::drive`], which `stela demo` runs on too).
 //! - [`commit_chart`]: its SVG charts.
 //! - [`power_bench`]: `stela-bench power-fail`, the emergency flush against its budget.
+//! - [`repl_bench`]: `stela-bench replicated`, `buffered` against `replicated` with the standby
+//!   across a veth link in a network namespace of its own.
 
 pub mod chart;
 pub mod cli;
@@ -21,6 +23,7 @@ pub mod harness;
 pub mod peers;
 pub mod power_bench;
 pub mod record;
+pub mod repl_bench;
 pub mod wal_bench;
 
 pub use record::{Data, Record};

@@ -64,6 +64,11 @@ pub enum Mode {
     /// Through the daemon, acknowledged on receipt (what the protection costs is measured
     /// against this).
     ServiceUnsafe,
+    /// Through a daemon with a standby, acknowledged once the standby holds the record (not in
+    /// the default set: it needs a daemon started with `--standby`).
+    ServiceReplicated,
+    /// Through a daemon with a standby: on its disk and in the standby's memory.
+    ServiceAll,
 }
 
 impl Mode {
@@ -84,11 +89,16 @@ impl Mode {
             Mode::ServiceDisk => "service-disk",
             Mode::ServiceBuffered => "service-buffered",
             Mode::ServiceUnsafe => "service-unsafe",
+            Mode::ServiceReplicated => "service-replicated",
+            Mode::ServiceAll => "service-all",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Mode> {
-        Mode::ALL.into_iter().find(|m| m.name() == name)
+        Mode::ALL
+            .into_iter()
+            .chain([Mode::ServiceReplicated, Mode::ServiceAll])
+            .find(|m| m.name() == name)
     }
 
     /// The daemon's durability level, for the service modes.
@@ -97,6 +107,8 @@ impl Mode {
             Mode::ServiceDisk => Some(Durability::Disk),
             Mode::ServiceBuffered => Some(Durability::Buffered),
             Mode::ServiceUnsafe => Some(Durability::Unsafe),
+            Mode::ServiceReplicated => Some(Durability::Replicated),
+            Mode::ServiceAll => Some(Durability::All),
             _ => None,
         }
     }

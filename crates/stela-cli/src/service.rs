@@ -141,6 +141,10 @@ pub struct ServeArgs {
     /// byte for byte (loopback only until the stream runs over TLS).
     #[arg(long, value_name = "ADDR")]
     pub repl_listen: Option<std::net::SocketAddr>,
+    /// Allow --standby / --repl-listen on non-loopback addresses although the replication
+    /// stream has no TLS yet: only inside a private network you control.
+    #[arg(long)]
+    pub repl_insecure: bool,
     /// This node's name in replication messages and logs.
     #[arg(long, default_value = "stela")]
     pub node: String,
@@ -248,6 +252,7 @@ impl ServeArgs {
         config.realtime_loop = !self.no_realtime;
         config.standby = self.standby;
         config.repl_listen = self.repl_listen;
+        config.repl_insecure = self.repl_insecure;
         config.node = self.node.clone();
         config
     }

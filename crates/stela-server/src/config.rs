@@ -108,6 +108,10 @@ pub struct DaemonConfig {
     /// Standby role: take the primary's streams here and mirror them into `dir/logs`.
     /// Loopback only until the replication stream runs over TLS.
     pub repl_listen: Option<std::net::SocketAddr>,
+    /// Allow `standby` / `repl_listen` on addresses other than loopback although the stream has
+    /// no TLS yet: only inside a private network the operator controls (the benchmark's own
+    /// network namespaces).
+    pub repl_insecure: bool,
     /// This node's name in replication messages and logs.
     pub node: String,
 }
@@ -148,6 +152,7 @@ impl DaemonConfig {
             handle_signals: false,
             standby: None,
             repl_listen: None,
+            repl_insecure: false,
             node: "stela".to_owned(),
         }
     }
@@ -176,10 +181,10 @@ impl DaemonConfig {
             ("--standby", self.standby),
             ("--repl-listen", self.repl_listen),
         ] {
-            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback() && !self.repl_insecure) {
                 return Err(format!(
                     "{flag} {addr}: the replication stream has no TLS yet, so it runs on loopback \
-                     addresses only"
+                     addresses only (or, inside a private network, with --repl-insecure)"
                 ));
             }
         }

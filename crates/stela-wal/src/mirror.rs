@@ -69,15 +69,31 @@ pub enum MirrorError {
 #[derive(Debug)]
 pub struct Mirror {
     writer: SegmentWriter,
-    /// The newest segment's header (as the writer's).
-    header: SegmentHeader,
+    /// Where the mirror stands, and its newest segment's header (as the writer's).
+    checker: Checker,
     segments: Arc<SegmentSet>,
-    position: Position,
     /// Everything below this offset of the newest segment is synced.
     synced_offset: u64,
     /// Every record up to here is synced.
     durable_lsn: Lsn,
+}
+
+/// The checks of [`Mirror::apply`] without the writing: where a copy stands and whether a chunk
+/// continues it. A standby that takes chunks into memory before writing them checks each with
+/// its own `Checker` (taken from the mirror with [`Mirror::checker`]) as it arrives.
+#[derive(Debug, Clone)]
+pub struct Checker {
+    position: Position,
+    header: SegmentHeader,
     max_payload: u32,
+}
+
+/// A chunk that passed [`Checker`]: the header it starts (if any), where its frames start, and
+/// each frame's length and sync base.
+struct Checked {
+    header: Option<SegmentHeader>,
+    frames_at: u64,
+    frames: Vec<(usize, u32)>,
 }
 
 impl Mirror {
@@ -115,23 +131,30 @@ impl Mirror {
         };
         Ok(Mirror {
             writer: files.writer,
-            header,
+            checker: Checker {
+                position,
+                header,
+                max_payload,
+            },
             segments: files.segments,
-            position,
             synced_offset: files.durable_offset,
             durable_lsn: Lsn::new(files.next_lsn.get() - 1),
-            max_payload,
         })
     }
 
     /// Where the next chunk must start.
     pub fn position(&self) -> Position {
-        self.position
+        self.checker.position
+    }
+
+    /// A copy of the mirror's checks, for chunks taken before they are applied.
+    pub fn checker(&self) -> Checker {
+        self.checker.clone()
     }
 
     /// The last LSN written (not necessarily synced); 0 for an empty log.
     pub fn received_lsn(&self) -> u64 {
-        self.position.next_lsn.get() - 1
+        self.checker.position.next_lsn.get() - 1
     }
 
     /// The last LSN synced; 0 for an empty log.
@@ -151,20 +174,24 @@ impl Mirror {
     /// [`MirrorError::Refused`] if the chunk does not continue the mirror (nothing written);
     /// [`MirrorError::Wal`] if a write or sync failed (the mirror is stopped).
     pub fn apply(&mut self, chunk: Chunk<'_>) -> std::result::Result<u64, MirrorError> {
-        let (header, frames_at, frames) = self.check(chunk)?;
+        let Checked {
+            header,
+            frames_at,
+            frames,
+        } = self.checker.examine(chunk)?;
         if let Some(header) = header {
             // The same header again (an empty segment shipped whole): nothing to replace.
-            if header.encode() != self.header.encode() {
+            if header.encode() != self.checker.header.encode() {
                 self.writer.rotate_to(header.clone())?;
-                self.header = header;
+                self.checker.header = header;
             }
-            self.position.segment_start = chunk.segment_start;
-            self.position.offset = HEADER_BYTES as u64;
+            self.checker.position.segment_start = chunk.segment_start;
+            self.checker.position.offset = HEADER_BYTES as u64;
             self.synced_offset = HEADER_BYTES as u64;
             // Rotation synced everything before the new segment.
-            self.durable_lsn = Lsn::new(self.position.next_lsn.get() - 1);
+            self.durable_lsn = Lsn::new(self.checker.position.next_lsn.get() - 1);
         }
-        debug_assert_eq!(frames_at, self.position.offset);
+        debug_assert_eq!(frames_at, self.checker.position.offset);
         // Write in stretches; before a frame whose sync base the mirror has not reached, sync
         // what is written (module invariant: torn writes look the same on both nodes).
         let body = &chunk.bytes[(frames_at - chunk.offset) as usize..];
@@ -181,8 +208,9 @@ impl Mirror {
                 }
                 self.writer.sync()?;
                 self.synced_offset = frame_offset;
-                self.durable_lsn =
-                    Lsn::new(self.position.next_lsn.get() - 1 + count_frames_before(&frames, at));
+                self.durable_lsn = Lsn::new(
+                    self.checker.position.next_lsn.get() - 1 + count_frames_before(&frames, at),
+                );
                 stretch_start = at;
             }
             at += len;
@@ -193,8 +221,9 @@ impl Mirror {
                 &[&body[stretch_start..at]],
             )?;
         }
-        self.position.offset = frames_at + at as u64;
-        self.position.next_lsn = Lsn::new(self.position.next_lsn.get() + frames.len() as u64);
+        self.checker.position.offset = frames_at + at as u64;
+        self.checker.position.next_lsn =
+            Lsn::new(self.checker.position.next_lsn.get() + frames.len() as u64);
         Ok(self.received_lsn())
     }
 
@@ -204,18 +233,39 @@ impl Mirror {
     /// The failed sync (the mirror is stopped).
     pub fn sync(&mut self) -> Result<u64> {
         self.writer.sync()?;
-        self.synced_offset = self.position.offset;
-        self.durable_lsn = Lsn::new(self.position.next_lsn.get() - 1);
+        self.synced_offset = self.checker.position.offset;
+        self.durable_lsn = Lsn::new(self.checker.position.next_lsn.get() - 1);
         Ok(self.durable_lsn())
+    }
+}
+
+impl Checker {
+    /// Where the copy stands once every chunk checked so far is written.
+    pub fn position(&self) -> Position {
+        self.position
+    }
+
+    /// Checks that `chunk` continues the copy and, if it does, moves past it; returns the LSN
+    /// after its last record.
+    ///
+    /// # Errors
+    /// [`MirrorError::Refused`], as [`Mirror::apply`] would refuse it.
+    pub fn check(&mut self, chunk: Chunk<'_>) -> std::result::Result<u64, MirrorError> {
+        let checked = self.examine(chunk)?;
+        if let Some(header) = checked.header {
+            self.header = header;
+            self.position.segment_start = chunk.segment_start;
+        }
+        let body: usize = checked.frames.iter().map(|&(len, _)| len).sum();
+        self.position.offset = checked.frames_at + body as u64;
+        self.position.next_lsn =
+            Lsn::new(self.position.next_lsn.get() + checked.frames.len() as u64);
+        Ok(self.position.next_lsn.get())
     }
 
     /// Checks a chunk without writing: the header it starts (if any), the offset its frames
     /// start at, and each frame's length and sync base.
-    #[allow(clippy::type_complexity)]
-    fn check(
-        &self,
-        chunk: Chunk<'_>,
-    ) -> std::result::Result<(Option<SegmentHeader>, u64, Vec<(usize, u32)>), MirrorError> {
+    fn examine(&self, chunk: Chunk<'_>) -> std::result::Result<Checked, MirrorError> {
         let refuse = |why: String| Err(MirrorError::Refused(why));
         let here = self.position;
         let current = &self.header;
@@ -325,7 +375,11 @@ impl Mirror {
                 }
             }
         }
-        Ok((header, frames_at, frames))
+        Ok(Checked {
+            header,
+            frames_at,
+            frames,
+        })
     }
 }
 

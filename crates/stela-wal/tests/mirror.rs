@@ -39,7 +39,10 @@ fn write_log(dir: &Path, sizes: &[usize], group: usize, segment_bytes: u64) -> u
 fn ship(primary: &LogFiles, mirror: &mut Mirror, maxes: &[usize], sync_every: usize) -> usize {
     let end = primary.next_lsn;
     let mut chunks = 0;
-    while let Some((segment_start, offset, bytes, _)) = read_chunk(
+    // A standby that takes chunks into memory first checks them with a checker of its own: it
+    // must agree with the mirror at every step.
+    let mut checker = mirror.checker();
+    while let Some((segment_start, offset, bytes, next)) = read_chunk(
         &primary.segments,
         mirror.position(),
         end,
@@ -47,13 +50,14 @@ fn ship(primary: &LogFiles, mirror: &mut Mirror, maxes: &[usize], sync_every: us
     )
     .unwrap()
     {
-        mirror
-            .apply(Chunk {
-                segment_start,
-                offset,
-                bytes: &bytes,
-            })
-            .unwrap();
+        let chunk = Chunk {
+            segment_start,
+            offset,
+            bytes: &bytes,
+        };
+        assert_eq!(checker.check(chunk).unwrap(), next.get());
+        mirror.apply(chunk).unwrap();
+        assert_eq!(checker.position(), mirror.position());
         chunks += 1;
         if chunks % sync_every.max(1) == 0 {
             mirror.sync().unwrap();

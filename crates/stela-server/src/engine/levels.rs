@@ -2,20 +2,31 @@
 //! `disk` with the pool (the flusher's completion), `replicated` with the standby's
 //! acknowledgements ([`crate::replication`]), `all` with both in turn.
 
-use super::{Engine, Waiter};
+use super::{Engine, ReleaseHook, Waiter};
 use crate::config::DaemonConfig;
 use crate::error::{Error, Result};
 use crate::pool::LogId;
 use crate::replication::Replication;
 use crate::sync::lock;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use stela_proto::Durability;
 
-/// The primary's replication, if this daemon has a standby.
-pub(super) fn replication(config: &DaemonConfig) -> Option<Arc<Replication>> {
+/// The primary's replication, if this daemon has a standby. After releasing waiters it calls
+/// the release hook once, as a flusher does after a round, so the event loop is woken once per
+/// acknowledgement of the standby, not once per waiter.
+pub(super) fn replication(
+    config: &DaemonConfig,
+    hook: &Arc<OnceLock<ReleaseHook>>,
+) -> Option<Arc<Replication>> {
+    let hook = Arc::clone(hook);
+    let released: crate::replication::Released = Arc::new(move || {
+        if let Some(hook) = hook.get() {
+            hook(false);
+        }
+    });
     config
         .standby
-        .map(|standby| Arc::new(Replication::new(standby, config.node.clone())))
+        .map(|standby| Arc::new(Replication::new(standby, config.node.clone(), released)))
 }
 
 impl Engine {

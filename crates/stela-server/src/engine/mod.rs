@@ -119,10 +119,10 @@ impl Engine {
             logs,
             last_emergency_flush: Mutex::new(None),
             started: Instant::now(),
+            replication: levels::replication(config, &release_hook),
             release_hook,
             flushers: Mutex::new(flushers),
             metrics,
-            replication: levels::replication(config),
         }))
     }
 

@@ -564,7 +564,7 @@ impl Conn {
                 result,
                 effect: Effect::None,
             }));
-            inbox.push_answer(level, answer);
+            inbox.push_quiet(answer);
         })
     }
 

@@ -79,17 +79,6 @@ impl Inbox {
         self.nudge();
     }
 
-    /// Posts the answer to a wait at `level`: without waking for `disk` (the flusher wakes the
-    /// loop once after releasing its round), waking for the standby's levels (each
-    /// acknowledgement of the standby arrives on its own).
-    pub fn push_answer(&self, level: stela_proto::Durability, event: Event) {
-        if level == stela_proto::Durability::Disk {
-            self.push_quiet(event);
-        } else {
-            self.post(event);
-        }
-    }
-
     /// Posts without waking; the poster calls [`Inbox::nudge`] once after a batch.
     pub fn push_quiet(&self, event: Event) {
         lock(&self.events).push(event);

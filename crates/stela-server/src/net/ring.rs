@@ -90,7 +90,7 @@ impl RingConn {
                     let waiter = Box::new(move |outcome: Result<(), crate::pool::PoolError>| {
                         let _ = outcome.is_ok().then(|| metrics.acked(level));
                         let done = Box::new((completer, seq, log, outcome.map(|()| (first, last))));
-                        inbox.push_answer(level, Event::RingDone(done));
+                        inbox.push_quiet(Event::RingDone(done));
                     });
                     match engine.when_acked(log, last, level, waiter) {
                         Ok(true) => {

@@ -8,8 +8,9 @@
 //! Invariants:
 //! - **Only commit acknowledgements wait.** Appends and `buffered`/`disk` commits never touch this
 //!   module's locks on their way; shipping runs beside them. A `replicated` waiter is released
-//!   only by an acknowledgement from the standby that it holds the LSN (written to its OS: in its
-//!   memory), an `all` waiter only once that is so *and* the LSN is on the primary's disk.
+//!   only by an acknowledgement from the standby that it holds the LSN (checked and in its
+//!   memory, written behind), an `all` waiter only once that is so *and* the LSN is on the
+//!   primary's disk.
 //! - **Bytes shipped are the bytes written.** The shipper copies frames exactly as the pool framed
 //!   them, and segment headers exactly as the flusher creates them, so the standby's segments are
 //!   byte-identical (`stela_wal::mirror` checks every chunk).
@@ -49,7 +50,12 @@ pub struct Replication {
     standby: SocketAddr,
     node: String,
     links: Mutex<HashMap<LogId, Arc<Link>>>,
+    /// Called once after waiters were released (wakes the event loop once for all of them).
+    released: Released,
 }
+
+/// What to call after releasing waiters.
+pub type Released = Arc<dyn Fn() + Send + Sync>;
 
 /// What a log's shipper and its waiters share.
 struct Link {
@@ -86,11 +92,12 @@ pub struct LogInfo {
 }
 
 impl Replication {
-    pub fn new(standby: SocketAddr, node: String) -> Replication {
+    pub fn new(standby: SocketAddr, node: String, released: Released) -> Replication {
         Replication {
             standby,
             node,
             links: Mutex::new(HashMap::new()),
+            released,
         }
     }
 
@@ -130,6 +137,7 @@ impl Replication {
             for (_, waiter) in waiters {
                 waiter(Err(PoolError::Closed));
             }
+            (self.released)();
         }
     }
 
@@ -277,8 +285,10 @@ impl Replication {
                     ));
                 }
                 // Records the standby holds in this primary's own term came from it: they count.
-                if history.last().is_some_and(|&(t, _)| t == term) {
-                    release(link, next_lsn - 1, durable_lsn);
+                if history.last().is_some_and(|&(t, _)| t == term)
+                    && release(link, next_lsn - 1, durable_lsn)
+                {
+                    (self.released)();
                 }
                 Position {
                     segment_start: Lsn::new(segment_start),
@@ -301,7 +311,10 @@ impl Replication {
             let link = Arc::clone(link);
             std::thread::Builder::new()
                 .name("stela-ship-acks".into())
-                .spawn(move || read_acks(reader, &link, term))
+                .spawn({
+                    let released = Arc::clone(&self.released);
+                    move || read_acks(reader, &link, term, &*released)
+                })
                 .map_err(|e| e.to_string())?
         };
         let mut header = header_for(&log.segments, at.segment_start, log, None)?;
@@ -396,14 +409,16 @@ impl Replication {
             for (_, waiter) in state.waiters.drain(..) {
                 waiter(Err(PoolError::Closed));
             }
+            drop(state);
+            (self.released)();
             tracing::error!(log = %link.name, why, "fenced: a newer primary exists; replicated commits are refused");
         }
         why
     }
 }
 
-/// Releases the waiters `received` satisfies.
-fn release(link: &Link, received: u64, durable: u64) {
+/// Releases the waiters `received` satisfies; whether there were any.
+fn release(link: &Link, received: u64, durable: u64) -> bool {
     let ready: Vec<Waiter> = {
         let mut state = lock(&link.state);
         state.received = state.received.max(received);
@@ -415,19 +430,30 @@ fn release(link: &Link, received: u64, durable: u64) {
         state.waiters = waiting;
         ready.into_iter().map(|(_, w)| w).collect()
     };
+    let any = !ready.is_empty();
     for waiter in ready {
         waiter(Ok(()));
     }
+    any
 }
 
-fn read_acks(mut reader: BufReader<TcpStream>, link: &Arc<Link>, term: u64) {
+fn read_acks(
+    mut reader: BufReader<TcpStream>,
+    link: &Arc<Link>,
+    term: u64,
+    released: &(dyn Fn() + Send + Sync),
+) {
     loop {
         match receive(&mut reader) {
             Ok(ReplMessage::Ack {
                 term: theirs,
                 received_lsn,
                 durable_lsn,
-            }) if theirs == term => release(link, received_lsn, durable_lsn),
+            }) if theirs == term => {
+                if release(link, received_lsn, durable_lsn) {
+                    released();
+                }
+            }
             Ok(ReplMessage::Refuse {
                 term: theirs,
                 message,
@@ -439,6 +465,8 @@ fn read_acks(mut reader: BufReader<TcpStream>, link: &Arc<Link>, term: u64) {
                     for (_, waiter) in state.waiters.drain(..) {
                         waiter(Err(PoolError::Closed));
                     }
+                    drop(state);
+                    released();
                 }
                 return;
             }

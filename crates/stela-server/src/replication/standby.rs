@@ -6,10 +6,12 @@
 //! - **Terms fence.** Each log keeps its term state (`stela_wal::TermStore`). A stream from a
 //!   term below the log's current term is refused before a byte of it is written; a higher one is
 //!   adopted durably before its first chunk is written, and its first LSN enters the history.
-//! - **Acknowledged means held.** `received_lsn` is sent only after the chunk's bytes were
-//!   written to the OS (in the standby's memory: they survive a standby daemon crash, not an OS
-//!   crash); `durable_lsn` only after an fdatasync covered them. The standby syncs whenever its
-//!   socket has nothing more to read, so syncs batch under load, like a group commit.
+//! - **Acknowledged means held.** `received_lsn` is sent only once the chunk is checked (it
+//!   continues the copy: offsets, CRCs, LSNs) and held in the standby's memory, from where a
+//!   writer thread writes it behind (RapiLog's buffers, on the standby: a sync never holds up the
+//!   next chunk); `durable_lsn` only after an fdatasync covered it. The writer syncs whenever it
+//!   has caught up, so syncs batch under load, like a group commit. At most 64 MiB are held;
+//!   beyond that the standby stops reading and TCP slows the primary.
 //! - **One primary per log at a time**: a second stream for a log already being mirrored is
 //!   refused.
 //! - **Bad input stops the stream, not the daemon**: a malformed frame, a chunk that does not
@@ -18,17 +20,17 @@
 
 use super::{receive, send};
 use crate::sync::lock;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use stela_format::term::Term;
 use stela_format::Codec;
 use stela_proto::repl::{chunk_bytes, ReplMessage};
-use stela_wal::mirror::{Chunk, Mirror, MirrorError};
+use stela_wal::mirror::{Chunk, Mirror};
 use stela_wal::storage::Storage;
 use stela_wal::{TermStore, WalOptions};
 
@@ -135,7 +137,6 @@ impl Drop for Busy<'_> {
 fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
-    let probe = stream.try_clone().map_err(|e| e.to_string())?;
     let mut reader = BufReader::with_capacity(1 << 20, stream);
     let ReplMessage::Open {
         term,
@@ -192,7 +193,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         .codec(codec)
         .segment_bytes(shared.segment_bytes)
         .storage(Arc::clone(&shared.storage));
-    let mut mirror = Mirror::open(&dir, options, &type_tag).map_err(|e| e.to_string())?;
+    let mirror = Mirror::open(&dir, options, &type_tag).map_err(|e| e.to_string())?;
     let position = mirror.position();
     send(
         &mut writer,
@@ -217,18 +218,98 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         from = position.next_lsn.get(),
         "standby: mirroring"
     );
-    loop {
-        let message = match receive(&mut reader) {
-            Ok(message) => message,
-            Err(why) => {
-                // The primary went away: what was written is synced before the stream ends.
-                let _ = mirror.sync();
-                return Err(why);
-            }
+    // Chunks are checked and taken into memory here, acknowledged as received at once, and
+    // written and synced by the writer thread behind (RapiLog's buffers, on the standby): a sync
+    // never holds up the next chunk.
+    let mut checker = mirror.checker();
+    let pipe = Arc::new(Pipe {
+        state: Mutex::new(PipeState {
+            received: mirror.received_lsn(),
+            durable: mirror.durable_lsn(),
+            ..PipeState::default()
+        }),
+        changed: Condvar::new(),
+        socket: Mutex::new(writer),
+        term,
+    });
+    let written = {
+        let (pipe, log) = (Arc::clone(&pipe), log.clone());
+        std::thread::Builder::new()
+            .name("stela-mirror-writer".into())
+            .spawn(move || write_behind(mirror, &pipe, &log))
+            .map_err(|e| e.to_string())?
+    };
+    let result = receive_chunks(&mut reader, &mut checker, &mut terms, &pipe);
+    if let Err(why) = &result {
+        let _ = send(
+            &mut *lock(&pipe.socket),
+            &ReplMessage::Refuse {
+                term: terms.current().0,
+                message: why.clone(),
+            },
+        );
+    }
+    lock(&pipe.state).closed = true;
+    pipe.changed.notify_all();
+    let _ = written.join();
+    result
+}
+
+/// Chunks checked and held in memory, between the receiving thread and the writer.
+struct Pipe {
+    state: Mutex<PipeState>,
+    changed: Condvar,
+    /// Acknowledgements go out from both threads.
+    socket: Mutex<TcpStream>,
+    term: u64,
+}
+
+#[derive(Default)]
+struct PipeState {
+    chunks: VecDeque<(stela_format::Lsn, u64, Vec<u8>)>,
+    bytes: usize,
+    received: u64,
+    durable: u64,
+    closed: bool,
+    failed: Option<String>,
+}
+
+/// Most bytes held in memory before the receiver stops reading (and TCP slows the primary).
+const HELD_BYTES: usize = 64 << 20;
+
+impl Pipe {
+    fn ack(&self, term: u64) -> Result<(), String> {
+        let (received, durable) = {
+            let state = lock(&self.state);
+            (state.received, state.durable)
         };
+        send(
+            &mut *lock(&self.socket),
+            &ReplMessage::Ack {
+                term,
+                received_lsn: received,
+                durable_lsn: durable,
+            },
+        )
+    }
+}
+
+/// The receiving side: checks each chunk against the copy as it will be once everything held
+/// is written, holds it, says it is received.
+fn receive_chunks(
+    reader: &mut BufReader<TcpStream>,
+    checker: &mut stela_wal::mirror::Checker,
+    terms: &mut TermStore,
+    pipe: &Pipe,
+) -> Result<(), String> {
+    loop {
+        let message = receive(reader)?;
         if message.term() < terms.current().0 {
-            let ours = terms.current().0;
-            return refuse(&mut writer, ours, format!("stale term {}", message.term()));
+            return Err(format!(
+                "stale term {}: this standby is at term {}",
+                message.term(),
+                terms.current().0
+            ));
         }
         let ReplMessage::Chunk {
             term: chunk_term,
@@ -242,59 +323,100 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             if matches!(message, ReplMessage::Heartbeat { .. }) {
                 continue;
             }
-            return refuse(&mut writer, term, format!("unexpected {message:?}"));
+            return Err(format!("unexpected {message:?}"));
         };
-        let bytes = match chunk_bytes(raw_len, compressed, bytes) {
-            Ok(bytes) => bytes,
-            Err(error) => return refuse(&mut writer, term, error.to_string()),
-        };
-        // The first record of a new term enters the history before it is written.
+        let bytes = chunk_bytes(raw_len, compressed, bytes).map_err(|e| e.to_string())?;
+        // The first record of a new term enters the history before it is held.
         if terms.history().last_term() < Term(chunk_term) {
             terms
                 .observe(Term(chunk_term))
-                .and_then(|()| terms.begin(Term(chunk_term), mirror.position().next_lsn.get()))
+                .and_then(|()| terms.begin(Term(chunk_term), checker.position().next_lsn.get()))
                 .map_err(|e| e.to_string())?;
         }
-        match mirror.apply(Chunk {
-            segment_start: stela_format::Lsn::new(segment_start),
+        let segment_start = stela_format::Lsn::new(segment_start);
+        let next = match checker.check(Chunk {
+            segment_start,
             offset,
             bytes: &bytes,
         }) {
-            Ok(_) => {}
-            Err(MirrorError::Refused(why)) => return refuse(&mut writer, term, why),
-            Err(MirrorError::Wal(error)) => {
-                tracing::error!(log, %error, "standby: writing the mirror failed; it is stopped");
-                return refuse(&mut writer, term, error.to_string());
-            }
-        }
-        // In the standby's memory now: say so before syncing, since `replicated` waits for
-        // exactly this. Then, if nothing more is waiting on the socket, sync (so syncs batch
-        // under load) and say that too.
-        let ack = |writer: &mut TcpStream, mirror: &Mirror| {
-            send(
-                writer,
-                &ReplMessage::Ack {
-                    term: chunk_term,
-                    received_lsn: mirror.received_lsn(),
-                    durable_lsn: mirror.durable_lsn(),
-                },
-            )
+            Ok(next) => next,
+            Err(error) => return Err(error.to_string()),
         };
-        ack(&mut writer, &mirror)?;
-        if reader.buffer().is_empty() && !readable(&probe) {
-            mirror.sync().map_err(|e| e.to_string())?;
-            ack(&mut writer, &mirror)?;
+        {
+            let mut state = lock(&pipe.state);
+            while state.bytes > HELD_BYTES && state.failed.is_none() {
+                state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            if let Some(why) = &state.failed {
+                return Err(why.clone());
+            }
+            state.bytes += bytes.len();
+            state.chunks.push_back((segment_start, offset, bytes));
+            state.received = next - 1;
         }
+        pipe.changed.notify_all();
+        pipe.ack(chunk_term)?;
     }
 }
 
-/// Whether the socket has bytes waiting (without reading them).
-fn readable(stream: &TcpStream) -> bool {
-    if stream.set_nonblocking(true).is_err() {
-        return false;
+/// The writer: applies held chunks in order, syncs whenever it has caught up, says what is
+/// durable. A failure stops it and the stream.
+fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
+    loop {
+        let next = {
+            let mut state = lock(&pipe.state);
+            loop {
+                if let Some(chunk) = state.chunks.pop_front() {
+                    state.bytes -= chunk.2.len();
+                    break Some(chunk);
+                }
+                if state.closed {
+                    break None;
+                }
+                state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        pipe.changed.notify_all();
+        let result = match &next {
+            Some((segment_start, offset, bytes)) => mirror
+                .apply(Chunk {
+                    segment_start: *segment_start,
+                    offset: *offset,
+                    bytes,
+                })
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
+        };
+        // Caught up (or closing): sync, and say so.
+        let caught_up = lock(&pipe.state).chunks.is_empty();
+        let result = result.and_then(|()| {
+            if caught_up {
+                mirror.sync().map(drop).map_err(|e| e.to_string())
+            } else {
+                Ok(())
+            }
+        });
+        match result {
+            Ok(()) => {
+                if caught_up {
+                    lock(&pipe.state).durable = mirror.durable_lsn();
+                    let _ = pipe.ack(pipe.term);
+                }
+            }
+            Err(why) => {
+                tracing::error!(
+                    log,
+                    why,
+                    "standby: writing the mirror failed; it is stopped"
+                );
+                lock(&pipe.state).failed = Some(why);
+                pipe.changed.notify_all();
+                return;
+            }
+        }
+        if next.is_none() {
+            return;
+        }
     }
-    let mut byte = [0u8; 1];
-    let waiting = matches!(stream.peek(&mut byte), Ok(n) if n > 0);
-    let _ = stream.set_nonblocking(false);
-    waiting
 }

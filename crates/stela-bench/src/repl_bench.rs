@@ -1,0 +1,385 @@
+//! `stela-bench replicated`: what commit protection costs. The same client load committed at
+//! `buffered` and at `replicated` against a primary whose standby is across a veth link, with the
+//! link's measured round trip, by number of clients.
+//!
+//! The benchmark builds its own network: a namespace `stela-rb-<pid>` holding the standby, joined
+//! to this namespace by a veth pair with addresses of its own (10.250.<n>.1 here, .2 there); it
+//! touches no other interface and removes both at the end, also on failure. The primary daemon
+//! (`stela serve --standby`, the `stela` binary next to this one) runs in this namespace, the
+//! standby (`stela serve --repl-listen`) in the new one; the clients are the commit benchmark's
+//! (`stela-bench commit --socket`, over the shared-memory ring unless `--transport socket`), the
+//! two levels taking turns, medians of `--repeats`. The round trip is the median of 2,000 TCP
+//! ping-pongs of 8 bytes between the two namespaces (TCP_NODELAY), through a small echo server
+//! that this binary runs in the standby's namespace (`stela-bench netecho`, hidden).
+//!
+//! Targets (issue 9): `replicated` p50 <= `buffered` p50 + one round trip + 10 %, and `replicated`
+//! commits/s at 16 clients >= 0.8 x `buffered`. Needs root (network namespaces).
+
+use crate::commit_bench::{self, CommitBenchConfig, CommitRow, TransportChoice};
+use anyhow::{bail, Context};
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use stela::drive::{Mode, Timing, WARMUP};
+
+/// Arguments of `stela-bench replicated`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplBenchArgs {
+    /// Numbers of concurrent clients, comma list.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub clients: Vec<usize>,
+    /// Size of each record as MessagePack, in bytes.
+    #[arg(long, default_value_t = 100)]
+    pub record_bytes: usize,
+    /// Measured seconds of each run (after a 0.3 s warm-up).
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Runs per (level, clients), taking turns; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// How the clients reach the primary.
+    #[arg(long, value_enum, default_value_t = TransportChoice::Shm)]
+    pub transport: TransportChoice,
+    /// One JSON object per client count instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the daemons' directories here instead of a temporary directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// More flags for the primary's `stela serve`, one string (e.g. "--spin-us 0").
+    #[arg(long, value_name = "FLAGS", allow_hyphen_values = true)]
+    pub primary_flags: Option<String>,
+}
+
+/// Arguments of the hidden `stela-bench netecho`: echo every byte back on `listen`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NetEchoArgs {
+    #[arg(long)]
+    pub listen: SocketAddr,
+}
+
+/// One line of results.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplRow {
+    pub clients: usize,
+    pub buffered_p50_us: f64,
+    pub replicated_p50_us: f64,
+    pub rtt_us: f64,
+    pub buffered_commits_per_s: f64,
+    pub replicated_commits_per_s: f64,
+}
+
+/// Runs the echo server until killed.
+pub fn net_echo(args: &NetEchoArgs) -> anyhow::Result<()> {
+    let listener =
+        TcpListener::bind(args.listen).with_context(|| format!("bind {}", args.listen))?;
+    for stream in listener.incoming() {
+        let mut stream = stream?;
+        let _ = stream.set_nodelay(true);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The namespace and veth pair, removed when dropped.
+struct Network {
+    namespace: String,
+    host_if: String,
+    here: String,
+    there: String,
+}
+
+impl Network {
+    fn create() -> anyhow::Result<Network> {
+        let pid = std::process::id();
+        let n = pid % 250 + 1;
+        let net = Network {
+            namespace: format!("stela-rb-{pid}"),
+            host_if: format!("strb{}", pid % 100_000),
+            here: format!("10.250.{n}.1"),
+            there: format!("10.250.{n}.2"),
+        };
+        let peer_if = format!("strs{}", pid % 100_000);
+        ip(&["netns", "add", &net.namespace])
+            .context("creating a network namespace (needs root)")?;
+        // From here on `net` is dropped on failure, which removes what exists.
+        ip(&[
+            "link",
+            "add",
+            &net.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer_if,
+        ])?;
+        ip(&["link", "set", &peer_if, "netns", &net.namespace])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", net.here),
+            "dev",
+            &net.host_if,
+        ])?;
+        ip(&["link", "set", &net.host_if, "up"])?;
+        net.exec_ip(&["addr", "add", &format!("{}/30", net.there), "dev", &peer_if])?;
+        net.exec_ip(&["link", "set", &peer_if, "up"])?;
+        net.exec_ip(&["link", "set", "lo", "up"])?;
+        Ok(net)
+    }
+
+    fn exec_ip(&self, args: &[&str]) -> anyhow::Result<()> {
+        let mut all = vec!["netns", "exec", &self.namespace, "ip"];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// `program args` inside the namespace.
+    fn spawn(&self, program: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+        let out = std::fs::File::create(log)?;
+        Command::new("ip")
+            .args(["netns", "exec", &self.namespace])
+            .arg(program)
+            .args(args)
+            .stdout(Stdio::from(out.try_clone()?))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .context("ip netns exec")
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", &self.host_if]);
+        let _ = ip(&["netns", "del", &self.namespace]);
+    }
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let output = Command::new("ip").args(args).output().context("run ip")?;
+    if !output.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let path = me.with_file_name(name);
+    if !path.exists() {
+        bail!(
+            "{} not found next to {} (build it: cargo build --release)",
+            path.display(),
+            me.display()
+        );
+    }
+    Ok(path)
+}
+
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        if Instant::now() > deadline {
+            bail!("{what} did not come up within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Median TCP round trip to `addr`, in microseconds.
+fn measure_rtt(addr: SocketAddr) -> anyhow::Result<f64> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_nodelay(true)?;
+    let mut buf = [0u8; 8];
+    let mut samples = Vec::with_capacity(2000);
+    for i in 0..2200u64 {
+        let start = Instant::now();
+        stream.write_all(&i.to_le_bytes())?;
+        stream.read_exact(&mut buf)?;
+        if i >= 200 {
+            samples.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
+pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<ReplRow>> {
+    let stela = sibling("stela")?;
+    let me = std::env::current_exe()?;
+    let temp = tempfile::tempdir()?;
+    let base = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_path_buf());
+    std::fs::create_dir_all(&base)?;
+    let net = Network::create()?;
+    let repl: SocketAddr = format!("{}:7601", net.there).parse()?;
+    let echo: SocketAddr = format!("{}:7602", net.there).parse()?;
+    let _echo = Killed(net.spawn(
+        &me,
+        &["netecho".into(), "--listen".into(), echo.to_string()],
+        &base.join("echo.log"),
+    )?);
+    let standby_dir = base.join("standby");
+    let _standby = Killed(net.spawn(
+        &stela,
+        &[
+            "serve".into(),
+            "--dir".into(),
+            standby_dir.display().to_string(),
+            "--repl-listen".into(),
+            repl.to_string(),
+            "--repl-insecure".into(),
+            "--assume-write-rate".into(),
+            "500000000".into(),
+            "--node".into(),
+            "standby".into(),
+        ],
+        &base.join("standby.log"),
+    )?);
+    wait_for("the standby", || {
+        TcpStream::connect_timeout(&repl, Duration::from_millis(100)).is_ok()
+    })?;
+    wait_for("the echo server", || {
+        TcpStream::connect_timeout(&echo, Duration::from_millis(100)).is_ok()
+    })?;
+    let primary_dir = base.join("primary");
+    let socket = primary_dir.join("stela.sock");
+    let primary_log = std::fs::File::create(base.join("primary.log"))?;
+    let _primary = Killed(
+        Command::new(&stela)
+            .args(["serve", "--dir"])
+            .arg(&primary_dir)
+            .args([
+                "--standby",
+                &repl.to_string(),
+                "--repl-insecure",
+                "--node",
+                "primary",
+            ])
+            .args(
+                args.primary_flags
+                    .as_deref()
+                    .unwrap_or("")
+                    .split_whitespace(),
+            )
+            .stdout(Stdio::from(primary_log.try_clone()?))
+            .stderr(Stdio::from(primary_log))
+            .spawn()
+            .context("start the primary")?,
+    );
+    wait_for("the primary", || {
+        socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    })?;
+    let rtt_us = measure_rtt(echo)?;
+    let cfg = CommitBenchConfig {
+        modes: vec![Mode::ServiceBuffered, Mode::ServiceReplicated],
+        clients: args.clients.clone(),
+        record_bytes: vec![args.record_bytes],
+        timing: Timing {
+            warmup: WARMUP,
+            window: Duration::from_secs_f64(args.duration),
+        },
+        dir: None,
+        socket: Some(socket),
+        transports: vec![args.transport],
+        idle_connections: vec![0],
+        json: true,
+        progress: false,
+        repeats: args.repeats.max(1),
+    };
+    let rows = commit_bench::run(&cfg, &mut std::io::sink())?;
+    let pick = |mode: &str, clients: usize| -> anyhow::Result<&CommitRow> {
+        rows.iter()
+            .find(|r| r.mode == mode && r.clients == clients)
+            .with_context(|| format!("no {mode} row for {clients} clients"))
+    };
+    let mut out_rows = Vec::new();
+    if !args.json {
+        writeln!(out, "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}), round trip {rtt_us:.1} us (median of 2000 TCP ping-pongs)", net.here, net.there)?;
+        writeln!(
+            out,
+            "# {} B records, {} transport, {:.1} s runs, median of {} with the levels taking turns",
+            args.record_bytes, args.transport, args.duration, args.repeats
+        )?;
+        writeln!(
+            out,
+            "{:>7} {:>14} {:>16} {:>8} {:>18} {:>20}  targets",
+            "clients",
+            "buffered p50",
+            "replicated p50",
+            "rtt",
+            "buffered commits/s",
+            "replicated commits/s"
+        )?;
+    }
+    for &clients in &args.clients {
+        let (b, r) = (
+            pick("service-buffered", clients)?,
+            pick("service-replicated", clients)?,
+        );
+        let row = ReplRow {
+            clients,
+            buffered_p50_us: b.p50_us.unwrap_or(f64::NAN),
+            replicated_p50_us: r.p50_us.unwrap_or(f64::NAN),
+            rtt_us,
+            buffered_commits_per_s: b.commits_per_s,
+            replicated_commits_per_s: r.commits_per_s,
+        };
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&row)?)?;
+        } else {
+            let latency_ok = row.replicated_p50_us <= (row.buffered_p50_us + rtt_us) * 1.1;
+            let mut verdict = format!(
+                "p50 <= (buffered + rtt) x 1.1 = {:.1} us: {}",
+                (row.buffered_p50_us + rtt_us) * 1.1,
+                if latency_ok { "met" } else { "NOT met" }
+            );
+            if clients == 16 {
+                let ratio = row.replicated_commits_per_s / row.buffered_commits_per_s;
+                verdict += &format!(
+                    "; commits/s ratio {ratio:.2} (>= 0.8: {})",
+                    if ratio >= 0.8 { "met" } else { "NOT met" }
+                );
+            }
+            writeln!(
+                out,
+                "{:>7} {:>11.1} us {:>13.1} us {:>5.1} us {:>18.0} {:>20.0}  {verdict}",
+                clients,
+                row.buffered_p50_us,
+                row.replicated_p50_us,
+                rtt_us,
+                row.buffered_commits_per_s,
+                row.replicated_commits_per_s
+            )?;
+        }
+        out_rows.push(row);
+    }
+    Ok(out_rows)
+}
