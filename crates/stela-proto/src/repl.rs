@@ -8,6 +8,8 @@
 //!   Chunk {term, segment, offset, bytes} -> (as appended, not when flushed)
 //!                                      <-  Ack {term, received_lsn, durable_lsn}
 //!   Heartbeat {term}                   ->  (when there is nothing to ship)
+//!   Fetch {term, position}             ->  (a restarted primary that is behind its standby)
+//!                                      <-  Chunk ... Position   (the records it lost)
 //!                                      <-  Refuse {term, why}   (a stale term, a bad chunk)
 //! ```
 //!
@@ -64,6 +66,15 @@ pub enum ReplMessage {
     },
     /// Primary → standby when idle, so the standby knows its primary is alive.
     Heartbeat { term: u64 },
+    /// Primary → standby, before it ships anything: the standby holds records the primary lost
+    /// (it crashed after they were acknowledged at `replicated`); send them back from this
+    /// position on, as `Chunk`s of the standby's synced files, then a `Position`.
+    Fetch {
+        term: u64,
+        segment_start: u64,
+        offset: u64,
+        next_lsn: u64,
+    },
     /// Either way: the other side's message was refused; the connection closes after it.
     Refuse { term: u64, message: String },
 }
@@ -77,6 +88,7 @@ impl ReplMessage {
             | ReplMessage::Chunk { term, .. }
             | ReplMessage::Ack { term, .. }
             | ReplMessage::Heartbeat { term }
+            | ReplMessage::Fetch { term, .. }
             | ReplMessage::Refuse { term, .. } => *term,
         }
     }
@@ -185,6 +197,12 @@ mod tests {
                 durable_lsn: 8,
             },
             ReplMessage::Heartbeat { term: 3 },
+            ReplMessage::Fetch {
+                term: 3,
+                segment_start: 1,
+                offset: 300,
+                next_lsn: 4,
+            },
             ReplMessage::Refuse {
                 term: 4,
                 message: "stale term 3".into(),

@@ -218,6 +218,11 @@ impl Logs {
     }
 
     /// The open log with this id.
+    /// Whether `name` is open now.
+    pub fn is_open(&self, name: &str) -> bool {
+        lock(&self.table).by_name.contains_key(name)
+    }
+
     pub fn get(&self, id: LogId) -> Option<Arc<LogEntry>> {
         lock(&self.table).by_id.get(&id).map(|(e, _)| Arc::clone(e))
     }

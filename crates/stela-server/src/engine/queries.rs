@@ -73,6 +73,13 @@ impl Engine {
     /// Opens (or with `create`, creates) a log for one more handle. Blocking: recovery reads
     /// the log's files.
     pub fn open(&self, name: &str, codec: &str, type_tag: &str, create: bool) -> Result<Opened> {
+        if let Some(replication) = self
+            .replication
+            .as_ref()
+            .filter(|_| !self.logs.is_open(name))
+        {
+            self.catch_up(replication, name, codec, type_tag);
+        }
         let entry = self.logs.open(&self.pool, name, codec, type_tag, create)?;
         if let Some(replication) = &self.replication {
             replication.watch(
@@ -94,6 +101,35 @@ impl Engine {
             positions: self.positions(entry.id),
             max_record_bytes: self.pool.max_record_bytes(entry.id),
         })
+    }
+
+    /// Brings back from the standby what a crash took from this primary's copy of `name`.
+    fn catch_up(
+        &self,
+        replication: &crate::replication::Replication,
+        name: &str,
+        codec: &str,
+        type_tag: &str,
+    ) {
+        let (Some(codec), true) = (
+            stela_format::Codec::from_name(codec),
+            crate::logs::valid_name(name),
+        ) else {
+            return; // the open itself says what is wrong
+        };
+        let options = stela_wal::WalOptions::default()
+            .codec(codec)
+            .segment_bytes(self.config.segment_bytes)
+            .storage(Arc::clone(&self.config.storage))
+            .create_if_missing(false);
+        let dir = self.logs.dir().join(name);
+        if let Err(why) = replication.catch_up(name, &dir, type_tag, options) {
+            tracing::warn!(
+                log = name,
+                why,
+                "could not fetch from the standby what this primary may lack"
+            );
+        }
     }
 
     /// Gives back one handle of `log`; the last one closes the log. Blocking.

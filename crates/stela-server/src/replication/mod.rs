@@ -175,6 +175,114 @@ impl Replication {
         Ok(false)
     }
 
+    /// Before `log` is opened (its files in `dir`): if the standby holds records of it that this
+    /// primary lost (it crashed after acknowledging them at `replicated`), fetches them into the
+    /// files, so that the log opens with every acknowledged record. Returns how many records
+    /// came back. Does nothing when the standby is unreachable, not ahead, or diverged (shipping
+    /// then reports it).
+    pub fn catch_up(
+        &self,
+        log: &str,
+        dir: &std::path::Path,
+        type_tag: &str,
+        options: stela_wal::WalOptions,
+    ) -> Result<u64, String> {
+        let storage = Arc::clone(&options.storage);
+        let codec = options.codec;
+        if storage.list(dir).map_or(true, |names| names.is_empty()) {
+            return Ok(0);
+        }
+        let terms = TermStore::open(Arc::clone(&storage), dir).map_err(|e| e.to_string())?;
+        if terms.current() == Term(0) {
+            return Ok(0); // never replicated
+        }
+        let term = terms.current().0;
+        let mut mirror =
+            stela_wal::mirror::Mirror::open(dir, options, type_tag).map_err(|e| e.to_string())?;
+        let Ok(stream) = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1)) else {
+            tracing::warn!(log, standby = %self.standby, "standby unreachable at open: records it may hold that this primary lost are not fetched");
+            return Ok(0);
+        };
+        let _ = stream.set_nodelay(true);
+        let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+        let mut reader = BufReader::new(stream);
+        send(
+            &mut writer,
+            &ReplMessage::Open {
+                term,
+                node: self.node.clone(),
+                log: log.to_owned(),
+                codec: codec.name().to_owned(),
+                type_tag: type_tag.to_owned(),
+                token: None,
+            },
+        )?;
+        let (theirs, their_end) = match receive(&mut reader)? {
+            ReplMessage::Position {
+                next_lsn, history, ..
+            } => (history, next_lsn - 1),
+            ReplMessage::Refuse { message, .. } => return Err(message),
+            other => return Err(format!("expected the standby's position, got {other:?}")),
+        };
+        let ours_end = mirror.received_lsn();
+        let theirs = stela_format::term::TermHistory::from_entries(
+            theirs.into_iter().map(|(t, f)| (Term(t), f)),
+        )
+        .map_err(|e| format!("the standby's term history: {e}"))?;
+        let agreed =
+            stela_format::term::divergence((terms.history(), ours_end), (&theirs, their_end));
+        if their_end <= ours_end || agreed < ours_end {
+            return Ok(0);
+        }
+        let at = mirror.position();
+        send(
+            &mut writer,
+            &ReplMessage::Fetch {
+                term,
+                segment_start: at.segment_start.get(),
+                offset: at.offset,
+                next_lsn: at.next_lsn.get(),
+            },
+        )?;
+        let mut bytes_back = 0u64;
+        loop {
+            match receive(&mut reader)? {
+                ReplMessage::Chunk {
+                    segment_start,
+                    offset,
+                    raw_len,
+                    compressed,
+                    bytes,
+                    ..
+                } => {
+                    let bytes = stela_proto::repl::chunk_bytes(raw_len, compressed, bytes)
+                        .map_err(|e| e.to_string())?;
+                    bytes_back += bytes.len() as u64;
+                    mirror
+                        .apply(stela_wal::mirror::Chunk {
+                            segment_start: Lsn::new(segment_start),
+                            offset,
+                            bytes: &bytes,
+                        })
+                        .map_err(|e| e.to_string())?;
+                }
+                ReplMessage::Position { .. } => break,
+                ReplMessage::Refuse { message, .. } => return Err(message),
+                other => return Err(format!("unexpected {other:?} while fetching")),
+            }
+        }
+        mirror.sync().map_err(|e| e.to_string())?;
+        let fetched = mirror.received_lsn() - ours_end;
+        tracing::warn!(
+            log,
+            fetched,
+            bytes = bytes_back,
+            from = ours_end + 1,
+            "fetched from the standby the records this primary lost"
+        );
+        Ok(fetched)
+    }
+
     /// Where each log's standby stands: (name, received, durable, connected).
     pub fn status(&self) -> Vec<(String, u64, u64, bool)> {
         lock(&self.links)

@@ -222,6 +222,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     // written and synced by the writer thread behind (RapiLog's buffers, on the standby): a sync
     // never holds up the next chunk.
     let mut checker = mirror.checker();
+    let segments = Arc::clone(mirror.segments());
     let pipe = Arc::new(Pipe {
         state: Mutex::new(PipeState {
             received: mirror.received_lsn(),
@@ -239,7 +240,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             .spawn(move || write_behind(mirror, &pipe, &log))
             .map_err(|e| e.to_string())?
     };
-    let result = receive_chunks(&mut reader, &mut checker, &mut terms, &pipe);
+    let result = receive_chunks(&mut reader, &mut checker, &mut terms, &pipe, &segments);
     if let Err(why) = &result {
         let _ = send(
             &mut *lock(&pipe.socket),
@@ -301,9 +302,27 @@ fn receive_chunks(
     checker: &mut stela_wal::mirror::Checker,
     terms: &mut TermStore,
     pipe: &Pipe,
+    segments: &stela_wal::SegmentSet,
 ) -> Result<(), String> {
     loop {
         let message = receive(reader)?;
+        if let ReplMessage::Fetch {
+            term,
+            segment_start,
+            offset,
+            next_lsn,
+        } = message
+        {
+            send_back(
+                term,
+                (segment_start, offset, next_lsn),
+                checker,
+                terms,
+                pipe,
+                segments,
+            )?;
+            continue;
+        }
         if message.term() < terms.current().0 {
             return Err(format!(
                 "stale term {}: this standby is at term {}",
@@ -357,6 +376,70 @@ fn receive_chunks(
         pipe.changed.notify_all();
         pipe.ack(chunk_term)?;
     }
+}
+
+/// Answers a `Fetch`: the synced records from `from` on, as chunks read from the files, then
+/// where this copy stands.
+fn send_back(
+    term: u64,
+    (segment_start, offset, next_lsn): (u64, u64, u64),
+    checker: &stela_wal::mirror::Checker,
+    terms: &TermStore,
+    pipe: &Pipe,
+    segments: &stela_wal::SegmentSet,
+) -> Result<(), String> {
+    let mut at = stela_wal::mirror::Position {
+        segment_start: stela_format::Lsn::new(segment_start),
+        offset,
+        next_lsn: stela_format::Lsn::new(next_lsn.max(1)),
+    };
+    // Only what the writer has synced is read back from the files.
+    let durable = {
+        let mut state = lock(&pipe.state);
+        while !state.chunks.is_empty() && state.failed.is_none() {
+            state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.durable
+    };
+    let mut sent = 0u64;
+    while let Some((segment, offset, bytes, next)) =
+        stela_wal::mirror::read_chunk(segments, at, stela_format::Lsn::new(durable + 1), 1 << 20)
+            .map_err(|e| e.to_string())?
+    {
+        sent += bytes.len() as u64;
+        send(
+            &mut *lock(&pipe.socket),
+            &stela_proto::repl::chunk_message(term, segment.get(), offset, &bytes),
+        )?;
+        at = stela_wal::mirror::Position {
+            segment_start: segment,
+            offset: offset + bytes.len() as u64,
+            next_lsn: next,
+        };
+    }
+    tracing::info!(
+        from = next_lsn,
+        to = at.next_lsn.get() - 1,
+        bytes = sent,
+        "standby: sent back what the primary lacked"
+    );
+    let position = checker.position();
+    send(
+        &mut *lock(&pipe.socket),
+        &ReplMessage::Position {
+            term,
+            segment_start: position.segment_start.get(),
+            offset: position.offset,
+            next_lsn: position.next_lsn.get(),
+            durable_lsn: durable,
+            history: terms
+                .history()
+                .entries()
+                .iter()
+                .map(|&(t, f)| (t.0, f))
+                .collect(),
+        },
+    )
 }
 
 /// The writer: applies held chunks in order, syncs whenever it has caught up, says what is
