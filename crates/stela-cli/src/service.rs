@@ -483,6 +483,19 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
             problems.push(format!("log {} waits for disk space: {reason}", log.name));
         }
     }
+    for log in report.replication.iter().flat_map(|r| &r.logs) {
+        if let Some(why) = &log.stopped {
+            problems.push(format!(
+                "log {} stopped shipping to the standby: {why}",
+                log.log
+            ));
+        } else if !log.connected {
+            problems.push(format!(
+                "log {}: the standby is not connected (replicated commits wait)",
+                log.log
+            ));
+        }
+    }
     problems
 }
 
@@ -615,6 +628,46 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             }
         )?;
     }
+    if let Some(replication) = &report.replication {
+        writeln!(
+            out,
+            "replication: {} ({} {})",
+            replication.role.to_uppercase(),
+            if replication.role == "primary" {
+                "shipping to"
+            } else {
+                "taking streams on"
+            },
+            replication.peer
+        )?;
+        for log in &replication.logs {
+            writeln!(
+                out,
+                "  {:<20} term {}, {}, standby holds up to LSN {} (durable {}){}{}",
+                log.log,
+                log.term,
+                if log.connected {
+                    "connected"
+                } else {
+                    "NOT CONNECTED"
+                },
+                log.received_lsn,
+                log.durable_lsn,
+                if log.lag_records > 0 {
+                    format!(
+                        ", behind by {} record(s) for {} ms",
+                        log.lag_records, log.lag_ms
+                    )
+                } else {
+                    String::new()
+                },
+                match &log.stopped {
+                    Some(why) => format!(", STOPPED: {why}"),
+                    None => String::new(),
+                }
+            )?;
+        }
+    }
     writeln!(out, "what an acknowledgement survives:")?;
     for line in &report.crash_semantics {
         writeln!(out, "  - {line}")?;
@@ -651,6 +704,14 @@ fn status_json(report: &StatusReport) -> serde_json::Value {
             "dirty_bytes": l.dirty_bytes, "failure": l.failure, "waiting_for_space": l.waiting_for_space,
         })).collect::<Vec<_>>(),
         "crash_semantics": report.crash_semantics,
+        "replication": report.replication.as_ref().map(|r| serde_json::json!({
+            "role": r.role, "peer": r.peer,
+            "logs": r.logs.iter().map(|l| serde_json::json!({
+                "log": l.log, "connected": l.connected, "term": l.term,
+                "received_lsn": l.received_lsn, "durable_lsn": l.durable_lsn,
+                "lag_records": l.lag_records, "lag_ms": l.lag_ms, "stopped": l.stopped,
+            })).collect::<Vec<_>>(),
+        })),
     })
 }
 

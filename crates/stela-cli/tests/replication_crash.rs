@@ -318,3 +318,71 @@ fn a_primary_sigkill_loses_no_replicated_acknowledgement_20_rounds() {
         round(seed.wrapping_add(i * 7919), i % 2 == 1);
     }
 }
+
+/// `stela status` on the primary shows the shipping (role, peer, per log), and turns unhealthy
+/// (exit 3, naming the log) once the standby is gone: `replicated` commits would wait.
+#[test]
+fn status_shows_the_standby_and_is_unhealthy_without_it() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("primary"), root.path().join("standby"));
+    let port = free_port();
+    let peer = format!("127.0.0.1:{port}");
+    let standby = Daemon::start(&s_dir, &["--repl-listen", &peer]);
+    let primary = Daemon::start(&p_dir, &["--standby", &peer]);
+    let mut client = Client::connect(&primary.socket());
+    let Some(ResponseBody::Opened { handle, .. }) = client.request(RequestBody::Open {
+        log: "ledger".into(),
+        codec: "msgpack".into(),
+        type_tag: TYPE_TAG.into(),
+        create: true,
+        durability: None,
+    }) else {
+        panic!("open refused");
+    };
+    let appended = client.request(RequestBody::Append {
+        handle,
+        durability: Durability::Replicated,
+        records: vec![Payload(Codec::MessagePack.encode(&rec(1, 0)).unwrap())],
+    });
+    assert!(
+        matches!(appended, Some(ResponseBody::Appended { .. })),
+        "{appended:?}"
+    );
+    let dir = p_dir.to_str().unwrap();
+    let healthy = common::stela(&["status", "--dir", dir]);
+    let shown = common::text(&healthy);
+    assert_eq!(healthy.status.code(), Some(0), "{shown}");
+    assert!(
+        shown.contains(&format!("replication: PRIMARY (shipping to {peer})")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("ledger") && shown.contains("connected, standby holds up to LSN 1"),
+        "{shown}"
+    );
+    let on_standby = common::stela(&["status", "--dir", s_dir.to_str().unwrap(), "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&on_standby.stdout).unwrap();
+    assert_eq!(json["replication"]["role"], "standby", "{json}");
+    assert_eq!(json["replication"]["logs"][0]["received_lsn"], 1, "{json}");
+
+    standby.kill();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = common::stela(&["status", "--dir", dir]);
+        let shown = common::text(&status);
+        if status.status.code() == Some(3) {
+            assert!(
+                shown.contains("log ledger: the standby is not connected"),
+                "{shown}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still healthy without a standby: {shown}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(client);
+    primary.terminate();
+}

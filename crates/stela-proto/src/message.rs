@@ -332,6 +332,36 @@ pub struct StatusReport {
     pub bytes_written: u64,
     /// One line per failure: what an acknowledgement at each level survives.
     pub crash_semantics: Vec<String>,
+    /// The hot standby, if this daemon ships to one or is one.
+    #[serde(default)]
+    pub replication: Option<ReplicationStatus>,
+}
+
+/// A daemon's part in log shipping.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ReplicationStatus {
+    /// "primary" (ships to `peer`) or "standby" (takes streams on `peer`).
+    pub role: String,
+    pub peer: String,
+    pub logs: Vec<ReplicaStatus>,
+}
+
+/// One log's shipping, as its primary or its standby sees it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    pub log: String,
+    /// Whether the stream is up now.
+    pub connected: bool,
+    pub term: u64,
+    /// The highest LSN the standby holds in memory, and on disk.
+    pub received_lsn: u64,
+    pub durable_lsn: u64,
+    /// On the primary: records appended that the standby does not hold yet, and for how long it
+    /// has acknowledged nothing while behind (0 when caught up).
+    pub lag_records: u64,
+    pub lag_ms: u64,
+    /// Why the primary stopped shipping this log (a newer term, a diverged copy), if it did.
+    pub stopped: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -66,6 +66,9 @@ impl Server {
             ),
             None => None,
         };
+        if let Some(standby) = &standby {
+            engine.on_standby_status(standby.status_source());
+        }
         let socket_path = config.socket_path();
         let unix = bind_unix(&socket_path, config.socket_mode, socket_group)?;
         let tcp = match config.tcp {

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
-use stela_proto::{Durability, ErrorCode};
+use stela_proto::{Durability, ErrorCode, RequestBody, ResponseBody};
 use stela_server::{DaemonConfig, Server};
 use stela_wal::storage::StdStorage;
 
@@ -91,6 +91,23 @@ fn replicated_commits_reach_the_standby_byte_for_byte() {
     client
         .commit(handle, last, Durability::All)
         .expect("all commit");
+    // Both daemons say where the log's shipping stands.
+    let status = |socket: &Path| match RawClient::connect(socket).request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
+        other => panic!("status: {other:?}"),
+    };
+    let on_primary = status(primary.socket_path());
+    assert_eq!(on_primary.role, "primary");
+    assert_eq!(on_primary.peer, repl.to_string());
+    let ledger = &on_primary.logs[0];
+    assert_eq!((ledger.log.as_str(), ledger.connected), ("ledger", true));
+    assert!(ledger.term >= 1 && ledger.stopped.is_none());
+    assert_eq!((ledger.received_lsn, ledger.lag_records), (last, 0));
+    let on_standby = status(standby.socket_path());
+    assert_eq!(on_standby.role, "standby");
+    assert_eq!(on_standby.logs[0].log, "ledger");
+    assert_eq!(on_standby.logs[0].received_lsn, last);
+    assert_eq!(on_standby.logs[0].term, ledger.term);
     drop(client);
     primary.shutdown().expect("primary stops cleanly");
     // The standby syncs what it holds when the primary's stream ends.

@@ -29,7 +29,27 @@ pub(super) fn replication(
         .map(|standby| Arc::new(Replication::new(standby, config.node.clone(), released)))
 }
 
+/// What `stela status` shows of the standby role.
+pub type StandbyView = Box<dyn Fn() -> stela_proto::ReplicationStatus + Send + Sync>;
+
 impl Engine {
+    /// Installs what `stela status` shows of the standby role (the server, once it listens).
+    pub fn on_standby_status(&self, view: StandbyView) {
+        let _ = self.standby_view.set(view);
+    }
+
+    /// The replication part of `stela status`: the primary's shipping or the standby's streams.
+    pub(super) fn replication_status(
+        &self,
+        last_lsn: impl Fn(LogId) -> u64,
+    ) -> Option<stela_proto::ReplicationStatus> {
+        match (&self.replication, self.standby_view.get()) {
+            (Some(replication), _) => Some(replication.status(last_lsn)),
+            (None, Some(view)) => Some(view()),
+            (None, None) => None,
+        }
+    }
+
     /// Refuses a level this daemon cannot serve: `replicated` and `all` need a standby.
     pub fn check_level(&self, durability: Durability) -> Result<()> {
         match durability {

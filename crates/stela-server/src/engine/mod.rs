@@ -45,6 +45,8 @@ pub struct Engine {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Shipping to the standby (`--standby`): what `replicated` and `all` wait for.
     replication: Option<Arc<crate::replication::Replication>>,
+    /// The standby role's streams, for `stela status` (`--repl-listen`).
+    standby_view: OnceLock<levels::StandbyView>,
 }
 
 impl Engine {
@@ -120,6 +122,7 @@ impl Engine {
             last_emergency_flush: Mutex::new(None),
             started: Instant::now(),
             replication: levels::replication(config, &release_hook),
+            standby_view: OnceLock::new(),
             release_hook,
             flushers: Mutex::new(flushers),
             metrics,

@@ -435,8 +435,17 @@ impl Engine {
                     self.cap.bytes as f64 / self.cap.measured_write_bytes_per_s.max(1) as f64 * 1000.0
                 ),
                 "power loss without notice: like a daemon crash".into(),
-                "machine or disk loss: loses everything (no standby yet; replicated and all are refused)".into(),
+                if self.replication.is_some() {
+                    "machine or disk loss: replicated and all records are on the standby; buffered and disk ones only here".into()
+                } else {
+                    "machine or disk loss: loses everything (no standby: replicated and all are refused)".into()
+                },
             ],
+            replication: self.replication_status(|log| {
+                self.pool
+                    .positions_if_present(log)
+                    .map_or(0, |(next, _)| next - 1)
+            }),
         }
     }
 }

@@ -79,6 +79,9 @@ struct LinkState {
     /// Set when the standby refused this primary's term: no `replicated` acknowledgement can
     /// come from it any more.
     fenced: Option<String>,
+    /// The term this log is shipped in, and when the standby last acknowledged anything.
+    term: u64,
+    last_ack: Option<std::time::Instant>,
 }
 
 /// What the shipper needs of a log.
@@ -283,20 +286,35 @@ impl Replication {
         Ok(fetched)
     }
 
-    /// Where each log's standby stands: (name, received, durable, connected).
-    pub fn status(&self) -> Vec<(String, u64, u64, bool)> {
-        lock(&self.links)
-            .values()
-            .map(|link| {
+    /// Where each log's standby stands, for `stela status`; `last_lsn` gives a log's newest LSN.
+    pub fn status(&self, last_lsn: impl Fn(LogId) -> u64) -> stela_proto::ReplicationStatus {
+        let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&self.links)
+            .iter()
+            .map(|(&id, link)| {
                 let s = lock(&link.state);
-                (
-                    link.name.clone(),
-                    s.received,
-                    s.standby_durable,
-                    s.connected,
-                )
+                let lag_records = last_lsn(id).saturating_sub(s.received);
+                stela_proto::ReplicaStatus {
+                    log: link.name.clone(),
+                    connected: s.connected,
+                    term: s.term,
+                    received_lsn: s.received,
+                    durable_lsn: s.standby_durable,
+                    lag_records,
+                    lag_ms: if lag_records > 0 {
+                        s.last_ack.map_or(0, |at| at.elapsed().as_millis() as u64)
+                    } else {
+                        0
+                    },
+                    stopped: s.fenced.clone(),
+                }
             })
-            .collect()
+            .collect();
+        logs.sort_by(|a, b| a.log.cmp(&b.log));
+        stela_proto::ReplicationStatus {
+            role: "primary".into(),
+            peer: self.standby.to_string(),
+            logs,
+        }
     }
 
     fn ship_log<W>(
@@ -327,6 +345,7 @@ impl Replication {
             return;
         }
         let term = term.0;
+        lock(&link.state).term = term;
         let mut warned = false;
         while !link.stop.load(Ordering::SeqCst) {
             match self.session(pool, link, log, term) {
@@ -529,6 +548,7 @@ impl Replication {
 fn release(link: &Link, received: u64, durable: u64) -> bool {
     let ready: Vec<Waiter> = {
         let mut state = lock(&link.state);
+        state.last_ack = Some(std::time::Instant::now());
         state.received = state.received.max(received);
         state.standby_durable = state.standby_durable.max(durable);
         let received = state.received;

@@ -20,7 +20,7 @@
 
 use super::{receive, send};
 use crate::sync::lock;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -39,6 +39,7 @@ pub struct Standby {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
 }
 
 struct Shared {
@@ -47,6 +48,8 @@ struct Shared {
     segment_bytes: u64,
     /// Logs being mirrored now.
     busy: Mutex<HashSet<String>>,
+    /// The streams up now, for `stela status`.
+    views: Mutex<HashMap<String, StreamView>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -70,22 +73,59 @@ impl Standby {
             storage,
             segment_bytes,
             busy: Mutex::new(HashSet::new()),
+            views: Mutex::new(HashMap::new()),
             stop: Arc::clone(&stop),
         });
-        let thread = std::thread::Builder::new()
-            .name("stela-standby".into())
-            .spawn(move || accept_loop(&listener, &shared))?;
+        let thread = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("stela-standby".into())
+                .spawn(move || accept_loop(&listener, &shared))?
+        };
         tracing::info!(%addr, "standby: waiting for the primary's streams");
         Ok(Standby {
             addr,
             stop,
             thread: Some(thread),
+            shared,
         })
+    }
+
+    /// What `stela status` shows of this standby: the streams it takes now.
+    pub fn status_source(&self) -> Box<dyn Fn() -> stela_proto::ReplicationStatus + Send + Sync> {
+        let (shared, addr) = (Arc::clone(&self.shared), self.addr);
+        Box::new(move || status(&shared, addr))
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+}
+
+fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
+    let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&shared.views)
+        .iter()
+        .filter_map(|(log, (_, term, pipe))| {
+            let pipe = pipe.upgrade()?;
+            let state = lock(&pipe.state);
+            Some(stela_proto::ReplicaStatus {
+                log: log.clone(),
+                connected: !state.closed,
+                term: *term,
+                received_lsn: state.received,
+                durable_lsn: state.durable,
+                lag_records: 0,
+                lag_ms: 0,
+                stopped: state.failed.clone(),
+            })
+        })
+        .collect();
+    logs.sort_by(|a, b| a.log.cmp(&b.log));
+    stela_proto::ReplicationStatus {
+        role: "standby".into(),
+        peer: addr.to_string(),
+        logs,
     }
 }
 
@@ -125,12 +165,16 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     }
 }
 
+/// A stream as `stela status` sees it: the primary's node, its term, the stream's state.
+type StreamView = (String, u64, std::sync::Weak<Pipe>);
+
 /// Releases a log's "being mirrored" mark when its stream ends, however it ends.
 struct Busy<'a>(&'a Shared, String);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         lock(&self.0.busy).remove(&self.1);
+        lock(&self.0.views).remove(&self.1);
     }
 }
 
@@ -233,6 +277,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         socket: Mutex::new(writer),
         term,
     });
+    lock(&shared.views).insert(log.clone(), (node.clone(), term, Arc::downgrade(&pipe)));
     let written = {
         let (pipe, log) = (Arc::clone(&pipe), log.clone());
         std::thread::Builder::new()
