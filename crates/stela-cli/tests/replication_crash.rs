@@ -328,7 +328,14 @@ fn status_shows_the_standby_and_is_unhealthy_without_it() {
     let port = free_port();
     let peer = format!("127.0.0.1:{port}");
     let standby = Daemon::start(&s_dir, &["--repl-listen", &peer]);
-    let primary = Daemon::start(&p_dir, &["--standby", &peer]);
+    let primary = Daemon::start(&p_dir, &["--standby", &peer, "--metrics", "127.0.0.1:0"]);
+    let output = primary.output();
+    let metrics = output
+        .lines()
+        .find_map(|l| l.strip_prefix("stela serve: metrics on http://"))
+        .and_then(|l| l.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address in:\n{output}"))
+        .to_owned();
     let mut client = Client::connect(&primary.socket());
     let Some(ResponseBody::Opened { handle, .. }) = client.request(RequestBody::Open {
         log: "ledger".into(),
@@ -365,6 +372,26 @@ fn status_shows_the_standby_and_is_unhealthy_without_it() {
     assert_eq!(json["replication"]["role"], "standby", "{json}");
     assert_eq!(json["replication"]["logs"][0]["received_lsn"], 1, "{json}");
 
+    let scrape = {
+        let mut stream = std::net::TcpStream::connect(&metrics).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    for sample in [
+        "stela_standby_connected{log=\"ledger\"} 1",
+        "stela_standby_received_lsn{log=\"ledger\"} 1",
+        "stela_standby_lag_records{log=\"ledger\"} 0",
+        "stela_replication_degraded{log=\"ledger\"} 0",
+    ] {
+        assert!(
+            scrape.lines().any(|l| l == sample),
+            "no {sample} in:\n{scrape}"
+        );
+    }
     standby.kill();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {

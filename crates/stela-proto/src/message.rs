@@ -362,6 +362,17 @@ pub struct ReplicaStatus {
     pub lag_ms: u64,
     /// Why the primary stopped shipping this log (a newer term, a diverged copy), if it did.
     pub stopped: Option<String>,
+    /// On the primary: segment bytes shipped, and the bytes they took on the wire (lz4).
+    #[serde(default)]
+    pub shipped_bytes: u64,
+    #[serde(default)]
+    pub wire_bytes: u64,
+    /// On the primary with `--degrade-after`: whether `replicated` commits are acknowledged
+    /// without the standby now (it has been unreachable too long), and how many were.
+    #[serde(default)]
+    pub degraded: bool,
+    #[serde(default)]
+    pub degraded_acks: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -114,6 +114,10 @@ pub struct DaemonConfig {
     pub repl_insecure: bool,
     /// This node's name in replication messages and logs.
     pub node: String,
+    /// With a standby: once it has been unreachable this long, `replicated` and `all` commits are
+    /// acknowledged without it (as `buffered` / `disk`), logged and counted, until it is back.
+    /// `None`: they wait for it (the default).
+    pub degrade_after: Option<Duration>,
 }
 
 impl DaemonConfig {
@@ -154,6 +158,7 @@ impl DaemonConfig {
             repl_listen: None,
             repl_insecure: false,
             node: "stela".to_owned(),
+            degrade_after: None,
         }
     }
 

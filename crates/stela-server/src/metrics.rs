@@ -27,6 +27,23 @@ struct Level {
     level: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LogLabel {
+    log: String,
+}
+
+/// Per-log gauges of the hot standby, set from `stela status` at scrape time.
+struct StandbyGauges {
+    connected: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    received_lsn: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    lag_records: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    lag_ms: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    shipped_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    wire_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    degraded: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    degraded_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+}
+
 /// Every metric of the daemon.
 pub struct Metrics {
     registry: Registry,
@@ -46,6 +63,7 @@ pub struct Metrics {
     refused_logins: Gauge<u64, AtomicU64>,
     power_failing: Gauge<u64, AtomicU64>,
     stopped_logs: Gauge<u64, AtomicU64>,
+    standby: StandbyGauges,
 }
 
 const LEVELS: [&str; 5] = ["unsafe", "buffered", "disk", "replicated", "all"];
@@ -71,6 +89,8 @@ pub struct Snapshot {
     pub refused_logins: u64,
     pub power_failing: bool,
     pub stopped_logs: u64,
+    /// The hot standby's part of `stela status`, if any.
+    pub replication: Option<stela_proto::ReplicationStatus>,
 }
 
 impl Default for Metrics {
@@ -149,6 +169,45 @@ impl Metrics {
             "stopped_logs",
             "Logs that take no writes: a failed write or sync, or no space for a segment",
         );
+        let mut family = |name: &str, help: &str| {
+            let family = Family::<LogLabel, Gauge<u64, AtomicU64>>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let standby = StandbyGauges {
+            connected: family(
+                "standby_connected",
+                "1 while a log's stream to (primary) or from (standby) the other node is up",
+            ),
+            received_lsn: family(
+                "standby_received_lsn",
+                "The highest LSN of a log the standby holds in memory",
+            ),
+            lag_records: family(
+                "standby_lag_records",
+                "Records of a log appended on the primary that the standby does not hold yet",
+            ),
+            lag_ms: family(
+                "standby_lag_ms",
+                "How long the standby has acknowledged nothing while behind (0 when caught up)",
+            ),
+            shipped_bytes: family(
+                "shipped_bytes",
+                "Segment bytes of a log shipped to the standby since start",
+            ),
+            wire_bytes: family(
+                "shipped_wire_bytes",
+                "What the shipped segment bytes took on the wire (lz4 where it pays)",
+            ),
+            degraded: family(
+                "replication_degraded",
+                "1 while replicated commits of a log are acknowledged without the standby (--degrade-after)",
+            ),
+            degraded_acks: family(
+                "replication_degraded_acks",
+                "Replicated commits of a log acknowledged without the standby since start",
+            ),
+        };
         Metrics {
             registry,
             commits,
@@ -165,6 +224,7 @@ impl Metrics {
             refused_logins,
             power_failing,
             stopped_logs,
+            standby,
         }
     }
 
@@ -199,6 +259,24 @@ impl Metrics {
         self.refused_logins.set(now.refused_logins);
         self.power_failing.set(u64::from(now.power_failing));
         self.stopped_logs.set(now.stopped_logs);
+        for log in now.replication.iter().flat_map(|r| &r.logs) {
+            let label = LogLabel {
+                log: log.log.clone(),
+            };
+            let g = &self.standby;
+            g.connected
+                .get_or_create(&label)
+                .set(u64::from(log.connected));
+            g.received_lsn.get_or_create(&label).set(log.received_lsn);
+            g.lag_records.get_or_create(&label).set(log.lag_records);
+            g.lag_ms.get_or_create(&label).set(log.lag_ms);
+            g.shipped_bytes.get_or_create(&label).set(log.shipped_bytes);
+            g.wire_bytes.get_or_create(&label).set(log.wire_bytes);
+            g.degraded
+                .get_or_create(&label)
+                .set(u64::from(log.degraded));
+            g.degraded_acks.get_or_create(&label).set(log.degraded_acks);
+        }
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);

@@ -279,6 +279,7 @@ fn start_metrics(
                 .iter()
                 .filter(|l| l.failure.is_some() || l.waiting_for_space.is_some())
                 .count() as u64,
+            replication: status.replication.clone(),
         };
         engine.metrics.render(&snapshot)
     };

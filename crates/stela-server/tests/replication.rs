@@ -193,3 +193,64 @@ fn a_replication_address_off_loopback_is_refused_until_tls() {
     let error = Server::start(config).err().expect("refused").to_string();
     assert!(error.contains("loopback"), "{error}");
 }
+
+#[test]
+fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_back() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = config(&p_dir);
+    config.standby = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    config.degrade_after = Some(Duration::from_millis(300));
+    let primary = NoHang::new(Server::start(config).unwrap());
+    let mut client = RawClient::connect(primary.socket_path());
+    let handle = client.open("orders");
+    let started = std::time::Instant::now();
+    // No standby: the first replicated append waits until the standby has been unreachable for
+    // 300 ms, then is acknowledged without it; the next ones at once.
+    client
+        .append(handle, Durability::Replicated, &[rec(4, 1, 50)])
+        .expect("acknowledged once degraded");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "acknowledged before the standby had been unreachable for --degrade-after"
+    );
+    client
+        .append(handle, Durability::All, &[rec(4, 2, 50)])
+        .expect("degraded: at once");
+    let status = |client: &mut RawClient| match client.request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.unwrap().logs[0].clone(),
+        other => panic!("status: {other:?}"),
+    };
+    let degraded = status(&mut client);
+    assert!(degraded.degraded && !degraded.connected, "{degraded:?}");
+    assert_eq!(degraded.degraded_acks, 2, "{degraded:?}");
+    // The standby comes up: shipping resumes, everything reaches it, and replicated commits
+    // wait for it again.
+    let standby = standby(&s_dir, port);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = status(&mut client);
+        if now.connected && !now.degraded && now.received_lsn >= 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{now:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    client
+        .append(handle, Durability::Replicated, &[rec(4, 3, 50)])
+        .expect("replicated with the standby back");
+    assert_eq!(status(&mut client).degraded_acks, 2);
+    drop(client);
+    primary.shutdown().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    standby.shutdown().unwrap();
+    assert_eq!(
+        read_back(&log_dir(&s_dir, "orders"), std::sync::Arc::new(StdStorage)),
+        vec![rec(4, 1, 50), rec(4, 2, 50), rec(4, 3, 50)]
+    );
+}

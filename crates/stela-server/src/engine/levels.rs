@@ -24,9 +24,14 @@ pub(super) fn replication(
             hook(false);
         }
     });
-    config
-        .standby
-        .map(|standby| Arc::new(Replication::new(standby, config.node.clone(), released)))
+    config.standby.map(|standby| {
+        Arc::new(Replication::new(
+            standby,
+            config.node.clone(),
+            released,
+            config.degrade_after,
+        ))
+    })
 }
 
 /// What `stela status` shows of the standby role.

@@ -425,8 +425,13 @@ impl Engine {
                 "client crash: loses nothing acknowledged (buffered or disk)".into(),
                 "daemon SIGTERM/SIGINT: writes and syncs every buffer, then exits: loses nothing acknowledged".into(),
                 format!(
-                    "daemon SIGKILL or crash: loses buffered records not yet written (now {} B); never disk records",
-                    stats.dirty_bytes
+                    "daemon SIGKILL or crash: loses buffered records not yet written (now {} B); never disk records{}",
+                    stats.dirty_bytes,
+                    if self.replication.is_some() {
+                        "; replicated and all records are on the standby, and fetched back when a log is opened after the restart"
+                    } else {
+                        ""
+                    }
                 ),
                 "OS crash: same as daemon crash (the flushers sync every write, so written = synced)".into(),
                 format!(

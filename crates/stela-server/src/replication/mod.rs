@@ -52,6 +52,9 @@ pub struct Replication {
     links: Mutex<HashMap<LogId, Arc<Link>>>,
     /// Called once after waiters were released (wakes the event loop once for all of them).
     released: Released,
+    /// `--degrade-after`: how long the standby may be unreachable before `replicated` commits
+    /// are acknowledged without it.
+    degrade_after: Option<Duration>,
 }
 
 /// What to call after releasing waiters.
@@ -82,6 +85,14 @@ struct LinkState {
     /// The term this log is shipped in, and when the standby last acknowledged anything.
     term: u64,
     last_ack: Option<std::time::Instant>,
+    /// Segment bytes shipped and the bytes they took on the wire.
+    shipped_bytes: u64,
+    wire_bytes: u64,
+    /// Since when the standby is unreachable (none while connected).
+    unreachable_since: Option<std::time::Instant>,
+    /// `--degrade-after` passed while unreachable: `replicated` waits are answered at once.
+    degraded: bool,
+    degraded_acks: u64,
 }
 
 /// What the shipper needs of a log.
@@ -95,12 +106,18 @@ pub struct LogInfo {
 }
 
 impl Replication {
-    pub fn new(standby: SocketAddr, node: String, released: Released) -> Replication {
+    pub fn new(
+        standby: SocketAddr,
+        node: String,
+        released: Released,
+        degrade_after: Option<Duration>,
+    ) -> Replication {
         Replication {
             standby,
             node,
             links: Mutex::new(HashMap::new()),
             released,
+            degrade_after,
         }
     }
 
@@ -168,6 +185,10 @@ impl Replication {
         };
         let mut state = lock(&link.state);
         if state.received >= lsn {
+            return Ok(true);
+        }
+        if state.degraded {
+            state.degraded_acks += 1;
             return Ok(true);
         }
         if let Some(why) = &state.fenced {
@@ -306,6 +327,10 @@ impl Replication {
                         0
                     },
                     stopped: s.fenced.clone(),
+                    shipped_bytes: s.shipped_bytes,
+                    wire_bytes: s.wire_bytes,
+                    degraded: s.degraded,
+                    degraded_acks: s.degraded_acks,
                 }
             })
             .collect();
@@ -351,7 +376,13 @@ impl Replication {
             match self.session(pool, link, log, term) {
                 Ok(()) => return,
                 Err(why) => {
-                    lock(&link.state).connected = false;
+                    {
+                        let mut state = lock(&link.state);
+                        state.connected = false;
+                        state
+                            .unreachable_since
+                            .get_or_insert_with(std::time::Instant::now);
+                    }
                     if !warned {
                         tracing::warn!(log = %log.name, standby = %self.standby, why, "standby unreachable; replicated commits wait; retrying");
                         warned = true;
@@ -359,6 +390,7 @@ impl Replication {
                     if lock(&link.state).fenced.is_some() {
                         return;
                     }
+                    self.degrade_if_due(link);
                     std::thread::sleep(RETRY);
                 }
             }
@@ -431,7 +463,14 @@ impl Replication {
             }
             other => return Err(format!("expected the standby's position, got {other:?}")),
         };
-        lock(&link.state).connected = true;
+        {
+            let mut state = lock(&link.state);
+            state.connected = true;
+            state.unreachable_since = None;
+            if std::mem::take(&mut state.degraded) {
+                tracing::warn!(log = %log.name, standby = %self.standby, degraded_acks = state.degraded_acks, "standby back: replicated commits wait for it again");
+            }
+        }
         tracing::info!(log = %log.name, standby = %self.standby, from = at.next_lsn.get(), "shipping to the standby");
         // Acknowledgements arrive on their own thread, so shipping never waits for them.
         let acks = {
@@ -515,7 +554,13 @@ impl Replication {
                     header = read;
                 }
             }
-            send(&mut writer, &chunk_message(term, segment, offset, &bytes))?;
+            let message = chunk_message(term, segment, offset, &bytes);
+            if let ReplMessage::Chunk { bytes: wire, .. } = &message {
+                let mut state = lock(&link.state);
+                state.shipped_bytes += bytes.len() as u64;
+                state.wire_bytes += wire.len() as u64;
+            }
+            send(&mut writer, &message)?;
             at = Position {
                 segment_start: Lsn::new(segment),
                 offset: offset + bytes.len() as u64,
@@ -525,6 +570,34 @@ impl Replication {
         let _ = writer.shutdown(std::net::Shutdown::Both);
         let _ = acks.join();
         result
+    }
+
+    /// `--degrade-after`: once the standby has been unreachable that long, answers every
+    /// `replicated` waiter (the records stay in this primary's buffers: `buffered`'s promise) and
+    /// every later one at once, loudly, until the standby is back.
+    fn degrade_if_due(&self, link: &Link) {
+        let Some(after) = self.degrade_after else {
+            return;
+        };
+        let waiters = {
+            let mut state = lock(&link.state);
+            let due = state
+                .unreachable_since
+                .is_some_and(|t| t.elapsed() >= after);
+            if !due || state.degraded {
+                return;
+            }
+            state.degraded = true;
+            let waiters = std::mem::take(&mut state.waiters);
+            state.degraded_acks += waiters.len() as u64;
+            tracing::error!(log = %link.name, standby = %self.standby, after_ms = after.as_millis() as u64, waiting = waiters.len(),
+                "standby unreachable too long: replicated commits are acknowledged WITHOUT it (as buffered) until it is back");
+            waiters
+        };
+        for (_, waiter) in waiters {
+            waiter(Ok(()));
+        }
+        (self.released)();
     }
 
     fn fence(&self, link: &Link, theirs: u64, ours: u64, message: String) -> String {

@@ -118,6 +118,10 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
                 lag_records: 0,
                 lag_ms: 0,
                 stopped: state.failed.clone(),
+                shipped_bytes: 0,
+                wire_bytes: 0,
+                degraded: false,
+                degraded_acks: 0,
             })
         })
         .collect();
