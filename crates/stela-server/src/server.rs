@@ -80,7 +80,7 @@ impl Server {
         };
         let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
         if let Some(addr) = tcp_addr {
-            if auth.tls.is_some() {
+            if auth.tls().is_some() {
                 tracing::info!(%addr, "listening on TCP with TLS");
             } else {
                 tracing::warn!(%addr, "listening on TCP WITHOUT TLS (--tcp-insecure, loopback only)");
@@ -322,6 +322,24 @@ impl Reloadable {
             Ok(what) => format!("tokens: {what} (applied)"),
             Err(why) => format!("tokens: NOT applied: {why}"),
         });
+        said.push(match self.auth.reload_tls(new) {
+            Ok(what) => format!("TLS: {what} (applied)"),
+            Err(why) => format!("TLS: NOT applied: {why}"),
+        });
+        // The connection limits, under the file limit found at start; lowering them drops no
+        // connection, it only refuses new ones.
+        let file_limit = self.counters.file_limit.load(Ordering::Relaxed);
+        let limits = net::limits::limits(file_limit, new.max_connections, new.admin_connections);
+        self.counters
+            .max_connections
+            .store(limits.clients as u32, Ordering::Relaxed);
+        self.counters
+            .admin_connections
+            .store(limits.admins as u32, Ordering::Relaxed);
+        said.push(format!(
+            "max-connections = {} (of {} asked; file limit {file_limit}), admin-connections = {} (applied)",
+            limits.clients, new.max_connections, limits.admins
+        ));
         let old = &self.running;
         let restart_needed = [
             ("dir", old.dir != new.dir),
@@ -332,10 +350,6 @@ impl Reloadable {
             ("buffer-size", old.buffer_bytes != new.buffer_bytes),
             ("segment-size", old.segment_bytes != new.segment_bytes),
             ("power-window", old.power_window != new.power_window),
-            (
-                "max-connections",
-                old.max_connections != new.max_connections,
-            ),
             ("flushers", old.flushers != new.flushers),
             ("workers", old.workers != new.workers),
         ];

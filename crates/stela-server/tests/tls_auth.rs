@@ -127,3 +127,127 @@ fn refused_logins_are_counted_and_authenticated_ones_are_not() {
     assert_eq!(server.refused_logins(), 3);
     server.shutdown().unwrap();
 }
+
+fn self_signed(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let ca = dir.join(format!("{name}.pem"));
+    std::fs::write(&ca, cert.pem()).unwrap();
+    (ca, cert.pem(), key.serialize_pem())
+}
+
+/// SIGHUP's reload (`Server::reload`) rotates the certificate: new connections are served with
+/// the new one, a client that trusts only the old one is refused, and files that do not load
+/// leave the running certificate in place. The connection limit is lowered the same way: the
+/// next connection beyond it gets `TooManyConnections`, the ones already in keep working.
+#[test]
+fn a_reload_rotates_the_certificate_and_changes_the_connection_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca_a, cert_a, key_a) = self_signed(dir.path(), "a");
+    let (ca_b, cert_b, key_b) = self_signed(dir.path(), "b");
+    let (cert_path, key_path, tokens) = (
+        dir.path().join("cert.pem"),
+        dir.path().join("key.pem"),
+        dir.path().join("tokens"),
+    );
+    std::fs::write(&cert_path, &cert_a).unwrap();
+    std::fs::write(&key_path, &key_a).unwrap();
+    std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
+    let mut config = DaemonConfig::new(dir.path().join("daemon"));
+    config.assume_write_rate = Some(500_000_000);
+    config.tcp = Some("127.0.0.1:0".parse().unwrap());
+    config.tls = Some(ServerTlsFiles {
+        cert: cert_path.clone(),
+        key: key_path.clone(),
+        client_ca: None,
+    });
+    config.token_file = Some(tokens);
+    let server = NoHang::new(Server::start(config.clone()).unwrap());
+    let port = server.tcp_addr().unwrap().port();
+    let welcomed = |ca: &std::path::Path| {
+        matches!(
+            hello_over_tls(port, ca, Some(TOKEN)),
+            Ok(ResponseBody::Welcome { .. })
+        )
+    };
+    assert!(welcomed(&ca_a) && !welcomed(&ca_b));
+
+    std::fs::write(&cert_path, &cert_b).unwrap();
+    std::fs::write(&key_path, &key_b).unwrap();
+    let said = server.reload(&config);
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("TLS: certificate") && l.ends_with("(applied)")),
+        "{said:?}"
+    );
+    assert!(welcomed(&ca_b), "the new certificate is served");
+    assert!(
+        !welcomed(&ca_a),
+        "a client trusting only the old one is refused"
+    );
+
+    // A broken certificate file: the reload says so and the running one stays.
+    std::fs::write(&cert_path, "not a certificate").unwrap();
+    let said = server.reload(&config);
+    assert!(
+        said.iter().any(|l| l.starts_with("TLS: NOT applied")),
+        "{said:?}"
+    );
+    assert!(welcomed(&ca_b));
+
+    // Lower the connection limit to one: one client in, the next refused, the first still
+    // served.
+    let mut limited = config.clone();
+    limited.max_connections = 1;
+    let said = server.reload(&limited);
+    assert!(
+        said.iter().any(|l| l.starts_with("max-connections = 1 ")),
+        "{said:?}"
+    );
+    let mut first = common::RawClient::connect(server.socket_path());
+    let refused = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
+    let answer = raw_hello(refused);
+    assert!(
+        matches!(
+            &answer,
+            ResponseBody::Error {
+                code: ErrorCode::TooManyConnections,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    let handle = first.open("still-served");
+    assert!(first.positions(handle).last_lsn == 0);
+    drop(first);
+    server.shutdown().unwrap();
+}
+
+/// A Hello on `stream`; the daemon's answer.
+fn raw_hello(mut stream: std::os::unix::net::UnixStream) -> ResponseBody {
+    let mut out = Vec::new();
+    frame::encode(
+        &Request {
+            id: 1,
+            body: RequestBody::Hello {
+                version: stela_proto::PROTOCOL_VERSION,
+                client: "tls_auth".into(),
+                role: Role::Client,
+                token: None,
+            },
+        },
+        &mut out,
+    )
+    .unwrap();
+    stream.write_all(&out).unwrap();
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header).unwrap();
+    let header = frame::parse_header(header, MAX_FRAME_BYTES).unwrap();
+    let mut body = vec![0u8; header.body_len];
+    stream.read_exact(&mut body).unwrap();
+    let response: Response = frame::decode_body(header, &body).unwrap();
+    response.body
+}

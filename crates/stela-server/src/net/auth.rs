@@ -69,7 +69,9 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
 /// How TCP peers are authenticated (loaded once at start).
 pub(crate) struct Auth {
     /// The TLS configuration of the TCP listener; `None`: plain TCP (`--tcp-insecure`).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Replaced whole by a SIGHUP reload (certificate rotation); new handshakes take the
+    /// current one, sessions already set up keep theirs.
+    tls: Option<std::sync::RwLock<Arc<rustls::ServerConfig>>>,
     /// Replaced whole by a SIGHUP reload (token rotation); read under the lock per login.
     tokens: std::sync::RwLock<TokenFiles>,
     admin_names: Vec<String>,
@@ -117,6 +119,34 @@ impl Auth {
         Ok("token files read again")
     }
 
+    /// The TLS configuration new TCP connections get; `None`: plain TCP.
+    pub fn tls(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.tls
+            .as_ref()
+            .map(|tls| Arc::clone(&tls.read().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// Reads the certificate, key and client CA of `config` again (SIGHUP: certificate
+    /// rotation). Only files can change, not whether TLS is on: that decides how the listener
+    /// was set up. On any error the running configuration stays.
+    pub fn reload_tls(&self, config: &DaemonConfig) -> Result<&'static str, String> {
+        let files = config.tls.as_ref().filter(|_| config.tcp.is_some());
+        let (Some(current), Some(files)) = (&self.tls, files) else {
+            return if self.tls.is_some() == files.is_some() {
+                Ok("no TLS")
+            } else {
+                Err("TLS switched on or off: needs a restart".to_owned())
+            };
+        };
+        let tokens = {
+            let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
+            tokens.client.is_some() || tokens.admin.is_some()
+        };
+        let fresh = tls::server_config(files, tokens).map_err(|e| e.to_string())?;
+        *current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok("certificate, key and client CA read again; new connections use them")
+    }
+
     /// Reads the certificates, keys and token files the configuration names.
     pub fn load(config: &DaemonConfig) -> Result<Auth, StartError> {
         let client_tokens = config.token_file.as_deref().map(Tokens::load).transpose()?;
@@ -133,7 +163,7 @@ impl Auth {
             _ => None,
         };
         Ok(Auth {
-            tls,
+            tls: tls.map(std::sync::RwLock::new),
             tokens: std::sync::RwLock::new(TokenFiles {
                 client: client_tokens,
                 admin: admin_tokens,

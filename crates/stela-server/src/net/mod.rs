@@ -74,6 +74,9 @@ pub struct NetCounters {
     pub refused_logins: AtomicU64,
     pub partial_bytes: AtomicU64,
     pub max_connections: AtomicU32,
+    /// Administrator connections served beyond the limit (changeable, like the limit, by a
+    /// SIGHUP reload; lowering either drops no connection, it only refuses new ones).
+    pub admin_connections: AtomicU32,
     /// The idle timeout in milliseconds (0: never), changeable while running (SIGHUP reload).
     pub idle_timeout_ms: AtomicU64,
     /// The event loop got realtime scheduling.
@@ -190,6 +193,9 @@ pub(crate) fn create(
     counters
         .max_connections
         .store(limits.clients as u32, Ordering::Relaxed);
+    counters
+        .admin_connections
+        .store(limits.admins as u32, Ordering::Relaxed);
     counters.file_limit.store(file_limit, Ordering::Relaxed);
     counters
         .idle_timeout_ms
@@ -412,11 +418,11 @@ impl EventLoop {
 
     /// A TCP connection as the listener serves it: under TLS unless insecure.
     fn secure(&self, tcp: mio::net::TcpStream) -> io::Result<Stream> {
-        let Some(config) = &self.auth.tls else {
+        let Some(config) = self.auth.tls() else {
             return Ok(Stream::Tcp(tcp));
         };
-        let tls = stela_net::tls::rustls::ServerConnection::new(Arc::clone(config))
-            .map_err(io::Error::other)?;
+        let tls =
+            stela_net::tls::rustls::ServerConnection::new(config).map_err(io::Error::other)?;
         Ok(Stream::Tls(Box::new(TlsStream::new(tcp, tls))))
     }
 
@@ -710,11 +716,14 @@ impl EventLoop {
             (Role::Admin, Identity::Client) => Role::Client,
             (role, _) => role,
         };
+        let (clients, admins) = (
+            self.counters.max_connections.load(Ordering::Relaxed) as usize,
+            self.counters.admin_connections.load(Ordering::Relaxed) as usize,
+        );
         let admitted = match role {
-            Role::Client => self.clients < self.limits.clients,
-            Role::Admin => self.admins < self.limits.admins || self.clients < self.limits.clients,
+            Role::Client => self.clients < clients,
+            Role::Admin => self.admins < admins || self.clients < clients,
         };
-        let limits = self.limits;
         let Some(conn) = self.conn_mut(slot) else {
             return;
         };
@@ -723,8 +732,7 @@ impl EventLoop {
             conn.refuse(
                 ErrorCode::TooManyConnections,
                 format!(
-                    "the daemon serves at most {} connections (and {} administrators); try again later",
-                    limits.clients, limits.admins
+                    "the daemon serves at most {clients} connections (and {admins} administrators); try again later"
                 ),
             );
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
