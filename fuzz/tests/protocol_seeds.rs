@@ -40,6 +40,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                 type_tag: "app::Entry".into(),
                 create: true,
                 durability: None,
+                schema: None,
             },
         ),
         (

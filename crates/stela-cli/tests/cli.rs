@@ -238,12 +238,13 @@ fn dump_shows_field_names_of_a_log_written_with_them() {
         amount: i64,
         memo: String,
     }
-    for (named, expected) in [
-        (
-            true,
-            serde_json::json!({"account": 2, "amount": -5, "memo": "withdraw"}),
-        ),
-        (false, serde_json::json!([2, -5, "withdraw"])),
+    // With field names in every record, or compact records and the names kept once in the
+    // log's SCHEMA.json: the dump shows them either way. Without the schema file, arrays.
+    let expected = serde_json::json!({"account": 2, "amount": -5, "memo": "withdraw"});
+    for (named, drop_schema, expected) in [
+        (true, false, expected.clone()),
+        (false, false, expected),
+        (false, true, serde_json::json!([2, -5, "withdraw"])),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let wal: stela_wal::Wal<Withdrawal> = stela_wal::Wal::open(
@@ -260,9 +261,54 @@ fn dump_shows_field_names_of_a_log_written_with_them() {
             .unwrap();
         wal.commit(lsn).unwrap();
         wal.close().unwrap();
+        let schema = dir.path().join("SCHEMA.json");
+        assert_eq!(
+            schema.exists(),
+            !named,
+            "the schema is kept for compact records only"
+        );
+        if drop_schema {
+            std::fs::remove_file(&schema).unwrap();
+        }
         let out = stela(&["wal", "dump", dir.path().to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(line["record"], expected, "field_names {named}");
     }
+}
+
+/// A client's typed log in the daemon gets its schema too (sent with the open): the daemon's
+/// compact MessagePack records dump with their field names.
+#[test]
+fn dump_of_a_daemon_log_shows_the_field_names_the_client_sent() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Deposit {
+        account: u32,
+        amount: i64,
+    }
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let daemon = common::Daemon::start(&dir, &[]);
+    let wal: stela_client::Wal<Deposit> = stela_client::Wal::open(
+        daemon.socket(),
+        "deposits",
+        stela_client::WalOptions::default(),
+    )
+    .unwrap();
+    let lsn = wal
+        .append(&Deposit {
+            account: 9,
+            amount: 40,
+        })
+        .unwrap();
+    wal.commit_at(lsn, stela_client::Durability::Disk).unwrap();
+    drop(wal);
+    daemon.terminate();
+    let out = stela(&["wal", "dump", dir.join("logs/deposits").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        line["record"],
+        serde_json::json!({"account": 9, "amount": 40})
+    );
 }

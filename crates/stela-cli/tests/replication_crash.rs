@@ -141,6 +141,7 @@ fn round(seed: u64, restart: bool) -> usize {
                     type_tag: TYPE_TAG.into(),
                     create: true,
                     durability: None,
+                    schema: None,
                 }) else {
                     panic!("open refused");
                 };
@@ -207,6 +208,7 @@ fn round(seed: u64, restart: bool) -> usize {
             type_tag: TYPE_TAG.into(),
             create: false,
             durability: None,
+            schema: None,
         })
         else {
             panic!("the restarted primary does not open the log");
@@ -343,6 +345,7 @@ fn status_shows_the_standby_and_is_unhealthy_without_it() {
         type_tag: TYPE_TAG.into(),
         create: true,
         durability: None,
+        schema: None,
     }) else {
         panic!("open refused");
     };

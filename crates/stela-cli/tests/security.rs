@@ -626,6 +626,7 @@ fn slow_reader_gets_every_answer(port: &str, setup: &Setup) {
                 type_tag: std::any::type_name::<String>().into(),
                 create: false,
                 durability: None,
+                schema: None,
             },
         ],
         1,

@@ -243,6 +243,7 @@ fn unpublished_child(socket: &Path, round: u32) {
         type_tag: TYPE_TAG.into(),
         create: true,
         durability: None,
+        schema: None,
     }) {
         ResponseBody::Opened { handle, .. } => handle,
         other => panic!("Open answered {other:?}"),

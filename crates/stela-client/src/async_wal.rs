@@ -168,6 +168,8 @@ struct Session {
     address: Address,
     name: String,
     type_tag: String,
+    /// The record type's schema sent with each open (`crate::wal::record_schema`).
+    schema: Option<String>,
     current: tokio::sync::Mutex<(Arc<Shared>, u32)>,
 }
 
@@ -178,6 +180,7 @@ async fn connect_session(
     name: &str,
     type_tag: &str,
     options: &WalOptions,
+    schema: Option<&str>,
 ) -> Result<(Arc<Shared>, u32, Positions, usize)> {
     let connect_err = |source| Error::Connect {
         address: address.to_string(),
@@ -232,6 +235,7 @@ async fn connect_session(
             type_tag: type_tag.to_owned(),
             create: options.create_if_missing,
             durability: Some(options.durability),
+            schema: schema.map(str::to_owned),
         })
         .await?;
     let ResponseBody::Opened {
@@ -258,13 +262,15 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             .type_tag
             .clone()
             .unwrap_or_else(stela_format::default_type_tag::<T>);
+        let schema = crate::wal::record_schema::<T>(&options);
         let (shared, handle, positions, max_record_bytes) =
-            connect_session(&address, name, &type_tag, &options).await?;
+            connect_session(&address, name, &type_tag, &options, schema.as_deref()).await?;
         Ok(AsyncWal {
             session: Arc::new(Session {
                 address,
                 name: name.to_owned(),
                 type_tag,
+                schema,
                 current: tokio::sync::Mutex::new((shared, handle)),
             }),
             options,
@@ -310,6 +316,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 &session.name,
                 &session.type_tag,
                 &self.options,
+                session.schema.as_deref(),
             )
             .await
             {

@@ -189,6 +189,8 @@ pub struct Wal<T> {
     address: Address,
     name: String,
     type_tag: String,
+    /// The record type's schema sent with each open, for the daemon to keep (dumps).
+    schema: Option<String>,
     options: WalOptions,
     max_record_bytes: usize,
     /// The highest LSN this client has had acknowledged, so `commit` at `buffered` of an LSN
@@ -234,13 +236,15 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             .type_tag
             .clone()
             .unwrap_or_else(stela_format::default_type_tag::<T>);
+        let schema = record_schema::<T>(&options);
         let (session, positions, max_record_bytes) =
-            Self::connect_session(&address, name, &type_tag, &options)?;
+            Self::connect_session(&address, name, &type_tag, &options, schema.as_deref())?;
         Ok(Wal {
             session: Mutex::new(session),
             address,
             name: name.to_owned(),
             type_tag,
+            schema,
             options,
             max_record_bytes,
             appended: AtomicU64::new(positions.last_lsn),
@@ -254,6 +258,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         name: &str,
         type_tag: &str,
         options: &WalOptions,
+        schema: Option<&str>,
     ) -> Result<(Session, Positions, usize)> {
         let mut connection = Connection::connect_with(address, options.spin)?;
         let answer = connection.request(RequestBody::Open {
@@ -262,6 +267,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             type_tag: type_tag.to_owned(),
             create: options.create_if_missing,
             durability: Some(options.durability),
+            schema: schema.map(str::to_owned),
         })?;
         let ResponseBody::Opened {
             handle,
@@ -317,7 +323,13 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         let deadline = std::time::Instant::now() + self.options.reconnect_within;
         let mut pause = std::time::Duration::from_millis(5);
         loop {
-            match Self::connect_session(&self.address, &self.name, &self.type_tag, &self.options) {
+            match Self::connect_session(
+                &self.address,
+                &self.name,
+                &self.type_tag,
+                &self.options,
+                self.schema.as_deref(),
+            ) {
                 Ok((fresh, positions, _)) => {
                     *session = fresh;
                     // Buffered records the old daemon had not written are gone: what this
@@ -602,4 +614,13 @@ impl<T: Serialize + DeserializeOwned> Iterator for Iter<'_, T> {
             }
         }
     }
+}
+
+/// The schema the daemon keeps for a log of `T` (`stela_format::schema`): only for compact
+/// MessagePack records, which carry no field names of their own.
+pub(crate) fn record_schema<T: DeserializeOwned>(options: &WalOptions) -> Option<String> {
+    (options.codec == Codec::MessagePack && !options.field_names)
+        .then(stela_format::schema::Schema::of::<T>)
+        .flatten()
+        .map(|schema| schema.to_json())
 }

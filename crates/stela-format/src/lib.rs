@@ -14,6 +14,8 @@
 //! - [`header`]: the fixed header at the start of every segment file: magic, version (which
 //!   says the frame layout), codec, record type, segment sequence and first LSN.
 //! - [`segment_name`]: segment file names, which carry the first LSN of the segment.
+//! - [`schema`]: a record type's field names (traced from the type), to show compact
+//!   MessagePack records with them.
 //! - [`term`]: terms and a replicated log's term history, its encoding, and the divergence point
 //!   of two copies of a log.
 //!
@@ -40,6 +42,7 @@ pub mod frame;
 pub mod header;
 pub mod lsn;
 pub mod resync;
+pub mod schema;
 pub mod segment_name;
 pub mod term;
 

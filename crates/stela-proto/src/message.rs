@@ -96,6 +96,10 @@ pub enum RequestBody {
         /// clients.
         #[serde(default)]
         durability: Option<Durability>,
+        /// The record type's schema (`stela_format::schema`, JSON), which the daemon keeps with
+        /// the log so that dumps show compact MessagePack records with their field names.
+        #[serde(default)]
+        schema: Option<String>,
     },
     /// Appends records as one contiguous run of LSNs and acknowledges at `durability`.
     Append {

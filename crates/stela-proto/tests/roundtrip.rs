@@ -34,6 +34,7 @@ fn request() -> impl Strategy<Value = Request> {
                     type_tag,
                     create,
                     durability: None,
+                    schema: None,
                 }
             }
         ),

@@ -192,6 +192,7 @@ fn raw_open(socket: &std::path::Path, log: &str) -> Result<(UnixStream, u32), St
             type_tag: common::TYPE_TAG.into(),
             create: false,
             durability: None,
+            schema: None,
         },
     );
     match receive(&stream).0.body {

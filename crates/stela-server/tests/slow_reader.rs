@@ -49,6 +49,7 @@ fn pipelined_reads_past_the_output_cap_are_all_answered() {
             type_tag: common::TYPE_TAG.into(),
             create: false,
             durability: None,
+            schema: None,
         },
     ];
     bodies.extend((0..READS).map(|_| RequestBody::Read {

@@ -9,6 +9,7 @@
 //! - [`mirror`]: a log filled byte for byte from another's segment bytes (a standby's copy of
 //!   its primary), and the reader that cuts those bytes out of the primary's files.
 //! - [`recovery`]: what happens at open: segment checks, torn-tail repair, salvage modes.
+//! - [`schema`]: the record type's field names, kept once per log for `stela wal dump`.
 //! - [`scan`]: the pure classification of a segment's bytes: records, torn tail, damage.
 //! - [`reader`]: the lazy, ordered reader that checks every frame.
 //! - [`par_iter`]: the same order, with decoding spread over worker threads (fast replay).
@@ -44,6 +45,7 @@ pub mod par_iter;
 pub mod reader;
 pub mod recovery;
 pub mod scan;
+pub mod schema;
 pub mod segment;
 pub mod storage;
 pub mod term_store;

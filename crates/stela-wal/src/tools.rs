@@ -195,7 +195,8 @@ pub struct DumpReport {
 }
 
 /// Writes every record of the log in `dir` as a JSON line `{"lsn":N,"record":...}` (postcard
-/// payloads, which cannot be decoded without their type, as `{"hex":"..."}`). Read only. On a
+/// payloads, which cannot be decoded without their type, as `{"hex":"..."}`; compact MessagePack
+/// structs with the field names of the log's `SCHEMA.json` when it has one). Read only. On a
 /// damaged log it writes the valid prefix, the records before the first damage `verify` finds,
 /// and returns the damage in [`DumpReport::problems`]; it never reads past the damage.
 ///
@@ -229,6 +230,8 @@ pub fn dump(
             path: s.path.clone(),
         })
         .collect();
+    // Field names kept once for the log (compact MessagePack records are arrays).
+    let schema = crate::schema::load(storage.as_ref(), dir);
     let mut reader = RawReader::new(storage, segments, from, end, u32::MAX, false);
     while let Some(item) = reader.next_record() {
         let (lsn, payload) = item?;
@@ -238,6 +241,10 @@ pub fn dump(
                 lsn: Some(lsn),
                 source,
             })?;
+        let record = match &schema {
+            Some(schema) => crate::schema::render(record, schema),
+            None => record,
+        };
         let line = serde_json::json!({ "lsn": lsn.get(), "record": record });
         writeln!(out, "{line}").map_err(|e| Error::io("write", "<output>", e))?;
         dumped.records += 1;

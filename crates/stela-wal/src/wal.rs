@@ -71,7 +71,18 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             .clone()
             .unwrap_or_else(stela_format::default_type_tag::<T>);
         let (codec, field_names) = (options.codec, options.field_names);
+        let storage = std::sync::Arc::clone(&options.storage);
         let log = Log::open(dir, options, &tag)?;
+        // Compact MessagePack records carry no field names: keep them once, for dumps.
+        if codec == Codec::MessagePack && !field_names {
+            if let Some(schema) = crate::schema::Schema::of::<T>() {
+                if let Err(error) =
+                    crate::schema::store(storage.as_ref(), log.dir(), &schema.to_json())
+                {
+                    tracing::warn!(%error, "the record schema was not stored; dumps show arrays");
+                }
+            }
+        }
         Ok(Wal {
             log,
             codec,

@@ -103,6 +103,20 @@ impl Engine {
         })
     }
 
+    /// Keeps the record schema a client sent with its open (`stela_format::schema`) in the log's
+    /// directory, for dumps. A schema that does not parse, or cannot be written, is logged and
+    /// dropped: it never fails the open.
+    pub fn keep_schema(&self, opened: &Opened, schema: &str) {
+        if stela_format::schema::Schema::from_json(schema).is_none() {
+            tracing::warn!(log = %opened.name, "a client sent a record schema that does not parse; not kept");
+            return;
+        }
+        let dir = self.logs.dir().join(&opened.name);
+        if let Err(error) = stela_wal::schema::store(self.config.storage.as_ref(), &dir, schema) {
+            tracing::warn!(log = %opened.name, %error, "the record schema was not stored; dumps show arrays");
+        }
+    }
+
     /// Brings back from the standby what a crash took from this primary's copy of `name`.
     fn catch_up(
         &self,

@@ -648,6 +648,7 @@ impl Conn {
                 type_tag,
                 create,
                 durability,
+                schema,
             } => {
                 // A default level this daemon cannot serve is refused now, not at the first
                 // commit.
@@ -657,14 +658,19 @@ impl Conn {
                 }
                 return self.hand_to_worker(ctx, id, move |engine| {
                     match engine.open(&log, &codec, &type_tag, create) {
-                        Ok(opened) => (
-                            Ok(ResponseBody::Opened {
-                                handle: 0, // set by the loop when it adds the handle
-                                positions: opened.positions,
-                                max_record_bytes: opened.max_record_bytes as u32,
-                            }),
-                            Effect::Opened(opened),
-                        ),
+                        Ok(opened) => {
+                            if let Some(schema) = &schema {
+                                engine.keep_schema(&opened, schema);
+                            }
+                            (
+                                Ok(ResponseBody::Opened {
+                                    handle: 0, // set by the loop when it adds the handle
+                                    positions: opened.positions,
+                                    max_record_bytes: opened.max_record_bytes as u32,
+                                }),
+                                Effect::Opened(opened),
+                            )
+                        }
                         Err(error) => (Err(error), Effect::None),
                     }
                 });

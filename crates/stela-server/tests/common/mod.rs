@@ -124,6 +124,7 @@ impl RawClient {
             type_tag: TYPE_TAG.into(),
             create: true,
             durability: None,
+            schema: None,
         }) {
             Ok(ResponseBody::Opened { handle, .. }) => handle,
             other => panic!("open {log}: {other:?}"),
