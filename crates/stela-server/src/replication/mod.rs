@@ -21,7 +21,6 @@
 
 pub mod standby;
 
-use crate::engine::Waiter;
 use crate::pool::{LogId, Pool, PoolError, Ship};
 use crate::sync::lock;
 use std::collections::HashMap;
@@ -59,6 +58,10 @@ pub struct Replication {
 
 /// What to call after releasing waiters.
 pub type Released = Arc<dyn Fn() + Send + Sync>;
+
+/// Who to tell when a `replicated` wait ends (the same shape as the engine's `disk` waiters,
+/// named here so that this module needs nothing from the engine, which uses it).
+pub type Waiter = Box<dyn FnOnce(Result<(), PoolError>) + Send>;
 
 /// What a log's shipper and its waiters share.
 struct Link {
