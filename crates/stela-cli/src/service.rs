@@ -148,6 +148,23 @@ pub struct ServeArgs {
     /// This node's name in replication messages and logs.
     #[arg(long, default_value = "stela")]
     pub node: String,
+    /// With --standby: ship over TLS, checking the standby's certificate against this CA (PEM).
+    /// Needed off loopback (or --repl-insecure).
+    #[arg(long, value_name = "FILE")]
+    pub standby_ca: Option<PathBuf>,
+    /// With --standby-ca: this primary's client certificate and key (mutual TLS; the standby
+    /// must name it with --tls-admin-name).
+    #[arg(long, value_name = "FILE", requires = "standby_key")]
+    pub standby_cert: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", requires = "standby_cert")]
+    pub standby_key: Option<PathBuf>,
+    /// With --standby-ca: a token file whose first token (one of the standby's
+    /// --admin-token-file) proves this primary.
+    #[arg(long, value_name = "FILE")]
+    pub standby_token_file: Option<PathBuf>,
+    /// The name the standby's certificate carries (default: its address).
+    #[arg(long, value_name = "NAME")]
+    pub standby_name: Option<String>,
     /// With --standby: once the standby has been unreachable this many milliseconds, acknowledge
     /// `replicated` commits without it (as `buffered`; `all` as `disk`), logged, counted and shown
     /// in `stela status`, until it is back. Default: they wait for it.
@@ -260,6 +277,15 @@ impl ServeArgs {
         config.repl_insecure = self.repl_insecure;
         config.node = self.node.clone();
         config.degrade_after = self.degrade_after.map(Duration::from_millis);
+        config.standby_tls = self
+            .standby_ca
+            .clone()
+            .map(|ca| stela_server::ClientTlsFiles {
+                ca,
+                identity: self.standby_cert.clone().zip(self.standby_key.clone()),
+            });
+        config.standby_token_file = self.standby_token_file.clone();
+        config.standby_name = self.standby_name.clone();
         config
     }
 }

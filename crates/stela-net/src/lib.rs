@@ -4,6 +4,8 @@
 //! - [`shm`]: the shared-memory ring a client on the same machine commits through;
 //! - [`tls`]: TLS for TCP (certificates, keys, tokens, rustls configurations), shared by the
 //!   daemon, the client and replication.
+//! - [`duplex`]: a TLS connection one thread reads while another writes (the replication
+//!   stream).
 //!
 //! Why spin: on the machines we measure (virtual CPUs), waking a thread that sleeps in `read` costs
 //! about 60 microseconds of a 62-microsecond Unix-socket round trip; a reader that polls the
@@ -20,6 +22,7 @@
 //! as a blocking one would (writes wait for room with `poll`, reads with `poll` after the spin),
 //! so callers can use `read_exact`/`write_all` unchanged.
 
+pub mod duplex;
 pub mod shm;
 pub mod tls;
 

@@ -114,6 +114,14 @@ pub struct DaemonConfig {
     pub repl_insecure: bool,
     /// This node's name in replication messages and logs.
     pub node: String,
+    /// With `standby`: TLS to it (the CA its certificate must chain to, and this primary's
+    /// client certificate for mutual TLS), the name its certificate carries (default: its
+    /// address), and a token file whose first token proves this primary to it (one of the
+    /// standby's administrator tokens). Without TLS the stream runs on loopback only (or
+    /// `repl_insecure`).
+    pub standby_tls: Option<stela_net::tls::ClientTlsFiles>,
+    pub standby_name: Option<String>,
+    pub standby_token_file: Option<PathBuf>,
     /// With a standby: once it has been unreachable this long, `replicated` and `all` commits are
     /// acknowledged without it (as `buffered` / `disk`), logged and counted, until it is back.
     /// `None`: they wait for it (the default).
@@ -159,6 +167,9 @@ impl DaemonConfig {
             repl_insecure: false,
             node: "stela".to_owned(),
             degrade_after: None,
+            standby_tls: None,
+            standby_name: None,
+            standby_token_file: None,
         }
     }
 
@@ -182,16 +193,44 @@ impl DaemonConfig {
         if !self.ring_bytes.is_power_of_two() || !(4096..=64 << 20).contains(&self.ring_bytes) {
             return Err("ring size must be a power of two between 4 KiB and 64 MiB".into());
         }
-        for (flag, addr) in [
-            ("--standby", self.standby),
-            ("--repl-listen", self.repl_listen),
-        ] {
-            if let Some(addr) = addr.filter(|a| !a.ip().is_loopback() && !self.repl_insecure) {
+        // The replication stream runs over TLS when the primary has --standby-ca and the
+        // standby its --tls-cert; without, on loopback only (or a private network, said so).
+        let tls = [
+            (
+                "--standby",
+                self.standby,
+                self.standby_tls.is_some(),
+                "--standby-ca",
+            ),
+            (
+                "--repl-listen",
+                self.repl_listen,
+                self.tls.is_some(),
+                "--tls-cert and --tls-key",
+            ),
+        ];
+        for (flag, addr, tls, needs) in tls {
+            if let Some(addr) =
+                addr.filter(|a| !a.ip().is_loopback() && !tls && !self.repl_insecure)
+            {
                 return Err(format!(
-                    "{flag} {addr}: the replication stream has no TLS yet, so it runs on loopback \
-                     addresses only (or, inside a private network, with --repl-insecure)"
+                    "{flag} {addr}: off loopback the replication stream needs TLS ({needs}), or, \
+                     inside a private network, --repl-insecure"
                 ));
             }
+        }
+        if self.repl_listen.is_some()
+            && self.tls.is_some()
+            && self.admin_token_file.is_none()
+            && (self.tls_admin_names.is_empty()
+                || self.tls.as_ref().is_some_and(|t| t.client_ca.is_none()))
+        {
+            return Err(
+                "--repl-listen with TLS must authenticate the primary: --admin-token-file \
+                 (the primary sends one with --standby-token-file), or --tls-client-ca with \
+                 --tls-admin-name (the primary's certificate)"
+                    .into(),
+            );
         }
         self.check_tcp()
     }
@@ -203,8 +242,11 @@ impl DaemonConfig {
             || self.token_file.is_some()
             || self.admin_token_file.is_some();
         let Some(addr) = self.tcp else {
-            if self.tls.is_some() || self.tcp_insecure {
-                return Err("TLS settings and --tcp-insecure need --tcp".into());
+            // TLS settings serve the replication listener too.
+            if (self.tls.is_some() && self.repl_listen.is_none()) || self.tcp_insecure {
+                return Err(
+                    "TLS settings need --tcp or --repl-listen; --tcp-insecure needs --tcp".into(),
+                );
             }
             return Ok(());
         };

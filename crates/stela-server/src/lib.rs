@@ -59,4 +59,4 @@ pub use net::limits;
 pub use pool::{Pool, PoolConfig, PoolError};
 #[cfg(not(loom))]
 pub use server::Server;
-pub use stela_net::tls::ServerTlsFiles;
+pub use stela_net::tls::{ClientTlsFiles, ServerTlsFiles};

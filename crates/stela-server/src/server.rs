@@ -58,6 +58,16 @@ impl Server {
                     &config.dir,
                     Arc::clone(&config.storage),
                     config.segment_bytes,
+                    match &config.tls {
+                        Some(files) => Some(crate::replication::standby::Security {
+                            config: stela_net::tls::server_config(
+                                files,
+                                config.token_file.is_some() || config.admin_token_file.is_some(),
+                            )?,
+                            auth: Arc::clone(&auth),
+                        }),
+                        None => None,
+                    },
                 )
                 .map_err(|source| StartError::Bind {
                     what: format!("the replication listener {addr}"),

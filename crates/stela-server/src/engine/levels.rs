@@ -14,24 +14,47 @@ use stela_proto::Durability;
 /// The primary's replication, if this daemon has a standby. After releasing waiters it calls
 /// the release hook once, as a flusher does after a round, so the event loop is woken once per
 /// acknowledgement of the standby, not once per waiter.
+///
+/// # Errors
+/// The TLS files for the standby do not load.
 pub(super) fn replication(
     config: &DaemonConfig,
     hook: &Arc<OnceLock<ReleaseHook>>,
-) -> Option<Arc<Replication>> {
+) -> std::result::Result<Option<Arc<Replication>>, crate::error::StartError> {
+    let Some(standby) = config.standby else {
+        return Ok(None);
+    };
     let hook = Arc::clone(hook);
     let released: crate::replication::Released = Arc::new(move || {
         if let Some(hook) = hook.get() {
             hook(false);
         }
     });
-    config.standby.map(|standby| {
-        Arc::new(Replication::new(
-            standby,
-            config.node.clone(),
-            released,
-            config.degrade_after,
-        ))
-    })
+    let tls = match &config.standby_tls {
+        None => None,
+        Some(files) => {
+            let host = config
+                .standby_name
+                .clone()
+                .unwrap_or_else(|| standby.ip().to_string());
+            Some(crate::replication::StandbyTls {
+                config: stela_net::tls::client_config(files)?,
+                name: stela_net::tls::server_name(&host)?,
+                token: config
+                    .standby_token_file
+                    .as_deref()
+                    .map(stela_net::tls::read_client_token)
+                    .transpose()?,
+            })
+        }
+    };
+    Ok(Some(Arc::new(Replication::new(
+        standby,
+        config.node.clone(),
+        released,
+        config.degrade_after,
+        tls,
+    ))))
 }
 
 /// What `stela status` shows of the standby role.

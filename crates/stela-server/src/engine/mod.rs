@@ -121,7 +121,7 @@ impl Engine {
             logs,
             last_emergency_flush: Mutex::new(None),
             started: Instant::now(),
-            replication: levels::replication(config, &release_hook),
+            replication: levels::replication(config, &release_hook)?,
             standby_view: OnceLock::new(),
             release_hook,
             flushers: Mutex::new(flushers),

@@ -180,6 +180,15 @@ impl Auth {
         tls: Option<&rustls::ServerConnection>,
         token: Option<&str>,
     ) -> Result<Identity, &'static str> {
+        self.identify_certificates(tls.and_then(|c| c.peer_certificates()), token)
+    }
+
+    /// As [`Auth::identify`], from the certificates the peer presented (verified by rustls).
+    pub fn identify_certificates(
+        &self,
+        certificates: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+        token: Option<&str>,
+    ) -> Result<Identity, &'static str> {
         if let Some(token) = token {
             let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
             let admin = tokens
@@ -197,10 +206,7 @@ impl Auth {
             };
         }
         // rustls only hands out a certificate it verified against the client CA.
-        if let Some(cert) = tls
-            .and_then(|c| c.peer_certificates())
-            .and_then(|chain| chain.first())
-        {
+        if let Some(cert) = certificates.and_then(|chain| chain.first()) {
             return Ok(if tls::certificate_names_any(cert, &self.admin_names) {
                 Identity::Admin
             } else {

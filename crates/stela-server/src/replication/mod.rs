@@ -19,6 +19,8 @@
 //! - **Never silent.** While the standby is unreachable, `replicated` waits block (RemusDB's
 //!   choice: an acknowledgement is a promise); the shipper retries and says so in the log.
 
+// The standby's listener uses the event loop's authentication, which the loom build leaves out.
+#[cfg(not(loom))]
 pub mod standby;
 
 use crate::pool::{LogId, Pool, PoolError, Ship};
@@ -54,7 +56,22 @@ pub struct Replication {
     /// `--degrade-after`: how long the standby may be unreachable before `replicated` commits
     /// are acknowledged without it.
     degrade_after: Option<Duration>,
+    /// TLS to the standby, and the token that proves this primary (none: plain TCP).
+    tls: Option<StandbyTls>,
 }
+
+/// How a primary reaches its standby over TLS.
+pub struct StandbyTls {
+    pub config: Arc<stela_net::tls::rustls::ClientConfig>,
+    /// The name the standby's certificate must carry.
+    pub name: stela_net::tls::rustls::pki_types::ServerName<'static>,
+    /// Sent in `Open` (an administrator's token of the standby), if not proven by certificate.
+    pub token: Option<String>,
+}
+
+/// One end of a replication connection (plain TCP, or TLS through `stela_net::duplex`).
+pub(crate) type Reader = Box<dyn Read + Send>;
+pub(crate) type Writer = Box<dyn Write + Send>;
 
 /// What to call after releasing waiters.
 pub type Released = Arc<dyn Fn() + Send + Sync>;
@@ -114,6 +131,7 @@ impl Replication {
         node: String,
         released: Released,
         degrade_after: Option<Duration>,
+        tls: Option<StandbyTls>,
     ) -> Replication {
         Replication {
             standby,
@@ -121,7 +139,37 @@ impl Replication {
             links: Mutex::new(HashMap::new()),
             released,
             degrade_after,
+            tls,
         }
+    }
+
+    /// A connection to the standby: its reading and writing ends, and the socket (to cut it).
+    fn connect(&self) -> Result<(Reader, Writer, TcpStream), String> {
+        let tcp = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1))
+            .map_err(|e| format!("connect {}: {e}", self.standby))?;
+        let _ = tcp.set_nodelay(true);
+        let socket = tcp.try_clone().map_err(|e| e.to_string())?;
+        match &self.tls {
+            None => {
+                let writer = tcp.try_clone().map_err(|e| e.to_string())?;
+                Ok((Box::new(tcp), Box::new(writer), socket))
+            }
+            Some(tls) => {
+                let connection = stela_net::tls::rustls::ClientConnection::new(
+                    Arc::clone(&tls.config),
+                    tls.name.clone(),
+                )
+                .map_err(|e| e.to_string())?;
+                let (reader, writer) =
+                    stela_net::duplex::duplex(tcp, connection, Duration::from_secs(5))
+                        .map_err(|e| format!("TLS to {}: {e}", self.standby))?;
+                Ok((Box::new(reader), Box::new(writer), socket))
+            }
+        }
+    }
+
+    fn token(&self) -> Option<String> {
+        self.tls.as_ref().and_then(|tls| tls.token.clone())
     }
 
     /// Starts shipping `log` (once per open log).
@@ -226,13 +274,14 @@ impl Replication {
         let term = terms.current().0;
         let mut mirror =
             stela_wal::mirror::Mirror::open(dir, options, type_tag).map_err(|e| e.to_string())?;
-        let Ok(stream) = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1)) else {
-            tracing::warn!(log, standby = %self.standby, "standby unreachable at open: records it may hold that this primary lost are not fetched");
-            return Ok(0);
+        let (reader, mut writer, _socket) = match self.connect() {
+            Ok(ends) => ends,
+            Err(why) => {
+                tracing::warn!(log, standby = %self.standby, why, "standby unreachable at open: records it may hold that this primary lost are not fetched");
+                return Ok(0);
+            }
         };
-        let _ = stream.set_nodelay(true);
-        let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
-        let mut reader = BufReader::new(stream);
+        let mut reader = BufReader::new(reader);
         send(
             &mut writer,
             &ReplMessage::Open {
@@ -241,7 +290,7 @@ impl Replication {
                 log: log.to_owned(),
                 codec: codec.name().to_owned(),
                 type_tag: type_tag.to_owned(),
-                token: None,
+                token: self.token(),
             },
         )?;
         let (theirs, their_end) = match receive(&mut reader)? {
@@ -408,11 +457,8 @@ impl Replication {
         log: &LogInfo,
         term: u64,
     ) -> Result<(), String> {
-        let stream = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1))
-            .map_err(|e| format!("connect {}: {e}", self.standby))?;
-        let _ = stream.set_nodelay(true);
-        let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
-        let mut reader = BufReader::new(stream);
+        let (reader, mut writer, socket) = self.connect()?;
+        let mut reader = BufReader::new(reader);
         send(
             &mut writer,
             &ReplMessage::Open {
@@ -421,7 +467,7 @@ impl Replication {
                 log: log.name.clone(),
                 codec: log.codec.name().to_owned(),
                 type_tag: log.type_tag.clone(),
-                token: None,
+                token: self.token(),
             },
         )?;
         let mut at = match receive(&mut reader)? {
@@ -570,7 +616,9 @@ impl Replication {
                 next_lsn: Lsn::new(next_lsn),
             };
         };
-        let _ = writer.shutdown(std::net::Shutdown::Both);
+        // Cutting the socket ends the acknowledgement reader's wait, TLS or not.
+        drop(writer);
+        let _ = socket.shutdown(std::net::Shutdown::Both);
         let _ = acks.join();
         result
     }
@@ -642,7 +690,7 @@ fn release(link: &Link, received: u64, durable: u64) -> bool {
 }
 
 fn read_acks(
-    mut reader: BufReader<TcpStream>,
+    mut reader: BufReader<Reader>,
     link: &Arc<Link>,
     term: u64,
     released: &(dyn Fn() + Send + Sync),

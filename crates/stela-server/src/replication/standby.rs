@@ -18,7 +18,7 @@
 //!   continue the mirror, a stale term: the primary is told why (`Refuse`) and the connection
 //!   closes; what was mirrored stays.
 
-use super::{receive, send};
+use super::{receive, send, Reader, Writer};
 use crate::sync::lock;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
@@ -51,6 +51,13 @@ struct Shared {
     /// The streams up now, for `stela status`.
     views: Mutex<HashMap<String, StreamView>>,
     stop: Arc<AtomicBool>,
+    security: Option<Security>,
+}
+
+/// TLS on the replication listener, and who may ship to it.
+pub(crate) struct Security {
+    pub(crate) config: Arc<stela_net::tls::rustls::ServerConfig>,
+    pub(crate) auth: Arc<crate::net::auth::Auth>,
 }
 
 impl Standby {
@@ -58,11 +65,12 @@ impl Standby {
     ///
     /// # Errors
     /// The address cannot be bound.
-    pub fn start(
+    pub(crate) fn start(
         addr: SocketAddr,
         dir: &Path,
         storage: Arc<dyn Storage>,
         segment_bytes: u64,
+        security: Option<Security>,
     ) -> std::io::Result<Standby> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
@@ -75,6 +83,7 @@ impl Standby {
             busy: Mutex::new(HashSet::new()),
             views: Mutex::new(HashMap::new()),
             stop: Arc::clone(&stop),
+            security,
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -184,20 +193,38 @@ impl Drop for Busy<'_> {
 
 fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
-    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
-    let mut reader = BufReader::with_capacity(1 << 20, stream);
+    // Over TLS when this daemon has a certificate; the primary then proves itself an
+    // administrator (an admin token in `Open`, or a client certificate named by
+    // --tls-admin-name).
+    let (reader, mut writer, certificates): (Reader, Writer, _) = match &shared.security {
+        None => {
+            let writer = stream.try_clone().map_err(|e| e.to_string())?;
+            (Box::new(stream), Box::new(writer), None)
+        }
+        Some(security) => {
+            let connection =
+                stela_net::tls::rustls::ServerConnection::new(Arc::clone(&security.config))
+                    .map_err(|e| e.to_string())?;
+            let (reader, writer) =
+                stela_net::duplex::duplex(stream, connection, std::time::Duration::from_secs(10))
+                    .map_err(|e| format!("TLS: {e}"))?;
+            let certificates = reader.peer_certificates();
+            (Box::new(reader), Box::new(writer), certificates)
+        }
+    };
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
     let ReplMessage::Open {
         term,
         node,
         log,
         codec,
         type_tag,
-        ..
+        token,
     } = receive(&mut reader)?
     else {
         return Err("the stream did not start with Open".into());
     };
-    let refuse = |writer: &mut TcpStream, ours: u64, why: String| {
+    let refuse = |writer: &mut Writer, ours: u64, why: String| {
         let _ = send(
             writer,
             &ReplMessage::Refuse {
@@ -207,6 +234,29 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
         Err(why)
     };
+    if let Some(security) = &shared.security {
+        match security
+            .auth
+            .identify_certificates(certificates.as_deref(), token.as_deref())
+        {
+            Ok(crate::net::auth::Identity::Admin) => {}
+            _ => {
+                tracing::warn!(
+                    primary = node,
+                    log,
+                    "standby: stream refused: the primary is not authenticated as an administrator"
+                );
+                return refuse(
+                    &mut writer,
+                    0,
+                    "not authenticated as an administrator of this standby: send one of its \
+                     admin tokens (--standby-token-file) or a client certificate it names \
+                     (--tls-admin-name)"
+                        .into(),
+                );
+            }
+        }
+    }
     if !crate::logs::valid_name(&log) {
         return refuse(&mut writer, 0, format!("{log:?} is not a log name"));
     }
@@ -310,7 +360,7 @@ struct Pipe {
     state: Mutex<PipeState>,
     changed: Condvar,
     /// Acknowledgements go out from both threads.
-    socket: Mutex<TcpStream>,
+    socket: Mutex<Writer>,
     term: u64,
 }
 
@@ -347,7 +397,7 @@ impl Pipe {
 /// The receiving side: checks each chunk against the copy as it will be once everything held
 /// is written, holds it, says it is received.
 fn receive_chunks(
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut BufReader<Reader>,
     checker: &mut stela_wal::mirror::Checker,
     terms: &mut TermStore,
     pipe: &Pipe,

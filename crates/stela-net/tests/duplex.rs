@@ -1,0 +1,133 @@
+//! `stela_net::duplex`: a TLS connection read by one thread while another writes, over
+//! loopback with a certificate made here: every byte arrives in order both ways while both
+//! directions run at once, a client that does not trust the server's certificate gets the
+//! handshake's error, and closing one end is end of stream at the other.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+use stela_net::duplex::duplex;
+use stela_net::tls::{self, rustls, ClientTlsFiles, ServerTlsFiles};
+
+fn certificate(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let (c, k) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn both_directions_at_once_arrive_whole_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let server_config = tls::server_config(
+        &ServerTlsFiles {
+            cert: cert.clone(),
+            key,
+            client_ca: None,
+        },
+        false,
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    const LEN: usize = 3 << 20;
+    let server = std::thread::spawn(move || {
+        let (tcp, _) = listener.accept().unwrap();
+        let connection = rustls::ServerConnection::new(server_config).unwrap();
+        let (mut reader, mut writer) = duplex(tcp, connection, Duration::from_secs(10)).unwrap();
+        let sender = std::thread::spawn(move || {
+            for chunk in pattern(LEN, 7).chunks(70_000) {
+                writer.write_all(chunk).unwrap();
+            }
+        });
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).unwrap();
+        sender.join().unwrap();
+        got
+    });
+    let client_config = tls::client_config(&ClientTlsFiles {
+        ca: cert,
+        identity: None,
+    })
+    .unwrap();
+    let connection =
+        rustls::ClientConnection::new(client_config, tls::server_name("localhost").unwrap())
+            .unwrap();
+    let (mut reader, mut writer) = duplex(
+        TcpStream::connect(addr).unwrap(),
+        connection,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let sender = std::thread::spawn(move || {
+        for chunk in pattern(LEN, 3).chunks(50_000) {
+            writer.write_all(chunk).unwrap();
+        }
+        // Dropping the writer closes the session: end of stream at the server.
+    });
+    let mut got = vec![0u8; LEN];
+    reader.read_exact(&mut got).unwrap();
+    assert!(got == pattern(LEN, 7), "server to client");
+    sender.join().unwrap();
+    assert!(
+        server.join().unwrap() == pattern(LEN, 3),
+        "client to server"
+    );
+}
+
+#[test]
+fn an_untrusted_certificate_fails_the_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let (other, _) = certificate(dir.path(), "other");
+    let server_config = tls::server_config(
+        &ServerTlsFiles {
+            cert,
+            key,
+            client_ca: None,
+        },
+        false,
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (tcp, _) = listener.accept().unwrap();
+        let connection = rustls::ServerConnection::new(server_config).unwrap();
+        duplex(tcp, connection, Duration::from_secs(10)).err()
+    });
+    let client_config = tls::client_config(&ClientTlsFiles {
+        ca: other,
+        identity: None,
+    })
+    .unwrap();
+    let connection =
+        rustls::ClientConnection::new(client_config, tls::server_name("localhost").unwrap())
+            .unwrap();
+    let result = duplex(
+        TcpStream::connect(addr).unwrap(),
+        connection,
+        Duration::from_secs(10),
+    );
+    let error = result.err().expect("the handshake fails").to_string();
+    assert!(error.to_lowercase().contains("certificate"), "{error}");
+    assert!(
+        server.join().unwrap().is_some(),
+        "the server sees it fail too"
+    );
+}
