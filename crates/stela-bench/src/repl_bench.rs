@@ -52,6 +52,10 @@ pub struct ReplBenchArgs {
     /// More flags for the primary's `stela serve`, one string (e.g. "--spin-us 0").
     #[arg(long, value_name = "FLAGS", allow_hyphen_values = true)]
     pub primary_flags: Option<String>,
+    /// Ship over TLS (a certificate made for the run; the primary authenticated by an admin
+    /// token), as a deployment off loopback must; default: plain TCP in the private namespace.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Arguments of the hidden `stela-bench netecho`: echo every byte back on `listen`.
@@ -247,22 +251,57 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
         &base.join("echo.log"),
     )?);
     let standby_dir = base.join("standby");
-    let _standby = Killed(net.spawn(
-        &stela,
-        &[
-            "serve".into(),
-            "--dir".into(),
-            standby_dir.display().to_string(),
-            "--repl-listen".into(),
-            repl.to_string(),
-            "--repl-insecure".into(),
-            "--assume-write-rate".into(),
-            "500000000".into(),
-            "--node".into(),
-            "standby".into(),
-        ],
-        &base.join("standby.log"),
-    )?);
+    // TLS: a certificate for the run, and an admin token the primary proves itself with.
+    let (standby_security, primary_security): (Vec<String>, Vec<String>) = if args.tls {
+        let key = rcgen::KeyPair::generate()?;
+        let cert =
+            rcgen::CertificateParams::new(vec!["stela-standby".to_owned()])?.self_signed(&key)?;
+        let (cert_path, key_path, token) = (
+            base.join("standby.pem"),
+            base.join("standby.key"),
+            base.join("admin-token"),
+        );
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        std::fs::write(&token, "a-benchmark-admin-token\n")?;
+        let path = |p: &PathBuf| p.display().to_string();
+        (
+            vec![
+                "--tls-cert".into(),
+                path(&cert_path),
+                "--tls-key".into(),
+                path(&key_path),
+                "--admin-token-file".into(),
+                path(&token),
+            ],
+            vec![
+                "--standby-ca".into(),
+                path(&cert_path),
+                "--standby-name".into(),
+                "stela-standby".into(),
+                "--standby-token-file".into(),
+                path(&token),
+            ],
+        )
+    } else {
+        (
+            vec!["--repl-insecure".into()],
+            vec!["--repl-insecure".into()],
+        )
+    };
+    let mut standby_args: Vec<String> = vec![
+        "serve".into(),
+        "--dir".into(),
+        standby_dir.display().to_string(),
+        "--repl-listen".into(),
+        repl.to_string(),
+        "--assume-write-rate".into(),
+        "500000000".into(),
+        "--node".into(),
+        "standby".into(),
+    ];
+    standby_args.extend(standby_security);
+    let _standby = Killed(net.spawn(&stela, &standby_args, &base.join("standby.log"))?);
     wait_for("the standby", || {
         TcpStream::connect_timeout(&repl, Duration::from_millis(100)).is_ok()
     })?;
@@ -276,13 +315,8 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
         Command::new(&stela)
             .args(["serve", "--dir"])
             .arg(&primary_dir)
-            .args([
-                "--standby",
-                &repl.to_string(),
-                "--repl-insecure",
-                "--node",
-                "primary",
-            ])
+            .args(["--standby", &repl.to_string(), "--node", "primary"])
+            .args(&primary_security)
             .args(
                 args.primary_flags
                     .as_deref()
@@ -322,7 +356,7 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     };
     let mut out_rows = Vec::new();
     if !args.json {
-        writeln!(out, "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}), round trip {rtt_us:.1} us (median of 2000 TCP ping-pongs)", net.here, net.there)?;
+        writeln!(out, "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}), round trip {rtt_us:.1} us (median of 2000 TCP ping-pongs); stream over {}", net.here, net.there, if args.tls { "TLS" } else { "plain TCP" })?;
         writeln!(
             out,
             "# {} B records, {} transport, {:.1} s runs, median of {} with the levels taking turns",

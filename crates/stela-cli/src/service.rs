@@ -56,8 +56,8 @@ pub struct ServeArgs {
     /// Serve --tcp without TLS or authentication; refused unless --tcp is a loopback address.
     #[arg(long, requires = "tcp")]
     pub tcp_insecure: bool,
-    /// The daemon's TLS certificate chain (PEM).
-    #[arg(long, value_name = "FILE", requires_all = ["tcp", "tls_key"])]
+    /// The daemon's TLS certificate chain (PEM), for --tcp and --repl-listen.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
@@ -70,10 +70,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME", requires = "tls_client_ca")]
     pub tls_admin_name: Vec<String>,
     /// Tokens (one per line) that authenticate TCP clients as clients.
-    #[arg(long, value_name = "FILE", requires = "tcp")]
+    #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    /// Tokens (one per line) that authenticate TCP clients as administrators.
-    #[arg(long, value_name = "FILE", requires = "tcp")]
+    /// Tokens (one per line) that authenticate TCP clients (and, with --repl-listen, a primary)
+    /// as administrators.
+    #[arg(long, value_name = "FILE")]
     pub admin_token_file: Option<PathBuf>,
     /// Number of log buffers.
     #[arg(long, default_value_t = config::BUFFERS)]

@@ -242,10 +242,14 @@ impl DaemonConfig {
             || self.token_file.is_some()
             || self.admin_token_file.is_some();
         let Some(addr) = self.tcp else {
-            // TLS settings serve the replication listener too.
-            if (self.tls.is_some() && self.repl_listen.is_none()) || self.tcp_insecure {
+            // TLS settings and token files serve the replication listener too.
+            let for_tls =
+                self.tls.is_some() || self.token_file.is_some() || self.admin_token_file.is_some();
+            if (for_tls && self.repl_listen.is_none()) || self.tcp_insecure {
                 return Err(
-                    "TLS settings need --tcp or --repl-listen; --tcp-insecure needs --tcp".into(),
+                    "TLS settings and token files need --tcp or --repl-listen; --tcp-insecure \
+                     needs --tcp"
+                        .into(),
                 );
             }
             return Ok(());
