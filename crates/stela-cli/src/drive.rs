@@ -755,13 +755,16 @@ where
     let window: OnceLock<(Instant, Instant)> = OnceLock::new();
     // A failing client stops the others at once rather than at the end of the window.
     let failed = AtomicBool::new(false);
+    // The clients keep their connections until the daemon is sampled: on a loaded machine the
+    // sampling thread can wake after the window, and must still see them connected.
+    let sampled = AtomicBool::new(probe.is_none());
     let (results, sample) = std::thread::scope(|scope| {
         let handles: Vec<_> = sources
             .into_iter()
             .zip(commits)
             .enumerate()
             .map(|(index, (mut source, mut commit))| {
-                let (barrier, window, failed) = (&barrier, &window, &failed);
+                let (barrier, window, failed, sampled) = (&barrier, &window, &failed, &sampled);
                 std::thread::Builder::new()
                     .name(format!("{CLIENT_THREAD}-{index}"))
                     .spawn_scoped(scope, move || -> anyhow::Result<Histogram> {
@@ -783,6 +786,9 @@ where
                                 latency.record((ended - started).as_nanos() as u64);
                             }
                         }
+                        while !sampled.load(Ordering::Acquire) && !failed.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
                         // Drop the commit (for the service modes: the connection) here, so the
                         // daemon sees its clients go before it is asked to stop.
                         drop(commit);
@@ -803,7 +809,9 @@ where
                 }
                 std::thread::sleep((at - now).min(Duration::from_millis(10)));
             }
-            probe()
+            let sample = probe();
+            sampled.store(true, Ordering::Release);
+            sample
         });
         let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
         (results, sample)
