@@ -715,6 +715,85 @@ fn sighup_rotates_the_tokens() {
     daemon.terminate();
 }
 
+/// Certificate rotation: with the daemon started from a config file, SIGHUP reads its
+/// certificate and key again (replaced in place, here by one from another CA); new clients get
+/// the new certificate, a client trusting only the old CA is refused, a session set up before
+/// goes on, and a certificate whose key is not (yet) in place is reported and not applied.
+#[test]
+fn sighup_rotates_the_certificate() {
+    let setup = setup();
+    let next_ca = Ca::new(&setup.pki, "stela-next-ca");
+    let next = next_ca.issue(&setup.pki, "daemon-next", &["localhost", "127.0.0.1"]);
+    let (cert, key) = (setup.pki.join("live.pem"), setup.pki.join("live.key"));
+    std::fs::copy(&setup.server.0, &cert).unwrap();
+    std::fs::copy(&setup.server.1, &key).unwrap();
+    let config = setup.pki.join("stela.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "tcp = \"127.0.0.1:0\"\ntls-cert = {:?}\ntls-key = {:?}\ntoken-file = {:?}\n",
+            s(&cert),
+            s(&key),
+            s(&setup.client_tokens)
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start(&setup.dir, &["--config", s(&config)]);
+    let addr = tcp_addr(&mut daemon);
+    let port = addr.rsplit_once(':').unwrap().1.to_owned();
+    let status_trusting = |ca: &Path| {
+        stela(&[
+            "status",
+            "--tcp",
+            &addr,
+            "--tls-ca",
+            s(ca),
+            "--token-file",
+            s(&setup.client_tokens),
+        ])
+    };
+    let before = status_trusting(&setup.ca.cert);
+    assert_eq!(before.status.code(), Some(0), "{}", text(&before));
+    let early = status_trusting(&next_ca.cert);
+    assert!(!early.status.success(), "{}", text(&early));
+    let mut established = Connection::connect(&Address::Tls(Box::new(
+        TlsTarget::new(&format!("tls://localhost:{port}"), &setup.ca.cert)
+            .unwrap()
+            .token_file(&setup.client_tokens),
+    )))
+    .unwrap();
+
+    std::fs::copy(&next.0, &cert).unwrap();
+    std::fs::copy(&next.1, &key).unwrap();
+    // SAFETY: signalling our own child process by its pid.
+    unsafe {
+        libc::kill(daemon.child.id() as i32, libc::SIGHUP);
+    }
+    wait_logged(&daemon, &["SIGHUP reload: TLS: certificate", "(applied)"]);
+    let after = status_trusting(&next_ca.cert);
+    assert_eq!(after.status.code(), Some(0), "{}", text(&after));
+    let old = status_trusting(&setup.ca.cert);
+    assert!(!old.status.success(), "{}", text(&old));
+    assert!(
+        matches!(
+            established.request(RequestBody::Status),
+            Ok(stela_proto::ResponseBody::Status(_))
+        ),
+        "the session set up before the rotation goes on"
+    );
+
+    // The old certificate back without its key: not applied, the new one stays.
+    std::fs::copy(&setup.server.0, &cert).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(daemon.child.id() as i32, libc::SIGHUP);
+    }
+    wait_logged(&daemon, &["SIGHUP reload: TLS: NOT applied"]);
+    let kept = status_trusting(&next_ca.cert);
+    assert_eq!(kept.status.code(), Some(0), "{}", text(&kept));
+    daemon.terminate();
+}
+
 /// `AsyncWal` speaks TLS with a token as the blocking client does: it commits through a TLS
 /// daemon, and a wrong token is refused.
 #[test]

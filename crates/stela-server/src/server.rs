@@ -58,16 +58,11 @@ impl Server {
                     &config.dir,
                     Arc::clone(&config.storage),
                     config.segment_bytes,
-                    match &config.tls {
-                        Some(files) => Some(crate::replication::standby::Security {
-                            config: stela_net::tls::server_config(
-                                files,
-                                config.token_file.is_some() || config.admin_token_file.is_some(),
-                            )?,
+                    auth.server_tls()
+                        .map(|tls| crate::replication::standby::Security {
+                            tls,
                             auth: Arc::clone(&auth),
                         }),
-                        None => None,
-                    },
                 )
                 .map_err(|source| StartError::Bind {
                     what: format!("the replication listener {addr}"),
@@ -185,9 +180,11 @@ impl Server {
         let _ = self.reloadable.hook.set(hook);
     }
 
-    /// Applies what can change while running: the idle timeout and the retention. Every
-    /// other setting needs a restart: a change to one is reported, not applied. Returns what
-    /// was applied and what was not, one line each.
+    /// Applies what can change while running (SIGHUP): the idle timeout, the retention, the
+    /// token files' contents, the TLS certificate, key and client CA, and the connection
+    /// limits. Every other setting needs a restart: a change to one is reported, not applied.
+    /// A configuration [`DaemonConfig::check`] refuses is not applied at all. Returns what was
+    /// applied and what was not, one line each.
     pub fn reload(&self, new: &DaemonConfig) -> Vec<String> {
         self.reloadable.apply(new)
     }
@@ -314,6 +311,11 @@ struct Reloadable {
 
 impl Reloadable {
     fn apply(&self, new: &DaemonConfig) -> Vec<String> {
+        if let Err(why) = new.check() {
+            return vec![format!(
+                "NOT applied: {why}; the running configuration stays"
+            )];
+        }
         let mut said = Vec::new();
         self.counters
             .idle_timeout_ms
@@ -340,12 +342,7 @@ impl Reloadable {
         // connection, it only refuses new ones.
         let file_limit = self.counters.file_limit.load(Ordering::Relaxed);
         let limits = net::limits::limits(file_limit, new.max_connections, new.admin_connections);
-        self.counters
-            .max_connections
-            .store(limits.clients as u32, Ordering::Relaxed);
-        self.counters
-            .admin_connections
-            .store(limits.admins as u32, Ordering::Relaxed);
+        self.counters.set_limits(&limits);
         said.push(format!(
             "max-connections = {} (of {} asked; file limit {file_limit}), admin-connections = {} (applied)",
             limits.clients, new.max_connections, limits.admins
@@ -362,6 +359,40 @@ impl Reloadable {
             ("power-window", old.power_window != new.power_window),
             ("flushers", old.flushers != new.flushers),
             ("workers", old.workers != new.workers),
+            (
+                "write-threshold",
+                old.write_threshold != new.write_threshold,
+            ),
+            ("flush-interval", old.flush_interval != new.flush_interval),
+            ("socket-mode", old.socket_mode != new.socket_mode),
+            ("socket-group", old.socket_group != new.socket_group),
+            ("tcp-insecure", old.tcp_insecure != new.tcp_insecure),
+            ("tls-admin-name", old.tls_admin_names != new.tls_admin_names),
+            (
+                "handshake-timeout",
+                old.handshake_timeout != new.handshake_timeout,
+            ),
+            (
+                "partial-frame-bytes",
+                old.partial_frame_bytes != new.partial_frame_bytes,
+            ),
+            ("ring-size", old.ring_bytes != new.ring_bytes),
+            ("spin-us", old.spin != new.spin),
+            ("no-realtime", old.realtime_loop != new.realtime_loop),
+            ("standby", old.standby != new.standby),
+            ("repl-listen", old.repl_listen != new.repl_listen),
+            ("repl-insecure", old.repl_insecure != new.repl_insecure),
+            ("node", old.node != new.node),
+            (
+                "standby-ca, standby-cert, standby-key",
+                old.standby_tls != new.standby_tls,
+            ),
+            ("standby-name", old.standby_name != new.standby_name),
+            (
+                "standby-token-file",
+                old.standby_token_file != new.standby_token_file,
+            ),
+            ("degrade-after", old.degrade_after != new.degrade_after),
         ];
         for (key, changed) in restart_needed {
             if changed {

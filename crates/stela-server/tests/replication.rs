@@ -2,6 +2,8 @@
 //! are acknowledged only once the standby holds the records, a `replicated` commit waits while
 //! the standby is down and completes when it comes back, the standby's segment files are the
 //! primary's byte for byte, and a daemon without a standby refuses the levels that need one.
+//! Over TLS, only an authenticated primary ships, and a reload rotates the replication
+//! listener's certificate with the daemon's.
 
 mod common;
 
@@ -358,4 +360,82 @@ fn over_tls_only_an_authenticated_primary_replicates() {
         read_back(&log_dir(&s_dir, "secure"), std::sync::Arc::new(StdStorage)),
         vec![rec(5, 1, 40)]
     );
+}
+
+/// A TLS handshake with the listener at `addr`, trusting `ca` for `localhost`: `Err` if the
+/// client does not accept the certificate it is shown.
+fn handshake(addr: SocketAddr, ca: &Path) -> Result<(), String> {
+    use stela_net::tls::{self, rustls};
+    let config = tls::client_config(&stela_server::ClientTlsFiles {
+        ca: ca.to_owned(),
+        identity: None,
+    })
+    .unwrap();
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut connection =
+        rustls::ClientConnection::new(config, tls::server_name("localhost").unwrap()).unwrap();
+    while connection.is_handshaking() {
+        connection
+            .complete_io(&mut tcp)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A SIGHUP reload that rotates the daemon's certificate rotates the replication listener's
+/// too (the same files): a primary's new streams are served with the new certificate, and one
+/// trusting only the old one is refused.
+#[test]
+fn a_reload_rotates_the_replication_listeners_certificate() {
+    let root = tempfile::tempdir().unwrap();
+    let (cert_a, key_a) = certificate(root.path(), "a");
+    let (cert_b, key_b) = certificate(root.path(), "b");
+    let (cert, key) = (root.path().join("cert.pem"), root.path().join("key.pem"));
+    std::fs::copy(&cert_a, &cert).unwrap();
+    std::fs::copy(&key_a, &key).unwrap();
+    let admin_tokens = root.path().join("admin-tokens");
+    std::fs::write(&admin_tokens, "an-admin-token-of-some-length\n").unwrap();
+    let mut standby_config = config(&root.path().join("s"));
+    standby_config.repl_listen = Some("127.0.0.1:0".parse().unwrap());
+    standby_config.tls = Some(stela_server::ServerTlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: None,
+    });
+    standby_config.admin_token_file = Some(admin_tokens.clone());
+    let standby = NoHang::new(Server::start(standby_config.clone()).expect("the standby starts"));
+    let repl = standby.repl_addr().unwrap();
+    assert_eq!(handshake(repl, &cert_a), Ok(()));
+    assert!(handshake(repl, &cert_b).is_err());
+
+    std::fs::copy(&cert_b, &cert).unwrap();
+    std::fs::copy(&key_b, &key).unwrap();
+    let said = standby.reload(&standby_config);
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("TLS: certificate") && l.ends_with("(applied)")),
+        "{said:?}"
+    );
+    assert_eq!(handshake(repl, &cert_b), Ok(()));
+    assert!(handshake(repl, &cert_a).is_err());
+
+    // A primary that trusts only the new certificate replicates.
+    let mut primary_config = config(&root.path().join("p"));
+    primary_config.standby = Some(repl);
+    primary_config.standby_tls = Some(stela_server::ClientTlsFiles {
+        ca: cert_b.clone(),
+        identity: None,
+    });
+    primary_config.standby_name = Some("localhost".into());
+    primary_config.standby_token_file = Some(admin_tokens);
+    let primary = NoHang::new(Server::start(primary_config).expect("the primary starts"));
+    let mut client = RawClient::connect(primary.socket_path());
+    let handle = client.open("rotated");
+    client
+        .append(handle, Durability::Replicated, &[rec(7, 1, 40)])
+        .expect("replicated under the new certificate");
+    drop(client);
+    primary.shutdown().unwrap();
+    standby.shutdown().unwrap();
 }

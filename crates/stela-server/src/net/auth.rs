@@ -66,12 +66,28 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
     }
 }
 
-/// How TCP peers are authenticated (loaded once at start).
+/// A TLS server configuration that a SIGHUP reload replaces whole (certificate rotation):
+/// each new handshake takes the current one, sessions already set up keep theirs. Shared by
+/// the TCP listener and the replication listener, so both serve the same certificate.
+pub(crate) struct ServerTls(std::sync::RwLock<Arc<rustls::ServerConfig>>);
+
+impl ServerTls {
+    /// The configuration a handshake starting now uses.
+    pub fn current(&self) -> Arc<rustls::ServerConfig> {
+        Arc::clone(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn replace(&self, config: Arc<rustls::ServerConfig>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = config;
+    }
+}
+
+/// How TCP peers are authenticated: loaded at start; the token files and the TLS files are
+/// read again by a SIGHUP reload.
 pub(crate) struct Auth {
-    /// The TLS configuration of the TCP listener; `None`: plain TCP (`--tcp-insecure`).
-    /// Replaced whole by a SIGHUP reload (certificate rotation); new handshakes take the
-    /// current one, sessions already set up keep theirs.
-    tls: Option<std::sync::RwLock<Arc<rustls::ServerConfig>>>,
+    /// The TLS configuration of the TCP listener and of the replication listener (`--tls-cert`);
+    /// `None`: no TLS (plain TCP is then `--tcp-insecure`).
+    tls: Option<Arc<ServerTls>>,
     /// Replaced whole by a SIGHUP reload (token rotation); read under the lock per login.
     tokens: std::sync::RwLock<TokenFiles>,
     admin_names: Vec<String>,
@@ -121,16 +137,20 @@ impl Auth {
 
     /// The TLS configuration new TCP connections get; `None`: plain TCP.
     pub fn tls(&self) -> Option<Arc<rustls::ServerConfig>> {
-        self.tls
-            .as_ref()
-            .map(|tls| Arc::clone(&tls.read().unwrap_or_else(|e| e.into_inner())))
+        self.tls.as_ref().map(|tls| tls.current())
+    }
+
+    /// The replaceable TLS configuration itself, for the replication listener.
+    pub fn server_tls(&self) -> Option<Arc<ServerTls>> {
+        self.tls.clone()
     }
 
     /// Reads the certificate, key and client CA of `config` again (SIGHUP: certificate
-    /// rotation). Only files can change, not whether TLS is on: that decides how the listener
-    /// was set up. On any error the running configuration stays.
+    /// rotation). Only files can change, not whether TLS is on: that decides how the listeners
+    /// were set up. The new configuration is built (certificate, key matching it, client CA)
+    /// before it replaces the running one; on any error the running one stays.
     pub fn reload_tls(&self, config: &DaemonConfig) -> Result<&'static str, String> {
-        let files = config.tls.as_ref().filter(|_| config.tcp.is_some());
+        let files = config.tls.as_ref();
         let (Some(current), Some(files)) = (&self.tls, files) else {
             return if self.tls.is_some() == files.is_some() {
                 Ok("no TLS")
@@ -143,8 +163,8 @@ impl Auth {
             tokens.client.is_some() || tokens.admin.is_some()
         };
         let fresh = tls::server_config(files, tokens).map_err(|e| e.to_string())?;
-        *current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-        Ok("certificate, key and client CA read again; new connections use them")
+        current.replace(fresh);
+        Ok("certificate, key and client CA read again; new connections (clients and replication streams) use them")
     }
 
     /// Reads the certificates, keys and token files the configuration names.
@@ -157,13 +177,14 @@ impl Auth {
             .transpose()?;
         let tokens = client_tokens.is_some() || admin_tokens.is_some();
         let client_ca = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
-        let tls = match (&config.tls, config.tcp) {
-            // With tokens as well, a client may come without a certificate (and send a token).
-            (Some(files), Some(_)) => Some(tls::server_config(files, tokens)?),
-            _ => None,
+        // With tokens as well, a client may come without a certificate (and send a token).
+        // TLS files are there only for a TCP or a replication listener (`DaemonConfig::check`).
+        let tls = match &config.tls {
+            Some(files) => Some(tls::server_config(files, tokens)?),
+            None => None,
         };
         Ok(Auth {
-            tls: tls.map(std::sync::RwLock::new),
+            tls: tls.map(|tls| Arc::new(ServerTls(std::sync::RwLock::new(tls)))),
             tokens: std::sync::RwLock::new(TokenFiles {
                 client: client_tokens,
                 admin: admin_tokens,

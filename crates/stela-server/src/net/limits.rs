@@ -6,7 +6,8 @@
 //! is kept for everything else (log files, the listeners, the event loop, a spare descriptor
 //! for refusing connections when the table is full). The limits never promise a connection a
 //! descriptor the process cannot open: past them a connection is refused with an answer that
-//! says why, not dropped.
+//! says why, not dropped. A SIGHUP reload computes them again from the new maxima and the
+//! file limit found at start.
 
 /// Descriptors kept for everything that is not a connection.
 pub const RESERVED_FDS: u64 = 128;

@@ -10,11 +10,13 @@
 //!
 //! Limits it keeps ([`limits`]): the file limit is raised to the hard limit at start; clients
 //! beyond the connection limit are refused with `TooManyConnections`, administrators are
-//! served from a small reserve beyond it; connections that do not complete their Hello within
-//! the handshake timeout, or whose handshake slot a newer connection needs, are closed with
-//! `Timeout`; so are connections idle past the idle timeout; the bytes held for partly received
-//! frames of all connections together stay under a cap (a connection past it is not read until
-//! the others' bytes are handled). Failures to accept are logged, never dropped silently.
+//! served from a small reserve beyond it (both read per Hello from [`NetCounters`], so a SIGHUP
+//! reload changes them for the next connection and drops none already served); connections
+//! that do not complete their Hello within the handshake timeout, or whose handshake slot a
+//! newer connection needs, are closed with `Timeout`; so are connections idle past the idle
+//! timeout; the bytes held for partly received frames of all connections together stay under a
+//! cap (a connection past it is not read until the others' bytes are handled). Failures to
+//! accept are logged, never dropped silently.
 //!
 //! Security ([`auth`]): TCP connections run TLS (rustls, driven without blocking inside the
 //! loop: a TLS connection costs no thread), unless the listener is an explicit insecure loopback
@@ -73,6 +75,7 @@ pub struct NetCounters {
     /// counted in `refused`.
     pub refused_logins: AtomicU64,
     pub partial_bytes: AtomicU64,
+    /// Clients served at once (changeable by a SIGHUP reload, under the file limit).
     pub max_connections: AtomicU32,
     /// Administrator connections served beyond the limit (changeable, like the limit, by a
     /// SIGHUP reload; lowering either drops no connection, it only refuses new ones).
@@ -86,6 +89,15 @@ pub struct NetCounters {
 }
 
 impl NetCounters {
+    /// Puts `limits` in force for the connections that say Hello from now on.
+    pub fn set_limits(&self, limits: &limits::Limits) {
+        let saturate = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        self.max_connections
+            .store(saturate(limits.clients), Ordering::Relaxed);
+        self.admin_connections
+            .store(saturate(limits.admins), Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> NetStats {
         NetStats {
             connections: self.connections.load(Ordering::Relaxed),
@@ -127,6 +139,8 @@ pub(crate) struct EventLoop {
     conns: Vec<Option<Conn>>,
     free_slots: Vec<usize>,
     next_serial: u64,
+    /// As found at start; only `handshakes` is read from it: the connection limits are the
+    /// counters' `max_connections` / `admin_connections`, which a reload changes.
     limits: limits::Limits,
     clients: usize,
     admins: usize,
@@ -190,12 +204,7 @@ pub(crate) fn create(
     let file_limit = limits::raise_file_limit();
     let limits = limits::limits(file_limit, config.max_connections, config.admin_connections);
     let counters = Arc::new(NetCounters::default());
-    counters
-        .max_connections
-        .store(limits.clients as u32, Ordering::Relaxed);
-    counters
-        .admin_connections
-        .store(limits.admins as u32, Ordering::Relaxed);
+    counters.set_limits(&limits);
     counters.file_limit.store(file_limit, Ordering::Relaxed);
     counters
         .idle_timeout_ms

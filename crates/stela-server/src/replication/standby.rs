@@ -56,7 +56,9 @@ struct Shared {
 
 /// TLS on the replication listener, and who may ship to it.
 pub(crate) struct Security {
-    pub(crate) config: Arc<stela_net::tls::rustls::ServerConfig>,
+    /// The daemon's TLS configuration, the TCP listener's: a SIGHUP reload that rotates the
+    /// certificate rotates it here too (for the streams that connect from then on).
+    pub(crate) tls: Arc<crate::net::auth::ServerTls>,
     pub(crate) auth: Arc<crate::net::auth::Auth>,
 }
 
@@ -202,9 +204,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             (Box::new(stream), Box::new(writer), None)
         }
         Some(security) => {
-            let connection =
-                stela_net::tls::rustls::ServerConnection::new(Arc::clone(&security.config))
-                    .map_err(|e| e.to_string())?;
+            let connection = stela_net::tls::rustls::ServerConnection::new(security.tls.current())
+                .map_err(|e| e.to_string())?;
             let (reader, writer) =
                 stela_net::duplex::duplex(stream, connection, std::time::Duration::from_secs(10))
                     .map_err(|e| format!("TLS: {e}"))?;
