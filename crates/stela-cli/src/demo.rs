@@ -248,7 +248,9 @@ mod tests {
         let mut out = Vec::new();
         let rows = run_demo(&DemoArgs { seconds: 0.1 }, &mut out).unwrap();
         assert_eq!(rows.len(), 3);
-        assert!(rows.iter().all(|r| r.commits_per_s > 0.0));
+        // The modes that never wait for the disk commit within any window; one fdatasync can
+        // outlast a 0.1 s window on a loaded machine (CI runs tests side by side).
+        assert!(rows[1..].iter().all(|r| r.commits_per_s > 0.0), "{rows:?}");
         let text = String::from_utf8(out).unwrap();
         for shown in &SHOWN {
             assert_eq!(text.matches(shown.label).count(), 2, "{text}");
