@@ -14,7 +14,13 @@
 //! safekeepers): one term has one primary, which gives each LSN once, so two copies holding
 //! the same LSN from the same term hold the same record there, and, since each copy received
 //! that primary's records in order, the same records before it. Two copies therefore agree up
-//! to the highest LSN both hold from the same term, and no further.
+//! to the highest LSN both hold from the same term, and no further. On histories that label every
+//! LSN with the term that wrote it, that is the end of their common prefix: the highest `L` such
+//! that [`TermHistory::term_of`] agrees on every LSN up to `L` (the tests check both against each
+//! other). It asks less of the labels, though: a standby enters a term in its history when the
+//! first chunk of that term reaches it, so records it then receives that an earlier term wrote
+//! are labelled with the new one; the rule above still finds where the copies part, where a
+//! per-LSN comparison of labels would stop at the first mislabelled record.
 //!
 //! The encoding (`docs/FORMAT.md`, "Term history"), all little-endian:
 //!
@@ -287,6 +293,28 @@ mod tests {
         assert_eq!(divergence((&TermHistory::new(), 0), (&old, 100)), 0);
     }
 
+    #[test]
+    fn a_standby_that_labels_records_by_the_term_that_shipped_them_still_agrees() {
+        // The primary wrote 1..=95 in term 1 and began term 2 at 96. Its standby, at 80 when
+        // term 2's first chunk came, entered term 2 at 81 and then received 81..=120.
+        let primary = history(&[(1, 1), (2, 96)]);
+        let standby = history(&[(1, 1), (2, 81)]);
+        assert_eq!(divergence((&primary, 120), (&standby, 120)), 120);
+        assert_eq!(divergence((&primary, 130), (&standby, 110)), 110);
+        // Had the standby taken over as term 3 at 111, the copies part at 110.
+        let promoted = history(&[(1, 1), (2, 81), (3, 111)]);
+        assert_eq!(divergence((&primary, 130), (&promoted, 140)), 110);
+    }
+
+    /// The highest `L` up to which both histories give every LSN the same term (the common
+    /// prefix, LSN by LSN).
+    fn common_prefix(a: &TermHistory, a_end: u64, b: &TermHistory, b_end: u64) -> u64 {
+        (1..=a_end.min(b_end))
+            .take_while(|&lsn| a.term_of(lsn).is_some() && a.term_of(lsn) == b.term_of(lsn))
+            .last()
+            .unwrap_or(0)
+    }
+
     /// Two copies that share a history up to a fork: the common part, then the fork's term
     /// continued by one side (`extra` records), then each side's own later terms (disjoint, as
     /// each term has one primary), some of them empty.
@@ -334,6 +362,24 @@ mod tests {
             prop_assert_eq!(divergence((&a, a_end), (&b, b_end)), expected);
             prop_assert_eq!(divergence((&b, b_end), (&a, a_end)), expected);
             prop_assert_eq!(divergence((&a, a_end), (&a, a_end)), a_end);
+            prop_assert_eq!(common_prefix(&a, a_end, &b, b_end), expected);
+        }
+
+        #[test]
+        fn divergence_is_the_common_prefix_of_two_copies(
+            (a, a_end, b, b_end, _) in forked(),
+            cut_a in any::<prop::sample::Index>(),
+            cut_b in any::<prop::sample::Index>(),
+        ) {
+            // Either copy cut back anywhere (a lagging or truncated copy), in either order.
+            let (mut a, mut b) = (a, b);
+            let a_end = cut_a.index(a_end as usize + 1) as u64;
+            let b_end = cut_b.index(b_end as usize + 1) as u64;
+            a.truncate_after(a_end);
+            b.truncate_after(b_end);
+            let expected = common_prefix(&a, a_end, &b, b_end);
+            prop_assert_eq!(divergence((&a, a_end), (&b, b_end)), expected);
+            prop_assert_eq!(divergence((&b, b_end), (&a, a_end)), expected);
         }
 
         #[test]
@@ -358,6 +404,27 @@ mod tests {
             prop_assert!(TermHistory::decode(&flipped).is_err());
             let cut = cut.index(bytes.len());
             prop_assert!(TermHistory::decode(&bytes[..cut]).is_err());
+        }
+
+        #[test]
+        fn mutated_encodings_are_refused_or_unchanged(
+            (a, _, _, _, _) in forked(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+            cut in any::<prop::sample::Index>(),
+            grow in prop::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let mut bytes = a.encode();
+            for (at, value) in edits {
+                let at = at.index(bytes.len());
+                bytes[at] = value;
+            }
+            let keep = cut.index(bytes.len() + 1);
+            bytes.truncate(keep);
+            bytes.extend_from_slice(&grow);
+            // A different valid history would need a CRC32C collision on top of a mutation.
+            if let Ok(decoded) = TermHistory::decode(&bytes) {
+                prop_assert_eq!(decoded, a);
+            }
         }
 
         #[test]

@@ -105,11 +105,12 @@ pub enum ChunkError {
     LengthMismatch { len: usize, raw_len: usize },
 }
 
-/// A [`ReplMessage::Chunk`] of `bytes`: lz4-compressed if that saves at least an eighth.
-/// Returns the message and the bytes it carries on the wire (for the "before and after" counts).
+/// A [`ReplMessage::Chunk`] of `bytes`: lz4-compressed if that saves at least an eighth of them.
+/// Its `bytes` are what goes on the wire, `raw_len` what they stand for (the "before and after"
+/// counts).
 pub fn chunk_message(term: u64, segment_start: u64, offset: u64, bytes: &[u8]) -> ReplMessage {
     let compressed = lz4_flex::block::compress(bytes);
-    let pays = compressed.len() + compressed.len() / 8 < bytes.len();
+    let pays = compression_pays(bytes.len(), compressed.len());
     ReplMessage::Chunk {
         term,
         segment_start,
@@ -118,6 +119,11 @@ pub fn chunk_message(term: u64, segment_start: u64, offset: u64, bytes: &[u8]) -
         compressed: pays,
         bytes: if pays { compressed } else { bytes.to_vec() },
     }
+}
+
+/// Whether `compressed` bytes save at least an eighth of `raw` (and at least one byte).
+fn compression_pays(raw: usize, compressed: usize) -> bool {
+    compressed < raw && (raw - compressed).saturating_mul(8) >= raw
 }
 
 /// The segment bytes a chunk carries, decompressed if need be, at most [`crate::MAX_FRAME_BYTES`].
@@ -253,6 +259,17 @@ mod tests {
     }
 
     #[test]
+    fn compression_must_save_an_eighth() {
+        assert!(compression_pays(800, 700)); // saves exactly an eighth
+        assert!(!compression_pays(800, 701));
+        assert!(!compression_pays(900, 790)); // saves 12.2 %: not enough
+        assert!(!compression_pays(0, 0));
+        assert!(!compression_pays(0, 1));
+        assert!(compression_pays(8, 7)); // one byte of eight
+        assert!(!compression_pays(9, 8)); // one byte of nine
+    }
+
+    #[test]
     fn a_lying_length_is_refused_before_allocating() {
         assert!(matches!(
             chunk_bytes(u32::MAX, true, vec![0; 10]),
@@ -271,7 +288,13 @@ mod tests {
             let ReplMessage::Chunk { compressed, bytes: wire, raw_len, .. } = round_trip(&chunk_message(2, 5, 300, &bytes)) else {
                 unreachable!()
             };
-            prop_assert_eq!(chunk_bytes(raw_len, compressed, wire).unwrap(), bytes);
+            let sent = wire.len();
+            prop_assert_eq!(&chunk_bytes(raw_len, compressed, wire).unwrap(), &bytes);
+            // Compressed exactly when lz4 saves an eighth.
+            let lz4 = lz4_flex::block::compress(&bytes).len();
+            let n = bytes.len();
+            prop_assert_eq!(compressed, lz4 < n && 8 * (n - lz4) >= n);
+            prop_assert_eq!(sent, if compressed { lz4 } else { bytes.len() });
         }
 
         #[test]

@@ -88,6 +88,21 @@ pub enum Error {
     #[error("{}: not a log: {reason}", path.display())]
     NotALog { path: PathBuf, reason: &'static str },
 
+    /// A log's term state (`TERMS`, [`crate::term_store`]) does not decode or breaks its
+    /// invariants. Nothing was changed: reading it as "no term yet" would let a fenced node
+    /// accept an old primary again.
+    #[error("{}: damaged term state, refused: {reason}", path.display())]
+    TermsDamaged { path: PathBuf, reason: String },
+
+    /// A change to a log's term state that would break its invariants (a term that is not new,
+    /// a history that would go back). Nothing was changed.
+    #[error("{}: {source}", path.display())]
+    TermRefused {
+        path: PathBuf,
+        #[source]
+        source: stela_format::term::TermError,
+    },
+
     /// `commit` of an LSN that has not been appended.
     #[error("LSN {lsn} has not been appended (next LSN is {next})")]
     NotAppended { lsn: Lsn, next: Lsn },
