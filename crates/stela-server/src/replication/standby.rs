@@ -296,19 +296,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let position = mirror.position();
     send(
         &mut writer,
-        &ReplMessage::Position {
-            term,
-            segment_start: position.segment_start.get(),
-            offset: position.offset,
-            next_lsn: position.next_lsn.get(),
-            durable_lsn: mirror.durable_lsn(),
-            history: terms
-                .history()
-                .entries()
-                .iter()
-                .map(|&(t, f)| (t.0, f))
-                .collect(),
-        },
+        &position_message(term, position, mirror.durable_lsn(), &terms),
     )?;
     tracing::info!(
         log,
@@ -526,20 +514,30 @@ fn send_back(
     let position = checker.position();
     send(
         &mut *lock(&pipe.socket),
-        &ReplMessage::Position {
-            term,
-            segment_start: position.segment_start.get(),
-            offset: position.offset,
-            next_lsn: position.next_lsn.get(),
-            durable_lsn: durable,
-            history: terms
-                .history()
-                .entries()
-                .iter()
-                .map(|&(t, f)| (t.0, f))
-                .collect(),
-        },
+        &position_message(term, position, durable, terms),
     )
+}
+
+/// Where this copy stands, as the primary is told it (after `Open`, and after a `Fetch`).
+fn position_message(
+    term: u64,
+    position: stela_wal::mirror::Position,
+    durable_lsn: u64,
+    terms: &TermStore,
+) -> ReplMessage {
+    ReplMessage::Position {
+        term,
+        segment_start: position.segment_start.get(),
+        offset: position.offset,
+        next_lsn: position.next_lsn.get(),
+        durable_lsn,
+        history: terms
+            .history()
+            .entries()
+            .iter()
+            .map(|&(t, f)| (t.0, f))
+            .collect(),
+    }
 }
 
 /// The writer: applies held chunks in order, syncs whenever it has caught up, says what is
