@@ -171,6 +171,55 @@ pub struct ServeArgs {
     /// in `stela status`, until it is back. Default: they wait for it.
     #[arg(long, value_name = "MS")]
     pub degrade_after: Option<u64>,
+    /// Automatic failover: the coordinator that grants epochs, `tcp://HOST:PORT` (a
+    /// `stela witness`) or `etcd://HOST:PORT`. Needs --peer and --repl-listen; the coordinator
+    /// then says which node is the primary.
+    #[arg(long, value_name = "URL", requires_all = ["peer", "repl_listen"])]
+    pub coordinator: Option<String>,
+    /// With --coordinator: the other node's replication address (its --repl-listen); this
+    /// node ships there while it is the primary.
+    #[arg(long, value_name = "ADDR", conflicts_with = "standby")]
+    pub peer: Option<std::net::SocketAddr>,
+    /// With --coordinator: the pair's name at the coordinator.
+    #[arg(long, default_value = "stela")]
+    pub cluster: String,
+    /// With --coordinator: the role taken when the coordinator names no primary yet or
+    /// cannot be reached at start.
+    #[arg(long, value_enum, default_value_t = RoleArg::Standby)]
+    pub role: RoleArg,
+    /// With --coordinator: how often the primary renews with the coordinator and heartbeats
+    /// its standby.
+    #[arg(long, value_name = "MS", default_value_t = config::HEARTBEAT.as_millis() as u64)]
+    pub heartbeat_ms: u64,
+    /// With --coordinator: how long a standby hears nothing from its primary before it asks to
+    /// be promoted (the witness's --lease-ms should match).
+    #[arg(long, value_name = "MS", default_value_t = config::SUSPECT_AFTER.as_millis() as u64)]
+    pub suspect_after_ms: u64,
+    /// With --coordinator: how a promoted primary answers `replicated` commits before its old
+    /// primary has rejoined as its standby: `unprotected` (from its own memory, logged, counted
+    /// and shown in `stela status`, as RemusDB runs after a failover) or `block` (wait).
+    #[arg(long, value_enum, default_value_t = AfterFailoverArg::Unprotected)]
+    pub after_failover: AfterFailoverArg,
+}
+
+/// `--role`.
+#[derive(
+    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum RoleArg {
+    Primary,
+    Standby,
+}
+
+/// `--after-failover`.
+#[derive(
+    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum AfterFailoverArg {
+    Unprotected,
+    Block,
 }
 
 fn octal<S: serde::Serializer>(mode: &u32, serializer: S) -> Result<S::Ok, S::Error> {
@@ -273,8 +322,25 @@ impl ServeArgs {
         config.ring_bytes = self.ring_size;
         config.spin = Duration::from_micros(self.spin_us);
         config.realtime_loop = !self.no_realtime;
-        config.standby = self.standby;
+        config.standby = self.standby.or(self.peer);
         config.repl_listen = self.repl_listen;
+        config.failover = self
+            .coordinator
+            .clone()
+            .map(|coordinator| config::FailoverConfig {
+                coordinator,
+                cluster: self.cluster.clone(),
+                initial_role: match self.role {
+                    RoleArg::Primary => config::NodeRole::Primary,
+                    RoleArg::Standby => config::NodeRole::Standby,
+                },
+                heartbeat: Duration::from_millis(self.heartbeat_ms.max(1)),
+                suspect_after: Duration::from_millis(self.suspect_after_ms.max(1)),
+                after_failover: match self.after_failover {
+                    AfterFailoverArg::Unprotected => config::AfterFailover::Unprotected,
+                    AfterFailoverArg::Block => config::AfterFailover::Block,
+                },
+            });
         config.repl_insecure = self.repl_insecure;
         config.node = self.node.clone();
         config.degrade_after = self.degrade_after.map(Duration::from_millis);
@@ -437,9 +503,19 @@ pub fn serve(
         status.pid
     )?;
     out.flush()?;
+    let stepped_down = server.stepped_down();
     let stopped = server.run_until_stopped();
     notify_systemd("STOPPING=1");
     stopped.map_err(|failures| anyhow::anyhow!("stopped with failures: {failures}"))?;
+    if let Some(why) = stepped_down.get() {
+        writeln!(
+            out,
+            "stela serve: stepped down ({why}); every buffer written and synced; start again to rejoin as the standby"
+        )?;
+        out.flush()?;
+        // EX_TEMPFAIL: a supervisor restarts it, and it comes back as the standby.
+        std::process::exit(75);
+    }
     writeln!(out, "stela serve: every buffer written and synced; stopped")?;
     Ok(())
 }

@@ -242,6 +242,7 @@ async fn connect_session(
         handle,
         positions,
         max_record_bytes,
+        ..
     } = answer
     else {
         return Err(unexpected("Open", answer));

@@ -273,6 +273,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             handle,
             positions,
             max_record_bytes,
+            ..
         } = answer
         else {
             return Err(unexpected("Open", answer));

@@ -153,6 +153,11 @@ pub enum RequestBody {
     DeleteLog {
         log: String,
     },
+    /// The log's term history and last LSN, to resolve a commit left in doubt by a failover
+    /// (`stela_format::term::resolve`).
+    History {
+        handle: u32,
+    },
 }
 
 /// One log of [`ResponseBody::Logs`].
@@ -189,6 +194,10 @@ pub enum ResponseBody {
         positions: Positions,
         /// The largest payload the daemon accepts for this log (bounded by its buffer size).
         max_record_bytes: u32,
+        /// The term every record appended through this handle gets (0: a daemon without
+        /// replication). With an LSN it names a record across a failover.
+        #[serde(default)]
+        term: u64,
     },
     Appended {
         first_lsn: u64,
@@ -222,6 +231,11 @@ pub enum ResponseBody {
         log: String,
         segments: u32,
         bytes: u64,
+    },
+    /// The log's term history, (term, first LSN) pairs oldest first, and its last LSN.
+    History {
+        entries: Vec<(u64, u64)>,
+        last_lsn: u64,
     },
     Error {
         code: ErrorCode,
@@ -285,6 +299,13 @@ pub enum ErrorCode {
     Forbidden,
     /// The log is open by a client: it cannot be deleted now.
     LogInUse,
+    /// This node is not the primary (a standby, or a primary that saw a newer term and stepped
+    /// down): open the log on the primary. The message names the epoch and, if known, the
+    /// primary.
+    NotPrimary,
+    /// The primary stepped down while this commit waited: whether the record survives depends
+    /// on the new primary's history. Resolve it by its (term, LSN) there (`History`).
+    InDoubt,
 }
 
 /// Who a connection is, for the connection limit.
@@ -348,6 +369,44 @@ pub struct ReplicationStatus {
     pub role: String,
     pub peer: String,
     pub logs: Vec<ReplicaStatus>,
+    /// The cluster's epoch as this node knows it (0: no failover coordinator).
+    #[serde(default)]
+    pub epoch: u64,
+    /// The failover coordinator (witness or etcd), if configured.
+    #[serde(default)]
+    pub coordinator: Option<CoordinatorStatus>,
+    /// This node's last promotion, if it was promoted since it started.
+    #[serde(default)]
+    pub last_failover: Option<FailoverReport>,
+    /// Since when (Unix ms) a promoted primary acknowledges `replicated` without a standby
+    /// (its old primary has not rejoined yet); 0 while protected.
+    #[serde(default)]
+    pub unprotected_since_ms: u64,
+}
+
+/// The failover coordinator as a node sees it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorStatus {
+    /// "witness tcp://..." or "etcd http://... (cluster NAME)".
+    pub describe: String,
+    /// Whether its last answer came within the timeout. While unreachable, a healthy pair
+    /// runs on; only failover is unavailable.
+    pub reachable: bool,
+    /// How long ago it last answered.
+    pub last_answer_ms: u64,
+    /// The epoch and holder it last reported.
+    pub epoch: u64,
+    pub holder: Option<String>,
+}
+
+/// A promotion: when, why, and how long from the suspicion to serving.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FailoverReport {
+    pub at_unix_ms: u64,
+    pub epoch: u64,
+    pub reason: String,
+    /// From the last message of the old primary to accepting clients.
+    pub took_ms: u64,
 }
 
 /// One log's shipping, as its primary or its standby sees it.
@@ -377,6 +436,9 @@ pub struct ReplicaStatus {
     pub degraded: bool,
     #[serde(default)]
     pub degraded_acks: u64,
+    /// On a promoted primary: `replicated` acknowledgements given without a standby.
+    #[serde(default)]
+    pub unprotected_acks: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

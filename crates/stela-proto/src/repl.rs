@@ -75,6 +75,11 @@ pub enum ReplMessage {
         offset: u64,
         next_lsn: u64,
     },
+    /// Primary → standby, before it ships anything: the standby's copy diverged after
+    /// `after_lsn` (it was a primary in a term this primary's history does not carry from
+    /// there on). The standby keeps its records after `after_lsn` in a salvage folder, cuts its
+    /// copy there, and answers with a `Position`.
+    Cut { term: u64, after_lsn: u64 },
     /// Either way: the other side's message was refused; the connection closes after it.
     Refuse { term: u64, message: String },
 }
@@ -89,6 +94,7 @@ impl ReplMessage {
             | ReplMessage::Ack { term, .. }
             | ReplMessage::Heartbeat { term }
             | ReplMessage::Fetch { term, .. }
+            | ReplMessage::Cut { term, .. }
             | ReplMessage::Refuse { term, .. } => *term,
         }
     }

@@ -126,7 +126,52 @@ pub struct DaemonConfig {
     /// acknowledged without it (as `buffered` / `disk`), logged and counted, until it is back.
     /// `None`: they wait for it (the default).
     pub degrade_after: Option<Duration>,
+    /// Automatic failover between this node and its peer (`--coordinator`); `None`: roles are
+    /// fixed by `standby` / `repl_listen`.
+    pub failover: Option<FailoverConfig>,
 }
+
+/// Automatic failover: both nodes run with `standby` (the peer's replication address) and
+/// `repl_listen` (their own); the coordinator decides which is primary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailoverConfig {
+    /// `tcp://HOST:PORT` (a `stela witness`) or `etcd://HOST:PORT`.
+    pub coordinator: String,
+    /// The pair's name at the coordinator (etcd keys live under it).
+    pub cluster: String,
+    /// The role this node takes when the coordinator has no holder yet or cannot be reached
+    /// at start.
+    pub initial_role: NodeRole,
+    /// How often the primary renews with the coordinator and sends heartbeats to its standby.
+    pub heartbeat: Duration,
+    /// How long a standby hears nothing from its primary before it asks to be promoted (the
+    /// coordinator's lease should be the same).
+    pub suspect_after: Duration,
+    /// How a promoted primary answers `replicated` commits until its old primary rejoins as
+    /// its standby.
+    pub after_failover: AfterFailover,
+}
+
+/// A node's part in a pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeRole {
+    Primary,
+    Standby,
+}
+
+/// What a promoted primary does with `replicated` commits while it has no standby.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailover {
+    /// Acknowledge them from its own memory (RemusDB's unprotected primary), loudly: logged,
+    /// counted, shown in `stela status`, until the old primary has rejoined.
+    Unprotected,
+    /// Wait for a standby, as a primary whose standby is down does.
+    Block,
+}
+
+/// Default heartbeat and suspicion (docs/DAEMON.md).
+pub const HEARTBEAT: Duration = Duration::from_millis(50);
+pub const SUSPECT_AFTER: Duration = Duration::from_millis(300);
 
 impl DaemonConfig {
     pub fn new(dir: impl Into<PathBuf>) -> DaemonConfig {
@@ -170,6 +215,7 @@ impl DaemonConfig {
             standby_tls: None,
             standby_name: None,
             standby_token_file: None,
+            failover: None,
         }
     }
 
@@ -216,6 +262,22 @@ impl DaemonConfig {
                 return Err(format!(
                     "{flag} {addr}: off loopback the replication stream needs TLS ({needs}), or, \
                      inside a private network, --repl-insecure"
+                ));
+            }
+        }
+        if let Some(failover) = &self.failover {
+            if self.standby.is_none() || self.repl_listen.is_none() {
+                return Err(
+                    "--coordinator needs --peer (the other node's replication address) \
+                     and --repl-listen (this node's): either node may become the primary"
+                        .into(),
+                );
+            }
+            if failover.heartbeat.is_zero() || failover.suspect_after < failover.heartbeat * 2 {
+                return Err(format!(
+                    "--suspect-after-ms ({} ms) must be at least twice --heartbeat-ms ({} ms)",
+                    failover.suspect_after.as_millis(),
+                    failover.heartbeat.as_millis()
                 ));
             }
         }

@@ -27,6 +27,14 @@ pub enum Error {
     ShuttingDown,
     #[error("log {log:?} is being closed")]
     Closing { log: String },
+    /// This node does not serve writes: it is a standby, or a primary that stepped down.
+    #[error("not the primary: {0}")]
+    NotPrimary(String),
+    /// The primary stepped down while the commit waited for the standby.
+    #[error(
+        "log {log:?}: commit in doubt: {why}; resolve it by its term and LSN on the new primary"
+    )]
+    InDoubt { log: String, why: String },
     /// A write or sync of the log failed; it takes nothing more until the daemon restarts.
     #[error("log {log:?} stopped after a failed write or sync: {cause}")]
     LogStopped {
@@ -110,6 +118,8 @@ impl Error {
             Error::LsnExhausted { .. } => ErrorCode::LsnExhausted,
             Error::BadLogName(_) | Error::NoSuchLog(_) => ErrorCode::BadLogName,
             Error::LogInUse { .. } => ErrorCode::LogInUse,
+            Error::NotPrimary(_) => ErrorCode::NotPrimary,
+            Error::InDoubt { .. } => ErrorCode::InDoubt,
             Error::UnknownCodec(_) | Error::Mismatch { .. } | Error::Open { .. } => {
                 ErrorCode::OpenFailed
             }
@@ -131,6 +141,7 @@ impl Error {
             PoolError::PowerFailing => Error::PowerFailing,
             PoolError::ShuttingDown => Error::ShuttingDown,
             PoolError::Closed => Error::Closing { log },
+            PoolError::InDoubt(why) => Error::InDoubt { log, why },
             PoolError::Failed(cause) => Error::LogStopped { log, cause },
             PoolError::DiskFull(cause) => Error::DiskFull { log, cause },
             PoolError::NotAppended { lsn, next } => Error::NotAppended { log, lsn, next },

@@ -17,6 +17,7 @@
 //! - `net`: the event loop: connections without a thread each, the shared-memory rings,
 //!   limits and timeouts. It calls the engine; nothing calls back into it but its inbox.
 //! - [`metrics`]: the Prometheus metrics and the `/metrics` endpoint.
+//! - [`cluster`]: a node of a failover pair: role, epoch, renewals, promotion, stepping down.
 //! - [`config`]: every setting and its default, in one place.
 //! - [`error`]: the one error type, and its wire codes.
 //! - [`server`]: start-up, signals, shutdown.
@@ -32,6 +33,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod error;

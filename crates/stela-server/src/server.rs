@@ -35,7 +35,9 @@ pub struct Server {
     stop_requested: Arc<(Mutex<bool>, Condvar)>,
     signals: Option<(signal_hook::iterator::Handle, JoinHandle<()>)>,
     /// The standby role's listener for the primary's streams (`--repl-listen`).
-    standby: Option<crate::replication::standby::Standby>,
+    standby: Option<Arc<crate::replication::standby::Standby>>,
+    /// Set when this node stepped down (a newer epoch exists): why.
+    stepped_down: Arc<OnceLock<String>>,
 }
 
 impl Server {
@@ -51,8 +53,28 @@ impl Server {
             .map(resolve_group)
             .transpose()?;
         let engine = Engine::start(&config)?;
+        // With a failover coordinator the role is its to say, before anything is served.
+        let coordinator = match &config.failover {
+            Some(failover) => {
+                let coordinator = stela_coord::connect(
+                    &failover.coordinator,
+                    &failover.cluster,
+                    failover.suspect_after,
+                )
+                .map_err(|e| StartError::Config(format!("--coordinator: {e}")))?;
+                engine.node().decide_role(coordinator.as_ref());
+                tracing::info!(
+                    role = engine.node().role_name(),
+                    epoch = engine.node().epoch(),
+                    coordinator = coordinator.describe(),
+                    "failover pair"
+                );
+                Some(coordinator)
+            }
+            None => None,
+        };
         let standby = match config.repl_listen {
-            Some(addr) => Some(
+            Some(addr) => Some(Arc::new(
                 crate::replication::standby::Standby::start(
                     addr,
                     &config.dir,
@@ -63,12 +85,13 @@ impl Server {
                             tls,
                             auth: Arc::clone(&auth),
                         }),
+                    Arc::clone(engine.node()),
                 )
                 .map_err(|source| StartError::Bind {
                     what: format!("the replication listener {addr}"),
                     source,
                 })?,
-            ),
+            )),
             None => None,
         };
         if let Some(standby) = &standby {
@@ -133,6 +156,45 @@ impl Server {
                 })?;
         }
         let stop_requested = Arc::new((Mutex::new(false), Condvar::new()));
+        let stepped_down = Arc::new(OnceLock::new());
+        if let (Some(coordinator), Some(failover)) = (coordinator, config.failover.clone()) {
+            let node = Arc::clone(engine.node());
+            if let Some(standby) = &standby {
+                let standby = Arc::downgrade(standby);
+                node.on_promote(Box::new(move |_epoch| {
+                    if let Some(standby) = standby.upgrade() {
+                        standby.end_streams();
+                    }
+                }));
+            }
+            {
+                let (engine, stop, stepped_down) = (
+                    Arc::downgrade(&engine),
+                    Arc::clone(&stop_requested),
+                    Arc::clone(&stepped_down),
+                );
+                node.on_step_down(Box::new(move |why| {
+                    if let Some(replication) = engine
+                        .upgrade()
+                        .as_ref()
+                        .and_then(|e| e.replication().cloned())
+                    {
+                        replication.step_down(&why);
+                    }
+                    let _ = stepped_down.set(why);
+                    let (flag, condvar) = &*stop;
+                    *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                    condvar.notify_all();
+                }));
+            }
+            std::thread::Builder::new()
+                .name("stela-cluster".into())
+                .spawn(move || node.run(coordinator.as_ref(), &failover))
+                .map_err(|source| StartError::Thread {
+                    name: "stela-cluster".into(),
+                    source,
+                })?;
+        }
         let signals = if config.handle_signals {
             Some(watch_signals(
                 Arc::clone(&engine),
@@ -153,7 +215,15 @@ impl Server {
             stop_requested,
             signals,
             standby,
+            stepped_down,
         })
+    }
+
+    /// Why this node stepped down, once it has (a newer epoch exists): `run_until_stopped`
+    /// then returns after flushing, and the process should exit and be started again to
+    /// rejoin as the standby.
+    pub fn stepped_down(&self) -> Arc<OnceLock<String>> {
+        Arc::clone(&self.stepped_down)
     }
 
     /// Where the standby role takes its primary's streams (`--repl-listen`; port 0 resolved).
@@ -235,6 +305,7 @@ impl Server {
         let Some(event_loop) = self.event_loop.take() else {
             return Ok(());
         };
+        self.engine.node().stop();
         // Drain while the loop still runs, so `disk` waiters released by the drain are answered.
         let drained = self.engine.shutdown();
         // Whatever was shipped by now is the standby's; its streams end here.

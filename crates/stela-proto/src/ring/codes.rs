@@ -216,6 +216,8 @@ pub fn status_of(code: ErrorCode) -> u32 {
         ErrorCode::Unauthenticated => 18,
         ErrorCode::Forbidden => 19,
         ErrorCode::LogInUse => 20,
+        ErrorCode::NotPrimary => 21,
+        ErrorCode::InDoubt => 22,
     }
 }
 
@@ -241,6 +243,8 @@ pub fn error_of_status(status: u32) -> Option<ErrorCode> {
         18 => ErrorCode::Unauthenticated,
         19 => ErrorCode::Forbidden,
         20 => ErrorCode::LogInUse,
+        21 => ErrorCode::NotPrimary,
+        22 => ErrorCode::InDoubt,
         _ => return None,
     })
 }

@@ -19,6 +19,7 @@ use stela_proto::Durability;
 /// The TLS files for the standby do not load.
 pub(super) fn replication(
     config: &DaemonConfig,
+    node: &Arc<crate::cluster::Node>,
     hook: &Arc<OnceLock<ReleaseHook>>,
 ) -> std::result::Result<Option<Arc<Replication>>, crate::error::StartError> {
     let Some(standby) = config.standby else {
@@ -50,7 +51,7 @@ pub(super) fn replication(
     };
     Ok(Some(Arc::new(Replication::new(
         standby,
-        config.node.clone(),
+        Arc::clone(node),
         released,
         config.degrade_after,
         tls,

@@ -47,6 +47,8 @@ pub struct Engine {
     replication: Option<Arc<crate::replication::Replication>>,
     /// The standby role's streams, for `stela status` (`--repl-listen`).
     standby_view: OnceLock<levels::StandbyView>,
+    /// This node's role and epoch (fixed by configuration, or by the failover coordinator).
+    node: Arc<crate::cluster::Node>,
 }
 
 impl Engine {
@@ -86,6 +88,23 @@ impl Engine {
             Arc::clone(&config.storage),
             config.segment_bytes,
         ));
+        let node = Arc::new(match &config.failover {
+            Some(failover) => crate::cluster::Node::clustered(
+                &config.node,
+                &config.dir,
+                Arc::clone(&config.storage),
+                failover,
+            )
+            .map_err(|e| StartError::Config(format!("the node's epoch: {e}")))?,
+            None => crate::cluster::Node::fixed(
+                &config.node,
+                if config.repl_listen.is_some() && config.standby.is_none() {
+                    crate::config::NodeRole::Standby
+                } else {
+                    crate::config::NodeRole::Primary
+                },
+            ),
+        });
         let release_hook: Arc<OnceLock<ReleaseHook>> = Arc::new(OnceLock::new());
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let mut flushers = Vec::new();
@@ -121,8 +140,9 @@ impl Engine {
             logs,
             last_emergency_flush: Mutex::new(None),
             started: Instant::now(),
-            replication: levels::replication(config, &release_hook)?,
+            replication: levels::replication(config, &node, &release_hook)?,
             standby_view: OnceLock::new(),
+            node,
             release_hook,
             flushers: Mutex::new(flushers),
             metrics,

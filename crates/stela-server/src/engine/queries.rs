@@ -34,6 +34,8 @@ pub struct Opened {
     pub name: String,
     pub positions: Positions,
     pub max_record_bytes: usize,
+    /// The term records appended now get (0 without replication).
+    pub term: u64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -73,6 +75,9 @@ impl Engine {
     /// Opens (or with `create`, creates) a log for one more handle. Blocking: recovery reads
     /// the log's files.
     pub fn open(&self, name: &str, codec: &str, type_tag: &str, create: bool) -> Result<Opened> {
+        if let Some(why) = self.node.refusal() {
+            return Err(Error::NotPrimary(why));
+        }
         if let Some(replication) = self
             .replication
             .as_ref()
@@ -81,8 +86,9 @@ impl Engine {
             self.catch_up(replication, name, codec, type_tag);
         }
         let entry = self.logs.open(&self.pool, name, codec, type_tag, create)?;
+        let mut term = 0;
         if let Some(replication) = &self.replication {
-            replication.watch(
+            let watched = replication.watch(
                 &self.pool,
                 crate::replication::LogInfo {
                     id: entry.id,
@@ -94,13 +100,38 @@ impl Engine {
                 },
                 Arc::clone(&self.config.storage),
             );
+            term = match watched {
+                Ok(term) => term,
+                Err(why) => {
+                    self.release(entry.id);
+                    return Err(Error::NotPrimary(format!("log {name}: {why}")));
+                }
+            };
         }
         Ok(Opened {
             log: entry.id,
             name: entry.name.clone(),
             positions: self.positions(entry.id),
             max_record_bytes: self.pool.max_record_bytes(entry.id),
+            term,
         })
+    }
+
+    /// The term history of `log` and its last LSN (`History`): empty without replication.
+    pub fn history(&self, log: LogId) -> (Vec<(u64, u64)>, u64) {
+        let last = self.pool.positions(log).0 - 1;
+        let entries = self
+            .replication
+            .as_ref()
+            .and_then(|r| r.history(log))
+            .map(|(_, history)| history.entries().iter().map(|&(t, f)| (t.0, f)).collect())
+            .unwrap_or_default();
+        (entries, last)
+    }
+
+    /// This node's role and epoch.
+    pub fn node(&self) -> &Arc<crate::cluster::Node> {
+        &self.node
     }
 
     /// Keeps the record schema a client sent with its open (`stela_format::schema`) in the log's

@@ -59,6 +59,7 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
         | RequestBody::Commit { .. }
         | RequestBody::Read { .. }
         | RequestBody::Positions { .. }
+        | RequestBody::History { .. }
         | RequestBody::Close { .. }
         | RequestBody::MapRing { .. }
         | RequestBody::ListLogs

@@ -667,6 +667,7 @@ impl Conn {
                                     handle: 0, // set by the loop when it adds the handle
                                     positions: opened.positions,
                                     max_record_bytes: opened.max_record_bytes as u32,
+                                    term: opened.term,
                                 }),
                                 Effect::Opened(opened),
                             )
@@ -753,6 +754,10 @@ impl Conn {
             RequestBody::Positions { handle } => self
                 .log(handle)
                 .map(|log| ResponseBody::Positions(ctx.engine.positions(log))),
+            RequestBody::History { handle } => self.log(handle).map(|log| {
+                let (entries, last_lsn) = ctx.engine.history(log);
+                ResponseBody::History { entries, last_lsn }
+            }),
             RequestBody::Close { handle } => match self.log(handle) {
                 Ok(log) => {
                     self.handles[handle as usize] = None;

@@ -823,6 +823,7 @@ impl EventLoop {
                             Ok(ResponseBody::Opened {
                                 positions,
                                 max_record_bytes,
+                                term,
                                 ..
                             }),
                             Effect::Opened(opened),
@@ -832,6 +833,7 @@ impl EventLoop {
                                 handle,
                                 positions,
                                 max_record_bytes,
+                                term,
                             })
                         }
                         (result, _) => result,

@@ -109,6 +109,10 @@ pub enum PoolError {
     ShuttingDown,
     #[error("the log is being closed")]
     Closed,
+    /// A `replicated` wait ended without an answer: this primary learned of a newer term (or
+    /// stepped down), so whether the record survives is for the new primary's history to say.
+    #[error("commit in doubt: {0}")]
+    InDoubt(String),
     #[error("the log stopped after a failed write or sync: {0}")]
     Failed(Failure),
     #[error("the disk is full: {0}; appends are refused until a new segment can be created")]

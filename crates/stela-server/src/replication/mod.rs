@@ -49,7 +49,7 @@ const RETRY: Duration = Duration::from_millis(100);
 /// The primary's replication: one [`Link`] per open log.
 pub struct Replication {
     standby: SocketAddr,
-    node: String,
+    node: Arc<crate::cluster::Node>,
     links: Mutex<HashMap<LogId, Arc<Link>>>,
     /// Called once after waiters were released (wakes the event loop once for all of them).
     released: Released,
@@ -102,8 +102,10 @@ struct LinkState {
     /// Set when the standby refused this primary's term: no `replicated` acknowledgement can
     /// come from it any more.
     fenced: Option<String>,
-    /// The term this log is shipped in, and when the standby last acknowledged anything.
+    /// The term this log is shipped in, its history (as begun at open), and when the standby
+    /// last acknowledged anything.
     term: u64,
+    history: stela_format::term::TermHistory,
     last_ack: Option<std::time::Instant>,
     /// Segment bytes shipped and the bytes they took on the wire.
     shipped_bytes: u64,
@@ -113,6 +115,8 @@ struct LinkState {
     /// `--degrade-after` passed while unreachable: `replicated` waits are answered at once.
     degraded: bool,
     degraded_acks: u64,
+    /// `replicated` commits acknowledged by a promoted primary before a standby rejoined.
+    unprotected_acks: u64,
 }
 
 /// What the shipper needs of a log.
@@ -128,7 +132,7 @@ pub struct LogInfo {
 impl Replication {
     pub fn new(
         standby: SocketAddr,
-        node: String,
+        node: Arc<crate::cluster::Node>,
         released: Released,
         degrade_after: Option<Duration>,
         tls: Option<StandbyTls>,
@@ -168,35 +172,86 @@ impl Replication {
         }
     }
 
+    fn epoch(&self) -> u64 {
+        self.node.epoch()
+    }
+
     fn token(&self) -> Option<String> {
         self.tls.as_ref().and_then(|tls| tls.token.clone())
     }
 
-    /// Starts shipping `log` (once per open log).
+    /// Starts shipping `log` (once per open log) and returns the term its records get from now
+    /// on. The term is begun durably here, before the log takes an append: every start of a
+    /// primary is a new term, because records it lost in a crash may have been shipped and
+    /// their LSNs are given to new records now; the new term tells the two apart.
+    ///
+    /// # Errors
+    /// The log's TERMS file cannot be read or written (the open fails: a record appended in no
+    /// recorded term could not be told apart after a failover).
     pub fn watch<W: Send + 'static>(
         self: &Arc<Self>,
         pool: &Arc<Pool<W>>,
         log: LogInfo,
         storage: Arc<dyn stela_wal::storage::Storage>,
-    ) {
+    ) -> Result<u64, String> {
         let mut links = lock(&self.links);
-        if links.contains_key(&log.id) {
-            return;
+        if let Some(link) = links.get(&log.id) {
+            return Ok(lock(&link.state).term);
         }
+        let mut terms = TermStore::open(Arc::clone(&storage), &log.dir)
+            .map_err(|e| format!("the log's terms: {e}"))?;
+        let (next, _) = pool.positions(log.id);
+        let first = if terms.history().entries().is_empty() {
+            1
+        } else {
+            next
+        };
+        let term = self.next_term(terms.current())?;
+        terms
+            .begin(term, first)
+            .map_err(|e| format!("recording the log's new term: {e}"))?;
         let link = Arc::new(Link {
             name: log.name.clone(),
-            state: Mutex::new(LinkState::default()),
+            state: Mutex::new(LinkState {
+                term: term.0,
+                history: terms.history().clone(),
+                ..LinkState::default()
+            }),
             appended: Condvar::new(),
             stop: AtomicBool::new(false),
         });
         links.insert(log.id, Arc::clone(&link));
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
+        let term = term.0;
         let spawned = std::thread::Builder::new()
             .name(format!("stela-ship-{}", log.id))
-            .spawn(move || me.ship_log(&pool, &link, &log, storage));
+            .spawn(move || me.ship_log(&pool, &link, &log, term));
         if let Err(error) = spawned {
             tracing::error!(%error, "could not start a shipper thread; replicated commits of this log will wait");
         }
+        Ok(term)
+    }
+
+    /// The term a log at `current` gets when this primary opens it: the next one, within this
+    /// node's epoch (terms of epoch E are E << 32 | n, so a promoted node's terms are above
+    /// every term of the primaries before it, and two nodes never make the same term).
+    fn next_term(&self, current: Term) -> Result<Term, String> {
+        let epoch = self.epoch();
+        if current.0 >> 32 > epoch {
+            return Err(format!(
+                "the log is at term {} of epoch {}, above this node's epoch {epoch}: a newer primary exists",
+                current.0,
+                current.0 >> 32
+            ));
+        }
+        Ok(Term((current.0 + 1).max(epoch << 32 | 1)))
+    }
+
+    /// The term history and last term of `log`, as this primary began it (`History`).
+    pub fn history(&self, log: LogId) -> Option<(u64, stela_format::term::TermHistory)> {
+        let link = lock(&self.links).get(&log).cloned()?;
+        let state = lock(&link.state);
+        Some((state.term, state.history.clone()))
     }
 
     /// Stops shipping `log` (it was closed); its waiters are told.
@@ -210,6 +265,27 @@ impl Replication {
             }
             (self.released)();
         }
+    }
+
+    /// This node stepped down: every `replicated` waiter's commit is in doubt, and no log
+    /// ships any more.
+    pub fn step_down(&self, why: &str) {
+        let links: Vec<Arc<Link>> = lock(&self.links).values().cloned().collect();
+        for link in links {
+            let waiters = {
+                let mut state = lock(&link.state);
+                state.fenced = Some(format!("this node stepped down: {why}"));
+                std::mem::take(&mut state.waiters)
+            };
+            link.stop.store(true, Ordering::SeqCst);
+            link.appended.notify_all();
+            for (_, waiter) in waiters {
+                waiter(Err(PoolError::InDoubt(format!(
+                    "the primary stepped down: {why}"
+                ))));
+            }
+        }
+        (self.released)();
     }
 
     /// Stops every shipper (the daemon is shutting down, everything is written).
@@ -242,9 +318,12 @@ impl Replication {
             state.degraded_acks += 1;
             return Ok(true);
         }
+        if self.node.unprotected() && !state.connected {
+            state.unprotected_acks += 1;
+            return Ok(true);
+        }
         if let Some(why) = &state.fenced {
-            tracing::warn!(log = %link.name, why, "replicated commit refused: fenced");
-            return Err(PoolError::Closed);
+            return Err(PoolError::InDoubt(why.clone()));
         }
         state.waiters.push((lsn, waiter));
         Ok(false)
@@ -274,37 +353,19 @@ impl Replication {
         let term = terms.current().0;
         let mut mirror =
             stela_wal::mirror::Mirror::open(dir, options, type_tag).map_err(|e| e.to_string())?;
-        let (reader, mut writer, _socket) = match self.connect() {
-            Ok(ends) => ends,
-            Err(why) => {
+        let (mut reader, mut writer, _socket, theirs) = match self
+            .open_stream(log, codec, type_tag, term)
+        {
+            Ok(stream) => stream,
+            Err(StreamError::Refused { message, .. }) => return Err(message),
+            Err(StreamError::Broken(why)) => {
                 tracing::warn!(log, standby = %self.standby, why, "standby unreachable at open: records it may hold that this primary lost are not fetched");
                 return Ok(0);
             }
         };
-        let mut reader = BufReader::new(reader);
-        send(
-            &mut writer,
-            &ReplMessage::Open {
-                term,
-                node: self.node.clone(),
-                log: log.to_owned(),
-                codec: codec.name().to_owned(),
-                type_tag: type_tag.to_owned(),
-                token: self.token(),
-            },
-        )?;
-        let (theirs, their_end) = match receive(&mut reader)? {
-            ReplMessage::Position {
-                next_lsn, history, ..
-            } => (history, next_lsn - 1),
-            ReplMessage::Refuse { message, .. } => return Err(message),
-            other => return Err(format!("expected the standby's position, got {other:?}")),
-        };
+        let their_end = theirs.end();
+        let theirs = theirs.history;
         let ours_end = mirror.received_lsn();
-        let theirs = stela_format::term::TermHistory::from_entries(
-            theirs.into_iter().map(|(t, f)| (Term(t), f)),
-        )
-        .map_err(|e| format!("the standby's term history: {e}"))?;
         let agreed =
             stela_format::term::divergence((terms.history(), ours_end), (&theirs, their_end));
         if their_end <= ours_end || agreed < ours_end {
@@ -383,46 +444,24 @@ impl Replication {
                     wire_bytes: s.wire_bytes,
                     degraded: s.degraded,
                     degraded_acks: s.degraded_acks,
+                    unprotected_acks: s.unprotected_acks,
                 }
             })
             .collect();
         logs.sort_by(|a, b| a.log.cmp(&b.log));
+        let (epoch, coordinator, last_failover, unprotected_since_ms) = self.node.status();
         stela_proto::ReplicationStatus {
-            role: "primary".into(),
+            role: self.node.role_name().into(),
             peer: self.standby.to_string(),
             logs,
+            epoch,
+            coordinator,
+            last_failover,
+            unprotected_since_ms,
         }
     }
 
-    fn ship_log<W>(
-        &self,
-        pool: &Pool<W>,
-        link: &Arc<Link>,
-        log: &LogInfo,
-        storage: Arc<dyn stela_wal::storage::Storage>,
-    ) {
-        let mut terms = match TermStore::open(Arc::clone(&storage), &log.dir) {
-            Ok(terms) => terms,
-            Err(error) => {
-                tracing::error!(log = %log.name, %error, "cannot read the log's terms; not shipping it");
-                return;
-            }
-        };
-        // Every start of a primary is a new term: records it lost in a crash may have been
-        // shipped, and their LSNs are given to new records now; the new term tells the two apart.
-        let (next, _) = pool.positions(log.id);
-        let first = if terms.history().entries().is_empty() {
-            1
-        } else {
-            next
-        };
-        let term = Term(terms.current().0 + 1);
-        if let Err(error) = terms.begin(term, first) {
-            tracing::error!(log = %log.name, %error, "cannot record the log's new term; not shipping it");
-            return;
-        }
-        let term = term.0;
-        lock(&link.state).term = term;
+    fn ship_log<W>(&self, pool: &Pool<W>, link: &Arc<Link>, log: &LogInfo, term: u64) {
         let mut warned = false;
         while !link.stop.load(Ordering::SeqCst) {
             match self.session(pool, link, log, term) {
@@ -457,65 +496,73 @@ impl Replication {
         log: &LogInfo,
         term: u64,
     ) -> Result<(), String> {
-        let (reader, mut writer, socket) = self.connect()?;
-        let mut reader = BufReader::new(reader);
-        send(
-            &mut writer,
-            &ReplMessage::Open {
-                term,
-                node: self.node.clone(),
-                log: log.name.clone(),
-                codec: log.codec.name().to_owned(),
-                type_tag: log.type_tag.clone(),
-                token: self.token(),
-            },
-        )?;
-        let mut at = match receive(&mut reader)? {
-            ReplMessage::Position {
-                segment_start,
-                offset,
-                next_lsn,
-                durable_lsn,
-                history,
-                ..
-            } => {
-                let (ours, _) = pool.positions(log.id);
-                if next_lsn > ours {
-                    return Err(self.fence(
-                        link,
-                        u64::MAX,
-                        term,
-                        format!(
-                            "the standby holds records up to LSN {} and this primary only up to {}: the copies diverged, and cutting the standby's suffix (reprotection) is not built yet",
-                            next_lsn - 1,
-                            ours - 1
-                        ),
-                    ));
-                }
-                // Records the standby holds in this primary's own term came from it: they count.
-                if history.last().is_some_and(|&(t, _)| t == term)
-                    && release(link, next_lsn - 1, durable_lsn)
-                {
-                    (self.released)();
-                }
-                Position {
-                    segment_start: Lsn::new(segment_start),
-                    offset,
-                    next_lsn: Lsn::new(next_lsn),
-                }
+        let (mut reader, mut writer, socket, mut theirs) =
+            match self.open_stream(&log.name, log.codec, &log.type_tag, term) {
+                Ok(stream) => stream,
+                Err(StreamError::Refused {
+                    term: theirs,
+                    message,
+                }) => return Err(self.fence(link, theirs, term, message)),
+                Err(StreamError::Broken(why)) => return Err(why),
+            };
+        // A standby that holds records this primary's history does not carry: cut them (its
+        // own salvage keeps them) when they are of an older epoch (it was the primary before a
+        // failover); otherwise they may be acknowledged records this primary lost, and
+        // shipping stops rather than overwrite them.
+        loop {
+            let (history, ours_end) = {
+                let state = lock(&link.state);
+                (state.history.clone(), pool.positions(log.id).0 - 1)
+            };
+            let their_end = theirs.end();
+            let agreed =
+                stela_format::term::divergence((&history, ours_end), (&theirs.history, their_end));
+            if their_end <= agreed {
+                break;
             }
-            ReplMessage::Refuse {
-                term: theirs,
-                message,
-            } => {
-                return Err(self.fence(link, theirs, term, message));
+            let their_term = theirs.history.term_of(agreed + 1).map_or(0, |t| t.0);
+            if their_term >> 32 >= term >> 32 {
+                return Err(self.fence(
+                    link,
+                    u64::MAX,
+                    term,
+                    format!(
+                        "the standby holds records up to LSN {their_end} (term {their_term}) that \
+                         this primary's copy lacks after LSN {agreed}: they may be acknowledged \
+                         records this primary lost; shipping stops rather than overwrite them"
+                    ),
+                ));
             }
-            other => return Err(format!("expected the standby's position, got {other:?}")),
-        };
+            tracing::warn!(log = %log.name, standby = %self.standby, after = agreed, their_end, their_term,
+                "the standby diverged (it was a primary in an older epoch): it cuts its copy after the common point and keeps the rest in salvage");
+            send(
+                &mut writer,
+                &ReplMessage::Cut {
+                    term,
+                    after_lsn: agreed,
+                },
+            )?;
+            theirs = match read_position(&mut reader) {
+                Ok(position) => position,
+                Err(StreamError::Refused {
+                    term: theirs,
+                    message,
+                }) => return Err(self.fence(link, theirs, term, message)),
+                Err(StreamError::Broken(why)) => return Err(why),
+            };
+        }
+        // Records the standby holds in this primary's own term came from it: they count.
+        if theirs.history.last_term() == Term(term)
+            && release(link, theirs.end(), theirs.durable_lsn)
+        {
+            (self.released)();
+        }
+        let mut at = theirs.position;
         {
             let mut state = lock(&link.state);
             state.connected = true;
             state.unreachable_since = None;
+            self.node.protected_again();
             if std::mem::take(&mut state.degraded) {
                 tracing::warn!(log = %log.name, standby = %self.standby, degraded_acks = state.degraded_acks, "standby back: replicated commits wait for it again");
             }
@@ -528,7 +575,8 @@ impl Replication {
                 .name("stela-ship-acks".into())
                 .spawn({
                     let released = Arc::clone(&self.released);
-                    move || read_acks(reader, &link, term, &*released)
+                    let node = Arc::clone(&self.node);
+                    move || read_acks(reader, &link, &node, term, &*released)
                 })
                 .map_err(|e| e.to_string())?
         };
@@ -623,6 +671,33 @@ impl Replication {
         result
     }
 
+    /// Connects to the standby and opens `log`'s stream in `term`: where the standby's copy
+    /// stands, or its refusal.
+    fn open_stream(
+        &self,
+        log: &str,
+        codec: Codec,
+        type_tag: &str,
+        term: u64,
+    ) -> Result<(BufReader<Reader>, Writer, TcpStream, TheirCopy), StreamError> {
+        let (reader, mut writer, socket) = self.connect().map_err(StreamError::Broken)?;
+        let mut reader = BufReader::new(reader);
+        send(
+            &mut writer,
+            &ReplMessage::Open {
+                term,
+                node: self.node.name.clone(),
+                log: log.to_owned(),
+                codec: codec.name().to_owned(),
+                type_tag: type_tag.to_owned(),
+                token: self.token(),
+            },
+        )
+        .map_err(StreamError::Broken)?;
+        let theirs = read_position(&mut reader)?;
+        Ok((reader, writer, socket, theirs))
+    }
+
     /// `--degrade-after`: once the standby has been unreachable that long, answers every
     /// `replicated` waiter (the records stay in this primary's buffers: `buffered`'s promise) and
     /// every later one at once, loudly, until the standby is back.
@@ -652,19 +727,98 @@ impl Replication {
     }
 
     fn fence(&self, link: &Link, theirs: u64, ours: u64, message: String) -> String {
-        let why = format!("the standby refused term {ours} (it is at term {theirs}): {message}");
+        fence(link, &self.node, &*self.released, theirs, ours, message)
+    }
+}
+
+/// The standby refused `ours` being at `theirs`: no `replicated` acknowledgement can come for
+/// this log any more; its waiters are told their commits are in doubt. A refusal from a newer
+/// epoch means a newer primary exists: this node steps down.
+fn fence(
+    link: &Link,
+    node: &crate::cluster::Node,
+    released: &(dyn Fn() + Send + Sync),
+    theirs: u64,
+    ours: u64,
+    message: String,
+) -> String {
+    let why = format!("the standby refused term {ours} (it is at term {theirs}): {message}");
+    if theirs <= ours {
+        return why;
+    }
+    let waiters = {
         let mut state = lock(&link.state);
-        if theirs > ours {
-            state.connected = false;
-            state.fenced = Some(why.clone());
-            for (_, waiter) in state.waiters.drain(..) {
-                waiter(Err(PoolError::Closed));
-            }
-            drop(state);
-            (self.released)();
-            tracing::error!(log = %link.name, why, "fenced: a newer primary exists; replicated commits are refused");
+        state.connected = false;
+        state.fenced = Some(why.clone());
+        std::mem::take(&mut state.waiters)
+    };
+    for (_, waiter) in waiters {
+        waiter(Err(PoolError::InDoubt(why.clone())));
+    }
+    released();
+    tracing::error!(log = %link.name, why, "fenced: replicated commits of this log are refused");
+    if theirs != u64::MAX && theirs >> 32 > ours >> 32 {
+        node.step_down(format!(
+            "log {}: the standby is in epoch {} (this node in {}): {message}",
+            link.name,
+            theirs >> 32,
+            ours >> 32
+        ));
+    }
+    why
+}
+
+/// Where the standby's copy of a log stands, as its `Position` says.
+struct TheirCopy {
+    position: Position,
+    durable_lsn: u64,
+    history: stela_format::term::TermHistory,
+}
+
+impl TheirCopy {
+    /// The last LSN the copy holds.
+    fn end(&self) -> u64 {
+        self.position.next_lsn.get() - 1
+    }
+}
+
+/// Why a stream could not be opened.
+enum StreamError {
+    /// The standby said no, at its term.
+    Refused { term: u64, message: String },
+    /// The connection failed or the standby answered out of turn.
+    Broken(String),
+}
+
+/// Reads the standby's `Position` (after `Open` or `Cut`).
+fn read_position(reader: &mut impl Read) -> Result<TheirCopy, StreamError> {
+    match receive(reader).map_err(StreamError::Broken)? {
+        ReplMessage::Position {
+            segment_start,
+            offset,
+            next_lsn,
+            durable_lsn,
+            history,
+            ..
+        } => {
+            let history = stela_format::term::TermHistory::from_entries(
+                history.into_iter().map(|(t, f)| (Term(t), f)),
+            )
+            .map_err(|e| StreamError::Broken(format!("the standby's term history: {e}")))?;
+            Ok(TheirCopy {
+                position: Position {
+                    segment_start: Lsn::new(segment_start),
+                    offset,
+                    next_lsn: Lsn::new(next_lsn.max(1)),
+                },
+                durable_lsn,
+                history,
+            })
         }
-        why
+        ReplMessage::Refuse { term, message } => Err(StreamError::Refused { term, message }),
+        other => Err(StreamError::Broken(format!(
+            "expected the standby's position, got {other:?}"
+        ))),
     }
 }
 
@@ -692,6 +846,7 @@ fn release(link: &Link, received: u64, durable: u64) -> bool {
 fn read_acks(
     mut reader: BufReader<Reader>,
     link: &Arc<Link>,
+    node: &crate::cluster::Node,
     term: u64,
     released: &(dyn Fn() + Send + Sync),
 ) {
@@ -711,15 +866,7 @@ fn read_acks(
                 message,
             }) => {
                 tracing::warn!(log = %link.name, theirs, message, "the standby refused the stream");
-                if theirs > term {
-                    let mut state = lock(&link.state);
-                    state.fenced = Some(format!("the standby is at term {theirs}: {message}"));
-                    for (_, waiter) in state.waiters.drain(..) {
-                        waiter(Err(PoolError::Closed));
-                    }
-                    drop(state);
-                    released();
-                }
+                fence(link, node, released, theirs, term, message);
                 return;
             }
             Ok(other) => {

@@ -52,6 +52,13 @@ struct Shared {
     views: Mutex<HashMap<String, StreamView>>,
     stop: Arc<AtomicBool>,
     security: Option<Security>,
+    /// This node's role and epoch: streams of an older epoch are refused, a newer one is
+    /// recorded before a byte of it is mirrored, and a primary seeing a newer one steps down.
+    node: Arc<crate::cluster::Node>,
+    /// The sockets of the streams up now, to cut them all at a promotion.
+    sockets: Mutex<HashMap<String, TcpStream>>,
+    /// Where cut suffixes are kept (`DIR/salvage`).
+    salvage: PathBuf,
 }
 
 /// TLS on the replication listener, and who may ship to it.
@@ -73,6 +80,7 @@ impl Standby {
         storage: Arc<dyn Storage>,
         segment_bytes: u64,
         security: Option<Security>,
+        node: Arc<crate::cluster::Node>,
     ) -> std::io::Result<Standby> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
@@ -86,6 +94,9 @@ impl Standby {
             views: Mutex::new(HashMap::new()),
             stop: Arc::clone(&stop),
             security,
+            node,
+            sockets: Mutex::new(HashMap::new()),
+            salvage: dir.join("salvage"),
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -112,6 +123,23 @@ impl Standby {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// A promotion: cuts every stream and waits until each has written and synced what it
+    /// held, so that the logs open with every record this standby acknowledged.
+    pub fn end_streams(&self) {
+        for (log, socket) in lock(&self.shared.sockets).drain() {
+            tracing::info!(log, "standby: ending the stream for the promotion");
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !lock(&self.shared.busy).is_empty() {
+            if std::time::Instant::now() > deadline {
+                tracing::error!(logs = ?lock(&self.shared.busy), "standby: streams still writing after 10 s; promoting anyway (their logs refuse to open until they finish)");
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
 }
 
 fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
@@ -133,14 +161,20 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
                 wire_bytes: 0,
                 degraded: false,
                 degraded_acks: 0,
+                unprotected_acks: 0,
             })
         })
         .collect();
     logs.sort_by(|a, b| a.log.cmp(&b.log));
+    let (epoch, coordinator, last_failover, unprotected_since_ms) = shared.node.status();
     stela_proto::ReplicationStatus {
-        role: "standby".into(),
+        role: shared.node.role_name().into(),
         peer: addr.to_string(),
         logs,
+        epoch,
+        coordinator,
+        last_failover,
+        unprotected_since_ms,
     }
 }
 
@@ -188,13 +222,15 @@ struct Busy<'a>(&'a Shared, String);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        lock(&self.0.busy).remove(&self.1);
+        lock(&self.0.sockets).remove(&self.1);
         lock(&self.0.views).remove(&self.1);
+        lock(&self.0.busy).remove(&self.1);
     }
 }
 
 fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
+    let socket = stream.try_clone().map_err(|e| e.to_string())?;
     // Over TLS when this daemon has a certificate; the primary then proves itself an
     // administrator (an admin token in `Open`, or a client certificate named by
     // --tls-admin-name).
@@ -264,6 +300,9 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let Some(codec) = Codec::from_name(&codec) else {
         return refuse(&mut writer, 0, format!("unknown codec {codec:?}"));
     };
+    if let Err(why) = check_epoch(&shared.node, term, &node) {
+        return refuse(&mut writer, shared.node.epoch() << 32, why);
+    }
     if !lock(&shared.busy).insert(log.clone()) {
         return refuse(
             &mut writer,
@@ -272,6 +311,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
     }
     let _busy = Busy(shared, log.clone());
+    lock(&shared.sockets).insert(log.clone(), socket);
     let dir = shared.dir.join(&log);
     shared
         .storage
@@ -292,17 +332,51 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         .codec(codec)
         .segment_bytes(shared.segment_bytes)
         .storage(Arc::clone(&shared.storage));
-    let mirror = Mirror::open(&dir, options, &type_tag).map_err(|e| e.to_string())?;
-    let position = mirror.position();
+    let mut mirror = Mirror::open(&dir, options.clone(), &type_tag).map_err(|e| e.to_string())?;
     send(
         &mut writer,
-        &position_message(term, position, mirror.durable_lsn(), &terms),
+        &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
     )?;
+    // Before anything is shipped the primary may ask this copy to cut what diverged (this node
+    // was the primary of an older epoch): the suffix goes to salvage, then where the copy
+    // stands now is sent again.
+    let mut first = receive(&mut reader)?;
+    while let ReplMessage::Cut {
+        term: cut_term,
+        after_lsn,
+    } = first
+    {
+        if cut_term != term {
+            return refuse(
+                &mut writer,
+                terms.current().0,
+                format!("a cut in term {cut_term} on a stream of term {term}"),
+            );
+        }
+        drop(mirror);
+        let salvaged = cut_after(
+            &dir,
+            options.clone(),
+            &type_tag,
+            after_lsn,
+            &shared.salvage,
+            &format!("diverged from the primary {node} of term {term}"),
+        )?;
+        tracing::warn!(log, after_lsn, salvaged, "standby: cut the copy after the point it shares with the new primary; the rest is kept in salvage");
+        terms = TermStore::open(Arc::clone(&shared.storage), &dir).map_err(|e| e.to_string())?;
+        terms.observe(Term(term)).map_err(|e| e.to_string())?;
+        mirror = Mirror::open(&dir, options.clone(), &type_tag).map_err(|e| e.to_string())?;
+        send(
+            &mut writer,
+            &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
+        )?;
+        first = receive(&mut reader)?;
+    }
     tracing::info!(
         log,
         primary = node,
         term,
-        from = position.next_lsn.get(),
+        from = mirror.position().next_lsn.get(),
         "standby: mirroring"
     );
     // Chunks are checked and taken into memory here, acknowledged as received at once, and
@@ -328,7 +402,15 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             .spawn(move || write_behind(mirror, &pipe, &log))
             .map_err(|e| e.to_string())?
     };
-    let result = receive_chunks(&mut reader, &mut checker, &mut terms, &pipe, &segments);
+    let result = receive_chunks(
+        &mut reader,
+        Some(first),
+        &mut checker,
+        &mut terms,
+        &pipe,
+        &segments,
+        &shared.node,
+    );
     if let Err(why) = &result {
         let _ = send(
             &mut *lock(&pipe.socket),
@@ -342,6 +424,52 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     pipe.changed.notify_all();
     let _ = written.join();
     result
+}
+
+/// Whether a stream of `term` from `primary` may be mirrored by this node: not while this
+/// node is the primary (a primary of a newer epoch makes it step down), not from an epoch older
+/// than this node's (a newer one is recorded first).
+fn check_epoch(node: &crate::cluster::Node, term: u64, primary: &str) -> Result<(), String> {
+    if !node.clustered_node() {
+        return Ok(());
+    }
+    let (theirs, ours) = (term >> 32, node.epoch());
+    if !node.is_primary() {
+        if theirs < ours {
+            return Err(format!(
+                "stale epoch {theirs}: this standby is in epoch {ours}"
+            ));
+        }
+        node.observe_epoch(theirs)?;
+        node.heard_from_primary();
+        return Ok(());
+    }
+    if theirs > ours {
+        node.step_down(format!(
+            "{primary} ships as the primary of epoch {theirs}, this node is in epoch {ours}"
+        ));
+        return Err(format!(
+            "this node was the primary of epoch {ours} and is stepping down; retry"
+        ));
+    }
+    Err(format!(
+        "this node is the primary of epoch {ours}; {primary} (epoch {theirs}) is not"
+    ))
+}
+
+/// Placeholder until `stela_wal::mirror::cut_after` lands: refuses.
+fn cut_after(
+    dir: &Path,
+    _options: WalOptions,
+    _type_tag: &str,
+    after_lsn: u64,
+    _salvage: &Path,
+    _reason: &str,
+) -> Result<u64, String> {
+    Err(format!(
+        "{}: cutting after LSN {after_lsn} is not built yet",
+        dir.display()
+    ))
 }
 
 /// Chunks checked and held in memory, between the receiving thread and the writer.
@@ -387,13 +515,19 @@ impl Pipe {
 /// is written, holds it, says it is received.
 fn receive_chunks(
     reader: &mut BufReader<Reader>,
+    mut first: Option<ReplMessage>,
     checker: &mut stela_wal::mirror::Checker,
     terms: &mut TermStore,
     pipe: &Pipe,
     segments: &stela_wal::SegmentSet,
+    node: &crate::cluster::Node,
 ) -> Result<(), String> {
     loop {
-        let message = receive(reader)?;
+        let message = match first.take() {
+            Some(message) => message,
+            None => receive(reader)?,
+        };
+        node.heard_from_primary();
         if let ReplMessage::Fetch {
             term,
             segment_start,

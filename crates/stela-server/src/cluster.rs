@@ -1,0 +1,402 @@
+//! A node of a failover pair: its role, its epoch (the cluster's term, granted by the
+//! coordinator), and the thread that keeps them: the primary renews with the coordinator on
+//! every heartbeat; the standby, having heard nothing from its primary for the suspicion
+//! period, asks the coordinator to promote it.
+//!
+//! Invariants:
+//! - **The epoch never goes down** and is durable (`DIR/cluster/TERMS`, a `TermStore` whose
+//!   current term is the epoch) before this node acts in it: a promoted node records its new
+//!   epoch before it takes a client; a standby records an epoch it sees in a stream before it
+//!   mirrors a byte of it.
+//! - **Fencing needs no coordinator.** Log terms carry the epoch in their high 32 bits, so a
+//!   promoted node's terms are above every term of the primaries before it; its standby
+//!   listener refuses streams of a lower epoch, so an old primary can never collect a
+//!   `replicated` acknowledgement after a promotion, whatever the coordinator knows.
+//! - **Losing the coordinator never demotes.** An unreachable coordinator makes failover
+//!   unavailable (shown in `stela status`); only a coordinator that answers with a newer epoch,
+//!   or a peer that shows one, makes a primary step down.
+//! - **Stepping down is fail-stop.** A primary that learns of a newer epoch stops taking
+//!   writes at once, tells every `replicated` waiter its commit is in doubt, writes what it
+//!   buffered and exits (status 75); started again, it finds the coordinator's holder and
+//!   rejoins as the standby, keeping what diverged in a salvage folder.
+
+use crate::config::{FailoverConfig, NodeRole};
+use crate::sync::lock;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use stela_coord::{CoordError, Coordinator, Grant, Renewal};
+use stela_format::term::Term;
+use stela_wal::storage::Storage;
+use stela_wal::TermStore;
+
+const PRIMARY: u8 = 0;
+const STANDBY: u8 = 1;
+const STEPPED_DOWN: u8 = 2;
+
+/// What happens on a promotion, installed by the server: stop the standby's streams (every
+/// chunk held is written and synced), then let clients in.
+pub type PromoteHook = Box<dyn Fn(u64) + Send + Sync>;
+/// What happens when this primary learns of a newer epoch: stop and exit.
+pub type StepDownHook = Box<dyn Fn(String) + Send + Sync>;
+
+/// This node's place in the pair. Shared by the engine (which refuses writes unless primary),
+/// the replication (terms, fencing) and the standby listener (epochs of streams).
+pub struct Node {
+    pub name: String,
+    role: AtomicU8,
+    epoch: AtomicU64,
+    /// Whether a coordinator decides the roles (otherwise they are fixed by configuration and
+    /// the epoch stays 0).
+    clustered: bool,
+    store: Mutex<Option<TermStore>>,
+    /// The standby's last message from its primary.
+    heard: Mutex<Instant>,
+    /// Unix ms since when a promoted primary acknowledges `replicated` without a standby; 0
+    /// while protected.
+    unprotected_since_ms: AtomicU64,
+    after_failover_blocks: bool,
+    last_failover: Mutex<Option<stela_proto::FailoverReport>>,
+    coordinator_view: Mutex<Option<stela_proto::CoordinatorStatus>>,
+    last_answer: Mutex<Option<Instant>>,
+    on_promote: OnceLock<PromoteHook>,
+    on_step_down: OnceLock<StepDownHook>,
+    stopping: AtomicBool,
+}
+
+impl Node {
+    /// A node whose role is fixed by configuration (no coordinator): epoch 0.
+    pub fn fixed(name: &str, role: NodeRole) -> Node {
+        Node::new(name, role, false, None, 0, false)
+    }
+
+    /// A node of a failover pair, its epoch read from `dir/cluster`.
+    ///
+    /// # Errors
+    /// The epoch file cannot be read (damaged: refused, never read as 0).
+    pub fn clustered(
+        name: &str,
+        dir: &Path,
+        storage: Arc<dyn Storage>,
+        config: &FailoverConfig,
+    ) -> Result<Node, String> {
+        let dir = dir.join("cluster");
+        storage
+            .create_dir_all(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let store = TermStore::open(storage, &dir).map_err(|e| e.to_string())?;
+        let epoch = store.current().0;
+        Ok(Node::new(
+            name,
+            config.initial_role,
+            true,
+            Some(store),
+            epoch,
+            config.after_failover == crate::config::AfterFailover::Block,
+        ))
+    }
+
+    fn new(
+        name: &str,
+        role: NodeRole,
+        clustered: bool,
+        store: Option<TermStore>,
+        epoch: u64,
+        after_failover_blocks: bool,
+    ) -> Node {
+        Node {
+            name: name.to_owned(),
+            role: AtomicU8::new(match role {
+                NodeRole::Primary => PRIMARY,
+                NodeRole::Standby => STANDBY,
+            }),
+            epoch: AtomicU64::new(epoch),
+            clustered,
+            store: Mutex::new(store),
+            heard: Mutex::new(Instant::now()),
+            unprotected_since_ms: AtomicU64::new(0),
+            after_failover_blocks,
+            last_failover: Mutex::new(None),
+            coordinator_view: Mutex::new(None),
+            last_answer: Mutex::new(None),
+            on_promote: OnceLock::new(),
+            on_step_down: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    pub fn clustered_node(&self) -> bool {
+        self.clustered
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    pub fn is_primary(&self) -> bool {
+        self.role.load(Ordering::SeqCst) == PRIMARY
+    }
+
+    pub fn role_name(&self) -> &'static str {
+        match self.role.load(Ordering::SeqCst) {
+            PRIMARY => "primary",
+            STANDBY => "standby",
+            _ => "stepped down",
+        }
+    }
+
+    /// Why this node takes no client writes, or `None` if it does.
+    pub fn refusal(&self) -> Option<String> {
+        if !self.clustered || self.is_primary() {
+            return None;
+        }
+        Some(format!(
+            "node {} is the {} in epoch {}; open the log on the primary",
+            self.name,
+            self.role_name(),
+            self.epoch()
+        ))
+    }
+
+    /// Raises the epoch durably to `epoch` (no-op if not higher). Fails if the file cannot be
+    /// written: the node must not act in an epoch it could forget.
+    pub fn observe_epoch(&self, epoch: u64) -> Result<(), String> {
+        let mut store = lock(&self.store);
+        if epoch <= self.epoch() {
+            return Ok(());
+        }
+        if let Some(store) = store.as_mut() {
+            store
+                .observe(Term(epoch))
+                .map_err(|e| format!("recording epoch {epoch}: {e}"))?;
+        }
+        self.epoch.store(epoch, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// A message from the primary arrived (the standby's suspicion clock restarts).
+    pub fn heard_from_primary(&self) {
+        *lock(&self.heard) = Instant::now();
+    }
+
+    /// Whether a promoted primary acknowledges `replicated` without a standby now; counts it.
+    pub fn unprotected(&self) -> bool {
+        self.unprotected_since_ms.load(Ordering::SeqCst) != 0
+    }
+
+    /// The old primary rejoined as this primary's standby.
+    pub fn protected_again(&self) {
+        if self.unprotected_since_ms.swap(0, Ordering::SeqCst) != 0 {
+            tracing::warn!("a standby is back: replicated commits wait for it again");
+        }
+    }
+
+    /// Installs what a promotion does (the server).
+    pub fn on_promote(&self, hook: PromoteHook) {
+        let _ = self.on_promote.set(hook);
+    }
+
+    /// Installs what stepping down does (the server).
+    pub fn on_step_down(&self, hook: StepDownHook) {
+        let _ = self.on_step_down.set(hook);
+    }
+
+    /// A newer epoch exists: stop being primary at once (once).
+    pub fn step_down(&self, why: String) {
+        if !self.clustered {
+            tracing::error!(why, "a newer primary exists");
+            return;
+        }
+        let was = self.role.swap(STEPPED_DOWN, Ordering::SeqCst);
+        if was == STEPPED_DOWN {
+            return;
+        }
+        tracing::error!(why, "stepping down: a newer epoch exists");
+        if let Some(hook) = self.on_step_down.get() {
+            hook(why);
+        }
+    }
+
+    /// Stops the coordination thread (shutdown).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Status fields of this node.
+    pub fn status(
+        &self,
+    ) -> (
+        u64,
+        Option<stela_proto::CoordinatorStatus>,
+        Option<stela_proto::FailoverReport>,
+        u64,
+    ) {
+        let view = lock(&self.coordinator_view).clone().map(|mut view| {
+            view.last_answer_ms =
+                lock(&self.last_answer).map_or(u64::MAX, |at| at.elapsed().as_millis() as u64);
+            view
+        });
+        (
+            self.epoch(),
+            view,
+            lock(&self.last_failover).clone(),
+            self.unprotected_since_ms.load(Ordering::SeqCst),
+        )
+    }
+
+    fn answered(&self, describe: &str, epoch: u64, holder: Option<String>) {
+        *lock(&self.last_answer) = Some(Instant::now());
+        *lock(&self.coordinator_view) = Some(stela_proto::CoordinatorStatus {
+            describe: describe.to_owned(),
+            reachable: true,
+            last_answer_ms: 0,
+            epoch,
+            holder,
+        });
+    }
+
+    fn unreachable(&self, describe: &str, error: &CoordError) {
+        let mut view = lock(&self.coordinator_view);
+        let was_reachable = view.as_ref().is_none_or(|v| v.reachable);
+        let (epoch, holder) = view
+            .as_ref()
+            .map_or((self.epoch(), None), |v| (v.epoch, v.holder.clone()));
+        *view = Some(stela_proto::CoordinatorStatus {
+            describe: describe.to_owned(),
+            reachable: false,
+            last_answer_ms: 0,
+            epoch,
+            holder,
+        });
+        if was_reachable {
+            tracing::warn!(coordinator = describe, %error, "the coordinator is unreachable: the pair runs on, but failover is unavailable until it answers");
+        }
+    }
+
+    /// At start: the role the coordinator says (its holder is this node: primary; another
+    /// node: standby); the configured one if it has no holder or cannot be reached. A primary
+    /// claims the epoch (at least 1) by renewing.
+    pub fn decide_role(&self, coordinator: &dyn Coordinator) {
+        let describe = coordinator.describe();
+        match coordinator.current() {
+            Ok(holder) => {
+                self.answered(&describe, holder.epoch, holder.holder.clone());
+                let _ = self.observe_epoch(holder.epoch);
+                match holder.holder.as_deref() {
+                    Some(name) if name == self.name => self.role.store(PRIMARY, Ordering::SeqCst),
+                    Some(other) => {
+                        tracing::info!(
+                            primary = other,
+                            epoch = holder.epoch,
+                            "the coordinator names another primary: starting as its standby"
+                        );
+                        self.role.store(STANDBY, Ordering::SeqCst);
+                    }
+                    None => {}
+                }
+            }
+            Err(error) => {
+                self.unreachable(&describe, &error);
+                tracing::warn!(
+                    role = self.role_name(),
+                    "the coordinator cannot be reached at start: taking the configured role"
+                );
+            }
+        }
+        if self.is_primary() && self.epoch() == 0 {
+            let _ = self.observe_epoch(1);
+        }
+        *lock(&self.heard) = Instant::now();
+    }
+
+    /// The coordination loop (its own thread): renewals while primary, suspicion and promotion
+    /// requests while standby.
+    pub fn run(self: &Arc<Node>, coordinator: &dyn Coordinator, config: &FailoverConfig) {
+        let describe = coordinator.describe();
+        let mut refused_logged = false;
+        while !self.stopping.load(Ordering::SeqCst) {
+            std::thread::sleep(config.heartbeat);
+            match self.role.load(Ordering::SeqCst) {
+                PRIMARY => match coordinator.renew(&self.name, self.epoch()) {
+                    Ok(Renewal::Renewed { epoch }) => {
+                        self.answered(&describe, epoch, Some(self.name.clone()));
+                    }
+                    Ok(Renewal::Superseded { epoch, holder }) => {
+                        self.answered(&describe, epoch, Some(holder.clone()));
+                        self.step_down(format!(
+                            "the coordinator gave epoch {epoch} to {holder} (this node is in epoch {})",
+                            self.epoch()
+                        ));
+                    }
+                    Err(error) => self.unreachable(&describe, &error),
+                },
+                STANDBY => {
+                    let silent = lock(&self.heard).elapsed();
+                    if silent < config.suspect_after {
+                        continue;
+                    }
+                    match coordinator.promote(&self.name, self.epoch()) {
+                        Ok(Grant::Granted { epoch }) => {
+                            self.answered(&describe, epoch, Some(self.name.clone()));
+                            self.promote(epoch, silent);
+                            refused_logged = false;
+                        }
+                        Ok(Grant::Refused {
+                            epoch,
+                            holder,
+                            reason,
+                        }) => {
+                            self.answered(&describe, epoch, holder);
+                            if !refused_logged {
+                                tracing::warn!(
+                                    silent_ms = silent.as_millis() as u64,
+                                    reason,
+                                    "the primary is silent, but the coordinator refuses a promotion"
+                                );
+                                refused_logged = true;
+                            }
+                        }
+                        Err(error) => self.unreachable(&describe, &error),
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Becomes the primary of `epoch`: records it, stops the streams (everything held is
+    /// written), then takes clients.
+    fn promote(&self, epoch: u64, silent: Duration) {
+        let started = Instant::now();
+        if let Err(why) = self.observe_epoch(epoch) {
+            tracing::error!(why, "cannot record the granted epoch: not promoting");
+            return;
+        }
+        if let Some(hook) = self.on_promote.get() {
+            hook(epoch);
+        }
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        if !self.after_failover_blocks {
+            self.unprotected_since_ms.store(now_ms, Ordering::SeqCst);
+        }
+        self.role.store(PRIMARY, Ordering::SeqCst);
+        let took = silent + started.elapsed();
+        tracing::warn!(
+            epoch,
+            took_ms = took.as_millis() as u64,
+            "promoted: this node is the primary"
+        );
+        *lock(&self.last_failover) = Some(stela_proto::FailoverReport {
+            at_unix_ms: now_ms,
+            epoch,
+            reason: format!(
+                "the primary was silent for {} ms and the coordinator granted epoch {epoch}",
+                silent.as_millis()
+            ),
+            took_ms: took.as_millis() as u64,
+        });
+    }
+}
