@@ -596,7 +596,11 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
         if replication.role == "stepped down" {
             problems.push("this node stepped down: a newer primary exists".to_owned());
         }
-        if replication.coordinator.as_ref().is_some_and(|c| !c.reachable) {
+        if replication
+            .coordinator
+            .as_ref()
+            .is_some_and(|c| !c.reachable)
+        {
             problems.push(
                 "the failover coordinator is unreachable: failover is unavailable".to_owned(),
             );

@@ -327,7 +327,10 @@ impl Metrics {
             n.epoch.set(replication.epoch);
             n.primary.set(u64::from(replication.role == "primary"));
             n.coordinator_reachable.set(u64::from(
-                replication.coordinator.as_ref().is_some_and(|c| c.reachable),
+                replication
+                    .coordinator
+                    .as_ref()
+                    .is_some_and(|c| c.reachable),
             ));
             n.unprotected
                 .set(u64::from(replication.unprotected_since_ms > 0));
