@@ -239,9 +239,10 @@ impl<T> std::fmt::Debug for Wal<T> {
     }
 }
 
-/// A wait at `disk`, `replicated` or `all` that ended without an answer (the connection was
-/// lost or cut, or the daemon said the primary stepped down) is in doubt: reported with its
-/// term and LSN for [`Wal::resolve`]. Other errors are returned as they are.
+/// A wait at `disk`, `replicated` or `all` on a replicated log (term above 0) that ended
+/// without an answer (the connection was lost or cut, or the daemon said the primary stepped
+/// down) is in doubt: reported with its term and LSN for [`Wal::resolve`]. Other errors are
+/// returned as they are.
 fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
     let waits = matches!(
         durability,
@@ -257,7 +258,9 @@ fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -
         }
         _ => false,
     };
-    if !(waits && doubtful) {
+    // Without replication (term 0) there is no history to resolve against: the error says
+    // the outcome is unknown, as it is.
+    if !(waits && doubtful) || term == 0 {
         return error;
     }
     Error::InDoubt {

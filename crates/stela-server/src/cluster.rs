@@ -66,6 +66,27 @@ pub struct Node {
 }
 
 impl Node {
+    /// The node `config` describes: of a failover pair (`--coordinator`), or with its role fixed
+    /// by `--standby` / `--repl-listen`.
+    ///
+    /// # Errors
+    /// The pair's epoch file cannot be read.
+    pub fn from_config(config: &crate::config::DaemonConfig) -> Result<Node, String> {
+        match &config.failover {
+            Some(failover) => Node::clustered(
+                &config.node,
+                &config.dir,
+                Arc::clone(&config.storage),
+                failover,
+            )
+            .map_err(|e| format!("the node's epoch: {e}")),
+            None if config.repl_listen.is_some() && config.standby.is_none() => {
+                Ok(Node::fixed(&config.node, NodeRole::Standby))
+            }
+            None => Ok(Node::fixed(&config.node, NodeRole::Primary)),
+        }
+    }
+
     /// A node whose role is fixed by configuration (no coordinator): epoch 0.
     pub fn fixed(name: &str, role: NodeRole) -> Node {
         Node::new(name, role, false, None, 0, false)

@@ -11,13 +11,45 @@ use crate::sync::lock;
 use std::sync::{Arc, Mutex, OnceLock};
 use stela_proto::Durability;
 
+/// What high availability adds to the engine: this node's role and epoch, its shipping to the
+/// standby, what `stela status` shows of the standby role, and how opens are kept apart.
+pub struct Availability {
+    /// Shipping to the standby (`--standby`): what `replicated` and `all` wait for.
+    pub(super) replication: Option<Arc<Replication>>,
+    /// The standby role's streams, for `stela status` (`--repl-listen`).
+    pub(super) standby_view: OnceLock<StandbyView>,
+    /// This node's role and epoch (fixed by configuration, or by the failover coordinator).
+    pub(super) node: Arc<crate::cluster::Node>,
+    /// Opens in progress and the logs held open for shipping.
+    pub(super) opens: super::queries::Opens,
+}
+
+/// This node and its shipping, as `config` describes them.
+///
+/// # Errors
+/// The node's epoch file cannot be read, or the TLS files for the standby do not load.
+pub(super) fn availability(
+    config: &DaemonConfig,
+    hook: &Arc<OnceLock<ReleaseHook>>,
+) -> std::result::Result<Availability, crate::error::StartError> {
+    let node = Arc::new(
+        crate::cluster::Node::from_config(config).map_err(crate::error::StartError::Config)?,
+    );
+    Ok(Availability {
+        replication: replication(config, &node, hook)?,
+        standby_view: OnceLock::new(),
+        opens: super::queries::Opens::default(),
+        node,
+    })
+}
+
 /// The primary's replication, if this daemon has a standby. After releasing waiters it calls
 /// the release hook once, as a flusher does after a round, so the event loop is woken once per
 /// acknowledgement of the standby, not once per waiter.
 ///
 /// # Errors
 /// The TLS files for the standby do not load.
-pub(super) fn replication(
+fn replication(
     config: &DaemonConfig,
     node: &Arc<crate::cluster::Node>,
     hook: &Arc<OnceLock<ReleaseHook>>,
@@ -64,7 +96,7 @@ pub type StandbyView = Box<dyn Fn() -> stela_proto::ReplicationStatus + Send + S
 impl Engine {
     /// Installs what `stela status` shows of the standby role (the server, once it listens).
     pub fn on_standby_status(&self, view: StandbyView) {
-        let _ = self.standby_view.set(view);
+        let _ = self.ha.standby_view.set(view);
     }
 
     /// The replication part of `stela status`: the primary's shipping or the standby's streams.
@@ -72,7 +104,7 @@ impl Engine {
         &self,
         last_lsn: impl Fn(LogId) -> u64,
     ) -> Option<stela_proto::ReplicationStatus> {
-        match (&self.replication, self.standby_view.get()) {
+        match (&self.ha.replication, self.ha.standby_view.get()) {
             (Some(replication), _) => Some(replication.status(last_lsn)),
             (None, Some(view)) => Some(view()),
             (None, None) => None,
@@ -83,7 +115,7 @@ impl Engine {
     pub fn check_level(&self, durability: Durability) -> Result<()> {
         match durability {
             Durability::Unsafe | Durability::Buffered | Durability::Disk => Ok(()),
-            Durability::Replicated | Durability::All if self.replication.is_some() => Ok(()),
+            Durability::Replicated | Durability::All if self.ha.replication.is_some() => Ok(()),
             Durability::Replicated | Durability::All => Err(Error::Unsupported(durability)),
         }
     }
@@ -105,7 +137,7 @@ impl Engine {
         durability: Durability,
         waiter: Waiter,
     ) -> Result<bool> {
-        let replication = match (&self.replication, durability) {
+        let replication = match (&self.ha.replication, durability) {
             (_, Durability::Disk) => return self.when_durable(log, lsn, waiter),
             (Some(replication), _) => Arc::clone(replication),
             (None, level) => return Err(Error::Unsupported(level)),
@@ -141,14 +173,14 @@ impl Engine {
 
     /// Wakes `log`'s shipper after an append.
     pub(super) fn shipper_has_work(&self, log: LogId) {
-        if let Some(replication) = &self.replication {
+        if let Some(replication) = &self.ha.replication {
             replication.appended(log);
         }
     }
 
     /// The primary's replication, if it has a standby.
     pub fn replication(&self) -> Option<&Arc<Replication>> {
-        self.replication.as_ref()
+        self.ha.replication.as_ref()
     }
 }
 

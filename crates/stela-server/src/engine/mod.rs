@@ -43,19 +43,8 @@ pub struct Engine {
     release_hook: Arc<OnceLock<ReleaseHook>>,
     flushers: Mutex<Vec<JoinHandle<()>>>,
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// Shipping to the standby (`--standby`): what `replicated` and `all` wait for.
-    replication: Option<Arc<crate::replication::Replication>>,
-    /// The standby role's streams, for `stela status` (`--repl-listen`).
-    standby_view: OnceLock<levels::StandbyView>,
-    /// This node's role and epoch (fixed by configuration, or by the failover coordinator).
-    node: Arc<crate::cluster::Node>,
-    /// Logs a primary with a standby keeps open (one handle each beyond its clients') so that
-    /// they go on shipping, and reprotect a returning standby, when no client has them open.
-    held: Mutex<std::collections::HashSet<LogId>>,
-    /// Serializes opens: a first open fetches from the standby and recovers the files, which
-    /// two opens of one log (a client's and the shipping of every log at start) must not do at
-    /// once.
-    opening: Mutex<()>,
+    /// The node's role, its shipping to the standby, the standby's view ([`levels::Availability`]).
+    ha: levels::Availability,
 }
 
 impl Engine {
@@ -95,23 +84,6 @@ impl Engine {
             Arc::clone(&config.storage),
             config.segment_bytes,
         ));
-        let node = Arc::new(match &config.failover {
-            Some(failover) => crate::cluster::Node::clustered(
-                &config.node,
-                &config.dir,
-                Arc::clone(&config.storage),
-                failover,
-            )
-            .map_err(|e| StartError::Config(format!("the node's epoch: {e}")))?,
-            None => crate::cluster::Node::fixed(
-                &config.node,
-                if config.repl_listen.is_some() && config.standby.is_none() {
-                    crate::config::NodeRole::Standby
-                } else {
-                    crate::config::NodeRole::Primary
-                },
-            ),
-        });
         let release_hook: Arc<OnceLock<ReleaseHook>> = Arc::new(OnceLock::new());
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let mut flushers = Vec::new();
@@ -147,11 +119,7 @@ impl Engine {
             logs,
             last_emergency_flush: Mutex::new(None),
             started: Instant::now(),
-            replication: levels::replication(config, &node, &release_hook)?,
-            standby_view: OnceLock::new(),
-            node,
-            held: Mutex::new(std::collections::HashSet::new()),
-            opening: Mutex::new(()),
+            ha: levels::availability(config, &release_hook)?,
             release_hook,
             flushers: Mutex::new(flushers),
             metrics,

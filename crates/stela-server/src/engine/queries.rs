@@ -27,6 +27,18 @@ pub struct NetStats {
     pub realtime_loop: bool,
 }
 
+/// How opens are kept apart, and which logs a primary holds open for shipping.
+#[derive(Default)]
+pub struct Opens {
+    /// Logs a primary with a standby keeps open (one handle each beyond its clients') so that
+    /// they go on shipping, and reprotect a returning standby, when no client has them open.
+    held: Mutex<std::collections::HashSet<LogId>>,
+    /// Serializes opens: a first open fetches from the standby and recovers the files, which
+    /// two opens of one log (a client's and the shipping of every log at start) must not do at
+    /// once.
+    lock: Mutex<()>,
+}
+
 /// A log opened for one more handle.
 #[derive(Debug, Clone)]
 pub struct Opened {
@@ -75,11 +87,12 @@ impl Engine {
     /// Opens (or with `create`, creates) a log for one more handle. Blocking: recovery reads
     /// the log's files.
     pub fn open(&self, name: &str, codec: &str, type_tag: &str, create: bool) -> Result<Opened> {
-        if let Some(why) = self.node.refusal() {
+        if let Some(why) = self.ha.node.refusal() {
             return Err(Error::NotPrimary(why));
         }
-        let _opening = lock(&self.opening);
+        let _opening = lock(&self.ha.opens.lock);
         if let Some(replication) = self
+            .ha
             .replication
             .as_ref()
             .filter(|_| !self.logs.is_open(name))
@@ -106,15 +119,15 @@ impl Engine {
     /// With a standby: holds `entry` open for shipping (once) and starts its shipper; returns
     /// the term its records get (0 without a standby).
     fn ship(&self, entry: &LogEntry, codec: &str, type_tag: &str) -> Result<u64> {
-        let Some(replication) = &self.replication else {
+        let Some(replication) = &self.ha.replication else {
             return Ok(0);
         };
-        if lock(&self.held).insert(entry.id) {
+        if lock(&self.ha.opens.held).insert(entry.id) {
             if let Err(error) = self
                 .logs
                 .open(&self.pool, &entry.name, codec, type_tag, false)
             {
-                lock(&self.held).remove(&entry.id);
+                lock(&self.ha.opens.held).remove(&entry.id);
                 return Err(error);
             }
         }
@@ -139,7 +152,7 @@ impl Engine {
     /// not only those clients open. Blocking (recovery reads each log); run at start and after
     /// a promotion. A log that cannot be opened is logged and skipped.
     pub fn ship_every_log(&self) {
-        if self.replication.is_none() || self.node.refusal().is_some() {
+        if self.ha.replication.is_none() || self.ha.node.refusal().is_some() {
             return;
         }
         let names = match self.logs.on_disk() {
@@ -201,6 +214,7 @@ impl Engine {
     pub fn history(&self, log: LogId) -> (Vec<(u64, u64)>, u64) {
         let last = self.pool.positions(log).0 - 1;
         let entries = self
+            .ha
             .replication
             .as_ref()
             .and_then(|r| r.history(log))
@@ -211,7 +225,7 @@ impl Engine {
 
     /// This node's role and epoch.
     pub fn node(&self) -> &Arc<crate::cluster::Node> {
-        &self.node
+        &self.ha.node
     }
 
     /// Keeps the record schema a client sent with its open (`stela_format::schema`) in the log's
@@ -262,6 +276,7 @@ impl Engine {
         self.logs
             .release(&self.pool, log, |last| self.wait_durable(log, last));
         if let Some(replication) = self
+            .ha
             .replication
             .as_ref()
             .filter(|_| self.logs.get(log).is_none())
@@ -399,8 +414,8 @@ impl Engine {
                 } = disk;
                 let entry = open.get(&name);
                 // The handle a primary holds for shipping is not a client's.
-                let handles =
-                    handles - u32::from(entry.is_some_and(|e| lock(&self.held).contains(&e.id)));
+                let handles = handles
+                    - u32::from(entry.is_some_and(|e| lock(&self.ha.opens.held).contains(&e.id)));
                 let last_lsn = entry
                     .and_then(|e| self.pool.positions_if_present(e.id))
                     .map(|(next, _)| next - 1);
@@ -434,7 +449,7 @@ impl Engine {
         // The shipping hold goes first when it is the only handle left.
         let held = self.logs.all().into_iter().find(|e| e.name == name);
         if let Some(entry) = held {
-            if self.logs.handles(entry.id) == 1 && lock(&self.held).remove(&entry.id) {
+            if self.logs.handles(entry.id) == 1 && lock(&self.ha.opens.held).remove(&entry.id) {
                 self.release(entry.id);
             }
         }
@@ -562,7 +577,7 @@ impl Engine {
                 format!(
                     "daemon SIGKILL or crash: loses buffered records not yet written (now {} B); never disk records{}",
                     stats.dirty_bytes,
-                    if self.replication.is_some() {
+                    if self.ha.replication.is_some() {
                         "; replicated and all records are on the standby, and fetched back when a log is opened after the restart"
                     } else {
                         ""
@@ -575,7 +590,7 @@ impl Engine {
                     self.cap.bytes as f64 / self.cap.measured_write_bytes_per_s.max(1) as f64 * 1000.0
                 ),
                 "power loss without notice: like a daemon crash".into(),
-                if self.replication.is_some() {
+                if self.ha.replication.is_some() {
                     "machine or disk loss: replicated and all records are on the standby; buffered and disk ones only here".into()
                 } else {
                     "machine or disk loss: loses everything (no standby: replicated and all are refused)".into()
