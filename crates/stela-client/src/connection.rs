@@ -165,7 +165,8 @@ pub struct Connection {
     server: String,
     /// The socket itself, for descriptor passing and for the watcher (Unix only).
     unix: Option<UnixStream>,
-    /// The TCP socket, so that a request stuck on a primary that was replaced can be cut.
+    /// The TCP socket (under TLS, the one beneath), so that a request stuck on a primary that
+    /// was replaced can be cut.
     tcp: Option<TcpStream>,
     /// The shared-memory ring, once mapped, and its registration with the watcher.
     pub(crate) ring: Option<stela_net::shm::ClientRing>,
@@ -245,8 +246,9 @@ impl Connection {
                 )
             }
             Address::Tls(target) => {
-                let (read, write, sent) = crate::tls::connect(target)?;
+                let (read, write, sent, socket) = crate::tls::connect(target, within)?;
                 token = sent;
+                tcp = Some(socket);
                 (read, write)
             }
             Address::Cluster(endpoints) => {
@@ -296,7 +298,7 @@ impl Connection {
     }
 
     /// A way to cut this connection from another thread (a request stuck on a primary that a
-    /// failover replaced then fails at once). TCP and Unix sockets; `None` under TLS.
+    /// failover replaced then fails at once): TCP (under TLS too) and Unix sockets.
     pub(crate) fn cutter(&self) -> Option<Box<dyn Fn() + Send + Sync>> {
         if let Some(tcp) = &self.tcp {
             let tcp = tcp.try_clone().ok()?;

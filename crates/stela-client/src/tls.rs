@@ -116,10 +116,20 @@ impl Write for WriteHalf {
 }
 
 /// What [`connect`] gives the connection: its halves and the token for the Hello.
-pub(crate) type Connected = (Box<dyn Read + Send>, Box<dyn Write + Send>, Option<String>);
+pub(crate) type Connected = (
+    Box<dyn Read + Send>,
+    Box<dyn Write + Send>,
+    Option<String>,
+    TcpStream,
+);
 
-/// Connects, completes the TLS handshake, and reads the token.
-pub(crate) fn connect(target: &TlsTarget) -> Result<Connected> {
+/// Connects, completes the TLS handshake, and reads the token; the last part is the TCP socket
+/// itself (to cut a request stuck on a primary a failover replaced). With `within`, the connect
+/// and the handshake each give up after that long.
+pub(crate) fn connect(
+    target: &TlsTarget,
+    within: Option<std::time::Duration>,
+) -> Result<Connected> {
     let connect_err = |source: io::Error| Error::Connect {
         address: target.to_string(),
         source,
@@ -134,18 +144,38 @@ pub(crate) fn connect(target: &TlsTarget) -> Result<Connected> {
         .as_deref()
         .map(tls::read_client_token)
         .transpose()?;
-    let mut tcp = TcpStream::connect((target.host.as_str(), target.port)).map_err(connect_err)?;
+    let mut tcp = match within {
+        None => TcpStream::connect((target.host.as_str(), target.port)),
+        Some(within) => {
+            use std::net::ToSocketAddrs;
+            let addr = (target.host.as_str(), target.port)
+                .to_socket_addrs()
+                .map_err(connect_err)?
+                .next()
+                .ok_or_else(|| connect_err(io::Error::other("the host has no address")))?;
+            TcpStream::connect_timeout(&addr, within)
+        }
+    }
+    .map_err(connect_err)?;
     tcp.set_nodelay(true).map_err(connect_err)?;
+    // The handshake is bounded too (a stopped node accepts a connection and never answers);
+    // the socket is blocking here, so its own timeouts apply, lifted once it is done.
+    tcp.set_read_timeout(within).map_err(connect_err)?;
+    tcp.set_write_timeout(within).map_err(connect_err)?;
     let mut tls = rustls::ClientConnection::new(config, name)
         .map_err(|e| connect_err(io::Error::other(e)))?;
     while tls.is_handshaking() {
         tls.complete_io(&mut tcp).map_err(connect_err)?;
     }
+    tcp.set_read_timeout(None).map_err(connect_err)?;
+    tcp.set_write_timeout(None).map_err(connect_err)?;
+    let socket = tcp.try_clone().map_err(connect_err)?;
     let shared: Shared = Arc::new(Mutex::new(rustls::StreamOwned::new(tls, tcp)));
     Ok((
         Box::new(ReadHalf(Arc::clone(&shared))),
         Box::new(WriteHalf(shared)),
         token,
+        socket,
     ))
 }
 

@@ -10,6 +10,7 @@
 //! acknowledgement. Callers treat [`CoordError::Unreachable`] as "failover unavailable",
 //! never as "step down".
 
+pub mod etcd;
 pub mod rules;
 pub mod witness;
 
@@ -60,20 +61,28 @@ pub trait Coordinator: Send + Sync {
 /// a dead or stopped witness costs the renewal loop little.
 pub const WITNESS_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(150);
 
-/// A coordinator from its URL: `tcp://HOST:PORT` or `HOST:PORT` (a `stela witness`).
+/// A coordinator from its URL: `tcp://HOST:PORT` or `HOST:PORT` (a `stela witness`), or
+/// `etcd://HOST:PORT` (an etcd cluster's client endpoint; the pair's keys live under
+/// `/stela/<cluster>/`).
 ///
 /// # Errors
 /// The URL names no reachable-looking address, or a backend not built in.
 pub fn connect(
     url: &str,
     cluster: &str,
-    _lease: std::time::Duration,
+    lease: std::time::Duration,
 ) -> Result<Box<dyn Coordinator>, CoordError> {
     let bad = |why: &str| CoordError::Other(format!("coordinator {url:?}: {why}"));
-    if url.starts_with("etcd://") {
-        return Err(bad(
-            "the etcd backend is not built yet; use a stela witness (tcp://HOST:PORT)",
-        ));
+    if let Some(host_port) = url.strip_prefix("etcd://") {
+        let host_port = host_port.trim_end_matches('/');
+        if host_port.is_empty() || !host_port.contains(':') {
+            return Err(bad("expected etcd://HOST:PORT"));
+        }
+        return Ok(Box::new(etcd::EtcdCoordinator::new(
+            &format!("http://{host_port}"),
+            cluster,
+            lease,
+        )?));
     }
     let host_port = url.strip_prefix("tcp://").unwrap_or(url);
     if host_port.contains("://") {

@@ -8,72 +8,18 @@ use std::time::{Duration, Instant};
 use stela_coord::witness::{Witness, WitnessClient};
 use stela_coord::{CoordError, Coordinator, Grant, Renewal};
 
-const LEASE: Duration = Duration::from_millis(300);
+mod common;
+use common::{fences, LEASE};
 
 fn client(witness: &Witness) -> WitnessClient {
     WitnessClient::new(witness.addr(), "test", Duration::from_secs(2))
-}
-
-/// The same scenario any coordinator must pass (the etcd backend runs it too, when built).
-fn fences(coordinator: &dyn Coordinator) {
-    // Bootstrap: the first primary claims epoch 1 by renewing.
-    assert_eq!(
-        coordinator.renew("a", 1).unwrap(),
-        Renewal::Renewed { epoch: 1 }
-    );
-    let holder = coordinator.current().unwrap();
-    assert_eq!((holder.epoch, holder.holder.as_deref()), (1, Some("a")));
-    // While a renews, b is refused.
-    for _ in 0..6 {
-        assert_eq!(
-            coordinator.renew("a", 1).unwrap(),
-            Renewal::Renewed { epoch: 1 }
-        );
-        match coordinator.promote("b", 1).unwrap() {
-            Grant::Refused { holder, reason, .. } => {
-                assert_eq!(holder.as_deref(), Some("a"));
-                assert!(reason.contains("alive"), "{reason}");
-            }
-            other => panic!("granted while the primary renews: {other:?}"),
-        }
-        std::thread::sleep(LEASE / 6);
-    }
-    // a stops renewing: after a lease, b gets epoch 2; a stale standby does not.
-    std::thread::sleep(LEASE + LEASE / 2);
-    assert!(matches!(
-        coordinator.promote("c", 0).unwrap(),
-        Grant::Refused { .. }
-    ));
-    assert_eq!(
-        coordinator.promote("b", 1).unwrap(),
-        Grant::Granted { epoch: 2 }
-    );
-    // Asked again (the answer was lost): the same epoch.
-    assert_eq!(
-        coordinator.promote("b", 1).unwrap(),
-        Grant::Granted { epoch: 2 }
-    );
-    // The old primary comes back: superseded, whatever epoch it says.
-    for epoch in [1, 2] {
-        assert_eq!(
-            coordinator.renew("a", epoch).unwrap(),
-            Renewal::Superseded {
-                epoch: 2,
-                holder: "b".into()
-            }
-        );
-    }
-    assert_eq!(
-        coordinator.renew("b", 2).unwrap(),
-        Renewal::Renewed { epoch: 2 }
-    );
 }
 
 #[test]
 fn the_witness_grants_only_after_a_silent_lease_and_fences_the_old_primary() {
     let dir = tempfile::tempdir().unwrap();
     let witness = Witness::start("127.0.0.1:0".parse().unwrap(), dir.path(), LEASE).unwrap();
-    fences(&client(&witness));
+    fences(&client(&witness), Duration::ZERO);
 }
 
 #[test]

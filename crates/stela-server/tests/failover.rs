@@ -24,17 +24,21 @@ fn free_port() -> SocketAddr {
         .unwrap()
 }
 
-/// The pair's shape: the witness and each node's replication address.
+/// The pair's shape: the coordinator and each node's replication address.
 struct Pair {
-    witness: SocketAddr,
+    coordinator: String,
     repl: [SocketAddr; 2],
     dirs: [PathBuf; 2],
 }
 
 impl Pair {
     fn new(root: &Path, witness: SocketAddr) -> Pair {
+        Pair::with(root, format!("tcp://{witness}"))
+    }
+
+    fn with(root: &Path, coordinator: String) -> Pair {
         Pair {
-            witness,
+            coordinator,
             repl: [free_port(), free_port()],
             dirs: [root.join("a"), root.join("b")],
         }
@@ -51,7 +55,7 @@ impl Pair {
         config.repl_listen = Some(self.repl[i]);
         config.standby = Some(self.repl[1 - i]);
         config.failover = Some(FailoverConfig {
-            coordinator: format!("tcp://{}", self.witness),
+            coordinator: self.coordinator.clone(),
             cluster: "test".into(),
             initial_role: role,
             heartbeat: Duration::from_millis(50),
@@ -313,4 +317,55 @@ fn losing_the_witness_leaves_a_healthy_pair_running() {
     drop(client);
     a.shutdown().unwrap();
     b.shutdown().unwrap();
+}
+
+/// The same failover with etcd as the coordinator: promotion in a new epoch, every
+/// acknowledged record kept, the old primary back as the standby.
+#[test]
+fn the_pair_fails_over_the_same_way_with_etcd() {
+    let etcd = stela_testkit::Etcd::start();
+    let root = tempfile::tempdir().unwrap();
+    let pair = Pair::with(root.path(), etcd.coordinator_url());
+    // etcd answers once it is up; the nodes start meanwhile with their configured roles.
+    let probe =
+        stela_coord::connect(&etcd.coordinator_url(), "probe", Duration::from_millis(300)).unwrap();
+    wait_until("etcd", Duration::from_secs(30), || probe.current().is_ok());
+    let a = pair.start(0, NodeRole::Primary);
+    let b = pair.start(1, NodeRole::Standby);
+    wait_until("a to be the primary", Duration::from_secs(5), || {
+        replication(a.socket_path()).role == "primary"
+    });
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, term) = open(&mut client, "ledger").unwrap();
+    assert_eq!(term >> 32, 1);
+    let mut acked = write(&mut client, handle, 0, 100);
+    drop(client);
+    a.shutdown().unwrap();
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+    let status = replication(b.socket_path());
+    assert_eq!(status.epoch, 2);
+    assert!(status.coordinator.expect("shown").describe.contains("etcd"));
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, term) = open(&mut client, "ledger").unwrap();
+    assert_eq!(term >> 32, 2);
+    assert_eq!(client.positions(handle).last_lsn, 100);
+    acked.extend(write(&mut client, handle, 100, 10));
+    let a = pair.start(0, NodeRole::Primary);
+    assert_eq!(replication(a.socket_path()).role, "standby");
+    wait_until("a to catch up", Duration::from_secs(10), || {
+        let status = replication(b.socket_path());
+        status
+            .logs
+            .iter()
+            .any(|l| l.connected && l.received_lsn == 110)
+    });
+    drop(client);
+    b.shutdown().unwrap();
+    a.shutdown().unwrap();
+    for dir in &pair.dirs {
+        let log = read_back(&dir.join("logs/ledger"), std::sync::Arc::new(StdStorage));
+        assert_eq!(log, acked, "{}", dir.display());
+    }
 }

@@ -64,3 +64,69 @@ pub fn segment_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     files.sort();
     files
 }
+
+/// A single-node etcd (Debian's `etcd-server`) on free loopback ports in a temporary
+/// directory, killed when dropped.
+pub struct Etcd {
+    child: std::process::Child,
+    /// Its client URL, `http://127.0.0.1:PORT`.
+    pub client_url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    /// Starts it; the caller waits until it answers.
+    ///
+    /// # Panics
+    /// There is no `etcd` binary (the message says what to install), or it cannot be started.
+    pub fn start() -> Etcd {
+        let binary = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or_else(|| {
+                panic!("no etcd binary: install Debian's etcd-server (apt-get install etcd-server)")
+            });
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let (client, peer) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = std::process::Command::new(binary)
+            .arg("--name")
+            .arg("default")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("default={peer_url}")])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        Etcd {
+            child,
+            client_url,
+            _dir: dir,
+        }
+    }
+
+    /// The URL a daemon takes: `etcd://127.0.0.1:PORT`.
+    pub fn coordinator_url(&self) -> String {
+        self.client_url.replace("http://", "etcd://")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
