@@ -7,6 +7,8 @@
 //! - `two_faults_lose_nothing`: a smoke run (SIGKILL of the primary, then the pair cut off from
 //!   each other): no acknowledged record lost, no acknowledgement from a deposed primary.
 //! - `every_kind_twice` (ignored: about two minutes): all seven kinds, twice.
+//! - `a_daemons_log_is_read_back_and_its_status_asked_over_its_socket`: the reader of the final
+//!   logs and the status requests of the run, against a real daemon (no root needed).
 //! - `without_the_client_api_the_run_refuses_and_says_why`: until stela-client's failover API
 //!   is on main (feature `failover-client`), the run stops before building anything and says
 //!   what it lacks; `two_faults_lose_nothing` is ignored in that build, as it cannot run.
@@ -101,6 +103,15 @@ fn the_network_and_its_faults_cut_exactly_what_they_name() {
                 .unwrap(),
         ));
     }
+    // `ip netns exec` execs in place: the child's pid is the program's, so the run's signals
+    // (SIGSTOP, SIGKILL) reach the daemon itself.
+    // (Polled: right after the spawn the child may still be `ip`, before its exec.)
+    let exe_of_child = || std::fs::read_link(format!("/proc/{}/exe", echoes[0].id())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while exe_of_child() != bench.canonicalize().unwrap() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(exe_of_child(), bench.canonicalize().unwrap());
     for (from, to) in [
         (Host::Client, p),
         (Host::Client, s),
@@ -232,4 +243,45 @@ fn every_kind_twice() {
     assert_eq!(summary["double_primary"], 0, "{summary}");
     assert_eq!(summary["resolution_wrong"], 0, "{summary}");
     assert_eq!(summary["standby_mismatch"], 0, "{summary}");
+}
+
+#[test]
+fn a_daemons_log_is_read_back_and_its_status_asked_over_its_socket() {
+    use stela_bench::failover::{cluster, events, verify};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = stela_server::DaemonConfig::new(dir.path());
+    config.assume_write_rate = Some(500_000_000);
+    let server = stela_server::Server::start(config).unwrap();
+    let socket = server.socket_path().to_owned();
+    {
+        let wal: stela_client::Wal<events::Rec> = stela_client::Wal::open(
+            socket.as_path(),
+            events::LOG,
+            stela_client::WalOptions::default()
+                .type_tag(events::TYPE_TAG)
+                .durability(stela_client::Durability::Disk),
+        )
+        .unwrap();
+        for seq in [3, 4, 9] {
+            let lsn = wal.append(&events::record(seq, 100)).unwrap();
+            wal.commit(lsn).unwrap();
+        }
+        // Asked while the log is open (the status lists open logs).
+        let status = cluster::status_of(&socket, Duration::from_secs(5)).expect("a status");
+        assert!(
+            status.logs.iter().any(|l| l.name == events::LOG),
+            "{status:?}"
+        );
+        // No replication configured: no role, no log replica, not protected.
+        assert_eq!(cluster::role(&status), "");
+        assert!(!cluster::protected(&status));
+    }
+    assert!(cluster::status_of(&dir.path().join("nothing.sock"), Duration::from_secs(1)).is_none());
+    server.shutdown().unwrap();
+    let copy = verify::read_log(dir.path(), events::LOG).unwrap();
+    assert_eq!(
+        copy.records.into_iter().collect::<Vec<_>>(),
+        vec![(1, 3), (2, 4), (3, 9)]
+    );
+    assert!(copy.garbage.is_empty());
 }
