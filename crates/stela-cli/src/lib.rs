@@ -22,6 +22,7 @@ pub mod latency;
 pub mod logs_cmd;
 pub mod service;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::io::Write;
@@ -83,6 +84,24 @@ pub enum Command {
     /// The logs a running daemon holds: list them, delete one no client has open.
     #[command(subcommand)]
     Logs(logs_cmd::LogsCommand),
+    /// Run the witness of a failover pair: a tiny arbiter on a third machine that grants the
+    /// next epoch to a standby only once its primary has stopped renewing for a lease.
+    Witness(WitnessArgs),
+}
+
+/// `stela witness`.
+#[derive(clap::Args, Debug)]
+pub struct WitnessArgs {
+    /// Where the nodes reach it (their --coordinator tcp://ADDR).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// Where it keeps the epoch and its holder (DIR/WITNESS).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// How long the primary may go without renewing before a standby may be promoted (the
+    /// nodes' --suspect-after-ms should match).
+    #[arg(long, value_name = "MS", default_value_t = 300)]
+    pub lease_ms: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -139,7 +158,7 @@ where
     };
     // The daemon logs its connections, log opens and administrative requests at info; the
     // tools only their warnings.
-    let default_level = if matches!(cli.command, Command::Serve(_)) {
+    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Witness(_)) {
         "info"
     } else {
         "warn"
@@ -285,6 +304,36 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
                 .is_some()
                 .then(|| Box::new(reload_from_command_line) as stela_server::server::ReloadHook);
             service::serve(*args, reload, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Witness(args) => {
+            let witness = stela_coord::witness::Witness::start(
+                args.listen,
+                &args.dir,
+                std::time::Duration::from_millis(args.lease_ms.max(1)),
+            )
+            .with_context(|| {
+                format!(
+                    "starting the witness on {} in {}",
+                    args.listen,
+                    args.dir.display()
+                )
+            })?;
+            writeln!(
+                out,
+                "stela witness: listening on {}; state in {}",
+                witness.addr(),
+                args.dir.display()
+            )?;
+            out.flush()?;
+            // Runs until SIGTERM or SIGINT; every change is on disk before it is answered, so
+            // stopping needs nothing written.
+            let mut signals = signal_hook::iterator::Signals::new([
+                signal_hook::consts::SIGTERM,
+                signal_hook::consts::SIGINT,
+            ])?;
+            let _ = signals.forever().next();
+            drop(witness);
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { target, json } => {

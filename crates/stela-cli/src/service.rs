@@ -592,6 +592,26 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
             problems.push(format!("log {} waits for disk space: {reason}", log.name));
         }
     }
+    if let Some(replication) = &report.replication {
+        if replication.role == "stepped down" {
+            problems.push("this node stepped down: a newer primary exists".to_owned());
+        }
+        if replication
+            .coordinator
+            .as_ref()
+            .is_some_and(|c| !c.reachable)
+        {
+            problems.push(
+                "the failover coordinator is unreachable: failover is unavailable".to_owned(),
+            );
+        }
+        if replication.unprotected_since_ms > 0 {
+            problems.push(
+                "unprotected: no standby since the failover (replicated commits are acknowledged without one)"
+                    .to_owned(),
+            );
+        }
+    }
     for log in report.replication.iter().flat_map(|r| &r.logs) {
         if let Some(why) = &log.stopped {
             problems.push(format!(
@@ -749,6 +769,35 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             },
             replication.peer
         )?;
+        if let Some(coordinator) = &replication.coordinator {
+            writeln!(
+                out,
+                "  epoch {}; coordinator {}: {}, names {} the primary of epoch {}",
+                replication.epoch,
+                coordinator.describe,
+                if coordinator.reachable {
+                    format!("reachable (answered {} ms ago)", coordinator.last_answer_ms)
+                } else {
+                    "UNREACHABLE: the pair runs on, but failover is unavailable".to_owned()
+                },
+                coordinator.holder.as_deref().unwrap_or("nobody"),
+                coordinator.epoch
+            )?;
+        }
+        if let Some(failover) = &replication.last_failover {
+            writeln!(
+                out,
+                "  last failover: promoted to epoch {} at {} (unix ms), {} ms from the primary's last message to serving: {}",
+                failover.epoch, failover.at_unix_ms, failover.took_ms, failover.reason
+            )?;
+        }
+        if replication.unprotected_since_ms > 0 {
+            writeln!(
+                out,
+                "  UNPROTECTED since {} (unix ms): no standby since the failover; replicated commits are acknowledged from this node's memory until the old primary rejoins",
+                replication.unprotected_since_ms
+            )?;
+        }
         for log in &replication.logs {
             writeln!(
                 out,

@@ -10,18 +10,8 @@ use stela_net::duplex::duplex;
 use stela_net::tls::{self, rustls, ClientTlsFiles, ServerTlsFiles};
 
 fn certificate(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    let (c, k) = (
-        dir.join(format!("{name}.pem")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k)
+    let made = stela_testkit::self_signed(dir, name);
+    (made.cert, made.key)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {

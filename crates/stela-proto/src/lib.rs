@@ -6,6 +6,7 @@
 //! - [`frame`]: the length + CRC32C envelope around every message, and its limits.
 //! - [`message`]: requests, responses, durability levels, error codes, the status report.
 //! - [`repl`]: what a primary daemon and its standby say to each other (log shipping).
+//! - [`witness`]: what a node of a failover pair and the witness say to each other.
 //! - [`ring`]: the shared-memory ring a client on the same machine commits through: the layout
 //!   of its region, the entry codec, and the checks the daemon makes on its private copy.
 //!
@@ -15,6 +16,7 @@ pub mod frame;
 pub mod message;
 pub mod repl;
 pub mod ring;
+pub mod witness;
 
 pub use frame::{FrameError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 pub use message::*;

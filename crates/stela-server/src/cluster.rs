@@ -315,8 +315,10 @@ impl Node {
     pub fn run(self: &Arc<Node>, coordinator: &dyn Coordinator, config: &FailoverConfig) {
         let describe = coordinator.describe();
         let mut refused_logged = false;
+        let mut beats = 0u64;
         while !self.stopping.load(Ordering::SeqCst) {
             std::thread::sleep(config.heartbeat);
+            beats += 1;
             match self.role.load(Ordering::SeqCst) {
                 PRIMARY => match coordinator.renew(&self.name, self.epoch()) {
                     Ok(Renewal::Renewed { epoch }) => {
@@ -334,6 +336,14 @@ impl Node {
                 STANDBY => {
                     let silent = lock(&self.heard).elapsed();
                     if silent < config.suspect_after {
+                        // A healthy standby still looks at the coordinator now and then, so
+                        // that `stela status` says whether failover is available.
+                        if beats.is_multiple_of(10) {
+                            match coordinator.current() {
+                                Ok(holder) => self.answered(&describe, holder.epoch, holder.holder),
+                                Err(error) => self.unreachable(&describe, &error),
+                            }
+                        }
                         continue;
                     }
                     match coordinator.promote(&self.name, self.epoch()) {

@@ -42,6 +42,17 @@ struct StandbyGauges {
     wire_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
     degraded: Family<LogLabel, Gauge<u64, AtomicU64>>,
     degraded_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    unprotected_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+}
+
+/// The node's place in a failover pair, set from `stela status` at scrape time.
+struct NodeGauges {
+    epoch: Gauge<u64, AtomicU64>,
+    primary: Gauge<u64, AtomicU64>,
+    coordinator_reachable: Gauge<u64, AtomicU64>,
+    unprotected: Gauge<u64, AtomicU64>,
+    last_failover_ms: Gauge<u64, AtomicU64>,
+    last_failover_at: Gauge<u64, AtomicU64>,
 }
 
 /// Every metric of the daemon.
@@ -64,6 +75,7 @@ pub struct Metrics {
     power_failing: Gauge<u64, AtomicU64>,
     stopped_logs: Gauge<u64, AtomicU64>,
     standby: StandbyGauges,
+    node: NodeGauges,
 }
 
 const LEVELS: [&str; 5] = ["unsafe", "buffered", "disk", "replicated", "all"];
@@ -207,6 +219,35 @@ impl Metrics {
                 "replication_degraded_acks",
                 "Replicated commits of a log acknowledged without the standby since start",
             ),
+            unprotected_acks: family(
+                "replication_unprotected_acks",
+                "Replicated commits of a log a promoted primary acknowledged before a standby rejoined",
+            ),
+        };
+        let mut gauge = |name: &str, help: &str| {
+            let gauge = Gauge::<u64, AtomicU64>::default();
+            registry.register(name, help, gauge.clone());
+            gauge
+        };
+        let node = NodeGauges {
+            epoch: gauge("epoch", "The failover pair's epoch as this node knows it"),
+            primary: gauge("primary", "1 while this node is the primary"),
+            coordinator_reachable: gauge(
+                "coordinator_reachable",
+                "1 while the failover coordinator answers (0: failover unavailable)",
+            ),
+            unprotected: gauge(
+                "unprotected",
+                "1 while a promoted primary has no standby and acknowledges replicated commits alone",
+            ),
+            last_failover_ms: gauge(
+                "last_failover_duration_ms",
+                "The last promotion of this node: from the old primary's last message to serving",
+            ),
+            last_failover_at: gauge(
+                "last_failover_unix_ms",
+                "When this node was last promoted (0: never since start)",
+            ),
         };
         Metrics {
             registry,
@@ -225,6 +266,7 @@ impl Metrics {
             power_failing,
             stopped_logs,
             standby,
+            node,
         }
     }
 
@@ -276,6 +318,26 @@ impl Metrics {
                 .get_or_create(&label)
                 .set(u64::from(log.degraded));
             g.degraded_acks.get_or_create(&label).set(log.degraded_acks);
+            g.unprotected_acks
+                .get_or_create(&label)
+                .set(log.unprotected_acks);
+        }
+        if let Some(replication) = &now.replication {
+            let n = &self.node;
+            n.epoch.set(replication.epoch);
+            n.primary.set(u64::from(replication.role == "primary"));
+            n.coordinator_reachable.set(u64::from(
+                replication
+                    .coordinator
+                    .as_ref()
+                    .is_some_and(|c| c.reachable),
+            ));
+            n.unprotected
+                .set(u64::from(replication.unprotected_since_ms > 0));
+            if let Some(failover) = &replication.last_failover {
+                n.last_failover_ms.set(failover.took_ms);
+                n.last_failover_at.set(failover.at_unix_ms);
+            }
         }
         let mut text = String::new();
         // Writing into a String cannot fail.

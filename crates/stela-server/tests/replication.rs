@@ -38,21 +38,7 @@ fn primary(dir: &Path, standby: SocketAddr) -> NoHang {
     NoHang::new(Server::start(config).expect("the primary starts"))
 }
 
-fn segment_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".wal"))
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    files.sort();
-    files
-}
+use stela_testkit::segment_files;
 
 fn log_dir(root: &Path, log: &str) -> PathBuf {
     root.join("logs").join(log)
@@ -259,18 +245,8 @@ fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_
 
 /// A self-signed certificate for localhost / 127.0.0.1 in `dir`: (cert, key) paths.
 fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    let (c, k) = (
-        dir.join(format!("{name}.pem")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k)
+    let made = stela_testkit::self_signed(dir, name);
+    (made.cert, made.key)
 }
 
 /// Over TLS the standby takes a stream only from a primary that trusts its certificate and

@@ -158,34 +158,10 @@ fn refused_logins_are_counted_and_authenticated_ones_are_not() {
 
 /// A self-signed certificate for localhost / 127.0.0.1, named `name`: its files (the
 /// certificate file is also the CA that trusts it) and its PEM text.
-struct SelfSigned {
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-    cert_pem: String,
-    key_pem: String,
-}
+use stela_testkit::SelfSigned;
 
 fn self_signed(dir: &std::path::Path, name: &str) -> SelfSigned {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, name);
-    let cert = params.self_signed(&key).unwrap();
-    let (cert_path, key_path) = (
-        dir.join(format!("{name}.pem")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&cert_path, cert.pem()).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
-    SelfSigned {
-        cert: cert_path,
-        key: key_path,
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    }
+    stela_testkit::self_signed(dir, name)
 }
 
 fn applied(said: &[String], prefix: &str) -> bool {

@@ -30,6 +30,10 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// A cut (`salvage::cut_after`) was refused before anything was changed.
+    #[error("cannot cut the log in {dir}: {reason}")]
+    CutRefused { dir: PathBuf, reason: String },
+
     /// A previous write or fsync failed, so the log stopped. Reopen it to recover what is durable.
     #[error("the log stopped after an earlier failure and accepts no more calls (reopen it to recover): {cause}")]
     Poisoned { cause: Arc<Error> },

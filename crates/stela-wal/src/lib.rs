@@ -44,6 +44,7 @@ pub mod options;
 pub mod par_iter;
 pub mod reader;
 pub mod recovery;
+pub mod salvage;
 pub mod scan;
 pub mod schema;
 pub mod segment;

@@ -68,21 +68,7 @@ fn ship(primary: &LogFiles, mirror: &mut Mirror, maxes: &[usize], sync_every: us
     chunks
 }
 
-fn segment_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".wal"))
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    files.sort();
-    files
-}
+use stela_testkit::segment_files;
 
 fn assert_identical(a: &Path, b: &Path) {
     let (a, b) = (segment_files(a), segment_files(b));

@@ -20,8 +20,11 @@
 //!   choice: an acknowledgement is a promise); the shipper retries and says so in the log.
 
 // The standby's listener uses the event loop's authentication, which the loom build leaves out.
+pub mod protection;
 #[cfg(not(loom))]
 pub mod standby;
+
+use protection::{Protection, Registered};
 
 use crate::pool::{LogId, Pool, PoolError, Ship};
 use crate::sync::lock;
@@ -83,6 +86,8 @@ pub type Waiter = Box<dyn FnOnce(Result<(), PoolError>) + Send>;
 /// What a log's shipper and its waiters share.
 struct Link {
     name: String,
+    /// The `replicated` waiters and what the standby acknowledged.
+    protection: Protection<Waiter>,
     state: Mutex<LinkState>,
     /// Signalled on every append (the shipper has bytes to send) and on stop.
     appended: Condvar,
@@ -91,17 +96,9 @@ struct Link {
 
 #[derive(Default)]
 struct LinkState {
-    /// Highest LSN the standby holds in memory / on disk, as it last said.
-    received: u64,
-    standby_durable: u64,
     /// Appends since the shipper last looked.
     dirty: bool,
     connected: bool,
-    /// `replicated` waiters: (LSN, who to tell).
-    waiters: Vec<(u64, Waiter)>,
-    /// Set when the standby refused this primary's term: no `replicated` acknowledgement can
-    /// come from it any more.
-    fenced: Option<String>,
     /// The term this log is shipped in, its history (as begun at open), and when the standby
     /// last acknowledged anything.
     term: u64,
@@ -212,6 +209,7 @@ impl Replication {
             .map_err(|e| format!("recording the log's new term: {e}"))?;
         let link = Arc::new(Link {
             name: log.name.clone(),
+            protection: Protection::new(),
             state: Mutex::new(LinkState {
                 term: term.0,
                 history: terms.history().clone(),
@@ -259,8 +257,7 @@ impl Replication {
         if let Some(link) = lock(&self.links).remove(&log) {
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
-            let waiters = std::mem::take(&mut lock(&link.state).waiters);
-            for (_, waiter) in waiters {
+            for waiter in link.protection.take_all() {
                 waiter(Err(PoolError::Closed));
             }
             (self.released)();
@@ -272,17 +269,12 @@ impl Replication {
     pub fn step_down(&self, why: &str) {
         let links: Vec<Arc<Link>> = lock(&self.links).values().cloned().collect();
         for link in links {
-            let waiters = {
-                let mut state = lock(&link.state);
-                state.fenced = Some(format!("this node stepped down: {why}"));
-                std::mem::take(&mut state.waiters)
-            };
+            let why = format!("the primary stepped down: {why}");
+            let waiters = link.protection.fence(why.clone());
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
-            for (_, waiter) in waiters {
-                waiter(Err(PoolError::InDoubt(format!(
-                    "the primary stepped down: {why}"
-                ))));
+            for waiter in waiters {
+                waiter(Err(PoolError::InDoubt(why.clone())));
             }
         }
         (self.released)();
@@ -310,23 +302,26 @@ impl Replication {
         let Some(link) = lock(&self.links).get(&log).cloned() else {
             return Err(PoolError::Closed);
         };
-        let mut state = lock(&link.state);
-        if state.received >= lsn {
-            return Ok(true);
+        // Policies that answer without the standby: `--degrade-after` while it is unreachable,
+        // and a promoted primary whose old primary has not rejoined (unprotected). Asked under
+        // the protection's lock, so a wait never slips past the moment a policy ends or begins.
+        let answer_now = || {
+            let mut state = lock(&link.state);
+            if state.degraded {
+                state.degraded_acks += 1;
+                return true;
+            }
+            if self.node.unprotected() && !state.connected {
+                state.unprotected_acks += 1;
+                return true;
+            }
+            false
+        };
+        match link.protection.wait(lsn, waiter, answer_now) {
+            Registered::Waiting => Ok(false),
+            Registered::Already(_) => Ok(true),
+            Registered::Fenced(_, why) => Err(PoolError::InDoubt(why)),
         }
-        if state.degraded {
-            state.degraded_acks += 1;
-            return Ok(true);
-        }
-        if self.node.unprotected() && !state.connected {
-            state.unprotected_acks += 1;
-            return Ok(true);
-        }
-        if let Some(why) = &state.fenced {
-            return Err(PoolError::InDoubt(why.clone()));
-        }
-        state.waiters.push((lsn, waiter));
-        Ok(false)
     }
 
     /// Before `log` is opened (its files in `dir`): if the standby holds records of it that this
@@ -349,6 +344,11 @@ impl Replication {
         let terms = TermStore::open(Arc::clone(&storage), dir).map_err(|e| e.to_string())?;
         if terms.current() == Term(0) {
             return Ok(0); // never replicated
+        }
+        if terms.current().0 >> 32 != self.epoch() {
+            // This node was not the primary of the log's last term (it was promoted since):
+            // its peer can hold no record it acknowledged that this copy lacks.
+            return Ok(0);
         }
         let term = terms.current().0;
         let mut mirror =
@@ -425,21 +425,25 @@ impl Replication {
         let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&self.links)
             .iter()
             .map(|(&id, link)| {
+                // The protection's lock is never taken under the link state's (a wait takes
+                // them the other way round).
+                let (received, standby_durable) = link.protection.acknowledged_lsns();
+                let stopped = link.protection.fenced();
                 let s = lock(&link.state);
-                let lag_records = last_lsn(id).saturating_sub(s.received);
+                let lag_records = last_lsn(id).saturating_sub(received);
                 stela_proto::ReplicaStatus {
                     log: link.name.clone(),
                     connected: s.connected,
                     term: s.term,
-                    received_lsn: s.received,
-                    durable_lsn: s.standby_durable,
+                    received_lsn: received,
+                    durable_lsn: standby_durable,
                     lag_records,
                     lag_ms: if lag_records > 0 {
                         s.last_ack.map_or(0, |at| at.elapsed().as_millis() as u64)
                     } else {
                         0
                     },
-                    stopped: s.fenced.clone(),
+                    stopped,
                     shipped_bytes: s.shipped_bytes,
                     wire_bytes: s.wire_bytes,
                     degraded: s.degraded,
@@ -478,7 +482,7 @@ impl Replication {
                         tracing::warn!(log = %log.name, standby = %self.standby, why, "standby unreachable; replicated commits wait; retrying");
                         warned = true;
                     }
-                    if lock(&link.state).fenced.is_some() {
+                    if link.protection.fenced().is_some() {
                         return;
                     }
                     self.degrade_if_due(link);
@@ -705,7 +709,7 @@ impl Replication {
         let Some(after) = self.degrade_after else {
             return;
         };
-        let waiters = {
+        {
             let mut state = lock(&link.state);
             let due = state
                 .unreachable_since
@@ -714,13 +718,13 @@ impl Replication {
                 return;
             }
             state.degraded = true;
-            let waiters = std::mem::take(&mut state.waiters);
-            state.degraded_acks += waiters.len() as u64;
-            tracing::error!(log = %link.name, standby = %self.standby, after_ms = after.as_millis() as u64, waiting = waiters.len(),
-                "standby unreachable too long: replicated commits are acknowledged WITHOUT it (as buffered) until it is back");
-            waiters
-        };
-        for (_, waiter) in waiters {
+        }
+        // Waits registered before the flag was set are answered here; later ones see it.
+        let waiters = link.protection.take_all();
+        lock(&link.state).degraded_acks += waiters.len() as u64;
+        tracing::error!(log = %link.name, standby = %self.standby, after_ms = after.as_millis() as u64, waiting = waiters.len(),
+            "standby unreachable too long: replicated commits are acknowledged WITHOUT it (as buffered) until it is back");
+        for waiter in waiters {
             waiter(Ok(()));
         }
         (self.released)();
@@ -746,13 +750,8 @@ fn fence(
     if theirs <= ours {
         return why;
     }
-    let waiters = {
-        let mut state = lock(&link.state);
-        state.connected = false;
-        state.fenced = Some(why.clone());
-        std::mem::take(&mut state.waiters)
-    };
-    for (_, waiter) in waiters {
+    lock(&link.state).connected = false;
+    for waiter in link.protection.fence(why.clone()) {
         waiter(Err(PoolError::InDoubt(why.clone())));
     }
     released();
@@ -824,18 +823,8 @@ fn read_position(reader: &mut impl Read) -> Result<TheirCopy, StreamError> {
 
 /// Releases the waiters `received` satisfies; whether there were any.
 fn release(link: &Link, received: u64, durable: u64) -> bool {
-    let ready: Vec<Waiter> = {
-        let mut state = lock(&link.state);
-        state.last_ack = Some(std::time::Instant::now());
-        state.received = state.received.max(received);
-        state.standby_durable = state.standby_durable.max(durable);
-        let received = state.received;
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiters)
-            .into_iter()
-            .partition(|(lsn, _)| *lsn <= received);
-        state.waiters = waiting;
-        ready.into_iter().map(|(_, w)| w).collect()
-    };
+    lock(&link.state).last_ack = Some(std::time::Instant::now());
+    let ready = link.protection.acknowledged(received, durable);
     let any = !ready.is_empty();
     for waiter in ready {
         waiter(Ok(()));

@@ -124,17 +124,17 @@ impl Standby {
         self.addr
     }
 
-    /// A promotion: cuts every stream and waits until each has written and synced what it
-    /// held, so that the logs open with every record this standby acknowledged.
+    /// A promotion or shutdown: cuts every stream and waits until each has written and synced
+    /// what it held, so that the logs open with every record this standby acknowledged.
     pub fn end_streams(&self) {
         for (log, socket) in lock(&self.shared.sockets).drain() {
-            tracing::info!(log, "standby: ending the stream for the promotion");
+            tracing::info!(log, "standby: ending the stream");
             let _ = socket.shutdown(std::net::Shutdown::Both);
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !lock(&self.shared.busy).is_empty() {
             if std::time::Instant::now() > deadline {
-                tracing::error!(logs = ?lock(&self.shared.busy), "standby: streams still writing after 10 s; promoting anyway (their logs refuse to open until they finish)");
+                tracing::error!(logs = ?lock(&self.shared.busy), "standby: streams still writing after 10 s; going on without them (their logs refuse to open until they finish)");
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -184,6 +184,8 @@ impl Drop for Standby {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        // The streams end with the daemon, each after writing and syncing what it held.
+        self.end_streams();
     }
 }
 
@@ -333,6 +335,18 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         .segment_bytes(shared.segment_bytes)
         .storage(Arc::clone(&shared.storage));
     let mut mirror = Mirror::open(&dir, options.clone(), &type_tag).map_err(|e| e.to_string())?;
+    // A term that begins beyond what this copy holds (a primary that began a term and crashed
+    // before its first record, a cut a crash interrupted) says nothing about any record; it
+    // would only stand in the way of the next term's entry.
+    let end = mirror.received_lsn();
+    if terms
+        .history()
+        .entries()
+        .iter()
+        .any(|&(_, first)| first > end + 1)
+    {
+        terms.truncate_after(end).map_err(|e| e.to_string())?;
+    }
     send(
         &mut writer,
         &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
@@ -457,19 +471,19 @@ fn check_epoch(node: &crate::cluster::Node, term: u64, primary: &str) -> Result<
     ))
 }
 
-/// Placeholder until `stela_wal::mirror::cut_after` lands: refuses.
+/// Cuts the copy in `dir` after `after_lsn`, keeping the rest in `salvage`; how many records
+/// were cut.
 fn cut_after(
     dir: &Path,
-    _options: WalOptions,
-    _type_tag: &str,
+    options: WalOptions,
+    type_tag: &str,
     after_lsn: u64,
-    _salvage: &Path,
-    _reason: &str,
+    salvage: &Path,
+    reason: &str,
 ) -> Result<u64, String> {
-    Err(format!(
-        "{}: cutting after LSN {after_lsn} is not built yet",
-        dir.display()
-    ))
+    stela_wal::salvage::cut_after(dir, options, type_tag, after_lsn, salvage, reason)
+        .map(|kept| kept.map_or(0, |kept| kept.records))
+        .map_err(|e| format!("cutting {} after LSN {after_lsn}: {e}", dir.display()))
 }
 
 /// Chunks checked and held in memory, between the receiving thread and the writer.

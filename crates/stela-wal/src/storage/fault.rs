@@ -430,8 +430,11 @@ impl FsState {
 impl Storage for FaultStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         let mut state = lock(&self.inner);
-        if !state.dirs.iter().any(|d| d == dir) {
-            state.dirs.push(dir.to_path_buf());
+        // Every ancestor too, as a real create_dir_all makes them.
+        for dir in dir.ancestors().filter(|d| !d.as_os_str().is_empty()) {
+            if !state.dirs.iter().any(|d| d == dir) {
+                state.dirs.push(dir.to_path_buf());
+            }
         }
         Ok(())
     }
@@ -441,9 +444,11 @@ impl Storage for FaultStorage {
         if !state.dirs.iter().any(|d| d == dir) {
             return Err(not_found(dir));
         }
+        // Files, and the directories made in it, as a real directory lists both.
         Ok(state
             .names
             .keys()
+            .chain(state.dirs.iter())
             .filter(|path| path.parent() == Some(dir))
             .filter_map(|path| path.file_name()?.to_str().map(str::to_string))
             .collect())

@@ -1,0 +1,455 @@
+//! The built-in witness: a tiny arbiter for a pair of nodes, run on a third machine
+//! (`stela witness`), and the client a node talks to it with.
+//!
+//! Invariants:
+//! - **Recorded before answered.** A grant or an adopted epoch is written to `DIR/WITNESS`
+//!   (`WITNESS.tmp`, fdatasync, rename, fsync of the directory) before the answer leaves; a
+//!   witness that cannot write answers `Error` and grants nothing. A failed sync is not retried:
+//!   the witness refuses every later change until restarted.
+//! - **Never forgotten.** A damaged `WITNESS` stops the witness at start, naming the file; it is
+//!   never read as "nothing held", which could grant an epoch twice.
+//! - **Liveness on its own clock.** The holder's silence is measured on this process's monotonic
+//!   clock from the last renewal it received (from its own start if none), so no clocks need
+//!   agree, and a restarted witness waits a whole lease before it grants.
+//! - **Bad input closes one connection**, never the witness; frames are bounded before their body
+//!   is read.
+//!
+//! File layout: `epoch` (u64 LE), holder length (u32 LE), holder (UTF-8), CRC32C of the above
+//! (u32 LE).
+
+use crate::rules::{self, Claim};
+use crate::{CoordError, Coordinator, Grant, Holder, Renewal};
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use stela_proto::frame;
+use stela_proto::witness::{WitnessRequest, WitnessResponse, MAX_WITNESS_FRAME_BYTES};
+
+const FILE: &str = "WITNESS";
+const TEMP: &str = "WITNESS.tmp";
+
+/// A running witness. Dropping it stops it.
+pub struct Witness {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    state: Arc<State>,
+}
+
+struct State {
+    dir: PathBuf,
+    lease: Duration,
+    started: Instant,
+    claim: Mutex<Held>,
+    /// The connections open now, cut when the witness stops (as a dead process's would be).
+    connections: Mutex<Vec<TcpStream>>,
+}
+
+struct Held {
+    claim: Claim,
+    /// When the holder last renewed (none since this witness started).
+    renewed: Option<Instant>,
+    /// The first failed write: every later change is refused.
+    failed: Option<String>,
+}
+
+impl Witness {
+    /// Reads `dir/WITNESS` (nothing held if absent) and listens on `listen`.
+    ///
+    /// # Errors
+    /// The directory or the state file cannot be read, the file is damaged, or the address
+    /// cannot be bound.
+    pub fn start(listen: SocketAddr, dir: &Path, lease: Duration) -> std::io::Result<Witness> {
+        std::fs::create_dir_all(dir)?;
+        let claim = load(dir)?;
+        tracing::info!(epoch = claim.epoch, holder = ?claim.holder, dir = %dir.display(), "witness: state read");
+        let listener = TcpListener::bind(listen)?;
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let state = Arc::new(State {
+            dir: dir.to_owned(),
+            lease,
+            started: Instant::now(),
+            claim: Mutex::new(Held {
+                claim,
+                renewed: None,
+                failed: None,
+            }),
+            connections: Mutex::new(Vec::new()),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (stop, state) = (Arc::clone(&stop), Arc::clone(&state));
+            std::thread::Builder::new()
+                .name("stela-witness".into())
+                .spawn(move || accept_loop(&listener, &state, &stop))?
+        };
+        tracing::info!(%addr, lease_ms = lease.as_millis() as u64, "witness: listening");
+        Ok(Witness {
+            addr,
+            stop,
+            thread: Some(thread),
+            state,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        for connection in self
+            .state
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = connection.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                if let Ok(copy) = stream.try_clone() {
+                    let mut connections =
+                        state.connections.lock().unwrap_or_else(|e| e.into_inner());
+                    // Forget the ones that ended (their peers closed them).
+                    connections.retain(|c| c.peer_addr().is_ok());
+                    connections.push(copy);
+                }
+                let state = Arc::clone(state);
+                let spawned = std::thread::Builder::new()
+                    .name("stela-witness-conn".into())
+                    .spawn(move || {
+                        if let Err(why) = serve(stream, &state) {
+                            tracing::debug!(%peer, why, "witness: connection ended");
+                        }
+                    });
+                if let Err(error) = spawned {
+                    tracing::error!(%peer, %error, "witness: cannot start a connection thread");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "witness: accept failed");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn serve(stream: TcpStream, state: &State) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    // A peer that sends nothing for a minute is gone; its thread ends.
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut reader = BufReader::new(stream);
+    loop {
+        let request: WitnessRequest = receive(&mut reader)?;
+        let response = answer(state, request);
+        send(&mut writer, &response)?;
+    }
+}
+
+/// The witness's answer to one request; a change is recorded before it is answered.
+fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
+    let mut held = state.claim.lock().unwrap_or_else(|e| e.into_inner());
+    let silent = held
+        .renewed
+        .map_or_else(|| state.started.elapsed(), |at| at.elapsed());
+    let (response, new) = match request {
+        WitnessRequest::Renew { node, epoch, .. } => {
+            match rules::renew(&held.claim, &node, epoch) {
+                Err(message) => return WitnessResponse::Error { message },
+                Ok((Renewal::Renewed { epoch }, new)) => {
+                    held.renewed = Some(Instant::now());
+                    (WitnessResponse::Renewed { epoch }, new)
+                }
+                Ok((Renewal::Superseded { epoch, holder }, new)) => {
+                    (WitnessResponse::Superseded { epoch, holder }, new)
+                }
+            }
+        }
+        WitnessRequest::Promote {
+            node, seen_epoch, ..
+        } => match rules::promote(&held.claim, &node, seen_epoch, silent, state.lease) {
+            (Grant::Granted { epoch }, new) => {
+                if new.is_some() {
+                    tracing::warn!(
+                        node,
+                        epoch,
+                        silent_ms = silent.as_millis() as u64,
+                        "witness: granting a new epoch (failover)"
+                    );
+                }
+                (WitnessResponse::Granted { epoch }, new)
+            }
+            (
+                Grant::Refused {
+                    epoch,
+                    holder,
+                    reason,
+                },
+                new,
+            ) => (
+                WitnessResponse::Refused {
+                    epoch,
+                    holder,
+                    reason,
+                },
+                new,
+            ),
+        },
+        WitnessRequest::Current { .. } => {
+            return WitnessResponse::Current {
+                epoch: held.claim.epoch,
+                holder: held.claim.holder.clone(),
+            }
+        }
+    };
+    if let Some(new) = new {
+        if let Some(first) = &held.failed {
+            return WitnessResponse::Error {
+                message: format!("the witness cannot record changes since a failed write: {first}"),
+            };
+        }
+        if let Err(error) = store(&state.dir, &new) {
+            let message = format!(
+                "recording epoch {} for {:?}: {error}",
+                new.epoch, new.holder
+            );
+            tracing::error!(
+                message,
+                "witness: write failed; refusing every change until restarted"
+            );
+            held.failed = Some(message.clone());
+            return WitnessResponse::Error { message };
+        }
+        if new.holder != held.claim.holder {
+            // A new holder starts its lease now.
+            held.renewed = Some(Instant::now());
+        }
+        held.claim = new;
+    }
+    response
+}
+
+fn encode_claim(claim: &Claim) -> Vec<u8> {
+    let holder = claim.holder.as_deref().unwrap_or("");
+    let mut out = claim.epoch.to_le_bytes().to_vec();
+    out.extend_from_slice(&(holder.len() as u32).to_le_bytes());
+    out.extend_from_slice(holder.as_bytes());
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn decode_claim(bytes: &[u8]) -> Result<Claim, String> {
+    let (body, crc) = bytes
+        .split_last_chunk::<4>()
+        .ok_or_else(|| format!("{} bytes, too short", bytes.len()))?;
+    let (stored, computed) = (u32::from_le_bytes(*crc), crc32c::crc32c(body));
+    if stored != computed {
+        return Err(format!(
+            "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+        ));
+    }
+    let (epoch, rest) = body.split_first_chunk::<8>().ok_or("too short")?;
+    let (len, holder) = rest.split_first_chunk::<4>().ok_or("too short")?;
+    if u32::from_le_bytes(*len) as usize != holder.len() {
+        return Err("the holder's length does not match the file".into());
+    }
+    let holder = std::str::from_utf8(holder).map_err(|e| format!("holder: {e}"))?;
+    Ok(Claim {
+        epoch: u64::from_le_bytes(*epoch),
+        holder: (!holder.is_empty()).then(|| holder.to_owned()),
+    })
+}
+
+fn load(dir: &Path) -> std::io::Result<Claim> {
+    let path = dir.join(FILE);
+    match std::fs::read(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Claim::default()),
+        Err(e) => Err(e),
+        Ok(bytes) => decode_claim(&bytes).map_err(|why| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} is damaged ({why}); refusing to start rather than grant an epoch twice",
+                    path.display()
+                ),
+            )
+        }),
+    }
+}
+
+fn store(dir: &Path, claim: &Claim) -> std::io::Result<()> {
+    let (temp, path) = (dir.join(TEMP), dir.join(FILE));
+    let mut file = std::fs::File::create(&temp)?;
+    file.write_all(&encode_claim(claim))?;
+    file.sync_data()?;
+    drop(file);
+    std::fs::rename(&temp, &path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn send<M: serde::Serialize>(writer: &mut impl Write, message: &M) -> Result<(), String> {
+    let mut out = Vec::new();
+    frame::encode(message, &mut out).map_err(|e| e.to_string())?;
+    writer.write_all(&out).map_err(|e| e.to_string())
+}
+
+fn receive<M: serde::de::DeserializeOwned>(reader: &mut impl Read) -> Result<M, String> {
+    let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
+    reader.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let parsed = frame::parse_header(header, MAX_WITNESS_FRAME_BYTES).map_err(|e| e.to_string())?;
+    let mut body = Vec::new();
+    reader
+        .take(parsed.body_len as u64)
+        .read_to_end(&mut body)
+        .map_err(|e| e.to_string())?;
+    if body.len() != parsed.body_len {
+        return Err("the peer closed the connection inside a frame".into());
+    }
+    frame::decode_body(parsed, &body).map_err(|e| e.to_string())
+}
+
+/// A node's connection to a witness. Every call is bounded by the timeout, so a dead or stopped
+/// witness never holds its caller longer; a failed call drops the connection and the next one
+/// connects again.
+pub struct WitnessClient {
+    addr: SocketAddr,
+    cluster: String,
+    timeout: Duration,
+    connection: Mutex<Option<(BufReader<TcpStream>, TcpStream)>>,
+}
+
+impl WitnessClient {
+    pub fn new(addr: SocketAddr, cluster: &str, timeout: Duration) -> WitnessClient {
+        WitnessClient {
+            addr,
+            cluster: cluster.to_owned(),
+            timeout,
+            connection: Mutex::new(None),
+        }
+    }
+
+    fn call(&self, request: &WitnessRequest) -> Result<WitnessResponse, CoordError> {
+        let mut connection = self.connection.lock().unwrap_or_else(|e| e.into_inner());
+        let unreachable =
+            |why: String| CoordError::Unreachable(format!("witness {}: {why}", self.addr));
+        if connection.is_none() {
+            let stream = TcpStream::connect_timeout(&self.addr, self.timeout)
+                .map_err(|e| unreachable(e.to_string()))?;
+            let _ = stream.set_nodelay(true);
+            stream
+                .set_read_timeout(Some(self.timeout))
+                .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
+                .map_err(|e| unreachable(e.to_string()))?;
+            let writer = stream.try_clone().map_err(|e| unreachable(e.to_string()))?;
+            *connection = Some((BufReader::new(stream), writer));
+        }
+        let Some((reader, writer)) = connection.as_mut() else {
+            return Err(unreachable("no connection".into()));
+        };
+        let result = send(writer, request).and_then(|()| receive::<WitnessResponse>(reader));
+        match result {
+            Ok(WitnessResponse::Error { message }) => Err(CoordError::Other(message)),
+            Ok(response) => Ok(response),
+            Err(why) => {
+                *connection = None;
+                Err(unreachable(why))
+            }
+        }
+    }
+}
+
+impl Coordinator for WitnessClient {
+    fn renew(&self, node: &str, epoch: u64) -> Result<Renewal, CoordError> {
+        match self.call(&WitnessRequest::Renew {
+            cluster: self.cluster.clone(),
+            node: node.to_owned(),
+            epoch,
+        })? {
+            WitnessResponse::Renewed { epoch } => Ok(Renewal::Renewed { epoch }),
+            WitnessResponse::Superseded { epoch, holder } => {
+                Ok(Renewal::Superseded { epoch, holder })
+            }
+            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    fn promote(&self, node: &str, seen_epoch: u64) -> Result<Grant, CoordError> {
+        match self.call(&WitnessRequest::Promote {
+            cluster: self.cluster.clone(),
+            node: node.to_owned(),
+            seen_epoch,
+        })? {
+            WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
+            WitnessResponse::Refused {
+                epoch,
+                holder,
+                reason,
+            } => Ok(Grant::Refused {
+                epoch,
+                holder,
+                reason,
+            }),
+            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    fn current(&self) -> Result<Holder, CoordError> {
+        match self.call(&WitnessRequest::Current {
+            cluster: self.cluster.clone(),
+        })? {
+            WitnessResponse::Current { epoch, holder } => Ok(Holder { epoch, holder }),
+            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("witness tcp://{}", self.addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_file_round_trips_and_damage_is_refused() {
+        for claim in [
+            Claim::default(),
+            Claim {
+                epoch: 7,
+                holder: Some("node-a".into()),
+            },
+        ] {
+            assert_eq!(decode_claim(&encode_claim(&claim)).unwrap(), claim);
+        }
+        let mut bytes = encode_claim(&Claim {
+            epoch: 3,
+            holder: Some("b".into()),
+        });
+        bytes[0] ^= 1;
+        assert!(decode_claim(&bytes).unwrap_err().contains("checksum"));
+        assert!(decode_claim(&[1, 2]).is_err());
+    }
+}

@@ -1,0 +1,57 @@
+//! What a node of a failover pair and the witness (`stela witness`) say to each other: one
+//! request, one answer, in the frame envelope of [`crate::frame`]. The rules behind the answers
+//! are in `stela_coord`; the exchange is in `docs/PROTOCOL.md`, "Witness".
+
+use serde::{Deserialize, Serialize};
+
+/// Largest witness frame either side accepts: names and reasons only.
+pub const MAX_WITNESS_FRAME_BYTES: usize = 64 << 10;
+
+/// A node's request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WitnessRequest {
+    /// The primary's heartbeat: it holds `epoch`.
+    Renew {
+        cluster: String,
+        node: String,
+        epoch: u64,
+    },
+    /// A standby that has heard nothing from its primary asks to hold the next epoch;
+    /// `seen_epoch` is the highest it has seen.
+    Promote {
+        cluster: String,
+        node: String,
+        seen_epoch: u64,
+    },
+    /// Who holds which epoch now.
+    Current { cluster: String },
+}
+
+/// The witness's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WitnessResponse {
+    Renewed {
+        epoch: u64,
+    },
+    /// A newer epoch is held by `holder`: the renewing node must step down.
+    Superseded {
+        epoch: u64,
+        holder: String,
+    },
+    Granted {
+        epoch: u64,
+    },
+    Refused {
+        epoch: u64,
+        holder: Option<String>,
+        reason: String,
+    },
+    Current {
+        epoch: u64,
+        holder: Option<String>,
+    },
+    /// The request could not be served (wrong cluster, the state file cannot be written).
+    Error {
+        message: String,
+    },
+}

@@ -1,0 +1,128 @@
+//! Commit protection for one log: the `replicated` waiters, what the standby has acknowledged,
+//! and whether this log is fenced (a newer term exists, or this node stepped down). Kept apart
+//! from the shipping so that `tests/loom_protection.rs` can run every interleaving of a commit,
+//! the standby's acknowledgement, a term change and the degrade policy against this code.
+//!
+//! Invariants:
+//! - **Every waiter is answered exactly once**: registered waiters are handed back by exactly
+//!   one of [`Protection::acknowledged`], [`Protection::fence`] or [`Protection::take_all`]; a
+//!   waiter that cannot wait is handed back at once by [`Protection::wait`]. None is left
+//!   behind by a race with a fence: the fence and the registration take the same lock.
+//! - **`Ok` only for what the standby holds**: [`Protection::acknowledged`] releases exactly
+//!   the waiters at or below the received LSN it was given; the received LSN never goes down.
+//! - **No wait begins on a fenced log**: after [`Protection::fence`] every new wait above the
+//!   received LSN is refused with the fence's reason (the first one is kept).
+//!
+//! Waiters are handed back, never called here, so that no waiter runs under the lock.
+
+use crate::sync::{lock, Mutex};
+
+/// One log's commit protection. `W` is who to tell (a closure in the daemon).
+pub struct Protection<W> {
+    state: Mutex<State<W>>,
+}
+
+struct State<W> {
+    received: u64,
+    durable: u64,
+    waiters: Vec<(u64, W)>,
+    fenced: Option<String>,
+}
+
+/// What became of a wait.
+pub enum Registered<W> {
+    /// It waits for the standby; it is handed back later.
+    Waiting,
+    /// The standby already holds the LSN (or the policy answered it): answer `Ok` now.
+    Already(W),
+    /// The log is fenced: answer with this reason now.
+    Fenced(W, String),
+}
+
+impl<W> Default for Protection<W> {
+    fn default() -> Self {
+        Protection::new()
+    }
+}
+
+impl<W> Protection<W> {
+    pub fn new() -> Protection<W> {
+        Protection {
+            state: Mutex::new(State {
+                received: 0,
+                durable: 0,
+                waiters: Vec::new(),
+                fenced: None,
+            }),
+        }
+    }
+
+    /// Registers `waiter` for `lsn`. `answer_now` is asked, under the lock and only when the
+    /// standby does not hold `lsn` yet and the log is not fenced, whether a policy answers the
+    /// wait without the standby (degraded, unprotected after a failover); it counts what it
+    /// answers.
+    pub fn wait(&self, lsn: u64, waiter: W, answer_now: impl FnOnce() -> bool) -> Registered<W> {
+        let mut state = lock(&self.state);
+        if state.received >= lsn {
+            return Registered::Already(waiter);
+        }
+        if let Some(why) = &state.fenced {
+            return Registered::Fenced(waiter, why.clone());
+        }
+        if answer_now() {
+            return Registered::Already(waiter);
+        }
+        state.waiters.push((lsn, waiter));
+        Registered::Waiting
+    }
+
+    /// The standby holds `received` in memory and `durable` on disk: hands back the waiters
+    /// that satisfies.
+    pub fn acknowledged(&self, received: u64, durable: u64) -> Vec<W> {
+        let mut state = lock(&self.state);
+        state.received = state.received.max(received);
+        state.durable = state.durable.max(durable);
+        let received = state.received;
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiters)
+            .into_iter()
+            .partition(|(lsn, _)| *lsn <= received);
+        state.waiters = waiting;
+        ready.into_iter().map(|(_, waiter)| waiter).collect()
+    }
+
+    /// No acknowledgement can come any more (`why`): hands back every waiter, to be told its
+    /// commit is in doubt, and refuses later waits. The first reason is kept.
+    pub fn fence(&self, why: String) -> Vec<W> {
+        let mut state = lock(&self.state);
+        state.fenced.get_or_insert(why);
+        std::mem::take(&mut state.waiters)
+            .into_iter()
+            .map(|(_, waiter)| waiter)
+            .collect()
+    }
+
+    /// Hands back every waiter without fencing (the degrade policy answers them, or the log
+    /// closed).
+    pub fn take_all(&self) -> Vec<W> {
+        std::mem::take(&mut lock(&self.state).waiters)
+            .into_iter()
+            .map(|(_, waiter)| waiter)
+            .collect()
+    }
+
+    /// What the standby acknowledged: (received, durable).
+    pub fn acknowledged_lsns(&self) -> (u64, u64) {
+        let state = lock(&self.state);
+        (state.received, state.durable)
+    }
+
+    /// Why the log is fenced, if it is.
+    pub fn fenced(&self) -> Option<String> {
+        lock(&self.state).fenced.clone()
+    }
+
+    /// How many waits are registered.
+    pub fn waiting(&self) -> usize {
+        lock(&self.state).waiters.len()
+    }
+}

@@ -1,0 +1,316 @@
+//! Automatic failover between two daemons in this process, on loopback, with a real witness
+//! (`stela_coord::witness`): a silent primary is replaced by its standby (a new epoch, a new
+//! term at its last received LSN + 1, every `replicated` acknowledgement kept), the standby
+//! refuses clients until then, the old primary restarted rejoins as the standby and fetches
+//! only what it lacks, a diverged suffix is cut into salvage, and an old primary can no longer
+//! collect a `replicated` acknowledgement. A broken link between the two alone (the primary
+//! still renewing) causes no failover.
+
+mod common;
+
+use common::{read_back, rec, NoHang, RawClient, Rec};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use stela_proto::{Durability, ErrorCode, RequestBody, ResponseBody};
+use stela_server::config::{AfterFailover, FailoverConfig, NodeRole};
+use stela_server::{DaemonConfig, Server};
+use stela_wal::storage::StdStorage;
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The pair's shape: the witness and each node's replication address.
+struct Pair {
+    witness: SocketAddr,
+    repl: [SocketAddr; 2],
+    dirs: [PathBuf; 2],
+}
+
+impl Pair {
+    fn new(root: &Path, witness: SocketAddr) -> Pair {
+        Pair {
+            witness,
+            repl: [free_port(), free_port()],
+            dirs: [root.join("a"), root.join("b")],
+        }
+    }
+
+    /// Starts node `i` ("a" or "b"), `role` being the one it takes if the witness names no
+    /// primary yet.
+    fn start(&self, i: usize, role: NodeRole) -> NoHang {
+        let mut config = DaemonConfig::new(&self.dirs[i]);
+        config.assume_write_rate = Some(100 << 20);
+        config.segment_bytes = 64 << 10;
+        config.spin = Duration::ZERO;
+        config.node = ["a", "b"][i].into();
+        config.repl_listen = Some(self.repl[i]);
+        config.standby = Some(self.repl[1 - i]);
+        config.failover = Some(FailoverConfig {
+            coordinator: format!("tcp://{}", self.witness),
+            cluster: "test".into(),
+            initial_role: role,
+            heartbeat: Duration::from_millis(50),
+            suspect_after: Duration::from_millis(300),
+            after_failover: AfterFailover::Unprotected,
+        });
+        NoHang::new(Server::start(config).expect("a node starts"))
+    }
+}
+
+fn open(client: &mut RawClient, log: &str) -> Result<(u32, u64), common::Refused> {
+    match client.request(RequestBody::Open {
+        log: log.into(),
+        codec: "msgpack".into(),
+        type_tag: common::TYPE_TAG.into(),
+        create: true,
+        durability: None,
+        schema: None,
+    })? {
+        ResponseBody::Opened { handle, term, .. } => Ok((handle, term)),
+        other => panic!("open: {other:?}"),
+    }
+}
+
+fn replication(socket: &Path) -> stela_proto::ReplicationStatus {
+    let mut client = RawClient::connect(socket);
+    match client.request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
+        other => panic!("status: {other:?}"),
+    }
+}
+
+fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn witness(dir: &Path) -> stela_coord::witness::Witness {
+    stela_coord::witness::Witness::start(
+        "127.0.0.1:0".parse().unwrap(),
+        dir,
+        Duration::from_millis(300),
+    )
+    .expect("the witness starts")
+}
+
+/// Writes `n` records at `replicated` from `seq`; returns them.
+fn write(client: &mut RawClient, handle: u32, seq: u64, n: u64) -> Vec<Rec> {
+    let records: Vec<Rec> = (seq..seq + n).map(|s| rec(1, s, 40)).collect();
+    for record in &records {
+        client
+            .append(handle, Durability::Replicated, std::slice::from_ref(record))
+            .expect("a replicated append");
+    }
+    records
+}
+
+#[test]
+fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it_lacks() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = witness(&root.path().join("w"));
+    let pair = Pair::new(root.path(), witness.addr());
+    let a = pair.start(0, NodeRole::Primary);
+    let b = pair.start(1, NodeRole::Standby);
+    wait_until("a to be the primary", Duration::from_secs(5), || {
+        replication(a.socket_path()).role == "primary"
+    });
+    // The standby refuses clients.
+    let refused = open(&mut RawClient::connect(b.socket_path()), "ledger").unwrap_err();
+    assert_eq!(refused.code, ErrorCode::NotPrimary, "{refused:?}");
+
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, term) = open(&mut client, "ledger").expect("the primary opens");
+    assert_eq!(
+        term >> 32,
+        1,
+        "the first primary's term is in epoch 1: {term:#x}"
+    );
+    let mut acked = write(&mut client, handle, 0, 200);
+    drop(client);
+
+    // The primary goes silent (it stops: no renewal, no heartbeat).
+    let stopped = Instant::now();
+    a.shutdown().expect("a stops");
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+    let status = replication(b.socket_path());
+    assert_eq!(status.epoch, 2);
+    let failover = status.last_failover.expect("the promotion is reported");
+    assert!(failover.took_ms > 0 && failover.reason.contains("epoch 2"));
+    eprintln!(
+        "promoted {} ms after the primary stopped (took_ms {})",
+        stopped.elapsed().as_millis(),
+        failover.took_ms
+    );
+
+    // The new primary has every acknowledged record and starts a new term after them.
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, term) = open(&mut client, "ledger").expect("the new primary opens");
+    assert_eq!(term >> 32, 2, "a new term in epoch 2: {term:#x}");
+    assert_eq!(client.positions(handle).last_lsn, 200);
+    // Unprotected until the old primary rejoins: replicated is answered, and counted.
+    acked.extend(write(&mut client, handle, 200, 50));
+    let status = replication(b.socket_path());
+    assert!(status.unprotected_since_ms > 0);
+    assert!(status.logs[0].unprotected_acks >= 50, "{:?}", status.logs);
+    let history = match client.request(RequestBody::History { handle }) {
+        Ok(ResponseBody::History { entries, last_lsn }) => (entries, last_lsn),
+        other => panic!("history: {other:?}"),
+    };
+    assert_eq!(history.1, 250);
+    assert_eq!(history.0.last(), Some(&(term, 201)));
+
+    // The old primary comes back: the witness names b, so it is b's standby.
+    let a = pair.start(0, NodeRole::Primary);
+    assert_eq!(replication(a.socket_path()).role, "standby");
+    wait_until("a to catch up", Duration::from_secs(10), || {
+        let status = replication(b.socket_path());
+        status.logs[0].connected && status.logs[0].received_lsn == 250
+    });
+    let status = replication(b.socket_path());
+    assert_eq!(status.unprotected_since_ms, 0, "protected again");
+    // Only the 50 records it lacked were shipped (plus at most a segment header).
+    let shipped = status.logs[0].shipped_bytes;
+    assert!(
+        shipped < 50 * 200 + 4096,
+        "reprotection shipped {shipped} bytes for 50 records"
+    );
+    acked.extend(write(&mut client, handle, 250, 10));
+    drop(client);
+    b.shutdown().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    a.shutdown().unwrap();
+    for dir in &pair.dirs {
+        let log = read_back(&dir.join("logs/ledger"), std::sync::Arc::new(StdStorage));
+        assert_eq!(
+            log,
+            acked,
+            "{}: every acknowledged record, in order",
+            dir.display()
+        );
+    }
+}
+
+#[test]
+fn a_diverged_suffix_of_the_old_primary_is_cut_into_salvage() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = witness(&root.path().join("w"));
+    let pair = Pair::new(root.path(), witness.addr());
+    let a = pair.start(0, NodeRole::Primary);
+    let b = pair.start(1, NodeRole::Standby);
+    wait_until("a to be the primary", Duration::from_secs(5), || {
+        replication(a.socket_path()).role == "primary"
+    });
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let mut acked = write(&mut client, handle, 0, 100);
+    // The standby goes away; the primary takes five more at `disk`, which only it holds.
+    b.shutdown().unwrap();
+    let only_a: Vec<Rec> = (100..105).map(|s| rec(1, s, 40)).collect();
+    client
+        .append(handle, Durability::Disk, &only_a)
+        .expect("disk needs no standby");
+    drop(client);
+    a.shutdown().unwrap();
+    // The standby comes back alone; the primary is silent: it is promoted.
+    let b = pair.start(1, NodeRole::Standby);
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    assert_eq!(client.positions(handle).last_lsn, 100);
+    acked.extend(write(&mut client, handle, 1000, 20));
+    // The old primary rejoins: its records 101..105 are not the new primary's; they go to
+    // salvage and it takes 101..120 from b.
+    let a = pair.start(0, NodeRole::Primary);
+    wait_until("a to catch up", Duration::from_secs(10), || {
+        let status = replication(b.socket_path());
+        status.logs[0].connected && status.logs[0].received_lsn == 120
+    });
+    drop(client);
+    b.shutdown().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    a.shutdown().unwrap();
+    let storage = std::sync::Arc::new(StdStorage);
+    assert_eq!(
+        read_back(&pair.dirs[0].join("logs/ledger"), storage.clone()),
+        acked
+    );
+    assert_eq!(
+        read_back(&pair.dirs[1].join("logs/ledger"), storage.clone()),
+        acked
+    );
+    let salvaged: Vec<_> = stela_wal::salvage::list(&StdStorage, &pair.dirs[0].join("salvage"))
+        .expect("the salvage folder reads")
+        .into_iter()
+        .filter_map(|entry| entry.manifest)
+        .collect();
+    assert_eq!(salvaged.len(), 1, "{salvaged:?}");
+    let kept = &salvaged[0];
+    assert_eq!(
+        (kept.cut_from_lsn, kept.last_lsn, kept.records),
+        (101, 105, 5)
+    );
+}
+
+#[test]
+fn a_broken_link_between_primary_and_standby_alone_causes_no_failover() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = witness(&root.path().join("w"));
+    let mut pair = Pair::new(root.path(), witness.addr());
+    // The primary ships to an address where nothing listens: the standby hears nothing, but
+    // the primary keeps renewing with the witness.
+    let real_b = pair.repl[1];
+    pair.repl[1] = free_port();
+    let a = pair.start(0, NodeRole::Primary);
+    pair.repl[1] = real_b;
+    let b = pair.start(1, NodeRole::Standby);
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    client
+        .append(handle, Durability::Buffered, &[rec(1, 1, 10)])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(replication(b.socket_path()).role, "standby", "no failover");
+    assert_eq!(replication(a.socket_path()).role, "primary");
+    let status = replication(b.socket_path());
+    let coordinator = status.coordinator.expect("the witness is shown");
+    assert!(coordinator.reachable);
+    assert_eq!(coordinator.holder.as_deref(), Some("a"));
+    drop(client);
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn losing_the_witness_leaves_a_healthy_pair_running() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = witness(&root.path().join("w"));
+    let pair = Pair::new(root.path(), witness.addr());
+    let a = pair.start(0, NodeRole::Primary);
+    let b = pair.start(1, NodeRole::Standby);
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    write(&mut client, handle, 0, 10);
+    drop(witness);
+    std::thread::sleep(Duration::from_millis(1000));
+    // Still primary and standby, replicated commits still acknowledged.
+    write(&mut client, handle, 10, 10);
+    assert_eq!(replication(a.socket_path()).role, "primary");
+    let status = replication(b.socket_path());
+    assert_eq!(status.role, "standby");
+    assert!(!status.coordinator.expect("shown").reachable);
+    drop(client);
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+}
