@@ -53,7 +53,7 @@ pub fn save(events: &[Event], markers: &[Marker], t0_ms: f64, path: &Path) -> an
         anyhow::bail!("no acknowledged commit to chart");
     }
     let x_max = points.last().map_or(1.0, |p| p.0 + BIN_MS / 1e3).max(1.0);
-    let y_max = f64::from(points.iter().map(|p| p.1).max().unwrap_or(1)).max(1.0) * 1.15;
+    let y_max = f64::from(points.iter().map(|p| p.1).max().unwrap_or(1)).max(1.0) * 1.4;
     let secs = |ms: f64| (ms - t0_ms) / 1e3;
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         let root = SVGBackend::new(path, (1200, 500)).into_drawing_area();
@@ -99,8 +99,9 @@ pub fn save(events: &[Event], markers: &[Marker], t0_ms: f64, path: &Path) -> an
                 vec![(x, 0.0), (x, y_max)],
                 red.stroke_width(1),
             )))?;
-            // Labels alternate between two heights so neighbours do not overlap.
-            let y = y_max * if i % 2 == 0 { 0.97 } else { 0.90 };
+            // Labels alternate between two heights so neighbours do not overlap; the top of the
+            // chart is left to them and the legend.
+            let y = y_max * if i % 2 == 0 { 0.80 } else { 0.74 };
             chart.draw_series(std::iter::once(Text::new(
                 format!("{} {}", i + 1, m.label),
                 (x, y),
@@ -112,11 +113,11 @@ pub fn save(events: &[Event], markers: &[Marker], t0_ms: f64, path: &Path) -> an
                 [(0.0, 0.0), (0.0, 0.0)],
                 shade.filled(),
             )))?
-            .label("until reprotected (old primary rejoined, caught up)")
+            .label("restart (or end of the fault) to reprotected")
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], shade.filled()));
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()?;

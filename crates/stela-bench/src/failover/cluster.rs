@@ -213,19 +213,6 @@ impl Node {
     pub fn log_path(&self) -> &Path {
         &self.log
     }
-
-    /// Bytes of the client's log on disk (every file of `DIR/logs/<log>`).
-    pub fn log_bytes(&self) -> u64 {
-        let Ok(entries) = std::fs::read_dir(self.dir.join("logs").join(LOG)) else {
-            return 0;
-        };
-        entries
-            .flatten()
-            .filter_map(|e| e.metadata().ok())
-            .filter(|m| m.is_file())
-            .map(|m| m.len())
-            .sum()
-    }
 }
 
 /// Asks the daemon at `socket` for its status, giving up after `within`.

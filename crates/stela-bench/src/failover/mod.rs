@@ -160,7 +160,9 @@ pub struct FaultRow {
     /// minus before (live records shipped meanwhile included). Null if the primary changed in
     /// between.
     pub reprotect_bytes: Option<u64>,
-    /// Bytes of the client's log on the primary's disk once protected again.
+    /// The size of the client's log once protected again: its frames (header and record) up
+    /// to the primary's last LSN then, counted from the final log (the files themselves are
+    /// preallocated whole segments).
     pub log_bytes: u64,
     /// stop-primary and isolate-primary: the deposed primary's exit status (75 expected; null
     /// if it did not exit by itself within 10 s).
@@ -200,7 +202,8 @@ struct FaultRun {
     epoch_before: u64,
     epoch_after: u64,
     reprotect_bytes: Option<u64>,
-    log_bytes: u64,
+    /// The primary's last LSN of the client's log once protected again.
+    log_lsn: u64,
     old_primary_exit: Option<Option<i32>>,
 }
 
@@ -382,7 +385,7 @@ fn run_in(
             failovers: run.epoch_after.saturating_sub(run.epoch_before),
             blocked_ms: (!run.kind.expects_failover()).then(|| round(facts.blocked_ms)),
             reprotect_bytes: run.reprotect_bytes,
-            log_bytes: run.log_bytes,
+            log_bytes: primary_copy.bytes_through(run.log_lsn),
             old_primary_exit: run.old_primary_exit,
         })
         .collect();
@@ -465,13 +468,23 @@ fn inject(
     let (p_host, s_host) = (cluster.nodes[p].host, cluster.nodes[s].host);
     let epoch_before = epoch(&before);
     let hold = Duration::from_millis(args.fault_ms);
+    // The fault itself; the injection time is taken once it is in force (an `ip` command takes
+    // a few milliseconds, during which a commit could still complete the old way).
+    match kind {
+        FaultKind::KillPrimary => cluster.nodes[p].kill(),
+        FaultKind::StopPrimary => cluster.nodes[p].signal(Signal::STOP)?,
+        FaultKind::IsolatePrimary => topology.set_link(p_host, false)?,
+        FaultKind::PartitionPair => topology.set_blackhole(p_host, s_host, true)?,
+        FaultKind::LossyStandby => topology.set_netem(s_host, 20, 20, true)?,
+        FaultKind::KillStandby => cluster.nodes[s].kill(),
+        FaultKind::KillWitness => cluster.witness.kill(),
+    }
     let inject_ms = mono_ms();
     let mut old_primary_exit = None;
     // The node to start again once the fault is over.
     let mut rejoin = None;
     match kind {
         FaultKind::KillPrimary => {
-            cluster.nodes[p].kill();
             // Restarted only once the standby took over and the client was served there, so
             // that the restart cannot shorten the downtime measured.
             if poll_within(FAILOVER_WAIT, || promoted(cluster, s, epoch_before))? {
@@ -480,36 +493,30 @@ fn inject(
             rejoin = Some(p);
         }
         FaultKind::StopPrimary => {
-            cluster.nodes[p].signal(Signal::STOP)?;
             pause(hold)?;
             cluster.nodes[p].signal(Signal::CONT)?;
             old_primary_exit = Some(cluster.nodes[p].wait_exit(STEP_DOWN_WAIT)?);
             rejoin = (!cluster.nodes[p].running()).then_some(p);
         }
         FaultKind::IsolatePrimary => {
-            topology.set_link(p_host, false)?;
             pause(hold)?;
             topology.set_link(p_host, true)?;
             old_primary_exit = Some(cluster.nodes[p].wait_exit(STEP_DOWN_WAIT)?);
             rejoin = (!cluster.nodes[p].running()).then_some(p);
         }
         FaultKind::PartitionPair => {
-            topology.set_blackhole(p_host, s_host, true)?;
             pause(hold)?;
             topology.set_blackhole(p_host, s_host, false)?;
         }
         FaultKind::LossyStandby => {
-            topology.set_netem(s_host, 20, 20, true)?;
             pause(hold)?;
             topology.set_netem(s_host, 20, 20, false)?;
         }
         FaultKind::KillStandby => {
-            cluster.nodes[s].kill();
             pause(hold)?;
             rejoin = Some(s);
         }
         FaultKind::KillWitness => {
-            cluster.witness.kill();
             pause(hold)?;
             cluster.witness.start(&cluster.stela, topology)?;
         }
@@ -535,7 +542,11 @@ fn inject(
         epoch_after: epoch(&report),
         reprotect_bytes: (primary == shipping)
             .then(|| shipped_bytes(&report).saturating_sub(shipped_before)),
-        log_bytes: cluster.nodes[primary].log_bytes(),
+        log_lsn: report
+            .logs
+            .iter()
+            .find(|l| l.name == LOG)
+            .map_or(0, |l| l.positions.last_lsn),
         old_primary_exit,
     })
 }
@@ -678,7 +689,7 @@ fn print_table(
     }
     writeln!(
         out,
-        "# downtime: injection to the first acknowledgement of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart to caught up; epochs: promotions during the fault"
+        "# downtime: injection to the first acknowledgement of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
     )?;
     Ok(())
 }

@@ -14,6 +14,23 @@ pub struct LogCopy {
     pub records: BTreeMap<u64, u64>,
     /// LSNs holding a record nobody sent (a filler that does not match its sequence number).
     pub garbage: Vec<u64>,
+    /// LSN to the bytes of the log's frames up to and including it (docs/FORMAT.md: a 20-byte
+    /// frame header and the MessagePack record; segment headers and preallocated space are not
+    /// counted, so this is the log's size as data, whatever the files' lengths).
+    pub bytes_through: BTreeMap<u64, u64>,
+}
+
+/// A frame's header (docs/FORMAT.md, "Record frame").
+const FRAME_HEADER_BYTES: u64 = 20;
+
+impl LogCopy {
+    /// Bytes of the frames up to `lsn` (those of the last LSN below it if it is absent).
+    pub fn bytes_through(&self, lsn: u64) -> u64 {
+        self.bytes_through
+            .range(..=lsn)
+            .next_back()
+            .map_or(0, |(_, &bytes)| bytes)
+    }
 }
 
 /// Reads `dir/logs/<log>` of a stopped daemon.
@@ -31,12 +48,16 @@ pub fn read_log(dir: &Path, log: &str) -> anyhow::Result<LogCopy> {
     )
     .with_context(|| format!("open {} with the embedded reader", path.display()))?;
     let mut copy = LogCopy::default();
+    let mut total = 0u64;
     for item in wal.iter()? {
         let (lsn, rec) = item.with_context(|| format!("read {}", path.display()))?;
         if !genuine(&rec) {
             copy.garbage.push(lsn.get());
         }
+        // Encoding is deterministic: the record's bytes in the frame, re-made.
+        total += FRAME_HEADER_BYTES + stela_format::Codec::MessagePack.encode(&rec)?.len() as u64;
         copy.records.insert(lsn.get(), rec.0);
+        copy.bytes_through.insert(lsn.get(), total);
     }
     Ok(copy)
 }
@@ -95,11 +116,11 @@ mod tests {
     fn acknowledged_records_must_be_at_their_lsn() {
         let primary = LogCopy {
             records: BTreeMap::from([(1, 10), (2, 11), (3, 13)]),
-            garbage: vec![],
+            ..LogCopy::default()
         };
         let standby = LogCopy {
             records: BTreeMap::from([(1, 10), (2, 12)]),
-            garbage: vec![],
+            ..LogCopy::default()
         };
         let acked = HashMap::from([
             (10, (1, 1, 0.0)),
@@ -141,6 +162,11 @@ mod tests {
             BTreeMap::from([(1, 5), (2, 7), (3, 9), (4, 11), (5, 12)])
         );
         assert_eq!(copy.garbage, vec![4]);
+        // (u64 below 128, 30-byte str): array header 1 + seq 1 + str header 1 + 30 = 33 bytes.
+        assert_eq!(copy.bytes_through(1), 20 + 33);
+        assert_eq!(copy.bytes_through(3), 3 * (20 + 33));
+        assert_eq!(copy.bytes_through(99), copy.bytes_through(5));
+        assert_eq!(copy.bytes_through(0), 0);
         assert!(read_log(dir.path(), "nope").is_err());
     }
 }
