@@ -129,6 +129,15 @@ pub enum WalCommand {
         #[arg(long)]
         corrupt_suffix: bool,
     },
+    /// List what reprotection cut from a node's logs after a failover (DIR: the daemon's
+    /// directory, or its `salvage` folder): each copy's log, LSN range, records, bytes, reason,
+    /// and whether it is complete. A copy is a log directory `stela wal dump` reads.
+    Salvage {
+        dir: PathBuf,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -258,6 +267,55 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             } else {
                 ExitCode::from(1)
             })
+        }
+        Command::Wal(WalCommand::Salvage { dir, json }) => {
+            // A daemon's directory (it has `logs`) or its salvage folder.
+            let root = if dir.join("logs").is_dir() || dir.join("salvage").is_dir() {
+                dir.join("salvage")
+            } else {
+                dir
+            };
+            let entries = stela_wal::salvage::list(&StdStorage, &root)?;
+            if entries.is_empty() && !json {
+                writeln!(out, "nothing salvaged under {}", root.display())?;
+            }
+            for entry in &entries {
+                match (&entry.manifest, json) {
+                    (Some(m), true) => writeln!(
+                        out,
+                        "{}",
+                        serde_json::json!({
+                            "dir": entry.dir, "complete": true, "log": m.log,
+                            "cut_from_lsn": m.cut_from_lsn, "last_lsn": m.last_lsn,
+                            "records": m.records, "bytes": m.bytes, "reason": m.reason,
+                            "at_unix_ms": m.at_unix_ms, "terms": m.terms,
+                        })
+                    )?,
+                    (Some(m), false) => writeln!(
+                        out,
+                        "{}: log {}, LSNs {}..={} ({} records, {} bytes) cut at {} (unix ms): {}",
+                        entry.dir.display(),
+                        m.log,
+                        m.cut_from_lsn,
+                        m.last_lsn,
+                        m.records,
+                        m.bytes,
+                        m.at_unix_ms,
+                        m.reason
+                    )?,
+                    (None, true) => writeln!(
+                        out,
+                        "{}",
+                        serde_json::json!({"dir": entry.dir, "complete": false})
+                    )?,
+                    (None, false) => writeln!(
+                        out,
+                        "{}: INCOMPLETE (a crash interrupted the copy; the log was not cut for it)",
+                        entry.dir.display()
+                    )?,
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Wal(WalCommand::Repair {
             dir,

@@ -211,7 +211,10 @@ fn round(seed: u64, restart: bool) -> usize {
             schema: None,
         })
         else {
-            panic!("the restarted primary does not open the log");
+            panic!(
+                "the restarted primary does not open the log:\n{}",
+                primary.output()
+            );
         };
         let last_acked = *acked.keys().last().unwrap();
         assert!(
@@ -389,12 +392,16 @@ fn status_shows_the_standby_and_is_unhealthy_without_it() {
         "stela_standby_received_lsn{log=\"ledger\"} 1",
         "stela_standby_lag_records{log=\"ledger\"} 0",
         "stela_replication_degraded{log=\"ledger\"} 0",
+        "stela_standby_lag_seconds{log=\"ledger\"} 0.0",
+        "stela_epoch 0",
+        "stela_primary 1",
     ] {
         assert!(
             scrape.lines().any(|l| l == sample),
             "no {sample} in:\n{scrape}"
         );
     }
+    common::promtool_check(&scrape);
     standby.kill();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {

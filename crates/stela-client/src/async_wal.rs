@@ -211,6 +211,12 @@ async fn connect_session(
             token = sent;
             (read, write)
         }
+        Address::Cluster(_) => {
+            return Err(Error::BadAddress {
+                address: address.to_string(),
+                reason: "AsyncWal takes one daemon; use Wal for an endpoint list".into(),
+            })
+        }
     };
     let shared = Arc::new(Shared {
         writer: tokio::sync::Mutex::new(writer),

@@ -24,6 +24,9 @@ pub enum Address {
     Tcp(SocketAddr),
     /// TCP under TLS, with this client's credentials ([`crate::tls`]).
     Tls(Box<crate::tls::TlsTarget>),
+    /// The nodes of a failover pair: a [`crate::Wal`] opens its log on whichever is the
+    /// primary, and follows a failover to the other. Written `tcp://A,tcp://B`.
+    Cluster(Vec<Address>),
 }
 
 impl std::fmt::Display for Address {
@@ -32,6 +35,15 @@ impl std::fmt::Display for Address {
             Address::Unix(path) => write!(f, "{}", path.display()),
             Address::Tcp(addr) => write!(f, "tcp://{addr}"),
             Address::Tls(target) => write!(f, "{target}"),
+            Address::Cluster(endpoints) => {
+                for (i, endpoint) in endpoints.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{endpoint}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -67,6 +79,16 @@ impl Address {
             address: text.to_owned(),
             reason: reason.to_owned(),
         };
+        if text.contains(',') {
+            let endpoints = text
+                .split(',')
+                .map(|one| match Address::parse(one.trim())? {
+                    Address::Cluster(_) => Err(bad("a list inside a list")),
+                    one => Ok(one),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Address::Cluster(endpoints));
+        }
         if let Some(path) = text.strip_prefix("unix:") {
             let path = path.strip_prefix("//").unwrap_or(path);
             if path.is_empty() {
@@ -143,6 +165,8 @@ pub struct Connection {
     server: String,
     /// The socket itself, for descriptor passing and for the watcher (Unix only).
     unix: Option<UnixStream>,
+    /// The TCP socket, so that a request stuck on a primary that was replaced can be cut.
+    tcp: Option<TcpStream>,
     /// The shared-memory ring, once mapped, and its registration with the watcher.
     pub(crate) ring: Option<stela_net::shm::ClientRing>,
     watched: Option<crate::watcher::Watched>,
@@ -176,11 +200,23 @@ impl Connection {
     }
 
     fn connect_as(address: &Address, spin: Duration, role: Role) -> Result<Connection> {
+        Connection::connect_within(address, spin, role, None)
+    }
+
+    /// Connects and says hello; with `within`, a TCP connect and the hello each give up after
+    /// that long (a node of a failover pair may be unreachable or stopped).
+    pub(crate) fn connect_within(
+        address: &Address,
+        spin: Duration,
+        role: Role,
+        within: Option<Duration>,
+    ) -> Result<Connection> {
         let connect_err = |source| Error::Connect {
             address: address.to_string(),
             source,
         };
         let mut unix = None;
+        let mut tcp = None;
         let mut token = None;
         let (read, write): (Box<dyn Read + Send>, Box<dyn Write + Send>) = match address {
             Address::Unix(path) => {
@@ -194,8 +230,13 @@ impl Connection {
                 )
             }
             Address::Tcp(addr) => {
-                let stream = TcpStream::connect(addr).map_err(connect_err)?;
+                let stream = match within {
+                    Some(within) => TcpStream::connect_timeout(addr, within),
+                    None => TcpStream::connect(addr),
+                }
+                .map_err(connect_err)?;
                 stream.set_nodelay(true)?;
+                tcp = Some(stream.try_clone()?);
                 let reader =
                     SpinStream::new(stream.try_clone()?, spin, |s| s.set_nonblocking(true))?;
                 (
@@ -208,6 +249,20 @@ impl Connection {
                 token = sent;
                 (read, write)
             }
+            Address::Cluster(endpoints) => {
+                // A tool's connection: the first endpoint that answers.
+                let mut last = None;
+                for endpoint in endpoints {
+                    match Connection::connect_within(endpoint, spin, role, within) {
+                        Ok(connection) => return Ok(connection),
+                        Err(error) => last = Some(error),
+                    }
+                }
+                return Err(last.unwrap_or_else(|| Error::BadAddress {
+                    address: address.to_string(),
+                    reason: "an empty list".into(),
+                }));
+            }
         };
         let mut connection = Connection {
             reader: BufReader::with_capacity(64 << 10, read),
@@ -216,20 +271,43 @@ impl Connection {
             body: Vec::new(),
             server: String::new(),
             unix,
+            tcp,
             ring: None,
             watched: None,
         };
-        let answer = connection.request(RequestBody::Hello {
+        let hello = RequestBody::Hello {
             version: PROTOCOL_VERSION,
             client: format!("stela-client {}", env!("CARGO_PKG_VERSION")),
             role,
             token,
-        })?;
+        };
+        let answer = match within {
+            Some(within) => {
+                let cut = connection.cutter();
+                crate::failover::guarded(cut, within, || connection.request(hello))?
+            }
+            None => connection.request(hello)?,
+        };
         match answer {
             ResponseBody::Welcome { server, .. } => connection.server = server,
             other => return Err(unexpected("Hello", other)),
         }
         Ok(connection)
+    }
+
+    /// A way to cut this connection from another thread (a request stuck on a primary that a
+    /// failover replaced then fails at once). TCP and Unix sockets; `None` under TLS.
+    pub(crate) fn cutter(&self) -> Option<Box<dyn Fn() + Send + Sync>> {
+        if let Some(tcp) = &self.tcp {
+            let tcp = tcp.try_clone().ok()?;
+            return Some(Box::new(move || {
+                let _ = tcp.shutdown(std::net::Shutdown::Both);
+            }));
+        }
+        let unix = self.unix.as_ref()?.try_clone().ok()?;
+        Some(Box::new(move || {
+            let _ = unix.shutdown(std::net::Shutdown::Both);
+        }))
     }
 
     /// The daemon's name and version, from its welcome.

@@ -5,6 +5,8 @@
 //! - [`wal`]: [`Wal<T>`], the typed log: append, commit, iterate, truncate (blocking).
 //! - [`async_wal`]: [`AsyncWal<T>`], the same for tokio, many calls in flight per connection
 //!   (always over the socket).
+//! - `failover`: following a failover with an endpoint list: a request stuck on a primary
+//!   that a newer one replaced is cut, the next call opens the log on the new primary.
 //! - `watcher`: the thread that tells a client waiting in a shared-memory ring that the daemon
 //!   died.
 //!
@@ -14,12 +16,14 @@
 
 pub mod async_wal;
 pub mod connection;
+mod failover;
 pub mod tls;
 pub mod wal;
 mod watcher;
 
 pub use async_wal::{AsyncIter, AsyncWal};
 pub use connection::{Address, Connection};
+pub use stela_format::term::Resolution;
 pub use stela_format::{Codec, Lsn};
 pub use stela_proto::{Durability, ErrorCode, Positions, StatusReport};
 pub use tls::TlsTarget;
@@ -73,6 +77,19 @@ pub enum Error {
         cause: String,
         last: String,
     },
+    /// A commit whose primary was lost while it waited (the connection broke, the daemon
+    /// stepped down, or a newer primary took over): the record may or may not survive. Resolve
+    /// it with [`crate::Wal::resolve`]`(term, lsn)` once a primary answers; `lsn` is `None` for
+    /// an `append_*_durable` whose LSN never came back (append, then `commit_at`, to get one).
+    #[error("commit in doubt (term {term}, LSN {lsn:?}): {cause}; resolve it by its term and LSN on the primary")]
+    InDoubt {
+        term: u64,
+        lsn: Option<u64>,
+        cause: String,
+    },
+    /// No endpoint of the list opened the log: each is named with why it was passed over.
+    #[error("no endpoint is the primary: {}", tried.iter().map(|(a, why)| format!("{a}: {why}")).collect::<Vec<_>>().join("; "))]
+    NoPrimary { tried: Vec<(String, String)> },
     /// A daemon address given as text could not be understood. Nothing was connected.
     #[error(
         "bad daemon address {address:?}: {reason} (expected unix:PATH, a path, or tcp://HOST:PORT)"

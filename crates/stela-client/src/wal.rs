@@ -59,6 +59,10 @@ pub struct WalOptions {
     /// trying to connect and reopen the log before it fails naming the address. Zero: never
     /// reconnect.
     pub reconnect_within: std::time::Duration,
+    /// With an endpoint list: how long a request may wait before the other endpoints are asked
+    /// whether a newer primary has taken over (then the request is cut and reported in doubt).
+    /// A primary that is merely slow is never abandoned: only a newer primary ends the wait.
+    pub probe_after: std::time::Duration,
 }
 
 /// How appends and commits reach the daemon.
@@ -96,6 +100,8 @@ impl Default for WalOptions {
             transport: Transport::Auto,
             ring_bytes: 0,
             reconnect_within: std::time::Duration::from_secs(5),
+            // About the standby's suspicion period: no newer primary can exist sooner.
+            probe_after: std::time::Duration::from_millis(250),
         }
     }
 }
@@ -151,11 +157,20 @@ impl WalOptions {
         self
     }
 
+    pub fn probe_after(mut self, after: std::time::Duration) -> Self {
+        self.probe_after = after;
+        self
+    }
+
     pub fn reconnect_within(mut self, within: std::time::Duration) -> Self {
         self.reconnect_within = within;
         self
     }
 }
+
+/// How long one endpoint of a list may take to connect, say hello, or open the log before the
+/// next is tried: long enough for a loaded node, short against a failover's few hundred ms.
+const ENDPOINT_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Encodes records with the log's codec, refusing any larger than the daemon accepts (before
 /// anything is sent, so a batch is all or nothing).
@@ -196,6 +211,8 @@ pub struct Wal<T> {
     /// The highest LSN this client has had acknowledged, so `commit` at `buffered` of an LSN
     /// it appended needs no round trip.
     appended: AtomicU64,
+    /// With an endpoint list: the watch that cuts a request stuck on a replaced primary.
+    watch: Option<std::sync::Arc<crate::failover::Watch>>,
     _records: PhantomData<fn() -> T>,
 }
 
@@ -206,6 +223,10 @@ pub(crate) struct Session {
     handle: u32,
     /// Why the connection is unusable, once a call found it so.
     lost: Option<String>,
+    /// The term records appended through this handle get (0 without replication).
+    term: u64,
+    /// Which endpoint of an endpoint list this is (0 for a single address).
+    endpoint: usize,
 }
 
 impl<T> std::fmt::Debug for Wal<T> {
@@ -215,6 +236,34 @@ impl<T> std::fmt::Debug for Wal<T> {
             .field("log", &self.name)
             .field("options", &self.options)
             .finish_non_exhaustive()
+    }
+}
+
+/// A wait at `disk`, `replicated` or `all` that ended without an answer (the connection was
+/// lost or cut, or the daemon said the primary stepped down) is in doubt: reported with its
+/// term and LSN for [`Wal::resolve`]. Other errors are returned as they are.
+fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
+    let waits = matches!(
+        durability,
+        Durability::Disk | Durability::Replicated | Durability::All
+    );
+    let doubtful = match &error {
+        Error::Disconnected { .. } => true,
+        Error::Server { code, .. } => {
+            matches!(
+                code,
+                crate::ErrorCode::InDoubt | crate::ErrorCode::NotPrimary
+            )
+        }
+        _ => false,
+    };
+    if !(waits && doubtful) {
+        return error;
+    }
+    Error::InDoubt {
+        term,
+        lsn,
+        cause: error.to_string(),
     }
 }
 
@@ -238,7 +287,14 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             .unwrap_or_else(stela_format::default_type_tag::<T>);
         let schema = record_schema::<T>(&options);
         let (session, positions, max_record_bytes) =
-            Self::connect_session(&address, name, &type_tag, &options, schema.as_deref())?;
+            Self::find_primary(&address, 0, name, &type_tag, &options, schema.as_deref())?;
+        let watch = match &address {
+            Address::Cluster(endpoints) => Some(crate::failover::Watch::start(
+                endpoints.clone(),
+                options.probe_after,
+            )),
+            _ => None,
+        };
         Ok(Wal {
             session: Mutex::new(session),
             address,
@@ -248,32 +304,77 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             options,
             max_record_bytes,
             appended: AtomicU64::new(positions.last_lsn),
+            watch,
             _records: PhantomData,
         })
     }
 
-    /// Connects, opens the log and maps the ring as `options` ask.
-    fn connect_session(
+    /// Opens the log on the primary: the address itself, or the first endpoint of a list
+    /// (from `preferred` on) that opens it; a standby answers `NotPrimary` and is passed over.
+    fn find_primary(
         address: &Address,
+        preferred: usize,
         name: &str,
         type_tag: &str,
         options: &WalOptions,
         schema: Option<&str>,
     ) -> Result<(Session, Positions, usize)> {
-        let mut connection = Connection::connect_with(address, options.spin)?;
-        let answer = connection.request(RequestBody::Open {
+        let Address::Cluster(endpoints) = address else {
+            return Self::connect_session_within(address, name, type_tag, options, schema, None);
+        };
+        let mut tried = Vec::new();
+        for i in 0..endpoints.len() {
+            let at = (preferred + i) % endpoints.len();
+            match Self::connect_session_within(
+                &endpoints[at],
+                name,
+                type_tag,
+                options,
+                schema,
+                Some(ENDPOINT_WITHIN),
+            ) {
+                Ok((mut session, positions, max)) => {
+                    session.endpoint = at;
+                    return Ok((session, positions, max));
+                }
+                Err(error) => tried.push((endpoints[at].to_string(), error.to_string())),
+            }
+        }
+        Err(Error::NoPrimary { tried })
+    }
+
+    /// Connects, opens the log and maps the ring as `options` ask; with `within`, each step
+    /// gives up after that long (an endpoint that is down or stopped).
+    fn connect_session_within(
+        address: &Address,
+        name: &str,
+        type_tag: &str,
+        options: &WalOptions,
+        schema: Option<&str>,
+        within: Option<std::time::Duration>,
+    ) -> Result<(Session, Positions, usize)> {
+        let mut connection =
+            Connection::connect_within(address, options.spin, stela_proto::Role::Client, within)?;
+        let open = RequestBody::Open {
             log: name.to_owned(),
             codec: options.codec.name().to_owned(),
             type_tag: type_tag.to_owned(),
             create: options.create_if_missing,
             durability: Some(options.durability),
             schema: schema.map(str::to_owned),
-        })?;
+        };
+        let answer = match within {
+            Some(within) => {
+                let cut = connection.cutter();
+                crate::failover::guarded(cut, within, || connection.request(open))?
+            }
+            None => connection.request(open)?,
+        };
         let ResponseBody::Opened {
             handle,
             positions,
             max_record_bytes,
-            ..
+            term,
         } = answer
         else {
             return Err(unexpected("Open", answer));
@@ -289,6 +390,8 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             connection,
             handle,
             lost: None,
+            term,
+            endpoint: 0,
         };
         Ok((session, positions, max_record_bytes as usize))
     }
@@ -305,7 +408,16 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         if let Some(cause) = session.lost.clone() {
             self.reconnect(&mut session, &cause)?;
         }
-        call(&mut session).map_err(|error| {
+        let watched = self.watch.as_ref().map(|watch| {
+            watch.begin(
+                session.endpoint,
+                session.term >> 32,
+                session.connection.cutter(),
+            )
+        });
+        let result = call(&mut session);
+        drop(watched);
+        result.map_err(|error| {
             if connection_lost(&error) {
                 session.lost = Some(error.to_string());
                 Error::Disconnected {
@@ -323,9 +435,17 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
     fn reconnect(&self, session: &mut Session, cause: &str) -> Result<()> {
         let deadline = std::time::Instant::now() + self.options.reconnect_within;
         let mut pause = std::time::Duration::from_millis(5);
+        // A failover takes a few hundred milliseconds: look for the new primary often.
+        let longest = if self.watch.is_some() {
+            std::time::Duration::from_millis(25)
+        } else {
+            std::time::Duration::from_millis(200)
+        };
         loop {
-            match Self::connect_session(
+            match Self::find_primary(
                 &self.address,
+                // The endpoint that was lost is the least likely to be the primary now.
+                session.endpoint + 1,
                 &self.name,
                 &self.type_tag,
                 &self.options,
@@ -348,7 +468,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
                 }
                 Err(_) => {
                     std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                    pause = (pause * 2).min(longest);
                 }
             }
         }
@@ -404,29 +524,33 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
 
     fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
         let payloads = encode_records(&self.options, self.max_record_bytes, records)?;
-        let last_lsn = self.call("append", |session| {
-            let slices: Vec<&[u8]> = payloads.iter().map(|p| p.0.as_slice()).collect();
-            if let Some((_, last)) = Self::through_ring(
-                &mut session.connection,
-                session.handle,
-                EntryKind::Append,
-                durability,
-                0,
-                &slices,
-            )? {
-                return Ok(last);
-            }
-            drop(slices);
-            let answer = session.connection.request(RequestBody::Append {
-                handle: session.handle,
-                durability,
-                records: payloads,
-            })?;
-            match answer {
-                ResponseBody::Appended { last_lsn, .. } => Ok(last_lsn),
-                other => Err(unexpected("Append", other)),
-            }
-        })?;
+        let mut term = 0;
+        let last_lsn = self
+            .call("append", |session| {
+                term = session.term;
+                let slices: Vec<&[u8]> = payloads.iter().map(|p| p.0.as_slice()).collect();
+                if let Some((_, last)) = Self::through_ring(
+                    &mut session.connection,
+                    session.handle,
+                    EntryKind::Append,
+                    durability,
+                    0,
+                    &slices,
+                )? {
+                    return Ok(last);
+                }
+                drop(slices);
+                let answer = session.connection.request(RequestBody::Append {
+                    handle: session.handle,
+                    durability,
+                    records: payloads,
+                })?;
+                match answer {
+                    ResponseBody::Appended { last_lsn, .. } => Ok(last_lsn),
+                    other => Err(unexpected("Append", other)),
+                }
+            })
+            .map_err(|error| in_doubt(error, durability, term, None))?;
         self.appended.fetch_max(last_lsn, Ordering::Relaxed);
         Ok(Lsn::new(last_lsn))
     }
@@ -463,7 +587,9 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         if appended_here && matches!(durability, Durability::Buffered | Durability::Unsafe) {
             return Ok(()); // acknowledged at buffered when it was appended
         }
-        self.call("commit", |session| {
+        let mut term = 0;
+        let committed = self.call("commit", |session| {
+            term = session.term;
             if Self::through_ring(
                 &mut session.connection,
                 session.handle,
@@ -485,7 +611,44 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
                 ResponseBody::Committed { .. } => Ok(()),
                 other => Err(unexpected("Commit", other)),
             }
-        })
+        });
+        committed.map_err(|error| in_doubt(error, durability, term, Some(lsn.get())))
+    }
+
+    /// The term records appended now get (0 from a daemon without replication). With an LSN
+    /// it names a record across a failover ([`Wal::resolve`]).
+    pub fn term(&self) -> u64 {
+        self.session.lock().unwrap_or_else(|e| e.into_inner()).term
+    }
+
+    /// What became of the record appended at `lsn` in `term` (from an [`Error::InDoubt`]),
+    /// judged by the log's history on the primary this client reaches now: `Kept` (it is in
+    /// the log), `Lost` (a newer primary's records took its place), or `NotYet` (the log has
+    /// not reached it; ask again later).
+    pub fn resolve(&self, term: u64, lsn: Lsn) -> Result<stela_format::term::Resolution> {
+        let (entries, last_lsn) = self.call("history", |session| {
+            match session.connection.request(RequestBody::History {
+                handle: session.handle,
+            })? {
+                ResponseBody::History { entries, last_lsn } => Ok((entries, last_lsn)),
+                other => Err(unexpected("History", other)),
+            }
+        })?;
+        let history = stela_format::term::TermHistory::from_entries(
+            entries
+                .into_iter()
+                .map(|(term, first)| (stela_format::term::Term(term), first)),
+        )
+        .map_err(|e| Error::UnexpectedAnswer {
+            asked: "History",
+            got: format!("a term history that breaks its rules: {e}"),
+        })?;
+        Ok(stela_format::term::resolve(
+            &history,
+            last_lsn,
+            stela_format::term::Term(term),
+            lsn.get(),
+        ))
     }
 
     /// Where the log stands in the daemon.

@@ -241,6 +241,44 @@ pub fn divergence(ours: (&TermHistory, u64), theirs: (&TermHistory, u64)) -> u64
     agreed
 }
 
+/// What became of a record a client had acknowledged, or left in doubt, as (term, LSN), judged
+/// by a log's history and last LSN (the new primary's, after a failover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The log holds it: `lsn` is in the log and was written in `term`.
+    Kept,
+    /// It is gone: a later term's records (or none) took its place, so it can never appear.
+    Lost,
+    /// The log has not reached `lsn` in `term`'s run yet: it may still appear (for a record a
+    /// client saw acknowledged, this means records were lost in a crash; ask again later).
+    NotYet,
+}
+
+/// Resolves the record (`term`, `lsn`) against `history` and `last_lsn`:
+/// - **Kept** iff `lsn <= last_lsn` and the history says `lsn` was written in `term`;
+/// - **Lost** iff some other term covers `lsn` (a term that began at or before it and is not
+///   `term`, while the log holds `lsn` or has moved on to a later term than `term`), since a
+///   position is written in exactly one term and never again;
+/// - **NotYet** otherwise: the log ends before `lsn` and its last term is still `term` (or
+///   earlier), so `lsn` may yet be written in `term`.
+pub fn resolve(history: &TermHistory, last_lsn: u64, term: Term, lsn: u64) -> Resolution {
+    let covering = history.term_of(lsn);
+    if lsn <= last_lsn {
+        return if covering == Some(term) {
+            Resolution::Kept
+        } else {
+            Resolution::Lost
+        };
+    }
+    // Beyond the log's end: lost once a later term than `term` has begun (only that term's
+    // primary writes from now on, and it never writes in `term`).
+    if history.last_term() > term {
+        Resolution::Lost
+    } else {
+        Resolution::NotYet
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,6 +468,69 @@ mod tests {
         #[test]
         fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
             let _ = TermHistory::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn resolution_of_each_case() {
+        let history =
+            TermHistory::from_entries([(Term(1), 1), (Term(3), 11), (Term(7), 21)]).unwrap();
+        // Kept: in the log, in its term.
+        assert_eq!(resolve(&history, 25, Term(1), 10), Resolution::Kept);
+        assert_eq!(resolve(&history, 25, Term(3), 11), Resolution::Kept);
+        assert_eq!(resolve(&history, 25, Term(7), 25), Resolution::Kept);
+        // Lost: another term wrote that position.
+        assert_eq!(resolve(&history, 25, Term(1), 11), Resolution::Lost);
+        assert_eq!(resolve(&history, 25, Term(2), 5), Resolution::Lost);
+        assert_eq!(resolve(&history, 25, Term(3), 22), Resolution::Lost);
+        // Beyond the end: lost once a later term has begun; not yet while the term goes on.
+        assert_eq!(resolve(&history, 25, Term(3), 30), Resolution::Lost);
+        assert_eq!(resolve(&history, 25, Term(7), 26), Resolution::NotYet);
+        assert_eq!(resolve(&history, 25, Term(9), 26), Resolution::NotYet);
+        assert_eq!(
+            resolve(&TermHistory::new(), 0, Term(1), 1),
+            Resolution::NotYet
+        );
+    }
+
+    proptest! {
+        /// Against the per-LSN definition: a record (t, l) is kept exactly when the log holds
+        /// l and wrote it in t; once decided (kept or lost) the answer never changes as the log
+        /// grows in its last term or a later one begins.
+        #[test]
+        fn resolution_is_final_and_matches_term_of(
+            starts in proptest::collection::vec(1u64..40, 1..6),
+            last in 0u64..60,
+            term in 1u64..12,
+            lsn in 1u64..60,
+            more in 0u64..20,
+        ) {
+            let mut firsts: Vec<u64> = starts;
+            firsts.sort_unstable();
+            // A real history: every term began at or before the log's next LSN.
+            let last = last.max(firsts.last().copied().unwrap_or(1) - 1);
+            let history = TermHistory::from_entries(
+                firsts.iter().enumerate().map(|(i, &f)| (Term(i as u64 * 2 + 1), f)),
+            ).unwrap();
+            let answer = resolve(&history, last, Term(term), lsn);
+            let kept = lsn <= last && history.term_of(lsn) == Some(Term(term));
+            prop_assert_eq!(answer == Resolution::Kept, kept);
+            // The log grows in its last term: a decided answer stays.
+            let grown = resolve(&history, last + more, Term(term), lsn);
+            if answer != Resolution::NotYet {
+                prop_assert_eq!(grown, answer);
+            }
+            // A later term begins after the end: a decided answer stays, and NotYet becomes
+            // Lost unless the record made it in before.
+            let mut later = history.clone();
+            let start = (last + more + 1).max(history.entries().last().map_or(1, |e| e.1));
+            later.push(Term(100), start).unwrap();
+            let after = resolve(&later, last + more, Term(term), lsn);
+            if answer != Resolution::NotYet {
+                prop_assert_eq!(after, answer);
+            } else {
+                prop_assert!(after != Resolution::NotYet);
+            }
         }
     }
 }

@@ -274,6 +274,14 @@ impl Logs {
         Ok(listed)
     }
 
+    /// How many handles `log` has (0: not open).
+    pub fn handles(&self, log: LogId) -> usize {
+        lock(&self.table)
+            .by_id
+            .get(&log)
+            .map_or(0, |(_, handles)| *handles)
+    }
+
     /// Deletes the log `name`, which no client may have open: its files, then (after a
     /// directory fsync) its directory. Returns the segments and bytes removed.
     pub fn delete(&self, name: &str) -> Result<(u32, u64)> {

@@ -37,7 +37,7 @@ struct StandbyGauges {
     connected: Family<LogLabel, Gauge<u64, AtomicU64>>,
     received_lsn: Family<LogLabel, Gauge<u64, AtomicU64>>,
     lag_records: Family<LogLabel, Gauge<u64, AtomicU64>>,
-    lag_ms: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    lag_seconds: Family<LogLabel, Gauge<f64, AtomicU64>>,
     shipped_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
     wire_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
     degraded: Family<LogLabel, Gauge<u64, AtomicU64>>,
@@ -51,8 +51,8 @@ struct NodeGauges {
     primary: Gauge<u64, AtomicU64>,
     coordinator_reachable: Gauge<u64, AtomicU64>,
     unprotected: Gauge<u64, AtomicU64>,
-    last_failover_ms: Gauge<u64, AtomicU64>,
-    last_failover_at: Gauge<u64, AtomicU64>,
+    last_failover_seconds: Gauge<f64, AtomicU64>,
+    last_failover_at: Gauge<f64, AtomicU64>,
 }
 
 /// Every metric of the daemon.
@@ -181,6 +181,12 @@ impl Metrics {
             "stopped_logs",
             "Logs that take no writes: a failed write or sync, or no space for a segment",
         );
+        let lag_seconds = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "standby_lag_seconds",
+            "How long the standby has acknowledged nothing while behind (0 when caught up)",
+            lag_seconds.clone(),
+        );
         let mut family = |name: &str, help: &str| {
             let family = Family::<LogLabel, Gauge<u64, AtomicU64>>::default();
             registry.register(name, help, family.clone());
@@ -199,10 +205,7 @@ impl Metrics {
                 "standby_lag_records",
                 "Records of a log appended on the primary that the standby does not hold yet",
             ),
-            lag_ms: family(
-                "standby_lag_ms",
-                "How long the standby has acknowledged nothing while behind (0 when caught up)",
-            ),
+            lag_seconds,
             shipped_bytes: family(
                 "shipped_bytes",
                 "Segment bytes of a log shipped to the standby since start",
@@ -240,15 +243,19 @@ impl Metrics {
                 "unprotected",
                 "1 while a promoted primary has no standby and acknowledges replicated commits alone",
             ),
-            last_failover_ms: gauge(
-                "last_failover_duration_ms",
-                "The last promotion of this node: from the old primary's last message to serving",
-            ),
-            last_failover_at: gauge(
-                "last_failover_unix_ms",
-                "When this node was last promoted (0: never since start)",
-            ),
+            last_failover_seconds: Gauge::default(),
+            last_failover_at: Gauge::default(),
         };
+        registry.register(
+            "last_failover_duration_seconds",
+            "The last promotion of this node: from the old primary's last message to serving",
+            node.last_failover_seconds.clone(),
+        );
+        registry.register(
+            "last_failover_timestamp_seconds",
+            "When this node was last promoted, Unix time (0: never since start)",
+            node.last_failover_at.clone(),
+        );
         Metrics {
             registry,
             commits,
@@ -311,7 +318,9 @@ impl Metrics {
                 .set(u64::from(log.connected));
             g.received_lsn.get_or_create(&label).set(log.received_lsn);
             g.lag_records.get_or_create(&label).set(log.lag_records);
-            g.lag_ms.get_or_create(&label).set(log.lag_ms);
+            g.lag_seconds
+                .get_or_create(&label)
+                .set(log.lag_ms as f64 / 1e3);
             g.shipped_bytes.get_or_create(&label).set(log.shipped_bytes);
             g.wire_bytes.get_or_create(&label).set(log.wire_bytes);
             g.degraded
@@ -335,8 +344,8 @@ impl Metrics {
             n.unprotected
                 .set(u64::from(replication.unprotected_since_ms > 0));
             if let Some(failover) = &replication.last_failover {
-                n.last_failover_ms.set(failover.took_ms);
-                n.last_failover_at.set(failover.at_unix_ms);
+                n.last_failover_seconds.set(failover.took_ms as f64 / 1e3);
+                n.last_failover_at.set(failover.at_unix_ms as f64 / 1e3);
             }
         }
         let mut text = String::new();

@@ -159,14 +159,32 @@ impl Server {
         let stepped_down = Arc::new(OnceLock::new());
         if let (Some(coordinator), Some(failover)) = (coordinator, config.failover.clone()) {
             let node = Arc::clone(engine.node());
-            if let Some(standby) = &standby {
-                let standby = Arc::downgrade(standby);
-                node.on_promote(Box::new(move |_epoch| {
-                    if let Some(standby) = standby.upgrade() {
-                        standby.end_streams();
-                    }
-                }));
-            }
+            let (standby_ref, engine_ref) = (
+                standby.as_ref().map(Arc::downgrade),
+                Arc::downgrade(&engine),
+            );
+            node.on_promote(Box::new(move |_epoch| {
+                if let Some(standby) = standby_ref.as_ref().and_then(std::sync::Weak::upgrade) {
+                    standby.end_streams();
+                }
+                // Once serving, every log is opened for shipping, so the old primary is
+                // reprotected on all of them when it returns.
+                let engine = engine_ref.clone();
+                let _ = std::thread::Builder::new()
+                    .name("stela-ship-all".into())
+                    .spawn(move || {
+                        let Some(engine) = engine.upgrade() else {
+                            return;
+                        };
+                        for _ in 0..1000 {
+                            if engine.node().is_primary() {
+                                engine.ship_every_log();
+                                return;
+                            }
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    });
+            }));
             {
                 let (engine, stop, stepped_down) = (
                     Arc::downgrade(&engine),
@@ -204,6 +222,16 @@ impl Server {
         } else {
             None
         };
+        if engine.replication().is_some() && engine.node().is_primary() {
+            let engine = Arc::clone(&engine);
+            std::thread::Builder::new()
+                .name("stela-ship-all".into())
+                .spawn(move || engine.ship_every_log())
+                .map_err(|source| StartError::Thread {
+                    name: "stela-ship-all".into(),
+                    source,
+                })?;
+        }
         Ok(Server {
             engine,
             net,

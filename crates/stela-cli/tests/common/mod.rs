@@ -228,3 +228,43 @@ impl Drop for Daemon {
         let _ = std::fs::remove_file(&self.log);
     }
 }
+
+/// Runs `promtool check metrics` on a scrape's body (the text after the HTTP headers); fails the
+/// test on any complaint. Without promtool the check is skipped with a note, unless
+/// `STELA_REQUIRE_PROMTOOL` is set (CI), where that fails.
+pub fn promtool_check(scrape: &str) {
+    use std::io::Write;
+    let body = scrape
+        .split_once("\r\n\r\n")
+        .map_or(scrape, |(_, body)| body);
+    match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(body.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool check metrics: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(error) => {
+            assert!(
+                std::env::var_os("STELA_REQUIRE_PROMTOOL").is_none(),
+                "STELA_REQUIRE_PROMTOOL is set but promtool cannot run: {error}"
+            );
+            eprintln!("promtool not installed ({error}): the scrape was not linted");
+        }
+    }
+}

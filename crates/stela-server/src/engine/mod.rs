@@ -49,6 +49,13 @@ pub struct Engine {
     standby_view: OnceLock<levels::StandbyView>,
     /// This node's role and epoch (fixed by configuration, or by the failover coordinator).
     node: Arc<crate::cluster::Node>,
+    /// Logs a primary with a standby keeps open (one handle each beyond its clients') so that
+    /// they go on shipping, and reprotect a returning standby, when no client has them open.
+    held: Mutex<std::collections::HashSet<LogId>>,
+    /// Serializes opens: a first open fetches from the standby and recovers the files, which
+    /// two opens of one log (a client's and the shipping of every log at start) must not do at
+    /// once.
+    opening: Mutex<()>,
 }
 
 impl Engine {
@@ -143,6 +150,8 @@ impl Engine {
             replication: levels::replication(config, &node, &release_hook)?,
             standby_view: OnceLock::new(),
             node,
+            held: Mutex::new(std::collections::HashSet::new()),
+            opening: Mutex::new(()),
             release_hook,
             flushers: Mutex::new(flushers),
             metrics,

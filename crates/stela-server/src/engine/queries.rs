@@ -78,6 +78,7 @@ impl Engine {
         if let Some(why) = self.node.refusal() {
             return Err(Error::NotPrimary(why));
         }
+        let _opening = lock(&self.opening);
         if let Some(replication) = self
             .replication
             .as_ref()
@@ -86,9 +87,39 @@ impl Engine {
             self.catch_up(replication, name, codec, type_tag);
         }
         let entry = self.logs.open(&self.pool, name, codec, type_tag, create)?;
-        let mut term = 0;
-        if let Some(replication) = &self.replication {
-            let watched = replication.watch(
+        let term = match self.ship(&entry, codec, type_tag) {
+            Ok(term) => term,
+            Err(error) => {
+                self.release(entry.id);
+                return Err(error);
+            }
+        };
+        Ok(Opened {
+            log: entry.id,
+            name: entry.name.clone(),
+            positions: self.positions(entry.id),
+            max_record_bytes: self.pool.max_record_bytes(entry.id),
+            term,
+        })
+    }
+
+    /// With a standby: holds `entry` open for shipping (once) and starts its shipper; returns
+    /// the term its records get (0 without a standby).
+    fn ship(&self, entry: &LogEntry, codec: &str, type_tag: &str) -> Result<u64> {
+        let Some(replication) = &self.replication else {
+            return Ok(0);
+        };
+        if lock(&self.held).insert(entry.id) {
+            if let Err(error) = self
+                .logs
+                .open(&self.pool, &entry.name, codec, type_tag, false)
+            {
+                lock(&self.held).remove(&entry.id);
+                return Err(error);
+            }
+        }
+        replication
+            .watch(
                 &self.pool,
                 crate::replication::LogInfo {
                     id: entry.id,
@@ -99,22 +130,71 @@ impl Engine {
                     dir: entry.segments.dir().to_path_buf(),
                 },
                 Arc::clone(&self.config.storage),
-            );
-            term = match watched {
-                Ok(term) => term,
-                Err(why) => {
-                    self.release(entry.id);
-                    return Err(Error::NotPrimary(format!("log {name}: {why}")));
-                }
-            };
+            )
+            .map_err(|why| Error::NotPrimary(format!("log {}: {why}", entry.name)))
+    }
+
+    /// A primary with a standby opens every log of its directory for shipping, so that a
+    /// standby that was away (a returning old primary) is brought up to date on all of them,
+    /// not only those clients open. Blocking (recovery reads each log); run at start and after
+    /// a promotion. A log that cannot be opened is logged and skipped.
+    pub fn ship_every_log(&self) {
+        if self.replication.is_none() || self.node.refusal().is_some() {
+            return;
         }
-        Ok(Opened {
-            log: entry.id,
-            name: entry.name.clone(),
-            positions: self.positions(entry.id),
-            max_record_bytes: self.pool.max_record_bytes(entry.id),
-            term,
-        })
+        let names = match self.logs.on_disk() {
+            Ok(listed) => listed.into_iter().map(|log| log.name),
+            Err(error) => {
+                tracing::warn!(%error, "cannot list the logs to ship them");
+                return;
+            }
+        };
+        for name in names.collect::<Vec<_>>() {
+            if self.logs.is_open(&name) {
+                continue;
+            }
+            let Some((codec, type_tag)) = self.log_header(&name) else {
+                continue;
+            };
+            match self.open(&name, codec.name(), &type_tag, false) {
+                // The client handle `open` took is given back; the hold stays.
+                Ok(opened) => self.release(opened.log),
+                Err(error) => {
+                    tracing::warn!(log = name, %error, "cannot open the log to ship it")
+                }
+            }
+        }
+    }
+
+    /// The codec and record type a log's newest segment names.
+    fn log_header(&self, name: &str) -> Option<(stela_format::Codec, String)> {
+        let dir = self.logs.dir().join(name);
+        let newest = self
+            .config
+            .storage
+            .list(&dir)
+            .ok()?
+            .into_iter()
+            .filter_map(|file| {
+                stela_format::segment_name::parse_segment_file_name(&file).map(|lsn| (lsn, file))
+            })
+            .max()?;
+        let path = dir.join(newest.1);
+        let mut bytes = [0u8; stela_format::header::HEADER_BYTES];
+        self.config
+            .storage
+            .open(&path, stela_wal::storage::OpenMode::Read)
+            .and_then(|file| file.read_exact_at(&mut bytes, 0))
+            .ok()?;
+        let header = stela_format::SegmentHeader::decode(&bytes).ok()?;
+        if header.type_tag.shown.len() < header.type_tag.len as usize {
+            tracing::warn!(
+                log = name,
+                "the record type's name is longer than a header keeps; not shipped until a client opens it"
+            );
+            return None;
+        }
+        Some((header.codec, header.type_tag.shown))
     }
 
     /// The term history of `log` and its last LSN (`History`): empty without replication.
@@ -318,6 +398,9 @@ impl Engine {
                     first_lsn,
                 } = disk;
                 let entry = open.get(&name);
+                // The handle a primary holds for shipping is not a client's.
+                let handles =
+                    handles - u32::from(entry.is_some_and(|e| lock(&self.held).contains(&e.id)));
                 let last_lsn = entry
                     .and_then(|e| self.pool.positions_if_present(e.id))
                     .map(|(next, _)| next - 1);
@@ -348,6 +431,13 @@ impl Engine {
 
     /// Deletes a log no client has open (its files, durably).
     pub fn delete_log(&self, name: &str) -> Result<(u32, u64)> {
+        // The shipping hold goes first when it is the only handle left.
+        let held = self.logs.all().into_iter().find(|e| e.name == name);
+        if let Some(entry) = held {
+            if self.logs.handles(entry.id) == 1 && lock(&self.held).remove(&entry.id) {
+                self.release(entry.id);
+            }
+        }
         self.logs.delete(name)
     }
 

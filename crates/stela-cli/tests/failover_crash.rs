@@ -1,0 +1,441 @@
+//! Failover with real processes on loopback: a `stela witness` and two `stela serve` nodes.
+//! The primary is SIGKILLed amid `replicated` appends: the standby is promoted, holds every
+//! acknowledged record, and takes writes in a new epoch; the killed node, started again, rejoins
+//! as its standby. Then the new primary is SIGSTOPped until the other is promoted: resumed, it
+//! must not acknowledge anything more, and it steps down by itself (exit 75). Started again it
+//! rejoins too; in the end both copies hold every acknowledged record at its LSN, and
+//! `stela status` has reported the roles, epochs and the last failover throughout.
+
+mod common;
+
+use common::{stela, text, Daemon};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use stela_client::{Address, Connection};
+use stela_proto::{Durability, Payload, RequestBody, ResponseBody};
+use stela_wal::{Codec, Wal, WalOptions};
+
+const TYPE_TAG: &str = "failover_crash::Rec";
+type Rec = (u64, String);
+
+fn rec(seq: u64) -> Rec {
+    (
+        seq,
+        format!("record {seq} {}", "x".repeat((seq % 97) as usize)),
+    )
+}
+
+fn free_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+}
+
+struct Witness(Child);
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn witness(dir: &Path, addr: &str) -> Witness {
+    let child = Command::new(env!("CARGO_BIN_EXE_stela"))
+        .args(["witness", "--listen", addr, "--dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the witness");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "the witness did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Witness(child)
+}
+
+/// The two nodes' settings: directory, name, own and peer replication addresses.
+struct Node {
+    dir: PathBuf,
+    name: &'static str,
+    repl: String,
+    peer: String,
+}
+
+impl Node {
+    fn start(&self, witness: &str, role: &str) -> Daemon {
+        self.start_with(witness, role, &[])
+    }
+
+    fn start_with(&self, witness: &str, role: &str, more: &[&str]) -> Daemon {
+        let coordinator = format!("tcp://{witness}");
+        let mut args = vec![
+            "--node",
+            self.name,
+            "--repl-listen",
+            &self.repl,
+            "--peer",
+            &self.peer,
+            "--coordinator",
+            &coordinator,
+            "--role",
+            role,
+            "--segment-size",
+            "256K",
+        ];
+        args.extend_from_slice(more);
+        Daemon::start(&self.dir, &args)
+    }
+}
+
+fn status(socket: &Path) -> stela_proto::ReplicationStatus {
+    let mut connection =
+        Connection::connect_admin(&Address::Unix(socket.to_owned())).expect("connect for status");
+    match connection.request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
+        other => panic!("status: {other:?}"),
+    }
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Opens the ledger on the daemon at `socket`; the handle and its term.
+fn open(connection: &mut Connection) -> Result<(u32, u64), stela_client::Error> {
+    match connection.request(RequestBody::Open {
+        log: "ledger".into(),
+        codec: "msgpack".into(),
+        type_tag: TYPE_TAG.into(),
+        create: true,
+        durability: None,
+        schema: None,
+    })? {
+        ResponseBody::Opened { handle, term, .. } => Ok((handle, term)),
+        other => panic!("open: {other:?}"),
+    }
+}
+
+/// Appends records `seqs` at `replicated` one by one, recording each acknowledged one; stops at
+/// the first failure (the daemon died).
+fn append(
+    connection: &mut Connection,
+    handle: u32,
+    seqs: std::ops::Range<u64>,
+    acked: &mut BTreeMap<u64, Rec>,
+) -> Result<(), stela_client::Error> {
+    for seq in seqs {
+        let record = rec(seq);
+        let payload = Codec::MessagePack.encode(&record).unwrap();
+        match connection.request(RequestBody::Append {
+            handle,
+            durability: Durability::Replicated,
+            records: vec![Payload(payload)],
+        })? {
+            ResponseBody::Appended { last_lsn, .. } => {
+                acked.insert(last_lsn, record);
+            }
+            other => panic!("append: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+fn check(dir: &Path, acked: &BTreeMap<u64, Rec>, whose: &str) -> Vec<Rec> {
+    let wal: Wal<Rec> = Wal::open(
+        dir.join("logs").join("ledger"),
+        WalOptions::default()
+            .codec(Codec::MessagePack)
+            .type_tag(TYPE_TAG)
+            .create_if_missing(false),
+    )
+    .unwrap_or_else(|e| panic!("{whose}'s copy does not open: {e}"));
+    let mut held = Vec::new();
+    for item in wal.iter().unwrap() {
+        let (lsn, record) = item.unwrap_or_else(|e| panic!("{whose}'s copy: {e}"));
+        assert_eq!(lsn.get(), held.len() as u64 + 1, "{whose}: contiguous LSNs");
+        assert_eq!(record, rec(record.0), "{whose}: a record never sent");
+        held.push(record);
+    }
+    for (lsn, record) in acked {
+        assert_eq!(
+            held.get(*lsn as usize - 1),
+            Some(record),
+            "{whose}: LSN {lsn} was acknowledged at replicated and is not there"
+        );
+    }
+    held
+}
+
+#[test]
+fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowledgement() {
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_port();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let (repl_a, repl_b) = (free_port(), free_port());
+    let a = Node {
+        dir: root.path().join("a"),
+        name: "a",
+        repl: repl_a.clone(),
+        peer: repl_b.clone(),
+    };
+    let b = Node {
+        dir: root.path().join("b"),
+        name: "b",
+        repl: repl_b,
+        peer: repl_a,
+    };
+    let daemon_a = a.start(&witness_addr, "primary");
+    let mut daemon_b = b.start(&witness_addr, "standby");
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let mut acked = BTreeMap::new();
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 1);
+    // Append from a thread while the primary is killed under it.
+    let writer = std::thread::spawn(move || {
+        let mut acked = BTreeMap::new();
+        let _ = append(&mut client, handle, 0..1_000_000, &mut acked);
+        acked
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    let killed = Instant::now();
+    daemon_a.kill();
+    acked.extend(writer.join().unwrap());
+    assert!(acked.len() > 10, "only {} acknowledged", acked.len());
+
+    // b is promoted, in epoch 2, with every acknowledged record.
+    wait_for("b to be promoted", Duration::from_secs(10), || {
+        status(&daemon_b.socket()).role == "primary"
+    });
+    let promoted_after = killed.elapsed();
+    let on_b = status(&daemon_b.socket());
+    assert_eq!(on_b.epoch, 2);
+    let failover = on_b.last_failover.expect("the failover is reported");
+    eprintln!(
+        "promoted {} ms after the SIGKILL (the node says {} ms)",
+        promoted_after.as_millis(),
+        failover.took_ms
+    );
+    let shown = text(&stela(&[
+        "status",
+        "--socket",
+        daemon_b.socket().to_str().unwrap(),
+    ]));
+    assert!(
+        shown.contains("last failover") && shown.contains("UNPROTECTED"),
+        "{shown}"
+    );
+    let mut client = Connection::connect(&Address::Unix(daemon_b.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 2);
+    let max_acked = *acked.keys().last().unwrap();
+    let first_new = acked.len() as u64 + 1_000_000;
+    append(&mut client, handle, first_new..first_new + 50, &mut acked).unwrap();
+
+    // a comes back: the witness names b, so a is b's standby and catches up.
+    let daemon_a = a.start(&witness_addr, "primary");
+    assert_eq!(status(&daemon_a.socket()).role, "standby");
+    let last = *acked.keys().last().unwrap();
+    assert!(last > max_acked);
+    wait_for("a to catch up", Duration::from_secs(10), || {
+        let on_b = status(&daemon_b.socket());
+        on_b.logs
+            .iter()
+            .any(|l| l.log == "ledger" && l.connected && l.received_lsn == last)
+    });
+    assert_eq!(status(&daemon_b.socket()).unprotected_since_ms, 0);
+    drop(client);
+
+    // b (now primary) is stopped: a is promoted; b, resumed, steps down and exits 75.
+    let stop = Command::new("kill")
+        .args(["-STOP", &daemon_b.pid()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    wait_for("a to be promoted", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    assert_eq!(status(&daemon_a.socket()).epoch, 3);
+    let resumed = Instant::now();
+    let exit = daemon_b.signal_and_wait("CONT");
+    eprintln!(
+        "the old primary stepped down {} ms after it resumed",
+        resumed.elapsed().as_millis()
+    );
+    assert_eq!(exit.code(), Some(75), "{}", daemon_b.output());
+    assert!(
+        daemon_b.output().contains("stepped down"),
+        "{}",
+        daemon_b.output()
+    );
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 3);
+    let first_new = first_new + 1_000;
+    append(&mut client, handle, first_new..first_new + 20, &mut acked).unwrap();
+    drop(client);
+    let daemon_b = b.start(&witness_addr, "primary");
+    assert_eq!(status(&daemon_b.socket()).role, "standby");
+    let last = *acked.keys().last().unwrap();
+    let caught_up = Instant::now() + Duration::from_secs(10);
+    while !status(&daemon_a.socket())
+        .logs
+        .iter()
+        .any(|l| l.log == "ledger" && l.connected && l.received_lsn == last)
+    {
+        assert!(
+            Instant::now() < caught_up,
+            "b did not catch up: {:?}\n--- a:\n{}\n--- b:\n{}",
+            status(&daemon_a.socket()),
+            daemon_a.output(),
+            daemon_b.output()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    daemon_a.terminate();
+    daemon_b.terminate();
+    let (held_a, held_b) = (check(&a.dir, &acked, "a"), check(&b.dir, &acked, "b"));
+    assert_eq!(held_a, held_b, "the two copies differ");
+    // Nothing was salvaged that mattered, and the tool says what was.
+    let listing = text(&stela(&["wal", "salvage", a.dir.to_str().unwrap()]));
+    assert!(
+        listing.contains("nothing salvaged") || listing.contains("cut at"),
+        "{listing}"
+    );
+}
+
+/// A client given both nodes (`tcp://A,tcp://B`) keeps committing at `replicated` while its
+/// primary is stopped: the commit in flight is reported in doubt with its term and LSN, the
+/// next ones go to the promoted node in the new epoch, and `Wal::resolve` settles the doubtful
+/// one against the new primary's history, which agrees with its log.
+#[test]
+fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doubt() {
+    use stela_client::{Lsn, Resolution, Wal, WalOptions as ClientOptions};
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_port();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let (repl_a, repl_b) = (free_port(), free_port());
+    let (tcp_a, tcp_b) = (free_port(), free_port());
+    let a = Node {
+        dir: root.path().join("a"),
+        name: "a",
+        repl: repl_a.clone(),
+        peer: repl_b.clone(),
+    };
+    let b = Node {
+        dir: root.path().join("b"),
+        name: "b",
+        repl: repl_b,
+        peer: repl_a,
+    };
+    let mut daemon_a = a.start_with(
+        &witness_addr,
+        "primary",
+        &["--tcp", &tcp_a, "--tcp-insecure"],
+    );
+    let daemon_b = b.start_with(
+        &witness_addr,
+        "standby",
+        &["--tcp", &tcp_b, "--tcp-insecure"],
+    );
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let endpoints = format!("tcp://{tcp_a},tcp://{tcp_b}");
+    let wal: Wal<Rec> = Wal::open(
+        endpoints.as_str(),
+        "ledger",
+        ClientOptions::default()
+            .type_tag(TYPE_TAG)
+            .durability(Durability::Replicated),
+    )
+    .expect("opens on the primary");
+    assert_eq!(wal.term() >> 32, 1);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let committer = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let (mut acked, mut doubtful) = (Vec::new(), Vec::new());
+            let mut seq = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                seq += 1;
+                let record = rec(seq);
+                let lsn = match wal.append(&record) {
+                    Ok(lsn) => lsn,
+                    Err(_) => continue, // lost with its primary before it was placed
+                };
+                let term = wal.term();
+                match wal.commit_at(lsn, Durability::Replicated) {
+                    Ok(()) => acked.push((term, lsn.get(), record)),
+                    Err(stela_client::Error::InDoubt {
+                        term,
+                        lsn: Some(lsn),
+                        ..
+                    }) => doubtful.push((term, lsn, record)),
+                    Err(error) => panic!("a commit failed other than in doubt: {error}"),
+                }
+            }
+            (wal, acked, doubtful)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = Command::new("kill")
+        .args(["-STOP", &daemon_a.pid()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    wait_for("b to be promoted", Duration::from_secs(10), || {
+        status(&daemon_b.socket()).role == "primary"
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (wal, acked, doubtful) = committer.join().unwrap();
+    assert_eq!(wal.term() >> 32, 2, "the client follows to the new epoch");
+    assert!(
+        acked.iter().any(|(t, _, _)| t >> 32 == 2),
+        "commits in the new epoch"
+    );
+    // Settle the doubtful commits on the new primary.
+    let mut settled = Vec::new();
+    for (term, lsn, record) in &doubtful {
+        let outcome = wal.resolve(*term, Lsn::new(*lsn)).expect("resolve");
+        assert_ne!(
+            outcome,
+            Resolution::NotYet,
+            "an appended record is decided by now"
+        );
+        settled.push((*lsn, record.clone(), outcome));
+    }
+    // The old primary, resumed, steps down.
+    let exit = daemon_a.signal_and_wait("CONT");
+    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
+    drop(wal);
+    daemon_b.terminate();
+    let acked_map: BTreeMap<u64, Rec> = acked.iter().map(|(_, l, r)| (*l, r.clone())).collect();
+    let held = check(&b.dir, &acked_map, "b");
+    for (lsn, record, outcome) in settled {
+        let there = held.get(lsn as usize - 1) == Some(&record);
+        assert_eq!(
+            there,
+            outcome == Resolution::Kept,
+            "LSN {lsn} resolved {outcome:?} but the log {} it",
+            if there { "holds" } else { "does not hold" }
+        );
+    }
+    eprintln!(
+        "{} acknowledged, {} in doubt (resolved against the log)",
+        acked.len(),
+        doubtful.len()
+    );
+}
