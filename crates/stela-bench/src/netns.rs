@@ -144,7 +144,7 @@ pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let path = me.with_file_name(name);
     if !path.exists() {
         bail!(
-            "{} not found next to {} (build it: cargo build --release -p stela -p stela-bench)",
+            "{} not found next to {} (build it: cargo build -p stela, with --release for a release stela-bench)",
             path.display(),
             me.display()
         );

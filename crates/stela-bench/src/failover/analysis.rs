@@ -4,8 +4,12 @@
 //! run. Pure: events and fault times in, rows out.
 //!
 //! Definitions (the module's callers print them in the results):
-//! - a fault's **period** runs from its injection to the next fault's injection (the last one's
-//!   to the end of the run), so every event belongs to exactly one fault;
+//! - a fault's **period** runs from the start of its injection to the start of the next one's
+//!   (the last one's to the end of the run), so every event after the first injection belongs
+//!   to exactly one fault;
+//! - the **injection** time is when the fault is in force: the signal sent, or the `ip`/`tc`
+//!   command that makes it returned (the few milliseconds it runs, a commit can still complete
+//!   the old way);
 //! - **downtime** (faults that fail over): injection to the first acknowledgement of a commit
 //!   that *began* after the injection; a commit in flight at the injection does not count, as
 //!   its answer may have left the old primary before the fault;
@@ -20,6 +24,9 @@ use std::collections::HashMap;
 /// When one fault was injected and undone, as the run recorded it.
 #[derive(Debug, Clone)]
 pub struct FaultWindow {
+    /// When the injection began (the period starts here).
+    pub start_ms: f64,
+    /// When the fault was in force.
     pub inject_ms: f64,
     /// When the fault's condition ended (link up, process continued or restarted, ...).
     pub restore_ms: f64,
@@ -39,8 +46,8 @@ pub struct FaultFacts {
 
 /// The period of fault `i` of `faults` (sorted by injection), up to `end_ms`.
 fn period(faults: &[FaultWindow], i: usize, end_ms: f64) -> (f64, f64) {
-    let from = faults[i].inject_ms;
-    let to = faults.get(i + 1).map_or(end_ms, |f| f.inject_ms);
+    let from = faults[i].start_ms;
+    let to = faults.get(i + 1).map_or(end_ms, |f| f.start_ms);
     (from, to)
 }
 
@@ -155,7 +162,7 @@ pub fn resolutions(events: &[Event]) -> HashMap<u64, (u64, Outcome)> {
 
 /// Index of the fault whose period holds `t_ms` (none before the first injection).
 pub fn fault_at(faults: &[FaultWindow], t_ms: f64) -> Option<usize> {
-    faults.iter().rposition(|f| f.inject_ms <= t_ms)
+    faults.iter().rposition(|f| f.start_ms <= t_ms)
 }
 
 /// The `p`-th percentile (0..=100) of `values`, nearest rank; None when empty.
@@ -205,6 +212,7 @@ mod tests {
             ack(5, T2, 1460.0, 2.0),
         ];
         let faults = [FaultWindow {
+            start_ms: 1000.0,
             inject_ms: 1000.0,
             restore_ms: 1400.0,
             expects_failover: true,
@@ -225,11 +233,13 @@ mod tests {
         ];
         let faults = [
             FaultWindow {
+                start_ms: 1000.0,
                 inject_ms: 1000.0,
                 restore_ms: 3000.0,
                 expects_failover: false,
             },
             FaultWindow {
+                start_ms: 4000.0,
                 inject_ms: 4000.0,
                 restore_ms: 4100.0,
                 expects_failover: false,
@@ -254,11 +264,13 @@ mod tests {
         assert_eq!(double_primary_times(&events), vec![30.0, 50.0]);
         let faults = [
             FaultWindow {
+                start_ms: 0.0,
                 inject_ms: 0.0,
                 restore_ms: 1.0,
                 expects_failover: true,
             },
             FaultWindow {
+                start_ms: 45.0,
                 inject_ms: 45.0,
                 restore_ms: 46.0,
                 expects_failover: true,

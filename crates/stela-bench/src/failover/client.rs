@@ -12,8 +12,7 @@
 //!
 //! The loop ([`client_loop`]) is written against [`ReplicatedLog`], the few calls it makes, so
 //! that its bookkeeping is tested here with a scripted log; [`DaemonLog`] puts those calls on
-//! `stela_client::Wal` (behind the `failover-client` feature until stela-client's failover API,
-//! branch `client`, is on main).
+//! `stela_client::Wal` opened on an endpoint list (`Address::Cluster`), over TLS when given a CA.
 
 use super::events::{mono_ms, record, Event, Outcome, Rec};
 use std::io::Write;
@@ -23,18 +22,29 @@ use std::time::Duration;
 /// Arguments of the hidden `stela-bench failover-client`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ClientArgs {
-    /// The nodes, tried in turn: `tcp://A:PORT,tcp://B:PORT`.
+    /// The nodes, tried in turn: `tls://A:PORT,tls://B:PORT` with --tls-ca, else
+    /// `tcp://A:PORT,tcp://B:PORT`.
     #[arg(long)]
     pub endpoints: String,
+    /// The CA the nodes' certificates chain to (PEM): the endpoints are spoken to over TLS.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// With --tls-ca: the name the nodes' certificates carry, if not their addresses.
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub server_name: Option<String>,
+    /// With --tls-ca: a file whose first token authenticates this client.
+    #[arg(long, value_name = "FILE", requires = "tls_ca")]
+    pub token_file: Option<std::path::PathBuf>,
     /// The log to commit to.
     #[arg(long, default_value = super::events::LOG)]
     pub log: String,
     /// Filler bytes per record.
     #[arg(long, default_value_t = 100)]
     pub record_bytes: usize,
-    /// How long one request may go unanswered before the client gives the node up.
-    #[arg(long, default_value_t = 1000)]
-    pub request_timeout_ms: u64,
+    /// How long a request may wait before the client asks the other endpoint whether a newer
+    /// primary has taken over (stela_client's `probe_after`).
+    #[arg(long, default_value_t = 250)]
+    pub probe_after_ms: u64,
 }
 
 /// Why a `replicated` commit did not return `Ok`.
@@ -267,7 +277,7 @@ fn resolve_pending<L: ReplicatedLog>(
 /// closes.
 ///
 /// # Errors
-/// Built without the `failover-client` feature, or standard output closed.
+/// Bad arguments, or standard output closed.
 pub fn run(args: &ClientArgs) -> anyhow::Result<()> {
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let on_eof = std::sync::Arc::clone(&stop);
@@ -282,58 +292,63 @@ pub fn run(args: &ClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "failover-client")]
 fn run_against_daemons(
     args: &ClientArgs,
     stop: &AtomicBool,
     out: &mut dyn Write,
 ) -> anyhow::Result<Tally> {
+    let address = daemon::address(args)?;
     Ok(client_loop(
-        || DaemonLog::open(args),
+        || DaemonLog::open(&address, args),
         args.record_bytes,
         stop,
         out,
     )?)
 }
 
-#[cfg(not(feature = "failover-client"))]
-fn run_against_daemons(
-    _args: &ClientArgs,
-    _stop: &AtomicBool,
-    _out: &mut dyn Write,
-) -> anyhow::Result<Tally> {
-    anyhow::bail!("{}", NEEDS_CLIENT_API)
-}
-
-/// Why a build without the feature cannot run the client.
-pub const NEEDS_CLIENT_API: &str = "this stela-bench was built without the `failover-client` \
-    feature: the failover client needs stela-client's endpoint lists, \
-    WalOptions::request_timeout, Error::InDoubt, Wal::term and Wal::resolve (branch `client`); \
-    once they are on main, build with `--features failover-client` (or drop the feature)";
-
-#[cfg(feature = "failover-client")]
 pub use daemon::DaemonLog;
 
-#[cfg(feature = "failover-client")]
 mod daemon {
     use super::{ClientArgs, CommitError, Rec, ReplicatedLog, Resolution};
     use std::time::Duration;
-    use stela_client::{Durability, Error, Lsn, Transport, Wal, WalOptions};
+    use stela_client::{Address, Durability, Error, Lsn, TlsTarget, Transport, Wal, WalOptions};
+
+    /// The endpoint list of `args`: TLS targets with `--tls-ca`, else parsed as text.
+    pub fn address(args: &ClientArgs) -> anyhow::Result<Address> {
+        let Some(ca) = &args.tls_ca else {
+            return Ok(Address::parse(&args.endpoints)?);
+        };
+        let endpoints = args
+            .endpoints
+            .split(',')
+            .map(|one| {
+                let mut target = TlsTarget::new(one.trim(), ca)?;
+                if let Some(name) = &args.server_name {
+                    target = target.server_name(name);
+                }
+                if let Some(file) = &args.token_file {
+                    target = target.token_file(file);
+                }
+                Ok(Address::Tls(Box::new(target)))
+            })
+            .collect::<Result<Vec<_>, stela_client::Error>>()?;
+        Ok(Address::Cluster(endpoints))
+    }
 
     /// The log opened through the daemons of the endpoint list.
     pub struct DaemonLog(Wal<Rec>);
 
     impl DaemonLog {
-        /// Opens the log on whichever node of `args.endpoints` takes it. The client library's
-        /// own reconnection is off: the loop reopens, and says so in its events.
-        pub fn open(args: &ClientArgs) -> Result<DaemonLog, String> {
+        /// Opens the log on whichever node of `address` takes it. The client library's own
+        /// reconnection is off: the loop reopens, and says so in its events.
+        pub fn open(address: &Address, args: &ClientArgs) -> Result<DaemonLog, String> {
             let options = WalOptions::default()
                 .durability(Durability::Replicated)
                 .type_tag(super::super::events::TYPE_TAG)
                 .transport(Transport::Socket)
                 .reconnect_within(Duration::ZERO)
-                .request_timeout(Duration::from_millis(args.request_timeout_ms));
-            Wal::open(args.endpoints.as_str(), &args.log, options)
+                .probe_after(Duration::from_millis(args.probe_after_ms));
+            Wal::open(address.clone(), &args.log, options)
                 .map(DaemonLog)
                 .map_err(|e| e.to_string())
         }
@@ -350,11 +365,9 @@ mod daemon {
         fn commit_replicated(&mut self, lsn: u64) -> Result<(), CommitError> {
             match self.0.commit_at(Lsn::new(lsn), Durability::Replicated) {
                 Ok(()) => Ok(()),
-                Err(Error::InDoubt { term, lsn, cause }) => Err(CommitError::InDoubt {
-                    term,
-                    lsn,
-                    cause: cause.to_string(),
-                }),
+                Err(Error::InDoubt { term, lsn, cause }) => {
+                    Err(CommitError::InDoubt { term, lsn, cause })
+                }
                 Err(other) => Err(CommitError::Other(other.to_string())),
             }
         }
@@ -364,7 +377,7 @@ mod daemon {
         }
 
         fn resolve(&mut self, term: u64, lsn: u64) -> Result<Resolution, String> {
-            match self.0.resolve(term, lsn) {
+            match self.0.resolve(term, Lsn::new(lsn)) {
                 Ok(stela_client::Resolution::Kept) => Ok(Resolution::Kept),
                 Ok(stela_client::Resolution::Lost) => Ok(Resolution::Lost),
                 Ok(stela_client::Resolution::NotYet) => Ok(Resolution::NotYet),

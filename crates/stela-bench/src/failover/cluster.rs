@@ -3,6 +3,14 @@
 //! "standby" one) and the client (`stela-bench failover-client` in the "client" namespace);
 //! starting, signalling and restarting them; and asking a node for its status.
 //!
+//! The clients' and the replication connections run over TLS by default: the daemon serves
+//! plain TCP (`--tcp-insecure`) on loopback only, and the nodes here listen on the run's own
+//! addresses. One certificate made for the run (naming [`SERVER_NAME`]) serves both nodes'
+//! client and replication listeners and is the CA every peer trusts; a client token
+//! authenticates the client, an administrator token the primary to its standby. Without
+//! [`Security`] the nodes are started with `--tcp-insecure --repl-insecure` instead (for a
+//! daemon that accepts plain TCP inside a private network).
+//!
 //! Status is asked over the node's Unix socket (`DIR/stela.sock`), from this process: a Unix
 //! socket belongs to the file system, not to a network namespace, so the run watches the nodes
 //! through no link its faults cut, and gets the report `stela status --json` prints. A stopped
@@ -24,6 +32,47 @@ use stela_proto::{ReplicaStatus, RequestBody, ResponseBody, StatusReport};
 pub const CLIENT_PORT: u16 = 7000;
 pub const REPL_PORT: u16 = 7601;
 pub const WITNESS_PORT: u16 = 7400;
+
+/// The name the run's certificate carries (both nodes present it).
+pub const SERVER_NAME: &str = "stela-node";
+
+/// The TLS material of the run.
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Authenticates the client (the nodes' --token-file).
+    pub client_token: PathBuf,
+    /// Authenticates a primary to its standby (--admin-token-file, --standby-token-file).
+    pub admin_token: PathBuf,
+}
+
+impl Security {
+    /// Makes a self-signed certificate naming [`SERVER_NAME`], its key and two tokens in `dir`.
+    ///
+    /// # Errors
+    /// The files cannot be written.
+    pub fn create(dir: &Path) -> anyhow::Result<Security> {
+        std::fs::create_dir_all(dir)?;
+        let key = rcgen::KeyPair::generate()?;
+        let cert =
+            rcgen::CertificateParams::new(vec![SERVER_NAME.to_owned()])?.self_signed(&key)?;
+        let security = Security {
+            cert: dir.join("node.pem"),
+            key: dir.join("node.key"),
+            client_token: dir.join("client-token"),
+            admin_token: dir.join("admin-token"),
+        };
+        std::fs::write(&security.cert, cert.pem())?;
+        std::fs::write(&security.key, key.serialize_pem())?;
+        std::fs::write(
+            &security.client_token,
+            "a-failover-benchmark-client-token\n",
+        )?;
+        std::fs::write(&security.admin_token, "a-failover-benchmark-admin-token\n")?;
+        Ok(security)
+    }
+}
 
 /// Settings every node and the witness share.
 #[derive(Debug, Clone)]
@@ -60,23 +109,22 @@ impl Node {
         topology: &Topology,
         base: &Path,
         timing: &Timing,
+        security: Option<&Security>,
     ) -> Node {
         let dir = base.join(name);
         let own = topology.address(host);
-        let args = vec![
+        let mut args: Vec<String> = vec![
             "serve".into(),
             "--dir".into(),
             dir.display().to_string(),
             "--tcp".into(),
             format!("{own}:{CLIENT_PORT}"),
-            "--tcp-insecure".into(),
             "--node".into(),
             name.into(),
             "--repl-listen".into(),
             format!("{own}:{REPL_PORT}"),
             "--peer".into(),
             format!("{}:{REPL_PORT}", topology.address(peer)),
-            "--repl-insecure".into(),
             "--coordinator".into(),
             format!("tcp://{}:{WITNESS_PORT}", topology.address(Host::Witness)),
             "--heartbeat-ms".into(),
@@ -87,6 +135,30 @@ impl Node {
             "--assume-write-rate".into(),
             "500000000".into(),
         ];
+        match security {
+            Some(security) => {
+                let path = |p: &PathBuf| p.display().to_string();
+                args.extend([
+                    "--tls-cert".into(),
+                    path(&security.cert),
+                    "--tls-key".into(),
+                    path(&security.key),
+                    "--token-file".into(),
+                    path(&security.client_token),
+                    "--admin-token-file".into(),
+                    path(&security.admin_token),
+                    "--standby-ca".into(),
+                    path(&security.cert),
+                    "--standby-name".into(),
+                    SERVER_NAME.into(),
+                    "--standby-token-file".into(),
+                    path(&security.admin_token),
+                ]);
+            }
+            // Plain TCP: what the daemon allows off loopback only for replication
+            // (--repl-insecure); it refuses --tcp-insecure on these addresses today.
+            None => args.extend(["--tcp-insecure".into(), "--repl-insecure".into()]),
+        }
         Node {
             name,
             host,
@@ -334,13 +406,35 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(stela: PathBuf, topology: &Topology, base: &Path, timing: &Timing) -> Cluster {
+    pub fn new(
+        stela: PathBuf,
+        topology: &Topology,
+        base: &Path,
+        timing: &Timing,
+        security: Option<&Security>,
+    ) -> Cluster {
         Cluster {
             stela,
             witness: Witness::new(topology, base, timing),
             nodes: [
-                Node::new("a", Host::Primary, Host::Standby, topology, base, timing),
-                Node::new("b", Host::Standby, Host::Primary, topology, base, timing),
+                Node::new(
+                    "a",
+                    Host::Primary,
+                    Host::Standby,
+                    topology,
+                    base,
+                    timing,
+                    security,
+                ),
+                Node::new(
+                    "b",
+                    Host::Standby,
+                    Host::Primary,
+                    topology,
+                    base,
+                    timing,
+                    security,
+                ),
             ],
         }
     }

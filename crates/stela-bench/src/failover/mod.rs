@@ -121,9 +121,15 @@ pub struct FailoverArgs {
     /// The witness's --lease-ms.
     #[arg(long, default_value_t = 300)]
     pub lease_ms: u64,
-    /// How long the client waits for one answer before it gives a node up.
-    #[arg(long, default_value_t = 1000)]
-    pub request_timeout_ms: u64,
+    /// The client's `probe_after`: how long a request waits before the client asks the other
+    /// node whether a newer primary has taken over.
+    #[arg(long, default_value_t = 250)]
+    pub probe_after_ms: u64,
+    /// Plain TCP for the clients and the replication stream (`--tcp-insecure --repl-insecure`)
+    /// instead of TLS. Today's daemon refuses `--tcp-insecure` off loopback, so the nodes do
+    /// not start; this is for a daemon that accepts it inside a private network.
+    #[arg(long)]
+    pub plain_tcp: bool,
     /// Print only the JSON lines (one per fault, then the summary).
     #[arg(long)]
     pub json: bool,
@@ -196,6 +202,7 @@ pub struct Summary {
 #[derive(Debug, Clone)]
 struct FaultRun {
     kind: FaultKind,
+    start_ms: f64,
     inject_ms: f64,
     restore_ms: f64,
     recovered_ms: f64,
@@ -215,12 +222,9 @@ const PROTECT_WAIT: Duration = Duration::from_secs(60);
 /// Runs the benchmark, printing to `out`.
 ///
 /// # Errors
-/// Built without the client's failover API, not root, a process that does not start, a pair
+/// Not root, a process that does not start, a pair
 /// that is not protected again within a minute, logs that cannot be read.
 pub fn run(args: &FailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<FaultRow>, Summary)> {
-    if !cfg!(feature = "failover-client") {
-        anyhow::bail!("{}", client::NEEDS_CLIENT_API);
-    }
     anyhow::ensure!(args.faults >= 1, "--faults must be at least 1");
     anyhow::ensure!(!args.kinds.is_empty(), "--kinds names no fault");
     crate::netns::stop_on_signals()?;
@@ -276,7 +280,18 @@ fn run_in(
         suspect_after_ms: args.suspect_after_ms,
         lease_ms: args.lease_ms,
     };
-    let mut cluster = Cluster::new(stela.to_owned(), &topology, base, &timing);
+    let security = if args.plain_tcp {
+        None
+    } else {
+        Some(cluster::Security::create(&base.join("tls"))?)
+    };
+    let mut cluster = Cluster::new(
+        stela.to_owned(),
+        &topology,
+        base,
+        &timing,
+        security.as_ref(),
+    );
     cluster.witness.start(stela, &topology)?;
     cluster.nodes[0].start(stela, &topology, Role::Primary)?;
     cluster.nodes[1].start(stela, &topology, Role::Standby)?;
@@ -300,21 +315,32 @@ fn run_in(
             tail(cluster.witness.log_path(), 10)
         )
     })?;
+    let scheme = if security.is_some() { "tls" } else { "tcp" };
     let endpoints = format!(
-        "tcp://{}:{port},tcp://{}:{port}",
+        "{scheme}://{}:{port},{scheme}://{}:{port}",
         topology.address(Host::Primary),
         topology.address(Host::Standby),
         port = cluster::CLIENT_PORT
     );
-    let client_args: Vec<String> = vec![
+    let mut client_args: Vec<String> = vec![
         "failover-client".into(),
         "--endpoints".into(),
         endpoints.clone(),
         "--record-bytes".into(),
         args.record_bytes.to_string(),
-        "--request-timeout-ms".into(),
-        args.request_timeout_ms.to_string(),
+        "--probe-after-ms".into(),
+        args.probe_after_ms.to_string(),
     ];
+    if let Some(security) = &security {
+        client_args.extend([
+            "--tls-ca".into(),
+            security.cert.display().to_string(),
+            "--server-name".into(),
+            cluster::SERVER_NAME.into(),
+            "--token-file".into(),
+            security.client_token.display().to_string(),
+        ]);
+    }
     let t0_ms = mono_ms();
     let mut client = Client::start(me, &topology, base, &client_args)?;
     client.wait_for_ack(Duration::from_secs(30))?;
@@ -355,6 +381,7 @@ fn run_in(
     let windows: Vec<FaultWindow> = runs
         .iter()
         .map(|r| FaultWindow {
+            start_ms: r.start_ms,
             inject_ms: r.inject_ms,
             restore_ms: r.restore_ms,
             expects_failover: r.kind.expects_failover(),
@@ -468,8 +495,10 @@ fn inject(
     let (p_host, s_host) = (cluster.nodes[p].host, cluster.nodes[s].host);
     let epoch_before = epoch(&before);
     let hold = Duration::from_millis(args.fault_ms);
-    // The fault itself; the injection time is taken once it is in force (an `ip` command takes
-    // a few milliseconds, during which a commit could still complete the old way).
+    // The fault itself. It is in force once the signal is sent, or once the `ip`/`tc` command
+    // that makes it returns (it runs a few milliseconds, in which a commit could still complete
+    // the old way); its period (what its events are counted against) starts before either.
+    let start_ms = mono_ms();
     match kind {
         FaultKind::KillPrimary => cluster.nodes[p].kill(),
         FaultKind::StopPrimary => cluster.nodes[p].signal(Signal::STOP)?,
@@ -479,7 +508,13 @@ fn inject(
         FaultKind::KillStandby => cluster.nodes[s].kill(),
         FaultKind::KillWitness => cluster.witness.kill(),
     }
-    let inject_ms = mono_ms();
+    let inject_ms = match kind {
+        FaultKind::KillPrimary
+        | FaultKind::StopPrimary
+        | FaultKind::KillStandby
+        | FaultKind::KillWitness => start_ms,
+        FaultKind::IsolatePrimary | FaultKind::PartitionPair | FaultKind::LossyStandby => mono_ms(),
+    };
     let mut old_primary_exit = None;
     // The node to start again once the fault is over.
     let mut rejoin = None;
@@ -535,6 +570,7 @@ fn inject(
     let recovered_ms = mono_ms();
     Ok(FaultRun {
         kind,
+        start_ms,
         inject_ms,
         restore_ms,
         recovered_ms,
