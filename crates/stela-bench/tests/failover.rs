@@ -6,7 +6,7 @@
 //!   fault checked by who can still open a TCP connection to whom, and nothing left behind.
 //! - `two_faults_lose_nothing`: a smoke run (SIGKILL of the primary, then the pair cut off from
 //!   each other): no acknowledged record lost, no acknowledgement from a deposed primary.
-//! - `every_kind_twice` (ignored: about two minutes): every kind but lossy-standby (netem is
+//! - `every_kind_twice` (ignored: about a minute): every kind but lossy-standby (netem is
 //!   missing from some kernels, this VM's among them), twice.
 //!
 //! The run needs the `stela` binary next to `stela-bench` (`cargo test --workspace` builds it;
@@ -224,7 +224,7 @@ const KINDS_WITHOUT_NETEM: &str =
     "kill-primary,stop-primary,isolate-primary,partition-pair,kill-standby,kill-witness";
 
 #[test]
-#[ignore = "about two minutes: every kind of fault twice"]
+#[ignore = "about a minute: every kind of fault but lossy-standby twice"]
 fn every_kind_twice() {
     let (faults, summary) = failover_run(
         &["--faults", "12", "--kinds", KINDS_WITHOUT_NETEM],
