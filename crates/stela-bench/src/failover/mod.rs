@@ -5,7 +5,8 @@
 //! whatever was hit) is brought back and the pair reprotected before the next. Reported per
 //! fault: the downtime seen by the client, acknowledgements, commits in doubt, records lost,
 //! acknowledgements from a deposed primary, failovers, the bytes shipped to reprotect, and for
-//! the faults that must not fail over, the longest blocked commit. Needs root.
+//! the faults that must not fail over, the longest blocked commit. Clients and replication run
+//! over TLS (the daemon serves plain TCP on loopback only; see [`cluster`]). Needs root.
 //!
 //! - [`topology`]: the namespaces, the bridge, and the network faults.
 //! - [`cluster`]: the processes (witness, nodes, client), signals, restarts, status.
