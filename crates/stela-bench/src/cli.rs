@@ -9,6 +9,8 @@
 //!   ([`crate::power_bench`]).
 //! - `stela-bench replicated`: `buffered` against `replicated` across a veth link
 //!   ([`crate::repl_bench`]).
+//! - `stela-bench failover`: faults injected into a failover pair under a committing client
+//!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
 //! Exit codes: 0 success, 2 the command failed (bad arguments, a run that failed, ...).
 
@@ -51,6 +53,13 @@ pub enum Command {
     /// Echo server the `replicated` benchmark runs in the standby's namespace.
     #[command(hide = true)]
     Netecho(crate::repl_bench::NetEchoArgs),
+    /// Availability under faults: a witness and a failover pair in network namespaces this
+    /// command creates (root), a client committing at `replicated` throughout, faults injected
+    /// in turn; downtime, losses, double primaries, reprotection per fault.
+    Failover(crate::failover::FailoverArgs),
+    /// The client the `failover` benchmark runs in the client's namespace.
+    #[command(hide = true)]
+    FailoverClient(crate::failover::client::ClientArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -86,6 +95,8 @@ where
         Command::PowerFail(args) => crate::power_bench::run(args).map(drop),
         Command::Replicated(args) => crate::repl_bench::run(&args, &mut out).map(drop),
         Command::Netecho(args) => crate::repl_bench::net_echo(&args),
+        Command::Failover(args) => crate::failover::run(&args, &mut out).map(drop),
+        Command::FailoverClient(args) => crate::failover::client::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

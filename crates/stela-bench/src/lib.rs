@@ -1,5 +1,5 @@
 //! stela-bench: the benchmarks of stela, behind the `stela-bench` binary (`stela-bench wal`,
-//! `stela-bench commit`, `stela-bench power-fail`). The peers (okaywal, raft-engine) are
+//! `stela-bench commit`, `stela-bench power-fail`, `stela-bench replicated`, `stela-bench failover`). The peers (okaywal, raft-engine) are
 //! dependencies here and nowhere else; the product (`stela`) does not depend on this crate.
 //!
 //! - [`cli`]: the command line, its arguments and the entry point [`cli::run`].
@@ -14,12 +14,17 @@
 //! - [`power_bench`]: `stela-bench power-fail`, the emergency flush against its budget.
 //! - [`repl_bench`]: `stela-bench replicated`, `buffered` against `replicated` with the standby
 //!   across a veth link in a network namespace of its own.
+//! - [`failover`]: `stela-bench failover`, faults injected into a witness and a failover pair in
+//!   namespaces of their own, with a client committing throughout (RemusDB's Figures 5 to 7).
+//! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
 pub mod chart;
 pub mod cli;
 pub mod commit_bench;
 pub mod commit_chart;
+pub mod failover;
 pub mod harness;
+pub mod netns;
 pub mod peers;
 pub mod power_bench;
 pub mod record;

@@ -16,7 +16,8 @@
 //! commits/s at 16 clients >= 0.8 x `buffered`. Needs root (network namespaces).
 
 use crate::commit_bench::{self, CommitBenchConfig, CommitRow, TransportChoice};
-use anyhow::{bail, Context};
+use crate::netns::{ip, sibling, wait_for, Killed, Namespace};
+use anyhow::Context;
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -95,39 +96,41 @@ pub fn net_echo(args: &NetEchoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The namespace and veth pair, removed when dropped.
+/// The namespace and the veth pair joining it to this one, removed when dropped.
 struct Network {
-    namespace: String,
     host_if: String,
     here: String,
     there: String,
+    /// Dropped after `host_if` is deleted (fields drop in order, after `Drop::drop`).
+    namespace: Namespace,
 }
 
 impl Network {
     fn create() -> anyhow::Result<Network> {
         let pid = std::process::id();
         let n = pid % 250 + 1;
-        let net = Network {
-            namespace: format!("stela-rb-{pid}"),
-            host_if: format!("strb{}", pid % 100_000),
-            here: format!("10.250.{n}.1"),
-            there: format!("10.250.{n}.2"),
-        };
-        let peer_if = format!("strs{}", pid % 100_000);
-        ip(&["netns", "add", &net.namespace])
-            .context("creating a network namespace (needs root)")?;
-        // From here on `net` is dropped on failure, which removes what exists.
+        let namespace = Namespace::create(&format!("stela-rb-{pid}"))?;
+        let host_if = format!("strb{}", pid % 100_000);
+        // The veth is made with its peer already inside the namespace: nothing but `host_if`
+        // ever exists in this one.
         ip(&[
             "link",
             "add",
-            &net.host_if,
+            &host_if,
             "type",
             "veth",
             "peer",
             "name",
-            &peer_if,
+            "strb0",
+            "netns",
+            namespace.name(),
         ])?;
-        ip(&["link", "set", &peer_if, "netns", &net.namespace])?;
+        let net = Network {
+            host_if,
+            here: format!("10.250.{n}.1"),
+            there: format!("10.250.{n}.2"),
+            namespace,
+        };
         ip(&[
             "addr",
             "add",
@@ -136,83 +139,22 @@ impl Network {
             &net.host_if,
         ])?;
         ip(&["link", "set", &net.host_if, "up"])?;
-        net.exec_ip(&["addr", "add", &format!("{}/30", net.there), "dev", &peer_if])?;
-        net.exec_ip(&["link", "set", &peer_if, "up"])?;
-        net.exec_ip(&["link", "set", "lo", "up"])?;
+        net.namespace
+            .ip(&["addr", "add", &format!("{}/30", net.there), "dev", "strb0"])?;
+        net.namespace.ip(&["link", "set", "strb0", "up"])?;
         Ok(net)
-    }
-
-    fn exec_ip(&self, args: &[&str]) -> anyhow::Result<()> {
-        let mut all = vec!["netns", "exec", &self.namespace, "ip"];
-        all.extend_from_slice(args);
-        ip(&all)
     }
 
     /// `program args` inside the namespace.
     fn spawn(&self, program: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
-        let out = std::fs::File::create(log)?;
-        Command::new("ip")
-            .args(["netns", "exec", &self.namespace])
-            .arg(program)
-            .args(args)
-            .stdout(Stdio::from(out.try_clone()?))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .context("ip netns exec")
+        self.namespace.spawn(program, args, log)
     }
 }
 
 impl Drop for Network {
     fn drop(&mut self) {
         let _ = ip(&["link", "del", &self.host_if]);
-        let _ = ip(&["netns", "del", &self.namespace]);
     }
-}
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let output = Command::new("ip").args(args).output().context("run ip")?;
-    if !output.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-/// A child process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let me = std::env::current_exe()?;
-    let path = me.with_file_name(name);
-    if !path.exists() {
-        bail!(
-            "{} not found next to {} (build it: cargo build --release)",
-            path.display(),
-            me.display()
-        );
-    }
-    Ok(path)
-}
-
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ready() {
-        if Instant::now() > deadline {
-            bail!("{what} did not come up within 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }
 
 /// Median TCP round trip to `addr`, in microseconds.

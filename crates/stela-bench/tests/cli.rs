@@ -319,7 +319,7 @@ fn power_fail_json_lines_have_exactly_the_keys() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for command in ["wal", "commit", "power-fail"] {
+    for command in ["wal", "commit", "power-fail", "replicated", "failover"] {
         let out = stela_bench(&[command, "--help"]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         assert!(text(&out).contains("--json"), "{command}: {}", text(&out));

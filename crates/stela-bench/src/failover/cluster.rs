@@ -1,0 +1,638 @@
+//! The processes of the failover run: the witness, the two nodes (`stela serve`, node `a`
+//! starting as the primary in the "primary" namespace, node `b` as the standby in the
+//! "standby" one) and the client (`stela-bench failover-client` in the "client" namespace);
+//! starting, signalling and restarting them; and asking a node for its status.
+//!
+//! The clients' and the replication connections run over TLS by default: the daemon serves
+//! plain TCP (`--tcp-insecure`) on loopback only, and the nodes here listen on the run's own
+//! addresses. One certificate made for the run (naming [`SERVER_NAME`]) serves both nodes'
+//! client and replication listeners and is the CA every peer trusts; a client token
+//! authenticates the client, an administrator token the primary to its standby. Without
+//! [`Security`] the nodes are started with `--tcp-insecure --repl-insecure` instead (for a
+//! daemon that accepts plain TCP inside a private network).
+//!
+//! Status is asked over the node's Unix socket (`DIR/stela.sock`), from this process: a Unix
+//! socket belongs to the file system, not to a network namespace, so the run watches the nodes
+//! through no link its faults cut, and gets the report `stela status --json` prints. A stopped
+//! (SIGSTOP) node would never answer, so every request runs on a helper thread given up after a
+//! second.
+
+use super::events::{mono_ms, Event, LOG};
+use super::topology::{Host, Topology};
+use crate::netns::{wait_within, Killed};
+use anyhow::{bail, Context};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stela_proto::{ReplicaStatus, RequestBody, ResponseBody, StatusReport};
+
+/// Ports, the same on every host (each has its own address).
+pub const CLIENT_PORT: u16 = 7000;
+pub const REPL_PORT: u16 = 7601;
+pub const WITNESS_PORT: u16 = 7400;
+
+/// The name the run's certificate carries (both nodes present it).
+pub const SERVER_NAME: &str = "stela-node";
+
+/// The TLS material of the run.
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Authenticates the client (the nodes' --token-file).
+    pub client_token: PathBuf,
+    /// Authenticates a primary to its standby (--admin-token-file, --standby-token-file).
+    pub admin_token: PathBuf,
+}
+
+impl Security {
+    /// Makes a self-signed certificate naming [`SERVER_NAME`], its key and two tokens in `dir`.
+    ///
+    /// # Errors
+    /// The files cannot be written.
+    pub fn create(dir: &Path) -> anyhow::Result<Security> {
+        std::fs::create_dir_all(dir)?;
+        let key = rcgen::KeyPair::generate()?;
+        let cert =
+            rcgen::CertificateParams::new(vec![SERVER_NAME.to_owned()])?.self_signed(&key)?;
+        let security = Security {
+            cert: dir.join("node.pem"),
+            key: dir.join("node.key"),
+            client_token: dir.join("client-token"),
+            admin_token: dir.join("admin-token"),
+        };
+        std::fs::write(&security.cert, cert.pem())?;
+        std::fs::write(&security.key, key.serialize_pem())?;
+        std::fs::write(
+            &security.client_token,
+            "a-failover-benchmark-client-token\n",
+        )?;
+        std::fs::write(&security.admin_token, "a-failover-benchmark-admin-token\n")?;
+        Ok(security)
+    }
+}
+
+/// Settings every node and the witness share.
+#[derive(Debug, Clone)]
+pub struct Timing {
+    pub heartbeat_ms: u64,
+    pub suspect_after_ms: u64,
+    pub lease_ms: u64,
+}
+
+/// The role a node is started in (the coordinator's holder overrides it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Primary,
+    Standby,
+}
+
+/// A `stela serve` node.
+pub struct Node {
+    pub name: &'static str,
+    pub host: Host,
+    pub dir: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    process: Option<Killed>,
+    /// SIGSTOPped: not asked for its status.
+    stopped: bool,
+}
+
+impl Node {
+    fn new(
+        name: &'static str,
+        host: Host,
+        peer: Host,
+        topology: &Topology,
+        base: &Path,
+        timing: &Timing,
+        security: Option<&Security>,
+    ) -> Node {
+        let dir = base.join(name);
+        let own = topology.address(host);
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--dir".into(),
+            dir.display().to_string(),
+            "--tcp".into(),
+            format!("{own}:{CLIENT_PORT}"),
+            "--node".into(),
+            name.into(),
+            "--repl-listen".into(),
+            format!("{own}:{REPL_PORT}"),
+            "--peer".into(),
+            format!("{}:{REPL_PORT}", topology.address(peer)),
+            "--coordinator".into(),
+            format!("tcp://{}:{WITNESS_PORT}", topology.address(Host::Witness)),
+            "--heartbeat-ms".into(),
+            timing.heartbeat_ms.to_string(),
+            "--suspect-after-ms".into(),
+            timing.suspect_after_ms.to_string(),
+            // Skips the start-up disk measurement, so that a restart rejoins at once.
+            "--assume-write-rate".into(),
+            "500000000".into(),
+        ];
+        match security {
+            Some(security) => {
+                let path = |p: &PathBuf| p.display().to_string();
+                args.extend([
+                    "--tls-cert".into(),
+                    path(&security.cert),
+                    "--tls-key".into(),
+                    path(&security.key),
+                    "--token-file".into(),
+                    path(&security.client_token),
+                    "--admin-token-file".into(),
+                    path(&security.admin_token),
+                    "--standby-ca".into(),
+                    path(&security.cert),
+                    "--standby-name".into(),
+                    SERVER_NAME.into(),
+                    "--standby-token-file".into(),
+                    path(&security.admin_token),
+                ]);
+            }
+            // Plain TCP: what the daemon allows off loopback only for replication
+            // (--repl-insecure); it refuses --tcp-insecure on these addresses today.
+            None => args.extend(["--tcp-insecure".into(), "--repl-insecure".into()]),
+        }
+        Node {
+            name,
+            host,
+            log: base.join(format!("{name}.log")),
+            dir,
+            args,
+            process: None,
+            stopped: false,
+        }
+    }
+
+    /// Starts the node in `role`; returns once its socket answers a status request.
+    pub fn start(&mut self, stela: &Path, topology: &Topology, role: Role) -> anyhow::Result<()> {
+        let mut args = self.args.clone();
+        args.push("--role".into());
+        args.push(match role {
+            Role::Primary => "primary".into(),
+            Role::Standby => "standby".into(),
+        });
+        let child = topology
+            .namespace(self.host)
+            .spawn(stela, &args, &self.log)?;
+        self.process = Some(Killed(child));
+        self.stopped = false;
+        let what = format!(
+            "node {} to answer on {}",
+            self.name,
+            self.socket().display()
+        );
+        let mut exited = None;
+        let ready = wait_within(&what, Duration::from_secs(30), || {
+            if let Some(status) = self.try_exit() {
+                exited = Some(status);
+                return true;
+            }
+            self.status().is_some()
+        });
+        if let Some(status) = exited {
+            bail!(
+                "node {} exited at start ({status}); its log ends:\n{}",
+                self.name,
+                tail(&self.log, 15)
+            );
+        }
+        ready.with_context(|| format!("node {}'s log ends:\n{}", self.name, tail(&self.log, 15)))
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("stela.sock")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(Killed::id)
+    }
+
+    pub fn running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// Its exit status if it has exited (the process is then forgotten).
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.process.as_mut()?.0.try_wait().ok()??;
+        self.process = None;
+        Some(status)
+    }
+
+    /// Waits up to `within` for the node to exit by itself; its exit code (None: still running
+    /// or killed by a signal).
+    pub fn wait_exit(&mut self, within: Duration) -> anyhow::Result<Option<i32>> {
+        let mut code = None;
+        let exited = wait_within("the node to exit", within, || match self.try_exit() {
+            Some(status) => {
+                code = status.code();
+                true
+            }
+            None => !self.running(),
+        });
+        Ok(if exited.is_ok() { code } else { None })
+    }
+
+    /// SIGKILL, and reaped.
+    pub fn kill(&mut self) {
+        self.process = None;
+        self.stopped = false;
+    }
+
+    pub fn signal(&mut self, signal: rustix::process::Signal) -> anyhow::Result<()> {
+        let pid = self.pid().context("the node is not running")?;
+        let pid = rustix::process::Pid::from_raw(pid as i32).context("pid 0")?;
+        rustix::process::kill_process(pid, signal)
+            .with_context(|| format!("signal node {}", self.name))?;
+        if signal == rustix::process::Signal::STOP {
+            self.stopped = true;
+        } else if signal == rustix::process::Signal::CONT {
+            self.stopped = false;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM (the node writes and syncs everything), then waits up to 10 s; SIGKILL after.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        if self.process.is_none() {
+            return Ok(());
+        }
+        if self.stopped {
+            self.signal(rustix::process::Signal::CONT)?;
+        }
+        self.signal(rustix::process::Signal::TERM)?;
+        if self.wait_exit(Duration::from_secs(10))?.is_none() && self.running() {
+            self.kill();
+            bail!("node {} did not stop within 10 s of SIGTERM", self.name);
+        }
+        Ok(())
+    }
+
+    /// The node's status, or None if it is not running, stopped or does not answer in a second.
+    pub fn status(&self) -> Option<StatusReport> {
+        if self.process.is_none() || self.stopped {
+            return None;
+        }
+        status_of(&self.socket(), Duration::from_secs(1))
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+/// Asks the daemon at `socket` for its status, giving up after `within`.
+pub fn status_of(socket: &Path, within: Duration) -> Option<StatusReport> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let address = stela_client::Address::Unix(socket.to_owned());
+    std::thread::spawn(move || {
+        let report = stela_client::Connection::connect_admin(&address)
+            .and_then(|mut c| c.request(RequestBody::Status))
+            .ok()
+            .and_then(|answer| match answer {
+                ResponseBody::Status(report) => Some(*report),
+                _ => None,
+            });
+        let _ = tx.send(report);
+    });
+    rx.recv_timeout(within).ok().flatten()
+}
+
+/// The replication state of the client's log on a node.
+pub fn log_replica(report: &StatusReport) -> Option<&ReplicaStatus> {
+    report
+        .replication
+        .as_ref()?
+        .logs
+        .iter()
+        .find(|l| l.log == LOG)
+}
+
+pub fn role(report: &StatusReport) -> &str {
+    report.replication.as_ref().map_or("", |r| r.role.as_str())
+}
+
+pub fn epoch(report: &StatusReport) -> u64 {
+    report.replication.as_ref().map_or(0, |r| r.epoch)
+}
+
+/// Bytes of log the node shipped to its standby, over every log.
+pub fn shipped_bytes(report: &StatusReport) -> u64 {
+    report
+        .replication
+        .as_ref()
+        .map_or(0, |r| r.logs.iter().map(|l| l.shipped_bytes).sum())
+}
+
+/// Whether a primary is protected again: it names a coordinator it reaches, acknowledges
+/// nothing unprotected, and its standby is connected with the client's log caught up (at most
+/// a few records behind: the client never stops committing).
+pub fn protected(report: &StatusReport) -> bool {
+    let Some(replication) = &report.replication else {
+        return false;
+    };
+    replication.role == "primary"
+        && replication.unprotected_since_ms == 0
+        && replication
+            .coordinator
+            .as_ref()
+            .is_some_and(|c| c.reachable)
+        && log_replica(report)
+            .is_some_and(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
+}
+
+/// The witness (`stela witness`).
+pub struct Witness {
+    args: Vec<String>,
+    log: PathBuf,
+    process: Option<Killed>,
+}
+
+impl Witness {
+    fn new(topology: &Topology, base: &Path, timing: &Timing) -> Witness {
+        Witness {
+            args: vec![
+                "witness".into(),
+                "--listen".into(),
+                format!("{}:{WITNESS_PORT}", topology.address(Host::Witness)),
+                "--dir".into(),
+                base.join("witness").display().to_string(),
+                "--lease-ms".into(),
+                timing.lease_ms.to_string(),
+            ],
+            log: base.join("witness.log"),
+            process: None,
+        }
+    }
+
+    pub fn start(&mut self, stela: &Path, topology: &Topology) -> anyhow::Result<()> {
+        let child = topology
+            .namespace(Host::Witness)
+            .spawn(stela, &self.args, &self.log)?;
+        let mut process = Killed(child);
+        // The witness cannot be asked from here (its port is in its namespace); the nodes say
+        // whether they reach it. A witness that exits at once is an error now.
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(status) = process.0.try_wait()? {
+            bail!(
+                "the witness exited at start ({status}); its log ends:\n{}",
+                tail(&self.log, 15)
+            );
+        }
+        self.process = Some(process);
+        Ok(())
+    }
+
+    pub fn kill(&mut self) {
+        self.process = None;
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+/// The witness and both nodes.
+pub struct Cluster {
+    pub stela: PathBuf,
+    pub witness: Witness,
+    pub nodes: [Node; 2],
+}
+
+impl Cluster {
+    pub fn new(
+        stela: PathBuf,
+        topology: &Topology,
+        base: &Path,
+        timing: &Timing,
+        security: Option<&Security>,
+    ) -> Cluster {
+        Cluster {
+            stela,
+            witness: Witness::new(topology, base, timing),
+            nodes: [
+                Node::new(
+                    "a",
+                    Host::Primary,
+                    Host::Standby,
+                    topology,
+                    base,
+                    timing,
+                    security,
+                ),
+                Node::new(
+                    "b",
+                    Host::Standby,
+                    Host::Primary,
+                    topology,
+                    base,
+                    timing,
+                    security,
+                ),
+            ],
+        }
+    }
+
+    /// The index of the node that reports itself primary in the highest epoch, with its status.
+    pub fn primary(&self) -> Option<(usize, StatusReport)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.status().map(|s| (i, s)))
+            .filter(|(_, s)| role(s) == "primary")
+            .max_by_key(|(_, s)| epoch(s))
+    }
+}
+
+/// The client process and the events it has written so far.
+pub struct Client {
+    process: Option<Killed>,
+    stdin: Option<ChildStdin>,
+    events: Arc<Mutex<Vec<Event>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    log: PathBuf,
+}
+
+impl Client {
+    /// Starts `stela-bench failover-client` in the client's namespace; its events are kept in
+    /// memory and, as written, in `base/client-events.jsonl`.
+    pub fn start(
+        me: &Path,
+        topology: &Topology,
+        base: &Path,
+        args: &[String],
+    ) -> anyhow::Result<Client> {
+        let log = base.join("client.log");
+        let stderr = std::fs::File::create(&log)?;
+        let mut child = topology
+            .namespace(Host::Client)
+            .command(me, args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .context("start the failover client")?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("the client's stdout")?;
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&events);
+        let mut raw =
+            std::io::BufWriter::new(std::fs::File::create(base.join("client-events.jsonl"))?);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(raw, "{line}");
+                match serde_json::from_str::<Event>(&line) {
+                    Ok(event) => sink.lock().expect("events").push(event),
+                    Err(error) => {
+                        eprintln!("failover: a client line that is no event ({error}): {line}")
+                    }
+                }
+            }
+            let _ = raw.flush();
+        });
+        Ok(Client {
+            process: Some(Killed(child)),
+            stdin,
+            events,
+            reader: Some(reader),
+            log,
+        })
+    }
+
+    /// The events so far (a copy).
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().expect("events").clone()
+    }
+
+    /// Whether a commit begun after `t_ms` has been acknowledged.
+    pub fn acked_since(&self, t_ms: f64) -> bool {
+        self.events
+            .lock()
+            .expect("events")
+            .iter()
+            .rev()
+            .take_while(|e| e.t_ms() >= t_ms)
+            .any(|e| matches!(e, Event::Ack { t_ms: t, wait_ms, .. } if t - wait_ms >= t_ms))
+    }
+
+    /// Waits up to `within` for an acknowledgement of a commit begun after now.
+    pub fn wait_for_ack(&mut self, within: Duration) -> anyhow::Result<()> {
+        let since = mono_ms();
+        wait_within("an acknowledged commit", within, || {
+            self.acked_since(since) || self.exited()
+        })?;
+        if self.exited() {
+            bail!(
+                "the client exited; its stderr ends:\n{}",
+                tail(&self.log, 15)
+            );
+        }
+        Ok(())
+    }
+
+    fn exited(&mut self) -> bool {
+        self.process
+            .as_mut()
+            .is_none_or(|p| p.0.try_wait().ok().flatten().is_some())
+    }
+
+    /// Closes its standard input (it settles what is in doubt and exits), waits up to 15 s for
+    /// it, and returns every event.
+    pub fn stop(&mut self) -> anyhow::Result<Vec<Event>> {
+        self.stdin = None;
+        let exited = wait_within("the client to exit", Duration::from_secs(15), || {
+            self.exited()
+        });
+        self.process = None;
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        exited.with_context(|| format!("the client's stderr ends:\n{}", tail(&self.log, 15)))?;
+        Ok(self.events())
+    }
+}
+
+/// The last `lines` lines of a file, for error messages.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("({e})"));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stela_proto::{CoordinatorStatus, ReplicationStatus};
+
+    fn replica(connected: bool, lag_records: u64) -> ReplicaStatus {
+        ReplicaStatus {
+            log: LOG.into(),
+            connected,
+            term: 2 << 32 | 1,
+            received_lsn: 100,
+            durable_lsn: 90,
+            lag_records,
+            lag_ms: 0,
+            stopped: None,
+            shipped_bytes: 4000,
+            wire_bytes: 1000,
+            degraded: false,
+            degraded_acks: 0,
+            unprotected_acks: 0,
+        }
+    }
+
+    fn report(role: &str, unprotected_since_ms: u64, logs: Vec<ReplicaStatus>) -> StatusReport {
+        StatusReport {
+            replication: Some(ReplicationStatus {
+                role: role.into(),
+                peer: "10.231.1.2:7601".into(),
+                logs,
+                epoch: 2,
+                coordinator: Some(CoordinatorStatus {
+                    describe: "witness tcp://10.231.1.3:7400".into(),
+                    reachable: true,
+                    last_answer_ms: 10,
+                    epoch: 2,
+                    holder: Some("b".into()),
+                }),
+                last_failover: None,
+                unprotected_since_ms,
+            }),
+            ..StatusReport::default()
+        }
+    }
+
+    #[test]
+    fn protected_means_a_primary_with_its_standby_connected_and_caught_up() {
+        assert!(protected(&report("primary", 0, vec![replica(true, 3)])));
+        assert_eq!(
+            shipped_bytes(&report("primary", 0, vec![replica(true, 3)])),
+            4000
+        );
+        // Unprotected since a promotion, the standby away or far behind, no log, a standby.
+        assert!(!protected(&report("primary", 1, vec![replica(true, 0)])));
+        assert!(!protected(&report("primary", 0, vec![replica(false, 0)])));
+        assert!(!protected(&report("primary", 0, vec![replica(true, 5000)])));
+        assert!(!protected(&report("primary", 0, vec![])));
+        assert!(!protected(&report("standby", 0, vec![replica(true, 0)])));
+        assert!(!protected(&StatusReport::default()));
+        let mut away = report("primary", 0, vec![replica(true, 0)]);
+        if let Some(c) = away
+            .replication
+            .as_mut()
+            .and_then(|r| r.coordinator.as_mut())
+        {
+            c.reachable = false;
+        }
+        assert!(!protected(&away));
+        assert_eq!((role(&away), epoch(&away)), ("primary", 2));
+    }
+}

@@ -1,0 +1,767 @@
+//! `stela-bench failover`: availability under faults, after RemusDB's failover experiments
+//! (its Figures 5 to 7). A witness and two `stela serve` nodes with automatic failover run in
+//! network namespaces of their own, a client commits at `replicated` without pause to the
+//! endpoint list of both, and faults are injected in turn; after each, the old primary (or
+//! whatever was hit) is brought back and the pair reprotected before the next. Reported per
+//! fault: the downtime seen by the client, acknowledgements, commits in doubt, records lost,
+//! acknowledgements from a deposed primary, failovers, the bytes shipped to reprotect, and for
+//! the faults that must not fail over, the longest blocked commit. Clients and replication run
+//! over TLS (the daemon serves plain TCP on loopback only; see [`cluster`]). Needs root.
+//!
+//! - [`topology`]: the namespaces, the bridge, and the network faults.
+//! - [`cluster`]: the processes (witness, nodes, client), signals, restarts, status.
+//! - [`client`]: the hidden `stela-bench failover-client`, the client's loop.
+//! - [`events`]: the client's event lines, its records, the shared clock.
+//! - [`analysis`]: from the events, each fault's figures (pure).
+//! - [`verify`]: the final logs read back and checked against the acknowledgements.
+//! - [`chart`]: the SVG.
+//!
+//! This module owns the sequence: build, start, for each fault inject / undo / restart /
+//! wait until protected, then stop everything cleanly, read the logs, report.
+
+pub mod analysis;
+pub mod chart;
+pub mod client;
+pub mod cluster;
+pub mod events;
+pub mod topology;
+pub mod verify;
+
+use crate::netns::{pause, poll_within, sibling, wait_within};
+use analysis::FaultWindow;
+use anyhow::Context;
+use cluster::{epoch, protected, role, shipped_bytes, tail, Client, Cluster, Role, Timing};
+use events::{mono_ms, LOG};
+use rustix::process::Signal;
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use topology::{Host, Topology};
+
+/// The kinds of fault, injected in this order (cycling) unless `--kinds` says otherwise.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// SIGKILL of the primary; restarted once the standby took over (it rejoins as standby).
+    KillPrimary,
+    /// SIGSTOP of the primary for the fault's length, then SIGCONT: it must find itself in an
+    /// old epoch and exit 75 by itself; then restarted.
+    StopPrimary,
+    /// The primary's interface down (cut off from everyone) for the fault's length: it must
+    /// step down and exit 75 once the link is back; then restarted.
+    IsolatePrimary,
+    /// Primary and standby cannot reach each other (blackhole routes both ways); both still
+    /// reach the witness and the client. No failover.
+    PartitionPair,
+    /// netem loss 20 % delay 20 ms on the standby's link, both directions. No failover.
+    LossyStandby,
+    /// SIGKILL of the standby, restarted after the fault's length. No failover.
+    KillStandby,
+    /// SIGKILL of the witness, restarted after the fault's length: the pair runs on. No
+    /// failover.
+    KillWitness,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::KillPrimary,
+        FaultKind::StopPrimary,
+        FaultKind::IsolatePrimary,
+        FaultKind::PartitionPair,
+        FaultKind::LossyStandby,
+        FaultKind::KillStandby,
+        FaultKind::KillWitness,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillPrimary => "kill-primary",
+            FaultKind::StopPrimary => "stop-primary",
+            FaultKind::IsolatePrimary => "isolate-primary",
+            FaultKind::PartitionPair => "partition-pair",
+            FaultKind::LossyStandby => "lossy-standby",
+            FaultKind::KillStandby => "kill-standby",
+            FaultKind::KillWitness => "kill-witness",
+        }
+    }
+
+    pub fn expects_failover(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillPrimary | FaultKind::StopPrimary | FaultKind::IsolatePrimary
+        )
+    }
+}
+
+/// Arguments of `stela-bench failover`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FailoverArgs {
+    /// Faults to inject, one after the other, cycling through --kinds.
+    #[arg(long, default_value_t = 7)]
+    pub faults: usize,
+    /// The kinds of fault, in order (comma list; default all seven).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = FaultKind::ALL)]
+    pub kinds: Vec<FaultKind>,
+    /// How long a fault lasts where it has a length (stop, link down, partition, netem, a
+    /// stopped standby or witness).
+    #[arg(long, default_value_t = 2000)]
+    pub fault_ms: u64,
+    /// Steady running before each fault and after the last.
+    #[arg(long, default_value_t = 1000)]
+    pub settle_ms: u64,
+    /// Filler bytes per record.
+    #[arg(long, default_value_t = 100)]
+    pub record_bytes: usize,
+    /// The nodes' --heartbeat-ms.
+    #[arg(long, default_value_t = 50)]
+    pub heartbeat_ms: u64,
+    /// The nodes' --suspect-after-ms.
+    #[arg(long, default_value_t = 300)]
+    pub suspect_after_ms: u64,
+    /// The witness's --lease-ms.
+    #[arg(long, default_value_t = 300)]
+    pub lease_ms: u64,
+    /// The client's `probe_after`: how long a request waits before the client asks the other
+    /// node whether a newer primary has taken over.
+    #[arg(long, default_value_t = 250)]
+    pub probe_after_ms: u64,
+    /// Plain TCP for the clients and the replication stream (`--tcp-insecure --repl-insecure`)
+    /// instead of TLS. Today's daemon refuses `--tcp-insecure` off loopback, so the nodes do
+    /// not start; this is for a daemon that accepts it inside a private network.
+    #[arg(long)]
+    pub plain_tcp: bool,
+    /// Print only the JSON lines (one per fault, then the summary).
+    #[arg(long)]
+    pub json: bool,
+    /// Save an SVG chart of acknowledged commits per 100 ms, faults marked, to PATH.
+    #[arg(long, value_name = "PATH")]
+    pub chart: Option<PathBuf>,
+    /// Keep the nodes' directories, the processes' logs and the client's events here (must be
+    /// new or empty); default a temporary directory, kept only if the run fails.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// One fault's line of results.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRow {
+    pub fault: &'static str,
+    /// Injection to the first acknowledgement of a commit begun after it (0 for the faults
+    /// that must not fail over; null if none came).
+    pub downtime_ms: Option<f64>,
+    /// Injection to protected again (standby connected and caught up).
+    pub recovered_ms: f64,
+    pub acked: u64,
+    pub in_doubt: u64,
+    pub lost: u64,
+    pub double_primary: u64,
+    /// Epochs the pair went through during the fault (each is one promotion).
+    pub failovers: u64,
+    /// The faults that must not fail over: the longest wait of a `replicated` commit waiting
+    /// at some moment during the fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked_ms: Option<f64>,
+    /// What the primary shipped from the restart of the node that rejoins (or the end of the
+    /// fault) until it was caught up: its status's `shipped_bytes`, summed over logs, after
+    /// minus before (live records shipped meanwhile included). Null if the primary changed in
+    /// between.
+    pub reprotect_bytes: Option<u64>,
+    /// The size of the client's log once protected again: its frames (header and record) up
+    /// to the primary's last LSN then, counted from the final log (the files themselves are
+    /// preallocated whole segments).
+    pub log_bytes: u64,
+    /// stop-primary and isolate-primary: the deposed primary's exit status (75 expected; null
+    /// if it did not exit by itself within 10 s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old_primary_exit: Option<Option<i32>>,
+}
+
+/// The closing line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub summary: bool,
+    pub faults: usize,
+    /// Over the faults that fail over: downtime percentiles (nearest rank) and maximum.
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+    pub acked: u64,
+    pub in_doubt: u64,
+    /// Acknowledged records not at their LSN in the final primary's log (all of the run,
+    /// including before the first fault).
+    pub lost: u64,
+    pub double_primary: u64,
+    /// Commits in doubt whose resolution the final log contradicts.
+    pub resolution_wrong: u64,
+    /// LSNs the final standby holds with another record than the primary (null: its log could
+    /// not be read).
+    pub standby_mismatch: Option<u64>,
+}
+
+/// What the run recorded of one fault.
+#[derive(Debug, Clone)]
+struct FaultRun {
+    kind: FaultKind,
+    start_ms: f64,
+    inject_ms: f64,
+    restore_ms: f64,
+    recovered_ms: f64,
+    epoch_before: u64,
+    epoch_after: u64,
+    reprotect_bytes: Option<u64>,
+    /// The primary's last LSN of the client's log once protected again.
+    log_lsn: u64,
+    old_primary_exit: Option<Option<i32>>,
+}
+
+/// How long a failover, a step-down and a reprotection may take before the run says so.
+const FAILOVER_WAIT: Duration = Duration::from_secs(10);
+const STEP_DOWN_WAIT: Duration = Duration::from_secs(10);
+const PROTECT_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs the benchmark, printing to `out`.
+///
+/// # Errors
+/// Not root, a process that does not start, a pair
+/// that is not protected again within a minute, logs that cannot be read.
+pub fn run(args: &FailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<FaultRow>, Summary)> {
+    anyhow::ensure!(args.faults >= 1, "--faults must be at least 1");
+    anyhow::ensure!(!args.kinds.is_empty(), "--kinds names no fault");
+    crate::netns::stop_on_signals()?;
+    let stela = sibling("stela")?;
+    let me = std::env::current_exe()?;
+    match &args.dir {
+        Some(dir) => {
+            if dir.exists() {
+                anyhow::ensure!(
+                    std::fs::read_dir(dir)?.next().is_none(),
+                    "{} is not empty; choose a new --dir",
+                    dir.display()
+                );
+            }
+            std::fs::create_dir_all(dir)?;
+            run_in(args, &stela, &me, dir, out)
+        }
+        None => {
+            let temp = tempfile::Builder::new()
+                .prefix("stela-failover-")
+                .tempdir()?;
+            let result = run_in(args, &stela, &me, temp.path(), out);
+            if result.is_err() {
+                let kept = temp.keep();
+                eprintln!(
+                    "stela-bench failover: the run's directories and logs are kept in {}",
+                    kept.display()
+                );
+            }
+            result
+        }
+    }
+}
+
+fn run_in(
+    args: &FailoverArgs,
+    stela: &Path,
+    me: &Path,
+    base: &Path,
+    out: &mut dyn Write,
+) -> anyhow::Result<(Vec<FaultRow>, Summary)> {
+    // Dropped in reverse: the client, the daemons, then the network.
+    let topology = Topology::create()?;
+    let lossy =
+        (0..args.faults).any(|i| args.kinds[i % args.kinds.len()] == FaultKind::LossyStandby);
+    anyhow::ensure!(
+        !lossy || topology.netem_available(),
+        "lossy-standby needs netem, which this kernel lacks (CONFIG_NET_SCH_NETEM; `tc qdisc add \
+         ... netem` says the qdisc kind is unknown): leave it out of --kinds"
+    );
+    let timing = Timing {
+        heartbeat_ms: args.heartbeat_ms,
+        suspect_after_ms: args.suspect_after_ms,
+        lease_ms: args.lease_ms,
+    };
+    let security = if args.plain_tcp {
+        None
+    } else {
+        Some(cluster::Security::create(&base.join("tls"))?)
+    };
+    let mut cluster = Cluster::new(
+        stela.to_owned(),
+        &topology,
+        base,
+        &timing,
+        security.as_ref(),
+    );
+    cluster.witness.start(stela, &topology)?;
+    cluster.nodes[0].start(stela, &topology, Role::Primary)?;
+    cluster.nodes[1].start(stela, &topology, Role::Standby)?;
+    wait_within(
+        "node a to be the primary and reach the witness",
+        FAILOVER_WAIT,
+        || {
+            cluster.nodes[0].status().is_some_and(|s| {
+                role(&s) == "primary"
+                    && s.replication
+                        .as_ref()
+                        .and_then(|r| r.coordinator.as_ref())
+                        .is_some_and(|c| c.reachable)
+            })
+        },
+    )
+    .with_context(|| {
+        format!(
+            "node a's log ends:\n{}\nthe witness's log ends:\n{}",
+            tail(cluster.nodes[0].log_path(), 10),
+            tail(cluster.witness.log_path(), 10)
+        )
+    })?;
+    let scheme = if security.is_some() { "tls" } else { "tcp" };
+    let endpoints = format!(
+        "{scheme}://{}:{port},{scheme}://{}:{port}",
+        topology.address(Host::Primary),
+        topology.address(Host::Standby),
+        port = cluster::CLIENT_PORT
+    );
+    let mut client_args: Vec<String> = vec![
+        "failover-client".into(),
+        "--endpoints".into(),
+        endpoints.clone(),
+        "--record-bytes".into(),
+        args.record_bytes.to_string(),
+        "--probe-after-ms".into(),
+        args.probe_after_ms.to_string(),
+    ];
+    if let Some(security) = &security {
+        client_args.extend([
+            "--tls-ca".into(),
+            security.cert.display().to_string(),
+            "--server-name".into(),
+            cluster::SERVER_NAME.into(),
+            "--token-file".into(),
+            security.client_token.display().to_string(),
+        ]);
+    }
+    let t0_ms = mono_ms();
+    let mut client = Client::start(me, &topology, base, &client_args)?;
+    client.wait_for_ack(Duration::from_secs(30))?;
+    wait_protected(&cluster)?;
+
+    let mut runs = Vec::new();
+    for i in 0..args.faults {
+        let kind = args.kinds[i % args.kinds.len()];
+        pause(Duration::from_millis(args.settle_ms))?;
+        if !args.json {
+            eprintln!(
+                "failover: fault {} of {}: {}",
+                i + 1,
+                args.faults,
+                kind.name()
+            );
+        }
+        runs.push(inject(kind, args, &mut cluster, &topology, &mut client)?);
+    }
+    pause(Duration::from_millis(args.settle_ms))?;
+
+    // Stop cleanly: the client (it settles what is in doubt), then the standby before the
+    // primary, so that no promotion happens on the way out.
+    let (final_primary, _) = cluster
+        .primary()
+        .context("no primary at the end of the run")?;
+    let events = client.stop()?;
+    let final_standby = 1 - final_primary;
+    cluster.nodes[final_standby].stop()?;
+    cluster.nodes[final_primary].stop()?;
+    cluster.witness.kill();
+    let primary_copy = verify::read_log(&cluster.nodes[final_primary].dir, LOG)?;
+    let standby_copy = verify::read_log(&cluster.nodes[final_standby].dir, LOG);
+    if let Err(error) = &standby_copy {
+        eprintln!("failover: the final standby's log could not be read: {error:#}");
+    }
+
+    let windows: Vec<FaultWindow> = runs
+        .iter()
+        .map(|r| FaultWindow {
+            start_ms: r.start_ms,
+            inject_ms: r.inject_ms,
+            restore_ms: r.restore_ms,
+            expects_failover: r.kind.expects_failover(),
+        })
+        .collect();
+    let facts = analysis::facts(&events, &windows);
+    let acked = analysis::acknowledged(&events);
+    let resolved = analysis::resolutions(&events);
+    let verdict = verify::check(&acked, &resolved, &primary_copy, standby_copy.as_ref().ok());
+    let mut lost_in = vec![0u64; runs.len()];
+    for seq in verdict.lost.keys() {
+        if let Some(i) = analysis::fault_at(&windows, acked[seq].2) {
+            lost_in[i] += 1;
+        }
+    }
+    let rows: Vec<FaultRow> = runs
+        .iter()
+        .zip(&facts)
+        .zip(&lost_in)
+        .map(|((run, facts), &lost)| FaultRow {
+            fault: run.kind.name(),
+            downtime_ms: facts.downtime_ms.map(round),
+            recovered_ms: round(run.recovered_ms - run.inject_ms),
+            acked: facts.acked,
+            in_doubt: facts.in_doubt,
+            lost,
+            double_primary: facts.double_primary,
+            failovers: run.epoch_after.saturating_sub(run.epoch_before),
+            blocked_ms: (!run.kind.expects_failover()).then(|| round(facts.blocked_ms)),
+            reprotect_bytes: run.reprotect_bytes,
+            log_bytes: primary_copy.bytes_through(run.log_lsn),
+            old_primary_exit: run.old_primary_exit,
+        })
+        .collect();
+    let downtimes: Vec<f64> = rows
+        .iter()
+        .zip(&runs)
+        .filter(|(_, run)| run.kind.expects_failover())
+        .filter_map(|(row, _)| row.downtime_ms)
+        .collect();
+    let summary = Summary {
+        summary: true,
+        faults: rows.len(),
+        p50_ms: analysis::percentile(&downtimes, 50.0),
+        p99_ms: analysis::percentile(&downtimes, 99.0),
+        max_ms: analysis::percentile(&downtimes, 100.0),
+        acked: acked.len() as u64,
+        in_doubt: resolved.len() as u64 + unresolved(&events),
+        lost: verdict.lost.len() as u64,
+        double_primary: analysis::double_primary_times(&events).len() as u64,
+        resolution_wrong: verdict.resolution_wrong.len() as u64,
+        standby_mismatch: standby_copy
+            .as_ref()
+            .ok()
+            .map(|_| verdict.standby_mismatch.len() as u64),
+    };
+
+    if !args.json {
+        print_table(out, args, &topology, &endpoints, &rows, &summary, &verdict)?;
+    }
+    for row in &rows {
+        writeln!(out, "{}", serde_json::to_string(row)?)?;
+    }
+    writeln!(out, "{}", serde_json::to_string(&summary)?)?;
+    if let Some(path) = &args.chart {
+        let markers: Vec<chart::Marker> = runs
+            .iter()
+            .map(|r| chart::Marker {
+                label: r.kind.name().into(),
+                inject_ms: r.inject_ms,
+                restore_ms: r.restore_ms,
+                recovered_ms: r.recovered_ms,
+            })
+            .collect();
+        chart::save(&events, &markers, t0_ms, path)?;
+        if !args.json {
+            writeln!(out, "chart saved to {}", path.display())?;
+        }
+    }
+    Ok((rows, summary))
+}
+
+/// Commits in doubt never settled.
+fn unresolved(events: &[events::Event]) -> u64 {
+    let doubted = events
+        .iter()
+        .filter(|e| matches!(e, events::Event::InDoubt { .. }))
+        .count();
+    let settled = events
+        .iter()
+        .filter(|e| matches!(e, events::Event::Resolved { .. }))
+        .count();
+    doubted.saturating_sub(settled) as u64
+}
+
+fn round(ms: f64) -> f64 {
+    (ms * 10.0).round() / 10.0
+}
+
+/// Injects one fault, undoes it, brings back what it took down, and waits until the pair is
+/// protected again.
+fn inject(
+    kind: FaultKind,
+    args: &FailoverArgs,
+    cluster: &mut Cluster,
+    topology: &Topology,
+    client: &mut Client,
+) -> anyhow::Result<FaultRun> {
+    let (p, before) = cluster.primary().context("no primary before the fault")?;
+    let s = 1 - p;
+    let (p_host, s_host) = (cluster.nodes[p].host, cluster.nodes[s].host);
+    let epoch_before = epoch(&before);
+    let hold = Duration::from_millis(args.fault_ms);
+    // The fault itself. It is in force once the signal is sent, or once the `ip`/`tc` command
+    // that makes it returns (it runs a few milliseconds, in which a commit could still complete
+    // the old way); its period (what its events are counted against) starts before either.
+    let start_ms = mono_ms();
+    match kind {
+        FaultKind::KillPrimary => cluster.nodes[p].kill(),
+        FaultKind::StopPrimary => cluster.nodes[p].signal(Signal::STOP)?,
+        FaultKind::IsolatePrimary => topology.set_link(p_host, false)?,
+        FaultKind::PartitionPair => topology.set_blackhole(p_host, s_host, true)?,
+        FaultKind::LossyStandby => topology.set_netem(s_host, 20, 20, true)?,
+        FaultKind::KillStandby => cluster.nodes[s].kill(),
+        FaultKind::KillWitness => cluster.witness.kill(),
+    }
+    let inject_ms = match kind {
+        FaultKind::KillPrimary
+        | FaultKind::StopPrimary
+        | FaultKind::KillStandby
+        | FaultKind::KillWitness => start_ms,
+        FaultKind::IsolatePrimary | FaultKind::PartitionPair | FaultKind::LossyStandby => mono_ms(),
+    };
+    let mut old_primary_exit = None;
+    // The node to start again once the fault is over.
+    let mut rejoin = None;
+    match kind {
+        FaultKind::KillPrimary => {
+            // Restarted only once the standby took over and the client was served there, so
+            // that the restart cannot shorten the downtime measured.
+            if poll_within(FAILOVER_WAIT, || promoted(cluster, s, epoch_before))? {
+                let _ = poll_within(FAILOVER_WAIT, || client.acked_since(inject_ms))?;
+            }
+            rejoin = Some(p);
+        }
+        FaultKind::StopPrimary => {
+            pause(hold)?;
+            cluster.nodes[p].signal(Signal::CONT)?;
+            old_primary_exit = Some(cluster.nodes[p].wait_exit(STEP_DOWN_WAIT)?);
+            rejoin = (!cluster.nodes[p].running()).then_some(p);
+        }
+        FaultKind::IsolatePrimary => {
+            pause(hold)?;
+            topology.set_link(p_host, true)?;
+            old_primary_exit = Some(cluster.nodes[p].wait_exit(STEP_DOWN_WAIT)?);
+            rejoin = (!cluster.nodes[p].running()).then_some(p);
+        }
+        FaultKind::PartitionPair => {
+            pause(hold)?;
+            topology.set_blackhole(p_host, s_host, false)?;
+        }
+        FaultKind::LossyStandby => {
+            pause(hold)?;
+            topology.set_netem(s_host, 20, 20, false)?;
+        }
+        FaultKind::KillStandby => {
+            pause(hold)?;
+            rejoin = Some(s);
+        }
+        FaultKind::KillWitness => {
+            pause(hold)?;
+            cluster.witness.start(&cluster.stela, topology)?;
+        }
+    }
+    // Reprotection is measured on whichever node is the primary now, from this moment.
+    let (shipping, now) = wait_primary(cluster)?;
+    let shipped_before = shipped_bytes(&now);
+    let restore_ms = mono_ms();
+    if let Some(node) = rejoin {
+        // A node started again never claims the primary role by configuration: the
+        // coordinator's holder decides.
+        cluster.nodes[node].start(&cluster.stela, topology, Role::Standby)?;
+    }
+    let (primary, report) = wait_protected(cluster)?;
+    client.wait_for_ack(FAILOVER_WAIT)?;
+    let recovered_ms = mono_ms();
+    Ok(FaultRun {
+        kind,
+        start_ms,
+        inject_ms,
+        restore_ms,
+        recovered_ms,
+        epoch_before,
+        epoch_after: epoch(&report),
+        reprotect_bytes: (primary == shipping)
+            .then(|| shipped_bytes(&report).saturating_sub(shipped_before)),
+        log_lsn: report
+            .logs
+            .iter()
+            .find(|l| l.name == LOG)
+            .map_or(0, |l| l.positions.last_lsn),
+        old_primary_exit,
+    })
+}
+
+/// Whether node `i` is the primary of an epoch above `epoch_before`.
+fn promoted(cluster: &Cluster, i: usize, epoch_before: u64) -> bool {
+    cluster.nodes[i]
+        .status()
+        .is_some_and(|s| role(&s) == "primary" && epoch(&s) > epoch_before)
+}
+
+/// Waits for some node to be the primary.
+fn wait_primary(cluster: &Cluster) -> anyhow::Result<(usize, stela_proto::StatusReport)> {
+    let mut found = None;
+    wait_within("a primary", PROTECT_WAIT, || {
+        found = cluster.primary();
+        found.is_some()
+    })
+    .with_context(|| logs_of(cluster))?;
+    Ok(found.expect("waited for it"))
+}
+
+/// Waits until the pair is protected: a primary with its standby connected and caught up, the
+/// other node a standby of the same epoch.
+fn wait_protected(cluster: &Cluster) -> anyhow::Result<(usize, stela_proto::StatusReport)> {
+    let mut found = None;
+    wait_within("the pair to be protected again", PROTECT_WAIT, || {
+        found = cluster.primary().filter(|(i, report)| {
+            protected(report)
+                && cluster.nodes[1 - i]
+                    .status()
+                    .is_some_and(|s| role(&s) == "standby" && epoch(&s) == epoch(report))
+        });
+        found.is_some()
+    })
+    .with_context(|| logs_of(cluster))?;
+    Ok(found.expect("waited for it"))
+}
+
+/// The ends of every process's log, for an error.
+fn logs_of(cluster: &Cluster) -> String {
+    let mut text = String::new();
+    for node in &cluster.nodes {
+        text += &format!(
+            "node {} ({}): {}\n{}\n",
+            node.name,
+            if node.running() {
+                "running"
+            } else {
+                "not running"
+            },
+            node.status()
+                .and_then(|s| serde_json::to_string(&s.replication).ok())
+                .unwrap_or_else(|| "no status".into()),
+            tail(node.log_path(), 10)
+        );
+    }
+    text + &format!("witness:\n{}", tail(cluster.witness.log_path(), 10))
+}
+
+fn print_table(
+    out: &mut dyn Write,
+    args: &FailoverArgs,
+    topology: &Topology,
+    endpoints: &str,
+    rows: &[FaultRow],
+    summary: &Summary,
+    verdict: &verify::Verdict,
+) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "# stela-bench failover: witness, nodes a (starts primary) and b, and the client in namespaces of their own on 10.231.{}.0/24 (a bridge in a fifth); client commits at replicated to {endpoints}",
+        topology.subnet()
+    )?;
+    writeln!(
+        out,
+        "# heartbeat {} ms, suspect after {} ms, lease {} ms; faults of {} ms; {} B records; one commit at a time",
+        args.heartbeat_ms, args.suspect_after_ms, args.lease_ms, args.fault_ms, args.record_bytes
+    )?;
+    writeln!(
+        out,
+        "{:>3} {:<16} {:>9} {:>10} {:>8} {:>6} {:>5} {:>6} {:>6} {:>9} {:>11} {:>10} {:>5}",
+        "#",
+        "fault",
+        "downtime",
+        "protected",
+        "acked",
+        "doubt",
+        "lost",
+        "double",
+        "epochs",
+        "blocked",
+        "reprotect B",
+        "log B",
+        "exit"
+    )?;
+    let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} ms"));
+    for (i, row) in rows.iter().enumerate() {
+        writeln!(
+            out,
+            "{:>3} {:<16} {:>9} {:>10} {:>8} {:>6} {:>5} {:>6} {:>6} {:>9} {:>11} {:>10} {:>5}",
+            i + 1,
+            row.fault,
+            ms(row.downtime_ms),
+            ms(Some(row.recovered_ms)),
+            row.acked,
+            row.in_doubt,
+            row.lost,
+            row.double_primary,
+            row.failovers,
+            ms(row.blocked_ms),
+            row.reprotect_bytes.map_or("-".into(), |b| b.to_string()),
+            row.log_bytes,
+            match row.old_primary_exit {
+                None => "".to_owned(),
+                Some(None) => "none".to_owned(),
+                Some(Some(code)) => code.to_string(),
+            }
+        )?;
+    }
+    writeln!(
+        out,
+        "downtime over the faults that fail over: p50 {}, p99 {}, max {}; {} acknowledged, {} in doubt, {} lost, {} from a deposed primary, {} resolutions contradicted by the log, standby mismatches {}",
+        ms(summary.p50_ms),
+        ms(summary.p99_ms),
+        ms(summary.max_ms),
+        summary.acked,
+        summary.in_doubt,
+        summary.lost,
+        summary.double_primary,
+        summary.resolution_wrong,
+        summary.standby_mismatch.map_or("(standby log unreadable)".into(), |n| n.to_string())
+    )?;
+    for (seq, there) in verdict.lost.iter().take(10) {
+        writeln!(
+            out,
+            "LOST: seq {seq}: its LSN holds {}",
+            there.map_or("nothing (past the end)".into(), |s| format!("seq {s}"))
+        )?;
+    }
+    writeln!(
+        out,
+        "# downtime: injection to the first acknowledgement of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: FailoverArgs,
+    }
+
+    #[test]
+    fn kinds_default_to_all_in_order_and_parse_by_name() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(cli.args.kinds, FaultKind::ALL.to_vec());
+        assert_eq!(cli.args.faults, 7);
+        let cli = Cli::try_parse_from(["x", "--kinds", "kill-primary,partition-pair"]).unwrap();
+        assert_eq!(
+            cli.args.kinds,
+            vec![FaultKind::KillPrimary, FaultKind::PartitionPair]
+        );
+        for kind in FaultKind::ALL {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::json!(kind.name())
+            );
+        }
+        let failing_over: Vec<_> = FaultKind::ALL
+            .iter()
+            .filter(|k| k.expects_failover())
+            .collect();
+        assert_eq!(failing_over.len(), 3);
+    }
+}

@@ -1,0 +1,222 @@
+//! The failover run's network: four namespaces, `stela-fo-{primary,standby,witness,client}-<pid>`
+//! (named after the role each host *starts* in: after a failover the node in the "standby"
+//! namespace is the primary), each with one interface `fo0` holding 10.231.<n>.<k>/24, whose
+//! veth peers are ports of one bridge.
+//!
+//! The bridge lives in a fifth namespace of its own, `stela-fo-bridge-<pid>`, not in the root
+//! namespace, so that the run adds nothing at all to the host's interfaces, addresses and routes:
+//! the veth pairs are made with both ends already in the run's namespaces, the 10.231.<n>.0/24
+//! addresses exist only there (the host has no route to them, so they cannot clash with its own
+//! networks; `n` is still chosen to avoid any 10.231.<n>. the host uses, so that a reader of `ip`
+//! output is never confused), and the host's firewall (bridge netfilter hooks) never sees the
+//! bridged traffic. Dropping the [`Topology`] deletes the namespaces, which deletes every
+//! interface in them; nothing else is touched.
+//!
+//! The faults act on the hosts' own ends: `fo0` set down (a host cut off from everyone), a
+//! blackhole route to one peer (a pair cut off from each other, the rest still reachable), netem
+//! on both ends of a host's veth pair (netem shapes what leaves an interface, so both ends make
+//! the link lossy and slow in both directions).
+
+use crate::netns::{ip_output, Namespace};
+use std::net::Ipv4Addr;
+
+/// A host of the run, by the role it starts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    Primary,
+    Standby,
+    Witness,
+    Client,
+}
+
+impl Host {
+    pub const ALL: [Host; 4] = [Host::Primary, Host::Standby, Host::Witness, Host::Client];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Host::Primary => "primary",
+            Host::Standby => "standby",
+            Host::Witness => "witness",
+            Host::Client => "client",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The host's interface, in its own namespace.
+pub const INTERFACE: &str = "fo0";
+
+/// The namespaces and the bridge; removed when dropped.
+pub struct Topology {
+    subnet: u8,
+    /// Indexed by [`Host::index`]. Declared before `bridge`, so dropped first: the veth ends
+    /// in the bridge namespace go with their peers.
+    hosts: Vec<Namespace>,
+    bridge: Namespace,
+}
+
+impl Topology {
+    /// Builds the network, named after this process's pid.
+    ///
+    /// # Errors
+    /// Not root (`ip netns add` fails), or any `ip` command fails; what was built is removed.
+    pub fn create() -> anyhow::Result<Topology> {
+        let pid = std::process::id();
+        let subnet = free_subnet(pid)?;
+        let bridge = Namespace::create(&format!("stela-fo-bridge-{pid}"))?;
+        bridge.ip(&["link", "add", "br0", "type", "bridge"])?;
+        bridge.ip(&["link", "set", "br0", "up"])?;
+        let mut hosts = Vec::new();
+        for host in Host::ALL {
+            let namespace = Namespace::create(&format!("stela-fo-{}-{pid}", host.name()))?;
+            let port = bridge_port(host);
+            bridge.ip(&[
+                "link",
+                "add",
+                &port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                INTERFACE,
+                "netns",
+                namespace.name(),
+            ])?;
+            hosts.push(namespace);
+            bridge.ip(&["link", "set", &port, "master", "br0"])?;
+            bridge.ip(&["link", "set", &port, "up"])?;
+            let namespace = hosts.last().expect("just pushed");
+            let cidr = format!("{}/24", address(subnet, host));
+            namespace.ip(&["addr", "add", &cidr, "dev", INTERFACE])?;
+            namespace.ip(&["link", "set", INTERFACE, "up"])?;
+        }
+        Ok(Topology {
+            subnet,
+            hosts,
+            bridge,
+        })
+    }
+
+    pub fn namespace(&self, host: Host) -> &Namespace {
+        &self.hosts[host.index()]
+    }
+
+    pub fn address(&self, host: Host) -> Ipv4Addr {
+        address(self.subnet, host)
+    }
+
+    /// The third octet of this run's 10.231.n.0/24.
+    pub fn subnet(&self) -> u8 {
+        self.subnet
+    }
+
+    /// Sets `host`'s interface up or down (down: the host is cut off from everyone).
+    pub fn set_link(&self, host: Host, up: bool) -> anyhow::Result<()> {
+        self.namespace(host)
+            .ip(&["link", "set", INTERFACE, if up { "up" } else { "down" }])
+    }
+
+    /// Adds (or removes) blackhole routes between `a` and `b`, both ways: the two can no longer
+    /// reach each other; everyone else still reaches both.
+    pub fn set_blackhole(&self, a: Host, b: Host, on: bool) -> anyhow::Result<()> {
+        let verb = if on { "add" } else { "del" };
+        for (from, to) in [(a, b), (b, a)] {
+            let target = format!("{}/32", self.address(to));
+            self.namespace(from)
+                .ip(&["route", verb, "blackhole", &target])?;
+        }
+        Ok(())
+    }
+
+    /// Whether this kernel has netem (`CONFIG_NET_SCH_NETEM`; some VM kernels are built
+    /// without it), tried on the bridge, which carries no traffic of its own.
+    pub fn netem_available(&self) -> bool {
+        let added = self
+            .bridge
+            .tc(&[
+                "qdisc", "add", "dev", "br0", "root", "netem", "delay", "1ms",
+            ])
+            .is_ok();
+        if added {
+            let _ = self.bridge.tc(&["qdisc", "del", "dev", "br0", "root"]);
+        }
+        added
+    }
+
+    /// Puts (or removes) `netem loss <loss>% delay <delay_ms>ms` on both ends of `host`'s veth.
+    pub fn set_netem(
+        &self,
+        host: Host,
+        loss_percent: u32,
+        delay_ms: u32,
+        on: bool,
+    ) -> anyhow::Result<()> {
+        let port = bridge_port(host);
+        let ends = [
+            (self.namespace(host), INTERFACE),
+            (&self.bridge, port.as_str()),
+        ];
+        for (namespace, dev) in ends {
+            if on {
+                namespace.tc(&[
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "netem",
+                    "loss",
+                    &format!("{loss_percent}%"),
+                    "delay",
+                    &format!("{delay_ms}ms"),
+                ])?;
+            } else {
+                namespace.tc(&["qdisc", "del", "dev", dev, "root"])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bridge's port to `host` (in the bridge namespace).
+fn bridge_port(host: Host) -> String {
+    format!("to-{}", host.name())
+}
+
+fn address(subnet: u8, host: Host) -> Ipv4Addr {
+    Ipv4Addr::new(10, 231, subnet, host.index() as u8 + 1)
+}
+
+/// A third octet for 10.231.n.0/24 that no address or route of this (the host's) namespace
+/// mentions, starting from one derived from `pid` so that runs side by side differ.
+fn free_subnet(pid: u32) -> anyhow::Result<u8> {
+    let used =
+        ip_output(&["-4", "addr", "show"])? + &ip_output(&["-4", "route", "show", "table", "all"])?;
+    pick_subnet(pid, &used)
+        .ok_or_else(|| anyhow::anyhow!("every 10.231.n.0/24 is in use on this host"))
+}
+
+fn pick_subnet(pid: u32, used: &str) -> Option<u8> {
+    (0..250u32)
+        .map(|i| ((pid + i) % 250 + 1) as u8)
+        .find(|n| !used.contains(&format!("10.231.{n}.")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_subnet_avoids_what_the_host_uses() {
+        assert_eq!(pick_subnet(0, ""), Some(1));
+        let used = "inet 10.231.1.7/24 scope global eth1\n10.231.2.0/24 dev eth1";
+        assert_eq!(pick_subnet(0, used), Some(3));
+        assert_eq!(pick_subnet(249, ""), Some(250));
+        assert_eq!(address(7, Host::Client), Ipv4Addr::new(10, 231, 7, 4));
+        // Interface names fit Linux's 15 bytes.
+        assert!(Host::ALL.iter().all(|h| bridge_port(*h).len() <= 15));
+    }
+}
