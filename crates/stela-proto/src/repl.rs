@@ -35,6 +35,10 @@ pub enum ReplMessage {
         type_tag: String,
         #[serde(default)]
         token: Option<String>,
+        /// The primary's term history (term, first LSN), so that the standby labels every
+        /// record with the term the primary wrote it in, whichever session ships it.
+        #[serde(default)]
+        history: Vec<(u64, u64)>,
     },
     /// Standby → primary: where its copy of the log stands; shipping starts there.
     Position {
@@ -193,6 +197,7 @@ mod tests {
                 codec: "msgpack".into(),
                 type_tag: "Entry".into(),
                 token: Some("t".into()),
+                history: vec![(1, 1), (3, 40)],
             },
             ReplMessage::Position {
                 term: 3,

@@ -415,3 +415,61 @@ fn a_reload_rotates_the_replication_listeners_certificate() {
     primary.shutdown().unwrap();
     standby.shutdown().unwrap();
 }
+
+/// Records a standby receives in a later term's session (it was away while the primary wrote
+/// them, and the primary restarted since) are labelled with the term the primary wrote them in:
+/// both term histories come out identical, so a commit in doubt resolves alike on either node.
+#[test]
+fn the_standby_labels_records_with_the_term_the_primary_wrote_them_in() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    let s = standby(&s_dir, 0);
+    let repl = s.repl_addr().unwrap();
+    let p = primary(&p_dir, repl);
+    let mut client = RawClient::connect(p.socket_path());
+    let handle = client.open("ledger");
+    for seq in 0..50 {
+        client
+            .append(handle, Durability::Replicated, &[rec(1, seq, 30)])
+            .unwrap();
+    }
+    // The standby goes away; the primary writes 51..100 alone, then restarts (a new term).
+    s.shutdown().unwrap();
+    for seq in 50..100 {
+        client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 30)])
+            .unwrap();
+    }
+    drop(client);
+    p.shutdown().unwrap();
+    let s = standby(&s_dir, repl.port());
+    let p = primary(&p_dir, repl);
+    let mut client = RawClient::connect(p.socket_path());
+    let handle = client.open("ledger");
+    for seq in 100..110 {
+        client
+            .append(handle, Durability::Replicated, &[rec(1, seq, 30)])
+            .unwrap();
+    }
+    drop(client);
+    p.shutdown().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    s.shutdown().unwrap();
+    let history = |dir: &Path| {
+        stela_wal::TermStore::open(std::sync::Arc::new(StdStorage), &log_dir(dir, "ledger"))
+            .unwrap()
+            .history()
+            .entries()
+            .to_vec()
+    };
+    let (ours, theirs) = (history(&p_dir), history(&s_dir));
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    assert_eq!(
+        ours[1].1, 101,
+        "the second term begins at the restart: {ours:?}"
+    );
+    assert_eq!(
+        theirs, ours,
+        "the standby labels records as the primary wrote them"
+    );
+}

@@ -54,6 +54,8 @@ pub struct Replication {
     standby: SocketAddr,
     node: Arc<crate::cluster::Node>,
     links: Mutex<HashMap<LogId, Arc<Link>>>,
+    /// The shipper threads, joined at shutdown: each holds its log's files (and their lock).
+    shippers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Called once after waiters were released (wakes the event loop once for all of them).
     released: Released,
     /// `--degrade-after`: how long the standby may be unreachable before `replicated` commits
@@ -138,6 +140,7 @@ impl Replication {
             standby,
             node,
             links: Mutex::new(HashMap::new()),
+            shippers: Mutex::new(Vec::new()),
             released,
             degrade_after,
             tls,
@@ -224,8 +227,15 @@ impl Replication {
         let spawned = std::thread::Builder::new()
             .name(format!("stela-ship-{}", log.id))
             .spawn(move || me.ship_log(&pool, &link, &log, term));
-        if let Err(error) = spawned {
-            tracing::error!(%error, "could not start a shipper thread; replicated commits of this log will wait");
+        match spawned {
+            Ok(thread) => {
+                let mut shippers = lock(&self.shippers);
+                shippers.retain(|t| !t.is_finished());
+                shippers.push(thread);
+            }
+            Err(error) => {
+                tracing::error!(%error, "could not start a shipper thread; replicated commits of this log will wait")
+            }
         }
         Ok(term)
     }
@@ -285,6 +295,11 @@ impl Replication {
         let logs: Vec<LogId> = lock(&self.links).keys().copied().collect();
         for log in logs {
             self.unwatch(log);
+        }
+        // Once stopped, every shipper has let go of its log's files.
+        let shippers = std::mem::take(&mut *lock(&self.shippers));
+        for thread in shippers {
+            let _ = thread.join();
         }
     }
 
@@ -353,9 +368,13 @@ impl Replication {
         let term = terms.current().0;
         let mut mirror =
             stela_wal::mirror::Mirror::open(dir, options, type_tag).map_err(|e| e.to_string())?;
-        let (mut reader, mut writer, _socket, theirs) = match self
-            .open_stream(log, codec, type_tag, term)
-        {
+        let (mut reader, mut writer, _socket, theirs) = match self.open_stream(
+            log,
+            codec,
+            type_tag,
+            term,
+            terms.history(),
+        ) {
             Ok(stream) => stream,
             Err(StreamError::Refused { message, .. }) => return Err(message),
             Err(StreamError::Broken(why)) => {
@@ -500,8 +519,11 @@ impl Replication {
         log: &LogInfo,
         term: u64,
     ) -> Result<(), String> {
+        // Cloned first: the link's lock must not be held across the connection's handshake
+        // (a stopped standby would hold it, and every commit and `stela status` with it).
+        let history = lock(&link.state).history.clone();
         let (mut reader, mut writer, socket, mut theirs) =
-            match self.open_stream(&log.name, log.codec, &log.type_tag, term) {
+            match self.open_stream(&log.name, log.codec, &log.type_tag, term, &history) {
                 Ok(stream) => stream,
                 Err(StreamError::Refused {
                     term: theirs,
@@ -683,6 +705,7 @@ impl Replication {
         codec: Codec,
         type_tag: &str,
         term: u64,
+        history: &stela_format::term::TermHistory,
     ) -> Result<(BufReader<Reader>, Writer, TcpStream, TheirCopy), StreamError> {
         let (reader, mut writer, socket) = self.connect().map_err(StreamError::Broken)?;
         let mut reader = BufReader::new(reader);
@@ -695,6 +718,7 @@ impl Replication {
                 codec: codec.name().to_owned(),
                 type_tag: type_tag.to_owned(),
                 token: self.token(),
+                history: history.entries().iter().map(|&(t, f)| (t.0, f)).collect(),
             },
         )
         .map_err(StreamError::Broken)?;

@@ -259,6 +259,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         codec,
         type_tag,
         token,
+        history: primary_history,
     } = receive(&mut reader)?
     else {
         return Err("the stream did not start with Open".into());
@@ -386,6 +387,9 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         )?;
         first = receive(&mut reader)?;
     }
+    // Terms the primary began at or before the next record this copy takes are this copy's
+    // too, at the LSNs the primary gives them.
+    adopt_terms(&mut terms, &primary_history, mirror.received_lsn() + 1)?;
     tracing::info!(
         log,
         primary = node,
@@ -420,7 +424,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         &mut reader,
         Some(first),
         &mut checker,
-        &mut terms,
+        (&mut terms, &primary_history),
         &pipe,
         &segments,
         &shared.node,
@@ -438,6 +442,28 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     pipe.changed.notify_all();
     let _ = written.join();
     result
+}
+
+/// Records the primary's terms that begin at or before `next` (the LSN after what this copy
+/// holds, or will once the chunk in hand is held) and after this copy's last term, at the first
+/// LSNs the primary's history gives them, so that both histories label every record alike and
+/// a commit in doubt resolves the same on either node.
+fn adopt_terms(terms: &mut TermStore, primary: &[(u64, u64)], next: u64) -> Result<(), String> {
+    for &(term, first) in primary {
+        if Term(term) > terms.history().last_term() && first <= next {
+            // A copy labelled by an older standby may have an entry past `first`; the new term
+            // then begins at that entry (a history never goes back).
+            let last_first = terms.history().entries().last().map_or(1, |e| e.1);
+            let first = first.max(last_first);
+            terms
+                .observe(Term(term))
+                .and_then(|()| terms.begin(Term(term), first))
+                .map_err(|e| {
+                    format!("recording the primary's term {term} from LSN {first}: {e}")
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether a stream of `term` from `primary` may be mirrored by this node: not while this
@@ -531,7 +557,7 @@ fn receive_chunks(
     reader: &mut BufReader<Reader>,
     mut first: Option<ReplMessage>,
     checker: &mut stela_wal::mirror::Checker,
-    terms: &mut TermStore,
+    (terms, primary_history): (&mut TermStore, &[(u64, u64)]),
     pipe: &Pipe,
     segments: &stela_wal::SegmentSet,
     node: &crate::cluster::Node,
@@ -581,13 +607,7 @@ fn receive_chunks(
             return Err(format!("unexpected {message:?}"));
         };
         let bytes = chunk_bytes(raw_len, compressed, bytes).map_err(|e| e.to_string())?;
-        // The first record of a new term enters the history before it is held.
-        if terms.history().last_term() < Term(chunk_term) {
-            terms
-                .observe(Term(chunk_term))
-                .and_then(|()| terms.begin(Term(chunk_term), checker.position().next_lsn.get()))
-                .map_err(|e| e.to_string())?;
-        }
+        let before = checker.position().next_lsn.get();
         let segment_start = stela_format::Lsn::new(segment_start);
         let next = match checker.check(Chunk {
             segment_start,
@@ -597,6 +617,19 @@ fn receive_chunks(
             Ok(next) => next,
             Err(error) => return Err(error.to_string()),
         };
+        // A term enters the history before the first record of it is held: at the LSN the
+        // primary's history gives it; from a primary that sends none, where its first chunk
+        // starts.
+        if primary_history.is_empty() {
+            if terms.history().last_term() < Term(chunk_term) {
+                terms
+                    .observe(Term(chunk_term))
+                    .and_then(|()| terms.begin(Term(chunk_term), before))
+                    .map_err(|e| e.to_string())?;
+            }
+        } else {
+            adopt_terms(terms, primary_history, next)?;
+        }
         {
             let mut state = lock(&pipe.state);
             while state.bytes > HELD_BYTES && state.failed.is_none() {
