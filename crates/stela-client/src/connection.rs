@@ -286,7 +286,7 @@ impl Connection {
         let answer = match within {
             Some(within) => {
                 let cut = connection.cutter();
-                crate::failover::guarded(cut, within, || connection.request(hello))?
+                crate::deadline::guarded(cut, within, || connection.request(hello))?
             }
             None => connection.request(hello)?,
         };

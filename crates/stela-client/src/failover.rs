@@ -11,14 +11,13 @@
 //! watch thread ends with the last `Wal` holding it.
 
 use crate::connection::{Address, Connection};
+use crate::deadline::Cut;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 use stela_proto::{RequestBody, ResponseBody, Role};
 
 /// How long a probe of one endpoint may take: connect, hello and status.
 const PROBE_WITHIN: Duration = Duration::from_millis(200);
-
-type Cut = Box<dyn Fn() + Send + Sync>;
 
 /// The request in progress, if any.
 struct Outstanding {
@@ -117,7 +116,7 @@ fn primary_epoch(endpoint: &Address) -> Option<u64> {
         Connection::connect_within(endpoint, Duration::ZERO, Role::Admin, Some(PROBE_WITHIN))
             .ok()?;
     let cut = connection.cutter();
-    let answer = guarded(cut, PROBE_WITHIN, || {
+    let answer = crate::deadline::guarded(cut, PROBE_WITHIN, || {
         connection.request(RequestBody::Status)
     })
     .ok()?;
@@ -126,31 +125,4 @@ fn primary_epoch(endpoint: &Address) -> Option<u64> {
     };
     let replication = report.replication?;
     (replication.role == "primary").then_some(replication.epoch)
-}
-
-/// Runs `work`; if it has not finished within `within`, `cut` shuts its socket so that it
-/// fails instead of waiting on a node that does not answer.
-pub(crate) fn guarded<R>(cut: Option<Cut>, within: Duration, work: impl FnOnce() -> R) -> R {
-    let Some(cut) = cut else {
-        return work();
-    };
-    let done = Arc::new((Mutex::new(false), Condvar::new()));
-    let timer = {
-        let done = Arc::clone(&done);
-        std::thread::spawn(move || {
-            let (finished, wake) = &*done;
-            let finished = finished.lock().unwrap_or_else(|e| e.into_inner());
-            let (finished, _) = wake
-                .wait_timeout_while(finished, within, |finished| !*finished)
-                .unwrap_or_else(|e| e.into_inner());
-            if !*finished {
-                cut();
-            }
-        })
-    };
-    let result = work();
-    *done.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    done.1.notify_all();
-    let _ = timer.join();
-    result
 }

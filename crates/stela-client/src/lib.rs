@@ -16,6 +16,7 @@
 
 pub mod async_wal;
 pub mod connection;
+mod deadline;
 mod failover;
 pub mod tls;
 pub mod wal;

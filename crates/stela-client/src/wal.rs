@@ -369,7 +369,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         let answer = match within {
             Some(within) => {
                 let cut = connection.cutter();
-                crate::failover::guarded(cut, within, || connection.request(open))?
+                crate::deadline::guarded(cut, within, || connection.request(open))?
             }
             None => connection.request(open)?,
         };
