@@ -130,7 +130,8 @@ pub struct ServeArgs {
     /// never poll).
     #[arg(long, default_value_t = config::SPIN.as_micros() as u64)]
     pub spin_us: u64,
-    /// Run the event loop with normal scheduling even where realtime is permitted.
+    /// Run the event loop, and the replication threads acknowledgements pass through, with
+    /// normal scheduling even where realtime is permitted.
     #[arg(long)]
     pub no_realtime: bool,
     /// Primary role: ship every open log to the standby whose replication listener is at

@@ -63,6 +63,9 @@ pub struct Node {
     on_promote: OnceLock<PromoteHook>,
     on_step_down: OnceLock<StepDownHook>,
     stopping: AtomicBool,
+    /// Whether the threads every `replicated` acknowledgement passes through ask for realtime
+    /// scheduling (the event loop's setting, `--no-realtime`; see `crate::sched`).
+    realtime_threads: AtomicBool,
 }
 
 impl Node {
@@ -72,7 +75,7 @@ impl Node {
     /// # Errors
     /// The pair's epoch file cannot be read.
     pub fn from_config(config: &crate::config::DaemonConfig) -> Result<Node, String> {
-        match &config.failover {
+        let node = match &config.failover {
             Some(failover) => Node::clustered(
                 &config.node,
                 &config.dir,
@@ -84,7 +87,15 @@ impl Node {
                 Ok(Node::fixed(&config.node, NodeRole::Standby))
             }
             None => Ok(Node::fixed(&config.node, NodeRole::Primary)),
-        }
+        }?;
+        node.realtime_threads
+            .store(config.realtime_loop, Ordering::Relaxed);
+        Ok(node)
+    }
+
+    /// Whether the replication threads ask for realtime scheduling.
+    pub(crate) fn realtime_threads(&self) -> bool {
+        self.realtime_threads.load(Ordering::Relaxed)
     }
 
     /// A node whose role is fixed by configuration (no coordinator): epoch 0.
@@ -144,6 +155,7 @@ impl Node {
             on_promote: OnceLock::new(),
             on_step_down: OnceLock::new(),
             stopping: AtomicBool::new(false),
+            realtime_threads: AtomicBool::new(false),
         }
     }
 

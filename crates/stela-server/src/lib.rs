@@ -17,6 +17,7 @@
 //! - `net`: the event loop: connections without a thread each, the shared-memory rings,
 //!   limits and timeouts. It calls the engine; nothing calls back into it but its inbox.
 //! - [`metrics`]: the Prometheus metrics and the `/metrics` endpoint.
+//! - `sched`: realtime scheduling for the threads every acknowledgement passes through.
 //! - [`cluster`]: a node of a failover pair: role, epoch, renewals, promotion, stepping down.
 //! - [`config`]: every setting and its default, in one place.
 //! - [`error`]: the one error type, and its wire codes.
@@ -48,6 +49,7 @@ pub mod metrics;
 mod net;
 pub mod pool;
 pub mod replication;
+mod sched;
 #[cfg(not(loom))]
 pub mod server;
 mod sync;

@@ -171,10 +171,18 @@ impl Engine {
         Ok(false)
     }
 
-    /// Wakes `log`'s shipper after an append.
+    /// Notes an append for the shipping at the end of the turn ([`Engine::end_turn`]).
     pub(super) fn shipper_has_work(&self, log: LogId) {
         if let Some(replication) = &self.ha.replication {
             replication.appended(log);
+        }
+    }
+
+    /// The event loop ends its turn: what it appended is shipped (from the loop itself when a
+    /// `replicated` commit waits for it, see [`Replication::ship_unsent`]).
+    pub fn end_turn(&self) {
+        if let Some(replication) = &self.ha.replication {
+            replication.ship_unsent(&self.pool);
         }
     }
 

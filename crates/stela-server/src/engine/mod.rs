@@ -139,7 +139,9 @@ impl Engine {
     }
 
     /// Places `records` as one run of LSNs; returns (first, last). `Error::NoSpace`: nothing was
-    /// placed, retry after the release hook reports freed space.
+    /// placed, retry after the release hook reports freed space. With a standby the records are
+    /// shipped when the caller ends its turn ([`Engine::end_turn`]), or by the shipper thread
+    /// within a heartbeat if it never does.
     pub fn append(&self, log: LogId, records: &[Record<'_>]) -> Result<(u64, u64)> {
         let placed = self.pool.try_append(log, records);
         self.shipper_has_work(log);

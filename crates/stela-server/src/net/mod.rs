@@ -280,7 +280,7 @@ pub(crate) fn create(
 impl EventLoop {
     /// Serves until stopped; then answers what it can and closes every connection.
     pub fn run(mut self) {
-        let realtime = self.realtime && become_realtime();
+        let realtime = self.realtime && crate::sched::become_realtime("event loop");
         self.counters.realtime.store(realtime, Ordering::Relaxed);
         let mut events = Events::with_capacity(1024);
         let mut last_activity = Instant::now();
@@ -350,6 +350,8 @@ impl EventLoop {
             active |= self.take_inbox();
             active |= self.scan_rings();
             active |= self.run_ready();
+            // Appends of this turn go to the standby now, one send for all of them.
+            self.engine.end_turn();
             if active {
                 last_activity = Instant::now();
             }
@@ -980,29 +982,6 @@ impl EventLoop {
             self.close(slot);
         }
     }
-}
-
-/// Gives the calling thread (the event loop) realtime scheduling, `SCHED_FIFO` at the lowest
-/// priority, if the process may (root, or `CAP_SYS_NICE`); says whether it got it.
-///
-/// Why: every acknowledgement passes through this one thread. Under the normal scheduler it
-/// gets a fair share among all runnable threads of the machine, and with dozens of database
-/// threads on two CPUs that share is small: commits then wait for the loop's turn, not for any
-/// work. At the lowest realtime priority it runs as soon as it has work; it still sleeps when
-/// idle (after `--spin-us`), and the kernel keeps 5 % of every CPU for other threads.
-fn become_realtime() -> bool {
-    let param = libc::sched_param { sched_priority: 1 };
-    // SAFETY: plain system call on the calling thread (0) with a valid, initialised parameter.
-    let done = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
-    if done {
-        tracing::info!("event loop runs with realtime scheduling (SCHED_FIFO 1)");
-    } else {
-        tracing::info!(
-            error = %io::Error::last_os_error(),
-            "event loop runs with normal scheduling (realtime needs CAP_SYS_NICE)"
-        );
-    }
-    done
 }
 
 fn is_out_of_descriptors(error: &io::Error) -> bool {

@@ -5,6 +5,12 @@
 //! received and durable LSNs and releases the `replicated` and `all` waiters they satisfy.
 //! [`standby`] is the other end.
 //!
+//! When a `replicated` commit waits and the stream is plain TCP, the event loop sends the new
+//! bytes itself at the end of its turn ([`Replication::ship_unsent`]), with a send that never
+//! blocks, instead of waking the shipper thread: on a machine with few CPUs that wake-up costs
+//! more than the network's round trip. Whatever the loop cannot send at once (the socket is
+//! full, the bytes are on disk, a new segment's header must be read) is left to the shipper.
+//!
 //! Invariants:
 //! - **Only commit acknowledgements wait.** Appends and `buffered`/`disk` commits never touch this
 //!   module's locks on their way; shipping runs beside them. A `replicated` waiter is released
@@ -32,7 +38,7 @@ use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::time::Duration;
 use stela_format::header::HEADER_BYTES;
 use stela_format::term::Term;
@@ -48,6 +54,8 @@ const CHUNK_BYTES: usize = 1 << 20;
 const HEARTBEAT: Duration = Duration::from_millis(50);
 /// How long a shipper waits before trying an unreachable standby again.
 const RETRY: Duration = Duration::from_millis(100);
+/// Most chunks the event loop sends in one turn before leaving the rest to the shipper.
+const INLINE_CHUNKS: usize = 4;
 
 /// The primary's replication: one [`Link`] per open log.
 pub struct Replication {
@@ -58,6 +66,9 @@ pub struct Replication {
     shippers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Called once after waiters were released (wakes the event loop once for all of them).
     released: Released,
+    /// Logs appended to since the event loop last shipped (see [`Replication::ship_unsent`]).
+    unsent: Mutex<Vec<LogId>>,
+    any_unsent: AtomicBool,
     /// `--degrade-after`: how long the standby may be unreachable before `replicated` commits
     /// are acknowledged without it.
     degrade_after: Option<Duration>,
@@ -91,9 +102,39 @@ struct Link {
     /// The `replicated` waiters and what the standby acknowledged.
     protection: Protection<Waiter>,
     state: Mutex<LinkState>,
-    /// Signalled on every append (the shipper has bytes to send) and on stop.
+    /// Signalled when the shipper has bytes to send, and on stop.
     appended: Condvar,
     stop: AtomicBool,
+    /// Appended since the event loop last shipped or woke the shipper (it is in `unsent`).
+    unsent: AtomicBool,
+    /// The stream while a session is up: the shipper's, lent to the event loop when it is free.
+    live: Mutex<Option<Live>>,
+}
+
+/// The sending end of an open stream and where it stands. Whoever holds the link's `live` lock
+/// sends, so frames never interleave and `at` always follows what went out.
+struct Live {
+    writer: Writer,
+    /// The socket itself when the stream is plain TCP: the event loop sends on it without
+    /// blocking (a TLS stream is left to the shipper).
+    plain: Option<TcpStream>,
+    term: u64,
+    /// Where the next bytes go in the standby's copy.
+    at: Position,
+    /// The header of the segment `at` is in.
+    header: SegmentHeader,
+    /// The rest of a frame the event loop began but could not finish without blocking; the
+    /// shipper writes it before anything else.
+    unfinished: Vec<u8>,
+}
+
+/// What one attempt to ship did.
+enum Step {
+    Shipped,
+    /// Everything in the pool is shipped.
+    Nothing,
+    /// There is more, but not for a caller that must not block (the event loop).
+    LeftToShipper,
 }
 
 #[derive(Default)]
@@ -142,6 +183,8 @@ impl Replication {
             links: Mutex::new(HashMap::new()),
             shippers: Mutex::new(Vec::new()),
             released,
+            unsent: Mutex::new(Vec::new()),
+            any_unsent: AtomicBool::new(false),
             degrade_after,
             tls,
         }
@@ -220,6 +263,8 @@ impl Replication {
             }),
             appended: Condvar::new(),
             stop: AtomicBool::new(false),
+            unsent: AtomicBool::new(false),
+            live: Mutex::new(None),
         });
         links.insert(log.id, Arc::clone(&link));
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
@@ -303,9 +348,34 @@ impl Replication {
         }
     }
 
-    /// Records of `log` were appended: its shipper has work.
+    /// Records of `log` were appended (by the event loop): they are shipped at the end of its
+    /// turn, by [`Replication::ship_unsent`].
     pub fn appended(&self, log: LogId) {
         if let Some(link) = lock(&self.links).get(&log) {
+            if !link.unsent.swap(true, Ordering::AcqRel) {
+                lock(&self.unsent).push(log);
+                self.any_unsent.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// The event loop's turn is over: ships what it appended. A log with `replicated` commits
+    /// waiting is sent from here when its stream is plain TCP and free, so the commit does not
+    /// wait for the shipper thread to be woken and scheduled; otherwise (and for whatever cannot
+    /// be sent without blocking) the shipper is woken.
+    pub fn ship_unsent<W>(&self, pool: &Pool<W>) {
+        if !self.any_unsent.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let logs = std::mem::take(&mut *lock(&self.unsent));
+        for log in logs {
+            let Some(link) = lock(&self.links).get(&log).cloned() else {
+                continue;
+            };
+            link.unsent.store(false, Ordering::Release);
+            if link.protection.waiting() > 0 && ship_inline(pool, log, &link) {
+                continue;
+            }
             lock(&link.state).dirty = true;
             link.appended.notify_one();
         }
@@ -583,7 +653,7 @@ impl Replication {
         {
             (self.released)();
         }
-        let mut at = theirs.position;
+        let at = theirs.position;
         {
             let mut state = lock(&link.state);
             state.connected = true;
@@ -606,7 +676,20 @@ impl Replication {
                 })
                 .map_err(|e| e.to_string())?
         };
-        let mut header = header_for(&log.segments, at.segment_start, log, None)?;
+        let header = header_for(&log.segments, at.segment_start, log, None)?;
+        let plain = if self.tls.is_none() {
+            socket.try_clone().ok()
+        } else {
+            None
+        };
+        *lock(&link.live) = Some(Live {
+            writer,
+            plain,
+            term,
+            at,
+            header,
+            unfinished: Vec::new(),
+        });
         let result = loop {
             if link.stop.load(Ordering::SeqCst) {
                 break Ok(());
@@ -614,84 +697,38 @@ impl Replication {
             if acks.is_finished() {
                 break Err("the standby closed the stream".to_owned());
             }
-            // Next bytes: from memory if the pool still holds them, else from the files.
-            let shipped = match pool.ship(
-                log.id,
-                (at.segment_start.get(), at.offset, at.next_lsn.get()),
-                CHUNK_BYTES,
-            ) {
-                Ship::Bytes {
-                    segment,
-                    offset,
-                    bytes,
-                    next_lsn,
-                    new_segment_capacity,
-                } => Some((segment, offset, bytes, next_lsn, new_segment_capacity)),
-                Ship::OnDisk => {
-                    let (_, durable) = pool.positions(log.id);
-                    read_chunk(&log.segments, at, Lsn::new(durable + 1), CHUNK_BYTES)
-                        .map_err(|e| e.to_string())?
-                        .map(|(segment, offset, bytes, next)| {
-                            (segment.get(), offset, bytes, next.get(), 0)
-                        })
-                }
-                Ship::Nothing => None,
+            let step = match lock(&link.live).as_mut() {
+                Some(live) => ship_next(pool, log.id, link, live, Source::MemoryOrFiles(log)),
+                None => Err("the stream was taken".to_owned()),
             };
-            let Some((segment, offset, mut bytes, next_lsn, capacity)) = shipped else {
-                let mut state = lock(&link.state);
-                if !state.dirty {
-                    let (next, timeout) = link
-                        .appended
-                        .wait_timeout(state, HEARTBEAT)
-                        .unwrap_or_else(|e| e.into_inner());
-                    state = next;
-                    if timeout.timed_out() && !state.dirty {
-                        drop(state);
-                        send(&mut writer, &ReplMessage::Heartbeat { term })?;
-                        continue;
+            match step {
+                Ok(Step::Shipped) => continue,
+                Ok(Step::Nothing | Step::LeftToShipper) => {}
+                Err(why) => break Err(why),
+            }
+            let mut state = lock(&link.state);
+            if !state.dirty {
+                let (next, timeout) = link
+                    .appended
+                    .wait_timeout(state, HEARTBEAT)
+                    .unwrap_or_else(|e| e.into_inner());
+                state = next;
+                if timeout.timed_out() && !state.dirty {
+                    drop(state);
+                    let sent = match lock(&link.live).as_mut() {
+                        Some(live) => live.send(&ReplMessage::Heartbeat { term }),
+                        None => Err("the stream was taken".to_owned()),
+                    };
+                    if let Err(why) = sent {
+                        break Err(why);
                     }
-                }
-                state.dirty = false;
-                continue;
-            };
-            // A segment the standby has not started yet goes with its header, exactly as the
-            // flusher writes it.
-            let mut offset = offset;
-            if offset == HEADER_BYTES as u64 {
-                if segment != header.start_lsn.get() {
-                    header = header_for(
-                        &log.segments,
-                        Lsn::new(segment),
-                        log,
-                        Some((&header, capacity)),
-                    )?;
-                }
-                let mut whole = header.encode().to_vec();
-                whole.append(&mut bytes);
-                bytes = whole;
-                offset = 0;
-            }
-            if offset == 0 {
-                // A header read from the files: later segments are numbered after it.
-                if let Ok(read) = SegmentHeader::decode(&bytes[..HEADER_BYTES.min(bytes.len())]) {
-                    header = read;
+                    continue;
                 }
             }
-            let message = chunk_message(term, segment, offset, &bytes);
-            if let ReplMessage::Chunk { bytes: wire, .. } = &message {
-                let mut state = lock(&link.state);
-                state.shipped_bytes += bytes.len() as u64;
-                state.wire_bytes += wire.len() as u64;
-            }
-            send(&mut writer, &message)?;
-            at = Position {
-                segment_start: Lsn::new(segment),
-                offset: offset + bytes.len() as u64,
-                next_lsn: Lsn::new(next_lsn),
-            };
+            state.dirty = false;
         };
         // Cutting the socket ends the acknowledgement reader's wait, TLS or not.
-        drop(writer);
+        drop(lock(&link.live).take());
         let _ = socket.shutdown(std::net::Shutdown::Both);
         let _ = acks.join();
         result
@@ -863,6 +900,9 @@ fn read_acks(
     term: u64,
     released: &(dyn Fn() + Send + Sync),
 ) {
+    if node.realtime_threads() {
+        crate::sched::become_realtime("replication acknowledgements");
+    }
     loop {
         match receive(&mut reader) {
             Ok(ReplMessage::Ack {
@@ -888,6 +928,169 @@ fn read_acks(
             }
             Err(_) => return,
         }
+    }
+}
+
+/// Where a shipper may take bytes from.
+enum Source<'a> {
+    /// The pool's buffers only, without blocking (the event loop).
+    Memory,
+    /// The buffers, else the log's files; writes may block (the shipper thread).
+    MemoryOrFiles(&'a LogInfo),
+}
+
+/// The event loop's part: sends what the pool holds of `link`'s log, if the stream is plain TCP
+/// and no one else is sending. `true`: all of it went out; `false`: the shipper must be woken.
+fn ship_inline<W>(pool: &Pool<W>, log: LogId, link: &Link) -> bool {
+    let mut guard = match link.live.try_lock() {
+        Ok(guard) => guard,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return false,
+    };
+    let Some(live) = guard.as_mut().filter(|live| live.plain.is_some()) else {
+        return false;
+    };
+    for _ in 0..INLINE_CHUNKS {
+        match ship_next(pool, log, link, live, Source::Memory) {
+            Ok(Step::Shipped) => {}
+            Ok(Step::Nothing) => return true,
+            Ok(Step::LeftToShipper) => return false,
+            Err(why) => {
+                // The shipper meets the broken stream on its next send and reconnects.
+                tracing::debug!(log = %link.name, why, "sending from the event loop failed");
+                if let Some(socket) = &live.plain {
+                    let _ = socket.shutdown(std::net::Shutdown::Both);
+                }
+                return false;
+            }
+        }
+    }
+    false
+}
+
+/// Ships the next bytes of `log` after `live.at`: from the pool's buffers when it still holds
+/// them, else (a shipper thread only) from the files.
+fn ship_next<W>(
+    pool: &Pool<W>,
+    log: LogId,
+    link: &Link,
+    live: &mut Live,
+    source: Source<'_>,
+) -> std::result::Result<Step, String> {
+    let blocking = matches!(source, Source::MemoryOrFiles(_));
+    if !live.unfinished.is_empty() {
+        if !blocking {
+            return Ok(Step::LeftToShipper);
+        }
+        live.writer
+            .write_all(&live.unfinished)
+            .map_err(|e| e.to_string())?;
+        live.unfinished.clear();
+    }
+    let at = live.at;
+    let shipped = match pool.ship(
+        log,
+        (at.segment_start.get(), at.offset, at.next_lsn.get()),
+        CHUNK_BYTES,
+    ) {
+        Ship::Bytes {
+            segment,
+            offset,
+            bytes,
+            next_lsn,
+            new_segment_capacity,
+        } => (segment, offset, bytes, next_lsn, new_segment_capacity),
+        Ship::OnDisk => match source {
+            Source::Memory => return Ok(Step::LeftToShipper),
+            Source::MemoryOrFiles(info) => {
+                let (_, durable) = pool.positions(log);
+                match read_chunk(&info.segments, at, Lsn::new(durable + 1), CHUNK_BYTES)
+                    .map_err(|e| e.to_string())?
+                {
+                    Some((segment, offset, bytes, next)) => {
+                        (segment.get(), offset, bytes, next.get(), 0)
+                    }
+                    None => return Ok(Step::Nothing),
+                }
+            }
+        },
+        Ship::Nothing => return Ok(Step::Nothing),
+    };
+    let (segment, mut offset, mut bytes, next_lsn, capacity) = shipped;
+    // A segment the standby has not started yet goes with its header, exactly as the flusher
+    // writes it.
+    if offset == HEADER_BYTES as u64 {
+        if segment != live.header.start_lsn.get() {
+            let Source::MemoryOrFiles(info) = source else {
+                return Ok(Step::LeftToShipper); // the header may have to be read from a file
+            };
+            live.header = header_for(
+                &info.segments,
+                Lsn::new(segment),
+                info,
+                Some((&live.header, capacity)),
+            )?;
+        }
+        let mut whole = live.header.encode().to_vec();
+        whole.append(&mut bytes);
+        bytes = whole;
+        offset = 0;
+    }
+    if offset == 0 {
+        // A header read from the files: later segments are numbered after it.
+        if let Ok(read) = SegmentHeader::decode(&bytes[..HEADER_BYTES.min(bytes.len())]) {
+            live.header = read;
+        }
+    }
+    let message = chunk_message(live.term, segment, offset, &bytes);
+    let mut out = Vec::new();
+    frame::encode(&message, &mut out).map_err(|e| e.to_string())?;
+    if blocking {
+        live.writer.write_all(&out).map_err(|e| e.to_string())?;
+    } else {
+        let socket = live.plain.as_ref().ok_or("no plain socket")?;
+        let sent = match rustix::net::send(
+            socket,
+            &out,
+            rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
+        ) {
+            Ok(sent) => sent,
+            Err(rustix::io::Errno::AGAIN) => 0,
+            Err(error) => return Err(error.to_string()),
+        };
+        if sent == 0 {
+            return Ok(Step::LeftToShipper); // nothing of the frame went out: as if not tried
+        }
+        // Part of the frame is on the wire: the shipper finishes it before anything else.
+        live.unfinished.extend_from_slice(&out[sent..]);
+    }
+    if let ReplMessage::Chunk { bytes: wire, .. } = &message {
+        let mut state = lock(&link.state);
+        state.shipped_bytes += bytes.len() as u64;
+        state.wire_bytes += wire.len() as u64;
+    }
+    live.at = Position {
+        segment_start: Lsn::new(segment),
+        offset: offset + bytes.len() as u64,
+        next_lsn: Lsn::new(next_lsn),
+    };
+    if live.unfinished.is_empty() {
+        Ok(Step::Shipped)
+    } else {
+        Ok(Step::LeftToShipper)
+    }
+}
+
+impl Live {
+    /// Sends `message` after whatever the event loop left unfinished (the shipper thread).
+    fn send(&mut self, message: &ReplMessage) -> std::result::Result<(), String> {
+        if !self.unfinished.is_empty() {
+            self.writer
+                .write_all(&self.unfinished)
+                .map_err(|e| e.to_string())?;
+            self.unfinished.clear();
+        }
+        send(&mut self.writer, message)
     }
 }
 

@@ -231,6 +231,9 @@ impl Drop for Busy<'_> {
 }
 
 fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
+    if shared.node.realtime_threads() {
+        crate::sched::become_realtime("standby receiver");
+    }
     let _ = stream.set_nodelay(true);
     let socket = stream.try_clone().map_err(|e| e.to_string())?;
     // Over TLS when this daemon has a certificate; the primary then proves itself an
@@ -529,7 +532,15 @@ struct PipeState {
     durable: u64,
     closed: bool,
     failed: Option<String>,
+    /// The writer sleeps until told (nothing came for a whole `WRITE_EVERY`).
+    writer_idle: bool,
 }
+
+/// How often a busy writer looks for chunks: it is not woken for each one (a wake-up per chunk
+/// would compete for the CPU with the receiver and its acknowledgement), only when it was idle
+/// or when `WRITE_BATCH` bytes are held.
+const WRITE_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+const WRITE_BATCH: usize = 4 << 20;
 
 /// Most bytes held in memory before the receiver stops reading (and TCP slows the primary).
 const HELD_BYTES: usize = 64 << 20;
@@ -630,7 +641,7 @@ fn receive_chunks(
         } else {
             adopt_terms(terms, primary_history, next)?;
         }
-        {
+        let wake_writer = {
             let mut state = lock(&pipe.state);
             while state.bytes > HELD_BYTES && state.failed.is_none() {
                 state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -641,9 +652,14 @@ fn receive_chunks(
             state.bytes += bytes.len();
             state.chunks.push_back((segment_start, offset, bytes));
             state.received = next - 1;
-        }
-        pipe.changed.notify_all();
+            state.writer_idle || state.bytes >= WRITE_BATCH
+        };
+        // Acknowledged before the writer is woken: the primary's commit waits for this message,
+        // and nothing else.
         pipe.ack(chunk_term)?;
+        if wake_writer {
+            pipe.changed.notify_all();
+        }
     }
 }
 
@@ -727,6 +743,7 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
     loop {
         let next = {
             let mut state = lock(&pipe.state);
+            let mut waited_empty = false;
             loop {
                 if let Some(chunk) = state.chunks.pop_front() {
                     state.bytes -= chunk.2.len();
@@ -735,7 +752,18 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
                 if state.closed {
                     break None;
                 }
-                state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                if waited_empty {
+                    state.writer_idle = true;
+                    state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                    state.writer_idle = false;
+                } else {
+                    state = pipe
+                        .changed
+                        .wait_timeout(state, WRITE_EVERY)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                    waited_empty = state.chunks.is_empty();
+                }
             }
         };
         pipe.changed.notify_all();
