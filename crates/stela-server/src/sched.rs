@@ -7,7 +7,8 @@
 //! node. Measured on this project's 2-vCPU machine with 16 clients: the primary's
 //! acknowledgement reader ran about 1.4 ms after the standby's answer arrived. At the lowest
 //! realtime priority a woken thread runs at once; these threads block whenever they have no
-//! work, and the kernel keeps 5 % of every CPU for normal threads.
+//! work, and the kernel keeps 5 % of every CPU for normal threads. Threads they start (the
+//! standby's writer, say) do not inherit it: the policy is asked with `SCHED_RESET_ON_FORK`.
 
 use std::io;
 
@@ -17,7 +18,9 @@ pub(crate) fn become_realtime(what: &str) -> bool {
     let param = libc::sched_param { sched_priority: 1 };
     // SAFETY: a plain system call on the calling thread (pid 0) with a valid, initialised
     // parameter; it changes nothing but that thread's scheduling.
-    let done = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+    let done = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    } == 0;
     if done {
         tracing::debug!(thread = what, "realtime scheduling (SCHED_FIFO 1)");
     } else {

@@ -573,10 +573,21 @@ fn receive_chunks(
     segments: &stela_wal::SegmentSet,
     node: &crate::cluster::Node,
 ) -> Result<(), String> {
+    // The term of chunks held but not yet acknowledged. Acknowledging is deferred only while
+    // another whole frame is already buffered, that is, while this thread is behind the
+    // primary: one acknowledgement then covers them all, and is sent before any wait for input.
+    let mut owed_ack: Option<u64> = None;
     loop {
         let message = match first.take() {
             Some(message) => message,
-            None => receive(reader)?,
+            None => {
+                if !whole_frame_buffered(reader.buffer()) {
+                    if let Some(term) = owed_ack.take() {
+                        pipe.ack(term)?;
+                    }
+                }
+                receive(reader)?
+            }
         };
         node.heard_from_primary();
         if let ReplMessage::Fetch {
@@ -654,13 +665,27 @@ fn receive_chunks(
             state.received = next - 1;
             state.writer_idle || state.bytes >= WRITE_BATCH
         };
-        // Acknowledged before the writer is woken: the primary's commit waits for this message,
-        // and nothing else.
-        pipe.ack(chunk_term)?;
+        if whole_frame_buffered(reader.buffer()) {
+            owed_ack = Some(chunk_term);
+        } else {
+            // Acknowledged before the writer is woken: the primary's commit waits for this
+            // message, and nothing else.
+            owed_ack = None;
+            pipe.ack(chunk_term)?;
+        }
         if wake_writer {
             pipe.changed.notify_all();
         }
     }
+}
+
+/// Whether `buffered` starts with a whole frame (header and body), so reading it cannot wait.
+fn whole_frame_buffered(buffered: &[u8]) -> bool {
+    let Some(header) = buffered.get(..stela_proto::FRAME_HEADER_BYTES) else {
+        return false;
+    };
+    let body_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    buffered.len() - stela_proto::FRAME_HEADER_BYTES >= body_len
 }
 
 /// Answers a `Fetch`: the synced records from `from` on, as chunks read from the files, then
@@ -808,5 +833,24 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
         if next.is_none() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_frame_buffered;
+    use stela_proto::repl::ReplMessage;
+
+    #[test]
+    fn only_a_whole_buffered_frame_defers_an_acknowledgement() {
+        let mut frame = Vec::new();
+        stela_proto::frame::encode(&ReplMessage::Heartbeat { term: 7 }, &mut frame).unwrap();
+        assert!(whole_frame_buffered(&frame));
+        for cut in 0..frame.len() {
+            assert!(!whole_frame_buffered(&frame[..cut]), "{cut} of {} bytes", frame.len());
+        }
+        let mut two = frame.clone();
+        two.extend_from_slice(&frame[..3]);
+        assert!(whole_frame_buffered(&two));
     }
 }
