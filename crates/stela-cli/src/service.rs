@@ -814,8 +814,8 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
                 log.durable_lsn,
                 if log.lag_records > 0 {
                     format!(
-                        ", behind by {} record(s) for {} ms",
-                        log.lag_records, log.lag_ms
+                        ", behind by {} record(s), {} byte(s), for {} ms",
+                        log.lag_records, log.lag_bytes, log.lag_ms
                     )
                 } else {
                     String::new()

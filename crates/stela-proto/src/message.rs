@@ -423,6 +423,10 @@ pub struct ReplicaStatus {
     /// has acknowledged nothing while behind (0 when caught up).
     pub lag_records: u64,
     pub lag_ms: u64,
+    /// On the primary: segment bytes (frames and headers) between what the standby has
+    /// acknowledged and where the log's next record goes.
+    #[serde(default)]
+    pub lag_bytes: u64,
     /// Why the primary stopped shipping this log (a newer term, a diverged copy), if it did.
     pub stopped: Option<String>,
     /// On the primary: segment bytes shipped, and the bytes they took on the wire (lz4).

@@ -37,6 +37,7 @@ struct StandbyGauges {
     connected: Family<LogLabel, Gauge<u64, AtomicU64>>,
     received_lsn: Family<LogLabel, Gauge<u64, AtomicU64>>,
     lag_records: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    lag_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
     lag_seconds: Family<LogLabel, Gauge<f64, AtomicU64>>,
     shipped_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
     wire_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
@@ -205,6 +206,10 @@ impl Metrics {
                 "standby_lag_records",
                 "Records of a log appended on the primary that the standby does not hold yet",
             ),
+            lag_bytes: family(
+                "standby_lag_bytes",
+                "Segment bytes of a log between what the standby acknowledged and the log's end",
+            ),
             lag_seconds,
             shipped_bytes: family(
                 "shipped_bytes",
@@ -318,6 +323,7 @@ impl Metrics {
                 .set(u64::from(log.connected));
             g.received_lsn.get_or_create(&label).set(log.received_lsn);
             g.lag_records.get_or_create(&label).set(log.lag_records);
+            g.lag_bytes.get_or_create(&label).set(log.lag_bytes);
             g.lag_seconds
                 .get_or_create(&label)
                 .set(log.lag_ms as f64 / 1e3);

@@ -90,7 +90,10 @@ fn replicated_commits_reach_the_standby_byte_for_byte() {
     let ledger = &on_primary.logs[0];
     assert_eq!((ledger.log.as_str(), ledger.connected), ("ledger", true));
     assert!(ledger.term >= 1 && ledger.stopped.is_none());
-    assert_eq!((ledger.received_lsn, ledger.lag_records), (last, 0));
+    assert_eq!(
+        (ledger.received_lsn, ledger.lag_records, ledger.lag_bytes),
+        (last, 0, 0)
+    );
     let on_standby = status(standby.socket_path());
     assert_eq!(on_standby.role, "standby");
     assert_eq!(on_standby.logs[0].log, "ledger");
@@ -144,6 +147,16 @@ fn a_replicated_commit_waits_for_a_standby_that_is_down() {
         finished.recv_timeout(Duration::from_millis(700)).is_err(),
         "a replicated commit was acknowledged with no standby running"
     );
+    // Status says how far behind the absent standby is: the record, and its bytes (its frame
+    // holds its 100-byte payload).
+    let report = match RawClient::connect(primary.socket_path()).request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
+        other => panic!("status: {other:?}"),
+    };
+    let orders = &report.logs[0];
+    assert!(!orders.connected);
+    assert_eq!(orders.lag_records, 1);
+    assert!(orders.lag_bytes > 100, "lag of {} bytes", orders.lag_bytes);
     let standby = standby(&s_dir, port);
     let result = finished
         .recv_timeout(Duration::from_secs(20))
@@ -472,4 +485,37 @@ fn the_standby_labels_records_with_the_term_the_primary_wrote_them_in() {
         theirs, ours,
         "the standby labels records as the primary wrote them"
     );
+}
+
+#[test]
+fn a_standby_that_accepts_but_never_answers_is_given_up_on_so_degrade_after_works() {
+    let root = tempfile::tempdir().unwrap();
+    // A "standby" whose connections the kernel accepts (the backlog) but that never answers:
+    // a stopped process, a hung machine.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut config = config(&root.path().join("p"));
+    config.standby = Some(silent.local_addr().unwrap());
+    config.degrade_after = Some(Duration::from_millis(300));
+    let primary = NoHang::new(Server::start(config).unwrap());
+    let socket = primary.socket_path().to_path_buf();
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut client = RawClient::connect(&socket);
+        let handle = client.open("orders");
+        let result = client.append(handle, Durability::Replicated, &[rec(5, 1, 50)]);
+        let _ = done.send(result.map(|_| ()));
+    });
+    // Shipper blocked for ever in the handshake: never degraded, never acknowledged. Cut after
+    // its handshake time: degraded and acknowledged, loudly.
+    let result = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the commit is acknowledged once degraded, although the standby never answers");
+    assert!(result.is_ok(), "{result:?}");
+    let report = match RawClient::connect(primary.socket_path()).request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.unwrap().logs[0].clone(),
+        other => panic!("status: {other:?}"),
+    };
+    assert!(report.degraded && !report.connected, "{report:?}");
+    primary.shutdown().unwrap();
+    drop(silent);
 }

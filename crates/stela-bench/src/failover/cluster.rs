@@ -580,6 +580,7 @@ mod tests {
             durable_lsn: 90,
             lag_records,
             lag_ms: 0,
+            lag_bytes: 0,
             stopped: None,
             shipped_bytes: 4000,
             wire_bytes: 1000,

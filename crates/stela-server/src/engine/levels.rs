@@ -102,10 +102,10 @@ impl Engine {
     /// The replication part of `stela status`: the primary's shipping or the standby's streams.
     pub(super) fn replication_status(
         &self,
-        last_lsn: impl Fn(LogId) -> u64,
+        end: impl Fn(LogId) -> (u64, Option<(u64, u64, u64)>),
     ) -> Option<stela_proto::ReplicationStatus> {
         match (&self.ha.replication, self.ha.standby_view.get()) {
-            (Some(replication), _) => Some(replication.status(last_lsn)),
+            (Some(replication), _) => Some(replication.status(end)),
             (None, Some(view)) => Some(view()),
             (None, None) => None,
         }

@@ -597,9 +597,11 @@ impl Engine {
                 },
             ],
             replication: self.replication_status(|log| {
-                self.pool
+                let last = self
+                    .pool
                     .positions_if_present(log)
-                    .map_or(0, |(next, _)| next - 1)
+                    .map_or(0, |(next, _)| next - 1);
+                (last, self.pool.append_place(log))
             }),
         }
     }

@@ -119,6 +119,14 @@ impl<W> Pool<W> {
         Some((entry.next_lsn, entry.durable_lsn))
     }
 
+    /// Where the log's next frame goes: (segment, offset, the segment's capacity); `None` once
+    /// the log left the pool.
+    pub fn append_place(&self, log: LogId) -> Option<(u64, u64, u64)> {
+        let state = lock(&self.state);
+        let place = &state.logs[log].as_ref()?.place;
+        Some((place.segment, place.offset, place.capacity))
+    }
+
     pub fn log_dirty_bytes(&self, log: LogId) -> usize {
         lock(&self.state).logs[log].as_ref().map_or(0, |l| l.dirty)
     }

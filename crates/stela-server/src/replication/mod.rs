@@ -52,6 +52,8 @@ use stela_wal::{SegmentSet, TermStore};
 const CHUNK_BYTES: usize = 1 << 20;
 /// How long an idle shipper waits before a heartbeat.
 const HEARTBEAT: Duration = Duration::from_millis(50);
+/// How long a standby has to answer a stream's `Open` with its position.
+const HANDSHAKE: Duration = Duration::from_secs(2);
 /// How long a shipper waits before trying an unreachable standby again.
 const RETRY: Duration = Duration::from_millis(100);
 /// Most chunks the event loop sends in one turn before leaving the rest to the shipper.
@@ -109,6 +111,8 @@ struct Link {
     unsent: AtomicBool,
     /// The stream while a session is up: the shipper's, lent to the event loop when it is free.
     live: Mutex<Option<Live>>,
+    /// The log's files (for the lag in bytes across segments).
+    segments: Arc<SegmentSet>,
 }
 
 /// The sending end of an open stream and where it stands. Whoever holds the link's `live` lock
@@ -157,7 +161,16 @@ struct LinkState {
     degraded_acks: u64,
     /// `replicated` commits acknowledged by a promoted primary before a standby rejoined.
     unprotected_acks: u64,
+    /// Chunks of this session not yet acknowledged: (last LSN, segment, offset after it), in
+    /// order, at most `SENT_KEPT`; and where the standby's copy ends by its acknowledgements.
+    /// Only for the lag in bytes that `stela status` shows.
+    sent: std::collections::VecDeque<(u64, u64, u64)>,
+    acked_at: Option<(u64, u64)>,
 }
+
+/// Most chunk ends kept for the lag in bytes; when more are unacknowledged, the oldest are
+/// forgotten and the lag is counted from the oldest kept.
+const SENT_KEPT: usize = 4096;
 
 /// What the shipper needs of a log.
 pub struct LogInfo {
@@ -265,6 +278,7 @@ impl Replication {
             stop: AtomicBool::new(false),
             unsent: AtomicBool::new(false),
             live: Mutex::new(None),
+            segments: Arc::clone(&log.segments),
         });
         links.insert(log.id, Arc::clone(&link));
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
@@ -509,8 +523,12 @@ impl Replication {
         Ok(fetched)
     }
 
-    /// Where each log's standby stands, for `stela status`; `last_lsn` gives a log's newest LSN.
-    pub fn status(&self, last_lsn: impl Fn(LogId) -> u64) -> stela_proto::ReplicationStatus {
+    /// Where each log's standby stands, for `stela status`; `end` gives a log's newest LSN and
+    /// where its next frame goes ([`Pool::append_place`]).
+    pub fn status(
+        &self,
+        end: impl Fn(LogId) -> (u64, Option<(u64, u64, u64)>),
+    ) -> stela_proto::ReplicationStatus {
         let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&self.links)
             .iter()
             .map(|(&id, link)| {
@@ -518,8 +536,20 @@ impl Replication {
                 // them the other way round).
                 let (received, standby_durable) = link.protection.acknowledged_lsns();
                 let stopped = link.protection.fenced();
+                let (last_lsn, place) = end(id);
                 let s = lock(&link.state);
-                let lag_records = last_lsn(id).saturating_sub(received);
+                let lag_records = last_lsn.saturating_sub(received);
+                let lag_bytes = match place {
+                    Some(place) if lag_records > 0 => {
+                        // Never connected: the standby is known to hold nothing of the log.
+                        let from = s.acked_at.unwrap_or_else(|| {
+                            let first = link.segments.list().first().map(|f| f.start.get());
+                            (first.unwrap_or(place.0), 0)
+                        });
+                        bytes_between(&link.segments, from, place)
+                    }
+                    _ => 0,
+                };
                 stela_proto::ReplicaStatus {
                     log: link.name.clone(),
                     connected: s.connected,
@@ -527,6 +557,7 @@ impl Replication {
                     received_lsn: received,
                     durable_lsn: standby_durable,
                     lag_records,
+                    lag_bytes,
                     lag_ms: if lag_records > 0 {
                         s.last_ack.map_or(0, |at| at.elapsed().as_millis() as u64)
                     } else {
@@ -656,6 +687,8 @@ impl Replication {
         let at = theirs.position;
         {
             let mut state = lock(&link.state);
+            state.sent.clear();
+            state.acked_at = Some((at.segment_start.get(), at.offset));
             state.connected = true;
             state.unreachable_since = None;
             self.node.protected_again();
@@ -759,7 +792,23 @@ impl Replication {
             },
         )
         .map_err(StreamError::Broken)?;
-        let theirs = read_position(&mut reader)?;
+        // A standby that is stopped (SIGSTOP, a hung machine) still has its connections accepted
+        // by the kernel but never answers: the socket is cut after `HANDSHAKE`, so the shipper
+        // retries, and `--degrade-after` can take effect, rather than wait for it for ever.
+        let theirs = std::thread::scope(|scope| {
+            let (answered, answer) = std::sync::mpsc::channel::<()>();
+            let cutter = &socket;
+            scope.spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    answer.recv_timeout(HANDSHAKE)
+                {
+                    let _ = cutter.shutdown(std::net::Shutdown::Both);
+                }
+            });
+            let theirs = read_position(&mut reader);
+            drop(answered);
+            theirs
+        })?;
         Ok((reader, writer, socket, theirs))
     }
 
@@ -884,7 +933,17 @@ fn read_position(reader: &mut impl Read) -> Result<TheirCopy, StreamError> {
 
 /// Releases the waiters `received` satisfies; whether there were any.
 fn release(link: &Link, received: u64, durable: u64) -> bool {
-    lock(&link.state).last_ack = Some(std::time::Instant::now());
+    {
+        let mut state = lock(&link.state);
+        state.last_ack = Some(std::time::Instant::now());
+        while let Some(&(last_lsn, segment, end)) = state.sent.front() {
+            if last_lsn > received {
+                break;
+            }
+            state.acked_at = Some((segment, end));
+            state.sent.pop_front();
+        }
+    }
     let ready = link.protection.acknowledged(received, durable);
     let any = !ready.is_empty();
     for waiter in ready {
@@ -1068,6 +1127,15 @@ fn ship_next<W>(
         let mut state = lock(&link.state);
         state.shipped_bytes += bytes.len() as u64;
         state.wire_bytes += wire.len() as u64;
+        if state.sent.len() == SENT_KEPT {
+            let forgotten = state
+                .sent
+                .pop_front()
+                .map(|(_, segment, end)| (segment, end));
+            state.acked_at = state.acked_at.max(forgotten);
+        }
+        let end = (next_lsn - 1, segment, offset + bytes.len() as u64);
+        state.sent.push_back(end);
     }
     live.at = Position {
         segment_start: Lsn::new(segment),
@@ -1092,6 +1160,22 @@ impl Live {
         }
         send(&mut self.writer, message)
     }
+}
+
+/// Segment bytes from `from` (segment, offset) to `to` (segment, offset, capacity): within one
+/// segment the offsets' difference; across segments the rest of `from`'s segment, the segments
+/// between as their files list them (a segment counts its capacity), and `to`'s offset.
+fn bytes_between(segments: &SegmentSet, from: (u64, u64), to: (u64, u64, u64)) -> u64 {
+    let ((from_segment, from_offset), (to_segment, to_offset, capacity)) = (from, to);
+    if from_segment >= to_segment {
+        return to_offset.saturating_sub(from_offset);
+    }
+    let between = segments
+        .list()
+        .iter()
+        .filter(|file| (from_segment + 1..to_segment).contains(&file.start.get()))
+        .count() as u64;
+    capacity.saturating_sub(from_offset) + between * capacity + to_offset
 }
 
 /// The header of segment `start`: read from its file if the flusher created it, else derived

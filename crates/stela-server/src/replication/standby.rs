@@ -156,6 +156,7 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
                 durable_lsn: state.durable,
                 lag_records: 0,
                 lag_ms: 0,
+                lag_bytes: 0,
                 stopped: state.failed.clone(),
                 shipped_bytes: 0,
                 wire_bytes: 0,
@@ -847,7 +848,11 @@ mod tests {
         stela_proto::frame::encode(&ReplMessage::Heartbeat { term: 7 }, &mut frame).unwrap();
         assert!(whole_frame_buffered(&frame));
         for cut in 0..frame.len() {
-            assert!(!whole_frame_buffered(&frame[..cut]), "{cut} of {} bytes", frame.len());
+            assert!(
+                !whole_frame_buffered(&frame[..cut]),
+                "{cut} of {} bytes",
+                frame.len()
+            );
         }
         let mut two = frame.clone();
         two.extend_from_slice(&frame[..3]);
