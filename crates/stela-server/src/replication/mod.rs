@@ -10,6 +10,9 @@
 //! blocks, instead of waking the shipper thread: on a machine with few CPUs that wake-up costs
 //! more than the network's round trip. Whatever the loop cannot send at once (the socket is
 //! full, the bytes are on disk, a new segment's header must be read) is left to the shipper.
+//! In the same way, while such commits wait, the loop reads the standby's acknowledgements off
+//! a plain TCP stream itself ([`Replication::take_acks`]); the acknowledgement thread, which
+//! waits for the socket without holding it, takes them whenever the loop does not.
 //!
 //! Invariants:
 //! - **Only commit acknowledgements wait.** Appends and `buffered`/`disk` commits never touch this
@@ -113,6 +116,19 @@ struct Link {
     live: Mutex<Option<Live>>,
     /// The log's files (for the lag in bytes across segments).
     segments: Arc<SegmentSet>,
+    /// The standby's acknowledgements on a plain TCP stream, read by whichever comes first: the
+    /// event loop while `replicated` commits wait, or the acknowledgement thread.
+    acks: Mutex<Option<AckInbox>>,
+}
+
+/// The receiving end of a plain TCP stream: bytes read but not yet a whole message. Whoever
+/// holds the link's `acks` lock reads, so a message is never split between two readers.
+struct AckInbox {
+    socket: TcpStream,
+    pending: Vec<u8>,
+    term: u64,
+    /// The stream ended (closed, failed, refused): the session is over.
+    ended: bool,
 }
 
 /// The sending end of an open stream and where it stands. Whoever holds the link's `live` lock
@@ -279,6 +295,7 @@ impl Replication {
             unsent: AtomicBool::new(false),
             live: Mutex::new(None),
             segments: Arc::clone(&log.segments),
+            acks: Mutex::new(None),
         });
         links.insert(log.id, Arc::clone(&link));
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
@@ -523,6 +540,29 @@ impl Replication {
         Ok(fetched)
     }
 
+    /// The event loop's turn is over and `replicated` commits wait: reads whatever the standby
+    /// has acknowledged, without blocking, and releases those waiters here rather than after
+    /// the acknowledgement thread is woken and scheduled. `true`: some were released (the loop
+    /// publishes them on its next turn).
+    pub fn take_acks(&self) -> bool {
+        let mut any = false;
+        // No lock is taken under a link's `acks` that is held here (`links`).
+        for link in lock(&self.links).values() {
+            if link.protection.waiting() == 0 {
+                continue;
+            }
+            let mut guard = match link.acks.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => continue,
+            };
+            if let Some(inbox) = guard.as_mut().filter(|inbox| !inbox.ended) {
+                any |= inbox.take(link, &self.node, &*self.released);
+            }
+        }
+        any
+    }
+
     /// Where each log's standby stands, for `stela status`; `end` gives a log's newest LSN and
     /// where its next frame goes ([`Pool::append_place`]).
     pub fn status(
@@ -697,15 +737,31 @@ impl Replication {
             }
         }
         tracing::info!(log = %log.name, standby = %self.standby, from = at.next_lsn.get(), "shipping to the standby");
-        // Acknowledgements arrive on their own thread, so shipping never waits for them.
+        // Acknowledgements arrive on their own thread, so shipping never waits for them; on a
+        // plain TCP stream the event loop may take them first (see `Replication::take_acks`).
+        if self.tls.is_none() {
+            *lock(&link.acks) = Some(AckInbox {
+                socket: socket.try_clone().map_err(|e| e.to_string())?,
+                pending: reader.buffer().to_vec(),
+                term,
+                ended: false,
+            });
+        }
         let acks = {
             let link = Arc::clone(link);
+            let polled = self.tls.is_none();
             std::thread::Builder::new()
                 .name("stela-ship-acks".into())
                 .spawn({
                     let released = Arc::clone(&self.released);
                     let node = Arc::clone(&self.node);
-                    move || read_acks(reader, &link, &node, term, &*released)
+                    move || {
+                        if polled {
+                            read_acks_polled(&link, &node, &*released);
+                        } else {
+                            read_acks(reader, &link, &node, term, &*released);
+                        }
+                    }
                 })
                 .map_err(|e| e.to_string())?
         };
@@ -764,6 +820,7 @@ impl Replication {
         drop(lock(&link.live).take());
         let _ = socket.shutdown(std::net::Shutdown::Both);
         let _ = acks.join();
+        drop(lock(&link.acks).take());
         result
     }
 
@@ -987,6 +1044,124 @@ fn read_acks(
             }
             Err(_) => return,
         }
+    }
+}
+
+/// The acknowledgement thread of a plain TCP stream: waits for bytes without holding the
+/// inbox (the event loop may take them first), then takes what is there. Returns when the
+/// stream ends.
+fn read_acks_polled(
+    link: &Arc<Link>,
+    node: &crate::cluster::Node,
+    released: &(dyn Fn() + Send + Sync),
+) {
+    if node.realtime_threads() {
+        crate::sched::become_realtime("replication acknowledgements");
+    }
+    let Some(watch) = lock(&link.acks)
+        .as_ref()
+        .and_then(|inbox| inbox.socket.try_clone().ok())
+    else {
+        return;
+    };
+    loop {
+        let mut ready = [rustix::event::PollFd::new(
+            &watch,
+            rustix::event::PollFlags::IN,
+        )];
+        match rustix::event::poll(&mut ready, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
+        let mut guard = lock(&link.acks);
+        let Some(inbox) = guard.as_mut() else {
+            return;
+        };
+        let any = inbox.take(link, node, released);
+        let ended = inbox.ended;
+        drop(guard);
+        if any {
+            released();
+        }
+        if ended {
+            return;
+        }
+    }
+}
+
+impl AckInbox {
+    /// Reads what the socket holds without blocking and acts on every whole message in it.
+    /// `true`: waiters were released (the caller makes sure the event loop publishes them).
+    fn take(
+        &mut self,
+        link: &Link,
+        node: &crate::cluster::Node,
+        released: &(dyn Fn() + Send + Sync),
+    ) -> bool {
+        let mut buffer = [0u8; 4096];
+        loop {
+            match rustix::net::recv(&self.socket, &mut buffer, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
+                    self.ended = true;
+                    break;
+                }
+                Ok((read, _)) => self.pending.extend_from_slice(&buffer[..read]),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => {
+                    self.ended = true;
+                    break;
+                }
+            }
+        }
+        let mut any = false;
+        let mut used = 0;
+        while !self.ended {
+            let rest = &self.pending[used..];
+            let Some(header) = rest.get(..stela_proto::FRAME_HEADER_BYTES) else {
+                break;
+            };
+            let header = frame::parse_header(header.try_into().expect("8 bytes"), MAX_FRAME_BYTES);
+            let Ok(header) = header else {
+                tracing::warn!(log = %link.name, "a malformed frame from the standby; reconnecting");
+                self.ended = true;
+                break;
+            };
+            let whole = stela_proto::FRAME_HEADER_BYTES + header.body_len;
+            if rest.len() < whole {
+                break;
+            }
+            let body = &rest[stela_proto::FRAME_HEADER_BYTES..whole];
+            used += whole;
+            match frame::decode_body::<ReplMessage>(header, body) {
+                Ok(ReplMessage::Ack {
+                    term: theirs,
+                    received_lsn,
+                    durable_lsn,
+                }) if theirs == self.term => {
+                    any |= release(link, received_lsn, durable_lsn);
+                }
+                Ok(ReplMessage::Refuse {
+                    term: theirs,
+                    message,
+                }) => {
+                    tracing::warn!(log = %link.name, theirs, message, "the standby refused the stream");
+                    fence(link, node, released, theirs, self.term, message);
+                    self.ended = true;
+                }
+                other => {
+                    tracing::warn!(log = %link.name, ?other, "unexpected message from the standby; reconnecting");
+                    self.ended = true;
+                }
+            }
+        }
+        self.pending.drain(..used);
+        if self.ended {
+            // The shipper sees the thread end and reconnects; cutting the socket also ends a
+            // send it is blocked in.
+            let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        }
+        any
     }
 }
 
