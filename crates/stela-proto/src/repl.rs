@@ -119,8 +119,14 @@ pub enum ChunkError {
 /// Its `bytes` are what goes on the wire, `raw_len` what they stand for (the "before and after"
 /// counts).
 pub fn chunk_message(term: u64, segment_start: u64, offset: u64, bytes: &[u8]) -> ReplMessage {
-    let compressed = lz4_flex::block::compress(bytes);
-    let pays = compression_pays(bytes.len(), compressed.len());
+    // Below a packet's worth, fewer bytes save no packet: not worth compressing (and, on the
+    // standby, decompressing) on the way of a waiting commit.
+    let compressed = if bytes.len() >= COMPRESS_FROM {
+        lz4_flex::block::compress(bytes)
+    } else {
+        Vec::new()
+    };
+    let pays = !compressed.is_empty() && compression_pays(bytes.len(), compressed.len());
     ReplMessage::Chunk {
         term,
         segment_start,
@@ -130,6 +136,9 @@ pub fn chunk_message(term: u64, segment_start: u64, offset: u64, bytes: &[u8]) -
         bytes: if pays { compressed } else { bytes.to_vec() },
     }
 }
+
+/// Chunks shorter than this go uncompressed.
+pub const COMPRESS_FROM: usize = 1024;
 
 /// Whether `compressed` bytes save at least an eighth of `raw` (and at least one byte).
 fn compression_pays(raw: usize, compressed: usize) -> bool {
@@ -267,6 +276,14 @@ mod tests {
         };
         assert!(!compressed);
         assert_eq!(chunk_bytes(raw_len, compressed, bytes).unwrap(), noise);
+        // Short chunks go as they are, however well they would compress.
+        let ReplMessage::Chunk {
+            compressed, bytes, ..
+        } = chunk_message(1, 1, 256, &[0; COMPRESS_FROM - 1])
+        else {
+            unreachable!()
+        };
+        assert!(!compressed && bytes == vec![0; COMPRESS_FROM - 1]);
     }
 
     #[test]
@@ -304,7 +321,7 @@ mod tests {
             // Compressed exactly when lz4 saves an eighth.
             let lz4 = lz4_flex::block::compress(&bytes).len();
             let n = bytes.len();
-            prop_assert_eq!(compressed, lz4 < n && 8 * (n - lz4) >= n);
+            prop_assert_eq!(compressed, n >= COMPRESS_FROM && lz4 < n && 8 * (n - lz4) >= n);
             prop_assert_eq!(sent, if compressed { lz4 } else { bytes.len() });
         }
 
