@@ -29,13 +29,17 @@
 //!   choice: an acknowledgement is a promise); the shipper retries and says so in the log.
 
 // The standby's listener uses the event loop's authentication, which the loom build leaves out.
+mod acks;
 pub mod protection;
+mod ship;
 #[cfg(not(loom))]
 pub mod standby;
 
+use acks::{fence, read_acks, read_acks_polled, release, AckInbox};
 use protection::{Protection, Registered};
+use ship::{header_for, ship_inline, ship_next, Live, Source, Step};
 
-use crate::pool::{LogId, Pool, PoolError, Ship};
+use crate::pool::{LogId, Pool, PoolError};
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
@@ -43,12 +47,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::time::Duration;
-use stela_format::header::HEADER_BYTES;
 use stela_format::term::Term;
-use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
+use stela_format::{Codec, Lsn};
 use stela_proto::repl::{chunk_message, ReplMessage};
 use stela_proto::{frame, MAX_FRAME_BYTES};
-use stela_wal::mirror::{read_chunk, Position};
+use stela_wal::mirror::Position;
 use stela_wal::{SegmentSet, TermStore};
 
 /// Most bytes one chunk carries.
@@ -119,42 +122,6 @@ struct Link {
     /// The standby's acknowledgements on a plain TCP stream, read by whichever comes first: the
     /// event loop while `replicated` commits wait, or the acknowledgement thread.
     acks: Mutex<Option<AckInbox>>,
-}
-
-/// The receiving end of a plain TCP stream: bytes read but not yet a whole message. Whoever
-/// holds the link's `acks` lock reads, so a message is never split between two readers.
-struct AckInbox {
-    socket: TcpStream,
-    pending: Vec<u8>,
-    term: u64,
-    /// The stream ended (closed, failed, refused): the session is over.
-    ended: bool,
-}
-
-/// The sending end of an open stream and where it stands. Whoever holds the link's `live` lock
-/// sends, so frames never interleave and `at` always follows what went out.
-struct Live {
-    writer: Writer,
-    /// The socket itself when the stream is plain TCP: the event loop sends on it without
-    /// blocking (a TLS stream is left to the shipper).
-    plain: Option<TcpStream>,
-    term: u64,
-    /// Where the next bytes go in the standby's copy.
-    at: Position,
-    /// The header of the segment `at` is in.
-    header: SegmentHeader,
-    /// The rest of a frame the event loop began but could not finish without blocking; the
-    /// shipper writes it before anything else.
-    unfinished: Vec<u8>,
-}
-
-/// What one attempt to ship did.
-enum Step {
-    Shipped,
-    /// Everything in the pool is shipped.
-    Nothing,
-    /// There is more, but not for a caller that must not block (the event loop).
-    LeftToShipper,
 }
 
 #[derive(Default)]
@@ -902,38 +869,6 @@ impl Replication {
     }
 }
 
-/// The standby refused `ours` being at `theirs`: no `replicated` acknowledgement can come for
-/// this log any more; its waiters are told their commits are in doubt. A refusal from a newer
-/// epoch means a newer primary exists: this node steps down.
-fn fence(
-    link: &Link,
-    node: &crate::cluster::Node,
-    released: &(dyn Fn() + Send + Sync),
-    theirs: u64,
-    ours: u64,
-    message: String,
-) -> String {
-    let why = format!("the standby refused term {ours} (it is at term {theirs}): {message}");
-    if theirs <= ours {
-        return why;
-    }
-    lock(&link.state).connected = false;
-    for waiter in link.protection.fence(why.clone()) {
-        waiter(Err(PoolError::InDoubt(why.clone())));
-    }
-    released();
-    tracing::error!(log = %link.name, why, "fenced: replicated commits of this log are refused");
-    if theirs != u64::MAX && theirs >> 32 > ours >> 32 {
-        node.step_down(format!(
-            "log {}: the standby is in epoch {} (this node in {}): {message}",
-            link.name,
-            theirs >> 32,
-            ours >> 32
-        ));
-    }
-    why
-}
-
 /// Where the standby's copy of a log stands, as its `Position` says.
 struct TheirCopy {
     position: Position,
@@ -988,355 +923,6 @@ fn read_position(reader: &mut impl Read) -> Result<TheirCopy, StreamError> {
     }
 }
 
-/// Releases the waiters `received` satisfies; whether there were any.
-fn release(link: &Link, received: u64, durable: u64) -> bool {
-    {
-        let mut state = lock(&link.state);
-        state.last_ack = Some(std::time::Instant::now());
-        while let Some(&(last_lsn, segment, end)) = state.sent.front() {
-            if last_lsn > received {
-                break;
-            }
-            state.acked_at = Some((segment, end));
-            state.sent.pop_front();
-        }
-    }
-    let ready = link.protection.acknowledged(received, durable);
-    let any = !ready.is_empty();
-    for waiter in ready {
-        waiter(Ok(()));
-    }
-    any
-}
-
-fn read_acks(
-    mut reader: BufReader<Reader>,
-    link: &Arc<Link>,
-    node: &crate::cluster::Node,
-    term: u64,
-    released: &(dyn Fn() + Send + Sync),
-) {
-    if node.realtime_threads() {
-        crate::sched::become_realtime("replication acknowledgements");
-    }
-    loop {
-        match receive(&mut reader) {
-            Ok(ReplMessage::Ack {
-                term: theirs,
-                received_lsn,
-                durable_lsn,
-            }) if theirs == term => {
-                if release(link, received_lsn, durable_lsn) {
-                    released();
-                }
-            }
-            Ok(ReplMessage::Refuse {
-                term: theirs,
-                message,
-            }) => {
-                tracing::warn!(log = %link.name, theirs, message, "the standby refused the stream");
-                fence(link, node, released, theirs, term, message);
-                return;
-            }
-            Ok(other) => {
-                tracing::warn!(log = %link.name, ?other, "unexpected message from the standby; reconnecting");
-                return;
-            }
-            Err(_) => return,
-        }
-    }
-}
-
-/// The acknowledgement thread of a plain TCP stream: waits for bytes without holding the
-/// inbox (the event loop may take them first), then takes what is there. Returns when the
-/// stream ends.
-fn read_acks_polled(
-    link: &Arc<Link>,
-    node: &crate::cluster::Node,
-    released: &(dyn Fn() + Send + Sync),
-) {
-    if node.realtime_threads() {
-        crate::sched::become_realtime("replication acknowledgements");
-    }
-    let Some(watch) = lock(&link.acks)
-        .as_ref()
-        .and_then(|inbox| inbox.socket.try_clone().ok())
-    else {
-        return;
-    };
-    loop {
-        let mut ready = [rustix::event::PollFd::new(
-            &watch,
-            rustix::event::PollFlags::IN,
-        )];
-        match rustix::event::poll(&mut ready, None) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(_) => return,
-        }
-        let mut guard = lock(&link.acks);
-        let Some(inbox) = guard.as_mut() else {
-            return;
-        };
-        let any = inbox.take(link, node, released);
-        let ended = inbox.ended;
-        drop(guard);
-        if any {
-            released();
-        }
-        if ended {
-            return;
-        }
-    }
-}
-
-impl AckInbox {
-    /// Reads what the socket holds without blocking and acts on every whole message in it.
-    /// `true`: waiters were released (the caller makes sure the event loop publishes them).
-    fn take(
-        &mut self,
-        link: &Link,
-        node: &crate::cluster::Node,
-        released: &(dyn Fn() + Send + Sync),
-    ) -> bool {
-        let mut buffer = [0u8; 4096];
-        loop {
-            match rustix::net::recv(&self.socket, &mut buffer, rustix::net::RecvFlags::DONTWAIT) {
-                Ok((0, _)) => {
-                    self.ended = true;
-                    break;
-                }
-                Ok((read, _)) => self.pending.extend_from_slice(&buffer[..read]),
-                Err(rustix::io::Errno::AGAIN) => break,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => {
-                    self.ended = true;
-                    break;
-                }
-            }
-        }
-        let mut any = false;
-        let mut used = 0;
-        while !self.ended {
-            let rest = &self.pending[used..];
-            let Some(header) = rest.get(..stela_proto::FRAME_HEADER_BYTES) else {
-                break;
-            };
-            let header = frame::parse_header(header.try_into().expect("8 bytes"), MAX_FRAME_BYTES);
-            let Ok(header) = header else {
-                tracing::warn!(log = %link.name, "a malformed frame from the standby; reconnecting");
-                self.ended = true;
-                break;
-            };
-            let whole = stela_proto::FRAME_HEADER_BYTES + header.body_len;
-            if rest.len() < whole {
-                break;
-            }
-            let body = &rest[stela_proto::FRAME_HEADER_BYTES..whole];
-            used += whole;
-            match frame::decode_body::<ReplMessage>(header, body) {
-                Ok(ReplMessage::Ack {
-                    term: theirs,
-                    received_lsn,
-                    durable_lsn,
-                }) if theirs == self.term => {
-                    any |= release(link, received_lsn, durable_lsn);
-                }
-                Ok(ReplMessage::Refuse {
-                    term: theirs,
-                    message,
-                }) => {
-                    tracing::warn!(log = %link.name, theirs, message, "the standby refused the stream");
-                    fence(link, node, released, theirs, self.term, message);
-                    self.ended = true;
-                }
-                other => {
-                    tracing::warn!(log = %link.name, ?other, "unexpected message from the standby; reconnecting");
-                    self.ended = true;
-                }
-            }
-        }
-        self.pending.drain(..used);
-        if self.ended {
-            // The shipper sees the thread end and reconnects; cutting the socket also ends a
-            // send it is blocked in.
-            let _ = self.socket.shutdown(std::net::Shutdown::Both);
-        }
-        any
-    }
-}
-
-/// Where a shipper may take bytes from.
-enum Source<'a> {
-    /// The pool's buffers only, without blocking (the event loop).
-    Memory,
-    /// The buffers, else the log's files; writes may block (the shipper thread).
-    MemoryOrFiles(&'a LogInfo),
-}
-
-/// The event loop's part: sends what the pool holds of `link`'s log, if the stream is plain TCP
-/// and no one else is sending. `true`: all of it went out; `false`: the shipper must be woken.
-fn ship_inline<W>(pool: &Pool<W>, log: LogId, link: &Link) -> bool {
-    let mut guard = match link.live.try_lock() {
-        Ok(guard) => guard,
-        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(TryLockError::WouldBlock) => return false,
-    };
-    let Some(live) = guard.as_mut().filter(|live| live.plain.is_some()) else {
-        return false;
-    };
-    for _ in 0..INLINE_CHUNKS {
-        match ship_next(pool, log, link, live, Source::Memory) {
-            Ok(Step::Shipped) => {}
-            Ok(Step::Nothing) => return true,
-            Ok(Step::LeftToShipper) => return false,
-            Err(why) => {
-                // The shipper meets the broken stream on its next send and reconnects.
-                tracing::debug!(log = %link.name, why, "sending from the event loop failed");
-                if let Some(socket) = &live.plain {
-                    let _ = socket.shutdown(std::net::Shutdown::Both);
-                }
-                return false;
-            }
-        }
-    }
-    false
-}
-
-/// Ships the next bytes of `log` after `live.at`: from the pool's buffers when it still holds
-/// them, else (a shipper thread only) from the files.
-fn ship_next<W>(
-    pool: &Pool<W>,
-    log: LogId,
-    link: &Link,
-    live: &mut Live,
-    source: Source<'_>,
-) -> std::result::Result<Step, String> {
-    let blocking = matches!(source, Source::MemoryOrFiles(_));
-    if !live.unfinished.is_empty() {
-        if !blocking {
-            return Ok(Step::LeftToShipper);
-        }
-        live.writer
-            .write_all(&live.unfinished)
-            .map_err(|e| e.to_string())?;
-        live.unfinished.clear();
-    }
-    let at = live.at;
-    let shipped = match pool.ship(
-        log,
-        (at.segment_start.get(), at.offset, at.next_lsn.get()),
-        CHUNK_BYTES,
-    ) {
-        Ship::Bytes {
-            segment,
-            offset,
-            bytes,
-            next_lsn,
-            new_segment_capacity,
-        } => (segment, offset, bytes, next_lsn, new_segment_capacity),
-        Ship::OnDisk => match source {
-            Source::Memory => return Ok(Step::LeftToShipper),
-            Source::MemoryOrFiles(info) => {
-                let (_, durable) = pool.positions(log);
-                match read_chunk(&info.segments, at, Lsn::new(durable + 1), CHUNK_BYTES)
-                    .map_err(|e| e.to_string())?
-                {
-                    Some((segment, offset, bytes, next)) => {
-                        (segment.get(), offset, bytes, next.get(), 0)
-                    }
-                    None => return Ok(Step::Nothing),
-                }
-            }
-        },
-        Ship::Nothing => return Ok(Step::Nothing),
-    };
-    let (segment, mut offset, mut bytes, next_lsn, capacity) = shipped;
-    // A segment the standby has not started yet goes with its header, exactly as the flusher
-    // writes it.
-    if offset == HEADER_BYTES as u64 {
-        if segment != live.header.start_lsn.get() {
-            let Source::MemoryOrFiles(info) = source else {
-                return Ok(Step::LeftToShipper); // the header may have to be read from a file
-            };
-            live.header = header_for(
-                &info.segments,
-                Lsn::new(segment),
-                info,
-                Some((&live.header, capacity)),
-            )?;
-        }
-        let mut whole = live.header.encode().to_vec();
-        whole.append(&mut bytes);
-        bytes = whole;
-        offset = 0;
-    }
-    if offset == 0 {
-        // A header read from the files: later segments are numbered after it.
-        if let Ok(read) = SegmentHeader::decode(&bytes[..HEADER_BYTES.min(bytes.len())]) {
-            live.header = read;
-        }
-    }
-    let message = chunk_message(live.term, segment, offset, &bytes);
-    let mut out = Vec::new();
-    frame::encode(&message, &mut out).map_err(|e| e.to_string())?;
-    if blocking {
-        live.writer.write_all(&out).map_err(|e| e.to_string())?;
-    } else {
-        let socket = live.plain.as_ref().ok_or("no plain socket")?;
-        let sent = match rustix::net::send(
-            socket,
-            &out,
-            rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
-        ) {
-            Ok(sent) => sent,
-            Err(rustix::io::Errno::AGAIN) => 0,
-            Err(error) => return Err(error.to_string()),
-        };
-        if sent == 0 {
-            return Ok(Step::LeftToShipper); // nothing of the frame went out: as if not tried
-        }
-        // Part of the frame is on the wire: the shipper finishes it before anything else.
-        live.unfinished.extend_from_slice(&out[sent..]);
-    }
-    if let ReplMessage::Chunk { bytes: wire, .. } = &message {
-        let mut state = lock(&link.state);
-        state.shipped_bytes += bytes.len() as u64;
-        state.wire_bytes += wire.len() as u64;
-        if state.sent.len() == SENT_KEPT {
-            let forgotten = state
-                .sent
-                .pop_front()
-                .map(|(_, segment, end)| (segment, end));
-            state.acked_at = state.acked_at.max(forgotten);
-        }
-        let end = (next_lsn - 1, segment, offset + bytes.len() as u64);
-        state.sent.push_back(end);
-    }
-    live.at = Position {
-        segment_start: Lsn::new(segment),
-        offset: offset + bytes.len() as u64,
-        next_lsn: Lsn::new(next_lsn),
-    };
-    if live.unfinished.is_empty() {
-        Ok(Step::Shipped)
-    } else {
-        Ok(Step::LeftToShipper)
-    }
-}
-
-impl Live {
-    /// Sends `message` after whatever the event loop left unfinished (the shipper thread).
-    fn send(&mut self, message: &ReplMessage) -> std::result::Result<(), String> {
-        if !self.unfinished.is_empty() {
-            self.writer
-                .write_all(&self.unfinished)
-                .map_err(|e| e.to_string())?;
-            self.unfinished.clear();
-        }
-        send(&mut self.writer, message)
-    }
-}
-
 /// Segment bytes from `from` (segment, offset) to `to` (segment, offset, capacity): within one
 /// segment the offsets' difference; across segments the rest of `from`'s segment, the segments
 /// between as their files list them (a segment counts its capacity), and `to`'s offset.
@@ -1351,42 +937,6 @@ fn bytes_between(segments: &SegmentSet, from: (u64, u64), to: (u64, u64, u64)) -
         .filter(|file| (from_segment + 1..to_segment).contains(&file.start.get()))
         .count() as u64;
     capacity.saturating_sub(from_offset) + between * capacity + to_offset
-}
-
-/// The header of segment `start`: read from its file if the flusher created it, else derived
-/// from `previous` (the next sequence number, the capacity new segments get) as the flusher will
-/// create it.
-fn header_for(
-    segments: &SegmentSet,
-    start: Lsn,
-    log: &LogInfo,
-    previous: Option<(&SegmentHeader, u64)>,
-) -> Result<SegmentHeader, String> {
-    let list = segments.list();
-    if let Some(file) = list.iter().find(|s| s.start == start) {
-        let bytes =
-            std::fs::read(&file.path).map_err(|e| format!("{}: {e}", file.path.display()))?;
-        return SegmentHeader::decode(bytes.get(..HEADER_BYTES).unwrap_or(&[]))
-            .map_err(|e| format!("{}: {e}", file.path.display()));
-    }
-    let (seq, capacity) = match previous {
-        Some((header, capacity)) => (header.segment_seq + 1, capacity),
-        None => {
-            let newest = list.last().ok_or("the log has no segment")?;
-            let bytes = std::fs::read(&newest.path).map_err(|e| e.to_string())?;
-            let header = SegmentHeader::decode(bytes.get(..HEADER_BYTES).unwrap_or(&[]))
-                .map_err(|e| e.to_string())?;
-            (header.segment_seq + 1, header.capacity)
-        }
-    };
-    Ok(SegmentHeader {
-        layout: stela_format::frame::Layout::CURRENT,
-        codec: log.codec,
-        segment_seq: seq,
-        start_lsn: start,
-        capacity,
-        type_tag: TypeTag::new(&log.type_tag),
-    })
 }
 
 /// Writes one framed message.
