@@ -20,6 +20,7 @@ pub mod drive;
 pub mod exit;
 pub mod latency;
 pub mod logs_cmd;
+pub mod mount_cmd;
 pub mod service;
 
 use anyhow::Context;
@@ -87,6 +88,10 @@ pub enum Command {
     /// Run the witness of a failover pair: a tiny arbiter on a third machine that grants the
     /// next epoch to a standby only once its primary has stopped renewing for a lease.
     Witness(WitnessArgs),
+    /// Mount a file system whose every change is a record in a log of the daemon: fsync
+    /// returns at the log's level, files are materialised from the log in the background.
+    /// Serves until unmounted (fusermount3 -u, SIGTERM or SIGINT).
+    Mount(Box<mount_cmd::MountArgs>),
 }
 
 /// `stela witness`.
@@ -167,7 +172,10 @@ where
     };
     // The daemon logs its connections, log opens and administrative requests at info; the
     // tools only their warnings.
-    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Witness(_)) {
+    let default_level = if matches!(
+        cli.command,
+        Command::Serve(_) | Command::Witness(_) | Command::Mount(_)
+    ) {
         "info"
     } else {
         "warn"
@@ -412,6 +420,10 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::Logs(command) => {
             logs_cmd::run(command, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mount(args) => {
+            mount_cmd::run(*args, out)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -1,0 +1,96 @@
+//! `stela mount`: serves a stela-backed file system on a mount point until it is unmounted
+//! (`fusermount3 -u`, SIGTERM or SIGINT).
+
+use crate::service::TargetArgs;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// `stela mount`.
+#[derive(clap::Args, Debug)]
+pub struct MountArgs {
+    /// An empty directory to mount on.
+    pub mountpoint: PathBuf,
+    /// The log in the daemon that records every change (created if missing).
+    #[arg(long, value_name = "NAME")]
+    pub log: String,
+    /// Where the files are materialised from the log, with the snapshot of their names.
+    #[arg(long, value_name = "DIR")]
+    pub backing: PathBuf,
+    /// What fsync and fsyncdir wait for: buffered (in the daemon's protected memory), disk
+    /// (fdatasync'ed by the daemon), replicated (in the standby's memory too) or all.
+    #[arg(long, value_enum, default_value_t = LevelArg::Disk)]
+    pub level: LevelArg,
+    /// Threads answering the kernel.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Let every user reach the mount (PostgreSQL runs as its own user): root, or
+    /// user_allow_other in /etc/fuse.conf.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// MiB of logged file data not yet materialised above which writes wait.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub overlay_cap_mib: u64,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum LevelArg {
+    Buffered,
+    Disk,
+    Replicated,
+    All,
+}
+
+impl From<LevelArg> for stela_client::Durability {
+    fn from(level: LevelArg) -> Self {
+        match level {
+            LevelArg::Buffered => stela_client::Durability::Buffered,
+            LevelArg::Disk => stela_client::Durability::Disk,
+            LevelArg::Replicated => stela_client::Durability::Replicated,
+            LevelArg::All => stela_client::Durability::All,
+        }
+    }
+}
+
+pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut options =
+        stela_mount::MountOptions::new(args.target.address()?, &args.log, &args.backing);
+    options.level = args.level.into();
+    options.threads = args.threads;
+    options.allow_other = args.allow_other;
+    options.overlay_cap = args.overlay_cap_mib << 20;
+    let prepared = stela_mount::prepare(&options)?;
+    let mountpoint = args.mountpoint.clone();
+    prepared.run(&args.mountpoint, |mut unmounter| {
+        let _ = writeln!(
+            out,
+            "stela mount: {} is log {:?} at {:?}; files materialised in {}",
+            mountpoint.display(),
+            options.log,
+            args.level,
+            options.backing.display()
+        );
+        let _ = out.flush();
+        // SIGTERM and SIGINT unmount; the serving loop then returns and the materialiser
+        // finishes its last checkpoint.
+        match signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ]) {
+            Ok(mut signals) => {
+                std::thread::spawn(move || {
+                    if signals.forever().next().is_some() {
+                        if let Err(e) = unmounter.unmount() {
+                            tracing::warn!("stela mount: unmounting on signal: {e}");
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!("stela mount: no signal handler ({e}); unmount with fusermount3 -u")
+            }
+        }
+    })?;
+    Ok(())
+}

@@ -1,0 +1,479 @@
+//! `stela mount` against a real daemon and the real kernel FUSE driver: the same file
+//! operations on the mount and on a plain directory give the same tree (before and after a
+//! remount, which replays the log onto the materialised files); fsync and fsyncdir are
+//! answered, never with ENOSYS; a lost daemon turns fsync into EIO, never into a success;
+//! SQLite in WAL mode keeps every commit across SIGKILLs of the mount and of the daemon.
+//!
+//! Needs /dev/fuse and fusermount3 (Debian's fuse3); without them each test fails saying so.
+
+mod common;
+
+use common::Daemon;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const STELA: &str = env!("CARGO_BIN_EXE_stela");
+
+fn require_fuse() {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "these tests mount a FUSE file system and need /dev/fuse, which this machine lacks"
+    );
+    let found = Command::new("fusermount3").arg("--version").output();
+    assert!(
+        found.is_ok(),
+        "these tests need fusermount3 (Debian package fuse3), which is not installed"
+    );
+}
+
+fn is_mounted(mountpoint: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let wanted = mountpoint.to_str().unwrap();
+    mounts
+        .lines()
+        .any(|line| line.split(' ').nth(1) == Some(wanted))
+}
+
+/// A `stela mount` process.
+struct Mount {
+    child: Option<Child>,
+    point: PathBuf,
+}
+
+impl Mount {
+    fn start(daemon: &Daemon, point: &Path, backing: &Path, log: &str, level: &str) -> Mount {
+        require_fuse();
+        fs::create_dir_all(point).unwrap();
+        let child = Command::new(STELA)
+            .args(["mount", point.to_str().unwrap(), "--log", log, "--backing"])
+            .arg(backing)
+            .args(["--level", level, "--socket"])
+            .arg(daemon.socket())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run stela mount");
+        let mut mount = Mount {
+            child: Some(child),
+            point: point.to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(point) {
+            if let Some(status) = mount.child.as_mut().unwrap().try_wait().unwrap() {
+                let mut stderr = String::new();
+                let _ = std::io::Read::read_to_string(
+                    mount.child.as_mut().unwrap().stderr.as_mut().unwrap(),
+                    &mut stderr,
+                );
+                panic!("stela mount exited with {status} before mounting: {stderr}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "stela mount did not mount within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        mount
+    }
+
+    /// Unmounts cleanly (SIGTERM) and waits for the process, which checkpoints first.
+    fn stop(mut self) {
+        let mut child = self.child.take().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "stela mount exited with {status}");
+        assert!(!is_mounted(&self.point));
+    }
+
+    /// SIGKILL: the process dies with the mount in place; the kernel's side is then detached.
+    fn kill(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        detach(&self.point);
+    }
+}
+
+fn detach(point: &Path) {
+    let _ = Command::new("fusermount3")
+        .arg("-uz")
+        .arg(point)
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            detach(&self.point);
+        }
+    }
+}
+
+fn errno_of<T>(result: std::io::Result<T>) -> String {
+    match result {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(-1)),
+    }
+}
+
+fn c_path(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+fn renameat2(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
+    let (from, to) = (c_path(from), c_path(to));
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn fallocate(file: &fs::File, mode: i32, offset: i64, length: i64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on an open descriptor.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, length) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Runs the same mutations on `root`, returning each refused operation's errno (so the mount
+/// must refuse exactly what a real file system refuses).
+fn exercise(root: &Path) -> Vec<String> {
+    let mut outcomes = Vec::new();
+    let p = |name: &str| root.join(name);
+    fs::create_dir(p("dir")).unwrap();
+    fs::create_dir(p("dir/sub")).unwrap();
+    fs::write(p("dir/a"), b"first contents").unwrap();
+    fs::write(p("b"), vec![7u8; 70_000]).unwrap();
+    // Sparse: a write far beyond the end leaves a hole of zeros.
+    let sparse = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(p("sparse"))
+        .unwrap();
+    sparse.write_all_at(b"tail", 1 << 20).unwrap();
+    sparse.write_all_at(b"head", 10).unwrap();
+    sparse.sync_all().unwrap();
+    // Overwrites, extensions, truncations down and up.
+    let b = fs::OpenOptions::new().write(true).open(p("b")).unwrap();
+    b.write_all_at(b"middle", 30_000).unwrap();
+    b.set_len(40_000).unwrap();
+    b.write_all_at(b"after", 45_000).unwrap();
+    b.set_len(50_000).unwrap();
+    b.sync_data().unwrap();
+    // fallocate: reserve with and without keeping the size, punch a hole, zero a range.
+    fallocate(&b, 0, 0, 60_000).unwrap();
+    fallocate(&b, 0x01, 0, 90_000).unwrap();
+    fallocate(&b, 0x03, 100, 4000).unwrap();
+    outcomes.push(format!(
+        "zero-range {}",
+        errno_of(fallocate(&b, 0x10, 8000, 100))
+    ));
+    drop(b);
+    // Names: rename over an existing file, into another directory, exchange, no-replace.
+    fs::write(p("dir/c"), b"c").unwrap();
+    fs::rename(p("dir/c"), p("dir/a")).unwrap();
+    fs::rename(p("dir/a"), p("dir/sub/a2")).unwrap();
+    fs::write(p("x"), b"x").unwrap();
+    renameat2(&p("x"), &p("b"), libc::RENAME_EXCHANGE).unwrap();
+    outcomes.push(format!(
+        "noreplace {}",
+        errno_of(renameat2(&p("x"), &p("b"), libc::RENAME_NOREPLACE))
+    ));
+    // Links, symlinks, unlink of an open file still readable through its descriptor.
+    fs::hard_link(p("sparse"), p("dir/sparse-link")).unwrap();
+    std::os::unix::fs::symlink("dir/sub/a2", p("link")).unwrap();
+    let open = fs::File::open(p("x")).unwrap();
+    fs::remove_file(p("x")).unwrap();
+    let mut read_back = vec![0u8; 6];
+    open.read_exact_at(&mut read_back, 29_999 + 1).unwrap();
+    outcomes.push(format!("read after unlink {read_back:?}"));
+    drop(open);
+    // Modes and times.
+    fs::set_permissions(p("sparse"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(p("dir/sub"), fs::Permissions::from_mode(0o750)).unwrap();
+    // A directory fsync'ed, and removed once empty.
+    fs::create_dir(p("gone")).unwrap();
+    fs::File::open(p("gone")).unwrap().sync_all().unwrap();
+    fs::File::open(root).unwrap().sync_all().unwrap();
+    fs::remove_dir(p("gone")).unwrap();
+    // What must be refused.
+    outcomes.push(format!(
+        "rmdir non-empty {}",
+        errno_of(fs::remove_dir(p("dir")))
+    ));
+    outcomes.push(format!(
+        "unlink dir {}",
+        errno_of(fs::remove_file(p("dir")))
+    ));
+    outcomes.push(format!(
+        "dir into itself {}",
+        errno_of(fs::rename(p("dir"), p("dir/sub/inner")))
+    ));
+    outcomes.push(format!(
+        "link to dir {}",
+        errno_of(fs::hard_link(p("dir"), p("dirlink")))
+    ));
+    outcomes.push(format!(
+        "mkdir existing {}",
+        errno_of(fs::create_dir(p("dir")))
+    ));
+    outcomes.push(format!(
+        "file over dir {}",
+        errno_of(fs::rename(p("b"), p("dir")))
+    ));
+    outcomes.push(format!("missing {}", errno_of(fs::read(p("no/such")))));
+    outcomes
+}
+
+/// Everything a reader can see of the tree below `root`.
+fn describe(root: &Path) -> BTreeMap<String, String> {
+    let mut seen = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let name = path.strip_prefix(root).unwrap().display().to_string();
+            let what = if meta.is_dir() {
+                stack.push(path.clone());
+                format!("dir mode {:o} nlink {}", meta.mode() & 0o7777, meta.nlink())
+            } else if meta.file_type().is_symlink() {
+                format!("symlink -> {}", fs::read_link(&path).unwrap().display())
+            } else {
+                let data = fs::read(&path).unwrap();
+                format!(
+                    "file mode {:o} nlink {} size {} crc {:08x}",
+                    meta.mode() & 0o7777,
+                    meta.nlink(),
+                    data.len(),
+                    crc32(&data)
+                )
+            };
+            seen.insert(name, what);
+        }
+    }
+    seen
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    // A plain bitwise CRC-32: enough to tell contents apart in a test.
+    let mut crc = !0u32;
+    for byte in data {
+        crc ^= u32::from(*byte);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xEDB8_8320 & (0u32.wrapping_sub(crc & 1)));
+        }
+    }
+    !crc
+}
+
+#[test]
+fn the_mount_behaves_like_a_plain_directory_before_and_after_a_remount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&tmp.path().join("daemon"), &[]);
+    let plain = tmp.path().join("plain");
+    fs::create_dir(&plain).unwrap();
+    let expected_outcomes = exercise(&plain);
+    let expected = describe(&plain);
+
+    let (point, backing) = (tmp.path().join("mnt"), tmp.path().join("backing"));
+    let mount = Mount::start(&daemon, &point, &backing, "fs", "disk");
+    let outcomes = exercise(&point);
+    assert_eq!(outcomes, expected_outcomes);
+    assert_eq!(describe(&point), expected);
+    mount.stop();
+
+    // Remounted: the tree comes back from the materialised files and the log after them.
+    let mount = Mount::start(&daemon, &point, &backing, "fs", "disk");
+    assert_eq!(describe(&point), expected);
+    // The materialiser wrote each regular file's contents into the backing directory.
+    let sparse = fs::read(point.join("sparse")).unwrap();
+    let inode = fs::metadata(point.join("sparse")).unwrap().ino();
+    assert_eq!(
+        fs::read(backing.join("data").join(inode.to_string())).unwrap(),
+        sparse
+    );
+    mount.stop();
+}
+
+#[test]
+fn fsync_and_fsyncdir_are_answered_and_a_lost_daemon_makes_them_fail_not_succeed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&tmp.path().join("daemon"), &[]);
+    let (point, backing) = (tmp.path().join("mnt"), tmp.path().join("backing"));
+    let mount = Mount::start(&daemon, &point, &backing, "fs", "disk");
+    let file = fs::File::create(point.join("f")).unwrap();
+    file.write_all_at(b"durable", 0).unwrap();
+    // Answered, not ENOSYS (after which the kernel would skip every fsync silently).
+    file.sync_all().unwrap();
+    file.sync_data().unwrap();
+    fs::File::open(&point).unwrap().sync_all().unwrap();
+    file.write_all_at(b"again", 0).unwrap();
+    file.sync_all().unwrap();
+
+    // Written (the daemon acknowledged the record in its memory), then the daemon dies before
+    // the fsync: the fsync cannot know the record reached the disk, so it must fail.
+    file.write_all_at(b"lost?", 0).unwrap();
+    daemon.kill();
+    let synced = file.sync_all();
+    assert_eq!(
+        synced.as_ref().map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EIO)),
+        "fsync after the daemon died: {synced:?}"
+    );
+    assert!(file.write_all_at(b"later", 0).is_err());
+    // Fail-stop: the mount answers EIO from now on, even to a directory fsync.
+    let dir_sync = fs::File::open(&point).and_then(|d| d.sync_all());
+    assert!(
+        dir_sync.is_err(),
+        "fsyncdir succeeded on a mount that lost its daemon"
+    );
+    mount.kill();
+}
+
+/// Runs SQLite (the sqlite3 shell, WAL mode, synchronous=FULL) inserting numbered rows, one
+/// transaction each; returns the shell and the highest row it reported committed so far.
+fn start_sqlite(db: &Path, from: u64) -> (Child, std::sync::mpsc::Receiver<u64>) {
+    let mut child = Command::new("sqlite3")
+        .arg(db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("these tests need the sqlite3 shell (Debian package sqlite3)");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = writeln!(
+            stdin,
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; \
+             CREATE TABLE IF NOT EXISTS t (n INTEGER PRIMARY KEY, pad BLOB);"
+        );
+        for n in from.. {
+            // The SELECT prints only once the INSERT's transaction committed (fsync'ed).
+            if writeln!(
+                stdin,
+                "INSERT INTO t VALUES ({n}, randomblob(300)); SELECT 'committed', {n};"
+            )
+            .is_err()
+            {
+                break;
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(n) = line.strip_prefix("committed|") {
+                if tx.send(n.trim().parse::<u64>().unwrap()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    (child, rx)
+}
+
+fn sqlite_query(db: &Path, sql: &str) -> String {
+    let out = Command::new("sqlite3").arg(db).arg(sql).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn sqlite_keeps_every_commit_across_kills_of_the_mount_and_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let daemon_dir = tmp.path().join("daemon");
+    let mut daemon = Some(Daemon::start(&daemon_dir, &[]));
+    let (point, backing) = (tmp.path().join("mnt"), tmp.path().join("backing"));
+    let db = point.join("test.db");
+    let mut committed = 0u64;
+    for round in 0..3 {
+        let mount = Mount::start(daemon.as_ref().unwrap(), &point, &backing, "sqlite", "disk");
+        if round > 0 {
+            assert_eq!(
+                sqlite_query(&db, "PRAGMA integrity_check;"),
+                "ok",
+                "round {round}"
+            );
+            let max: u64 = sqlite_query(&db, "SELECT coalesce(max(n), 0) FROM t;")
+                .parse()
+                .unwrap();
+            let count: u64 = sqlite_query(&db, "SELECT count(*) FROM t;")
+                .parse()
+                .unwrap();
+            assert!(
+                max >= committed,
+                "round {round}: row {committed} was committed, max is {max}"
+            );
+            assert_eq!(count, max, "round {round}: rows missing below {max}");
+            committed = max;
+        }
+        let (mut sqlite, acks) = start_sqlite(&db, committed + 1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while committed < (round + 1) * 40 {
+            match acks.recv_timeout(Duration::from_millis(100)) {
+                Ok(n) => committed = n,
+                Err(_) => assert!(Instant::now() < deadline, "SQLite stopped committing"),
+            }
+        }
+        // Crash mid-stream: the mount (rounds 0, 2) or the daemon and the mount (round 1).
+        if round == 1 {
+            daemon.take().unwrap().kill();
+        }
+        mount.kill();
+        let _ = sqlite.kill();
+        let _ = sqlite.wait();
+        while let Ok(n) = acks.try_recv() {
+            committed = n;
+        }
+        if daemon.is_none() {
+            daemon = Some(Daemon::start(&daemon_dir, &[]));
+        }
+    }
+    let mount = Mount::start(daemon.as_ref().unwrap(), &point, &backing, "sqlite", "disk");
+    assert_eq!(sqlite_query(&db, "PRAGMA integrity_check;"), "ok");
+    let max: u64 = sqlite_query(&db, "SELECT max(n) FROM t;").parse().unwrap();
+    assert!(
+        max >= committed,
+        "row {committed} was committed, max is {max}"
+    );
+    mount.stop();
+}

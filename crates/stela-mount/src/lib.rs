@@ -1,0 +1,321 @@
+//! `stela mount`: a FUSE file system whose every mutation is a record in a log held by the
+//! stela daemon, so an unmodified database on it gets the daemon's commits (fsync returns at
+//! the log's level: `buffered`, `disk`, `replicated` or `all`).
+//!
+//! Modules: [`record`] (what is logged), [`tree`] (names and attributes, and the one replay
+//! function), [`fs`] (the FUSE handlers: check, log, apply, answer), [`backing`] and
+//! [`materialise`] (the files rebuilt from the log alone, in the background, with checkpoints
+//! in the log). Starting a mount is log analysis only: read the backing snapshot, replay the
+//! log's records after it into memory, and serve; file data not yet materialised is read from
+//! those records.
+
+pub mod backing;
+pub mod fs;
+pub mod materialise;
+pub mod record;
+pub mod tree;
+
+use backing::Backing;
+use fs::{MountHandle, MountSettings, StelaFs};
+use materialise::Materialiser;
+use record::FsRecord;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use stela_client::{Address, Durability, Lsn, Wal, WalOptions};
+
+/// What a mount is of, and how it behaves.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// The daemon holding the log.
+    pub address: Address,
+    /// The log's name in the daemon (created if missing).
+    pub log: String,
+    /// Where the materialised files and the snapshot live.
+    pub backing: PathBuf,
+    /// What fsync waits for.
+    pub level: Durability,
+    /// Kernel request threads.
+    pub threads: usize,
+    /// Let every user reach the mount (PostgreSQL runs as its own user); needs root or
+    /// `user_allow_other` in /etc/fuse.conf.
+    pub allow_other: bool,
+    /// Bytes of logged data not yet materialised above which writes wait.
+    pub overlay_cap: u64,
+}
+
+impl MountOptions {
+    pub fn new(address: Address, log: &str, backing: &Path) -> MountOptions {
+        MountOptions {
+            address,
+            log: log.to_owned(),
+            backing: backing.to_owned(),
+            level: Durability::Disk,
+            threads: 4,
+            allow_other: false,
+            overlay_cap: 256 << 20,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("the log {log:?} in the daemon at {address}: {source}")]
+    Log {
+        log: String,
+        address: String,
+        source: Box<stela_client::Error>,
+    },
+    #[error("backing directory {dir}: {source}")]
+    Backing {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "backing directory {dir} is at LSN {applied} but the log {log:?} {problem}; \
+         the two do not belong together (wrong --backing, or the log was replaced)"
+    )]
+    Mismatch {
+        dir: PathBuf,
+        log: String,
+        applied: u64,
+        problem: String,
+    },
+    #[error("replaying the log: {0}")]
+    Replay(String),
+    #[error("mounting {mountpoint}: {source} (is /dev/fuse present and fusermount3 installed?)")]
+    Fuse {
+        mountpoint: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn wal_options(level: Durability) -> WalOptions {
+    WalOptions::default()
+        .durability(level)
+        .create_if_missing(true)
+}
+
+fn open_log(options: &MountOptions) -> Result<Wal<FsRecord>, MountError> {
+    Wal::open(
+        options.address.clone(),
+        &options.log,
+        wal_options(options.level),
+    )
+    .map_err(|source| MountError::Log {
+        log: options.log.clone(),
+        address: options.address.to_string(),
+        source: Box::new(source),
+    })
+}
+
+/// A file system ready to be mounted: log analysed, materialiser not yet started.
+pub struct Prepared {
+    fs: StelaFs,
+    handle: MountHandle,
+    materialiser: Materialiser,
+    options: MountOptions,
+}
+
+/// Reads the backing snapshot and the log after it (log analysis) and builds the file
+/// system's memory from them. Nothing is mounted yet.
+pub fn prepare(options: &MountOptions) -> Result<Prepared, MountError> {
+    let backing_error = |source| MountError::Backing {
+        dir: options.backing.clone(),
+        source,
+    };
+    // SAFETY: getuid/getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (backing, tree) = Backing::open(&options.backing, uid, gid).map_err(backing_error)?;
+    let backing = Arc::new(backing);
+    let log = open_log(options)?;
+    let log_error = |source| MountError::Log {
+        log: options.log.clone(),
+        address: options.address.to_string(),
+        source: Box::new(source),
+    };
+    let positions = log.positions().map_err(log_error)?;
+    let mismatch = |problem: String| MountError::Mismatch {
+        dir: options.backing.clone(),
+        log: options.log.clone(),
+        applied: tree.applied,
+        problem,
+    };
+    if positions.last_lsn < tree.applied {
+        return Err(mismatch(format!("ends at LSN {}", positions.last_lsn)));
+    }
+    if positions.last_lsn > tree.applied && positions.first_lsn > tree.applied + 1 {
+        return Err(mismatch(format!(
+            "starts at LSN {} (records in between are gone)",
+            positions.first_lsn
+        )));
+    }
+    let mut replayed = Vec::new();
+    if positions.last_lsn > tree.applied {
+        for item in log
+            .iter_from(Lsn::new(tree.applied + 1))
+            .map_err(log_error)?
+        {
+            let (lsn, record) = item.map_err(log_error)?;
+            replayed.push((lsn.get(), record));
+        }
+    }
+    let materialiser = Materialiser::new(open_log(options)?, Arc::clone(&backing), tree.clone());
+    let waiter_options = options.clone();
+    let open_waiter = Box::new(move || {
+        Wal::open(
+            waiter_options.address.clone(),
+            &waiter_options.log,
+            wal_options(waiter_options.level),
+        )
+    });
+    let settings = MountSettings {
+        level: options.level,
+        overlay_cap: options.overlay_cap,
+    };
+    let fs = StelaFs::new(tree, replayed, log, open_waiter, backing, settings)
+        .map_err(MountError::Replay)?;
+    let handle = fs.handle();
+    Ok(Prepared {
+        fs,
+        handle,
+        materialiser,
+        options: options.clone(),
+    })
+}
+
+fn fuse_config(options: &MountOptions) -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(format!("stela:{}", options.log)),
+        fuser::MountOption::Subtype("stela".to_owned()),
+        // The kernel checks permission bits against the attributes we report, as on a disk.
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::RW,
+        fuser::MountOption::Dev,
+        fuser::MountOption::Suid,
+    ];
+    if options.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(options.threads.max(1));
+    config.clone_fd = options.threads > 1;
+    config
+}
+
+/// A running materialiser thread.
+struct Background {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+fn start_materialiser(materialiser: Materialiser, handle: MountHandle) -> Background {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_flag = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("stela-materialise".to_owned())
+        .spawn(move || {
+            let progress_handle = handle.clone();
+            let progress = move |applied| progress_handle.checkpointed(applied);
+            if let Err(why) = materialiser.run(&stop_flag, &progress) {
+                tracing::error!("stela mount: the materialiser stopped: {why}");
+                handle.materialiser_failed(why);
+            }
+        })
+        .expect("spawning the materialiser thread");
+    Background { stop, thread }
+}
+
+impl Background {
+    fn finish(self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.thread.join();
+    }
+}
+
+impl Prepared {
+    /// Mounts in the background; the returned handle unmounts.
+    pub fn spawn(self, mountpoint: &Path) -> Result<Mounted, MountError> {
+        let config = fuse_config(&self.options);
+        let background = start_materialiser(self.materialiser, self.handle.clone());
+        let session = fuser::Session::new(self.fs, mountpoint, &config)
+            .and_then(fuser::Session::spawn)
+            .map_err(|source| MountError::Fuse {
+                mountpoint: mountpoint.to_owned(),
+                source,
+            });
+        match session {
+            Ok(session) => Ok(Mounted {
+                session: Some(session),
+                background: Some(background),
+                handle: self.handle,
+            }),
+            Err(e) => {
+                background.finish();
+                Err(e)
+            }
+        }
+    }
+
+    /// Mounts and serves on this thread until the file system is unmounted (by
+    /// `fusermount3 -u`, or by `on_ready`'s unmounter, e.g. from a signal handler).
+    pub fn run(
+        self,
+        mountpoint: &Path,
+        on_ready: impl FnOnce(fuser::SessionUnmounter),
+    ) -> Result<(), MountError> {
+        let config = fuse_config(&self.options);
+        let fuse_error = |source| MountError::Fuse {
+            mountpoint: mountpoint.to_owned(),
+            source,
+        };
+        let mut session = fuser::Session::new(self.fs, mountpoint, &config).map_err(fuse_error)?;
+        on_ready(session.unmount_callable());
+        let background = start_materialiser(self.materialiser, self.handle.clone());
+        let served = session.run().map_err(fuse_error);
+        background.finish();
+        served
+    }
+}
+
+/// A mount served in the background.
+pub struct Mounted {
+    session: Option<fuser::BackgroundSession>,
+    background: Option<Background>,
+    handle: MountHandle,
+}
+
+impl Mounted {
+    /// Why the mount stopped answering (fail-stop), if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.handle.failure()
+    }
+
+    /// Unmounts, then lets the materialiser apply and checkpoint what is durable.
+    pub fn unmount(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(session) = self.session.take() {
+            if let Err(e) = session.umount_and_join() {
+                tracing::warn!("stela mount: unmounting: {e}");
+            }
+        }
+        if let Some(background) = self.background.take() {
+            background.finish();
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Analyses the log and mounts in the background.
+pub fn mount(mountpoint: &Path, options: &MountOptions) -> Result<Mounted, MountError> {
+    prepare(options)?.spawn(mountpoint)
+}

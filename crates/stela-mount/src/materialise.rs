@@ -1,0 +1,257 @@
+//! The materialiser: the persistence paper's decoupled page cleaner, applied to files. It reads
+//! the mount's log through its own connection, applies each record to the backing directory,
+//! and records its progress as a checkpoint in the log; the log is then truncated below it.
+//!
+//! Owns: its own [`Tree`] (loaded from the backing snapshot and advanced by replay, never
+//! copied from the mount), the backing files' write descriptors. Invariants:
+//! - Only records the log holds durably (`durable_lsn`: on the daemon's disk) are applied, so
+//!   the backing files never hold a change the log could lose: after any crash the backing
+//!   state is a prefix of the log's history, and replaying the log's rest completes it.
+//! - A checkpoint at LSN `a` is written only after every data file touched up to `a` is
+//!   fsync'ed (see [`crate::backing`]); the log is truncated only below a checkpoint.
+//! - A failed fsync or write stops the materialiser for good (the error is reported to the
+//!   mount, whose writes then fail once its unapplied data reaches the cap); it never retries
+//!   a file whose writeback failed.
+
+use crate::backing::{sync_dir, Backing};
+use crate::record::{falloc, FsRecord, Kind};
+use crate::tree::Tree;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use stela_client::{Lsn, Wal};
+
+/// How long the materialiser sleeps when the log holds nothing new for it.
+const IDLE: Duration = Duration::from_millis(10);
+
+pub struct Materialiser {
+    log: Wal<FsRecord>,
+    backing: Arc<Backing>,
+    tree: Tree,
+    files: HashMap<u64, File>,
+    /// Files written since the last checkpoint (to fsync before it).
+    touched: HashSet<u64>,
+    /// A data file was created or removed since the last checkpoint (the data directory
+    /// needs an fsync too).
+    names_changed: bool,
+    /// The last LSN whose checkpoint is in the backing snapshot.
+    checkpointed: u64,
+}
+
+impl Materialiser {
+    pub fn new(log: Wal<FsRecord>, backing: Arc<Backing>, tree: Tree) -> Materialiser {
+        let checkpointed = tree.applied;
+        Materialiser {
+            log,
+            backing,
+            tree,
+            files: HashMap::new(),
+            touched: HashSet::new(),
+            names_changed: false,
+            checkpointed,
+        }
+    }
+
+    /// Runs until `stop` is set (then applies and checkpoints what is durable, and returns),
+    /// or until a step fails (returns the error). `progress` is told each checkpoint's LSN.
+    pub fn run(mut self, stop: &AtomicBool, progress: &dyn Fn(u64)) -> Result<(), String> {
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            let applied = self.step()?;
+            if applied > self.checkpointed {
+                self.checkpoint()?;
+                progress(self.checkpointed);
+            }
+            if stopping {
+                return Ok(());
+            }
+            if self.caught_up()? {
+                std::thread::sleep(IDLE);
+            }
+        }
+    }
+
+    fn caught_up(&self) -> Result<bool, String> {
+        let positions = self
+            .log
+            .positions()
+            .map_err(|e| format!("log positions: {e}"))?;
+        Ok(positions.durable_lsn <= self.tree.applied)
+    }
+
+    /// Applies the durable records after the tree's point (one read batch); returns the last
+    /// LSN whose effects need a checkpoint (its own checkpoint records do not).
+    fn step(&mut self) -> Result<u64, String> {
+        let durable = self
+            .log
+            .positions()
+            .map_err(|e| format!("log positions: {e}"))?
+            .durable_lsn;
+        let mut needs_checkpoint = self.checkpointed;
+        if durable <= self.tree.applied {
+            return Ok(needs_checkpoint);
+        }
+        let mut batch = Vec::new();
+        for item in self
+            .log
+            .iter_from(Lsn::new(self.tree.applied + 1))
+            .map_err(|e| format!("reading the log: {e}"))?
+        {
+            let (lsn, record) = item.map_err(|e| format!("reading the log: {e}"))?;
+            if lsn.get() > durable || batch.len() >= 4096 {
+                break;
+            }
+            batch.push((lsn.get(), record));
+        }
+        for (lsn, record) in batch {
+            self.apply(lsn, &record)?;
+            if !matches!(record, FsRecord::Checkpoint { .. }) {
+                needs_checkpoint = lsn;
+            }
+        }
+        Ok(needs_checkpoint.max(self.checkpointed))
+    }
+
+    fn file(&mut self, ino: u64) -> Result<&File, String> {
+        if !self.files.contains_key(&ino) {
+            let file = self
+                .backing
+                .open_for_write(ino)
+                .map_err(|e| format!("opening data file {ino}: {e}"))?;
+            self.files.insert(ino, file);
+        }
+        Ok(&self.files[&ino])
+    }
+
+    fn apply(&mut self, lsn: u64, record: &FsRecord) -> Result<(), String> {
+        if lsn <= self.tree.applied {
+            return Ok(());
+        }
+        match record {
+            FsRecord::Make {
+                ino,
+                kind: Kind::File,
+                ..
+            } => {
+                self.file(*ino)?;
+                self.names_changed = true;
+            }
+            FsRecord::Write {
+                ino, offset, data, ..
+            } => {
+                self.file(*ino)?
+                    .write_all_at(data, *offset)
+                    .map_err(|e| format!("writing data file {ino}: {e}"))?;
+                self.touched.insert(*ino);
+            }
+            FsRecord::SetAttr {
+                ino,
+                size: Some(size),
+                ..
+            } => {
+                self.file(*ino)?
+                    .set_len(*size)
+                    .map_err(|e| format!("truncating data file {ino}: {e}"))?;
+                self.touched.insert(*ino);
+            }
+            FsRecord::Fallocate {
+                ino,
+                offset,
+                length,
+                mode,
+                ..
+            } => {
+                let file = self.file(*ino)?;
+                fallocate(file, *mode, *offset, *length)
+                    .map_err(|e| format!("fallocate on data file {ino}: {e}"))?;
+                self.touched.insert(*ino);
+            }
+            FsRecord::Drop { ino } => {
+                self.files.remove(ino);
+                self.touched.remove(ino);
+                self.backing.forget(*ino);
+                match std::fs::remove_file(self.backing.data_path(*ino)) {
+                    Ok(()) => self.names_changed = true,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("removing data file {ino}: {e}")),
+                }
+            }
+            _ => {}
+        }
+        self.tree
+            .apply(lsn, record)
+            .map_err(|e| format!("log record {lsn}: {e}"))
+    }
+
+    /// Makes everything applied durable in the backing directory, then says so in the log and
+    /// truncates the log below it.
+    fn checkpoint(&mut self) -> Result<(), String> {
+        for ino in self.touched.drain() {
+            if let Some(file) = self.files.get(&ino) {
+                file.sync_data()
+                    .map_err(|e| format!("fsync of data file {ino}: {e}"))?;
+            }
+        }
+        if self.names_changed {
+            sync_dir(&self.backing.data_dir())
+                .map_err(|e| format!("fsync of the data directory: {e}"))?;
+            self.names_changed = false;
+        }
+        // Descriptors of files not written lately are closed, so a long-lived mount does not
+        // hold one per file it ever wrote.
+        if self.files.len() > 256 {
+            self.files.clear();
+        }
+        self.backing
+            .save_snapshot(&self.tree)
+            .map_err(|e| format!("writing the snapshot: {e}"))?;
+        let applied = self.tree.applied;
+        self.checkpointed = applied;
+        self.log
+            .append(&FsRecord::Checkpoint { applied })
+            .map_err(|e| format!("logging the checkpoint: {e}"))?;
+        self.log
+            .truncate_before(Lsn::new(applied + 1))
+            .map_err(|e| format!("truncating the log: {e}"))?;
+        Ok(())
+    }
+}
+
+/// fallocate(2) on a backing file with the logged mode; a file system that cannot punch holes
+/// gets zeros written instead (the contents are what the mount promised either way).
+fn fallocate(file: &File, mode: i32, offset: u64, length: u64) -> std::io::Result<()> {
+    // SAFETY: fallocate reads no memory of ours; the descriptor is open for the call's length.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            length as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    if error.raw_os_error() != Some(libc::EOPNOTSUPP) || !falloc::zeroes(mode) {
+        return Err(error);
+    }
+    let size = file.metadata()?.len();
+    let end = if mode & falloc::KEEP_SIZE != 0 {
+        (offset + length).min(size)
+    } else {
+        offset + length
+    };
+    let zeros = vec![0u8; 1 << 16];
+    let mut at = offset;
+    while at < end {
+        let n = (end - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
