@@ -9,6 +9,8 @@
 //!   ([`crate::power_bench`]).
 //! - `stela-bench replicated`: `buffered` against `replicated` across a veth link
 //!   ([`crate::repl_bench`]).
+//! - `stela-bench pgbench`: PostgreSQL's pgbench on `stela mount` against the local disk
+//!   ([`crate::pg_bench`]).
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
 //!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
@@ -60,6 +62,10 @@ pub enum Command {
     /// The client the `failover` benchmark runs in the client's namespace.
     #[command(hide = true)]
     FailoverClient(crate::failover::client::ClientArgs),
+    /// An unmodified PostgreSQL on `stela mount` (pg_wal only, or the whole data directory)
+    /// against the same PostgreSQL on the local disk with synchronous_commit on and off
+    /// (root; Debian's postgresql and fuse3).
+    Pgbench(crate::pg_bench::PgBenchArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -97,6 +103,7 @@ where
         Command::Netecho(args) => crate::repl_bench::net_echo(&args),
         Command::Failover(args) => crate::failover::run(&args, &mut out).map(drop),
         Command::FailoverClient(args) => crate::failover::client::run(&args),
+        Command::Pgbench(args) => crate::pg_bench::run(&args, &mut out).map(drop),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

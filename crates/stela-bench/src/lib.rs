@@ -26,6 +26,7 @@ pub mod failover;
 pub mod harness;
 pub mod netns;
 pub mod peers;
+pub mod pg_bench;
 pub mod power_bench;
 pub mod record;
 pub mod repl_bench;

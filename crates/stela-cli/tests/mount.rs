@@ -49,6 +49,17 @@ struct Mount {
 
 impl Mount {
     fn start(daemon: &Daemon, point: &Path, backing: &Path, log: &str, level: &str) -> Mount {
+        Mount::start_with(daemon, point, backing, log, level, &[])
+    }
+
+    fn start_with(
+        daemon: &Daemon,
+        point: &Path,
+        backing: &Path,
+        log: &str,
+        level: &str,
+        extra: &[&str],
+    ) -> Mount {
         require_fuse();
         fs::create_dir_all(point).unwrap();
         let child = Command::new(STELA)
@@ -56,6 +67,7 @@ impl Mount {
             .arg(backing)
             .args(["--level", level, "--socket"])
             .arg(daemon.socket())
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -173,6 +185,9 @@ fn exercise(root: &Path) -> Vec<String> {
     fs::create_dir(p("dir/sub")).unwrap();
     fs::write(p("dir/a"), b"first contents").unwrap();
     fs::write(p("b"), vec![7u8; 70_000]).unwrap();
+    // One write larger than the daemon's record limit (512 KiB buffers): several records.
+    let big: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(p("big"), &big).unwrap();
     // Sparse: a write far beyond the end leaves a hole of zeros.
     let sparse = fs::OpenOptions::new()
         .create(true)
@@ -476,4 +491,279 @@ fn sqlite_keeps_every_commit_across_kills_of_the_mount_and_the_daemon() {
         "row {committed} was committed, max is {max}"
     );
     mount.stop();
+}
+
+/// PostgreSQL from Debian's packages, run as the postgres user (the test runs as root).
+struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    sockets: PathBuf,
+    port: u16,
+}
+
+fn as_postgres(program: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runuser")
+}
+
+impl Postgres {
+    fn new(base: &Path, port: u16) -> Postgres {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "this test runs PostgreSQL as the postgres user and needs root"
+        );
+        let mut versions: Vec<u32> = fs::read_dir("/usr/lib/postgresql")
+            .expect("this test needs PostgreSQL (Debian package postgresql)")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        versions.sort_unstable();
+        let bin = PathBuf::from(format!(
+            "/usr/lib/postgresql/{}/bin",
+            versions.last().expect("a PostgreSQL version")
+        ));
+        let sockets = base.join("sockets");
+        fs::create_dir_all(&sockets).unwrap();
+        chown_postgres(&sockets);
+        Postgres {
+            bin,
+            data: base.join("pgdata"),
+            sockets,
+            port,
+        }
+    }
+
+    fn initdb(&self, waldir: &Path) {
+        fs::create_dir_all(&self.data).unwrap();
+        chown_postgres(&self.data);
+        let out = as_postgres(
+            &self.bin.join("initdb"),
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "--waldir",
+                waldir.to_str().unwrap(),
+                "-A",
+                "trust",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut conf = fs::OpenOptions::new()
+            .append(true)
+            .open(self.data.join("postgresql.conf"))
+            .unwrap();
+        writeln!(
+            conf,
+            "port = {}\nlisten_addresses = ''\nunix_socket_directories = '{}'\n\
+             wal_init_zero = off\nsynchronous_commit = on\nfsync = on",
+            self.port,
+            self.sockets.display()
+        )
+        .unwrap();
+    }
+
+    /// Starts the server (crash recovery included), retrying while the killed one's last
+    /// processes still hold its shared memory.
+    fn start(&self) {
+        // In a directory the postgres user owns.
+        let log = self.sockets.join("postgres.log");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = as_postgres(
+                &self.bin.join("pg_ctl"),
+                &[
+                    "-D",
+                    self.data.to_str().unwrap(),
+                    "-l",
+                    log.to_str().unwrap(),
+                    "-w",
+                    "-t",
+                    "30",
+                    "start",
+                ],
+            );
+            if out.status.success() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL did not start: {}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn kill(&self) {
+        let pid = fs::read_to_string(self.data.join("postmaster.pid")).unwrap_or_default();
+        if let Some(pid) = pid.lines().next() {
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    fn stop(&self) {
+        let _ = as_postgres(
+            &self.bin.join("pg_ctl"),
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
+        );
+    }
+
+    fn psql(&self, sql: &str) -> String {
+        let out = as_postgres(
+            &self.bin.join("psql"),
+            &[
+                "-h",
+                self.sockets.to_str().unwrap(),
+                "-p",
+                &self.port.to_string(),
+                "-d",
+                "postgres",
+                "-tAc",
+                sql,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// A psql session inserting numbered rows, one transaction each; the receiver gets each
+    /// number once its commit returned.
+    fn inserting(&self, from: u64) -> (Child, std::sync::mpsc::Receiver<u64>) {
+        let mut child = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("psql"))
+            .args([
+                "-h",
+                self.sockets.to_str().unwrap(),
+                "-p",
+                &self.port.to_string(),
+            ])
+            .args(["-d", "postgres", "-tA", "-v", "ON_ERROR_STOP=1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for n in from.. {
+                let sql = format!("INSERT INTO t VALUES ({n}, repeat('x', 200)) RETURNING n;");
+                if writeln!(stdin, "{sql}").is_err() {
+                    break;
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(n) = line.trim().parse::<u64>() {
+                    if tx.send(n).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        (child, rx)
+    }
+}
+
+fn chown_postgres(path: &Path) {
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "chown postgres {}", path.display());
+}
+
+/// PostgreSQL with pg_wal on a mount at `disk` (RapiLog's setting), killed with SIGKILL
+/// together with the mount (round 0) and with the mount and the daemon (round 1): every
+/// commit it acknowledged is there after its crash recovery, with no gap.
+#[test]
+fn postgres_keeps_every_commit_with_pg_wal_on_the_mount_across_kills() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon_dir = tmp.path().join("daemon");
+    let mut daemon = Some(Daemon::start(&daemon_dir, &[]));
+    let (point, backing) = (tmp.path().join("mnt"), tmp.path().join("backing"));
+    let pg = Postgres::new(tmp.path(), 55_871);
+    let mount = |daemon: &Daemon| {
+        let mount = Mount::start_with(
+            daemon,
+            &point,
+            &backing,
+            "pgwal",
+            "disk",
+            &["--allow-other"],
+        );
+        chown_postgres(&point);
+        mount
+    };
+    let mut mounted = mount(daemon.as_ref().unwrap());
+    pg.initdb(&point.join("pg_wal"));
+    pg.start();
+    pg.psql("CREATE TABLE t (n bigint PRIMARY KEY, pad text)");
+    let mut committed = 0u64;
+    for round in 0..2u64 {
+        let (mut psql, acks) = pg.inserting(committed + 1);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while committed < (round + 1) * 200 {
+            match acks.recv_timeout(Duration::from_millis(200)) {
+                Ok(n) => committed = n,
+                Err(_) => assert!(Instant::now() < deadline, "PostgreSQL stopped committing"),
+            }
+        }
+        pg.kill();
+        if round == 1 {
+            daemon.take().unwrap().kill();
+        }
+        mounted.kill();
+        let _ = psql.kill();
+        let _ = psql.wait();
+        while let Ok(n) = acks.try_recv() {
+            committed = n;
+        }
+        if daemon.is_none() {
+            daemon = Some(Daemon::start(&daemon_dir, &[]));
+        }
+        mounted = mount(daemon.as_ref().unwrap());
+        pg.start();
+        let count: u64 = pg.psql("SELECT count(*) FROM t").parse().unwrap();
+        let max: u64 = pg
+            .psql("SELECT coalesce(max(n), 0) FROM t")
+            .parse()
+            .unwrap();
+        assert!(
+            max >= committed,
+            "round {round}: commit {committed} acknowledged, max is {max}"
+        );
+        assert_eq!(count, max, "round {round}: rows missing below {max}");
+        committed = max;
+    }
+    pg.stop();
+    mounted.stop();
 }

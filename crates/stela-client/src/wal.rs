@@ -709,6 +709,11 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         &self.options
     }
 
+    /// The largest encoded record the daemon accepts in this log (a larger one is refused).
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_record_bytes
+    }
+
     /// Commits everything this client appended (at the log's durability) and closes.
     pub fn close(self) -> Result<()> {
         let last = self.appended.load(Ordering::Relaxed);

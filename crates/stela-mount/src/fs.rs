@@ -179,7 +179,13 @@ pub struct StelaFs {
     open_waiter: Box<dyn Fn() -> stela_client::Result<Wal<FsRecord>> + Send + Sync>,
     backing: Arc<Backing>,
     settings: MountSettings,
+    /// The most file data one record carries (the daemon's record limit, less the record's
+    /// other fields).
+    write_piece: usize,
 }
+
+/// Room left in a record for a write's fields other than its data.
+const WRITE_RECORD_OVERHEAD: usize = 128;
 
 fn kind_type(kind: Kind) -> FileType {
     match kind {
@@ -255,7 +261,12 @@ impl StelaFs {
             apply_logged(&mut state, lsn, record)
                 .map_err(|e| format!("replaying log record {lsn}: {e}"))?;
         }
+        let write_piece = log
+            .max_record_bytes()
+            .saturating_sub(WRITE_RECORD_OVERHEAD)
+            .max(4096);
         let fs = StelaFs {
+            write_piece,
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
                 overlay_shrunk: Condvar::new(),
@@ -584,13 +595,19 @@ impl StelaFs {
         if node.kind != Kind::File {
             return Err(Errno::EINVAL);
         }
-        let record = FsRecord::Write {
-            ino,
-            offset,
-            data: ByteBuf::from(data.to_vec()),
-            time: Time::now(),
-        };
-        self.log_record(&mut state, record)?;
+        // A write larger than the daemon's record limit becomes several records, logged
+        // back to back under the lock (a crash may keep a prefix of them, as a crash may
+        // keep part of a large write on a disk).
+        let time = Time::now();
+        for (i, piece) in data.chunks(self.write_piece).enumerate() {
+            let record = FsRecord::Write {
+                ino,
+                offset: offset + (i * self.write_piece) as u64,
+                data: ByteBuf::from(piece.to_vec()),
+                time,
+            };
+            self.log_record(&mut state, record)?;
+        }
         Ok(data.len() as u32)
     }
 
@@ -885,7 +902,9 @@ impl Filesystem for StelaFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.open_file(ino.0) {
-            Ok(fh) => reply.opened(fh, FopenFlags::empty()),
+            // The kernel's cached pages stay valid across opens: every change to a file goes
+            // through this mount, and the kernel updates its cache on the writes it forwards.
+            Ok(fh) => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }
@@ -1054,27 +1073,22 @@ impl Filesystem for StelaFs {
         );
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
-        // Extended attributes are not kept (not logged): every name is absent.
-        match self.lock() {
-            Ok(state) if state.tree.get(ino.0).is_some() => reply.error(Errno::ENODATA),
-            Ok(_) => reply.error(Errno::ENOENT),
-            Err(e) => reply.error(e),
-        }
+    // Extended attributes are not kept. getxattr answers ENOSYS on purpose (unlike fsync):
+    // the kernel then stops asking, where an ENODATA would cost a round trip to this process
+    // before every write (the kernel checks "security.capability" to clear it on write).
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::ENOSYS);
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.lock() {
-            Ok(state) if state.tree.get(ino.0).is_some() => {
-                if size == 0 {
-                    reply.size(0);
-                } else {
-                    reply.data(&[]);
-                }
-            }
-            Ok(_) => reply.error(Errno::ENOENT),
-            Err(e) => reply.error(e),
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn setxattr(
@@ -1087,11 +1101,11 @@ impl Filesystem for StelaFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOTSUP);
+        reply.error(Errno::ENOSYS);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENODATA);
+        reply.error(Errno::ENOSYS);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -1118,7 +1132,9 @@ impl Filesystem for StelaFs {
             .make(req, parent.0, name, Kind::File, mode, 0, &[])
             .and_then(|(ino, attr)| Ok((self.open_file(ino)?, attr)));
         match result {
-            Ok((fh, attr)) => reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::empty()),
+            Ok((fh, attr)) => {
+                reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::FOPEN_KEEP_CACHE)
+            }
             Err(e) => reply.error(e),
         }
     }

@@ -22,11 +22,16 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use stela_client::{Lsn, Wal};
 
 /// How long the materialiser sleeps when the log holds nothing new for it.
 const IDLE: Duration = Duration::from_millis(10);
+/// How often applied records are made durable in the backing directory and checkpointed (each
+/// checkpoint fsyncs the touched files and rewrites the snapshot): sooner when the records
+/// applied since the last one carry more than [`CHECKPOINT_BYTES`].
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+const CHECKPOINT_BYTES: u64 = 32 << 20;
 
 pub struct Materialiser {
     log: Wal<FsRecord>,
@@ -40,6 +45,12 @@ pub struct Materialiser {
     names_changed: bool,
     /// The last LSN whose checkpoint is in the backing snapshot.
     checkpointed: u64,
+    /// The last LSN applied whose effects a checkpoint must cover (the materialiser's own
+    /// checkpoint records need none).
+    unsaved: u64,
+    last_checkpoint: Instant,
+    /// File data applied since the last checkpoint.
+    applied_bytes: u64,
 }
 
 impl Materialiser {
@@ -53,6 +64,9 @@ impl Materialiser {
             touched: HashSet::new(),
             names_changed: false,
             checkpointed,
+            unsaved: checkpointed,
+            last_checkpoint: Instant::now(),
+            applied_bytes: 0,
         }
     }
 
@@ -61,8 +75,11 @@ impl Materialiser {
     pub fn run(mut self, stop: &AtomicBool, progress: &dyn Fn(u64)) -> Result<(), String> {
         loop {
             let stopping = stop.load(Ordering::Acquire);
-            let applied = self.step()?;
-            if applied > self.checkpointed {
+            self.step()?;
+            let due = stopping
+                || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+                || self.applied_bytes >= CHECKPOINT_BYTES;
+            if self.unsaved > self.checkpointed && due {
                 self.checkpoint()?;
                 progress(self.checkpointed);
             }
@@ -83,17 +100,15 @@ impl Materialiser {
         Ok(positions.durable_lsn <= self.tree.applied)
     }
 
-    /// Applies the durable records after the tree's point (one read batch); returns the last
-    /// LSN whose effects need a checkpoint (its own checkpoint records do not).
-    fn step(&mut self) -> Result<u64, String> {
+    /// Applies the durable records after the tree's point (one read batch).
+    fn step(&mut self) -> Result<(), String> {
         let durable = self
             .log
             .positions()
             .map_err(|e| format!("log positions: {e}"))?
             .durable_lsn;
-        let mut needs_checkpoint = self.checkpointed;
         if durable <= self.tree.applied {
-            return Ok(needs_checkpoint);
+            return Ok(());
         }
         let mut batch = Vec::new();
         for item in self
@@ -110,10 +125,10 @@ impl Materialiser {
         for (lsn, record) in batch {
             self.apply(lsn, &record)?;
             if !matches!(record, FsRecord::Checkpoint { .. }) {
-                needs_checkpoint = lsn;
+                self.unsaved = lsn;
             }
         }
-        Ok(needs_checkpoint.max(self.checkpointed))
+        Ok(())
     }
 
     fn file(&mut self, ino: u64) -> Result<&File, String> {
@@ -147,6 +162,7 @@ impl Materialiser {
                     .write_all_at(data, *offset)
                     .map_err(|e| format!("writing data file {ino}: {e}"))?;
                 self.touched.insert(*ino);
+                self.applied_bytes += data.len() as u64;
             }
             FsRecord::SetAttr {
                 ino,
@@ -211,6 +227,8 @@ impl Materialiser {
             .map_err(|e| format!("writing the snapshot: {e}"))?;
         let applied = self.tree.applied;
         self.checkpointed = applied;
+        self.last_checkpoint = Instant::now();
+        self.applied_bytes = 0;
         self.log
             .append(&FsRecord::Checkpoint { applied })
             .map_err(|e| format!("logging the checkpoint: {e}"))?;

@@ -1,0 +1,561 @@
+//! `stela-bench pgbench`: an unmodified PostgreSQL committing through `stela mount`, against
+//! the same PostgreSQL on the local disk with synchronous_commit on and off.
+//!
+//! Each mode is its own cluster, initialised once (`initdb`, `pgbench -i`) and running for the
+//! whole benchmark; the repeats go round the modes in turn, so noise on this machine falls on
+//! every mode alike, and each figure is the median of the repeats. Modes:
+//! - `native-sync`, `native-async`: one cluster on the local disk; the second runs pgbench
+//!   with `synchronous_commit=off` (the same data, the same server).
+//! - `stela-wal-buffered`, `stela-wal-disk`: pg_wal on a `stela mount` at that level
+//!   (RapiLog's setting: only the log device is stela's).
+//! - `stela-pgdata-buffered`: the whole data directory on a mount at `buffered`.
+//!
+//! Every stela mode runs with synchronous_commit=on and wal_init_zero=off. The daemon and the
+//! mounts are the real `stela serve` and `stela mount` processes (found next to this binary);
+//! PostgreSQL runs as the `postgres` user from Debian's packages.
+
+use crate::netns::{sibling, Killed};
+use anyhow::{bail, Context};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct PgBenchArgs {
+    /// Modes, comma-separated: native-sync, native-async, stela-wal-buffered, stela-wal-disk,
+    /// stela-pgdata-buffered.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "native-sync,native-async,stela-wal-buffered,stela-wal-disk,stela-pgdata-buffered"
+    )]
+    pub modes: Vec<String>,
+    /// pgbench client counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub clients: Vec<u32>,
+    /// pgbench scale factor (100,000 accounts each).
+    #[arg(long, default_value_t = 10)]
+    pub scale: u32,
+    /// Seconds per pgbench run.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u32,
+    /// Runs per (mode, clients); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: u32,
+    /// PostgreSQL's bin directory (default: the newest under /usr/lib/postgresql).
+    #[arg(long, value_name = "DIR")]
+    pub pg_bin: Option<PathBuf>,
+    /// Working directory (default: a temporary one, removed afterwards).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// JSON lines instead of the table: mode, clients, tps, latency_ms.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const MODES: [&str; 5] = [
+    "native-sync",
+    "native-async",
+    "stela-wal-buffered",
+    "stela-wal-disk",
+    "stela-pgdata-buffered",
+];
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PgRow {
+    pub mode: String,
+    pub clients: u32,
+    pub tps: f64,
+    pub latency_ms: f64,
+}
+
+fn pg_bin(args: &PgBenchArgs) -> anyhow::Result<PathBuf> {
+    if let Some(bin) = &args.pg_bin {
+        return Ok(bin.clone());
+    }
+    let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
+        .context(
+            "PostgreSQL is not installed (/usr/lib/postgresql missing; apt-get install postgresql)",
+        )?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    versions.sort_unstable();
+    let Some(newest) = versions.last() else {
+        bail!("no PostgreSQL version under /usr/lib/postgresql");
+    };
+    Ok(PathBuf::from(format!("/usr/lib/postgresql/{newest}/bin")))
+}
+
+/// Runs a command as the postgres user (as root: through runuser).
+fn as_postgres(program: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    let mut command = Command::new("runuser");
+    command
+        .args(["-u", "postgres", "--"])
+        .arg(program)
+        .args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let out = command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} as postgres", program.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {} failed: {}{}",
+            program.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn chown_postgres(path: &Path) -> anyhow::Result<()> {
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()?;
+    if !status.success() {
+        bail!(
+            "chown postgres {} failed (is there a postgres user?)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn is_mounted(point: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let wanted = point.to_string_lossy();
+    mounts
+        .lines()
+        .any(|line| line.split(' ').nth(1) == Some(wanted.as_ref()))
+}
+
+/// A `stela mount` process; unmounted when dropped.
+struct MountProcess {
+    process: Option<Killed>,
+    point: PathBuf,
+}
+
+impl MountProcess {
+    fn start(
+        stela: &Path,
+        socket: &Path,
+        point: &Path,
+        log: &str,
+        level: &str,
+        base: &Path,
+    ) -> anyhow::Result<MountProcess> {
+        std::fs::create_dir_all(point)?;
+        let backing = base.join(format!("backing-{log}"));
+        let logfile = std::fs::File::create(base.join(format!("mount-{log}.log")))?;
+        let child = Command::new(stela)
+            .arg("mount")
+            .arg(point)
+            .args(["--log", log, "--level", level, "--allow-other", "--backing"])
+            .arg(&backing)
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::null())
+            .stdout(logfile.try_clone()?)
+            .stderr(logfile)
+            .spawn()
+            .context("starting stela mount")?;
+        let mut mount = MountProcess {
+            process: Some(Killed(child)),
+            point: point.to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(point) {
+            if let Some(status) = mount.process.as_mut().unwrap().0.try_wait()? {
+                bail!(
+                    "stela mount exited with {status}; see {}",
+                    base.join(format!("mount-{log}.log")).display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("stela mount did not mount {} within 20 s", point.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        chown_postgres(point)?;
+        Ok(mount)
+    }
+}
+
+impl Drop for MountProcess {
+    fn drop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &process.id().to_string()])
+                .status();
+            let _ = process.0.wait();
+            std::mem::forget(process);
+        }
+        if is_mounted(&self.point) {
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.point)
+                .status();
+        }
+    }
+}
+
+/// A PostgreSQL cluster started with pg_ctl; stopped when dropped.
+struct Cluster {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    sockets: PathBuf,
+}
+
+impl Cluster {
+    fn create(
+        bin: &Path,
+        data: &Path,
+        waldir: Option<&Path>,
+        port: u16,
+        sockets: &Path,
+    ) -> anyhow::Result<Cluster> {
+        let mut args = vec![
+            "-D".to_owned(),
+            data.display().to_string(),
+            "-A".into(),
+            "trust".into(),
+            "-U".into(),
+            "postgres".into(),
+        ];
+        if let Some(waldir) = waldir {
+            args.push(format!("--waldir={}", waldir.display()));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        as_postgres(&bin.join("initdb"), &args, &[])?;
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))?;
+        writeln!(
+            conf,
+            "\n# stela-bench pgbench\nport = {port}\nlisten_addresses = ''\nunix_socket_directories = '{}'\n\
+             wal_init_zero = off\nsynchronous_commit = on\nshared_buffers = 128MB\nmax_connections = 100",
+            sockets.display()
+        )?;
+        let cluster = Cluster {
+            bin: bin.to_owned(),
+            data: data.to_owned(),
+            port,
+            sockets: sockets.to_owned(),
+        };
+        let log = data.with_extension("log");
+        as_postgres(
+            &bin.join("pg_ctl"),
+            &[
+                "-D",
+                &data.display().to_string(),
+                "-l",
+                &log.display().to_string(),
+                "-w",
+                "start",
+            ],
+            &[],
+        )?;
+        Ok(cluster)
+    }
+
+    fn pgbench(&self, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<String> {
+        let mut all = vec![
+            "-h".to_owned(),
+            self.sockets.display().to_string(),
+            "-p".to_owned(),
+            self.port.to_string(),
+        ];
+        all.extend(args.iter().cloned());
+        all.push("postgres".to_owned());
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        as_postgres(&self.bin.join("pgbench"), &all, env)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = as_postgres(
+            &self.bin.join("pg_ctl"),
+            &[
+                "-D",
+                &self.data.display().to_string(),
+                "-m",
+                "immediate",
+                "stop",
+            ],
+            &[],
+        );
+    }
+}
+
+/// tps and average latency from pgbench's report.
+fn parse_pgbench(report: &str) -> anyhow::Result<(f64, f64)> {
+    let field = |prefix: &str| {
+        report.lines().find_map(|line| {
+            let rest = line.trim().strip_prefix(prefix)?;
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+    };
+    match (field("tps = "), field("latency average = ")) {
+        (Some(tps), Some(latency)) => Ok((tps, latency)),
+        _ => bail!("pgbench report without tps and latency: {report}"),
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>> {
+    for mode in &args.modes {
+        if !MODES.contains(&mode.as_str()) {
+            bail!("unknown mode {mode:?} (modes: {})", MODES.join(", "));
+        }
+    }
+    let bin = pg_bin(args)?;
+    let stela = sibling("stela")?;
+    let temp = tempfile::tempdir()?;
+    let base = args.dir.clone().unwrap_or_else(|| temp.path().to_owned());
+    std::fs::create_dir_all(&base)?;
+    // PostgreSQL (as postgres) must reach its directories through the path.
+    Command::new("chmod").arg("755").arg(&base).status()?;
+    let sockets = base.join("sockets");
+    std::fs::create_dir_all(&sockets)?;
+    chown_postgres(&sockets)?;
+    let wants = |mode: &str| args.modes.iter().any(|m| m == mode);
+
+    // Declared in this order so they drop in reverse: clusters, then mounts, then the daemon.
+    let daemon_dir = base.join("daemon");
+    std::fs::create_dir_all(&daemon_dir)?;
+    let daemon_log = std::fs::File::create(base.join("daemon.log"))?;
+    let _daemon = Killed(
+        Command::new(&stela)
+            .args(["serve", "--dir"])
+            .arg(&daemon_dir)
+            .stdin(Stdio::null())
+            .stdout(daemon_log.try_clone()?)
+            .stderr(daemon_log)
+            .spawn()
+            .context("starting stela serve")?,
+    );
+    let socket = daemon_dir.join("stela.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "stela serve did not listen within 10 s; see {}/daemon.log",
+                base.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut mounts = Vec::new();
+    let mut clusters: Vec<(&str, Cluster)> = Vec::new();
+    let mut port = 55_432;
+    let mut next_port = || {
+        port += 1;
+        port
+    };
+    if wants("native-sync") || wants("native-async") {
+        let data = base.join("native");
+        std::fs::create_dir_all(&data)?;
+        chown_postgres(&data)?;
+        clusters.push((
+            "native",
+            Cluster::create(&bin, &data.join("data"), None, next_port(), &sockets)?,
+        ));
+    }
+    for (mode, level) in [
+        ("stela-wal-buffered", "buffered"),
+        ("stela-wal-disk", "disk"),
+    ] {
+        if !wants(mode) {
+            continue;
+        }
+        let point = base.join(format!("mnt-{mode}"));
+        let mount = MountProcess::start(&stela, &socket, &point, mode, level, &base)?;
+        let data = base.join(mode);
+        std::fs::create_dir_all(&data)?;
+        chown_postgres(&data)?;
+        let cluster = Cluster::create(
+            &bin,
+            &data.join("data"),
+            Some(&point.join("pg_wal")),
+            next_port(),
+            &sockets,
+        )?;
+        mounts.push(mount);
+        clusters.push((mode, cluster));
+    }
+    if wants("stela-pgdata-buffered") {
+        let mode = "stela-pgdata-buffered";
+        let point = base.join(format!("mnt-{mode}"));
+        let mount = MountProcess::start(&stela, &socket, &point, mode, "buffered", &base)?;
+        let cluster = Cluster::create(&bin, &point.join("data"), None, next_port(), &sockets)?;
+        mounts.push(mount);
+        clusters.push((mode, cluster));
+    }
+    let cluster_of = |mode: &str| {
+        let name = if mode.starts_with("native") {
+            "native"
+        } else {
+            mode
+        };
+        &clusters
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("set up above")
+            .1
+    };
+    for (name, cluster) in &clusters {
+        eprintln!(
+            "stela-bench pgbench: pgbench -i -s {} on {name}",
+            args.scale
+        );
+        cluster.pgbench(
+            &[
+                "-i".into(),
+                "-q".into(),
+                "-s".into(),
+                args.scale.to_string(),
+            ],
+            &[],
+        )?;
+    }
+
+    let mut samples: Vec<(String, u32, Vec<f64>, Vec<f64>)> = Vec::new();
+    for &clients in &args.clients {
+        for repeat in 0..args.repeats {
+            for mode in &args.modes {
+                let env: Vec<(&str, &str)> = if mode == "native-async" {
+                    vec![("PGOPTIONS", "-c synchronous_commit=off")]
+                } else {
+                    Vec::new()
+                };
+                let threads = clients.min(2);
+                let report = cluster_of(mode).pgbench(
+                    &[
+                        "-c".into(),
+                        clients.to_string(),
+                        "-j".into(),
+                        threads.to_string(),
+                        "-T".into(),
+                        args.duration.to_string(),
+                    ],
+                    &env,
+                )?;
+                let (tps, latency) = parse_pgbench(&report)?;
+                eprintln!("  {mode:<22} clients {clients:>3} repeat {repeat}: {tps:>9.1} tps, {latency:.3} ms");
+                match samples
+                    .iter_mut()
+                    .find(|(m, c, _, _)| m == mode && *c == clients)
+                {
+                    Some((_, _, t, l)) => {
+                        t.push(tps);
+                        l.push(latency);
+                    }
+                    None => samples.push((mode.clone(), clients, vec![tps], vec![latency])),
+                }
+            }
+        }
+    }
+    let rows: Vec<PgRow> = samples
+        .into_iter()
+        .map(|(mode, clients, mut tps, mut latency)| PgRow {
+            mode,
+            clients,
+            tps: median(&mut tps),
+            latency_ms: median(&mut latency),
+        })
+        .collect();
+    print_rows(args, &rows, out)?;
+    drop(clusters);
+    drop(mounts);
+    Ok(rows)
+}
+
+fn print_rows(args: &PgBenchArgs, rows: &[PgRow], out: &mut dyn Write) -> anyhow::Result<()> {
+    if args.json {
+        for row in rows {
+            writeln!(out, "{}", serde_json::to_string(row)?)?;
+        }
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "pgbench (TPC-B-like), scale {}, {} s per run, median of {} runs, modes taking turns",
+        args.scale, args.duration, args.repeats
+    )?;
+    writeln!(
+        out,
+        "{:<24} {:>7} {:>10} {:>11}",
+        "mode", "clients", "tps", "latency ms"
+    )?;
+    for row in rows {
+        writeln!(
+            out,
+            "{:<24} {:>7} {:>10.1} {:>11.3}",
+            row.mode, row.clients, row.tps, row.latency_ms
+        )?;
+    }
+    let tps = |mode: &str, clients: u32| {
+        rows.iter()
+            .find(|r| r.mode == mode && r.clients == clients)
+            .map(|r| r.tps)
+    };
+    writeln!(out)?;
+    for (mode, target) in [
+        ("stela-wal-buffered", 0.95),
+        ("stela-wal-disk", 0.0),
+        ("stela-pgdata-buffered", 0.9),
+    ] {
+        for &clients in &args.clients {
+            if let (Some(stela), Some(off), Some(on)) = (
+                tps(mode, clients),
+                tps("native-async", clients),
+                tps("native-sync", clients),
+            ) {
+                let verdict = if target > 0.0 {
+                    format!(
+                        " (target >= {target:.2} x native-async: {})",
+                        if stela / off >= target {
+                            "met"
+                        } else {
+                            "NOT met"
+                        }
+                    )
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    out,
+                    "  {mode} / native-async at {clients:>2} clients: {:.2}; / native-sync: {:.2}{verdict}",
+                    stela / off,
+                    stela / on
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pgbench_reports_are_read_and_a_report_without_figures_is_an_error() {
+        let report = "number of failed transactions: 0 (0.000%)\nlatency average = 1.124 ms\n\
+                      initial connection time = 3.1 ms\ntps = 889.418359 (without initial connection time)\n";
+        assert_eq!(parse_pgbench(report).unwrap(), (889.418359, 1.124));
+        assert!(parse_pgbench("FATAL: no such database").is_err());
+    }
+}
