@@ -21,9 +21,9 @@ pub enum Durability {
     Buffered,
     /// fdatasync'ed through group commit: survives the daemon, the OS and a power cut.
     Disk,
-    /// In memory on this daemon and its standby. Reserved: needs the standby (not built yet).
+    /// In memory on this daemon and its standby (a daemon without a standby refuses it).
     Replicated,
-    /// On disk here and in the standby's memory. Reserved: needs the standby (not built yet).
+    /// On disk here and in the standby's memory (a daemon without a standby refuses it).
     All,
 }
 
