@@ -6,8 +6,10 @@
 //!   the materialiser and a restart each keep their own `Tree` and replay the same records, so
 //!   they agree without sharing memory.
 //! - `apply` refuses (with [`Inconsistent`]) a record that does not fit the tree rather than
-//!   guessing: a log that does not replay is reported, never half-applied silently. The mount
-//!   checks every request against its tree before logging, so its own records always fit.
+//!   guessing, and never panics on one, whatever its fields: a log that does not replay is
+//!   reported. The tree may then be partly changed, so every caller stops using it (the mount
+//!   and the materialiser fail stop). The mount checks every request against its tree before
+//!   logging, so its own records always fit.
 //! - Inode 1 is the root and is never removed. Inode numbers are never reused (`next_ino`
 //!   only grows), so a late record cannot land on a new file.
 
@@ -131,7 +133,8 @@ impl Tree {
                 return Err(Inconsistent(format!("directory {ino} is not empty")));
             }
             node.nlink = 0;
-            self.dir_mut(parent)?.nlink -= 1;
+            let dir = self.dir_mut(parent)?;
+            dir.nlink = dir.nlink.saturating_sub(1);
         } else {
             node.nlink = node.nlink.saturating_sub(1);
         }
@@ -177,7 +180,7 @@ impl Tree {
                 dir.mtime = *time;
                 dir.ctime = *time;
                 if *kind == Kind::Dir {
-                    dir.nlink += 1;
+                    dir.nlink = dir.nlink.saturating_add(1);
                 }
                 self.nodes.insert(
                     *ino,
@@ -201,7 +204,7 @@ impl Tree {
                         target: target.clone(),
                     },
                 );
-                self.next_ino = ino + 1;
+                self.next_ino = ino.saturating_add(1);
             }
             FsRecord::Write {
                 ino,
@@ -211,7 +214,10 @@ impl Tree {
             } => {
                 let node = self.node_mut(*ino)?;
                 if !data.is_empty() {
-                    node.size = node.size.max(offset + data.len() as u64);
+                    let end = offset.checked_add(data.len() as u64).ok_or_else(|| {
+                        Inconsistent(format!("a write past the largest offset on inode {ino}"))
+                    })?;
+                    node.size = node.size.max(end);
                 }
                 node.mtime = *time;
                 node.ctime = *time;
@@ -257,7 +263,12 @@ impl Tree {
             } => {
                 let node = self.node_mut(*ino)?;
                 if mode & falloc::KEEP_SIZE == 0 {
-                    node.size = node.size.max(offset + length);
+                    let end = offset.checked_add(*length).ok_or_else(|| {
+                        Inconsistent(format!(
+                            "an allocation past the largest offset on inode {ino}"
+                        ))
+                    })?;
+                    node.size = node.size.max(end);
                 }
                 node.mtime = *time;
                 node.ctime = *time;
@@ -277,7 +288,7 @@ impl Tree {
                 dir.mtime = *time;
                 dir.ctime = *time;
                 let node = self.node_mut(*ino)?;
-                node.nlink += 1;
+                node.nlink = node.nlink.saturating_add(1);
                 node.ctime = *time;
             }
             FsRecord::Remove { parent, name, time } => {
@@ -359,8 +370,10 @@ impl Tree {
             return Ok(());
         }
         self.node_mut(ino)?.parent = to;
-        self.dir_mut(from)?.nlink -= 1;
-        self.dir_mut(to)?.nlink += 1;
+        let from = self.dir_mut(from)?;
+        from.nlink = from.nlink.saturating_sub(1);
+        let to = self.dir_mut(to)?;
+        to.nlink = to.nlink.saturating_add(1);
         Ok(())
     }
 
@@ -446,7 +459,7 @@ mod tests {
         assert_eq!(tree.get(2).unwrap().parent, 4);
         assert!(tree.is_within(3, ROOT) || tree.get(3).unwrap().kind == Kind::File);
         assert!(tree.is_within(2, 4));
-        // A non-empty directory cannot be removed: the record is refused, not half-applied.
+        // A non-empty directory cannot be removed: the record is refused.
         let remove = FsRecord::Remove {
             parent: 4,
             name: name("d2"),
