@@ -52,6 +52,14 @@ pub struct PgBenchArgs {
     /// JSON lines instead of the table: mode, clients, tps, latency_ms.
     #[arg(long)]
     pub json: bool,
+    /// Extra flags for `stela serve`, e.g. "--spin-us 0".
+    #[arg(
+        long,
+        value_name = "FLAGS",
+        allow_hyphen_values = true,
+        default_value = ""
+    )]
+    pub daemon_flags: String,
 }
 
 const MODES: [&str; 5] = [
@@ -325,6 +333,12 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
     let temp = tempfile::tempdir()?;
     let base = args.dir.clone().unwrap_or_else(|| temp.path().to_owned());
     std::fs::create_dir_all(&base)?;
+    if std::fs::read_dir(&base)?.next().is_some() {
+        bail!(
+            "{} is not empty: give --dir a new or empty directory",
+            base.display()
+        );
+    }
     // PostgreSQL (as postgres) must reach its directories through the path.
     Command::new("chmod").arg("755").arg(&base).status()?;
     let sockets = base.join("sockets");
@@ -340,6 +354,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
         Command::new(&stela)
             .args(["serve", "--dir"])
             .arg(&daemon_dir)
+            .args(args.daemon_flags.split_whitespace())
             .stdin(Stdio::null())
             .stdout(daemon_log.try_clone()?)
             .stderr(daemon_log)
