@@ -378,6 +378,36 @@ fn fsync_and_fsyncdir_are_answered_and_a_lost_daemon_makes_them_fail_not_succeed
     mount.kill();
 }
 
+#[test]
+fn a_level_the_daemon_cannot_give_is_refused_before_anything_is_mounted() {
+    // A daemon without a standby cannot acknowledge `replicated`: the mount refuses to start
+    // (saying why) rather than mount and answer fsyncs it cannot keep.
+    require_fuse();
+    let tmp = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&tmp.path().join("daemon"), &[]);
+    let point = tmp.path().join("mnt");
+    fs::create_dir(&point).unwrap();
+    let out = common::stela(&[
+        "mount",
+        point.to_str().unwrap(),
+        "--log",
+        "fs",
+        "--backing",
+        tmp.path().join("backing").to_str().unwrap(),
+        "--level",
+        "replicated",
+        "--socket",
+        daemon.socket().to_str().unwrap(),
+    ]);
+    let text = common::text(&out);
+    assert!(
+        !out.status.success(),
+        "mounted at replicated without a standby: {text}"
+    );
+    assert!(text.contains("needs a standby"), "{text}");
+    assert!(!is_mounted(&point));
+}
+
 /// Runs SQLite (the sqlite3 shell, WAL mode, synchronous=FULL) inserting numbered rows, one
 /// transaction each; returns the shell and the highest row it reported committed so far.
 fn start_sqlite(db: &Path, from: u64) -> (Child, std::sync::mpsc::Receiver<u64>) {

@@ -161,7 +161,12 @@ pub fn prepare(options: &MountOptions) -> Result<Prepared, MountError> {
             replayed.push((lsn.get(), record));
         }
     }
-    let materialiser = Materialiser::new(open_log(options)?, Arc::clone(&backing), tree.clone());
+    let materialiser = Materialiser::new(
+        open_log(options)?,
+        options.level,
+        Arc::clone(&backing),
+        tree.clone(),
+    );
     let waiter_options = options.clone();
     let open_waiter = Box::new(move || {
         Wal::open(

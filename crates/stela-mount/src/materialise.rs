@@ -4,7 +4,8 @@
 //!
 //! Owns: its own [`Tree`] (loaded from the backing snapshot and advanced by replay, never
 //! copied from the mount), the backing files' write descriptors. Invariants:
-//! - Only records the log holds durably (`durable_lsn`: on the daemon's disk) are applied, so
+//! - Only records the log holds durably (`durable_lsn`: on the daemon's disk; with a mount at
+//!   `replicated` or `all`, also held by the standby) are applied, so
 //!   the backing files never hold a change the log could lose: after any crash the backing
 //!   state is a prefix of the log's history, and replaying the log's rest completes it.
 //! - A checkpoint at LSN `a` is written only after every data file touched up to `a` is
@@ -23,7 +24,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stela_client::{Lsn, Wal};
+use stela_client::{Durability, Lsn, Wal};
 
 /// How long the materialiser sleeps when the log holds nothing new for it.
 const IDLE: Duration = Duration::from_millis(10);
@@ -35,6 +36,9 @@ const CHECKPOINT_BYTES: u64 = 32 << 20;
 
 pub struct Materialiser {
     log: Wal<FsRecord>,
+    /// The mount's level: at `replicated` or `all`, records are applied only once the standby
+    /// holds them.
+    level: Durability,
     backing: Arc<Backing>,
     tree: Tree,
     files: HashMap<u64, File>,
@@ -54,10 +58,16 @@ pub struct Materialiser {
 }
 
 impl Materialiser {
-    pub fn new(log: Wal<FsRecord>, backing: Arc<Backing>, tree: Tree) -> Materialiser {
+    pub fn new(
+        log: Wal<FsRecord>,
+        level: Durability,
+        backing: Arc<Backing>,
+        tree: Tree,
+    ) -> Materialiser {
         let checkpointed = tree.applied;
         Materialiser {
             log,
+            level,
             backing,
             tree,
             files: HashMap::new(),
@@ -109,6 +119,14 @@ impl Materialiser {
             .durable_lsn;
         if durable <= self.tree.applied {
             return Ok(());
+        }
+        // Under a standby, only what the standby holds is applied, so a node that fails over
+        // never has files ahead of its log. (Waits while the standby is away, by the
+        // daemon's policy; the mount's writes then wait at the overlay cap.)
+        if matches!(self.level, Durability::Replicated | Durability::All) {
+            self.log
+                .commit_at(Lsn::new(durable), self.level)
+                .map_err(|e| format!("waiting for the standby to hold LSN {durable}: {e}"))?;
         }
         let mut batch = Vec::new();
         for item in self
