@@ -458,13 +458,7 @@ impl StelaFs {
         let name = name_of(name)?;
         let mut state = self.lock()?;
         let ino = state.tree.lookup(parent, &name).ok_or(Errno::ENOENT)?;
-        let node = state.tree.get(ino).ok_or(Errno::ENOENT)?;
-        match (dir, node.kind == Kind::Dir) {
-            (true, false) => return Err(Errno::ENOTDIR),
-            (false, true) => return Err(Errno::EISDIR),
-            (true, true) if !node.entries.is_empty() => return Err(Errno::ENOTEMPTY),
-            _ => {}
-        }
+        may_lose_its_name(dir, state.tree.get(ino).ok_or(Errno::ENOENT)?)?;
         let record = FsRecord::Remove {
             parent,
             name,
@@ -513,13 +507,7 @@ impl StelaFs {
             if flags.contains(RenameFlags::RENAME_NOREPLACE) {
                 return Err(Errno::EEXIST);
             }
-            let target = tree.get(replaced).ok_or(Errno::ENOENT)?;
-            match (moved_is_dir, target.kind == Kind::Dir) {
-                (true, false) => return Err(Errno::ENOTDIR),
-                (false, true) => return Err(Errno::EISDIR),
-                (true, true) if !target.entries.is_empty() => return Err(Errno::ENOTEMPTY),
-                _ => {}
-            }
+            may_lose_its_name(moved_is_dir, tree.get(replaced).ok_or(Errno::ENOENT)?)?;
         }
         let record = FsRecord::Rename {
             parent,
@@ -690,6 +678,33 @@ fn apply_logged(state: &mut State, lsn: u64, record: FsRecord) -> Result<(), Str
     Ok(())
 }
 
+/// Whether `node` may lose a name to an operation that expects a directory (`want_dir`: rmdir,
+/// or a rename of a directory over it) or a non-directory (unlink, a rename of a file over it).
+fn may_lose_its_name(want_dir: bool, node: &Node) -> Result<(), Errno> {
+    match (want_dir, node.kind == Kind::Dir) {
+        (true, false) => Err(Errno::ENOTDIR),
+        (false, true) => Err(Errno::EISDIR),
+        (true, true) if !node.entries.is_empty() => Err(Errno::ENOTEMPTY),
+        _ => Ok(()),
+    }
+}
+
+/// Answers a request that returns nothing but success or an errno.
+fn answer(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+/// Answers a request that returns a new or linked entry.
+fn answer_entry(reply: ReplyEntry, result: Result<FileAttr, Errno>) {
+    match result {
+        Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
 impl Filesystem for StelaFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
         // Bigger writes mean fewer records; the daemon's record limit is far above this.
@@ -803,10 +818,11 @@ impl Filesystem for StelaFs {
             libc::S_IFBLK => Kind::BlockDevice,
             _ => return reply.error(Errno::EINVAL),
         };
-        match self.make(req, parent.0, name, kind, mode, rdev, &[]) {
-            Ok((_, attr)) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        answer_entry(
+            reply,
+            self.make(req, parent.0, name, kind, mode, rdev, &[])
+                .map(|(_, attr)| attr),
+        );
     }
 
     fn mkdir(
@@ -818,24 +834,19 @@ impl Filesystem for StelaFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.make(req, parent.0, name, Kind::Dir, mode, 0, &[]) {
-            Ok((_, attr)) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        answer_entry(
+            reply,
+            self.make(req, parent.0, name, Kind::Dir, mode, 0, &[])
+                .map(|(_, attr)| attr),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.remove(parent.0, name, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.remove(parent.0, name, false));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.remove(parent.0, name, true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.remove(parent.0, name, true));
     }
 
     fn symlink(
@@ -847,10 +858,11 @@ impl Filesystem for StelaFs {
         reply: ReplyEntry,
     ) {
         let target = target.as_os_str().as_bytes();
-        match self.make(req, parent.0, link_name, Kind::Symlink, 0o777, 0, target) {
-            Ok((_, attr)) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        answer_entry(
+            reply,
+            self.make(req, parent.0, link_name, Kind::Symlink, 0o777, 0, target)
+                .map(|(_, attr)| attr),
+        );
     }
 
     fn rename(
@@ -863,10 +875,10 @@ impl Filesystem for StelaFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.do_rename(parent.0, name, newparent.0, newname, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(
+            reply,
+            self.do_rename(parent.0, name, newparent.0, newname, flags),
+        );
     }
 
     fn link(
@@ -894,10 +906,7 @@ impl Filesystem for StelaFs {
             self.log_record(&mut state, record)?;
             Ok(attr_of(ino.0, state.tree.get(ino.0).expect("linked")))
         })();
-        match result {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        answer_entry(reply, result);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -979,10 +988,7 @@ impl Filesystem for StelaFs {
             }
             self.drop_if_gone(&mut state, ino.0)
         })();
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, result);
     }
 
     fn fsync(
@@ -993,10 +999,7 @@ impl Filesystem for StelaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.sync(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.sync(ino.0));
     }
 
     fn readdir(
@@ -1046,10 +1049,7 @@ impl Filesystem for StelaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.sync(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.sync(ino.0));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -1167,10 +1167,7 @@ impl Filesystem for StelaFs {
             };
             self.log_record(&mut state, record).map(|_| ())
         })();
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, result);
     }
 }
 
