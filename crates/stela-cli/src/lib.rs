@@ -44,7 +44,8 @@ use stela_wal::Lsn;
 )]
 pub struct Cli {
     /// How log lines are written to stderr: `text`, or `json` (one object per line, for log
-    /// collectors). The level comes from RUST_LOG (default: `info` for `serve`, `witness` and `mount`, `warn` else).
+    /// collectors). The level comes from RUST_LOG (default: `info` for `serve`, `witness` and
+    /// `mount`, `warn` else).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[command(subcommand)]
