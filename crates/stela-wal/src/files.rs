@@ -28,7 +28,7 @@
 
 use crate::error::{Error, Result};
 use crate::options::{RecoveryMode, WalOptions};
-use crate::reader::RawReader;
+use crate::reader::{RawReader, ReadPoint};
 use crate::recovery::{self, Expect, RecoveryReport};
 use crate::segment::SegmentFile;
 use crate::storage::Storage;
@@ -116,6 +116,7 @@ impl LogFiles {
             list: Mutex::new(recovered.segments),
             max_payload: max_record as u32,
             skip_damage: options.recovery == RecoveryMode::SkipCorrupt,
+            read_point: Mutex::new(None),
             _lock: recovered.lock,
         });
         let writer = SegmentWriter::new(
@@ -164,6 +165,9 @@ pub struct SegmentSet {
     list: Mutex<Vec<SegmentFile>>,
     pub(crate) max_payload: u32,
     skip_damage: bool,
+    /// Where the last reader that asked to be remembered stopped: a reader tailing the log
+    /// starts there instead of re-reading the segment from its beginning.
+    read_point: Mutex<Option<ReadPoint>>,
     _lock: Box<dyn Send + Sync>,
 }
 
@@ -214,6 +218,39 @@ impl SegmentSet {
             self.max_payload,
             self.skip_damage,
         )
+    }
+
+    /// As [`SegmentSet::reader`], starting where the last remembered reader stopped when that
+    /// is at or before `from` in the same segment (a reader that follows the log's tail then
+    /// costs what it reads, not the whole segment before it).
+    pub fn tail_reader(&self, from: Lsn, end: Lsn) -> RawReader {
+        let point = *self
+            .read_point
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(point) = point else {
+            return self.reader(from, end);
+        };
+        let segments = self.list();
+        let first = segments.first().map_or(Lsn::FIRST, |s| s.start);
+        RawReader::new_at(
+            Arc::clone(&self.storage),
+            segments,
+            from.max(first),
+            end,
+            self.max_payload,
+            self.skip_damage,
+            point,
+        )
+    }
+
+    /// Remembers where a reader stopped, for the next [`SegmentSet::tail_reader`]; `None`
+    /// forgets (after a read from a remembered point failed).
+    pub fn remember_read_point(&self, point: Option<ReadPoint>) {
+        *self
+            .read_point
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = point;
     }
 
     /// Removes whole segments whose records are all below `lsn` (those whose successor starts at

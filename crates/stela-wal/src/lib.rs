@@ -59,7 +59,7 @@ pub use files::{LogFiles, SegmentSet, SegmentWriter};
 pub use log::{CommitFuture, Log, LogStats};
 pub use options::{RecoveryMode, SyncMode, WalOptions};
 pub use par_iter::ParIter;
-pub use reader::RawReader;
+pub use reader::{RawReader, ReadPoint};
 pub use recovery::RecoveryReport;
 pub use stela_format::{Codec, Lsn};
 pub use term_store::TermStore;

@@ -16,6 +16,17 @@ use stela_format::Lsn;
 
 const CHUNK_BYTES: usize = 1 << 20;
 
+/// Where a reader stood: the LSN of the next record and the offset of its frame in the segment
+/// that begins at `segment_start`. A later reader of the same segments may start there instead
+/// of reading the segment from its beginning; the frame there is checked like any other (its
+/// CRC and its LSN), so a point that is no longer true shows up as damage, never as a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadPoint {
+    pub segment_start: Lsn,
+    pub offset: u64,
+    pub lsn: Lsn,
+}
+
 /// An ordered reader of raw record payloads. See the module documentation.
 pub struct RawReader {
     storage: Arc<dyn Storage>,
@@ -30,6 +41,8 @@ pub struct RawReader {
     next_segment: usize,
     expected: Lsn,
     done: bool,
+    /// Where to begin in the first segment opened, if not at its first frame (a [`ReadPoint`]).
+    start_offset: Option<u64>,
 }
 
 struct Position {
@@ -93,7 +106,43 @@ impl RawReader {
             next_segment: first,
             expected,
             done: false,
+            start_offset: None,
         }
+    }
+
+    /// As [`RawReader::new`], starting at `point` when it lies in the segment the reader would
+    /// start in, at or before `from` (records between it and `from` are read, not returned).
+    pub(crate) fn new_at(
+        storage: Arc<dyn Storage>,
+        segments: Vec<SegmentFile>,
+        from: Lsn,
+        end: Lsn,
+        max_payload: u32,
+        skip_damage: bool,
+        point: ReadPoint,
+    ) -> RawReader {
+        let mut reader = RawReader::new(storage, segments, from, end, max_payload, skip_damage);
+        let usable = reader
+            .segments
+            .get(reader.next_segment)
+            .is_some_and(|s| s.start == point.segment_start && s.start <= point.lsn)
+            && point.lsn <= from
+            && point.offset >= HEADER_BYTES as u64;
+        if usable {
+            reader.expected = point.lsn;
+            reader.start_offset = Some(point.offset);
+        }
+        reader
+    }
+
+    /// Where the next record would be read, while the reader is inside a segment.
+    pub fn read_point(&self) -> Option<ReadPoint> {
+        let position = self.position.as_ref()?;
+        Some(ReadPoint {
+            segment_start: self.segments[position.segment].start,
+            offset: position.file_offset(),
+            lsn: self.expected,
+        })
     }
 
     /// The LSN the next record should have.
@@ -236,7 +285,8 @@ impl RawReader {
         let Some(segment) = self.segments.get(self.next_segment) else {
             return Ok(false);
         };
-        if segment.start != self.expected {
+        let start_offset = self.start_offset.take();
+        if segment.start != self.expected && start_offset.is_none() {
             let missing = format!(
                 "records {}..{} are missing before this segment",
                 self.expected, segment.start
@@ -269,10 +319,10 @@ impl RawReader {
             layout,
             file_len,
             buf: Vec::with_capacity(CHUNK_BYTES),
-            buf_offset: HEADER_BYTES as u64,
+            buf_offset: start_offset.unwrap_or(HEADER_BYTES as u64).min(file_len),
             pos: 0,
         };
-        if file_len > HEADER_BYTES as u64 {
+        if file_len > position.buf_offset {
             position
                 .refill(0)
                 .map_err(|e| Error::io("read", &segment.path, e))?;
@@ -357,5 +407,118 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(reader.next().is_none());
+    }
+
+    /// A one-segment log of records 1..=8, nothing damaged.
+    fn whole() -> (Arc<dyn Storage>, Vec<SegmentFile>) {
+        let header = SegmentHeader {
+            layout: Layout::V2,
+            codec: Codec::Postcard,
+            segment_seq: 0,
+            start_lsn: Lsn::FIRST,
+            capacity: 4096,
+            type_tag: TypeTag::new("t"),
+        };
+        let mut bytes = header.encode().to_vec();
+        for lsn in 1..=8u64 {
+            let sync_base = bytes.len() as u32;
+            frame::encode(
+                &mut bytes,
+                Lsn::new(lsn),
+                &vec![lsn as u8; lsn as usize * 3],
+                sync_base,
+            );
+        }
+        bytes.resize(4096, 0);
+        let storage = FaultStorage::new();
+        let dir = Path::new("/log");
+        storage.create_dir_all(dir).unwrap();
+        let path = dir.join(segment_file_name(Lsn::FIRST));
+        let file = storage.open(&path, OpenMode::CreateNew).unwrap();
+        file.write_all_at(&bytes, 0).unwrap();
+        let segments = vec![SegmentFile {
+            start: Lsn::FIRST,
+            path,
+        }];
+        (Arc::new(storage), segments)
+    }
+
+    #[test]
+    fn a_reader_started_at_a_read_point_returns_what_a_reader_from_the_start_returns() {
+        let (storage, segments) = whole();
+        let all: Vec<(Lsn, Vec<u8>)> = RawReader::new(
+            Arc::clone(&storage),
+            segments.clone(),
+            Lsn::FIRST,
+            Lsn::new(9),
+            1024,
+            false,
+        )
+        .map(Result::unwrap)
+        .collect();
+        for stop_after in 1..8usize {
+            let mut first = RawReader::new(
+                Arc::clone(&storage),
+                segments.clone(),
+                Lsn::FIRST,
+                Lsn::new(9),
+                1024,
+                false,
+            );
+            for _ in 0..stop_after {
+                first.next_record().unwrap().unwrap();
+            }
+            let point = first.read_point().unwrap();
+            assert_eq!(point.lsn, Lsn::new(stop_after as u64 + 1));
+            // From the point itself, and from a later LSN of the same segment.
+            for from in [point.lsn.get(), 8] {
+                let rest: Vec<(Lsn, Vec<u8>)> = RawReader::new_at(
+                    Arc::clone(&storage),
+                    segments.clone(),
+                    Lsn::new(from),
+                    Lsn::new(9),
+                    1024,
+                    false,
+                    point,
+                )
+                .map(Result::unwrap)
+                .collect();
+                assert_eq!(
+                    rest,
+                    all[from as usize - 1..],
+                    "stop after {stop_after}, from {from}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_point_that_no_longer_holds_is_damage_never_a_record() {
+        let (storage, segments) = whole();
+        let mut reader = RawReader::new(
+            Arc::clone(&storage),
+            segments.clone(),
+            Lsn::FIRST,
+            Lsn::new(9),
+            1024,
+            false,
+        );
+        reader.next_record().unwrap().unwrap();
+        let point = reader.read_point().unwrap();
+        // One byte off: inside a frame.
+        let wrong = ReadPoint {
+            offset: point.offset + 1,
+            ..point
+        };
+        let mut hinted = RawReader::new_at(
+            storage,
+            segments,
+            point.lsn,
+            Lsn::new(9),
+            1024,
+            false,
+            wrong,
+        );
+        assert!(matches!(hinted.next(), Some(Err(_))));
     }
 }

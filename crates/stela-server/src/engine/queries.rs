@@ -355,20 +355,47 @@ impl Engine {
                     let (_, durable) = self.pool.positions(log);
                     let before = records.len();
                     let mut full = false;
-                    for item in entry.segments.reader(Lsn::new(at), Lsn::new(durable + 1)) {
-                        let (lsn, payload) = item.map_err(|source| Error::Files {
-                            log: entry.name.clone(),
-                            source,
-                        })?;
+                    // A reader following the tail starts where the last one stopped; if that
+                    // point no longer holds (the frame there fails its checks), read again from
+                    // the segment's beginning, as without it.
+                    let (from_lsn, end_lsn) = (Lsn::new(at), Lsn::new(durable + 1));
+                    let mut reader = entry.segments.tail_reader(from_lsn, end_lsn);
+                    let mut hinted = true;
+                    // Where the reader stood before the record that did not fit, if one did not.
+                    let mut stop_point = None;
+                    loop {
+                        let point_before = reader.read_point();
+                        let Some(item) = reader.next_record() else {
+                            break;
+                        };
+                        let (lsn, payload) = match item {
+                            Ok((lsn, payload)) => (lsn, payload),
+                            Err(_) if hinted && records.len() == before => {
+                                entry.segments.remember_read_point(None);
+                                reader = entry.segments.reader(from_lsn, end_lsn);
+                                hinted = false;
+                                continue;
+                            }
+                            Err(source) => {
+                                return Err(Error::Files {
+                                    log: entry.name.clone(),
+                                    source,
+                                })
+                            }
+                        };
                         if records.len() >= max_records
                             || (!records.is_empty() && bytes + payload.len() > max_bytes)
                         {
                             full = true;
+                            stop_point = Some(point_before);
                             break;
                         }
                         bytes += payload.len();
-                        records.push((lsn.get(), Payload(payload)));
+                        records.push((lsn.get(), Payload(payload.to_vec())));
                     }
+                    entry
+                        .segments
+                        .remember_read_point(stop_point.unwrap_or_else(|| reader.read_point()));
                     if full {
                         break;
                     }
