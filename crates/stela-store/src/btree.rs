@@ -233,7 +233,11 @@ pub(crate) fn redo(id: PageId, page: &mut Page, lsn: Lsn, record: &LogRecord) ->
                 page.node = image.node.clone();
             }
         }
-        LogBody::Commit | LogBody::Aborted => return Ok(false),
+        LogBody::Commit
+        | LogBody::Aborted
+        | LogBody::PagesWritten { .. }
+        | LogBody::CheckpointBegin
+        | LogBody::CheckpointEnd { .. } => return Ok(false),
     }
     page.lsn = lsn;
     Ok(true)

@@ -57,6 +57,64 @@ pub enum LogBody {
     Commit,
     /// The transaction's rollback is complete: every write has its compensation in the log.
     Aborted,
+    /// These page images reached the page file and the file was synced afterwards: each image
+    /// holds every change of its page up to the LSN given. Logged only after the sync, so a
+    /// durable record of this kind is always true; log analysis (a decoupled checkpoint, and
+    /// restart) uses it to learn that a page became clean without asking the buffer pool.
+    PagesWritten { pages: Vec<(PageId, Lsn)> },
+    /// A checkpoint starts here. Its tables describe the state at this record (decoupled) or at
+    /// some moment between this record and its end (classical, fuzzy); either way, analysis
+    /// from this record on with the tables as its start gives the state at the end of the log.
+    CheckpointBegin,
+    /// A checkpoint is complete: the tables for the begin record at `begin`.
+    CheckpointEnd {
+        begin: Lsn,
+        kind: CheckpointKind,
+        tables: CheckpointTables,
+    },
+}
+
+/// How a checkpoint's tables were obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CheckpointKind {
+    /// Copied from the buffer pool, the transaction table and the lock table under their
+    /// latches.
+    Classical,
+    /// Computed by analysing the log from the previous checkpoint to the begin record.
+    Decoupled,
+}
+
+/// What restart needs to know about the state at a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointTables {
+    /// Pages whose stored image may lack changes, ascending by page id.
+    pub dirty_pages: Vec<DirtyPage>,
+    /// Transactions that had written and not ended, ascending by id.
+    pub active: Vec<ActiveTxn>,
+    /// Above every page id in use.
+    pub next_page: PageId,
+    /// The largest transaction id used so far.
+    pub max_txn: TxnId,
+}
+
+/// One entry of a dirty-page table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirtyPage {
+    pub page: PageId,
+    /// The oldest change the stored image may lack (redo starts there).
+    pub rec_lsn: Lsn,
+    /// The newest change of the page known (the page LSN in the pool).
+    pub page_lsn: Lsn,
+}
+
+/// One entry of a transaction table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveTxn {
+    pub txn: TxnId,
+    /// Its last record: where undo starts.
+    pub last_lsn: Lsn,
+    /// The keys it holds exclusively (what it wrote), ascending.
+    pub locks: Vec<Vec<u8>>,
 }
 
 /// One page of a [`LogBody::Structure`] record.
@@ -165,6 +223,24 @@ impl LogRecord {
                     return Err(RecordError::Invalid("an end of no transaction"));
                 }
             }
+            LogBody::PagesWritten { .. } | LogBody::CheckpointBegin => {
+                if !system || self.prev_txn_lsn != Lsn::ZERO {
+                    return Err(RecordError::Invalid("a system record inside a transaction"));
+                }
+            }
+            LogBody::CheckpointEnd { tables, .. } => {
+                if !system || self.prev_txn_lsn != Lsn::ZERO {
+                    return Err(RecordError::Invalid("a system record inside a transaction"));
+                }
+                if tables.active.iter().any(|t| t.txn == SYSTEM_TXN) {
+                    return Err(RecordError::Invalid("the system as an active transaction"));
+                }
+                for txn in &tables.active {
+                    if txn.locks.iter().any(|k| k.len() > MAX_KEY) {
+                        return Err(RecordError::Invalid("a lock on a key larger than MAX_KEY"));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -185,7 +261,11 @@ impl LogRecord {
             LogBody::Structure { pages } => {
                 pages.iter().map(|p| (p.page, p.prev_page_lsn)).collect()
             }
-            LogBody::Commit | LogBody::Aborted => Vec::new(),
+            LogBody::Commit
+            | LogBody::Aborted
+            | LogBody::PagesWritten { .. }
+            | LogBody::CheckpointBegin
+            | LogBody::CheckpointEnd { .. } => Vec::new(),
         }
     }
 }

@@ -5,6 +5,12 @@
 //!   `commit`, `abort`), and the order in which locks and the engine latch are taken.
 //! - [`lock`]: key locks for strict two-phase locking; deadlocks found on a waits-for graph.
 //! - [`btree`]: the B+tree over the buffer pool; splits as single logged structure changes.
+//! - [`checkpoint`]: classical and decoupled checkpoints, and the master record naming the
+//!   latest; [`analysis`]: the log analysis that restart and the decoupled checkpoint share.
+//! - [`cleaner`]: the classical page cleaner (over the pool) and the decoupled one (replaying
+//!   the log onto the stored images).
+//! - [`tail`]: the records appended since open, kept in memory for the decoupled services.
+//! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
 //! - [`recovery`]: ARIES restart (analysis, redo, undo with compensation records) and the
 //!   rollback a normal abort shares with it.
 //! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule.
@@ -43,22 +49,29 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Not yet here (issue 11): checkpoints (restart reads the whole log), page cleaning other than
-//! eviction, the log archive, instant restart, page merges (deletes leave empty leaves), range
+//! Not yet here (issue 11): log truncation (the log keeps growing; restart reads it from the
+//! latest checkpoint, and redo from the oldest change a stored image lacks), the log archive, instant restart, page merges (deletes leave empty leaves), range
 //! locks (a scan can see phantoms), the daemon's log behind [`LogDevice`].
 
+pub mod analysis;
 pub mod btree;
+pub mod checkpoint;
+pub mod cleaner;
 pub mod error;
 pub mod format;
 pub mod lock;
 pub mod log;
 pub mod page;
+pub mod pagefile;
 pub mod pool;
 pub mod recovery;
 pub mod store;
+pub mod tail;
 
+pub use checkpoint::CheckpointReport;
+pub use cleaner::{CleanReport, CleanerKind};
 pub use error::{Error, Result};
-pub use format::{LogBody, LogRecord, TxnId};
+pub use format::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TxnId};
 pub use log::LogDevice;
 pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
 pub use pool::PoolStats;

@@ -136,6 +136,20 @@ impl LockManager {
             .collect()
     }
 
+    /// A copy of the exclusive locks, by holder (the classical checkpoint's lock table).
+    pub fn exclusive_by_txn(&self) -> HashMap<TxnId, Vec<Vec<u8>>> {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_txn: HashMap<TxnId, Vec<Vec<u8>>> = HashMap::new();
+        for (key, lock) in &table.keys {
+            for (&holder, &mode) in &lock.holders {
+                if mode == LockMode::Exclusive {
+                    by_txn.entry(holder).or_default().push(key.clone());
+                }
+            }
+        }
+        by_txn
+    }
+
     /// Whether `txn` holds `key` in some mode.
     pub fn holds(&self, txn: TxnId, key: &[u8]) -> bool {
         let table = self.table.lock().unwrap_or_else(|p| p.into_inner());

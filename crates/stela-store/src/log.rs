@@ -41,7 +41,13 @@ impl LogDevice for stela_wal::Wal<LogRecord> {
     }
 
     fn durable_lsn(&self) -> Lsn {
-        stela_wal::Wal::durable_lsn(self)
+        // "Durable" is what `flush` promises: with `SyncMode::None` that is written to the OS,
+        // which the log counts as written, not as synced.
+        if self.log().options().sync == stela_wal::SyncMode::None {
+            self.log().written_lsn()
+        } else {
+            stela_wal::Wal::durable_lsn(self)
+        }
     }
 
     fn last_lsn(&self) -> Lsn {

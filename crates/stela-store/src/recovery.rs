@@ -12,14 +12,19 @@
 //!   `Aborted` record.
 //! - Restart writes no page: the pages it redid are dirty in the pool like any others.
 //!
-//! There are no checkpoints yet, so analysis reads the log from its first record and the
-//! dirty-page table it builds holds every page the log names (at its first record's LSN).
+//! Analysis starts at the latest complete checkpoint of either kind (the master record names
+//! it) with that checkpoint's tables; without one, at the first record with empty tables.
+//! Redo starts at the oldest `rec_lsn` of the dirty-page table analysis ends with. Undo reads a
+//! loser's records from the analysed part of the log when it has them, and follows the
+//! transaction's chain into the older log for the rest.
 
+use crate::analysis::Analysis;
 use crate::btree::{self, Engine};
+use crate::checkpoint::Master;
 use crate::error::{Error, Result};
-use crate::format::{LogBody, LogRecord, RecordError, TxnId, SYSTEM_TXN};
-use crate::page::PageId;
-use std::collections::{BTreeMap, HashMap};
+use crate::format::{LogBody, LogRecord, RecordError, TxnId};
+use crate::log::read_one;
+use std::collections::HashMap;
 use stela_format::Lsn;
 
 /// What a restart found and did.
@@ -35,6 +40,10 @@ pub struct RestartReport {
     pub compensations: u64,
     /// The largest transaction id in the log.
     pub max_txn: TxnId,
+    /// The begin record of the checkpoint analysis started from, if there was one.
+    pub checkpoint: Option<Lsn>,
+    /// Where redo started (`None`: no page was dirty).
+    pub redo_start: Option<Lsn>,
 }
 
 /// Rolls back `txn`, whose last record is `last_lsn`, finding its records with `lookup`.
@@ -86,9 +95,7 @@ pub(crate) fn rollback(
                 next = undo_next;
             }
             LogBody::Compensate { undo_next, .. } => next = undo_next,
-            LogBody::Structure { .. } | LogBody::Commit | LogBody::Aborted => {
-                return Err(broken("undo: the chain reaches a record undo cannot be on"))
-            }
+            _ => return Err(broken("undo: the chain reaches a record undo cannot be on")),
         }
     }
     engine.log.append(&LogRecord {
@@ -99,49 +106,66 @@ pub(crate) fn rollback(
 }
 
 /// Restarts from the log: analysis, redo, undo. `engine.next_page` must already cover the
-/// page file; analysis raises it above every page the log names.
-pub(crate) fn restart(engine: &mut Engine) -> Result<RestartReport> {
+/// page file; analysis raises it above every page the log names. Returns the report and the
+/// analysis tables as they were at the end of the log before undo (where a decoupled
+/// checkpoint continues from).
+pub(crate) fn restart(
+    engine: &mut Engine,
+    master: Option<Master>,
+) -> Result<(RestartReport, Analysis)> {
     let mut report = RestartReport::default();
     let log = std::sync::Arc::clone(&engine.log);
 
-    // Analysis: which transactions were running at the end of the log (and their records, for
-    // undo), which pages may lack changes (and from which LSN), which page ids are in use.
-    let mut active: BTreeMap<TxnId, Lsn> = BTreeMap::new();
+    // Analysis: from the checkpoint's tables (or none), every record from its begin on.
+    let (mut analysis, start) = match master {
+        Some(master) => match read_one(log.as_ref(), master.end)? {
+            LogRecord {
+                body: LogBody::CheckpointEnd { begin, tables, .. },
+                ..
+            } if begin == master.begin => {
+                report.checkpoint = Some(begin);
+                (Analysis::from_tables(&tables), begin)
+            }
+            _ => {
+                return Err(Error::BadLogRecord {
+                    lsn: master.end,
+                    source: RecordError::Invalid(
+                        "the master record names no end of checkpoint there",
+                    ),
+                })
+            }
+        },
+        None => (Analysis::default(), Lsn::FIRST),
+    };
+    // The records of transactions still running, for undo without rereading them.
     let mut undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>> = HashMap::new();
-    let mut dirty_pages: HashMap<PageId, Lsn> = HashMap::new();
-    for item in log.read_from(Lsn::FIRST)? {
+    for item in log.read_from(start)? {
         let (lsn, record) = item?;
         report.records_analyzed += 1;
-        for (page, _) in record.pages() {
-            dirty_pages.entry(page).or_insert(lsn);
-            engine.next_page = engine.next_page.max(page.saturating_add(1));
-        }
-        if record.txn == SYSTEM_TXN {
-            continue;
-        }
-        report.max_txn = report.max_txn.max(record.txn);
+        analysis.apply(lsn, &record);
         match record.body {
             LogBody::Commit | LogBody::Aborted => {
-                active.remove(&record.txn);
                 undo_records.remove(&record.txn);
             }
             LogBody::Write { .. } | LogBody::Compensate { .. } => {
-                active.insert(record.txn, lsn);
                 undo_records
                     .entry(record.txn)
                     .or_default()
                     .insert(lsn, record);
             }
-            LogBody::Structure { .. } => {}
+            _ => {}
         }
     }
+    engine.next_page = engine.next_page.max(analysis.next_page());
+    report.max_txn = analysis.max_txn();
 
     // Redo: from the oldest LSN a dirty page may lack, every change its page lacks.
-    if let Some(&redo_from) = dirty_pages.values().min() {
+    report.redo_start = analysis.redo_start();
+    if let Some(redo_from) = report.redo_start {
         for item in log.read_from(redo_from)? {
             let (lsn, record) = item?;
             for (page, _) in record.pages() {
-                if dirty_pages.get(&page).is_some_and(|&since| since <= lsn) {
+                if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
                     let applied = engine.pool.update(page, log.as_ref(), |image| {
                         btree::redo(page, image, lsn, &record)
                     })?;
@@ -154,13 +178,19 @@ pub(crate) fn restart(engine: &mut Engine) -> Result<RestartReport> {
     // Undo: roll back every loser, newest transaction first. Losers held exclusive locks on
     // the keys they wrote, so no two of them wrote the same key and the order among them does
     // not change the result.
-    for (&txn, &last_lsn) in active.iter().rev() {
+    let losers: Vec<(TxnId, Lsn)> = analysis.active().collect();
+    for &(txn, last_lsn) in losers.iter().rev() {
         let records = undo_records.remove(&txn).unwrap_or_default();
         rollback(
             engine,
             txn,
             last_lsn,
-            |lsn| records.get(&lsn).cloned(),
+            |lsn| {
+                records
+                    .get(&lsn)
+                    .cloned()
+                    .or_else(|| read_one(log.as_ref(), lsn).ok())
+            },
             &mut report.compensations,
         )?;
         report.losers.push(txn);
@@ -169,5 +199,5 @@ pub(crate) fn restart(engine: &mut Engine) -> Result<RestartReport> {
     if last > log.durable_lsn() {
         log.flush(last)?;
     }
-    Ok(report)
+    Ok((report, analysis))
 }

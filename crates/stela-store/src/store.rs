@@ -12,22 +12,35 @@
 //!   it, at the log's level (that is the store's commit durability), then releases the locks.
 //! - A log or page-file failure poisons the store: every later call fails with
 //!   [`Error::Poisoned`] until it is reopened, because memory may then be ahead of the log.
+//! - The transaction table (running transactions that wrote, with their last LSN) changes only
+//!   under the engine latch, together with the log record that changes it, so a classical
+//!   checkpoint copying it under the latch sees it agree with the pool and the lock table.
+//! - Persistence services (checkpoints, page cleaning) run on background threads when an
+//!   interval is set, and on request ([`Store::checkpoint`], [`Store::clean`]). Their kind is
+//!   chosen at open; the decoupled ones take no engine latch. Dropping the store stops them
+//!   (and is a crash); [`Store::close`] stops them, then writes every page and checkpoints.
 
 use crate::btree::Engine;
+use crate::checkpoint::{self, CheckpointReport, Decoupled, Master};
+use crate::cleaner::{self, CleanReport, CleanerKind};
 use crate::error::{Error, Result};
-use crate::format::{LogBody, LogRecord, TxnId};
+use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, TxnId};
 use crate::lock::{LockManager, LockMode};
 use crate::log::LogDevice;
-use crate::page::{MAX_KEY, MAX_VALUE, PAGE_SIZE};
+use crate::page::{MAX_KEY, MAX_VALUE};
+use crate::pagefile::PageFile;
 use crate::pool::{BufferPool, PoolStats};
 use crate::recovery::{self, RestartReport};
-use std::collections::{BTreeSet, HashMap};
+use crate::tail::{Consumer, LogTail};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 use stela_format::Lsn;
-use stela_wal::{Wal, WalOptions};
+use stela_wal::{SyncMode, Wal, WalOptions};
 
 /// How a store is opened.
 #[derive(Clone, Debug)]
@@ -36,6 +49,18 @@ pub struct StoreOptions {
     pub pool_pages: usize,
     /// The embedded log's options, used by [`Store::open`]: its `sync` is the commit durability.
     pub wal: WalOptions,
+    /// How checkpoints get their tables.
+    pub checkpoints: CheckpointKind,
+    /// Which page cleaner runs.
+    pub cleaner: CleanerKind,
+    /// Take a checkpoint this often on a background thread (`None`: only on request).
+    pub checkpoint_interval: Option<Duration>,
+    /// Run a cleaning round this often on a background thread (`None`: only on request).
+    pub clean_interval: Option<Duration>,
+    /// fdatasync the page file before reporting page writes to the log. Needed for the store
+    /// to survive the machine's crash; `Store::open` turns it off when the log is not synced
+    /// either (`SyncMode::None`), whose commits survive only the process.
+    pub sync_pages: bool,
 }
 
 impl Default for StoreOptions {
@@ -43,6 +68,11 @@ impl Default for StoreOptions {
         StoreOptions {
             pool_pages: 1024,
             wal: WalOptions::default().type_tag("stela-store"),
+            checkpoints: CheckpointKind::Decoupled,
+            cleaner: CleanerKind::Decoupled,
+            checkpoint_interval: None,
+            clean_interval: None,
+            sync_pages: true,
         }
     }
 }
@@ -57,6 +87,57 @@ impl StoreOptions {
         self.wal = wal;
         self
     }
+
+    pub fn checkpoints(mut self, kind: CheckpointKind) -> Self {
+        self.checkpoints = kind;
+        self
+    }
+
+    pub fn cleaner(mut self, kind: CleanerKind) -> Self {
+        self.cleaner = kind;
+        self
+    }
+
+    pub fn checkpoint_interval(mut self, interval: Option<Duration>) -> Self {
+        self.checkpoint_interval = interval;
+        self
+    }
+
+    pub fn clean_interval(mut self, interval: Option<Duration>) -> Self {
+        self.clean_interval = interval;
+        self
+    }
+
+    pub fn sync_pages(mut self, sync: bool) -> Self {
+        self.sync_pages = sync;
+        self
+    }
+}
+
+/// Most records the in-memory log tail holds for the decoupled services (about 200 bytes
+/// each); past it they read the log files.
+const TAIL_CAP: usize = 1 << 21;
+
+/// What the store's threads share.
+struct Shared {
+    engine: Mutex<Engine>,
+    locks: LockManager,
+    /// Running transactions that have written, with their last LSN. See the module
+    /// documentation for when it changes.
+    txns: Mutex<BTreeMap<TxnId, Lsn>>,
+    next_txn: AtomicU64,
+    poisoned: AtomicBool,
+    /// The log, through the in-memory tail the decoupled services read.
+    log: Arc<LogTail>,
+    file: Arc<PageFile>,
+    /// The decoupled cleaner's clean LSN (stays zero with the classical cleaner).
+    clean_lsn: Arc<AtomicU64>,
+    dir: PathBuf,
+    options: StoreOptions,
+    /// Serialises checkpoints; the decoupled checkpoint's tables between them.
+    checkpointer: Mutex<Decoupled>,
+    /// Serialises cleaning rounds.
+    cleaning: Mutex<()>,
 }
 
 /// A transactional key-value store. See the crate documentation.
@@ -64,11 +145,11 @@ impl StoreOptions {
 /// Dropping a store without [`Store::close`] is a crash: the dirty pages in the pool are lost
 /// and the next open recovers from the log.
 pub struct Store {
-    engine: Mutex<Engine>,
-    locks: LockManager,
-    next_txn: AtomicU64,
-    poisoned: AtomicBool,
+    shared: Arc<Shared>,
     restart: RestartReport,
+    /// Set to stop the background services; they wait on the condition variable.
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    services: Vec<JoinHandle<()>>,
 }
 
 impl Store {
@@ -82,6 +163,11 @@ impl Store {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir)?;
         let wal: Wal<LogRecord> = Wal::open(dir.join("log"), options.wal.clone())?;
+        let options = if options.wal.sync == SyncMode::None {
+            options.sync_pages(false)
+        } else {
+            options
+        };
         Store::open_with_log(dir, Arc::new(wal), options)
     }
 
@@ -102,20 +188,77 @@ impl Store {
             .create(true)
             .truncate(false)
             .open(dir.join("pages"))?;
-        let pages_in_file = file.metadata()?.len().div_ceil(PAGE_SIZE as u64);
+        let file = Arc::new(PageFile::new(file, options.sync_pages));
+        let mut consumers = Vec::new();
+        if options.checkpoints == CheckpointKind::Decoupled {
+            consumers.push(Consumer::Checkpoint);
+        }
+        if options.cleaner == CleanerKind::Decoupled {
+            consumers.push(Consumer::Cleaner);
+        }
+        let log = Arc::new(LogTail::new(log, &consumers, TAIL_CAP));
+        let clean_lsn = Arc::new(AtomicU64::new(0));
         let mut engine = Engine {
-            pool: BufferPool::new(file, options.pool_pages),
-            log: Arc::clone(&log),
-            next_page: pages_in_file.max(1),
+            pool: BufferPool::new(
+                Arc::clone(&file),
+                options.pool_pages,
+                Arc::clone(&clean_lsn),
+            ),
+            log: Arc::clone(&log) as Arc<dyn LogDevice>,
+            next_page: file.pages()?.max(1),
         };
-        let restart = recovery::restart(&mut engine)?;
+        let master = Master::read(dir)?;
+        let (restart, analysis) = recovery::restart(&mut engine, master)?;
         tracing::debug!(?restart, "store restarted");
-        Ok(Store {
+        if options.cleaner == CleanerKind::Decoupled {
+            // Every change below redo's start is in the stored images (analysis found no page
+            // that lacks one); without anything to redo, every change analysed is.
+            let clean = restart
+                .redo_start
+                .map_or(analysis.applied_to, |lsn| Lsn::new(lsn.get() - 1));
+            clean_lsn.store(clean.get(), Ordering::Release);
+            log.release(Consumer::Cleaner, clean.next());
+        }
+        log.release(Consumer::Checkpoint, analysis.applied_to.next());
+        let shared = Arc::new(Shared {
             next_txn: AtomicU64::new(restart.max_txn + 1),
             engine: Mutex::new(engine),
             locks: LockManager::default(),
+            txns: Mutex::new(BTreeMap::new()),
             poisoned: AtomicBool::new(false),
+            log,
+            file,
+            clean_lsn,
+            dir: dir.to_path_buf(),
+            options: options.clone(),
+            checkpointer: Mutex::new(Decoupled { analysis }),
+            cleaning: Mutex::new(()),
+        });
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let mut services = Vec::new();
+        if let Some(interval) = options.checkpoint_interval {
+            services.push(spawn_service(
+                "stela-store-checkpoint",
+                &shared,
+                &stop,
+                interval,
+                |s| s.checkpoint().map(|_| ()),
+            )?);
+        }
+        if let Some(interval) = options.clean_interval {
+            services.push(spawn_service(
+                "stela-store-cleaner",
+                &shared,
+                &stop,
+                interval,
+                |s| s.clean().map(|_| ()),
+            )?);
+        }
+        Ok(Store {
+            shared,
             restart,
+            stop,
+            services,
         })
     }
 
@@ -123,7 +266,7 @@ impl Store {
     pub fn begin(&self) -> Transaction<'_> {
         Transaction {
             store: self,
-            id: self.next_txn.fetch_add(1, Ordering::Relaxed),
+            id: self.shared.next_txn.fetch_add(1, Ordering::Relaxed),
             last_lsn: Lsn::ZERO,
             writes: HashMap::new(),
             finished: false,
@@ -137,25 +280,108 @@ impl Store {
 
     /// The buffer pool's I/O counters.
     pub fn pool_stats(&self) -> PoolStats {
-        self.engine().map(|e| e.pool.stats()).unwrap_or_default()
+        self.shared
+            .engine()
+            .map(|e| e.pool.stats())
+            .unwrap_or_default()
     }
 
-    /// Writes every dirty page and syncs the page file: the next open then has nothing to redo
-    /// (it still reads the log, which has no checkpoints yet). Running transactions must have
-    /// ended.
+    /// Takes a checkpoint of the kind chosen at open.
+    ///
+    /// # Errors
+    /// Log and page-file errors (the store is then poisoned); [`Error::Poisoned`].
+    pub fn checkpoint(&self) -> Result<CheckpointReport> {
+        self.shared.checkpoint()
+    }
+
+    /// Takes a checkpoint of the given kind, whatever was chosen at open (tests compare them).
+    ///
+    /// # Errors
+    /// As [`Store::checkpoint`].
+    pub fn checkpoint_of(&self, kind: CheckpointKind) -> Result<CheckpointReport> {
+        self.shared.checkpoint_of(kind)
+    }
+
+    /// Runs one round of the page cleaner chosen at open.
+    ///
+    /// # Errors
+    /// As [`Store::checkpoint`], and [`Error::Corrupt`] for a stored page the decoupled cleaner
+    /// cannot read.
+    pub fn clean(&self) -> Result<CleanReport> {
+        self.shared.clean()
+    }
+
+    /// Writes every dirty page, syncs the page file and takes a checkpoint: the next open
+    /// then has nothing to redo and analyses only the checkpoint. Running transactions must
+    /// have ended.
     ///
     /// # Errors
     /// I/O and log errors; [`Error::Poisoned`].
-    pub fn close(self) -> Result<()> {
-        let mut engine = self.engine()?;
-        let log = Arc::clone(&engine.log);
-        let last = log.last_lsn();
-        if last > log.durable_lsn() {
-            log.flush(last)?;
+    pub fn close(mut self) -> Result<()> {
+        self.stop_services();
+        let shared = &self.shared;
+        {
+            let mut engine = shared.engine()?;
+            let log = Arc::clone(&engine.log);
+            let last = log.last_lsn();
+            if last > log.durable_lsn() {
+                log.flush(last)?;
+            }
+            shared.check(engine.pool.flush_all(log.as_ref()))?;
         }
-        engine.pool.flush_all(log.as_ref())
+        shared.checkpoint().map(|_| ())
     }
 
+    fn stop_services(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        wake.notify_all();
+        for service in self.services.drain(..) {
+            let _ = service.join();
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.stop_services();
+    }
+}
+
+/// Runs `work` every `interval` on a thread of its own until the store stops. Errors are
+/// logged (and have poisoned the store where they must), not fatal to the thread.
+fn spawn_service(
+    name: &str,
+    shared: &Arc<Shared>,
+    stop: &Arc<(Mutex<bool>, Condvar)>,
+    interval: Duration,
+    work: fn(&Shared) -> Result<()>,
+) -> Result<JoinHandle<()>> {
+    let (shared, stop) = (Arc::clone(shared), Arc::clone(stop));
+    let name_for_log = name.to_owned();
+    Ok(std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || loop {
+            {
+                let (stopped, wake) = &*stop;
+                let guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
+                let (guard, _) = wake
+                    .wait_timeout_while(guard, interval, |stopped| !*stopped)
+                    .unwrap_or_else(|p| p.into_inner());
+                if *guard {
+                    return;
+                }
+            }
+            if let Err(error) = work(&shared) {
+                if matches!(error, Error::Poisoned) {
+                    return;
+                }
+                tracing::warn!(service = %name_for_log, %error, "persistence service failed");
+            }
+        })?)
+}
+
+impl Shared {
     fn engine(&self) -> Result<MutexGuard<'_, Engine>> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
@@ -169,6 +395,89 @@ impl Store {
             self.poisoned.store(true, Ordering::Release);
         }
         result
+    }
+
+    fn checkpoint(&self) -> Result<CheckpointReport> {
+        self.checkpoint_of(self.options.checkpoints)
+    }
+
+    fn checkpoint_of(&self, kind: CheckpointKind) -> Result<CheckpointReport> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        let mut decoupled = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let log: &dyn LogDevice = self.log.as_ref();
+        let result = (|| {
+            // Report the pool's eviction writes, so analysis sees those pages become clean.
+            self.file.log_writes(log)?;
+            let begin = checkpoint::begin(log)?;
+            let (tables, analysed) = match kind {
+                CheckpointKind::Classical => (self.copy_tables()?, 0),
+                CheckpointKind::Decoupled => {
+                    log.flush(begin)?;
+                    let tables = decoupled.tables_at(log, begin)?;
+                    self.log
+                        .release(Consumer::Checkpoint, decoupled.analysis.applied_to.next());
+                    tables
+                }
+            };
+            checkpoint::end(
+                log,
+                &self.dir,
+                self.options.sync_pages,
+                begin,
+                kind,
+                tables,
+                analysed,
+            )
+        })();
+        self.check(result)
+    }
+
+    /// The classical checkpoint's tables, copied under the engine latch (and, inside it, the
+    /// transaction table's and the lock table's).
+    fn copy_tables(&self) -> Result<CheckpointTables> {
+        let engine = self.engine()?;
+        // Every page the pool holds clean, or has evicted, must be clean on disk too.
+        self.file.sync()?;
+        let dirty_pages = engine.pool.dirty_pages();
+        let txns = self.txns.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locks = self.locks.exclusive_by_txn();
+        let active = txns
+            .iter()
+            .map(|(&txn, &last_lsn)| crate::format::ActiveTxn {
+                txn,
+                last_lsn,
+                locks: locks.remove(&txn).unwrap_or_default(),
+            })
+            .collect();
+        Ok(CheckpointTables {
+            dirty_pages,
+            active,
+            next_page: engine.next_page,
+            max_txn: self.next_txn.load(Ordering::Relaxed).saturating_sub(1),
+        })
+    }
+
+    fn clean(&self) -> Result<CleanReport> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        let _one_round = self.cleaning.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match self.options.cleaner {
+            CleanerKind::Classical => {
+                cleaner::classical_round(&self.engine, self.log.as_ref(), &self.file)
+            }
+            CleanerKind::Decoupled => {
+                let round =
+                    cleaner::decoupled_round(self.log.as_ref(), &self.file, &self.clean_lsn);
+                if let Ok(round) = &round {
+                    self.log.release(Consumer::Cleaner, round.clean_lsn.next());
+                }
+                round
+            }
+        };
+        self.check(result)
     }
 }
 
@@ -195,8 +504,8 @@ impl Transaction<'_> {
     /// [`Error::Deadlock`] (abort and retry), [`Error::KeyTooLarge`], page and log errors.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
-        self.store.locks.acquire(self.id, key, LockMode::Shared)?;
-        let store = self.store;
+        let store = &*self.store.shared;
+        store.locks.acquire(self.id, key, LockMode::Shared)?;
         store.check(store.engine()?.get(key))
     }
 
@@ -212,10 +521,8 @@ impl Transaction<'_> {
                 max: MAX_VALUE,
             });
         }
-        self.store
-            .locks
-            .acquire(self.id, key, LockMode::Exclusive)?;
-        let store = self.store;
+        let store = &*self.store.shared;
+        store.locks.acquire(self.id, key, LockMode::Exclusive)?;
         let mut engine = store.engine()?;
         let written = self.write(&mut engine, key, Some(value));
         store.check(written)
@@ -227,10 +534,8 @@ impl Transaction<'_> {
     /// As [`Transaction::get`].
     pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
         check_key(key)?;
-        self.store
-            .locks
-            .acquire(self.id, key, LockMode::Exclusive)?;
-        let store = self.store;
+        let store = &*self.store.shared;
+        store.locks.acquire(self.id, key, LockMode::Exclusive)?;
         let mut engine = store.engine()?;
         let deleted = match engine.get(key) {
             Ok(None) => Ok(false),
@@ -252,7 +557,7 @@ impl Transaction<'_> {
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let store = self.store;
+        let store = &*self.store.shared;
         loop {
             // Under the engine latch, every key whose state in the tree is uncommitted is
             // exclusively locked by its writer (writers lock before they change the tree and
@@ -288,7 +593,7 @@ impl Transaction<'_> {
     /// poisoned).
     pub fn commit(mut self) -> Result<()> {
         self.finished = true;
-        let store = self.store;
+        let store = &*self.store.shared;
         let result = if self.last_lsn == Lsn::ZERO {
             Ok(())
         } else {
@@ -299,6 +604,12 @@ impl Transaction<'_> {
                     prev_txn_lsn: self.last_lsn,
                     body: LogBody::Commit,
                 })?;
+                // With its end record: see the transaction table's rule.
+                store
+                    .txns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&self.id);
                 drop(engine);
                 // Outside the latch: concurrent committers share the log's syncs.
                 log.flush(lsn)
@@ -318,21 +629,30 @@ impl Transaction<'_> {
 
     fn rollback(&mut self) -> Result<()> {
         self.finished = true;
-        let store = self.store;
+        let store = &*self.store.shared;
         let result = if self.last_lsn == Lsn::ZERO {
             Ok(())
         } else {
             let writes = std::mem::take(&mut self.writes);
             store.engine().and_then(|mut engine| {
                 let mut compensations = 0;
-                recovery::rollback(
+                let ended = recovery::rollback(
                     &mut engine,
                     self.id,
                     self.last_lsn,
                     |lsn| writes.get(&lsn).cloned(),
                     &mut compensations,
-                )
-                .map(|_| ())
+                );
+                // On failure the entry stays, but the store is poisoned: no checkpoint copies it
+                // again, and restart finishes the rollback.
+                if ended.is_ok() {
+                    store
+                        .txns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&self.id);
+                }
+                ended.map(|_| ())
             })
         };
         store.locks.release_all(self.id);
@@ -354,6 +674,13 @@ impl Transaction<'_> {
         })?;
         self.last_lsn = lsn;
         self.writes.insert(lsn, record);
+        // Under the engine latch, with the record: see the transaction table's rule.
+        self.store
+            .shared
+            .txns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.id, lsn);
         Ok(())
     }
 }

@@ -14,7 +14,7 @@ use stela_wal::{SyncMode, Wal};
 /// run; no fdatasync (a dropped log still loses what was appended but not committed, which is
 /// the crash these tests make).
 pub fn options() -> StoreOptions {
-    let options = StoreOptions::default().pool_pages(8);
+    let options = StoreOptions::default().pool_pages(8).sync_pages(false);
     let wal = options.wal.clone().sync(SyncMode::None);
     options.wal(wal)
 }
@@ -51,7 +51,7 @@ impl LogDevice for StopAfter {
     }
 
     fn durable_lsn(&self) -> Lsn {
-        self.wal.durable_lsn()
+        LogDevice::durable_lsn(&self.wal)
     }
 
     fn last_lsn(&self) -> Lsn {
