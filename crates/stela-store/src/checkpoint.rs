@@ -21,6 +21,7 @@ use crate::analysis::Analysis;
 use crate::error::{Error, Result};
 use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, SYSTEM_TXN};
 use crate::log::LogDevice;
+use crate::tail::LogTail;
 use std::io::Write;
 use std::path::Path;
 use stela_format::Lsn;
@@ -40,29 +41,26 @@ pub struct Master {
 }
 
 impl Master {
-    /// The master record in `dir`, if a checkpoint was ever completed there.
+    /// The master record in `dir`, if a checkpoint was ever completed there and the record
+    /// survived. It is written without a sync (see [`Master::write`]), so after a machine crash
+    /// it may be missing or empty: then there is no checkpoint to start from, and restart
+    /// analyses the whole log, which is slower and just as correct.
     ///
     /// # Errors
-    /// I/O errors, and an `InvalidData` I/O error for a record that fails its checksum (it is
-    /// replaced by rename, so a torn one means damage, not a crash).
+    /// I/O errors reading it.
     pub fn read(dir: &Path) -> Result<Option<Master>> {
-        let bytes = match std::fs::read(dir.join(MASTER_FILE)) {
+        let path = dir.join(MASTER_FILE);
+        let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let damaged = || {
-            Error::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{}: damaged master record", dir.join(MASTER_FILE).display()),
-            ))
-        };
-        if bytes.len() != MASTER_LEN {
-            return Err(damaged());
-        }
-        let crc = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
-        if crc != crc32c::crc32c(&bytes[..16]) {
-            return Err(damaged());
+        let intact = bytes.len() == MASTER_LEN
+            && u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"))
+                == crc32c::crc32c(&bytes[..16]);
+        if !intact {
+            tracing::warn!(path = %path.display(), "damaged master record: analysing the whole log");
+            return Ok(None);
         }
         let at = |i: usize| Lsn::new(u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8")));
         Ok(Some(Master {
@@ -71,23 +69,20 @@ impl Master {
         }))
     }
 
-    /// Replaces the master record in `dir` atomically (write a new file, rename it over).
-    fn write(&self, dir: &Path, sync: bool) -> Result<()> {
+    /// Replaces the master record in `dir` atomically (write a new file, rename it over). No
+    /// sync: any master record that survives names a complete checkpoint (its end record was
+    /// durable before the record was written), an older one as well as the newest, and the log
+    /// is never truncated behind a checkpoint yet, so losing the newest costs restart time only.
+    /// (Truncation, when it comes, must sync the master record first.)
+    fn write(&self, dir: &Path) -> Result<()> {
         let mut bytes = [0u8; MASTER_LEN];
         bytes[..8].copy_from_slice(&self.begin.get().to_le_bytes());
         bytes[8..16].copy_from_slice(&self.end.get().to_le_bytes());
         let crc = crc32c::crc32c(&bytes[..16]);
         bytes[16..].copy_from_slice(&crc.to_le_bytes());
         let temporary = dir.join("checkpoint.new");
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(&bytes)?;
-        if sync {
-            file.sync_data()?;
-        }
+        std::fs::File::create(&temporary)?.write_all(&bytes)?;
         std::fs::rename(&temporary, dir.join(MASTER_FILE))?;
-        if sync {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
         Ok(())
     }
 }
@@ -117,7 +112,6 @@ pub(crate) fn begin(log: &dyn LogDevice) -> Result<Lsn> {
 pub(crate) fn end(
     log: &dyn LogDevice,
     dir: &Path,
-    sync: bool,
     begin: Lsn,
     kind: CheckpointKind,
     tables: CheckpointTables,
@@ -133,7 +127,7 @@ pub(crate) fn end(
         },
     })?;
     log.flush(end)?;
-    Master { begin, end }.write(dir, sync)?;
+    Master { begin, end }.write(dir)?;
     Ok(CheckpointReport {
         kind,
         begin,
@@ -153,18 +147,14 @@ pub(crate) struct Decoupled {
 impl Decoupled {
     /// The tables for the begin record at `begin`: analysis of the records after the last one
     /// analysed, up to and including `begin`. `begin` must be durable (it is read back).
-    pub fn tables_at(
-        &mut self,
-        log: &dyn LogDevice,
-        begin: Lsn,
-    ) -> Result<(CheckpointTables, u64)> {
+    pub fn tables_at(&mut self, log: &LogTail, begin: Lsn) -> Result<(CheckpointTables, u64)> {
         let from = Lsn::new(self.analysis.applied_to.get() + 1);
         let mut analysed = 0;
         if from <= begin {
             // Applied in place: if reading fails half way, the tables are still those of every
             // record up to `applied_to`, and the next checkpoint continues from there.
             let analysis = &mut self.analysis;
-            for item in log.read_from(from)? {
+            for item in log.records_from(from)? {
                 let (lsn, record) = item?;
                 if lsn > begin {
                     break;

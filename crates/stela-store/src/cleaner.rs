@@ -24,7 +24,8 @@ use crate::error::{Error, Result};
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
-use std::collections::BTreeMap;
+use crate::tail::LogTail;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use stela_format::Lsn;
@@ -81,12 +82,19 @@ pub(crate) fn classical_round(
     Ok(report)
 }
 
+/// Most page images the decoupled cleaner keeps between rounds (its own memory, not the pool).
+const CACHE_PAGES: usize = 8192;
+
 /// One round of the decoupled cleaner: replays the durable log after `clean_lsn` onto the
-/// stored images and publishes the new clean LSN.
+/// stored images and publishes the new clean LSN. `cache` holds images from earlier rounds,
+/// each with every change of its page up to the clean LSN, so a page changed again is not read
+/// back from the file (it may be older there, if the pool wrote a newer image meanwhile: the
+/// page file refuses writes that would go back in time, and the replay makes it current anyway).
 pub(crate) fn decoupled_round(
-    log: &dyn LogDevice,
+    log: &LogTail,
     file: &PageFile,
     clean_lsn: &AtomicU64,
+    cache: &mut HashMap<PageId, Page>,
 ) -> Result<CleanReport> {
     let from = Lsn::new(clean_lsn.load(Ordering::Acquire) + 1);
     let target = log.durable_lsn();
@@ -98,7 +106,7 @@ pub(crate) fn decoupled_round(
         return Ok(report);
     }
     let mut images: BTreeMap<PageId, (Page, bool)> = BTreeMap::new();
-    for item in log.read_from(from)? {
+    for item in log.records_from(from)? {
         let (lsn, record) = item?;
         if lsn > target {
             break;
@@ -108,10 +116,13 @@ pub(crate) fn decoupled_round(
             let (image, changed) = match images.entry(id) {
                 std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
                 std::collections::btree_map::Entry::Vacant(entry) => {
-                    let stored = file
-                        .read(id)?
-                        .map_err(|source| Error::Corrupt { page: id, source })?;
-                    entry.insert((stored, false))
+                    let image = match cache.remove(&id) {
+                        Some(image) => image,
+                        None => file
+                            .read(id)?
+                            .map_err(|source| Error::Corrupt { page: id, source })?,
+                    };
+                    entry.insert((image, false))
                 }
             };
             *changed |= btree::redo(id, image, lsn, &record)?;
@@ -122,6 +133,10 @@ pub(crate) fn decoupled_round(
             report.written += u64::from(file.write(*id, image)?);
         }
     }
+    if cache.len() + images.len() > CACHE_PAGES {
+        cache.clear();
+    }
+    cache.extend(images.into_iter().map(|(id, (image, _))| (id, image)));
     // Synced before the clean LSN is published: the pool may drop a dirty page as soon as it
     // sees the new LSN. `log_writes` syncs when it has writes to report; when another thread
     // took ours to report, it may not have synced yet, so sync here.

@@ -365,7 +365,12 @@ impl Leaf {
 
     /// The encoded size of this leaf after `set(key, value)`, without doing it.
     pub fn len_after_set(&self, key: &[u8], value: Option<&[u8]>) -> usize {
-        let now = Node::Leaf(self.clone()).encoded_len();
+        let now = HEADER_SIZE
+            + self
+                .entries
+                .iter()
+                .map(|(k, v)| leaf_entry_len(k, v))
+                .sum::<usize>();
         let old = self.get(key).map_or(0, |old| leaf_entry_len(key, old));
         let new = value.map_or(0, |value| leaf_entry_len(key, value));
         now - old + new

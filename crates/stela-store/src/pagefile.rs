@@ -36,6 +36,9 @@ pub struct PageFile {
     written: Mutex<HashMap<PageId, Lsn>>,
     /// Writes made and not yet reported in a `PagesWritten` record, in the order made.
     unreported: Mutex<Vec<(PageId, Lsn)>>,
+    /// Writes made so far, and how many of them the last completed sync covers.
+    write_seq: AtomicU64,
+    synced_seq: AtomicU64,
     pub(crate) reads: AtomicU64,
     pub(crate) writes: AtomicU64,
     pub(crate) syncs: AtomicU64,
@@ -48,6 +51,8 @@ impl PageFile {
             sync,
             written: Mutex::new(HashMap::new()),
             unreported: Mutex::new(Vec::new()),
+            write_seq: AtomicU64::new(0),
+            synced_seq: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -95,6 +100,7 @@ impl PageFile {
         }
         self.file.write_all_at(&image[..], id * PAGE_SIZE as u64)?;
         written.insert(id, page.lsn);
+        self.write_seq.fetch_add(1, Ordering::AcqRel);
         drop(written);
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.unreported
@@ -106,9 +112,19 @@ impl PageFile {
 
     /// Makes every write made so far durable (when syncing is on).
     pub fn sync(&self) -> Result<()> {
+        let covers = self.write_seq.load(Ordering::Acquire);
         if self.sync {
             self.file.sync_data()?;
             self.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        self.synced_seq.fetch_max(covers, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Syncs only if some write made so far is not covered by a completed sync.
+    pub fn sync_if_unsynced(&self) -> Result<()> {
+        if self.synced_seq.load(Ordering::Acquire) < self.write_seq.load(Ordering::Acquire) {
+            self.sync()?;
         }
         Ok(())
     }

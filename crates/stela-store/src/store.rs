@@ -136,8 +136,8 @@ struct Shared {
     options: StoreOptions,
     /// Serialises checkpoints; the decoupled checkpoint's tables between them.
     checkpointer: Mutex<Decoupled>,
-    /// Serialises cleaning rounds.
-    cleaning: Mutex<()>,
+    /// Serialises cleaning rounds; the decoupled cleaner's images between rounds.
+    cleaning: Mutex<HashMap<crate::page::PageId, crate::page::Page>>,
 }
 
 /// A transactional key-value store. See the crate documentation.
@@ -232,7 +232,7 @@ impl Store {
             dir: dir.to_path_buf(),
             options: options.clone(),
             checkpointer: Mutex::new(Decoupled { analysis }),
-            cleaning: Mutex::new(()),
+            cleaning: Mutex::new(HashMap::new()),
         });
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let mut services = Vec::new();
@@ -415,21 +415,13 @@ impl Shared {
                 CheckpointKind::Classical => (self.copy_tables()?, 0),
                 CheckpointKind::Decoupled => {
                     log.flush(begin)?;
-                    let tables = decoupled.tables_at(log, begin)?;
+                    let tables = decoupled.tables_at(&self.log, begin)?;
                     self.log
                         .release(Consumer::Checkpoint, decoupled.analysis.applied_to.next());
                     tables
                 }
             };
-            checkpoint::end(
-                log,
-                &self.dir,
-                self.options.sync_pages,
-                begin,
-                kind,
-                tables,
-                analysed,
-            )
+            checkpoint::end(log, &self.dir, begin, kind, tables, analysed)
         })();
         self.check(result)
     }
@@ -437,9 +429,11 @@ impl Shared {
     /// The classical checkpoint's tables, copied under the engine latch (and, inside it, the
     /// transaction table's and the lock table's).
     fn copy_tables(&self) -> Result<CheckpointTables> {
+        // Every page the pool holds clean, or has evicted, must be clean on disk too. The sync
+        // before the begin record (reporting the pool's eviction writes) usually covers every
+        // write; only a write made since is synced under the latch.
         let engine = self.engine()?;
-        // Every page the pool holds clean, or has evicted, must be clean on disk too.
-        self.file.sync()?;
+        self.file.sync_if_unsynced()?;
         let dirty_pages = engine.pool.dirty_pages();
         let txns = self.txns.lock().unwrap_or_else(|p| p.into_inner());
         let mut locks = self.locks.exclusive_by_txn();
@@ -463,14 +457,14 @@ impl Shared {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
-        let _one_round = self.cleaning.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cleaning.lock().unwrap_or_else(|p| p.into_inner());
         let result = match self.options.cleaner {
             CleanerKind::Classical => {
                 cleaner::classical_round(&self.engine, self.log.as_ref(), &self.file)
             }
             CleanerKind::Decoupled => {
                 let round =
-                    cleaner::decoupled_round(self.log.as_ref(), &self.file, &self.clean_lsn);
+                    cleaner::decoupled_round(&self.log, &self.file, &self.clean_lsn, &mut cache);
                 if let Ok(round) = &round {
                     self.log.release(Consumer::Cleaner, round.clean_lsn.next());
                 }

@@ -28,8 +28,11 @@ pub enum Consumer {
     Cleaner = 1,
 }
 
+/// Records with their LSNs, shared with readers without copying them.
+pub type SharedRecords<'a> = Box<dyn Iterator<Item = Result<(Lsn, Arc<LogRecord>)>> + 'a>;
+
 struct Copy {
-    records: VecDeque<(Lsn, LogRecord)>,
+    records: VecDeque<(Lsn, Arc<LogRecord>)>,
     /// The LSN of the first record held (or of the next to append, when none is).
     base: Lsn,
     /// Per consumer: `None` if not registered, else the first LSN it still needs.
@@ -96,7 +99,7 @@ impl LogDevice for LogTail {
         let mut copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
         let lsn = self.inner.append(record)?;
         if copy.needs.iter().any(Option::is_some) {
-            copy.records.push_back((lsn, record.clone()));
+            copy.records.push_back((lsn, Arc::new(record.clone())));
             if copy.records.len() > self.cap {
                 copy.records.pop_front();
                 copy.base = Lsn::new(copy.base.get() + 1);
@@ -120,13 +123,28 @@ impl LogDevice for LogTail {
     }
 
     fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>> {
+        Ok(Box::new(self.records_from(lsn)?.map(|item| {
+            let (lsn, record) = item?;
+            Ok((lsn, Arc::unwrap_or_clone(record)))
+        })))
+    }
+}
+
+impl LogTail {
+    /// Records from `lsn` on, as [`LogDevice::read_from`] gives them, but shared: from memory
+    /// when the tail holds `lsn` (the lock is held only to copy the pointers), else read from
+    /// the log.
+    pub fn records_from(&self, lsn: Lsn) -> Result<SharedRecords<'_>> {
         let copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
         if lsn < copy.base {
             drop(copy);
-            return self.inner.read_from(lsn);
+            let records = self.inner.read_from(lsn)?;
+            return Ok(Box::new(
+                records.map(|item| item.map(|(lsn, record)| (lsn, Arc::new(record)))),
+            ));
         }
-        let skip = (lsn.get() - copy.base.get()) as usize;
-        let records: Vec<(Lsn, LogRecord)> = copy.records.iter().skip(skip).cloned().collect();
+        let skip = ((lsn.get() - copy.base.get()) as usize).min(copy.records.len());
+        let records: Vec<(Lsn, Arc<LogRecord>)> = copy.records.range(skip..).cloned().collect();
         Ok(Box::new(records.into_iter().map(Ok)))
     }
 }

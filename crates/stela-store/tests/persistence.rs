@@ -16,7 +16,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use stela_store::{CheckpointKind, CleanerKind, Store, StoreOptions};
+use stela_store::{CheckpointKind, CleanerKind, LogBody, Store, StoreOptions};
 
 const KINDS: [(CheckpointKind, CleanerKind); 4] = [
     (CheckpointKind::Classical, CleanerKind::Classical),
@@ -333,4 +333,108 @@ fn the_classical_cleaner_leaves_the_pool_clean_and_the_checkpoint_empty() {
     .unwrap();
     assert_eq!(store.restart_report().redo_start, None);
     assert_eq!(common::contents(&store).len(), 300);
+}
+
+/// The services on their own threads, every millisecond, while two clients commit; the log
+/// stops at a record chosen so that the crash lands while they all run (in a cleaning round, a
+/// checkpoint, a commit). Each client owns its keys, so its committed state is known exactly:
+/// a commit that returned is in the log (the stopping log makes each record durable as it is
+/// appended), one that failed is not.
+#[test]
+fn a_crash_while_background_services_run_keeps_the_committed_state() {
+    let mut service_records = (0, 0);
+    for (checkpoints, cleaner) in KINDS {
+        for limit in [400u64, 900, 1500] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = common::StopAfter::open(dir.path(), limit);
+            let options = options(checkpoints, cleaner)
+                .pool_pages(12)
+                .checkpoint_interval(Some(std::time::Duration::from_millis(1)))
+                .clean_interval(Some(std::time::Duration::from_millis(1)));
+            let store = Store::open_with_log(dir.path(), log, options).unwrap();
+            let models: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = std::thread::scope(|scope| {
+                let clients: Vec<_> = (0..2usize)
+                    .map(|client| {
+                        let store = &store;
+                        scope.spawn(move || {
+                            let mut model = BTreeMap::new();
+                            for round in 0.. {
+                                let mut txn = store.begin();
+                                let writes: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
+                                    .map(|i| {
+                                        let k = client * 1000 + (round * 7 + i * 13) % 120;
+                                        (key(k), vec![(round % 251) as u8; 150 + k % 300])
+                                    })
+                                    .collect();
+                                let mut failed = false;
+                                for (k, v) in &writes {
+                                    if txn.put(k, v).is_err() {
+                                        failed = true;
+                                        break;
+                                    }
+                                }
+                                if failed {
+                                    common::crash(Some(txn));
+                                    return model;
+                                }
+                                if txn.commit().is_err() {
+                                    return model;
+                                }
+                                model.extend(writes);
+                            }
+                            model
+                        })
+                    })
+                    .collect();
+                clients.into_iter().map(|c| c.join().unwrap()).collect()
+            });
+            drop(store);
+            let store = Store::open(dir.path(), self::options(checkpoints, cleaner)).unwrap();
+            let mut expected: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            for model in models {
+                expected.extend(model);
+            }
+            assert_eq!(
+                common::contents(&store),
+                expected.into_iter().collect::<Vec<_>>(),
+                "{checkpoints:?} checkpoints, {cleaner:?} cleaner, log stopped at {limit}"
+            );
+            drop(store);
+            let wal: stela_wal::Wal<stela_store::LogRecord> =
+                stela_wal::Wal::open(dir.path().join("log"), common::options().wal).unwrap();
+            for item in wal.iter().unwrap() {
+                match item.unwrap().1.body {
+                    LogBody::CheckpointEnd { .. } => service_records.0 += 1,
+                    LogBody::PagesWritten { .. } => service_records.1 += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    // The services did run while the clients committed (so crashes could land inside them).
+    assert!(
+        service_records.0 > 12 && service_records.1 > 12,
+        "checkpoints, page-write records: {service_records:?}"
+    );
+}
+
+/// The master record is written without a sync; after a machine crash it may be empty. Restart
+/// must then analyse the whole log (no checkpoint), not fail or trust the bytes.
+#[test]
+fn a_damaged_master_record_means_restart_from_the_whole_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = || options(CheckpointKind::Decoupled, CleanerKind::Decoupled);
+    let store = Store::open(dir.path(), options()).unwrap();
+    let mut txn = store.begin();
+    for i in 0..30 {
+        txn.put(&key(i), &[9; 100]).unwrap();
+    }
+    txn.commit().unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    std::fs::write(dir.path().join("checkpoint"), b"\0\0\0").unwrap();
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert_eq!(store.restart_report().checkpoint, None);
+    assert!(store.restart_report().records_analyzed > 30);
+    assert_eq!(common::contents(&store).len(), 30);
 }
