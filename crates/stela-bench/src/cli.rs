@@ -9,6 +9,8 @@
 //!   ([`crate::power_bench`]).
 //! - `stela-bench replicated`: `buffered` against `replicated` across a veth link
 //!   ([`crate::repl_bench`]).
+//! - `stela-bench tpcb`: TPC-B on stela-store by checkpoint kind, cleaner and service interval
+//!   ([`crate::tpcb`]).
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
 //!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
@@ -60,6 +62,9 @@ pub enum Command {
     /// The client the `failover` benchmark runs in the client's namespace.
     #[command(hide = true)]
     FailoverClient(crate::failover::client::ClientArgs),
+    /// TPC-B on stela-store: classical against decoupled checkpoints and page cleaning, by
+    /// service interval (tps, latency, CPU).
+    Tpcb(crate::tpcb::TpcbArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -97,6 +102,7 @@ where
         Command::Netecho(args) => crate::repl_bench::net_echo(&args),
         Command::Failover(args) => crate::failover::run(&args, &mut out).map(drop),
         Command::FailoverClient(args) => crate::failover::client::run(&args),
+        Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
