@@ -146,7 +146,7 @@ pub(crate) struct Decoupled {
 
 impl Decoupled {
     /// The tables for the begin record at `begin`: analysis of the records after the last one
-    /// analysed, up to and including `begin`. `begin` must be durable (it is read back).
+    /// analysed, up to and including `begin` (appended; it need not be durable yet).
     pub fn tables_at(&mut self, log: &LogTail, begin: Lsn) -> Result<(CheckpointTables, u64)> {
         let from = Lsn::new(self.analysis.applied_to.get() + 1);
         let mut analysed = 0;

@@ -414,7 +414,9 @@ impl Shared {
             let (tables, analysed) = match kind {
                 CheckpointKind::Classical => (self.copy_tables()?, 0),
                 CheckpointKind::Decoupled => {
-                    log.flush(begin)?;
+                    // No flush of the begin record first: analysis reads it from the tail (or
+                    // the log hands it to the OS before reading), and the end record's flush
+                    // makes it durable with everything before it.
                     let tables = decoupled.tables_at(&self.log, begin)?;
                     self.log
                         .release(Consumer::Checkpoint, decoupled.analysis.applied_to.next());
