@@ -49,9 +49,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! Persistence services, chosen at open ([`StoreOptions`]): checkpoints classical (tables
+//! copied under the latches) or decoupled (computed from the log), page cleaning classical
+//! (writes the pool's dirty pages) or decoupled (replays the log onto the stored images, never
+//! touching the pool), each on its own thread at an interval or on request
+//! ([`Store::checkpoint`], [`Store::clean`]).
+//!
 //! Not yet here (issue 11): log truncation (the log keeps growing; restart reads it from the
-//! latest checkpoint, and redo from the oldest change a stored image lacks), the log archive, instant restart, page merges (deletes leave empty leaves), range
-//! locks (a scan can see phantoms), the daemon's log behind [`LogDevice`].
+//! latest checkpoint, and redo from the oldest change a stored image lacks), the log archive,
+//! single-page recovery, instant restart, page merges (deletes leave empty leaves), range locks
+//! (a scan can see phantoms), the daemon's log behind [`LogDevice`].
 
 pub mod analysis;
 pub mod btree;

@@ -189,11 +189,15 @@ impl Store {
             .truncate(false)
             .open(dir.join("pages"))?;
         let file = Arc::new(PageFile::new(file, options.sync_pages));
+        // The tail keeps records only for a decoupled service that runs on its own thread: a
+        // service called only on request may not be called for a long time, and would make the
+        // tail hold records up to its cap. On request, it reads the log files instead.
         let mut consumers = Vec::new();
-        if options.checkpoints == CheckpointKind::Decoupled {
+        if options.checkpoints == CheckpointKind::Decoupled && options.checkpoint_interval.is_some()
+        {
             consumers.push(Consumer::Checkpoint);
         }
-        if options.cleaner == CleanerKind::Decoupled {
+        if options.cleaner == CleanerKind::Decoupled && options.clean_interval.is_some() {
             consumers.push(Consumer::Cleaner);
         }
         let log = Arc::new(LogTail::new(log, &consumers, TAIL_CAP));

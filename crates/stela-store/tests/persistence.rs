@@ -25,8 +25,15 @@ const KINDS: [(CheckpointKind, CleanerKind); 4] = [
     (CheckpointKind::Decoupled, CleanerKind::Decoupled),
 ];
 
+/// Services on request only (the tests call them), but with intervals so long they never run
+/// on their own in a test: the store then keeps its in-memory log tail, as with running services.
 fn options(checkpoints: CheckpointKind, cleaner: CleanerKind) -> StoreOptions {
-    common::options().checkpoints(checkpoints).cleaner(cleaner)
+    let hour = Some(std::time::Duration::from_secs(3600));
+    common::options()
+        .checkpoints(checkpoints)
+        .cleaner(cleaner)
+        .checkpoint_interval(hour)
+        .clean_interval(hour)
 }
 
 fn key(i: usize) -> Vec<u8> {
