@@ -11,6 +11,8 @@
 //!   ([`crate::repl_bench`]).
 //! - `stela-bench pgbench`: PostgreSQL's pgbench on `stela mount` against the local disk
 //!   ([`crate::pg_bench`]).
+//! - `stela-bench tpcb`: TPC-B on stela-store by checkpoint kind, cleaner and service interval
+//!   ([`crate::tpcb`]).
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
 //!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
@@ -66,6 +68,9 @@ pub enum Command {
     /// against the same PostgreSQL on the local disk with synchronous_commit on and off
     /// (root; Debian's postgresql and fuse3).
     Pgbench(crate::pg_bench::PgBenchArgs),
+    /// TPC-B on stela-store: classical against decoupled checkpoints and page cleaning, by
+    /// service interval (tps, latency, CPU).
+    Tpcb(crate::tpcb::TpcbArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -104,6 +109,7 @@ where
         Command::Failover(args) => crate::failover::run(&args, &mut out).map(drop),
         Command::FailoverClient(args) => crate::failover::client::run(&args),
         Command::Pgbench(args) => crate::pg_bench::run(&args, &mut out).map(drop),
+        Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

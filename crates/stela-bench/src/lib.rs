@@ -16,6 +16,9 @@
 //!   across a veth link in a network namespace of its own.
 //! - [`failover`]: `stela-bench failover`, faults injected into a witness and a failover pair in
 //!   namespaces of their own, with a client committing throughout (RemusDB's Figures 5 to 7).
+//! - [`tpcb`]: `stela-bench tpcb`, TPC-B on stela-store with classical against decoupled
+//!   checkpoints and page cleaning at service intervals (the decoupled-persistence paper's
+//!   Figure 4).
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
 pub mod chart;
@@ -30,6 +33,7 @@ pub mod pg_bench;
 pub mod power_bench;
 pub mod record;
 pub mod repl_bench;
+pub mod tpcb;
 pub mod wal_bench;
 
 pub use record::{Data, Record};

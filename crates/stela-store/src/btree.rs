@@ -1,0 +1,296 @@
+//! The B+tree over the buffer pool, and the engine state every tree operation needs (pool, log,
+//! page allocation), held under the store's one engine latch.
+//!
+//! Invariants kept here:
+//! - Log first: every change to a page is appended to the log before it is applied, and the page
+//!   is stamped with that record's LSN; a record names the page's previous LSN (its chain). If
+//!   the append fails, no page has changed.
+//! - A split is one `Structure` record holding the new image of every page it touched, so after
+//!   a crash the tree is either split or not, never half.
+//! - The root is page 0 and never moves; a root split moves its entries into two new pages.
+//! - Keys under `children[i]` of an internal node are `>= keys[i-1]` and `< keys[i]`.
+//! - Deletes remove entries and never merge: an empty leaf stays in the tree and routes
+//!   correctly (space is not reclaimed; see the crate documentation).
+
+use crate::error::{Error, Result};
+use crate::format::{LogBody, LogRecord, PageImage, SYSTEM_TXN};
+use crate::log::LogDevice;
+use crate::page::{self, Internal, Node, Page, PageError, PageId, ROOT};
+use crate::pool::BufferPool;
+use std::ops::Bound;
+use std::sync::Arc;
+use stela_format::Lsn;
+
+/// Deeper than any tree of 8 KiB pages can be; a longer path means a cycle in corrupt pages.
+const MAX_DEPTH: usize = 48;
+
+pub(crate) struct Engine {
+    pub pool: BufferPool,
+    pub log: Arc<dyn LogDevice>,
+    /// The next page id a split allocates; above every page id in the file or the log.
+    pub next_page: PageId,
+}
+
+impl Engine {
+    /// The pages from the root to the leaf whose key range holds `key`.
+    fn path_to(&mut self, key: &[u8]) -> Result<Vec<PageId>> {
+        let mut path = vec![ROOT];
+        loop {
+            let id = *path.last().expect("the root is on every path");
+            let child = match &self.pool.page(id, self.log.as_ref())?.node {
+                Node::Leaf(_) => return Ok(path),
+                Node::Internal(internal) => internal.children[internal.child_index(key)],
+            };
+            if path.len() >= MAX_DEPTH {
+                return Err(Error::Corrupt {
+                    page: id,
+                    source: PageError::Malformed("the tree is deeper than possible (a cycle)"),
+                });
+            }
+            path.push(child);
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let leaf = *self.path_to(key)?.last().expect("a path ends at a leaf");
+        match &self.pool.page(leaf, self.log.as_ref())?.node {
+            Node::Leaf(leaf) => Ok(leaf.get(key).map(<[u8]>::to_vec)),
+            Node::Internal(_) => unreachable!("path_to ends at a leaf"),
+        }
+    }
+
+    /// Entries with keys in the range, in key order.
+    pub fn scan(&mut self, range: (Bound<&[u8]>, Bound<&[u8]>)) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        // Depth-first, children in key order; each stack entry is a page and its depth.
+        let mut stack = vec![(ROOT, 0usize)];
+        while let Some((id, depth)) = stack.pop() {
+            if depth >= MAX_DEPTH {
+                return Err(Error::Corrupt {
+                    page: id,
+                    source: PageError::Malformed("the tree is deeper than possible (a cycle)"),
+                });
+            }
+            match &self.pool.page(id, self.log.as_ref())?.node {
+                Node::Leaf(leaf) => out.extend(
+                    leaf.entries
+                        .iter()
+                        .filter(|(k, _)| range_contains(range, k))
+                        .cloned(),
+                ),
+                Node::Internal(internal) => {
+                    // Child i holds keys in [keys[i-1], keys[i]); visit those meeting the range,
+                    // pushed in reverse so the smallest is popped first.
+                    for i in (0..internal.children.len()).rev() {
+                        let low = i.checked_sub(1).map(|j| internal.keys[j].as_slice());
+                        let high = internal.keys.get(i).map(Vec::as_slice);
+                        if child_meets_range(low, high, range) {
+                            stack.push((internal.children[i], depth + 1));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets `key` to `value` (`None` removes it) on its leaf, logging the change with the record
+    /// `make_record` builds from the leaf's id, its page LSN and the value before. Splits first
+    /// if the leaf has no room. Returns the record and its LSN.
+    pub fn set(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        make_record: impl Fn(PageId, Lsn, Option<Vec<u8>>) -> LogRecord,
+    ) -> Result<(Lsn, LogRecord)> {
+        loop {
+            let path = self.path_to(key)?;
+            let leaf_id = *path.last().expect("a path ends at a leaf");
+            let page = self.pool.page(leaf_id, self.log.as_ref())?;
+            let Node::Leaf(leaf) = &page.node else {
+                unreachable!("path_to ends at a leaf")
+            };
+            if leaf.len_after_set(key, value) > page::PAGE_SIZE && leaf.entries.len() >= 2 {
+                self.split(&path)?;
+                continue;
+            }
+            let before = leaf.get(key).map(<[u8]>::to_vec);
+            let record = make_record(leaf_id, page.lsn, before);
+            let lsn = self.log.append(&record)?;
+            self.pool.modify(leaf_id, lsn, self.log.as_ref(), |page| {
+                if let Node::Leaf(leaf) = &mut page.node {
+                    leaf.set(key, value);
+                }
+            })?;
+            return Ok((lsn, record));
+        }
+    }
+
+    /// Splits the last page of `path` (a leaf with no room), and its ancestors as far up as the
+    /// separators do not fit, as one logged structure change.
+    fn split(&mut self, path: &[PageId]) -> Result<()> {
+        let log = Arc::clone(&self.log);
+        let mut nodes = Vec::with_capacity(path.len());
+        for &id in path {
+            let page = self.pool.page(id, log.as_ref())?;
+            nodes.push((page.lsn, page.node.clone()));
+        }
+        let mut images: Vec<(PageId, Node)> = Vec::new();
+        let mut level = path.len() - 1;
+        let mut overfull = nodes[level].1.clone();
+        loop {
+            let (left, separator, right) = page::split(overfull);
+            if level == 0 {
+                // The root keeps its page: its halves move to two new pages under it.
+                let (left_id, right_id) = (self.allocate(), self.allocate());
+                images.push((left_id, left));
+                images.push((right_id, right));
+                images.push((
+                    ROOT,
+                    Node::Internal(Internal {
+                        keys: vec![separator],
+                        children: vec![left_id, right_id],
+                    }),
+                ));
+                break;
+            }
+            let right_id = self.allocate();
+            images.push((path[level], left));
+            images.push((right_id, right));
+            let Node::Internal(mut parent) = nodes[level - 1].1.clone() else {
+                unreachable!("a path's inner pages are internal nodes")
+            };
+            let at = parent
+                .children
+                .iter()
+                .position(|&c| c == path[level])
+                .expect("a page on the path is a child of the page above it");
+            parent.keys.insert(at, separator);
+            parent.children.insert(at + 1, right_id);
+            level -= 1;
+            let parent = Node::Internal(parent);
+            if parent.fits() {
+                images.push((path[level], parent));
+                break;
+            }
+            overfull = parent;
+        }
+        let pages: Vec<PageImage> = images
+            .into_iter()
+            .map(|(page, node)| PageImage {
+                page,
+                prev_page_lsn: path
+                    .iter()
+                    .position(|&p| p == page)
+                    .map_or(Lsn::ZERO, |i| nodes[i].0),
+                node,
+            })
+            .collect();
+        let record = LogRecord {
+            txn: SYSTEM_TXN,
+            prev_txn_lsn: Lsn::ZERO,
+            body: LogBody::Structure { pages },
+        };
+        let lsn = log.append(&record)?;
+        let LogBody::Structure { pages } = record.body else {
+            unreachable!()
+        };
+        for image in pages {
+            self.pool.install(
+                image.page,
+                Page {
+                    lsn,
+                    node: image.node,
+                },
+                log.as_ref(),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn allocate(&mut self) -> PageId {
+        let id = self.next_page;
+        self.next_page += 1;
+        id
+    }
+}
+
+/// Redoes `record` (at `lsn`) on page `id`, whose current state is `page`, if the page does not
+/// have it yet (its LSN is below `lsn`). Returns whether it applied.
+///
+/// # Errors
+/// [`Error::Corrupt`] when the record cannot apply to that page (a write to an internal node).
+pub(crate) fn redo(id: PageId, page: &mut Page, lsn: Lsn, record: &LogRecord) -> Result<bool> {
+    if page.lsn >= lsn {
+        return Ok(false);
+    }
+    match &record.body {
+        LogBody::Write { key, after, .. } => set_on_leaf(id, page, key, after.as_deref())?,
+        LogBody::Compensate { key, value, .. } => set_on_leaf(id, page, key, value.as_deref())?,
+        LogBody::Structure { pages } => {
+            if let Some(image) = pages.iter().find(|image| image.page == id) {
+                page.node = image.node.clone();
+            }
+        }
+        LogBody::Commit
+        | LogBody::Aborted
+        | LogBody::PagesWritten { .. }
+        | LogBody::CheckpointBegin
+        | LogBody::CheckpointEnd { .. } => return Ok(false),
+    }
+    page.lsn = lsn;
+    Ok(true)
+}
+
+fn set_on_leaf(id: PageId, page: &mut Page, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    match &mut page.node {
+        Node::Leaf(leaf) => {
+            let after = leaf.len_after_set(key, value);
+            if after > page::PAGE_SIZE {
+                return Err(Error::Corrupt {
+                    page: id,
+                    source: PageError::TooLarge(after),
+                });
+            }
+            leaf.set(key, value);
+            Ok(())
+        }
+        Node::Internal(_) => Err(Error::Corrupt {
+            page: id,
+            source: PageError::Malformed("the log writes a key to it, but it is an internal node"),
+        }),
+    }
+}
+
+fn range_contains(range: (Bound<&[u8]>, Bound<&[u8]>), key: &[u8]) -> bool {
+    let above_start = match range.0 {
+        Bound::Included(start) => key >= start,
+        Bound::Excluded(start) => key > start,
+        Bound::Unbounded => true,
+    };
+    let below_end = match range.1 {
+        Bound::Included(end) => key <= end,
+        Bound::Excluded(end) => key < end,
+        Bound::Unbounded => true,
+    };
+    above_start && below_end
+}
+
+/// Whether the key interval `[low, high)` (open where `None`) meets `range`.
+fn child_meets_range(
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+    range: (Bound<&[u8]>, Bound<&[u8]>),
+) -> bool {
+    let starts_before_high = match (range.0, high) {
+        (_, None) | (Bound::Unbounded, _) => true,
+        (Bound::Included(start) | Bound::Excluded(start), Some(high)) => start < high,
+    };
+    let ends_after_low = match (range.1, low) {
+        (_, None) | (Bound::Unbounded, _) => true,
+        (Bound::Included(end), Some(low)) => end >= low,
+        (Bound::Excluded(end), Some(low)) => end > low,
+    };
+    starts_before_high && ends_after_low
+}

@@ -1,0 +1,176 @@
+//! Checkpoints: the records that bound how much log restart must analyse, and the master
+//! record that names the latest complete one.
+//!
+//! A checkpoint is a `CheckpointBegin` record, then a `CheckpointEnd` record carrying the
+//! dirty-page, transaction and lock tables for the begin record, then (once the end is durable)
+//! the master record `dir/checkpoint` rewritten to name both. Restart trusts only what the
+//! master record names, so a checkpoint cut short by a crash is simply not used. Two ways to
+//! get the tables, chosen at open:
+//! - classical: the store copies them from the buffer pool, the transaction table and the lock
+//!   table under the engine latch (`Store::checkpoint`), after syncing the page file so that
+//!   every page the pool holds clean is clean on disk too;
+//! - decoupled ([`Decoupled`]): log analysis from where the previous checkpoint's analysis
+//!   stopped to the new begin record, over tables kept in memory between checkpoints (the
+//!   previous checkpoint's, so the log before it is never read again). It takes no latch.
+//!
+//! This module owns the master record's bytes and the decoupled checkpoint's cached tables.
+//! Invariant: the master record names a begin and an end record that are both durable, and the
+//! end record's tables are correct for analysis starting at that begin record.
+
+use crate::analysis::Analysis;
+use crate::error::{Error, Result};
+use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, SYSTEM_TXN};
+use crate::log::LogDevice;
+use crate::tail::LogTail;
+use std::io::Write;
+use std::path::Path;
+use stela_format::Lsn;
+
+// The master record, `dir/checkpoint`, 20 bytes, little-endian:
+//   0   8   LSN of the checkpoint's begin record
+//   8   8   LSN of its end record
+//   16  4   CRC32C of bytes 0..16
+const MASTER_FILE: &str = "checkpoint";
+const MASTER_LEN: usize = 20;
+
+/// The latest complete checkpoint: where restart's analysis starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Master {
+    pub begin: Lsn,
+    pub end: Lsn,
+}
+
+impl Master {
+    /// The master record in `dir`, if a checkpoint was ever completed there and the record
+    /// survived. It is written without a sync (see [`Master::write`]), so after a machine crash
+    /// it may be missing or empty: then there is no checkpoint to start from, and restart
+    /// analyses the whole log, which is slower and just as correct.
+    ///
+    /// # Errors
+    /// I/O errors reading it.
+    pub fn read(dir: &Path) -> Result<Option<Master>> {
+        let path = dir.join(MASTER_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let intact = bytes.len() == MASTER_LEN
+            && u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"))
+                == crc32c::crc32c(&bytes[..16]);
+        if !intact {
+            tracing::warn!(path = %path.display(), "damaged master record: analysing the whole log");
+            return Ok(None);
+        }
+        let at = |i: usize| Lsn::new(u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8")));
+        Ok(Some(Master {
+            begin: at(0),
+            end: at(8),
+        }))
+    }
+
+    /// Replaces the master record in `dir` atomically (write a new file, rename it over). No
+    /// sync: any master record that survives names a complete checkpoint (its end record was
+    /// durable before the record was written), an older one as well as the newest, and the log
+    /// is never truncated behind a checkpoint yet, so losing the newest costs restart time only.
+    /// (Truncation, when it comes, must sync the master record first.)
+    fn write(&self, dir: &Path) -> Result<()> {
+        let mut bytes = [0u8; MASTER_LEN];
+        bytes[..8].copy_from_slice(&self.begin.get().to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.end.get().to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..16]);
+        bytes[16..].copy_from_slice(&crc.to_le_bytes());
+        let temporary = dir.join("checkpoint.new");
+        std::fs::File::create(&temporary)?.write_all(&bytes)?;
+        std::fs::rename(&temporary, dir.join(MASTER_FILE))?;
+        Ok(())
+    }
+}
+
+/// What one checkpoint recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointReport {
+    pub kind: CheckpointKind,
+    pub begin: Lsn,
+    pub end: Lsn,
+    pub tables: CheckpointTables,
+    /// Log records the decoupled checkpoint analysed (0 for a classical one).
+    pub records_analyzed: u64,
+}
+
+/// Appends a checkpoint's begin record.
+pub(crate) fn begin(log: &dyn LogDevice) -> Result<Lsn> {
+    log.append(&LogRecord {
+        txn: SYSTEM_TXN,
+        prev_txn_lsn: Lsn::ZERO,
+        body: LogBody::CheckpointBegin,
+    })
+}
+
+/// Appends the end record with `tables`, waits until it is durable, then points the master
+/// record at the checkpoint.
+pub(crate) fn end(
+    log: &dyn LogDevice,
+    dir: &Path,
+    begin: Lsn,
+    kind: CheckpointKind,
+    tables: CheckpointTables,
+    records_analyzed: u64,
+) -> Result<CheckpointReport> {
+    let end = log.append(&LogRecord {
+        txn: SYSTEM_TXN,
+        prev_txn_lsn: Lsn::ZERO,
+        body: LogBody::CheckpointEnd {
+            begin,
+            kind,
+            tables: tables.clone(),
+        },
+    })?;
+    log.flush(end)?;
+    Master { begin, end }.write(dir)?;
+    Ok(CheckpointReport {
+        kind,
+        begin,
+        end,
+        tables,
+        records_analyzed,
+    })
+}
+
+/// The decoupled checkpoint's state: analysis tables for every record up to
+/// `analysis.applied_to`, carried from one checkpoint to the next (and, at open, from
+/// restart's analysis).
+pub(crate) struct Decoupled {
+    pub analysis: Analysis,
+}
+
+impl Decoupled {
+    /// The tables for the begin record at `begin`: analysis of the records after the last one
+    /// analysed, up to and including `begin` (appended; it need not be durable yet).
+    pub fn tables_at(&mut self, log: &LogTail, begin: Lsn) -> Result<(CheckpointTables, u64)> {
+        let from = Lsn::new(self.analysis.applied_to.get() + 1);
+        let mut analysed = 0;
+        if from <= begin {
+            // Applied in place: if reading fails half way, the tables are still those of every
+            // record up to `applied_to`, and the next checkpoint continues from there.
+            let analysis = &mut self.analysis;
+            for item in log.records_from(from)? {
+                let (lsn, record) = item?;
+                if lsn > begin {
+                    break;
+                }
+                analysis.apply(lsn, &record);
+                analysed += 1;
+            }
+            if analysis.applied_to < begin {
+                return Err(Error::BadLogRecord {
+                    lsn: begin,
+                    source: crate::format::RecordError::Invalid(
+                        "the checkpoint's begin record could not be read back",
+                    ),
+                });
+            }
+        }
+        Ok((self.analysis.tables(), analysed))
+    }
+}

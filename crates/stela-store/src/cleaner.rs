@@ -1,0 +1,149 @@
+//! Page cleaning: bringing stored page images up to date so that restart has little to redo
+//! and eviction seldom has to write. Two cleaners, chosen at open:
+//!
+//! - classical ([`classical_round`]): scans the buffer pool under the engine latch for pages
+//!   that need writing and copies them, writes the copies outside the latch (log first, by page
+//!   id), syncs, then latches again to mark clean the pages not changed meanwhile. Each cleaned
+//!   page is latched to check, to copy and to mark it.
+//! - decoupled ([`decoupled_round`]): never touches the buffer pool. It reads the log records
+//!   after its clean LSN up to the durable LSN, replays them onto the stored images (read from
+//!   the page file, changed by the same redo as restart's, written back), syncs, and only then
+//!   publishes the new clean LSN. The pool reads that LSN to prefer, and evict without a write,
+//!   pages whose stored image it covers.
+//!
+//! Invariant of the decoupled cleaner: once `clean_lsn` is `L`, every change at or below `L`
+//! is in the synced stored image of its page (or in a newer one). It holds at open (restart
+//! sets `L` below the oldest change any stored image may lack) and each round keeps it, because
+//! it replays every record between the old and new `L` onto the image it reads, and the page
+//! file never lets an image go back in time. Records above the durable LSN are never replayed,
+//! so its writes keep the write-ahead rule.
+//! Both cleaners report their writes in a `PagesWritten` record after the sync (`pagefile`).
+
+use crate::btree::{self, Engine};
+use crate::error::{Error, Result};
+use crate::log::LogDevice;
+use crate::page::{Page, PageId};
+use crate::pagefile::PageFile;
+use crate::tail::LogTail;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use stela_format::Lsn;
+
+/// Which page cleaner a store runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanerKind {
+    Classical,
+    Decoupled,
+}
+
+/// What one cleaning round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CleanReport {
+    /// Pages written.
+    pub written: u64,
+    /// Log records replayed (decoupled).
+    pub replayed: u64,
+    /// The clean LSN after the round (decoupled; zero for classical).
+    pub clean_lsn: Lsn,
+}
+
+/// One round of the classical cleaner over the pool in `engine`.
+pub(crate) fn classical_round(
+    engine: &Mutex<Engine>,
+    log: &dyn LogDevice,
+    file: &PageFile,
+) -> Result<CleanReport> {
+    let mut copies = {
+        let engine = engine.lock().unwrap_or_else(|p| p.into_inner());
+        engine.pool.dirty_copies()
+    };
+    if copies.is_empty() {
+        return Ok(CleanReport::default());
+    }
+    let newest = copies
+        .iter()
+        .map(|(_, page)| page.lsn)
+        .max()
+        .expect("not empty");
+    if log.durable_lsn() < newest {
+        log.flush(newest)?;
+    }
+    copies.sort_by_key(|(id, _)| *id);
+    let mut report = CleanReport::default();
+    for (id, page) in &copies {
+        report.written += u64::from(file.write(*id, page)?);
+    }
+    file.log_writes(log)?;
+    let mut engine = engine.lock().unwrap_or_else(|p| p.into_inner());
+    for (id, page) in &copies {
+        engine.pool.mark_clean(*id, page.lsn);
+    }
+    Ok(report)
+}
+
+/// Most page images the decoupled cleaner keeps between rounds (its own memory, not the pool).
+const CACHE_PAGES: usize = 8192;
+
+/// One round of the decoupled cleaner: replays the durable log after `clean_lsn` onto the
+/// stored images and publishes the new clean LSN. `cache` holds images from earlier rounds,
+/// each with every change of its page up to the clean LSN, so a page changed again is not read
+/// back from the file (it may be older there, if the pool wrote a newer image meanwhile: the
+/// page file refuses writes that would go back in time, and the replay makes it current anyway).
+pub(crate) fn decoupled_round(
+    log: &LogTail,
+    file: &PageFile,
+    clean_lsn: &AtomicU64,
+    cache: &mut HashMap<PageId, Page>,
+) -> Result<CleanReport> {
+    let from = Lsn::new(clean_lsn.load(Ordering::Acquire) + 1);
+    let target = log.durable_lsn();
+    let mut report = CleanReport {
+        clean_lsn: Lsn::new(from.get() - 1),
+        ..CleanReport::default()
+    };
+    if target < from {
+        return Ok(report);
+    }
+    let mut images: BTreeMap<PageId, (Page, bool)> = BTreeMap::new();
+    for item in log.records_from(from)? {
+        let (lsn, record) = item?;
+        if lsn > target {
+            break;
+        }
+        report.replayed += 1;
+        for (id, _) in record.pages() {
+            let (image, changed) = match images.entry(id) {
+                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    let image = match cache.remove(&id) {
+                        Some(image) => image,
+                        None => file
+                            .read(id)?
+                            .map_err(|source| Error::Corrupt { page: id, source })?,
+                    };
+                    entry.insert((image, false))
+                }
+            };
+            *changed |= btree::redo(id, image, lsn, &record)?;
+        }
+    }
+    for (id, (image, changed)) in &images {
+        if *changed {
+            report.written += u64::from(file.write(*id, image)?);
+        }
+    }
+    if cache.len() + images.len() > CACHE_PAGES {
+        cache.clear();
+    }
+    cache.extend(images.into_iter().map(|(id, (image, _))| (id, image)));
+    // Synced before the clean LSN is published: the pool may drop a dirty page as soon as it
+    // sees the new LSN. `log_writes` syncs when it has writes to report; when another thread
+    // took ours to report, it may not have synced yet, so sync here.
+    if file.log_writes(log)?.is_none() {
+        file.sync()?;
+    }
+    clean_lsn.store(target.get(), Ordering::Release);
+    report.clean_lsn = target;
+    Ok(report)
+}

@@ -1,0 +1,53 @@
+//! The one error type of the crate. Each variant is something a caller can act on: retry the
+//! transaction (`Deadlock`), restore or repair (`Corrupt`, `BadLogRecord`), reopen (`Poisoned`),
+//! fix the call (`KeyTooLarge`, `ValueTooLarge`).
+
+use crate::format::{RecordError, TxnId};
+use crate::page::{PageError, PageId};
+use stela_format::Lsn;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The transaction was chosen as the victim of a deadlock. Nothing it did is undone yet:
+    /// abort it (or drop it) and run it again.
+    #[error("transaction {txn} was chosen as a deadlock victim; abort it and retry")]
+    Deadlock { txn: TxnId },
+
+    /// A page read from the page file failed its checks.
+    #[error("page {page} is corrupt: {source}")]
+    Corrupt {
+        page: PageId,
+        #[source]
+        source: PageError,
+    },
+
+    /// A record in the log decodes but could not have been written by the store, or a chain
+    /// of records is broken.
+    #[error("log record {lsn}: {source}")]
+    BadLogRecord {
+        lsn: Lsn,
+        #[source]
+        source: RecordError,
+    },
+
+    /// The page file could not be read or written.
+    #[error("page file: {0}")]
+    Io(#[from] std::io::Error),
+
+    /// The log failed (I/O, damage, a lost daemon). See the wrapped error.
+    #[error("log: {0}")]
+    Log(#[from] stela_wal::Error),
+
+    /// An earlier log or page-file failure left the in-memory state ahead of what is durable;
+    /// the store accepts no more work. Reopen it: restart recovers the durable state.
+    #[error("the store stopped after an earlier failure; reopen it to recover")]
+    Poisoned,
+
+    #[error("key of {len} bytes exceeds the limit of {max}")]
+    KeyTooLarge { len: usize, max: usize },
+
+    #[error("value of {len} bytes exceeds the limit of {max}")]
+    ValueTooLarge { len: usize, max: usize },
+}

@@ -1,0 +1,86 @@
+//! stela-store: a transactional key-value store on 8 KiB pages that logs through stela.
+//!
+//! A tour, from the top down:
+//! - [`store`]: [`Store`] and [`Transaction`] (`begin`, `get`, `put`, `delete`, `scan`,
+//!   `commit`, `abort`), and the order in which locks and the engine latch are taken.
+//! - [`lock`]: key locks for strict two-phase locking; deadlocks found on a waits-for graph.
+//! - [`btree`]: the B+tree over the buffer pool; splits as single logged structure changes.
+//! - [`checkpoint`]: classical and decoupled checkpoints, and the master record naming the
+//!   latest; [`analysis`]: the log analysis that restart and the decoupled checkpoint share.
+//! - [`cleaner`]: the classical page cleaner (over the pool) and the decoupled one (replaying
+//!   the log onto the stored images).
+//! - [`tail`]: the records appended since open, kept in memory for the decoupled services.
+//! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
+//! - [`recovery`]: ARIES restart (analysis, redo, undo with compensation records) and the
+//!   rollback a normal abort shares with it.
+//! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule.
+//! - [`log`]: the small [`LogDevice`] trait the store logs through, implemented by the embedded
+//!   `stela_wal::Wal`.
+//! - [`format`] (log records) and [`page`] (page layout): the bytes, pure, no I/O; both decoders
+//!   are fuzzed (`fuzz/fuzz_targets/store_*.rs`).
+//! - [`error`]: the one error type.
+//!
+//! Commit durability is the log's: with the embedded log at `SyncMode::Data` a commit returns
+//! once its record is fdatasync'ed. Dropping a [`Store`] without [`Store::close`] is a crash;
+//! the next open recovers.
+//!
+//! ```
+//! use std::ops::Bound;
+//! use stela_store::{Store, StoreOptions};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path(), StoreOptions::default())?;
+//! let mut txn = store.begin();
+//! txn.put(b"apple", b"3")?;
+//! txn.put(b"pear", b"5")?;
+//! txn.commit()?; // durable: the log was fdatasync'ed up to the commit record
+//!
+//! let mut txn = store.begin();
+//! txn.delete(b"apple")?;
+//! txn.abort()?; // the delete is undone
+//!
+//! drop(store); // a crash: no page was written; restart redoes from the log
+//! let store = Store::open(dir.path(), StoreOptions::default())?;
+//! let mut txn = store.begin();
+//! let all = txn.scan(Bound::Unbounded, Bound::Unbounded)?;
+//! assert_eq!(all, vec![(b"apple".to_vec(), b"3".to_vec()), (b"pear".to_vec(), b"5".to_vec())]);
+//! txn.commit()?;
+//! store.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Persistence services, chosen at open ([`StoreOptions`]): checkpoints classical (tables
+//! copied under the latches) or decoupled (computed from the log), page cleaning classical
+//! (writes the pool's dirty pages) or decoupled (replays the log onto the stored images, never
+//! touching the pool), each on its own thread at an interval or on request
+//! ([`Store::checkpoint`], [`Store::clean`]).
+//!
+//! Not yet here (issue 11): log truncation (the log keeps growing; restart reads it from the
+//! latest checkpoint, and redo from the oldest change a stored image lacks), the log archive,
+//! single-page recovery, instant restart, page merges (deletes leave empty leaves), range locks
+//! (a scan can see phantoms), the daemon's log behind [`LogDevice`].
+
+pub mod analysis;
+pub mod btree;
+pub mod checkpoint;
+pub mod cleaner;
+pub mod error;
+pub mod format;
+pub mod lock;
+pub mod log;
+pub mod page;
+pub mod pagefile;
+pub mod pool;
+pub mod recovery;
+pub mod store;
+pub mod tail;
+
+pub use checkpoint::CheckpointReport;
+pub use cleaner::{CleanReport, CleanerKind};
+pub use error::{Error, Result};
+pub use format::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TxnId};
+pub use log::LogDevice;
+pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
+pub use pool::PoolStats;
+pub use recovery::RestartReport;
+pub use store::{Store, StoreOptions, Transaction};

@@ -1,0 +1,205 @@
+//! Key locks for strict two-phase locking, with deadlock detection on a waits-for graph.
+//!
+//! This module owns the lock table. Invariants: a key is held either in exclusive mode by one
+//! transaction or in shared mode by any number; a transaction's locks are released only all at
+//! once, at its end (strict 2PL: nothing it wrote is seen, and nothing it read changes, before
+//! it commits or aborts). Before a transaction starts to wait, the graph of who waits for whom
+//! is searched for a cycle through it; if there is one, that transaction (the one that closed
+//! the cycle) is the victim and gets [`Error::Deadlock`] instead of waiting. Every cycle is found
+//! this way, because a cycle can only be closed by a transaction starting to wait.
+
+use crate::error::{Error, Result};
+use crate::format::TxnId;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Bound;
+use std::sync::{Condvar, Mutex};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    Shared,
+    Exclusive,
+}
+
+#[derive(Default)]
+struct KeyLock {
+    holders: HashMap<TxnId, LockMode>,
+}
+
+impl KeyLock {
+    /// Whether `txn` may hold the key in `mode` given the other holders.
+    fn grantable(&self, txn: TxnId, mode: LockMode) -> bool {
+        self.holders.iter().all(|(&holder, &held)| {
+            holder == txn || (mode == LockMode::Shared && held == LockMode::Shared)
+        })
+    }
+
+    /// The holders `txn` would wait for.
+    fn blockers(&self, txn: TxnId, mode: LockMode) -> impl Iterator<Item = TxnId> + '_ {
+        self.holders.iter().filter_map(move |(&holder, &held)| {
+            let conflicts =
+                holder != txn && (mode == LockMode::Exclusive || held == LockMode::Exclusive);
+            conflicts.then_some(holder)
+        })
+    }
+}
+
+#[derive(Default)]
+struct LockTable {
+    keys: BTreeMap<Vec<u8>, KeyLock>,
+    /// What each waiting transaction waits for: the edges of the waits-for graph.
+    waiting: HashMap<TxnId, (Vec<u8>, LockMode)>,
+    /// The keys each transaction holds, to release them at its end.
+    held: HashMap<TxnId, Vec<Vec<u8>>>,
+}
+
+impl LockTable {
+    /// Whether the waits-for graph, with `start`'s pending request in it, has a cycle through
+    /// `start`.
+    fn cycle_through(&self, start: TxnId) -> bool {
+        let mut stack = vec![start];
+        let mut seen = HashSet::new();
+        while let Some(txn) = stack.pop() {
+            let Some((key, mode)) = self.waiting.get(&txn) else {
+                continue;
+            };
+            let Some(lock) = self.keys.get(key) else {
+                continue;
+            };
+            for blocker in lock.blockers(txn, *mode) {
+                if blocker == start {
+                    return true;
+                }
+                if seen.insert(blocker) {
+                    stack.push(blocker);
+                }
+            }
+        }
+        false
+    }
+}
+
+#[derive(Default)]
+pub struct LockManager {
+    table: Mutex<LockTable>,
+    released: Condvar,
+}
+
+impl LockManager {
+    /// Blocks until `txn` holds `key` in `mode` (or stronger).
+    ///
+    /// # Errors
+    /// [`Error::Deadlock`] if waiting would close a cycle; `txn` then waits for nothing and holds
+    /// what it held before.
+    pub fn acquire(&self, txn: TxnId, key: &[u8], mode: LockMode) -> Result<()> {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let lock = table.keys.entry(key.to_vec()).or_default();
+            if lock.grantable(txn, mode) {
+                let previous = lock.holders.get(&txn).copied();
+                if previous != Some(LockMode::Exclusive) {
+                    lock.holders.insert(txn, mode);
+                }
+                if previous.is_none() {
+                    table.held.entry(txn).or_default().push(key.to_vec());
+                }
+                table.waiting.remove(&txn);
+                return Ok(());
+            }
+            table.waiting.insert(txn, (key.to_vec(), mode));
+            if table.cycle_through(txn) {
+                table.waiting.remove(&txn);
+                tracing::debug!(txn, "deadlock: victim");
+                return Err(Error::Deadlock { txn });
+            }
+            table = self.released.wait(table).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Keys in the range that a transaction other than `txn` holds exclusively: the keys whose
+    /// committed state a scan cannot see yet (inserted, changed or deleted by a running
+    /// transaction), which the scan must lock, and so wait for, to read them.
+    pub fn exclusive_keys_in(
+        &self,
+        txn: TxnId,
+        range: (Bound<&[u8]>, Bound<&[u8]>),
+    ) -> Vec<Vec<u8>> {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .keys
+            .range::<[u8], _>(range)
+            .filter(|(_, lock)| {
+                lock.holders
+                    .iter()
+                    .any(|(&holder, &mode)| holder != txn && mode == LockMode::Exclusive)
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// A copy of the exclusive locks, by holder (the classical checkpoint's lock table).
+    pub fn exclusive_by_txn(&self) -> HashMap<TxnId, Vec<Vec<u8>>> {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_txn: HashMap<TxnId, Vec<Vec<u8>>> = HashMap::new();
+        for (key, lock) in &table.keys {
+            for (&holder, &mode) in &lock.holders {
+                if mode == LockMode::Exclusive {
+                    by_txn.entry(holder).or_default().push(key.clone());
+                }
+            }
+        }
+        by_txn
+    }
+
+    /// Whether `txn` holds `key` in some mode.
+    pub fn holds(&self, txn: TxnId, key: &[u8]) -> bool {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .keys
+            .get(key)
+            .is_some_and(|lock| lock.holders.contains_key(&txn))
+    }
+
+    /// Releases every lock of `txn` (its end) and wakes the waiters.
+    pub fn release_all(&self, txn: TxnId) {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table.waiting.remove(&txn);
+        for key in table.held.remove(&txn).unwrap_or_default() {
+            if let Some(lock) = table.keys.get_mut(&key) {
+                lock.holders.remove(&txn);
+                if lock.holders.is_empty() {
+                    table.keys.remove(&key);
+                }
+            }
+        }
+        drop(table);
+        self.released.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_locks_share_and_exclusive_ones_exclude() {
+        let locks = LockManager::default();
+        locks.acquire(1, b"k", LockMode::Shared).unwrap();
+        locks.acquire(2, b"k", LockMode::Shared).unwrap();
+        let table = locks.table.lock().unwrap();
+        assert!(!table.keys[&b"k"[..]].grantable(3, LockMode::Exclusive));
+        assert!(!table.keys[&b"k"[..]].grantable(1, LockMode::Exclusive));
+        drop(table);
+        locks.release_all(2);
+        // The only holder may upgrade.
+        locks.acquire(1, b"k", LockMode::Exclusive).unwrap();
+        assert_eq!(
+            locks.exclusive_keys_in(2, (Bound::Unbounded, Bound::Unbounded)),
+            vec![b"k".to_vec()]
+        );
+        assert!(locks
+            .exclusive_keys_in(1, (Bound::Unbounded, Bound::Unbounded))
+            .is_empty());
+        locks.release_all(1);
+        assert!(locks.table.lock().unwrap().keys.is_empty());
+    }
+}

@@ -1,0 +1,82 @@
+//! The store's view of its log: the small [`LogDevice`] trait, and its implementation on the
+//! embedded `stela_wal::Wal`.
+//!
+//! The store needs five things from a log and nothing else: append a record and learn its LSN,
+//! wait until an LSN is durable (at whatever level the log was opened with: that level *is* the
+//! store's commit durability), know the durable LSN (for the write-ahead rule), and read records
+//! back in LSN order from a given LSN (restart; single-page recovery). `stela_client::Wal` has the
+//! same calls, so the daemon's log can implement this trait too (not done yet).
+//!
+//! Invariant the store relies on: LSNs are dense and increasing, and a record returned by
+//! `append` is readable by `read_from` afterwards.
+
+use crate::error::{Error, Result};
+use crate::format::LogRecord;
+use stela_format::Lsn;
+
+/// A log the store writes its records to. See the module documentation.
+pub trait LogDevice: Send + Sync {
+    /// Appends a record; it is durable only once [`LogDevice::flush`] covers its LSN.
+    fn append(&self, record: &LogRecord) -> Result<Lsn>;
+    /// Returns once every record up to `lsn` is durable at the log's level.
+    fn flush(&self, lsn: Lsn) -> Result<()>;
+    /// Every record up to this LSN is durable.
+    fn durable_lsn(&self) -> Lsn;
+    /// The LSN of the last record appended (durable or not).
+    fn last_lsn(&self) -> Lsn;
+    /// Records from `lsn` on, in LSN order, each validated.
+    fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>>;
+}
+
+/// Records in LSN order; stops after the first error.
+pub type RecordIter<'a> = Box<dyn Iterator<Item = Result<(Lsn, LogRecord)>> + 'a>;
+
+impl LogDevice for stela_wal::Wal<LogRecord> {
+    fn append(&self, record: &LogRecord) -> Result<Lsn> {
+        Ok(stela_wal::Wal::append(self, record)?)
+    }
+
+    fn flush(&self, lsn: Lsn) -> Result<()> {
+        Ok(self.commit(lsn)?)
+    }
+
+    fn durable_lsn(&self) -> Lsn {
+        // "Durable" is what `flush` promises: with `SyncMode::None` that is written to the OS,
+        // which the log counts as written, not as synced.
+        if self.log().options().sync == stela_wal::SyncMode::None {
+            self.log().written_lsn()
+        } else {
+            stela_wal::Wal::durable_lsn(self)
+        }
+    }
+
+    fn last_lsn(&self) -> Lsn {
+        stela_wal::Wal::last_lsn(self)
+    }
+
+    fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>> {
+        let records = self.iter_from(lsn)?;
+        Ok(Box::new(records.map(|item| {
+            let (lsn, record) = item?;
+            record
+                .validate()
+                .map_err(|source| Error::BadLogRecord { lsn, source })?;
+            Ok((lsn, record))
+        })))
+    }
+}
+
+/// Reads the one record at `lsn`.
+///
+/// # Errors
+/// [`Error::BadLogRecord`] when the log has no record there (a broken chain).
+pub fn read_one(log: &dyn LogDevice, lsn: Lsn) -> Result<LogRecord> {
+    match log.read_from(lsn)?.next() {
+        Some(Ok((found, record))) if found == lsn => Ok(record),
+        Some(Err(e)) => Err(e),
+        _ => Err(Error::BadLogRecord {
+            lsn,
+            source: crate::format::RecordError::Invalid("a chain points at a record the log lacks"),
+        }),
+    }
+}

@@ -1,0 +1,155 @@
+//! The page file: the persistent page images, shared by the buffer pool (reads on a miss,
+//! writes on eviction and at close) and the page cleaners, which run on their own threads.
+//!
+//! This module owns every read and write of the file and keeps three invariants:
+//! - A page's stored image never goes back in time: a write whose image is older than the last
+//!   one written for that page (the classical cleaner's copy, overtaken by an eviction; the
+//!   decoupled cleaner's replay, overtaken by the pool) is skipped. Images in the pool are
+//!   always at least as new as the stored one, so only writes of this process can be newer.
+//! - No read sees half a write: reads and writes of the file are serialised by one mutex.
+//! - What was written is reported to the log only once it is synced: [`PageFile::log_writes`]
+//!   syncs the file, then appends one `PagesWritten` record for the writes made before the
+//!   sync. A durable `PagesWritten` record is therefore always true, which log analysis (the
+//!   decoupled checkpoint, restart) relies on to drop a page from its dirty-page table.
+//!
+//! The write-ahead rule is the writer's: an image with page LSN `L` is handed to
+//! [`PageFile::write`] only once the log is durable up to `L`.
+
+use crate::error::Result;
+use crate::format::{LogBody, LogRecord, SYSTEM_TXN};
+use crate::log::LogDevice;
+use crate::page::{self, Page, PageError, PageId, PAGE_SIZE};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use stela_format::Lsn;
+
+pub struct PageFile {
+    file: File,
+    /// Whether [`PageFile::sync`] calls fdatasync. Off only where the page file need not
+    /// survive the machine (tests, and the `buffered` level, whose log does not either).
+    sync: bool,
+    /// Held for every read and write; maps each page written by this process to the LSN of
+    /// the last image written, so that no write goes back in time.
+    written: Mutex<HashMap<PageId, Lsn>>,
+    /// Writes made and not yet reported in a `PagesWritten` record, in the order made.
+    unreported: Mutex<Vec<(PageId, Lsn)>>,
+    /// Writes made so far, and how many of them the last completed sync covers.
+    write_seq: AtomicU64,
+    synced_seq: AtomicU64,
+    pub(crate) reads: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) syncs: AtomicU64,
+}
+
+impl PageFile {
+    pub fn new(file: File, sync: bool) -> PageFile {
+        PageFile {
+            file,
+            sync,
+            written: Mutex::new(HashMap::new()),
+            unreported: Mutex::new(Vec::new()),
+            write_seq: AtomicU64::new(0),
+            synced_seq: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+        }
+    }
+
+    /// Pages the file spans (a page past the end reads as never written).
+    pub fn pages(&self) -> Result<u64> {
+        Ok(self.file.metadata()?.len().div_ceil(PAGE_SIZE as u64))
+    }
+
+    /// Reads and checks the stored image of page `id`. The outer error is I/O; the inner one
+    /// says the image failed its checks.
+    pub fn read(&self, id: PageId) -> Result<Result<Page, PageError>> {
+        let mut image = vec![0u8; PAGE_SIZE];
+        let offset = id.checked_mul(PAGE_SIZE as u64).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "page id out of range")
+        })?;
+        let _serialised = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let mut filled = 0;
+        while filled < PAGE_SIZE {
+            match self
+                .file
+                .read_at(&mut image[filled..], offset + filled as u64)
+            {
+                // Past the end of the file: a page never written reads as zeros.
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(page::decode(id, &image))
+    }
+
+    /// Writes `page` as page `id` unless a newer image of it was written already. Returns
+    /// whether it wrote. The log must be durable up to `page.lsn`.
+    pub fn write(&self, id: PageId, page: &Page) -> Result<bool> {
+        let image =
+            page::encode(id, page).map_err(|source| crate::Error::Corrupt { page: id, source })?;
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        if written.get(&id).is_some_and(|&stored| stored >= page.lsn) {
+            return Ok(false);
+        }
+        self.file.write_all_at(&image[..], id * PAGE_SIZE as u64)?;
+        written.insert(id, page.lsn);
+        self.write_seq.fetch_add(1, Ordering::AcqRel);
+        drop(written);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.unreported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, page.lsn));
+        Ok(true)
+    }
+
+    /// Makes every write made so far durable (when syncing is on).
+    pub fn sync(&self) -> Result<()> {
+        let covers = self.write_seq.load(Ordering::Acquire);
+        if self.sync {
+            self.file.sync_data()?;
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        self.synced_seq.fetch_max(covers, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Syncs only if some write made so far is not covered by a completed sync.
+    pub fn sync_if_unsynced(&self) -> Result<()> {
+        if self.synced_seq.load(Ordering::Acquire) < self.write_seq.load(Ordering::Acquire) {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Syncs the file, then logs the writes made before the sync in one `PagesWritten` record
+    /// (none if there were none). Returns the record's LSN. The record is not flushed: it only
+    /// matters once durable, and being late only makes analysis keep a page dirty for longer.
+    pub fn log_writes(&self, log: &dyn LogDevice) -> Result<Option<Lsn>> {
+        let pages = std::mem::take(&mut *self.unreported.lock().unwrap_or_else(|p| p.into_inner()));
+        if pages.is_empty() {
+            return Ok(None);
+        }
+        if let Err(e) = self.sync() {
+            // Not reported: put them back so a later sync reports them.
+            self.unreported
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .splice(0..0, pages);
+            return Err(e);
+        }
+        let lsn = log.append(&LogRecord {
+            txn: SYSTEM_TXN,
+            prev_txn_lsn: Lsn::ZERO,
+            body: LogBody::PagesWritten { pages },
+        })?;
+        Ok(Some(lsn))
+    }
+}

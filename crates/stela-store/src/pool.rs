@@ -1,0 +1,316 @@
+//! The buffer pool: a fixed number of frames caching pages of the page file, evicted by the
+//! clock algorithm.
+//!
+//! Policy: steal and no-force. A dirty page may be written (on eviction) while the transaction
+//! that changed it is still running, and commit writes no page. What makes both safe is the
+//! write-ahead rule this module keeps: before a page image with page LSN `L` reaches the page
+//! file, the log is durable up to `L` (every change in the image can then be redone or undone
+//! from the log). Pages are checked on every read (checksum, page id, layout); a page that fails
+//! is [`Error::Corrupt`], never used.
+//!
+//! Each dirty frame keeps its `rec_lsn`, the first change since it was last clean: the
+//! classical checkpoint copies these into its dirty-page table, and redo starts there.
+//!
+//! With the decoupled cleaner the pool never hears from the cleaner; it only reads the
+//! cleaner's published clean LSN (an atomic): every page whose page LSN is at or below it has a
+//! stored image that is current. Eviction prefers such pages and clean ones, and drops a
+//! current dirty page without writing it (write elision). With the classical cleaner the clean
+//! LSN stays zero.
+//!
+//! The pool is not thread-safe by itself: the store holds it under its engine latch, so a frame
+//! is never evicted while an operation uses it.
+
+use crate::error::{Error, Result};
+use crate::format::DirtyPage;
+use crate::log::LogDevice;
+use crate::page::{Page, PageId};
+use crate::pagefile::PageFile;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use stela_format::Lsn;
+
+/// Counters of the pool's I/O, for tests and reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Pages read from the page file (by the pool and the decoupled cleaner).
+    pub reads: u64,
+    /// Pages written to the page file (eviction, cleaners, a clean close).
+    pub writes: u64,
+    /// Log flushes forced by the write-ahead rule before a page write of the pool.
+    pub wal_flushes: u64,
+    /// Dirty pages evicted without a write because the decoupled cleaner had made their
+    /// stored image current (write elision).
+    pub elided: u64,
+    /// Dirty pages the pool wrote to evict them.
+    pub eviction_writes: u64,
+}
+
+struct Frame {
+    id: PageId,
+    page: Page,
+    dirty: bool,
+    /// While dirty: the LSN of the first change since the page was last clean.
+    rec_lsn: Lsn,
+    /// The clock's second chance: set on every use, cleared as the hand passes.
+    referenced: bool,
+}
+
+pub struct BufferPool {
+    file: Arc<PageFile>,
+    capacity: usize,
+    frames: Vec<Frame>,
+    /// Which frame holds which page.
+    index: HashMap<PageId, usize>,
+    hand: usize,
+    stats: PoolStats,
+    /// The decoupled cleaner's clean LSN (zero without it); read, never written, here.
+    clean_lsn: Arc<AtomicU64>,
+}
+
+impl BufferPool {
+    /// A pool of `capacity` frames (at least 8: a split touches up to a root-to-leaf path of
+    /// pages plus two new ones, and they are installed one by one) over `file`.
+    pub fn new(file: Arc<PageFile>, capacity: usize, clean_lsn: Arc<AtomicU64>) -> BufferPool {
+        BufferPool {
+            file,
+            capacity: capacity.max(8),
+            frames: Vec::new(),
+            index: HashMap::new(),
+            hand: 0,
+            stats: PoolStats::default(),
+            clean_lsn,
+        }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            reads: self.file.reads.load(Ordering::Relaxed),
+            writes: self.file.writes.load(Ordering::Relaxed),
+            ..self.stats
+        }
+    }
+
+    fn clean_lsn(&self) -> Lsn {
+        Lsn::new(self.clean_lsn.load(Ordering::Acquire))
+    }
+
+    /// Whether frame `frame` must be written before its page may leave the pool: dirty, and
+    /// newer than its stored image as far as the decoupled cleaner has brought it.
+    fn needs_write(&self, frame: usize) -> bool {
+        let frame = &self.frames[frame];
+        frame.dirty && frame.id != PageId::MAX && frame.page.lsn > self.clean_lsn()
+    }
+
+    /// The dirty-page table as the pool knows it (the classical checkpoint's copy): every page
+    /// whose stored image may lack changes. Pages the decoupled cleaner made current are
+    /// clean. Ascending by page id.
+    pub fn dirty_pages(&self) -> Vec<DirtyPage> {
+        let mut table: Vec<DirtyPage> = (0..self.frames.len())
+            .filter(|&f| self.needs_write(f))
+            .map(|f| DirtyPage {
+                page: self.frames[f].id,
+                // The stored image holds every change up to the clean LSN, so the first one it
+                // lacks comes after it, whatever the frame saw first.
+                rec_lsn: self.frames[f]
+                    .rec_lsn
+                    .max(Lsn::new(self.clean_lsn().get() + 1)),
+                page_lsn: self.frames[f].page.lsn,
+            })
+            .collect();
+        table.sort_by_key(|d| d.page);
+        table
+    }
+
+    /// Copies of the pages that need writing (the classical cleaner's first two latchings:
+    /// check the dirty state, copy the image).
+    pub fn dirty_copies(&self) -> Vec<(PageId, Page)> {
+        (0..self.frames.len())
+            .filter(|&f| self.needs_write(f))
+            .map(|f| (self.frames[f].id, self.frames[f].page.clone()))
+            .collect()
+    }
+
+    /// Marks page `id` clean if it is still at `lsn`, the LSN of the image that was written
+    /// and synced (the classical cleaner's third latching). A page changed since stays dirty.
+    pub fn mark_clean(&mut self, id: PageId, lsn: Lsn) {
+        if let Some(&frame) = self.index.get(&id) {
+            let frame = &mut self.frames[frame];
+            if frame.page.lsn == lsn {
+                frame.dirty = false;
+            }
+        }
+    }
+
+    /// Marks frame `frame` dirty by a change at `lsn`.
+    fn dirty(&mut self, frame: usize, lsn: Lsn) {
+        let frame = &mut self.frames[frame];
+        if !frame.dirty {
+            frame.dirty = true;
+            frame.rec_lsn = lsn;
+        }
+    }
+
+    /// The page `id`, read from the page file if it is not cached.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if the stored image fails its checks; I/O and log errors from reading
+    /// it or from writing the page evicted to make room.
+    pub fn page(&mut self, id: PageId, log: &dyn LogDevice) -> Result<&Page> {
+        let frame = self.fetch(id, log)?;
+        Ok(&self.frames[frame].page)
+    }
+
+    /// Applies `change` to page `id`, stamps it with `lsn` and marks it dirty. The caller has
+    /// appended the record at `lsn` that describes the change.
+    pub fn modify(
+        &mut self,
+        id: PageId,
+        lsn: Lsn,
+        log: &dyn LogDevice,
+        change: impl FnOnce(&mut Page),
+    ) -> Result<()> {
+        let frame = self.fetch(id, log)?;
+        change(&mut self.frames[frame].page);
+        self.frames[frame].page.lsn = lsn;
+        self.dirty(frame, lsn);
+        Ok(())
+    }
+
+    /// Puts `page` in the pool as page `id` without reading the file (a new page, or a whole
+    /// image from a structure change), dirty.
+    pub fn install(&mut self, id: PageId, page: Page, log: &dyn LogDevice) -> Result<()> {
+        let frame = match self.index.get(&id) {
+            Some(&frame) => frame,
+            None => self.free_frame(id, Page::empty(), log)?,
+        };
+        let lsn = page.lsn;
+        self.frames[frame].page = page;
+        self.frames[frame].referenced = true;
+        self.dirty(frame, lsn);
+        Ok(())
+    }
+
+    /// Drops page `id` from the pool without writing it.
+    #[allow(dead_code)]
+    pub fn forget(&mut self, id: PageId) {
+        if let Some(frame) = self.index.remove(&id) {
+            // Leave the frame as a clean empty slot the clock will reuse.
+            self.frames[frame].dirty = false;
+            self.frames[frame].referenced = false;
+            self.frames[frame].id = PageId::MAX;
+        }
+    }
+
+    /// Applies `change` to page `id` (read if not cached) and marks it dirty if `change` says
+    /// it changed the page. Restart's redo: the change decides from the page LSN.
+    pub fn update(
+        &mut self,
+        id: PageId,
+        log: &dyn LogDevice,
+        change: impl FnOnce(&mut Page) -> Result<bool>,
+    ) -> Result<bool> {
+        let frame = self.fetch(id, log)?;
+        let changed = change(&mut self.frames[frame].page)?;
+        if changed {
+            let lsn = self.frames[frame].page.lsn;
+            self.dirty(frame, lsn);
+        }
+        Ok(changed)
+    }
+
+    /// Writes every dirty page (log first), syncs the page file and logs the writes: a clean
+    /// shutdown.
+    pub fn flush_all(&mut self, log: &dyn LogDevice) -> Result<()> {
+        for frame in 0..self.frames.len() {
+            if self.needs_write(frame) {
+                self.write_frame(frame, log)?;
+            }
+        }
+        self.file.log_writes(log)?;
+        Ok(())
+    }
+
+    fn fetch(&mut self, id: PageId, log: &dyn LogDevice) -> Result<usize> {
+        if let Some(&frame) = self.index.get(&id) {
+            self.frames[frame].referenced = true;
+            return Ok(frame);
+        }
+        let page = self
+            .file
+            .read(id)?
+            .map_err(|source| Error::Corrupt { page: id, source })?;
+        self.free_frame(id, page, log)
+    }
+
+    /// A frame for page `id` holding `page`: a new one while the pool is not full, else the
+    /// clock's victim, written first if dirty.
+    fn free_frame(&mut self, id: PageId, page: Page, log: &dyn LogDevice) -> Result<usize> {
+        let frame = if self.frames.len() < self.capacity {
+            self.frames.push(Frame {
+                id,
+                page: Page::empty(),
+                dirty: false,
+                rec_lsn: Lsn::ZERO,
+                referenced: false,
+            });
+            self.frames.len() - 1
+        } else {
+            let victim = self.clock_victim();
+            if self.needs_write(victim) {
+                self.write_frame(victim, log)?;
+                self.stats.eviction_writes += 1;
+            } else if self.frames[victim].dirty {
+                self.stats.elided += 1;
+            }
+            self.index.remove(&self.frames[victim].id);
+            victim
+        };
+        self.frames[frame] = Frame {
+            id,
+            page,
+            dirty: false,
+            rec_lsn: Lsn::ZERO,
+            referenced: true,
+        };
+        self.index.insert(id, frame);
+        Ok(frame)
+    }
+
+    /// The clock's victim. Two sweeps look for an unreferenced page that can leave without a
+    /// write (clean, or made current by the decoupled cleaner); only if there is none does the
+    /// plain clock pick a page that must be written first.
+    fn clock_victim(&mut self) -> usize {
+        for _ in 0..2 * self.frames.len() {
+            let at = self.hand;
+            self.hand = (self.hand + 1) % self.frames.len();
+            if self.frames[at].referenced {
+                self.frames[at].referenced = false;
+            } else if !self.needs_write(at) {
+                return at;
+            }
+        }
+        loop {
+            let at = self.hand;
+            self.hand = (self.hand + 1) % self.frames.len();
+            let frame = &mut self.frames[at];
+            if frame.referenced {
+                frame.referenced = false;
+            } else {
+                return at;
+            }
+        }
+    }
+
+    /// Writes one frame's page, after making its log records durable (the write-ahead rule).
+    fn write_frame(&mut self, frame: usize, log: &dyn LogDevice) -> Result<()> {
+        let (id, lsn) = (self.frames[frame].id, self.frames[frame].page.lsn);
+        if log.durable_lsn() < lsn {
+            log.flush(lsn)?;
+            self.stats.wal_flushes += 1;
+        }
+        self.file.write(id, &self.frames[frame].page)?;
+        self.frames[frame].dirty = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,706 @@
+//! [`Store`] and [`Transaction`]: the public API, and the order in which latches and locks are
+//! taken.
+//!
+//! This module owns the store's concurrency rules:
+//! - A transaction takes its key lock (shared to read, exclusive to write) before it touches the
+//!   tree, and keeps every lock until it has committed or rolled back (strict 2PL). Lock waits
+//!   happen outside the engine latch, so a waiting transaction never blocks the others' work.
+//! - Every tree operation runs under the engine latch (one mutex around pool, tree and page
+//!   allocation). The lock table's own mutex may be taken under the engine latch, never the
+//!   reverse, so the two cannot deadlock.
+//! - Commit appends the transaction's commit record and waits for the log to be durable up to
+//!   it, at the log's level (that is the store's commit durability), then releases the locks.
+//! - A log or page-file failure poisons the store: every later call fails with
+//!   [`Error::Poisoned`] until it is reopened, because memory may then be ahead of the log.
+//! - The transaction table (running transactions that wrote, with their last LSN) changes only
+//!   under the engine latch, together with the log record that changes it, so a classical
+//!   checkpoint copying it under the latch sees it agree with the pool and the lock table.
+//! - Persistence services (checkpoints, page cleaning) run on background threads when an
+//!   interval is set, and on request ([`Store::checkpoint`], [`Store::clean`]). Their kind is
+//!   chosen at open; the decoupled ones take no engine latch. Dropping the store stops them
+//!   (and is a crash); [`Store::close`] stops them, then writes every page and checkpoints.
+
+use crate::btree::Engine;
+use crate::checkpoint::{self, CheckpointReport, Decoupled, Master};
+use crate::cleaner::{self, CleanReport, CleanerKind};
+use crate::error::{Error, Result};
+use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, TxnId};
+use crate::lock::{LockManager, LockMode};
+use crate::log::LogDevice;
+use crate::page::{MAX_KEY, MAX_VALUE};
+use crate::pagefile::PageFile;
+use crate::pool::{BufferPool, PoolStats};
+use crate::recovery::{self, RestartReport};
+use crate::tail::{Consumer, LogTail};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use stela_format::Lsn;
+use stela_wal::{SyncMode, Wal, WalOptions};
+
+/// How a store is opened.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Frames in the buffer pool (8 KiB each); at least 8.
+    pub pool_pages: usize,
+    /// The embedded log's options, used by [`Store::open`]: its `sync` is the commit durability.
+    pub wal: WalOptions,
+    /// How checkpoints get their tables.
+    pub checkpoints: CheckpointKind,
+    /// Which page cleaner runs.
+    pub cleaner: CleanerKind,
+    /// Take a checkpoint this often on a background thread (`None`: only on request).
+    pub checkpoint_interval: Option<Duration>,
+    /// Run a cleaning round this often on a background thread (`None`: only on request).
+    pub clean_interval: Option<Duration>,
+    /// fdatasync the page file before reporting page writes to the log. Needed for the store
+    /// to survive the machine's crash; `Store::open` turns it off when the log is not synced
+    /// either (`SyncMode::None`), whose commits survive only the process.
+    pub sync_pages: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            pool_pages: 1024,
+            wal: WalOptions::default().type_tag("stela-store"),
+            checkpoints: CheckpointKind::Decoupled,
+            cleaner: CleanerKind::Decoupled,
+            checkpoint_interval: None,
+            clean_interval: None,
+            sync_pages: true,
+        }
+    }
+}
+
+impl StoreOptions {
+    pub fn pool_pages(mut self, pages: usize) -> Self {
+        self.pool_pages = pages;
+        self
+    }
+
+    pub fn wal(mut self, wal: WalOptions) -> Self {
+        self.wal = wal;
+        self
+    }
+
+    pub fn checkpoints(mut self, kind: CheckpointKind) -> Self {
+        self.checkpoints = kind;
+        self
+    }
+
+    pub fn cleaner(mut self, kind: CleanerKind) -> Self {
+        self.cleaner = kind;
+        self
+    }
+
+    pub fn checkpoint_interval(mut self, interval: Option<Duration>) -> Self {
+        self.checkpoint_interval = interval;
+        self
+    }
+
+    pub fn clean_interval(mut self, interval: Option<Duration>) -> Self {
+        self.clean_interval = interval;
+        self
+    }
+
+    pub fn sync_pages(mut self, sync: bool) -> Self {
+        self.sync_pages = sync;
+        self
+    }
+}
+
+/// Most records the in-memory log tail holds for the decoupled services (about 200 bytes
+/// each); past it they read the log files.
+const TAIL_CAP: usize = 1 << 21;
+
+/// What the store's threads share.
+struct Shared {
+    engine: Mutex<Engine>,
+    locks: LockManager,
+    /// Running transactions that have written, with their last LSN. See the module
+    /// documentation for when it changes.
+    txns: Mutex<BTreeMap<TxnId, Lsn>>,
+    next_txn: AtomicU64,
+    poisoned: AtomicBool,
+    /// The log, through the in-memory tail the decoupled services read.
+    log: Arc<LogTail>,
+    file: Arc<PageFile>,
+    /// The decoupled cleaner's clean LSN (stays zero with the classical cleaner).
+    clean_lsn: Arc<AtomicU64>,
+    dir: PathBuf,
+    options: StoreOptions,
+    /// Serialises checkpoints; the decoupled checkpoint's tables between them.
+    checkpointer: Mutex<Decoupled>,
+    /// Serialises cleaning rounds; the decoupled cleaner's images between rounds.
+    cleaning: Mutex<HashMap<crate::page::PageId, crate::page::Page>>,
+}
+
+/// A transactional key-value store. See the crate documentation.
+///
+/// Dropping a store without [`Store::close`] is a crash: the dirty pages in the pool are lost
+/// and the next open recovers from the log.
+pub struct Store {
+    shared: Arc<Shared>,
+    restart: RestartReport,
+    /// Set to stop the background services; they wait on the condition variable.
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    services: Vec<JoinHandle<()>>,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`: pages in `dir/pages`, the embedded log in
+    /// `dir/log`. Runs restart recovery first.
+    ///
+    /// # Errors
+    /// Log errors (damage, locked by another process), [`Error::Corrupt`] for a page restart
+    /// cannot read, I/O errors.
+    pub fn open(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir)?;
+        let wal: Wal<LogRecord> = Wal::open(dir.join("log"), options.wal.clone())?;
+        let options = if options.wal.sync == SyncMode::None {
+            options.sync_pages(false)
+        } else {
+            options
+        };
+        Store::open_with_log(dir, Arc::new(wal), options)
+    }
+
+    /// Opens the store in `dir` on the given log (any [`LogDevice`]); `options.wal` is unused.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub fn open_with_log(
+        dir: impl AsRef<Path>,
+        log: Arc<dyn LogDevice>,
+        options: StoreOptions,
+    ) -> Result<Store> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join("pages"))?;
+        let file = Arc::new(PageFile::new(file, options.sync_pages));
+        // The tail keeps records only for a decoupled service that runs on its own thread: a
+        // service called only on request may not be called for a long time, and would make the
+        // tail hold records up to its cap. On request, it reads the log files instead.
+        let mut consumers = Vec::new();
+        if options.checkpoints == CheckpointKind::Decoupled && options.checkpoint_interval.is_some()
+        {
+            consumers.push(Consumer::Checkpoint);
+        }
+        if options.cleaner == CleanerKind::Decoupled && options.clean_interval.is_some() {
+            consumers.push(Consumer::Cleaner);
+        }
+        let log = Arc::new(LogTail::new(log, &consumers, TAIL_CAP));
+        let clean_lsn = Arc::new(AtomicU64::new(0));
+        let mut engine = Engine {
+            pool: BufferPool::new(
+                Arc::clone(&file),
+                options.pool_pages,
+                Arc::clone(&clean_lsn),
+            ),
+            log: Arc::clone(&log) as Arc<dyn LogDevice>,
+            next_page: file.pages()?.max(1),
+        };
+        let master = Master::read(dir)?;
+        let (restart, analysis) = recovery::restart(&mut engine, master)?;
+        tracing::debug!(?restart, "store restarted");
+        if options.cleaner == CleanerKind::Decoupled {
+            // Every change below redo's start is in the stored images (analysis found no page
+            // that lacks one); without anything to redo, every change analysed is.
+            let clean = restart
+                .redo_start
+                .map_or(analysis.applied_to, |lsn| Lsn::new(lsn.get() - 1));
+            clean_lsn.store(clean.get(), Ordering::Release);
+            log.release(Consumer::Cleaner, clean.next());
+        }
+        log.release(Consumer::Checkpoint, analysis.applied_to.next());
+        let shared = Arc::new(Shared {
+            next_txn: AtomicU64::new(restart.max_txn + 1),
+            engine: Mutex::new(engine),
+            locks: LockManager::default(),
+            txns: Mutex::new(BTreeMap::new()),
+            poisoned: AtomicBool::new(false),
+            log,
+            file,
+            clean_lsn,
+            dir: dir.to_path_buf(),
+            options: options.clone(),
+            checkpointer: Mutex::new(Decoupled { analysis }),
+            cleaning: Mutex::new(HashMap::new()),
+        });
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let mut services = Vec::new();
+        if let Some(interval) = options.checkpoint_interval {
+            services.push(spawn_service(
+                "stela-store-checkpoint",
+                &shared,
+                &stop,
+                interval,
+                |s| s.checkpoint().map(|_| ()),
+            )?);
+        }
+        if let Some(interval) = options.clean_interval {
+            services.push(spawn_service(
+                "stela-store-cleaner",
+                &shared,
+                &stop,
+                interval,
+                |s| s.clean().map(|_| ()),
+            )?);
+        }
+        Ok(Store {
+            shared,
+            restart,
+            stop,
+            services,
+        })
+    }
+
+    /// Starts a transaction.
+    pub fn begin(&self) -> Transaction<'_> {
+        Transaction {
+            store: self,
+            id: self.shared.next_txn.fetch_add(1, Ordering::Relaxed),
+            last_lsn: Lsn::ZERO,
+            writes: HashMap::new(),
+            finished: false,
+        }
+    }
+
+    /// What the restart at open found and did.
+    pub fn restart_report(&self) -> &RestartReport {
+        &self.restart
+    }
+
+    /// The buffer pool's I/O counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.shared
+            .engine()
+            .map(|e| e.pool.stats())
+            .unwrap_or_default()
+    }
+
+    /// Takes a checkpoint of the kind chosen at open.
+    ///
+    /// # Errors
+    /// Log and page-file errors (the store is then poisoned); [`Error::Poisoned`].
+    pub fn checkpoint(&self) -> Result<CheckpointReport> {
+        self.shared.checkpoint()
+    }
+
+    /// Takes a checkpoint of the given kind, whatever was chosen at open (tests compare them).
+    ///
+    /// # Errors
+    /// As [`Store::checkpoint`].
+    pub fn checkpoint_of(&self, kind: CheckpointKind) -> Result<CheckpointReport> {
+        self.shared.checkpoint_of(kind)
+    }
+
+    /// Runs one round of the page cleaner chosen at open.
+    ///
+    /// # Errors
+    /// As [`Store::checkpoint`], and [`Error::Corrupt`] for a stored page the decoupled cleaner
+    /// cannot read.
+    pub fn clean(&self) -> Result<CleanReport> {
+        self.shared.clean()
+    }
+
+    /// Writes every dirty page, syncs the page file and takes a checkpoint: the next open
+    /// then has nothing to redo and analyses only the checkpoint. Running transactions must
+    /// have ended.
+    ///
+    /// # Errors
+    /// I/O and log errors; [`Error::Poisoned`].
+    pub fn close(mut self) -> Result<()> {
+        self.stop_services();
+        let shared = &self.shared;
+        {
+            let mut engine = shared.engine()?;
+            let log = Arc::clone(&engine.log);
+            let last = log.last_lsn();
+            if last > log.durable_lsn() {
+                log.flush(last)?;
+            }
+            shared.check(engine.pool.flush_all(log.as_ref()))?;
+        }
+        shared.checkpoint().map(|_| ())
+    }
+
+    fn stop_services(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        wake.notify_all();
+        for service in self.services.drain(..) {
+            let _ = service.join();
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.stop_services();
+    }
+}
+
+/// Runs `work` every `interval` on a thread of its own until the store stops. Errors are
+/// logged (and have poisoned the store where they must), not fatal to the thread.
+fn spawn_service(
+    name: &str,
+    shared: &Arc<Shared>,
+    stop: &Arc<(Mutex<bool>, Condvar)>,
+    interval: Duration,
+    work: fn(&Shared) -> Result<()>,
+) -> Result<JoinHandle<()>> {
+    let (shared, stop) = (Arc::clone(shared), Arc::clone(stop));
+    let name_for_log = name.to_owned();
+    Ok(std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || loop {
+            {
+                let (stopped, wake) = &*stop;
+                let guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
+                let (guard, _) = wake
+                    .wait_timeout_while(guard, interval, |stopped| !*stopped)
+                    .unwrap_or_else(|p| p.into_inner());
+                if *guard {
+                    return;
+                }
+            }
+            if let Err(error) = work(&shared) {
+                if matches!(error, Error::Poisoned) {
+                    return;
+                }
+                tracing::warn!(service = %name_for_log, %error, "persistence service failed");
+            }
+        })?)
+}
+
+impl Shared {
+    fn engine(&self) -> Result<MutexGuard<'_, Engine>> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        Ok(self.engine.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Poisons the store on errors after which memory may be ahead of the log.
+    fn check<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(Error::Log(_) | Error::Io(_)) = &result {
+            self.poisoned.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    fn checkpoint(&self) -> Result<CheckpointReport> {
+        self.checkpoint_of(self.options.checkpoints)
+    }
+
+    fn checkpoint_of(&self, kind: CheckpointKind) -> Result<CheckpointReport> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        let mut decoupled = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let log: &dyn LogDevice = self.log.as_ref();
+        let result = (|| {
+            // Report the pool's eviction writes, so analysis sees those pages become clean.
+            self.file.log_writes(log)?;
+            let begin = checkpoint::begin(log)?;
+            let (tables, analysed) = match kind {
+                CheckpointKind::Classical => (self.copy_tables()?, 0),
+                CheckpointKind::Decoupled => {
+                    // No flush of the begin record first: analysis reads it from the tail (or
+                    // the log hands it to the OS before reading), and the end record's flush
+                    // makes it durable with everything before it.
+                    let tables = decoupled.tables_at(&self.log, begin)?;
+                    self.log
+                        .release(Consumer::Checkpoint, decoupled.analysis.applied_to.next());
+                    tables
+                }
+            };
+            checkpoint::end(log, &self.dir, begin, kind, tables, analysed)
+        })();
+        self.check(result)
+    }
+
+    /// The classical checkpoint's tables, copied under the engine latch (and, inside it, the
+    /// transaction table's and the lock table's).
+    fn copy_tables(&self) -> Result<CheckpointTables> {
+        // Every page the pool holds clean, or has evicted, must be clean on disk too. The sync
+        // before the begin record (reporting the pool's eviction writes) usually covers every
+        // write; only a write made since is synced under the latch.
+        let engine = self.engine()?;
+        self.file.sync_if_unsynced()?;
+        let dirty_pages = engine.pool.dirty_pages();
+        let txns = self.txns.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locks = self.locks.exclusive_by_txn();
+        let active = txns
+            .iter()
+            .map(|(&txn, &last_lsn)| crate::format::ActiveTxn {
+                txn,
+                last_lsn,
+                locks: locks.remove(&txn).unwrap_or_default(),
+            })
+            .collect();
+        Ok(CheckpointTables {
+            dirty_pages,
+            active,
+            next_page: engine.next_page,
+            max_txn: self.next_txn.load(Ordering::Relaxed).saturating_sub(1),
+        })
+    }
+
+    fn clean(&self) -> Result<CleanReport> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        let mut cache = self.cleaning.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match self.options.cleaner {
+            CleanerKind::Classical => {
+                cleaner::classical_round(&self.engine, self.log.as_ref(), &self.file)
+            }
+            CleanerKind::Decoupled => {
+                let round =
+                    cleaner::decoupled_round(&self.log, &self.file, &self.clean_lsn, &mut cache);
+                if let Ok(round) = &round {
+                    self.log.release(Consumer::Cleaner, round.clean_lsn.next());
+                }
+                round
+            }
+        };
+        self.check(result)
+    }
+}
+
+/// A transaction. Reads see committed data and the transaction's own writes; its writes are
+/// seen by others once it commits. Dropping it without `commit` aborts it.
+pub struct Transaction<'s> {
+    store: &'s Store,
+    id: TxnId,
+    /// The LSN of this transaction's last record (the head of its chain).
+    last_lsn: Lsn,
+    /// Its write records by LSN, for a rollback to walk the chain without reading the log.
+    writes: HashMap<Lsn, LogRecord>,
+    finished: bool,
+}
+
+impl Transaction<'_> {
+    pub fn id(&self) -> TxnId {
+        self.id
+    }
+
+    /// The value of `key`.
+    ///
+    /// # Errors
+    /// [`Error::Deadlock`] (abort and retry), [`Error::KeyTooLarge`], page and log errors.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        check_key(key)?;
+        let store = &*self.store.shared;
+        store.locks.acquire(self.id, key, LockMode::Shared)?;
+        store.check(store.engine()?.get(key))
+    }
+
+    /// Sets `key` to `value`.
+    ///
+    /// # Errors
+    /// As [`Transaction::get`], and [`Error::ValueTooLarge`].
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        check_key(key)?;
+        if value.len() > MAX_VALUE {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: MAX_VALUE,
+            });
+        }
+        let store = &*self.store.shared;
+        store.locks.acquire(self.id, key, LockMode::Exclusive)?;
+        let mut engine = store.engine()?;
+        let written = self.write(&mut engine, key, Some(value));
+        store.check(written)
+    }
+
+    /// Removes `key`; returns whether it was there.
+    ///
+    /// # Errors
+    /// As [`Transaction::get`].
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        check_key(key)?;
+        let store = &*self.store.shared;
+        store.locks.acquire(self.id, key, LockMode::Exclusive)?;
+        let mut engine = store.engine()?;
+        let deleted = match engine.get(key) {
+            Ok(None) => Ok(false),
+            Ok(Some(_)) => self.write(&mut engine, key, None).map(|()| true),
+            Err(e) => Err(e),
+        };
+        store.check(deleted)
+    }
+
+    /// The entries with keys in the range, in key order. Each key returned is locked shared
+    /// until the transaction ends, and none is another running transaction's uncommitted
+    /// write; keys inserted into the range later by others are not locked out (no range locks:
+    /// a repeated scan may see phantoms).
+    ///
+    /// # Errors
+    /// As [`Transaction::get`].
+    pub fn scan(
+        &mut self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let store = &*self.store.shared;
+        loop {
+            // Under the engine latch, every key whose state in the tree is uncommitted is
+            // exclusively locked by its writer (writers lock before they change the tree and
+            // unlock after their end), so the tree and the lock table read together tell which
+            // keys need a lock before the entries can be returned.
+            let (entries, mut must_lock) = {
+                let mut engine = store.engine()?;
+                let entries = store.check(engine.scan((start, end)))?;
+                let locked_by_others = store.locks.exclusive_keys_in(self.id, (start, end));
+                (entries, locked_by_others)
+            };
+            must_lock.extend(
+                entries
+                    .iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| !store.locks.holds(self.id, k))
+                    .cloned(),
+            );
+            if must_lock.is_empty() {
+                return Ok(entries);
+            }
+            let must_lock: BTreeSet<Vec<u8>> = must_lock.into_iter().collect();
+            for key in must_lock {
+                store.locks.acquire(self.id, &key, LockMode::Shared)?;
+            }
+        }
+    }
+
+    /// Commits: returns once the commit record is durable at the log's level.
+    ///
+    /// # Errors
+    /// Log errors: the outcome is then unknown until the store is reopened (the store is
+    /// poisoned).
+    pub fn commit(mut self) -> Result<()> {
+        self.finished = true;
+        let store = &*self.store.shared;
+        let result = if self.last_lsn == Lsn::ZERO {
+            Ok(())
+        } else {
+            store.engine().and_then(|engine| {
+                let log = Arc::clone(&engine.log);
+                let lsn = log.append(&LogRecord {
+                    txn: self.id,
+                    prev_txn_lsn: self.last_lsn,
+                    body: LogBody::Commit,
+                })?;
+                // With its end record: see the transaction table's rule.
+                store
+                    .txns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&self.id);
+                drop(engine);
+                // Outside the latch: concurrent committers share the log's syncs.
+                log.flush(lsn)
+            })
+        };
+        store.locks.release_all(self.id);
+        store.check(result)
+    }
+
+    /// Rolls back every write, logging a compensation for each, then releases the locks.
+    ///
+    /// # Errors
+    /// Log and page errors (the store is then poisoned; restart finishes the rollback).
+    pub fn abort(mut self) -> Result<()> {
+        self.rollback()
+    }
+
+    fn rollback(&mut self) -> Result<()> {
+        self.finished = true;
+        let store = &*self.store.shared;
+        let result = if self.last_lsn == Lsn::ZERO {
+            Ok(())
+        } else {
+            let writes = std::mem::take(&mut self.writes);
+            store.engine().and_then(|mut engine| {
+                let mut compensations = 0;
+                let ended = recovery::rollback(
+                    &mut engine,
+                    self.id,
+                    self.last_lsn,
+                    |lsn| writes.get(&lsn).cloned(),
+                    &mut compensations,
+                );
+                // On failure the entry stays, but the store is poisoned: no checkpoint copies it
+                // again, and restart finishes the rollback.
+                if ended.is_ok() {
+                    store
+                        .txns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&self.id);
+                }
+                ended.map(|_| ())
+            })
+        };
+        store.locks.release_all(self.id);
+        store.check(result)
+    }
+
+    fn write(&mut self, engine: &mut Engine, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        let (txn, prev_txn_lsn) = (self.id, self.last_lsn);
+        let (lsn, record) = engine.set(key, value, |page, prev_page_lsn, before| LogRecord {
+            txn,
+            prev_txn_lsn,
+            body: LogBody::Write {
+                page,
+                prev_page_lsn,
+                key: key.to_vec(),
+                before,
+                after: value.map(<[u8]>::to_vec),
+            },
+        })?;
+        self.last_lsn = lsn;
+        self.writes.insert(lsn, record);
+        // Under the engine latch, with the record: see the transaction table's rule.
+        self.store
+            .shared
+            .txns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.id, lsn);
+        Ok(())
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Err(error) = self.rollback() {
+                tracing::warn!(txn = self.id, %error, "rollback of a dropped transaction failed");
+            }
+        }
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<()> {
+    if key.len() > MAX_KEY {
+        return Err(Error::KeyTooLarge {
+            len: key.len(),
+            max: MAX_KEY,
+        });
+    }
+    Ok(())
+}

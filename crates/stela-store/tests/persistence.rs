@@ -1,0 +1,447 @@
+//! Checkpoints and page cleaning, of both kinds, against crashes.
+//!
+//! - The decoupled checkpoint, computed from the log alone, must know at least what the
+//!   classical one copies from memory at the same log point: every page the pool holds dirty,
+//!   from no later a change, and every running transaction. Failure this provokes: a page write
+//!   logged before it happened or a page change analysis misses (a page dropped from the
+//!   dirty-page table while the stored image lacks a change: a lost commit after restart).
+//! - A workload with checkpoints and cleaning rounds between its transactions runs on a log
+//!   that stops after record `k`, for every `k`: the crash lands between a checkpoint's begin
+//!   and end, between a cleaner's page writes and its `PagesWritten` record, in the middle of
+//!   a rollback. The reopened store must hold exactly the committed transactions, for every
+//!   pairing of checkpoint kind and cleaner.
+//! - Restart starts from the latest checkpoint (it reads less than the whole log), and after
+//!   the decoupled cleaner caught up, eviction drops dirty pages without writing them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use stela_store::{CheckpointKind, CleanerKind, LogBody, Store, StoreOptions};
+
+const KINDS: [(CheckpointKind, CleanerKind); 4] = [
+    (CheckpointKind::Classical, CleanerKind::Classical),
+    (CheckpointKind::Classical, CleanerKind::Decoupled),
+    (CheckpointKind::Decoupled, CleanerKind::Classical),
+    (CheckpointKind::Decoupled, CleanerKind::Decoupled),
+];
+
+/// Services on request only (the tests call them), but with intervals so long they never run
+/// on their own in a test: the store then keeps its in-memory log tail, as with running services.
+fn options(checkpoints: CheckpointKind, cleaner: CleanerKind) -> StoreOptions {
+    let hour = Some(std::time::Duration::from_secs(3600));
+    common::options()
+        .checkpoints(checkpoints)
+        .cleaner(cleaner)
+        .checkpoint_interval(hour)
+        .clean_interval(hour)
+}
+
+fn key(i: usize) -> Vec<u8> {
+    let mut key = format!("{i:04}").into_bytes();
+    key.resize(30 + i * 53 % 300, b'-');
+    key
+}
+
+#[derive(Clone, Copy)]
+enum Step {
+    /// Put keys `from..to` with values of this byte and length, then commit (or abort).
+    Txn {
+        from: usize,
+        to: usize,
+        fill: u8,
+        len: usize,
+        commit: bool,
+    },
+    Checkpoint,
+    Clean,
+}
+
+fn workload() -> Vec<Step> {
+    use Step::*;
+    let txn = |from, to, fill, len, commit| Txn {
+        from,
+        to,
+        fill,
+        len,
+        commit,
+    };
+    vec![
+        txn(0, 40, b'a', 300, true),
+        Checkpoint,
+        txn(10, 30, b'b', 600, true),
+        Clean,
+        txn(0, 20, b'x', 700, false),
+        Checkpoint,
+        Clean,
+        txn(30, 60, b'c', 200, true),
+        Checkpoint,
+        txn(5, 15, b'd', 900, true),
+        Clean,
+        Checkpoint,
+    ]
+}
+
+/// Runs the workload until the log refuses a record; returns the committed state.
+fn run_until_crash(store: &Store, steps: &[Step]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut committed = BTreeMap::new();
+    for step in steps {
+        match *step {
+            Step::Txn {
+                from,
+                to,
+                fill,
+                len,
+                commit,
+            } => {
+                let mut txn = store.begin();
+                for i in from..to {
+                    if txn.put(&key(i), &vec![fill; len]).is_err() {
+                        common::crash(Some(txn));
+                        return committed;
+                    }
+                }
+                if commit {
+                    if txn.commit().is_err() {
+                        return committed;
+                    }
+                    for i in from..to {
+                        committed.insert(key(i), vec![fill; len]);
+                    }
+                } else if txn.abort().is_err() {
+                    return committed;
+                }
+            }
+            Step::Checkpoint => {
+                if store.checkpoint().is_err() {
+                    return committed;
+                }
+            }
+            Step::Clean => {
+                if store.clean().is_err() {
+                    return committed;
+                }
+            }
+        }
+    }
+    committed
+}
+
+#[test]
+fn a_crash_at_every_record_with_checkpoints_and_cleaning_keeps_the_committed_state() {
+    let steps = workload();
+    for (checkpoints, cleaner) in KINDS {
+        let length = {
+            let dir = tempfile::tempdir().unwrap();
+            let log = common::StopAfter::open(dir.path(), u64::MAX);
+            let store =
+                Store::open_with_log(dir.path(), log.clone(), options(checkpoints, cleaner))
+                    .unwrap();
+            run_until_crash(&store, &steps);
+            drop(store);
+            log.wal.last_lsn().get()
+        };
+        assert!(length > 100, "{length} records");
+        for k in 0..=length {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_with_log(
+                dir.path(),
+                common::StopAfter::open(dir.path(), k),
+                options(checkpoints, cleaner),
+            )
+            .unwrap();
+            let committed = run_until_crash(&store, &steps);
+            drop(store);
+            let store = Store::open(dir.path(), options(checkpoints, cleaner)).unwrap();
+            assert_eq!(
+                common::contents(&store),
+                committed.into_iter().collect::<Vec<_>>(),
+                "{checkpoints:?} checkpoints, {cleaner:?} cleaner: crash after record {k}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_decoupled_dirty_page_table_covers_the_classical_one_at_the_same_point() {
+    for cleaner in [CleanerKind::Classical, CleanerKind::Decoupled] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            dir.path(),
+            options(CheckpointKind::Decoupled, cleaner).pool_pages(16),
+        )
+        .unwrap();
+        let mut compared = 0;
+        for round in 0..12usize {
+            let mut txn = store.begin();
+            for i in 0..40 {
+                let k = (round * 37 + i * 11) % 400;
+                txn.put(&key(k), &vec![round as u8; 100 + k % 500]).unwrap();
+            }
+            // Half the rounds leave a transaction running across the checkpoints.
+            let running = if round % 2 == 1 {
+                Some(txn)
+            } else {
+                txn.commit().unwrap();
+                None
+            };
+            if round % 3 == 0 {
+                store.clean().unwrap();
+            }
+            // Both orders: the second checkpoint sees the first one's records, nothing else.
+            let (classical, decoupled) = if round % 4 < 2 {
+                let c = store.checkpoint_of(CheckpointKind::Classical).unwrap();
+                (c, store.checkpoint_of(CheckpointKind::Decoupled).unwrap())
+            } else {
+                let d = store.checkpoint_of(CheckpointKind::Decoupled).unwrap();
+                (store.checkpoint_of(CheckpointKind::Classical).unwrap(), d)
+            };
+            for page in &classical.tables.dirty_pages {
+                let found = decoupled
+                    .tables
+                    .dirty_pages
+                    .iter()
+                    .find(|d| d.page == page.page);
+                let found = found.unwrap_or_else(|| {
+                    panic!(
+                        "{cleaner:?} cleaner, round {round}: page {} dirty in the pool \
+                         ({:?}) but not in the decoupled table {:?}",
+                        page.page, page, decoupled.tables.dirty_pages
+                    )
+                });
+                // With the classical cleaner the pool knows when each page became dirty, and
+                // the log must not claim a later change; with the decoupled one the pool knows
+                // only a bound (the clean LSN) and the log may know better, but never later
+                // than the page's newest change, which the stored image lacks.
+                let bound = match cleaner {
+                    CleanerKind::Classical => page.rec_lsn,
+                    CleanerKind::Decoupled => page.page_lsn,
+                };
+                assert!(
+                    found.rec_lsn <= bound,
+                    "round {round}: page {}: decoupled rec_lsn {} after classical {}",
+                    page.page,
+                    found.rec_lsn,
+                    page.rec_lsn
+                );
+                compared += 1;
+            }
+            let classical_txns: Vec<_> = classical.tables.active.iter().map(|t| t.txn).collect();
+            let decoupled_txns: Vec<_> = decoupled.tables.active.iter().map(|t| t.txn).collect();
+            assert_eq!(classical_txns, decoupled_txns, "round {round}");
+            for (c, d) in classical.tables.active.iter().zip(&decoupled.tables.active) {
+                assert_eq!(c.last_lsn, d.last_lsn);
+                assert_eq!(c.locks, d.locks, "the lock table from the log");
+            }
+            if let Some(txn) = running {
+                txn.commit().unwrap();
+            }
+        }
+        assert!(compared > 20, "{compared} dirty pages compared");
+    }
+}
+
+#[test]
+fn restart_starts_at_the_latest_checkpoint_of_either_kind() {
+    for (checkpoints, cleaner) in KINDS {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), options(checkpoints, cleaner)).unwrap();
+        for round in 0..5u8 {
+            let mut txn = store.begin();
+            for i in 0..50 {
+                txn.put(&key(i), &[round; 200]).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let total = store.checkpoint().unwrap().end.get();
+        let mut txn = store.begin();
+        txn.put(&key(7), b"after").unwrap();
+        txn.commit().unwrap();
+        drop(store);
+        let store = Store::open(dir.path(), options(checkpoints, cleaner)).unwrap();
+        let report = store.restart_report();
+        assert!(report.checkpoint.is_some());
+        assert!(
+            report.records_analyzed < 10 && total > 200,
+            "{checkpoints:?}: analysed {} of {total} records",
+            report.records_analyzed
+        );
+        let contents = common::contents(&store);
+        assert_eq!(contents.len(), 50);
+        assert!(contents.contains(&(key(7), b"after".to_vec())));
+        // A clean close leaves nothing to redo.
+        store.close().unwrap();
+        let store = Store::open(dir.path(), options(checkpoints, cleaner)).unwrap();
+        assert_eq!(store.restart_report().redo_start, None, "{checkpoints:?}");
+        assert_eq!(common::contents(&store).len(), 50);
+    }
+}
+
+#[test]
+fn after_a_decoupled_cleaning_round_eviction_drops_dirty_pages_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        options(CheckpointKind::Decoupled, CleanerKind::Decoupled).pool_pages(16),
+    )
+    .unwrap();
+    let mut txn = store.begin();
+    for i in 0..400 {
+        txn.put(&key(i), &[1; 200]).unwrap();
+    }
+    txn.commit().unwrap();
+    // Dirty pages of one leaf range, then cleaned from the log.
+    let mut txn = store.begin();
+    for i in 0..20 {
+        txn.put(&key(i), &[2; 200]).unwrap();
+    }
+    txn.commit().unwrap();
+    let round = store.clean().unwrap();
+    assert!(round.written > 0 && round.replayed > 0, "{round:?}");
+    let before = store.pool_stats();
+    // Reading the whole tree evicts those pages: without a write.
+    assert_eq!(common::contents(&store).len(), 400);
+    let after = store.pool_stats();
+    assert!(after.elided > before.elided, "{after:?}");
+    assert_eq!(after.eviction_writes, before.eviction_writes, "{after:?}");
+    drop(store);
+    let store = Store::open(
+        dir.path(),
+        options(CheckpointKind::Decoupled, CleanerKind::Decoupled),
+    )
+    .unwrap();
+    let contents = common::contents(&store);
+    assert_eq!(contents.len(), 400);
+    assert_eq!(contents[3].1, vec![2; 200]);
+}
+
+#[test]
+fn the_classical_cleaner_leaves_the_pool_clean_and_the_checkpoint_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        options(CheckpointKind::Classical, CleanerKind::Classical).pool_pages(256),
+    )
+    .unwrap();
+    let mut txn = store.begin();
+    for i in 0..300 {
+        txn.put(&key(i), &[1; 200]).unwrap();
+    }
+    txn.commit().unwrap();
+    assert!(!store.checkpoint().unwrap().tables.dirty_pages.is_empty());
+    let round = store.clean().unwrap();
+    assert!(round.written > 0);
+    assert_eq!(store.checkpoint().unwrap().tables.dirty_pages, vec![]);
+    // And restart, with nothing dirty in the checkpoint, redoes nothing.
+    drop(store);
+    let store = Store::open(
+        dir.path(),
+        options(CheckpointKind::Classical, CleanerKind::Classical),
+    )
+    .unwrap();
+    assert_eq!(store.restart_report().redo_start, None);
+    assert_eq!(common::contents(&store).len(), 300);
+}
+
+/// The services on their own threads, every millisecond, while two clients commit; the log
+/// stops at a record chosen so that the crash lands while they all run (in a cleaning round, a
+/// checkpoint, a commit). Each client owns its keys, so its committed state is known exactly:
+/// a commit that returned is in the log (the stopping log makes each record durable as it is
+/// appended), one that failed is not.
+#[test]
+fn a_crash_while_background_services_run_keeps_the_committed_state() {
+    let mut service_records = (0, 0);
+    for (checkpoints, cleaner) in KINDS {
+        for limit in [400u64, 900, 1500] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = common::StopAfter::open(dir.path(), limit);
+            let options = options(checkpoints, cleaner)
+                .pool_pages(12)
+                .checkpoint_interval(Some(std::time::Duration::from_millis(1)))
+                .clean_interval(Some(std::time::Duration::from_millis(1)));
+            let store = Store::open_with_log(dir.path(), log, options).unwrap();
+            let models: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = std::thread::scope(|scope| {
+                let clients: Vec<_> = (0..2usize)
+                    .map(|client| {
+                        let store = &store;
+                        scope.spawn(move || {
+                            let mut model = BTreeMap::new();
+                            for round in 0.. {
+                                let mut txn = store.begin();
+                                let writes: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
+                                    .map(|i| {
+                                        let k = client * 1000 + (round * 7 + i * 13) % 120;
+                                        (key(k), vec![(round % 251) as u8; 150 + k % 300])
+                                    })
+                                    .collect();
+                                let mut failed = false;
+                                for (k, v) in &writes {
+                                    if txn.put(k, v).is_err() {
+                                        failed = true;
+                                        break;
+                                    }
+                                }
+                                if failed {
+                                    common::crash(Some(txn));
+                                    return model;
+                                }
+                                if txn.commit().is_err() {
+                                    return model;
+                                }
+                                model.extend(writes);
+                            }
+                            model
+                        })
+                    })
+                    .collect();
+                clients.into_iter().map(|c| c.join().unwrap()).collect()
+            });
+            drop(store);
+            let store = Store::open(dir.path(), self::options(checkpoints, cleaner)).unwrap();
+            let mut expected: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            for model in models {
+                expected.extend(model);
+            }
+            assert_eq!(
+                common::contents(&store),
+                expected.into_iter().collect::<Vec<_>>(),
+                "{checkpoints:?} checkpoints, {cleaner:?} cleaner, log stopped at {limit}"
+            );
+            drop(store);
+            let wal: stela_wal::Wal<stela_store::LogRecord> =
+                stela_wal::Wal::open(dir.path().join("log"), common::options().wal).unwrap();
+            for item in wal.iter().unwrap() {
+                match item.unwrap().1.body {
+                    LogBody::CheckpointEnd { .. } => service_records.0 += 1,
+                    LogBody::PagesWritten { .. } => service_records.1 += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    // The services did run while the clients committed (so crashes could land inside them).
+    assert!(
+        service_records.0 > 12 && service_records.1 > 12,
+        "checkpoints, page-write records: {service_records:?}"
+    );
+}
+
+/// The master record is written without a sync; after a machine crash it may be empty. Restart
+/// must then analyse the whole log (no checkpoint), not fail or trust the bytes.
+#[test]
+fn a_damaged_master_record_means_restart_from_the_whole_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = || options(CheckpointKind::Decoupled, CleanerKind::Decoupled);
+    let store = Store::open(dir.path(), options()).unwrap();
+    let mut txn = store.begin();
+    for i in 0..30 {
+        txn.put(&key(i), &[9; 100]).unwrap();
+    }
+    txn.commit().unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    std::fs::write(dir.path().join("checkpoint"), b"\0\0\0").unwrap();
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert_eq!(store.restart_report().checkpoint, None);
+    assert!(store.restart_report().records_analyzed > 30);
+    assert_eq!(common::contents(&store).len(), 30);
+}
