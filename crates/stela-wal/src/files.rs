@@ -228,20 +228,11 @@ impl SegmentSet {
             .read_point
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some(point) = point else {
-            return self.reader(from, end);
-        };
-        let segments = self.list();
-        let first = segments.first().map_or(Lsn::FIRST, |s| s.start);
-        RawReader::new_at(
-            Arc::clone(&self.storage),
-            segments,
-            from.max(first),
-            end,
-            self.max_payload,
-            self.skip_damage,
-            point,
-        )
+        let mut reader = self.reader(from, end);
+        if let Some(point) = point {
+            reader.start_at(point);
+        }
+        reader
     }
 
     /// Remembers where a reader stopped, for the next [`SegmentSet::tail_reader`]; `None`

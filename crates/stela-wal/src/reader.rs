@@ -110,29 +110,21 @@ impl RawReader {
         }
     }
 
-    /// As [`RawReader::new`], starting at `point` when it lies in the segment the reader would
-    /// start in, at or before `from` (records between it and `from` are read, not returned).
-    pub(crate) fn new_at(
-        storage: Arc<dyn Storage>,
-        segments: Vec<SegmentFile>,
-        from: Lsn,
-        end: Lsn,
-        max_payload: u32,
-        skip_damage: bool,
-        point: ReadPoint,
-    ) -> RawReader {
-        let mut reader = RawReader::new(storage, segments, from, end, max_payload, skip_damage);
-        let usable = reader
-            .segments
-            .get(reader.next_segment)
-            .is_some_and(|s| s.start == point.segment_start && s.start <= point.lsn)
-            && point.lsn <= from
+    /// Starts at `point` instead, when it lies in the segment the reader would start in, at or
+    /// before its first LSN (records between the point and that LSN are read, not returned).
+    /// Call before the first record is read.
+    pub(crate) fn start_at(&mut self, point: ReadPoint) {
+        let usable = self.position.is_none()
+            && self
+                .segments
+                .get(self.next_segment)
+                .is_some_and(|s| s.start == point.segment_start && s.start <= point.lsn)
+            && point.lsn <= self.from
             && point.offset >= HEADER_BYTES as u64;
         if usable {
-            reader.expected = point.lsn;
-            reader.start_offset = Some(point.offset);
+            self.expected = point.lsn;
+            self.start_offset = Some(point.offset);
         }
-        reader
     }
 
     /// Where the next record would be read, while the reader is inside a segment.
@@ -350,8 +342,8 @@ mod tests {
     use stela_format::segment_name::segment_file_name;
     use stela_format::{Codec, SegmentHeader, TypeTag};
 
-    /// A one-segment log of records 1..=5 whose record 3 was wiped to zeros (a lost sector).
-    fn wiped_middle() -> (Arc<dyn Storage>, Vec<SegmentFile>) {
+    /// A one-segment log holding `bytes` after its header (padded with zeros to 4 KiB).
+    fn segment_of(frames: &[u8]) -> (Arc<dyn Storage>, Vec<SegmentFile>) {
         let header = SegmentHeader {
             layout: Layout::V2,
             codec: Codec::Postcard,
@@ -361,16 +353,7 @@ mod tests {
             type_tag: TypeTag::new("t"),
         };
         let mut bytes = header.encode().to_vec();
-        let mut third = 0..0;
-        for lsn in 1..=5 {
-            let start = bytes.len();
-            let sync_base = bytes.len() as u32;
-            frame::encode(&mut bytes, Lsn::new(lsn), &[lsn as u8; 10], sync_base);
-            if lsn == 3 {
-                third = start..bytes.len();
-            }
-        }
-        bytes[third].fill(0);
+        bytes.extend_from_slice(frames);
         bytes.resize(4096, 0);
         let storage = FaultStorage::new();
         let dir = Path::new("/log");
@@ -383,6 +366,35 @@ mod tests {
             path,
         }];
         (Arc::new(storage), segments)
+    }
+
+    /// Frames of records `lsns`, each with a payload of `size(lsn)` bytes of value `lsn`, laid
+    /// out after the header; returns the bytes and each frame's range.
+    fn frames(
+        lsns: std::ops::RangeInclusive<u64>,
+        size: impl Fn(u64) -> usize,
+    ) -> (Vec<u8>, Vec<std::ops::Range<usize>>) {
+        let mut bytes = Vec::new();
+        let mut ranges = Vec::new();
+        for lsn in lsns {
+            let start = bytes.len();
+            let sync_base = (HEADER_BYTES + start) as u32;
+            frame::encode(
+                &mut bytes,
+                Lsn::new(lsn),
+                &vec![lsn as u8; size(lsn)],
+                sync_base,
+            );
+            ranges.push(start..bytes.len());
+        }
+        (bytes, ranges)
+    }
+
+    /// A one-segment log of records 1..=5 whose record 3 was wiped to zeros (a lost sector).
+    fn wiped_middle() -> (Arc<dyn Storage>, Vec<SegmentFile>) {
+        let (mut bytes, ranges) = frames(1..=5, |_| 10);
+        bytes[ranges[2].clone()].fill(0);
+        segment_of(&bytes)
     }
 
     #[test]
@@ -409,62 +421,30 @@ mod tests {
         assert!(reader.next().is_none());
     }
 
-    /// A one-segment log of records 1..=8, nothing damaged.
+    /// A one-segment log of records 1..=8 of different sizes, nothing damaged.
     fn whole() -> (Arc<dyn Storage>, Vec<SegmentFile>) {
-        let header = SegmentHeader {
-            layout: Layout::V2,
-            codec: Codec::Postcard,
-            segment_seq: 0,
-            start_lsn: Lsn::FIRST,
-            capacity: 4096,
-            type_tag: TypeTag::new("t"),
-        };
-        let mut bytes = header.encode().to_vec();
-        for lsn in 1..=8u64 {
-            let sync_base = bytes.len() as u32;
-            frame::encode(
-                &mut bytes,
-                Lsn::new(lsn),
-                &vec![lsn as u8; lsn as usize * 3],
-                sync_base,
-            );
-        }
-        bytes.resize(4096, 0);
-        let storage = FaultStorage::new();
-        let dir = Path::new("/log");
-        storage.create_dir_all(dir).unwrap();
-        let path = dir.join(segment_file_name(Lsn::FIRST));
-        let file = storage.open(&path, OpenMode::CreateNew).unwrap();
-        file.write_all_at(&bytes, 0).unwrap();
-        let segments = vec![SegmentFile {
-            start: Lsn::FIRST,
-            path,
-        }];
-        (Arc::new(storage), segments)
+        segment_of(&frames(1..=8, |lsn| lsn as usize * 3).0)
+    }
+
+    fn reader_of(storage: &Arc<dyn Storage>, segments: &[SegmentFile], from: u64) -> RawReader {
+        RawReader::new(
+            Arc::clone(storage),
+            segments.to_vec(),
+            Lsn::new(from),
+            Lsn::new(9),
+            1024,
+            false,
+        )
     }
 
     #[test]
     fn a_reader_started_at_a_read_point_returns_what_a_reader_from_the_start_returns() {
         let (storage, segments) = whole();
-        let all: Vec<(Lsn, Vec<u8>)> = RawReader::new(
-            Arc::clone(&storage),
-            segments.clone(),
-            Lsn::FIRST,
-            Lsn::new(9),
-            1024,
-            false,
-        )
-        .map(Result::unwrap)
-        .collect();
+        let all: Vec<(Lsn, Vec<u8>)> = reader_of(&storage, &segments, 1)
+            .map(Result::unwrap)
+            .collect();
         for stop_after in 1..8usize {
-            let mut first = RawReader::new(
-                Arc::clone(&storage),
-                segments.clone(),
-                Lsn::FIRST,
-                Lsn::new(9),
-                1024,
-                false,
-            );
+            let mut first = reader_of(&storage, &segments, 1);
             for _ in 0..stop_after {
                 first.next_record().unwrap().unwrap();
             }
@@ -472,17 +452,9 @@ mod tests {
             assert_eq!(point.lsn, Lsn::new(stop_after as u64 + 1));
             // From the point itself, and from a later LSN of the same segment.
             for from in [point.lsn.get(), 8] {
-                let rest: Vec<(Lsn, Vec<u8>)> = RawReader::new_at(
-                    Arc::clone(&storage),
-                    segments.clone(),
-                    Lsn::new(from),
-                    Lsn::new(9),
-                    1024,
-                    false,
-                    point,
-                )
-                .map(Result::unwrap)
-                .collect();
+                let mut reader = reader_of(&storage, &segments, from);
+                reader.start_at(point);
+                let rest: Vec<(Lsn, Vec<u8>)> = reader.map(Result::unwrap).collect();
                 assert_eq!(
                     rest,
                     all[from as usize - 1..],
@@ -495,14 +467,7 @@ mod tests {
     #[test]
     fn a_read_point_that_no_longer_holds_is_damage_never_a_record() {
         let (storage, segments) = whole();
-        let mut reader = RawReader::new(
-            Arc::clone(&storage),
-            segments.clone(),
-            Lsn::FIRST,
-            Lsn::new(9),
-            1024,
-            false,
-        );
+        let mut reader = reader_of(&storage, &segments, 1);
         reader.next_record().unwrap().unwrap();
         let point = reader.read_point().unwrap();
         // One byte off: inside a frame.
@@ -510,15 +475,8 @@ mod tests {
             offset: point.offset + 1,
             ..point
         };
-        let mut hinted = RawReader::new_at(
-            storage,
-            segments,
-            point.lsn,
-            Lsn::new(9),
-            1024,
-            false,
-            wrong,
-        );
+        let mut hinted = reader_of(&storage, &segments, point.lsn.get());
+        hinted.start_at(wrong);
         assert!(matches!(hinted.next(), Some(Err(_))));
     }
 }
