@@ -1,6 +1,6 @@
 //! stela-bench: the benchmarks of stela, behind the `stela-bench` binary (`stela-bench wal`,
 //! `stela-bench commit`, `stela-bench power-fail`, `stela-bench replicated`, `stela-bench failover`). The peers (okaywal, raft-engine) are
-//! dependencies here and nowhere else; the product (`stela`) does not depend on this crate.
+//! dependencies here and nowhere else (SQLite and RocksDB behind features); the product (`stela`) does not depend on this crate.
 //!
 //! - [`cli`]: the command line, its arguments and the entry point [`cli::run`].
 //! - [`record`]: the paper's record type and a deterministic (seeded) generator.
@@ -19,6 +19,7 @@
 //! - [`tpcb`]: `stela-bench tpcb`, TPC-B on stela-store with classical against decoupled
 //!   checkpoints and page cleaning at service intervals (the decoupled-persistence paper's
 //!   Figure 4).
+//! - [`tpcb_rocksdb`]: RocksDB's TransactionDB as its peer (the `rocksdb` feature).
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
 pub mod chart;
@@ -34,6 +35,7 @@ pub mod power_bench;
 pub mod record;
 pub mod repl_bench;
 pub mod tpcb;
+pub mod tpcb_rocksdb;
 pub mod wal_bench;
 
 pub use record::{Data, Record};

@@ -15,6 +15,10 @@
 //! After each run the TPC-B invariant is checked: the sum of the account balances, of the
 //! teller balances and of the branch balances each equal the sum of the history deltas.
 //!
+//! Peers, on the same transactions in the same run, each behind a feature: SQLite (`sqlite`,
+//! below) and RocksDB's TransactionDB (`rocksdb`, [`crate::tpcb_rocksdb`]); the clients of
+//! every system are driven by [`drive_clients`].
+//!
 //! `--durability disk`: the embedded log fdatasyncs each commit (group commit across clients);
 //! `buffered`: the embedded log writes each commit to the OS without fdatasync (it survives the
 //! process, not the machine; the daemon's `buffered` level is not used here).
@@ -27,7 +31,7 @@ use std::time::{Duration, Instant};
 use stela_store::{CheckpointKind, CleanerKind, Store, StoreOptions};
 use stela_wal::SyncMode;
 
-const TELLERS_PER_BRANCH: u32 = 10;
+pub(crate) const TELLERS_PER_BRANCH: u32 = 10;
 const ROW_BYTES: usize = 100;
 /// Accounts per load transaction.
 const LOAD_BATCH: u32 = 2_000;
@@ -51,12 +55,16 @@ pub enum SystemArg {
     /// SQLite in WAL mode (`synchronous=FULL` for disk, `NORMAL` for buffered), its own
     /// automatic checkpoints; needs the `sqlite` feature.
     Sqlite,
+    /// RocksDB's TransactionDB (pessimistic locking; `sync` writes for disk, unsynced for
+    /// buffered), its own flushes and compactions; needs the `rocksdb` feature.
+    Rocksdb,
 }
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TpcbArgs {
-    /// Systems to run, on the same transactions. SQLite has its own checkpoints and no cleaner:
-    /// it runs once per repeat, whatever `--checkpoints`, `--cleaner` and `--interval-ms` say.
+    /// Systems to run, on the same transactions. SQLite and RocksDB have their own checkpoints
+    /// (flushes) and no cleaner: each runs once per repeat, whatever `--checkpoints`,
+    /// `--cleaner` and `--interval-ms` say.
     #[arg(long, value_delimiter = ',', default_value = "stela-store")]
     pub systems: Vec<SystemArg>,
     /// Clients, each on a branch of its own (the number of branches).
@@ -117,30 +125,30 @@ pub struct TpcbRun {
     pub cpu_s: f64,
 }
 
-fn branch_key(b: u32) -> Vec<u8> {
+pub(crate) fn branch_key(b: u32) -> Vec<u8> {
     format!("b{b:04}").into_bytes()
 }
 
-fn teller_key(b: u32, t: u32) -> Vec<u8> {
+pub(crate) fn teller_key(b: u32, t: u32) -> Vec<u8> {
     format!("t{b:04}{t:02}").into_bytes()
 }
 
-fn account_key(b: u32, a: u32) -> Vec<u8> {
+pub(crate) fn account_key(b: u32, a: u32) -> Vec<u8> {
     format!("a{b:04}{a:06}").into_bytes()
 }
 
-fn history_key(b: u32, seq: u64) -> Vec<u8> {
+pub(crate) fn history_key(b: u32, seq: u64) -> Vec<u8> {
     format!("h{b:04}{seq:012}").into_bytes()
 }
 
 /// A row: the balance, then filler to `ROW_BYTES`.
-fn row(balance: i64) -> Vec<u8> {
+pub(crate) fn row(balance: i64) -> Vec<u8> {
     let mut row = vec![b' '; ROW_BYTES];
     row[..8].copy_from_slice(&balance.to_le_bytes());
     row
 }
 
-fn balance(row: &[u8]) -> anyhow::Result<i64> {
+pub(crate) fn balance(row: &[u8]) -> anyhow::Result<i64> {
     let bytes: [u8; 8] = row
         .get(..8)
         .and_then(|b| b.try_into().ok())
@@ -239,10 +247,10 @@ fn process_cpu_seconds() -> anyhow::Result<f64> {
 }
 
 /// A small, fast generator (xorshift64*), seeded per client: the benchmark needs no more.
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn below(&mut self, n: u32) -> u32 {
+    pub(crate) fn below(&mut self, n: u32) -> u32 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -285,62 +293,27 @@ fn run_one(
     ));
     copy_dir(template, &dir)?;
     let store = Store::open(&dir, store_options(args, checkpoints, cleaner, interval))?;
-    let stop = AtomicBool::new(false);
-    let started = Instant::now();
-    let cpu_before = process_cpu_seconds()?;
-    let results: Vec<anyhow::Result<(Vec<u32>, i64)>> = std::thread::scope(|scope| {
-        let clients: Vec<_> = (0..args.clients)
-            .map(|b| {
-                let (store, stop) = (&store, &stop);
-                scope.spawn(move || -> anyhow::Result<(Vec<u32>, i64)> {
-                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(b) + 1) * 7919));
-                    let mut latencies = Vec::with_capacity(1 << 16);
-                    let mut deltas = 0i64;
-                    let mut seq = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        let at = Instant::now();
-                        deltas += transaction(store, b, args.accounts, seq, &mut rng)
-                            .with_context(|| format!("client {b}, transaction {seq}"))?;
-                        latencies.push(at.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-                        seq += 1;
-                    }
-                    Ok((latencies, deltas))
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_secs_f64(args.duration));
-        stop.store(true, Ordering::Relaxed);
-        clients
-            .into_iter()
-            .map(|c| c.join().unwrap_or_else(|_| bail!("a client panicked")))
-            .collect()
-    });
-    let elapsed = started.elapsed().as_secs_f64();
-    let cpu_s = process_cpu_seconds()? - cpu_before;
-    let mut latencies = Vec::new();
-    let mut deltas = 0;
-    for result in results {
-        let (l, d) = result?;
-        latencies.extend(l);
-        deltas += d;
-    }
-    check_invariant(&store, args, deltas)?;
+    let driven = drive_clients(
+        args,
+        |_| Ok(0u64),
+        |seq, b, rng| {
+            let delta = transaction(&store, b, args.accounts, *seq, rng)
+                .with_context(|| format!("client {b}, transaction {seq}"))?;
+            *seq += 1;
+            Ok(delta)
+        },
+    )?;
+    check_invariant(&store, args, driven.deltas)?;
     drop(store);
     std::fs::remove_dir_all(&dir)?;
-    let (p50_us, p99_us) = percentiles(&mut latencies);
-    Ok(TpcbRun {
-        system: "stela-store".into(),
-        checkpoints: format!("{checkpoints:?}").to_lowercase(),
-        cleaner: format!("{cleaner:?}").to_lowercase(),
-        interval_ms: interval,
-        clients: args.clients,
-        durability: format!("{:?}", args.durability).to_lowercase(),
+    Ok(driven.into_run(
+        "stela-store",
+        &format!("{checkpoints:?}").to_lowercase(),
+        &format!("{cleaner:?}").to_lowercase(),
+        interval,
+        args,
         repeat,
-        tps: latencies.len() as f64 / elapsed,
-        p50_us,
-        p99_us,
-        cpu_s,
-    })
+    ))
 }
 
 /// Sum of accounts = sum of tellers = sum of branches = sum of history deltas.
@@ -400,7 +373,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
         )?;
         writeln!(
             out,
-            "{:<12} {:<10} {:<10} {:>8} {:>10} {:>8} {:>8} {:>7}",
+            "{:<12} {:<18} {:<10} {:>8} {:>10} {:>8} {:>8} {:>7}",
             "system", "checkpts", "cleaner", "interval", "tps", "p50 us", "p99 us", "cpu s"
         )?;
     }
@@ -414,13 +387,20 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
     }
     let mut runs = Vec::new();
     for repeat in 1..=args.repeats.max(1) {
-        if args.systems.contains(&SystemArg::Sqlite) {
-            let run = sqlite_run(base.path(), args, repeat)?;
+        for (system, peer_run) in [
+            (SystemArg::Sqlite, sqlite_run as PeerRun),
+            (SystemArg::Rocksdb, crate::tpcb_rocksdb::run as PeerRun),
+        ] {
+            if !args.systems.contains(&system) {
+                continue;
+            }
+            let run = peer_run(base.path(), args, repeat)?;
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&run)?)?;
             } else {
                 write_row(out, &run)?;
             }
+            out.flush()?;
             runs.push(run);
         }
         if !args.systems.contains(&SystemArg::StelaStore) {
@@ -476,7 +456,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
 fn write_row(out: &mut impl Write, run: &TpcbRun) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{:<12} {:<10} {:<10} {:>8} {:>10.0} {:>8} {:>8} {:>7.2}",
+        "{:<12} {:<18} {:<10} {:>8} {:>10.0} {:>8} {:>8} {:>7.2}",
         run.system,
         run.checkpoints,
         run.cleaner,
@@ -499,6 +479,96 @@ fn percentiles(latencies: &mut [u32]) -> (u64, u64) {
         u64::from(latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)])
     };
     (at(0.50), at(0.99))
+}
+
+/// A peer's run: the same TPC-B transactions on another engine, loaded afresh.
+type PeerRun = fn(&Path, &TpcbArgs, usize) -> anyhow::Result<TpcbRun>;
+
+/// What the clients of one run did.
+pub(crate) struct Driven {
+    latencies: Vec<u32>,
+    /// The sum of the deltas of every committed transaction: what the invariant checks.
+    pub deltas: i64,
+    elapsed: f64,
+    cpu_s: f64,
+}
+
+impl Driven {
+    pub(crate) fn into_run(
+        mut self,
+        system: &str,
+        checkpoints: &str,
+        cleaner: &str,
+        interval_ms: u64,
+        args: &TpcbArgs,
+        repeat: usize,
+    ) -> TpcbRun {
+        let (p50_us, p99_us) = percentiles(&mut self.latencies);
+        TpcbRun {
+            system: system.into(),
+            checkpoints: checkpoints.into(),
+            cleaner: cleaner.into(),
+            interval_ms,
+            clients: args.clients,
+            durability: format!("{:?}", args.durability).to_lowercase(),
+            repeat,
+            tps: self.latencies.len() as f64 / self.elapsed,
+            p50_us,
+            p99_us,
+            cpu_s: self.cpu_s,
+        }
+    }
+}
+
+/// Runs one client thread per branch for `--duration` seconds: each opens its connection with
+/// `open(branch)` and repeats `transaction(connection, branch, rng)`, which commits one TPC-B
+/// transaction and returns its delta. A client's error ends the run with that error.
+pub(crate) fn drive_clients<C>(
+    args: &TpcbArgs,
+    open: impl Fn(u32) -> anyhow::Result<C> + Sync,
+    transaction: impl Fn(&mut C, u32, &mut Rng) -> anyhow::Result<i64> + Sync,
+) -> anyhow::Result<Driven> {
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let cpu_before = process_cpu_seconds()?;
+    let results: Vec<anyhow::Result<(Vec<u32>, i64)>> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..args.clients)
+            .map(|b| {
+                let (stop, open, transaction) = (&stop, &open, &transaction);
+                scope.spawn(move || -> anyhow::Result<(Vec<u32>, i64)> {
+                    let mut connection = open(b)?;
+                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(b) + 1) * 7919));
+                    let (mut latencies, mut deltas) = (Vec::with_capacity(1 << 16), 0i64);
+                    while !stop.load(Ordering::Relaxed) {
+                        let at = Instant::now();
+                        deltas += transaction(&mut connection, b, &mut rng)?;
+                        latencies.push(at.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                    }
+                    Ok((latencies, deltas))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(args.duration));
+        stop.store(true, Ordering::Relaxed);
+        clients
+            .into_iter()
+            .map(|c| c.join().unwrap_or_else(|_| bail!("a client panicked")))
+            .collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu_s = process_cpu_seconds()? - cpu_before;
+    let (mut latencies, mut deltas) = (Vec::new(), 0i64);
+    for result in results {
+        let (l, d) = result?;
+        latencies.extend(l);
+        deltas += d;
+    }
+    Ok(Driven {
+        latencies,
+        deltas,
+        elapsed,
+        cpu_s,
+    })
 }
 
 #[cfg(not(feature = "sqlite"))]
@@ -555,69 +625,34 @@ fn sqlite_run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<Tpc
         }
         load.commit()?;
     }
-    let stop = AtomicBool::new(false);
-    let started = Instant::now();
-    let cpu_before = process_cpu_seconds()?;
-    let results: Vec<anyhow::Result<(Vec<u32>, i64)>> = std::thread::scope(|scope| {
-        let clients: Vec<_> = (0..args.clients)
-            .map(|b| {
-                let (stop, open) = (&stop, &open);
-                scope.spawn(move || -> anyhow::Result<(Vec<u32>, i64)> {
-                    let mut connection = open()?;
-                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(b) + 1) * 7919));
-                    let filler = " ".repeat(ROW_BYTES - 8);
-                    let (mut latencies, mut deltas) = (Vec::with_capacity(1 << 16), 0i64);
-                    while !stop.load(Ordering::Relaxed) {
-                        let at = Instant::now();
-                        let delta = i64::from(rng.below(1_999_999)) - 999_999;
-                        let aid = u64::from(b) * u64::from(args.accounts)
-                            + u64::from(rng.below(args.accounts));
-                        let tid = b * TELLERS_PER_BRANCH + rng.below(TELLERS_PER_BRANCH);
-                        let txn = connection
-                            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                        txn.prepare_cached(
-                            "UPDATE accounts SET balance = balance + ?1 WHERE aid = ?2",
-                        )?
-                        .execute(params![delta, aid])?;
-                        let _balance: i64 = txn
-                            .prepare_cached("SELECT balance FROM accounts WHERE aid = ?1")?
-                            .query_row(params![aid], |row| row.get(0))?;
-                        txn.prepare_cached(
-                            "UPDATE tellers SET balance = balance + ?1 WHERE tid = ?2",
-                        )?
-                        .execute(params![delta, tid])?;
-                        txn.prepare_cached(
-                            "UPDATE branches SET balance = balance + ?1 WHERE bid = ?2",
-                        )?
-                        .execute(params![delta, b])?;
-                        txn.prepare_cached(
-                            "INSERT INTO history (tid, bid, aid, delta, filler)
-                             VALUES (?1, ?2, ?3, ?4, ?5)",
-                        )?
-                        .execute(params![tid, b, aid, delta, filler])?;
-                        txn.commit()?;
-                        deltas += delta;
-                        latencies.push(at.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-                    }
-                    Ok((latencies, deltas))
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_secs_f64(args.duration));
-        stop.store(true, Ordering::Relaxed);
-        clients
-            .into_iter()
-            .map(|c| c.join().unwrap_or_else(|_| bail!("a client panicked")))
-            .collect()
-    });
-    let elapsed = started.elapsed().as_secs_f64();
-    let cpu_s = process_cpu_seconds()? - cpu_before;
-    let (mut latencies, mut deltas) = (Vec::new(), 0i64);
-    for result in results {
-        let (l, d) = result?;
-        latencies.extend(l);
-        deltas += d;
-    }
+    let filler = " ".repeat(ROW_BYTES - 8);
+    let driven = drive_clients(
+        args,
+        |_| open(),
+        |connection, b, rng| {
+            let delta = i64::from(rng.below(1_999_999)) - 999_999;
+            let aid = u64::from(b) * u64::from(args.accounts) + u64::from(rng.below(args.accounts));
+            let tid = b * TELLERS_PER_BRANCH + rng.below(TELLERS_PER_BRANCH);
+            let txn =
+                connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            txn.prepare_cached("UPDATE accounts SET balance = balance + ?1 WHERE aid = ?2")?
+                .execute(params![delta, aid])?;
+            let _balance: i64 = txn
+                .prepare_cached("SELECT balance FROM accounts WHERE aid = ?1")?
+                .query_row(params![aid], |row| row.get(0))?;
+            txn.prepare_cached("UPDATE tellers SET balance = balance + ?1 WHERE tid = ?2")?
+                .execute(params![delta, tid])?;
+            txn.prepare_cached("UPDATE branches SET balance = balance + ?1 WHERE bid = ?2")?
+                .execute(params![delta, b])?;
+            txn.prepare_cached(
+                "INSERT INTO history (tid, bid, aid, delta, filler) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![tid, b, aid, delta, filler])?;
+            txn.commit()?;
+            Ok(delta)
+        },
+    )?;
+    let deltas = driven.deltas;
     let connection = open()?;
     for table in ["accounts", "tellers", "branches"] {
         let sum: i64 = connection.query_row(
@@ -640,18 +675,5 @@ fn sqlite_run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<Tpc
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
-    let (p50_us, p99_us) = percentiles(&mut latencies);
-    Ok(TpcbRun {
-        system: "sqlite".into(),
-        checkpoints: "wal-autocheckpoint".into(),
-        cleaner: "none".into(),
-        interval_ms: 0,
-        clients: args.clients,
-        durability: format!("{:?}", args.durability).to_lowercase(),
-        repeat,
-        tps: latencies.len() as f64 / elapsed,
-        p50_us,
-        p99_us,
-        cpu_s,
-    })
+    Ok(driven.into_run("sqlite", "wal-autocheckpoint", "none", 0, args, repeat))
 }

@@ -1,0 +1,134 @@
+//! RocksDB as a TPC-B peer of `stela-bench tpcb` (`--systems rocksdb`, the `rocksdb` feature).
+//!
+//! The same database and transactions as on stela-store: the same keys and 100-byte rows, one
+//! client per branch, a transaction that reads and rewrites an account, a teller and the branch
+//! and adds a history row. RocksDB runs as a `TransactionDB` (pessimistic row locks, as a
+//! client of a transactional store would use it); each read that is rewritten is a
+//! `get_for_update`. Commit durability: `sync = true` on the commit's write options for `disk`
+//! (RocksDB fsyncs its WAL, grouping concurrent commits), `sync = false` for `buffered` (the
+//! WAL write reaches the OS, as stela's buffered embedded log does). Its memtable flushes and
+//! compactions run on its own background threads, with their defaults.
+//!
+//! The database is loaded afresh for each run, in write batches (this crate release offers no
+//! explicit flush on a `TransactionDB`: RocksDB moves the rows from its memtable to sorted
+//! files when it fills, as it would in service); after the run the TPC-B invariant is checked
+//! by scanning each table's key range.
+
+#[cfg(not(feature = "rocksdb"))]
+pub fn run(
+    _base: &std::path::Path,
+    _args: &crate::tpcb::TpcbArgs,
+    _repeat: usize,
+) -> anyhow::Result<crate::tpcb::TpcbRun> {
+    anyhow::bail!(
+        "this stela-bench was built without RocksDB: build it with `--features rocksdb` \
+         (needs Debian's librocksdb-dev and libclang-dev)"
+    )
+}
+
+#[cfg(feature = "rocksdb")]
+pub use with_rocksdb::run;
+
+#[cfg(feature = "rocksdb")]
+mod with_rocksdb {
+    use crate::tpcb::{
+        account_key, balance, branch_key, drive_clients, history_key, row, teller_key,
+        DurabilityArg, TpcbArgs, TpcbRun, TELLERS_PER_BRANCH,
+    };
+    use anyhow::{bail, Context};
+    use rocksdb::{
+        Direction, IteratorMode, Options, TransactionDB, TransactionDBOptions, TransactionOptions,
+        WriteBatchWithTransaction, WriteOptions,
+    };
+    use std::path::Path;
+
+    /// Rows per load batch.
+    const LOAD_BATCH: u32 = 10_000;
+
+    pub fn run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<TpcbRun> {
+        let path = base.join(format!("rocksdb-{repeat}"));
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        // The background work (flushes, compactions) may use both CPUs, as the defaults of a
+        // production setup would; stela-store's services run on threads of their own too.
+        options.increase_parallelism(2);
+        let db: TransactionDB =
+            TransactionDB::open(&options, &TransactionDBOptions::default(), &path)
+                .with_context(|| format!("opening RocksDB at {}", path.display()))?;
+        load(&db, args)?;
+        let mut write_options = WriteOptions::default();
+        write_options.set_sync(args.durability == DurabilityArg::Disk);
+        let transaction_options = TransactionOptions::default();
+        let driven = drive_clients(
+            args,
+            |_| Ok(0u64),
+            |seq, b, rng| {
+                let delta = i64::from(rng.below(1_999_999)) - 999_999;
+                let account = account_key(b, rng.below(args.accounts));
+                let teller = teller_key(b, rng.below(TELLERS_PER_BRANCH));
+                let txn = db.transaction_opt(&write_options, &transaction_options);
+                for key in [&account, &teller, &branch_key(b)] {
+                    let old = match txn.get_for_update(key, true)? {
+                        Some(r) => balance(&r)?,
+                        None => bail!("RocksDB: row {} missing", String::from_utf8_lossy(key)),
+                    };
+                    txn.put(key, row(old + delta))?;
+                }
+                // History keys: the client's branch and its own sequence, unique per run.
+                *seq += 1;
+                txn.put(history_key(b, *seq), row(delta))?;
+                txn.commit()?;
+                Ok(delta)
+            },
+        )?;
+        for prefix in [b"a", b"t", b"b", b"h"] {
+            let sum = sum_balances(&db, prefix)?;
+            if sum != driven.deltas {
+                bail!(
+                    "RocksDB: TPC-B invariant broken: rows under {:?} sum to {sum}, the clients \
+                     applied {}",
+                    String::from_utf8_lossy(prefix),
+                    driven.deltas
+                );
+            }
+        }
+        drop(db);
+        let _ = std::fs::remove_dir_all(&path);
+        Ok(driven.into_run("rocksdb", "rocksdb-flush", "none", 0, args, repeat))
+    }
+
+    fn load(db: &TransactionDB, args: &TpcbArgs) -> anyhow::Result<()> {
+        let zero = row(0);
+        for b in 0..args.clients {
+            let mut batch = WriteBatchWithTransaction::<true>::default();
+            batch.put(branch_key(b), &zero);
+            for t in 0..TELLERS_PER_BRANCH {
+                batch.put(teller_key(b, t), &zero);
+            }
+            db.write(batch)?;
+            let mut a = 0;
+            while a < args.accounts {
+                let mut batch = WriteBatchWithTransaction::<true>::default();
+                for a in a..(a + LOAD_BATCH).min(args.accounts) {
+                    batch.put(account_key(b, a), &zero);
+                }
+                db.write(batch)?;
+                a += LOAD_BATCH;
+            }
+        }
+        Ok(())
+    }
+
+    /// The sum of the balances of every row whose key starts with `prefix` (one table).
+    fn sum_balances(db: &TransactionDB, prefix: &[u8]) -> anyhow::Result<i64> {
+        let mut sum = 0i64;
+        for item in db.iterator(IteratorMode::From(prefix, Direction::Forward)) {
+            let (key, value) = item?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            sum += balance(&value)?;
+        }
+        Ok(sum)
+    }
+}
