@@ -19,6 +19,7 @@
 //! - [`tpcb`]: `stela-bench tpcb`, TPC-B on stela-store with classical against decoupled
 //!   checkpoints and page cleaning at service intervals (the decoupled-persistence paper's
 //!   Figure 4).
+//! - [`tpcb_chart`]: its SVG chart (tps by service interval).
 //! - [`tpcb_rocksdb`]: RocksDB's TransactionDB as its peer (the `rocksdb` feature).
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
@@ -35,6 +36,7 @@ pub mod power_bench;
 pub mod record;
 pub mod repl_bench;
 pub mod tpcb;
+pub mod tpcb_chart;
 pub mod tpcb_rocksdb;
 pub mod wal_bench;
 

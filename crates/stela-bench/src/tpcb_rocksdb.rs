@@ -32,13 +32,13 @@ pub use with_rocksdb::run;
 #[cfg(feature = "rocksdb")]
 mod with_rocksdb {
     use crate::tpcb::{
-        account_key, balance, branch_key, drive_clients, history_key, row, teller_key,
-        DurabilityArg, TpcbArgs, TpcbRun, TELLERS_PER_BRANCH,
+        account_key, balance, branch_key, delta_and_account, drive_clients, history_key, row,
+        teller_key, DurabilityArg, TpcbArgs, TpcbRun, TELLERS_PER_BRANCH,
     };
     use anyhow::{bail, Context};
     use rocksdb::{
-        Direction, IteratorMode, Options, TransactionDB, TransactionDBOptions, TransactionOptions,
-        WriteBatchWithTransaction, WriteOptions,
+        Direction, ErrorKind, IteratorMode, Options, TransactionDB, TransactionDBOptions,
+        TransactionOptions, WriteBatchWithTransaction, WriteOptions,
     };
     use std::path::Path;
 
@@ -62,23 +62,32 @@ mod with_rocksdb {
         let driven = drive_clients(
             args,
             |_| Ok(0u64),
-            |seq, b, rng| {
-                let delta = i64::from(rng.below(1_999_999)) - 999_999;
-                let account = account_key(b, rng.below(args.accounts));
+            |seq, b, rng| loop {
+                let (delta, account_branch, a) = delta_and_account(args, b, rng);
+                let account = account_key(account_branch, a);
                 let teller = teller_key(b, rng.below(TELLERS_PER_BRANCH));
-                let txn = db.transaction_opt(&write_options, &transaction_options);
-                for key in [&account, &teller, &branch_key(b)] {
-                    let old = match txn.get_for_update(key, true)? {
-                        Some(r) => balance(&r)?,
-                        None => bail!("RocksDB: row {} missing", String::from_utf8_lossy(key)),
-                    };
-                    txn.put(key, row(old + delta))?;
-                }
                 // History keys: the client's branch and its own sequence, unique per run.
                 *seq += 1;
-                txn.put(history_key(b, *seq), row(delta))?;
-                txn.commit()?;
-                Ok(delta)
+                match transaction(
+                    &db,
+                    &write_options,
+                    &transaction_options,
+                    &account,
+                    &teller,
+                    b,
+                    *seq,
+                    delta,
+                ) {
+                    // A lock wait that timed out or a deadlock (remote accounts only): the
+                    // transaction was rolled back; run a new one.
+                    Err(error) if matches!(error.kind(), ErrorKind::Busy | ErrorKind::TimedOut) => {
+                        continue
+                    }
+                    result => {
+                        result?;
+                        return Ok(delta);
+                    }
+                }
             },
         )?;
         for prefix in [b"a", b"t", b"b", b"h"] {
@@ -95,6 +104,32 @@ mod with_rocksdb {
         drop(db);
         let _ = std::fs::remove_dir_all(&path);
         Ok(driven.into_run("rocksdb", "rocksdb-flush", "none", 0, args, repeat))
+    }
+
+    /// One TPC-B transaction: `delta` added to the account, the teller and branch `b`, and
+    /// its history row `seq` added; dropped (rolled back) on any error.
+    #[allow(clippy::too_many_arguments)]
+    fn transaction(
+        db: &TransactionDB,
+        write_options: &WriteOptions,
+        transaction_options: &TransactionOptions,
+        account: &[u8],
+        teller: &[u8],
+        b: u32,
+        seq: u64,
+        delta: i64,
+    ) -> Result<(), rocksdb::Error> {
+        let txn = db.transaction_opt(write_options, transaction_options);
+        for key in [account, teller, &branch_key(b)] {
+            // Every row was loaded; a missing one would read as 0 and break the invariant,
+            // which the run checks at its end.
+            let old = txn
+                .get_for_update(key, true)?
+                .map_or(0, |r| balance(&r).unwrap_or(0));
+            txn.put(key, row(old + delta))?;
+        }
+        txn.put(history_key(b, seq), row(delta))?;
+        txn.commit()
     }
 
     fn load(db: &TransactionDB, args: &TpcbArgs) -> anyhow::Result<()> {

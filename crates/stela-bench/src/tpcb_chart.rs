@@ -1,0 +1,250 @@
+//! The SVG chart of `stela-bench tpcb --chart PATH`: the decoupled-persistence paper's Figure 4
+//! drawn from our runs. Transactions per second (the median of the repeats) by the interval
+//! between checkpoints and cleaning rounds, on a log axis from the most frequent to the rarest;
+//! one line per pairing of checkpoint kind and cleaner, decoupled ones solid and classical
+//! ones dashed; the peers, which have no such interval, as flat lines across the whole axis.
+//!
+//! Text is written as SVG `<text>` elements, so no font files or system libraries are needed.
+
+use crate::tpcb::TpcbRun;
+use anyhow::anyhow;
+use plotters::prelude::*;
+use std::path::Path;
+
+/// Colors: the four pairings of stela-store, then the peers.
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(214, 39, 40),
+    RGBColor(120, 120, 120),
+    RGBColor(148, 103, 189),
+];
+
+/// One line: a system and its configuration, with (interval, median tps) points.
+struct Line {
+    label: String,
+    /// A peer: drawn flat across the axis.
+    peer: bool,
+    /// Classical checkpoints or cleaner: dashed.
+    classical: bool,
+    points: Vec<(u64, f64)>,
+}
+
+/// The median tps of each configuration, as lines.
+fn lines(runs: &[TpcbRun]) -> Vec<Line> {
+    let mut lines: Vec<Line> = Vec::new();
+    let mut keys: Vec<(String, String, String)> = Vec::new();
+    for run in runs {
+        let key = (
+            run.system.clone(),
+            run.checkpoints.clone(),
+            run.cleaner.clone(),
+        );
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    for (system, checkpoints, cleaner) in keys {
+        let mine: Vec<&TpcbRun> = runs
+            .iter()
+            .filter(|r| {
+                (&r.system, &r.checkpoints, &r.cleaner) == (&system, &checkpoints, &cleaner)
+            })
+            .collect();
+        let mut intervals: Vec<u64> = mine.iter().map(|r| r.interval_ms).collect();
+        intervals.sort_unstable();
+        intervals.dedup();
+        let points = intervals
+            .into_iter()
+            .map(|interval| {
+                let mut tps: Vec<f64> = mine
+                    .iter()
+                    .filter(|r| r.interval_ms == interval)
+                    .map(|r| r.tps)
+                    .collect();
+                tps.sort_by(f64::total_cmp);
+                (interval, tps[tps.len() / 2])
+            })
+            .collect();
+        let peer = system != "stela-store";
+        lines.push(Line {
+            label: if peer {
+                system.clone()
+            } else {
+                format!("checkpoints {checkpoints}, cleaner {cleaner}")
+            },
+            peer,
+            classical: checkpoints == "classical" || cleaner == "classical",
+            points,
+        });
+    }
+    lines
+}
+
+/// Saves the chart of `runs` at `path`.
+///
+/// # Errors
+/// No stela-store runs (the axis is their intervals), or the file cannot be written.
+pub fn save_tpcb_chart(runs: &[TpcbRun], path: &Path) -> anyhow::Result<()> {
+    let lines = lines(runs);
+    let mut intervals: Vec<u64> = lines
+        .iter()
+        .filter(|l| !l.peer)
+        .flat_map(|l| l.points.iter().map(|p| p.0))
+        .collect();
+    intervals.sort_unstable();
+    intervals.dedup();
+    let (Some(&first), Some(&last)) = (intervals.first(), intervals.last()) else {
+        anyhow::bail!("no stela-store runs to chart (the chart's axis is their intervals)");
+    };
+    let run = &runs[0];
+    let caption = format!(
+        "TPC-B, {} clients, {} durability: tps by checkpoint and cleaning interval",
+        run.clients, run.durability
+    );
+    draw(&lines, &intervals, (first, last), &caption, path)
+        .map_err(|e| anyhow!("chart {}: {e}", path.display()))
+}
+
+fn draw(
+    lines: &[Line],
+    intervals: &[u64],
+    (first, last): (u64, u64),
+    caption: &str,
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let max_tps = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .fold(0f64, f64::max);
+    // A log axis needs room on both sides of the points (and a positive start).
+    let (x_lo, x_hi) = ((first as f64 / 2.0).max(0.5), last as f64 * 2.0);
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(
+            (x_lo..x_hi)
+                .log_scale()
+                .with_key_points(intervals.iter().map(|&i| i as f64).collect::<Vec<_>>()),
+            0f64..(max_tps * 1.25).max(1.0),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("interval between checkpoints and cleaning rounds, ms (log scale)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_desc("transactions/s (median of repeats)")
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .draw()?;
+    for (index, line) in lines.iter().enumerate() {
+        let color = COLORS[index % COLORS.len()];
+        let style = ShapeStyle {
+            color: color.to_rgba(),
+            filled: false,
+            stroke_width: if line.peer { 1 } else { 3 },
+        };
+        let points: Vec<(f64, f64)> = if line.peer {
+            let tps = line.points.first().map_or(0.0, |p| p.1);
+            vec![(x_lo, tps), (x_hi, tps)]
+        } else {
+            line.points.iter().map(|&(i, t)| (i as f64, t)).collect()
+        };
+        if line.classical {
+            chart
+                .draw_series(DashedLineSeries::new(points.clone(), 8, 5, style))?
+                .label(line.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        } else {
+            chart
+                .draw_series(LineSeries::new(points.clone(), style))?
+                .label(line.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+        if !line.peer {
+            chart.draw_series(
+                points
+                    .iter()
+                    .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+            )?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(system: &str, checkpoints: &str, cleaner: &str, interval_ms: u64, tps: f64) -> TpcbRun {
+        TpcbRun {
+            system: system.into(),
+            checkpoints: checkpoints.into(),
+            cleaner: cleaner.into(),
+            interval_ms,
+            clients: 2,
+            durability: "disk".into(),
+            repeat: 1,
+            tps,
+            p50_us: 1,
+            p99_us: 2,
+            cpu_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn lines_take_the_median_of_the_repeats_per_interval() {
+        let runs = [
+            run("stela-store", "decoupled", "decoupled", 1, 100.0),
+            run("stela-store", "decoupled", "decoupled", 1, 300.0),
+            run("stela-store", "decoupled", "decoupled", 1, 200.0),
+            run("stela-store", "decoupled", "decoupled", 10, 50.0),
+            run("sqlite", "wal-autocheckpoint", "none", 0, 70.0),
+        ];
+        let lines = lines(&runs);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].points, vec![(1, 200.0), (10, 50.0)]);
+        assert!(!lines[0].peer && !lines[0].classical);
+        assert!(lines[1].peer);
+    }
+
+    #[test]
+    fn the_chart_is_an_svg_naming_each_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tpcb.svg");
+        let runs = [
+            run("stela-store", "classical", "decoupled", 1, 100.0),
+            run("stela-store", "classical", "decoupled", 1000, 180.0),
+            run("stela-store", "decoupled", "decoupled", 1, 170.0),
+            run("stela-store", "decoupled", "decoupled", 1000, 175.0),
+            run("rocksdb", "rocksdb-flush", "none", 0, 120.0),
+        ];
+        save_tpcb_chart(&runs, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg"));
+        for label in [
+            "checkpoints classical, cleaner decoupled",
+            "checkpoints decoupled, cleaner decoupled",
+            "rocksdb",
+        ] {
+            assert!(svg.contains(label), "{label} missing");
+        }
+    }
+
+    #[test]
+    fn a_chart_without_stela_store_runs_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = [run("sqlite", "wal-autocheckpoint", "none", 0, 70.0)];
+        assert!(save_tpcb_chart(&runs, &dir.path().join("x.svg")).is_err());
+    }
+}
