@@ -235,6 +235,26 @@ fn remove_scratch(storage: &Arc<dyn Storage>, scratch: &Path) {
 /// The share of the budget the cap fills with data, at the measured rate.
 pub const RATE_SAFETY: f64 = 0.5;
 
+/// The daemon's dirty-byte cap (see [`dirty_cap`]): the disk's write rate (measured at start,
+/// or assumed when the configuration says so) and the pool's size under the power window.
+pub fn cap_for(config: &crate::config::DaemonConfig) -> Result<DirtyCap, crate::error::StartError> {
+    use crate::error::StartError;
+    let pool_bytes = (config.buffers * config.buffer_bytes) as u64;
+    let (rate, source) = match config.assume_write_rate {
+        Some(rate) => (rate, RateSource::Assumed),
+        None => start_up_rate(&config.storage, &config.dir, pool_bytes).map_err(|source| {
+            StartError::Measure {
+                path: config.dir.clone(),
+                source,
+            }
+        })?,
+    };
+    let mut cap = dirty_cap(pool_bytes, rate, config.power_window);
+    cap.derivation = format!("{}; disk rate {}", cap.derivation, source.describe());
+    tracing::info!(derivation = %cap.derivation, "dirty-byte cap");
+    Ok(cap)
+}
+
 /// The cap: min(pool size, rate x window / 2 x [`RATE_SAFETY`]).
 pub fn dirty_cap(pool_bytes: u64, write_bytes_per_s: u64, power_window: Duration) -> DirtyCap {
     let budget = power_window / 2;

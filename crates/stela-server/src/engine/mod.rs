@@ -59,19 +59,7 @@ impl Engine {
                 path: config.dir.clone(),
                 source,
             })?;
-        let pool_bytes = (config.buffers * config.buffer_bytes) as u64;
-        let (rate, source) = match config.assume_write_rate {
-            Some(rate) => (rate, measure::RateSource::Assumed),
-            None => measure::start_up_rate(&config.storage, &config.dir, pool_bytes).map_err(
-                |source| StartError::Measure {
-                    path: config.dir.clone(),
-                    source,
-                },
-            )?,
-        };
-        let mut cap = measure::dirty_cap(pool_bytes, rate, config.power_window);
-        cap.derivation = format!("{}; disk rate {}", cap.derivation, source.describe());
-        tracing::info!(derivation = %cap.derivation, "dirty-byte cap");
+        let cap = measure::cap_for(config)?;
         let pool: Arc<Pool<Waiter>> = Arc::new(Pool::new(PoolConfig {
             buffers: config.buffers,
             buffer_bytes: config.buffer_bytes,

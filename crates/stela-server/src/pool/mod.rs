@@ -30,7 +30,9 @@
 //! `flush_interval`, is needed by a `disk` waiter, or the daemon is draining (power failure,
 //! shutdown, closing the log). No I/O happens here: a flusher takes [`Work`], writes it and
 //! reports back with [`Pool::complete`], which hands back the `disk` waiters it satisfied.
+//! When a log's next round starts under concurrent `disk` commits is [`gather`]'s decision.
 
+mod gather;
 mod view;
 
 pub use view::{PoolRead, PoolStats, Ship};
@@ -208,6 +210,7 @@ struct LogState<W> {
     dirty: usize,
     /// `disk` waiters: (LSN, who to tell).
     waiters: Vec<(u64, W)>,
+    gather: gather::Gathering,
 }
 
 #[derive(Debug)]
@@ -351,6 +354,7 @@ impl<W> Pool<W> {
             closing: false,
             dirty: 0,
             waiters: Vec::new(),
+            gather: gather::Gathering::default(),
         }));
         state.logs.len() - 1
     }
@@ -523,7 +527,7 @@ impl<W> Pool<W> {
         let Some(entry) = state.logs[log].as_ref() else {
             return 0;
         };
-        if entry.writing || entry.failure.is_some() {
+        if entry.writing || entry.gather.active || entry.failure.is_some() {
             return 0;
         }
         let draining = state.admission != Admission::Open || entry.closing;
@@ -582,6 +586,7 @@ impl<W> Pool<W> {
             work.slots.push(slot);
         }
         log_mut(state, log).writing = true;
+        log_mut(state, log).gather.round_started(now);
         Some(work)
     }
 
@@ -590,6 +595,7 @@ impl<W> Pool<W> {
     pub fn next_work(&self) -> Option<Work> {
         let mut state = lock(&self.state);
         loop {
+            state = self.gather_if_due(state);
             if let Some(work) = self.take_work(&mut state) {
                 // More may be waiting for another flusher (another log).
                 if (0..state.logs.len()).any(|l| self.eligible_bytes(&state, l, Instant::now()) > 0)
@@ -671,6 +677,7 @@ impl<W> Pool<W> {
                 .into_iter()
                 .partition::<Vec<_>, _>(|(lsn, _)| *lsn <= durable);
             entry.waiters = waiting;
+            entry.gather.round_done(done.len());
             released.extend(done.into_iter().map(|(_, w)| (w, Ok(()))));
             state.dirty -= bytes;
             state.bytes_written += bytes as u64;
@@ -758,9 +765,11 @@ impl<W> Pool<W> {
             return Err((waiter, PoolError::DiskFull(Failure::clone(failure))));
         }
         entry.waiters.push((lsn, waiter));
-        // A flusher writing this log takes the rest when it is done.
-        let wake = lsn > entry.urgent_to && !entry.writing;
+        // A flusher writing this log takes the rest when it is done; one gathering committers
+        // for it is told by `note_waiter`.
+        let wake = lsn > entry.urgent_to && !entry.writing && !entry.gather.active;
         entry.urgent_to = entry.urgent_to.max(lsn);
+        self.note_waiter(entry);
         if wake {
             self.wake_flusher(&state);
         }
