@@ -1,6 +1,6 @@
 //! A loom model of the shared-memory ring: every interleaving (up to a preemption bound) of the
 //! client's writer and the daemon's copier, run against the rings' own code. Under
-//! `--cfg loom`, `shm/sync.rs` gives both ends loom's atomics and fences, and `shm/region.rs`
+//! `--cfg stela_loom`, `shm/sync.rs` gives both ends loom's atomics and fences, and `shm/region.rs`
 //! replaces the mapping with an in-memory region: loom atomics for the header words, one
 //! `loom::cell::UnsafeCell` per 8-byte data word and per result slot, the futex as a loom
 //! mutex + condition variable (the kernel's check-and-sleep under the bucket lock), and the
@@ -10,7 +10,7 @@
 //! Run it (not part of the default `cargo test`, where this file compiles to nothing):
 //!
 //! ```sh
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//! RUSTFLAGS="--cfg stela_loom" CARGO_TARGET_DIR=target/loom \
 //!     cargo test -p stela-net --test loom_ring --release -- --nocapture --test-threads=1
 //! ```
 //!
@@ -63,7 +63,7 @@
 //! - **a corrupted entry stops the ring**: the daemon completes the entries before it, never it
 //!   nor anything after it, and the client waiting for it (or submitting after it) gets
 //!   `Faulted` naming it.
-#![cfg(loom)]
+#![cfg(stela_loom)]
 
 use loom::sync::atomic::AtomicBool;
 use loom::sync::Arc;

@@ -16,7 +16,7 @@
 //! - `mark_gone` wakes a client sleeping on a completion.
 //!
 //! No test measures time; every wait ends on an event (the example `ring_rtt` measures).
-#![cfg(not(loom))]
+#![cfg(not(stela_loom))]
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

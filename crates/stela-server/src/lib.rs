@@ -45,22 +45,22 @@ pub mod metrics;
 // The event loop and start-up are left out of the loom build: the shared-memory ring's cells
 // are loom's there (modelled in stela-net's own loom test), which the loop cannot hand between
 // threads, and the pool model needs neither.
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 mod net;
 pub mod pool;
 pub mod replication;
 mod sched;
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub mod server;
 mod sync;
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 mod workers;
 
 pub use config::DaemonConfig;
 pub use error::{Error, StartError};
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub use net::limits;
 pub use pool::{Pool, PoolConfig, PoolError};
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub use server::Server;
 pub use stela_net::tls::{ClientTlsFiles, ServerTlsFiles};

@@ -1,10 +1,10 @@
-//! The synchronisation primitives of the buffer pool, swapped for loom's under `--cfg loom` so
+//! The synchronisation primitives of the buffer pool, swapped for loom's under `--cfg stela_loom` so
 //! the model in `tests/loom_pool.rs` explores every interleaving of appenders, the flusher and
 //! the emergency flush against the very code the daemon runs.
 
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Waits on `condvar` for at most `timeout`. Loom has no clock, so there the wait is untimed:
@@ -14,12 +14,12 @@ pub(crate) fn wait_timeout<'a, T>(
     guard: MutexGuard<'a, T>,
     timeout: std::time::Duration,
 ) -> MutexGuard<'a, T> {
-    #[cfg(loom)]
+    #[cfg(stela_loom)]
     {
         let _ = timeout;
         condvar.wait(guard).unwrap_or_else(|e| e.into_inner())
     }
-    #[cfg(not(loom))]
+    #[cfg(not(stela_loom))]
     {
         condvar
             .wait_timeout(guard, timeout)
@@ -40,7 +40,7 @@ pub(crate) fn lock<M: Lock + ?Sized>(mutex: &M) -> M::Guard<'_> {
 }
 
 /// A mutex [`lock`] takes: std's always (the modules around the pool keep std's mutexes), and
-/// under `--cfg loom` also loom's, so the whole crate compiles for the loom model.
+/// under `--cfg stela_loom` also loom's, so the whole crate compiles for the loom model.
 pub(crate) trait Lock {
     type Guard<'a>
     where
@@ -58,7 +58,7 @@ impl<T: ?Sized> Lock for std::sync::Mutex<T> {
     }
 }
 
-#[cfg(loom)]
+#[cfg(stela_loom)]
 impl<T> Lock for loom::sync::Mutex<T> {
     type Guard<'a>
         = loom::sync::MutexGuard<'a, T>

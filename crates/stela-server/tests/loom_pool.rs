@@ -1,12 +1,12 @@
 //! A loom model of the buffer pool: every interleaving (up to a preemption bound) of appenders,
 //! flushers, `disk` waiters and the emergency flush, run against the pool's own code (under
-//! `--cfg loom`, `pool.rs` takes its Mutex, Condvar and Arc from loom through `crate::sync`).
+//! `--cfg stela_loom`, `pool.rs` takes its Mutex, Condvar and Arc from loom through `crate::sync`).
 //!
 //! Run it (a few minutes on 2 cores, plus the build; not part of the default `cargo test`,
 //! where this file compiles to nothing):
 //!
 //! ```sh
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//! RUSTFLAGS="--cfg stela_loom" CARGO_TARGET_DIR=target/loom \
 //!     cargo test -p stela-server --test loom_pool --release -- --nocapture
 //! ```
 //!
@@ -36,7 +36,7 @@
 //! - fail stop: once a write of one log fails, its `disk` waiter and its later appends are told
 //!   (`Failed`), its buffers are given back, the drain still ends, and the other log's records
 //!   are all written.
-#![cfg(loom)]
+#![cfg(stela_loom)]
 
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;

@@ -1,13 +1,13 @@
 //! A loom model of commit protection (`stela_server::replication::protection`): every
 //! interleaving of a `replicated` commit's wait, the standby's acknowledgements, a term change
 //! (the standby refuses this primary's term, or this primary steps down) and the degrade
-//! policy, run against the daemon's own code (under `--cfg loom` its Mutex is loom's through
+//! policy, run against the daemon's own code (under `--cfg stela_loom` its Mutex is loom's through
 //! `crate::sync`).
 //!
 //! Run it (not part of the default `cargo test`, where this file compiles to nothing):
 //!
 //! ```sh
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//! RUSTFLAGS="--cfg stela_loom" CARGO_TARGET_DIR=target/loom \
 //!     cargo test -p stela-server --test loom_protection --release -- --nocapture
 //! ```
 //!
@@ -19,7 +19,7 @@
 //!   (never by the fence);
 //! - after a fence, no new wait above what was acknowledged is held or answered `Ok`: an old
 //!   primary cannot collect a `replicated` acknowledgement after a term change.
-#![cfg(loom)]
+#![cfg(stela_loom)]
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;

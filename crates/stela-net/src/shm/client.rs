@@ -156,7 +156,7 @@ impl ClientRing {
     /// # Errors
     /// [`ShmError::Unsealed`], [`ShmError::Layout`] (a bad header or a size that does not
     /// match it), [`ShmError::Inconsistent`] for a ring already in use, [`ShmError::Io`].
-    #[cfg(not(loom))]
+    #[cfg(not(stela_loom))]
     pub fn from_fds(
         memfd: std::os::fd::OwnedFd,
         eventfd: std::os::fd::OwnedFd,
@@ -537,7 +537,7 @@ impl ClientRing {
     }
 
     /// Writes `value` over the data word at `position`: the model's wild write.
-    #[cfg(loom)]
+    #[cfg(stela_loom)]
     pub fn model_scribble(&self, position: usize, value: u64) {
         self.region.scribble(position, value);
     }

@@ -16,7 +16,7 @@
 //!   (adaptive spin, then the futex), and the [`GoneHandle`] a watcher uses when the daemon dies.
 //! - `os.rs`: memfd and seals, [`Mapping`], eventfd, futex, SCM_RIGHTS.
 //! - `region.rs`: the region as both ends see it (header atomics, raw copies), swapped for an
-//!   in-memory model under `--cfg loom` together with `sync.rs`; `tests/loom_ring.rs` checks
+//!   in-memory model under `--cfg stela_loom` together with `sync.rs`; `tests/loom_ring.rs` checks
 //!   the two ends' real code against it.
 //!
 //! ```
@@ -117,7 +117,7 @@ fn describe_fault(code: u32) -> String {
 }
 
 /// The loom model's way in: a ring over an in-memory region, and the client crash switch.
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub mod model {
     pub use super::region::Doorbell;
     pub use super::sync::model_crash::{arm, Killed};

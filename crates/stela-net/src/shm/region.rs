@@ -1,7 +1,7 @@
 //! The ring region as the two ends see it: the header words as atomics, raw copies in and out
 //! of the data area and the result slots, the futex on `wake`, and the doorbell.
 //!
-//! Normally the region is a [`Mapping`] of the ring's memfd. Under `--cfg loom` it is an
+//! Normally the region is a [`Mapping`] of the ring's memfd. Under `--cfg stela_loom` it is an
 //! in-memory stand-in with the same surface: loom atomics for the header words, one
 //! `loom::cell::UnsafeCell` per 8-byte word of the data area and per result slot (so loom
 //! reports any read of bytes the other side may be writing), and the futex and the eventfd
@@ -14,15 +14,15 @@
 //! offset they take is checked against the layout (an out-of-range offset is a bug on our
 //! side: it panics rather than touch memory outside the region).
 
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub(crate) use real::{Doorbell, Region};
 
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub use model::Doorbell;
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub(crate) use model::Region;
 
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 mod real {
     use super::super::os::{self, Mapping};
     use super::super::sync::{AtomicU32, AtomicU64};
@@ -236,7 +236,7 @@ mod real {
     }
 }
 
-#[cfg(loom)]
+#[cfg(stela_loom)]
 mod model {
     use super::super::sync::{Arc, AtomicU32, AtomicU64};
     use loom::cell::UnsafeCell;

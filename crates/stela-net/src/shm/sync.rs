@@ -1,26 +1,26 @@
-//! The atomics the ring's two ends use, swapped for loom's under `--cfg loom` (as
+//! The atomics the ring's two ends use, swapped for loom's under `--cfg stela_loom` (as
 //! `stela-server/src/sync.rs` does for the pool), so `tests/loom_ring.rs` checks the very
 //! producer and consumer code the daemon and the client run. Also the model's crash points.
 
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub(crate) use loom::sync::Arc;
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub(crate) use std::sync::Arc;
 
 /// A point between two steps of the client where the loom model may kill it. Compiles to
 /// nothing outside the model.
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 #[inline(always)]
 pub(crate) fn crash_point() {}
 
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub(crate) use model_crash::crash_point;
 
-#[cfg(loom)]
+#[cfg(stela_loom)]
 pub(crate) mod model_crash {
     use std::cell::Cell;
 

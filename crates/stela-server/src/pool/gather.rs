@@ -63,7 +63,7 @@ impl<W> Pool<W> {
     ) -> MutexGuard<'a, State<W>> {
         // Under loom there is no clock (a timed wait is untimed there) and a gathering no
         // committer completes would hang the model; gathering only delays a round.
-        if cfg!(loom) {
+        if cfg!(stela_loom) {
             return state;
         }
         let Some(log) = (0..state.logs.len()).find(|&log| wants_gathering(&state, log)) else {

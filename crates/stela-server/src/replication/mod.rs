@@ -32,7 +32,7 @@
 mod acks;
 pub mod protection;
 mod ship;
-#[cfg(not(loom))]
+#[cfg(not(stela_loom))]
 pub mod standby;
 
 use acks::{fence, read_acks, read_acks_polled, release, AckInbox};

@@ -16,7 +16,7 @@ impl DaemonRing {
     ///
     /// # Errors
     /// [`ShmError::Layout`] for sizes out of bounds; [`ShmError::Io`] naming the failed call.
-    #[cfg(not(loom))]
+    #[cfg(not(stela_loom))]
     pub fn create(
         data_bytes: u64,
         slots: u32,
@@ -40,13 +40,13 @@ impl DaemonRing {
 
     /// The doorbell's descriptor, to register for reading in the event loop (epoll/mio). It
     /// becomes readable when the client published while [`DaemonRing::set_asleep`] was set.
-    #[cfg(not(loom))]
+    #[cfg(not(stela_loom))]
     pub fn doorbell_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.doorbell.fd()
     }
 
     /// The model's doorbell, for the loom harness to wait on.
-    #[cfg(loom)]
+    #[cfg(stela_loom)]
     pub fn model_doorbell(&self) -> Doorbell {
         self.doorbell.clone()
     }
