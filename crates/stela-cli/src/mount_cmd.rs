@@ -1,5 +1,6 @@
 //! `stela mount`: serves a stela-backed file system on a mount point until it is unmounted
-//! (`fusermount3 -u`, SIGTERM or SIGINT).
+//! (`fusermount3 -u`, SIGTERM or SIGINT). `stela mount-follow`: a standby node's copy of the
+//! files, kept current from the standby daemon's copy of the mount's log until SIGTERM/SIGINT.
 
 use crate::service::TargetArgs;
 use std::io::Write;
@@ -91,6 +92,35 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 tracing::warn!("stela mount: no signal handler ({e}); unmount with fusermount3 -u")
             }
         }
+    })?;
+    Ok(())
+}
+
+/// `stela mount-follow`.
+#[derive(clap::Args, Debug)]
+pub struct FollowArgs {
+    /// The standby daemon's copy of the mount's log: its `--dir`, then `logs/NAME`.
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: PathBuf,
+    /// This node's backing directory (the one `stela mount --backing` uses after a promotion).
+    #[arg(long, value_name = "DIR")]
+    pub backing: PathBuf,
+}
+
+pub fn follow(args: FollowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, std::sync::Arc::clone(&stop))?;
+    }
+    writeln!(
+        out,
+        "stela mount-follow: {} follows {}",
+        args.backing.display(),
+        args.log_dir.display()
+    )?;
+    out.flush()?;
+    stela_mount::run_follower(&args.log_dir, &args.backing, &stop, &|applied| {
+        tracing::debug!(applied, "stela mount-follow: checkpoint");
     })?;
     Ok(())
 }
