@@ -19,6 +19,9 @@
 //! - [`tpcb`]: `stela-bench tpcb`, TPC-B on stela-store with classical against decoupled
 //!   checkpoints and page cleaning at service intervals (the decoupled-persistence paper's
 //!   Figure 4).
+//! - [`pg_failover`]: `stela-bench pg-failover`, PostgreSQL on a `replicated` mount failing
+//!   over between two nodes, with a client counting acknowledged rows ([`pg_wire`]: its
+//!   PostgreSQL protocol).
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
 pub mod chart;
@@ -30,6 +33,8 @@ pub mod harness;
 pub mod netns;
 pub mod peers;
 pub mod pg_bench;
+pub mod pg_failover;
+pub mod pg_wire;
 pub mod power_bench;
 pub mod record;
 pub mod repl_bench;

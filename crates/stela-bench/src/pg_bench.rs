@@ -82,6 +82,11 @@ fn pg_bin(args: &PgBenchArgs) -> anyhow::Result<PathBuf> {
     if let Some(bin) = &args.pg_bin {
         return Ok(bin.clone());
     }
+    newest_pg_bin()
+}
+
+/// The bin directory of the newest PostgreSQL under /usr/lib/postgresql (Debian's layout).
+pub(crate) fn newest_pg_bin() -> anyhow::Result<PathBuf> {
     let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
         .context(
             "PostgreSQL is not installed (/usr/lib/postgresql missing; apt-get install postgresql)",
@@ -96,7 +101,11 @@ fn pg_bin(args: &PgBenchArgs) -> anyhow::Result<PathBuf> {
 }
 
 /// Runs a command as the postgres user (as root: through runuser).
-fn as_postgres(program: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+pub(crate) fn as_postgres(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<String> {
     let mut command = Command::new("runuser");
     command
         .args(["-u", "postgres", "--"])
@@ -121,7 +130,7 @@ fn as_postgres(program: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::R
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn chown_postgres(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn chown_postgres(path: &Path) -> anyhow::Result<()> {
     let status = Command::new("chown")
         .args(["-R", "postgres:postgres"])
         .arg(path)
@@ -135,7 +144,7 @@ fn chown_postgres(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn is_mounted(point: &Path) -> bool {
+pub(crate) fn is_mounted(point: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     let wanted = point.to_string_lossy();
     mounts

@@ -84,7 +84,7 @@ impl DaemonLog {
     /// was promoted); `None` without a standby. An error (the status cannot be asked) counts
     /// as "holds nothing": truncation waits for the next checkpoint.
     fn standby_holds(&self) -> Option<u64> {
-        let report = Connection::connect(&self.address)
+        let report = Connection::connect_admin(&self.address)
             .and_then(|mut connection| connection.request(RequestBody::Status));
         let report = match report {
             Ok(ResponseBody::Status(report)) => report,
