@@ -256,6 +256,14 @@ impl Node {
 
     fn start_postgres(&mut self, bin: &Path, sockets: &Path, port: u16) -> anyhow::Result<()> {
         let data = self.mountpoint.join("pgdata");
+        // The dead primary's lock file names a PID of another node (which may be in use here):
+        // the old primary is fenced (its daemon is dead or stepped down, so nothing it writes
+        // is kept), so the lock file is removed, as the failover driver does.
+        match std::fs::remove_file(data.join("postmaster.pid")) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).context("removing the dead primary's postmaster.pid"),
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -284,8 +292,16 @@ impl Node {
         if let Some(mut postgres) = self.postgres.take() {
             if let Some(group) = rustix::process::Pid::from_raw(postgres.id() as i32) {
                 let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+                let _ = postgres.wait();
+                // The postmaster is runuser's child: it is gone once init has reaped it. Until
+                // then its PID in postmaster.pid names a live process (on one machine).
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while rustix::process::test_kill_process_group(group).is_ok()
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
-            let _ = postgres.wait();
         }
         if let Some(mut mount) = self.mount.take() {
             let _ = mount.kill();

@@ -407,6 +407,7 @@ pub fn read_available(
     let newest = segments.last().map(|s| s.start).unwrap_or(first);
     let paths: Vec<(Lsn, PathBuf)> = segments.iter().map(|s| (s.start, s.path.clone())).collect();
     let mut reader = RawReader::new(storage, segments, from, Lsn::new(u64::MAX), u32::MAX, false);
+    reader.end_at_tail();
     if let Some(point) = at {
         reader.start_at(point);
     }
