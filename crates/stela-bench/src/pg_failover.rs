@@ -12,7 +12,10 @@
 //!
 //! Figures per fault: `downtime_ms`, from the SIGKILL to the first commit acknowledged by the
 //! new primary (on a connection opened after the fault); `acked`, rows acknowledged before the
-//! fault (since the run began); `lost`, those of them missing from the table on the new primary.
+//! fault (since the run began); `lost`, those of them missing from the table on the new
+//! primary; and where the time went, each from the fault: `killed_ms` (every process of the
+//! killed node reaped), `promoted_ms` (the standby's daemon answers as the primary) and
+//! `mounted_ms` (its mount is up).
 //!
 //! All processes run on this machine on loopback (each node has its own directories, ports and
 //! mount point): a FUSE mount made under `ip netns exec` lives in that command's own mount
@@ -71,6 +74,13 @@ pub struct FaultRow {
     pub downtime_ms: f64,
     pub acked: u64,
     pub lost: u64,
+    /// From the fault to every process of the killed node reaped (on one machine a SIGKILLed
+    /// process finishes what it is in the kernel for, e.g. a disk sync, before it is gone).
+    pub killed_ms: f64,
+    /// From the fault to the standby's daemon answering as the primary.
+    pub promoted_ms: f64,
+    /// From the fault to the new primary's mount being up (its follower stopped first).
+    pub mounted_ms: f64,
 }
 
 /// The run's summary.
@@ -287,27 +297,39 @@ impl Node {
         Ok(())
     }
 
-    /// The fault: SIGKILL of PostgreSQL (its whole process group), the mount and the daemon.
+    /// The fault: SIGKILL of PostgreSQL (its whole process group), the mount and the daemon,
+    /// all sent before any is waited for (a node dying at once); then each is reaped.
     fn kill_primary(&mut self) {
+        let group = self
+            .postgres
+            .as_ref()
+            .and_then(|postgres| rustix::process::Pid::from_raw(postgres.id() as i32));
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+        if let Some(mount) = &self.mount {
+            signal(mount, rustix::process::Signal::KILL);
+        }
+        if let Some(daemon) = &self.daemon {
+            signal(&daemon.0, rustix::process::Signal::KILL);
+        }
         if let Some(mut postgres) = self.postgres.take() {
-            if let Some(group) = rustix::process::Pid::from_raw(postgres.id() as i32) {
-                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
-                let _ = postgres.wait();
-                // The postmaster is runuser's child: it is gone once init has reaped it. Until
-                // then its PID in postmaster.pid names a live process (on one machine).
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while rustix::process::test_kill_process_group(group).is_ok()
-                    && Instant::now() < deadline
-                {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+            let _ = postgres.wait();
+        }
+        if let Some(group) = group {
+            // The postmaster is runuser's child: it is gone once init has reaped it. Until
+            // then its PID in postmaster.pid names a live process (on one machine).
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while rustix::process::test_kill_process_group(group).is_ok()
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
         if let Some(mut mount) = self.mount.take() {
-            let _ = mount.kill();
             let _ = mount.wait();
         }
-        self.daemon = None; // Killed: SIGKILL and wait
+        self.daemon = None; // Killed: SIGKILL (again, harmless) and wait
     }
 
     /// After the fault: the dead mount's mount point is detached so the node can serve again.
@@ -539,7 +561,10 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     let mut rows = Vec::new();
     let mut primary = 0usize;
     if !args.json {
-        writeln!(out, "fault  downtime_ms  acked  lost")?;
+        writeln!(
+            out,
+            "fault  downtime_ms  killed_ms  promoted_ms  mounted_ms  acked  lost"
+        )?;
     }
     let result = (|| -> anyhow::Result<()> {
         for fault in 1..=args.faults {
@@ -564,8 +589,10 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
             wait_until("the standby's promotion", Duration::from_secs(30), || {
                 nodes[standby].role().as_deref() == Some("primary")
             })?;
+            let promoted = fault_at.elapsed();
             nodes[standby].stop_follower()?;
             nodes[standby].start_mount(&stela)?;
+            let mounted = fault_at.elapsed();
             nodes[standby].start_postgres(&bin, &sockets, pg_port)?;
             let acks_ref = &acks;
             wait_until(
@@ -605,14 +632,23 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                 downtime_ms: downtime.as_secs_f64() * 1e3,
                 acked: acked.len() as u64,
                 lost,
+                killed_ms: (killed_at - fault_at).as_secs_f64() * 1e3,
+                promoted_ms: promoted.as_secs_f64() * 1e3,
+                mounted_ms: mounted.as_secs_f64() * 1e3,
             };
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&row)?)?;
             } else {
                 writeln!(
                     out,
-                    "{:>5}  {:>11.0}  {:>5}  {:>4}",
-                    row.fault, row.downtime_ms, row.acked, row.lost
+                    "{:>5}  {:>11.0}  {:>9.0}  {:>11.0}  {:>10.0}  {:>5}  {:>4}",
+                    row.fault,
+                    row.downtime_ms,
+                    row.killed_ms,
+                    row.promoted_ms,
+                    row.mounted_ms,
+                    row.acked,
+                    row.lost
                 )?;
             }
             out.flush()?;
