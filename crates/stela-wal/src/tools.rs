@@ -436,7 +436,7 @@ pub fn read_available(
                 // The bytes after the last complete record of the newest segment are the
                 // writer's, not damage. (A reader stopping in an older segment was not at the
                 // tail: that segment is complete, so what fails there is damage.)
-                let in_newest = point.map_or(true, |p| p.segment_start >= newest);
+                let in_newest = point.is_none_or(|p| p.segment_start >= newest);
                 if in_newest && matches!(error, Error::Corruption(_)) {
                     break;
                 }
