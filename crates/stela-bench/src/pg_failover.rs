@@ -205,6 +205,8 @@ impl Node {
             self.dir.join("logs").join(LOG).display().to_string(),
             "--backing".into(),
             self.backing.display().to_string(),
+            "--socket".into(),
+            self.socket().display().to_string(),
         ];
         self.follower = Some(spawn_logged(stela, &args, &self.log("follow"))?);
         Ok(())

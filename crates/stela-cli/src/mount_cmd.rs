@@ -105,6 +105,10 @@ pub struct FollowArgs {
     /// This node's backing directory (the one `stela mount --backing` uses after a promotion).
     #[arg(long, value_name = "DIR")]
     pub backing: PathBuf,
+    /// The standby daemon (asked how far its copy agrees with the primary's: records a
+    /// returning old primary holds beyond that may be cut by reprotection).
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 pub fn follow(args: FollowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -119,8 +123,14 @@ pub fn follow(args: FollowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         args.log_dir.display()
     )?;
     out.flush()?;
-    stela_mount::run_follower(&args.log_dir, &args.backing, &stop, &|applied| {
-        tracing::debug!(applied, "stela mount-follow: checkpoint");
-    })?;
+    stela_mount::run_follower(
+        &args.log_dir,
+        args.target.address()?,
+        &args.backing,
+        &stop,
+        &|applied| {
+            tracing::debug!(applied, "stela mount-follow: checkpoint");
+        },
+    )?;
     Ok(())
 }

@@ -8,9 +8,13 @@
 //!
 //! Owns: reading the mirrored log's files (read only, no lock: the standby daemon writes
 //! them). Invariants:
-//! - **Only what the standby's disk holds is applied.** A record is applied only after the
-//!   segment files it was read from were fdatasync'ed by the follower itself, so the backing
-//!   files never hold a change the standby's log could lose in a crash of the node.
+//! - **Only what the current primary agrees with, and the standby's disk holds, is applied.**
+//!   A node that comes back as the standby (an old primary) may hold records at the end of its
+//!   log that its new primary never had; reprotection cuts them when the primary's stream
+//!   connects. So the follower applies a record only once the standby daemon reports the log's
+//!   stream connected with the record durable (`durable_lsn` in its status: the stream is up
+//!   only after the cut), or once the daemon is itself the primary (its log is then the
+//!   history). It also fdatasyncs the segment files it read before applying from them.
 //! - **Never ahead of the log, never behind its start.** The follower applies records in log
 //!   order from its snapshot's LSN; a standby's copy is never truncated by the primary (the
 //!   mount's truncation is not shipped), so every record after the snapshot is there. A log
@@ -22,12 +26,18 @@ use crate::materialise::Source;
 use crate::record::FsRecord;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use stela_client::{Address, Connection};
+use stela_proto::{RequestBody, ResponseBody};
 use stela_wal::storage::{StdStorage, Storage};
 use stela_wal::{Lsn, ReadPoint};
 
 /// A standby daemon's copy of a mount's log, read from its segment files.
 pub struct MirroredLog {
     dir: PathBuf,
+    /// The log's name in the daemon (the directory's name).
+    name: String,
+    /// The standby daemon, asked how far its copy agrees with the primary.
+    daemon: Address,
     storage: Arc<dyn Storage>,
     /// Where the last read stopped, so the next one does not re-read its segment.
     point: Option<ReadPoint>,
@@ -36,10 +46,15 @@ pub struct MirroredLog {
 }
 
 impl MirroredLog {
-    /// The log in `dir` (a standby's `DIR/logs/NAME`).
-    pub fn new(dir: &Path) -> MirroredLog {
+    /// The log in `dir` (a standby's `DIR/logs/NAME`), of the daemon at `daemon`.
+    pub fn new(dir: &Path, daemon: Address) -> MirroredLog {
         MirroredLog {
             dir: dir.to_owned(),
+            name: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            daemon,
             storage: Arc::new(StdStorage),
             point: None,
             seen: false,
@@ -47,8 +62,37 @@ impl MirroredLog {
     }
 }
 
+impl MirroredLog {
+    /// The last LSN that may be applied: everything once the daemon is the primary; while it
+    /// is the standby, what it holds durably of the log's stream while that is connected; 0
+    /// (nothing) otherwise, or when the daemon cannot be asked.
+    fn agreed_lsn(&self) -> u64 {
+        let report = Connection::connect_admin(&self.daemon)
+            .and_then(|mut connection| connection.request(RequestBody::Status));
+        let Ok(ResponseBody::Status(report)) = report else {
+            return 0;
+        };
+        let Some(replication) = report.replication else {
+            return 0;
+        };
+        if replication.role == "primary" {
+            return u64::MAX;
+        }
+        replication
+            .logs
+            .iter()
+            .find(|log| log.log == self.name && log.connected && log.stopped.is_none())
+            .map_or(0, |log| log.durable_lsn)
+    }
+}
+
 impl Source for MirroredLog {
     fn next_batch(&mut self, after: u64, max: usize) -> Result<Vec<(u64, FsRecord)>, String> {
+        let agreed = self.agreed_lsn();
+        if agreed <= after {
+            return Ok(Vec::new());
+        }
+        let max = (agreed - after).min(max as u64) as usize;
         let read = stela_wal::tools::read_available(
             &self.dir,
             Arc::clone(&self.storage),

@@ -335,13 +335,15 @@ pub fn mount(mountpoint: &Path, options: &MountOptions) -> Result<Mounted, Mount
 }
 
 /// Keeps `backing` current from a standby daemon's copy of a mount's log (`log_dir`, the
-/// standby's `DIR/logs/NAME`) until `stop` is set; then applies what is readable, checkpoints
+/// standby's `DIR/logs/NAME`; `daemon` is that daemon, asked how far the copy agrees with its
+/// primary) until `stop` is set; then applies what is readable, checkpoints
 /// (the snapshot) and returns. `progress` is told each checkpoint's LSN. See [`follow`].
 ///
 /// # Errors
 /// The backing directory cannot be opened; a step of the materialiser fails (the message).
 pub fn run_follower(
     log_dir: &Path,
+    daemon: Address,
     backing: &Path,
     stop: &AtomicBool,
     progress: &dyn Fn(u64),
@@ -353,6 +355,10 @@ pub fn run_follower(
             dir: backing.to_owned(),
             source,
         })?;
-    let materialiser = Materialiser::new(follow::MirroredLog::new(log_dir), Arc::new(opened), tree);
+    let materialiser = Materialiser::new(
+        follow::MirroredLog::new(log_dir, daemon),
+        Arc::new(opened),
+        tree,
+    );
     materialiser.run(stop, progress).map_err(MountError::Follow)
 }
