@@ -10,7 +10,8 @@
 //! - `stela-bench replicated`: `buffered` against `replicated` across a veth link
 //!   ([`crate::repl_bench`]).
 //! - `stela-bench pgbench`: PostgreSQL's pgbench on `stela mount` against the local disk
-//!   ([`crate::pg_bench`]).
+//!   ([`crate::pg_bench`]); `stela-bench pg-failover`: PostgreSQL failing over between two
+//!   nodes on a `replicated` mount ([`crate::pg_failover`]).
 //! - `stela-bench tpcb`: TPC-B on stela-store by checkpoint kind, cleaner and service interval
 //!   ([`crate::tpcb`]).
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
@@ -68,6 +69,10 @@ pub enum Command {
     /// against the same PostgreSQL on the local disk with synchronous_commit on and off
     /// (root; Debian's postgresql and fuse3).
     Pgbench(crate::pg_bench::PgBenchArgs),
+    /// PostgreSQL failover: the whole data directory on a `replicated` mount, SIGKILL of the
+    /// primary node (daemon, mount, PostgreSQL), downtime to the first commit on the new
+    /// primary and acknowledged rows lost.
+    PgFailover(crate::pg_failover::PgFailoverArgs),
     /// TPC-B on stela-store: classical against decoupled checkpoints and page cleaning, by
     /// service interval (tps, latency, CPU).
     Tpcb(crate::tpcb::TpcbArgs),
@@ -109,6 +114,7 @@ where
         Command::Failover(args) => crate::failover::run(&args, &mut out).map(drop),
         Command::FailoverClient(args) => crate::failover::client::run(&args),
         Command::Pgbench(args) => crate::pg_bench::run(&args, &mut out).map(drop),
+        Command::PgFailover(args) => crate::pg_failover::run(&args, &mut out).map(drop),
         Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),
     };
     match result {

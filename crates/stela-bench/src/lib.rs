@@ -21,6 +21,9 @@
 //!   Figure 4).
 //! - [`tpcb_chart`]: its SVG chart (tps by service interval).
 //! - [`tpcb_rocksdb`]: RocksDB's TransactionDB as its peer (the `rocksdb` feature).
+//! - [`pg_failover`]: `stela-bench pg-failover`, PostgreSQL on a `replicated` mount failing
+//!   over between two nodes, with a client counting acknowledged rows ([`pg_wire`]: its
+//!   PostgreSQL protocol).
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
 pub mod chart;
@@ -32,6 +35,8 @@ pub mod harness;
 pub mod netns;
 pub mod peers;
 pub mod pg_bench;
+pub mod pg_failover;
+pub mod pg_wire;
 pub mod power_bench;
 pub mod record;
 pub mod repl_bench;

@@ -9,6 +9,8 @@
 //! - `stela-wal-buffered`, `stela-wal-disk`: pg_wal on a `stela mount` at that level
 //!   (RapiLog's setting: only the log device is stela's).
 //! - `stela-pgdata-buffered`: the whole data directory on a mount at `buffered`.
+//! - `stela-pgdata-replicated`: the whole data directory on a mount at `replicated`, against a
+//!   daemon of its own that ships to a standby daemon (both on loopback, this machine).
 //!
 //! Every stela mode runs with synchronous_commit=on and wal_init_zero=off. The daemon and the
 //! mounts are the real `stela serve` and `stela mount` processes (found next to this binary);
@@ -24,7 +26,8 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args, Debug)]
 pub struct PgBenchArgs {
     /// Modes, comma-separated: native-sync, native-async, stela-wal-buffered, stela-wal-disk,
-    /// stela-pgdata-buffered.
+    /// stela-pgdata-buffered, stela-pgdata-replicated (not in the default list: it starts a
+    /// standby daemon too).
     #[arg(
         long,
         value_delimiter = ',',
@@ -62,12 +65,13 @@ pub struct PgBenchArgs {
     pub daemon_flags: String,
 }
 
-const MODES: [&str; 5] = [
+const MODES: [&str; 6] = [
     "native-sync",
     "native-async",
     "stela-wal-buffered",
     "stela-wal-disk",
     "stela-pgdata-buffered",
+    "stela-pgdata-replicated",
 ];
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -82,6 +86,11 @@ fn pg_bin(args: &PgBenchArgs) -> anyhow::Result<PathBuf> {
     if let Some(bin) = &args.pg_bin {
         return Ok(bin.clone());
     }
+    newest_pg_bin()
+}
+
+/// The bin directory of the newest PostgreSQL under /usr/lib/postgresql (Debian's layout).
+pub(crate) fn newest_pg_bin() -> anyhow::Result<PathBuf> {
     let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
         .context(
             "PostgreSQL is not installed (/usr/lib/postgresql missing; apt-get install postgresql)",
@@ -96,7 +105,11 @@ fn pg_bin(args: &PgBenchArgs) -> anyhow::Result<PathBuf> {
 }
 
 /// Runs a command as the postgres user (as root: through runuser).
-fn as_postgres(program: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+pub(crate) fn as_postgres(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<String> {
     let mut command = Command::new("runuser");
     command
         .args(["-u", "postgres", "--"])
@@ -121,7 +134,7 @@ fn as_postgres(program: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::R
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn chown_postgres(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn chown_postgres(path: &Path) -> anyhow::Result<()> {
     let status = Command::new("chown")
         .args(["-R", "postgres:postgres"])
         .arg(path)
@@ -135,7 +148,7 @@ fn chown_postgres(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn is_mounted(point: &Path) -> bool {
+pub(crate) fn is_mounted(point: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     let wanted = point.to_string_lossy();
     mounts
@@ -317,6 +330,50 @@ fn parse_pgbench(report: &str) -> anyhow::Result<(f64, f64)> {
     }
 }
 
+/// The standby's replication listener of `stela-pgdata-replicated` (loopback).
+const REPL_PORT: u16 = 17_611;
+
+/// Starts `stela serve --dir DIR` with `flags` and `extra`; returns once its socket answers.
+fn start_daemon(
+    stela: &Path,
+    dir: &Path,
+    flags: &str,
+    extra: &[&str],
+    base: &Path,
+) -> anyhow::Result<Killed> {
+    std::fs::create_dir_all(dir)?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let log_path = base.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let daemon = Killed(
+        Command::new(stela)
+            .args(["serve", "--dir"])
+            .arg(dir)
+            .args(flags.split_whitespace())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting stela serve")?,
+    );
+    let socket = dir.join("stela.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "stela serve did not listen within 10 s; see {}",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(daemon)
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -348,30 +405,32 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
 
     // Declared in this order so they drop in reverse: clusters, then mounts, then the daemon.
     let daemon_dir = base.join("daemon");
-    std::fs::create_dir_all(&daemon_dir)?;
-    let daemon_log = std::fs::File::create(base.join("daemon.log"))?;
-    let _daemon = Killed(
-        Command::new(&stela)
-            .args(["serve", "--dir"])
-            .arg(&daemon_dir)
-            .args(args.daemon_flags.split_whitespace())
-            .stdin(Stdio::null())
-            .stdout(daemon_log.try_clone()?)
-            .stderr(daemon_log)
-            .spawn()
-            .context("starting stela serve")?,
-    );
+    let _daemon = start_daemon(&stela, &daemon_dir, &args.daemon_flags, &[], &base)?;
     let socket = daemon_dir.join("stela.sock");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        if Instant::now() > deadline {
-            bail!(
-                "stela serve did not listen within 10 s; see {}/daemon.log",
-                base.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // `stela-pgdata-replicated` gets a pair of its own (a daemon with a standby ships every log
+    // it holds): the standby on loopback, declared first so that it outlives its primary.
+    let replicated = wants("stela-pgdata-replicated");
+    let standby_addr = format!("127.0.0.1:{REPL_PORT}");
+    let _standby = match replicated {
+        true => Some(start_daemon(
+            &stela,
+            &base.join("standby"),
+            &args.daemon_flags,
+            &["--repl-listen", &standby_addr],
+            &base,
+        )?),
+        false => None,
+    };
+    let _replicated_primary = match replicated {
+        true => Some(start_daemon(
+            &stela,
+            &base.join("daemon-replicated"),
+            &args.daemon_flags,
+            &["--standby", &standby_addr],
+            &base,
+        )?),
+        false => None,
+    };
     let mut mounts = Vec::new();
     let mut clusters: Vec<(&str, Cluster)> = Vec::new();
     let mut port = 55_432;
@@ -410,10 +469,20 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
         mounts.push(mount);
         clusters.push((mode, cluster));
     }
-    if wants("stela-pgdata-buffered") {
-        let mode = "stela-pgdata-buffered";
+    for (mode, level, daemon) in [
+        ("stela-pgdata-buffered", "buffered", daemon_dir.clone()),
+        (
+            "stela-pgdata-replicated",
+            "replicated",
+            base.join("daemon-replicated"),
+        ),
+    ] {
+        if !wants(mode) {
+            continue;
+        }
         let point = base.join(format!("mnt-{mode}"));
-        let mount = MountProcess::start(&stela, &socket, &point, mode, "buffered", &base)?;
+        let daemon_socket = daemon.join("stela.sock");
+        let mount = MountProcess::start(&stela, &daemon_socket, &point, mode, level, &base)?;
         let cluster = Cluster::create(&bin, &point.join("data"), None, next_port(), &sockets)?;
         mounts.push(mount);
         clusters.push((mode, cluster));

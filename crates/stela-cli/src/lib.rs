@@ -93,6 +93,10 @@ pub enum Command {
     /// returns at the log's level, files are materialised from the log in the background.
     /// Serves until unmounted (fusermount3 -u, SIGTERM or SIGINT).
     Mount(Box<mount_cmd::MountArgs>),
+    /// On a standby node: keep a backing directory current from the standby daemon's copy of
+    /// a mount's log, so that after a promotion `stela mount` on it starts at once. Runs until
+    /// SIGTERM or SIGINT (then applies what is readable, writes its snapshot and exits).
+    MountFollow(mount_cmd::FollowArgs),
 }
 
 /// `stela witness`.
@@ -175,7 +179,7 @@ where
     // tools only their warnings.
     let default_level = if matches!(
         cli.command,
-        Command::Serve(_) | Command::Witness(_) | Command::Mount(_)
+        Command::Serve(_) | Command::Witness(_) | Command::Mount(_) | Command::MountFollow(_)
     ) {
         "info"
     } else {
@@ -425,6 +429,10 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::Mount(args) => {
             mount_cmd::run(*args, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::MountFollow(args) => {
+            mount_cmd::follow(args, out)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -1,5 +1,6 @@
 //! `stela mount`: serves a stela-backed file system on a mount point until it is unmounted
-//! (`fusermount3 -u`, SIGTERM or SIGINT).
+//! (`fusermount3 -u`, SIGTERM or SIGINT). `stela mount-follow`: a standby node's copy of the
+//! files, kept current from the standby daemon's copy of the mount's log until SIGTERM/SIGINT.
 
 use crate::service::TargetArgs;
 use std::io::Write;
@@ -92,5 +93,44 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
     })?;
+    Ok(())
+}
+
+/// `stela mount-follow`.
+#[derive(clap::Args, Debug)]
+pub struct FollowArgs {
+    /// The standby daemon's copy of the mount's log: its `--dir`, then `logs/NAME`.
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: PathBuf,
+    /// This node's backing directory (the one `stela mount --backing` uses after a promotion).
+    #[arg(long, value_name = "DIR")]
+    pub backing: PathBuf,
+    /// The standby daemon (asked how far its copy agrees with the primary's: records a
+    /// returning old primary holds beyond that may be cut by reprotection).
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+pub fn follow(args: FollowArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, std::sync::Arc::clone(&stop))?;
+    }
+    writeln!(
+        out,
+        "stela mount-follow: {} follows {}",
+        args.backing.display(),
+        args.log_dir.display()
+    )?;
+    out.flush()?;
+    stela_mount::run_follower(
+        &args.log_dir,
+        args.target.address()?,
+        &args.backing,
+        &stop,
+        &|applied| {
+            tracing::debug!(applied, "stela mount-follow: checkpoint");
+        },
+    )?;
     Ok(())
 }

@@ -5,7 +5,9 @@
 //! SQLite in WAL mode keeps every commit across SIGKILLs of the mount and of the daemon;
 //! PostgreSQL with pg_wal on the mount keeps every commit across SIGKILLs of itself, of the
 //! mount and of the daemon, at `buffered` after a power-failure notice (20 rounds of each
-//! behind `--ignored`).
+//! behind `--ignored`); the mount's log is never truncated below what a standby that is away
+//! still lacks, and that standby is caught up when it returns (PostgreSQL failover itself:
+//! crates/stela-bench/tests/pg_failover.rs).
 //!
 //! Needs /dev/fuse and fusermount3 (Debian's fuse3); without them each test fails saying so.
 
@@ -872,4 +874,123 @@ fn postgres_at_buffered_survives_20_kills() {
 #[ignore = "20 power-failure rounds, about 3 minutes"]
 fn postgres_at_buffered_survives_20_power_failures() {
     postgres_survives_crashes("buffered", &[PgCrash::PowerFailThenEverything; 20], 55_874);
+}
+
+/// The daemon's status as JSON (`stela status --json`).
+fn status_json(daemon: &Daemon) -> serde_json::Value {
+    let out = common::stela(&[
+        "status",
+        "--json",
+        "--socket",
+        daemon.socket().to_str().unwrap(),
+    ]);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stela status --json: {e}: {}", common::text(&out)))
+}
+
+/// The mount's log as its primary reports it: (first LSN, last LSN, what the standby holds
+/// durably, whether the standby is connected).
+fn primary_view(daemon: &Daemon, log: &str) -> (u64, u64, u64, bool) {
+    let status = status_json(daemon);
+    let entry = status["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == log)
+        .expect("the mount's log is open")
+        .clone();
+    let replica = status["replication"]["logs"]
+        .as_array()
+        .and_then(|logs| logs.iter().find(|l| l["log"] == log).cloned())
+        .unwrap_or_default();
+    (
+        entry["first_lsn"].as_u64().unwrap(),
+        entry["last_lsn"].as_u64().unwrap(),
+        replica["durable_lsn"].as_u64().unwrap_or(0),
+        replica["connected"].as_bool().unwrap_or(false),
+    )
+}
+
+#[test]
+fn the_mounts_log_is_never_truncated_below_what_a_standby_away_still_lacks() {
+    // The materialiser truncates the mount's log below its checkpoints; a standby that is away
+    // (here: killed, the primary acknowledging `replicated` without it after --degrade-after)
+    // is caught up from that log when it returns, so the log must keep every record the
+    // standby lacks. Small segments make truncation happen within the test.
+    require_fuse();
+    let tmp = tempfile::tempdir().unwrap();
+    let repl = "127.0.0.1:17831";
+    let standby_args = ["--repl-listen", repl, "--segment-size", "256K"];
+    let standby = Daemon::start(&tmp.path().join("standby"), &standby_args);
+    let primary = Daemon::start(
+        &tmp.path().join("primary"),
+        &[
+            "--standby",
+            repl,
+            "--degrade-after",
+            "200",
+            "--segment-size",
+            "256K",
+        ],
+    );
+    let point = tmp.path().join("mnt");
+    let mount = Mount::start(
+        &primary,
+        &point,
+        &tmp.path().join("backing"),
+        "fs",
+        "replicated",
+    );
+    let write_files = |round: u32| {
+        for i in 0..8 {
+            let path = point.join(format!("file-{round}-{i}"));
+            let mut file = fs::File::create(&path).unwrap();
+            file.write_all(&vec![round as u8; 128 << 10]).unwrap();
+            file.sync_all().unwrap();
+        }
+    };
+    // With the standby up, the log is truncated behind the checkpoints.
+    write_files(0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while primary_view(&primary, "fs").0 == 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the mount's log was never truncated"
+        );
+        write_files(1);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The standby goes away; writes go on (degraded) and checkpoints with them.
+    let (_, _, held, connected) = primary_view(&primary, "fs");
+    assert!(connected && held > 0);
+    drop(standby);
+    for round in 2..8 {
+        write_files(round);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (first, last, held_now, _) = primary_view(&primary, "fs");
+    assert!(
+        last > held,
+        "the log grew while the standby was away (it holds {held}, the log ends at {last})"
+    );
+    assert!(
+        first <= held_now + 1,
+        "the log starts at {first} but the standby holds only up to {held_now}"
+    );
+    // The standby returns and is caught up from the primary's log.
+    let _standby = Daemon::start(&tmp.path().join("standby"), &standby_args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, last, held, connected) = primary_view(&primary, "fs");
+        if connected && held >= last.saturating_sub(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the returning standby was not caught up: it holds {held} of {last}"
+        );
+        write_files(9);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    mount.stop();
 }

@@ -7,9 +7,12 @@
 //! [`materialise`] (the files rebuilt from the log alone, in the background, with checkpoints
 //! in the log). Starting a mount is log analysis only: read the backing snapshot, replay the
 //! log's records after it into memory, and serve; file data not yet materialised is read from
-//! those records.
+//! those records. [`follow`] keeps a standby node's copy of the files current from the standby
+//! daemon's copy of the log, so that the node mounts quickly after a promotion
+//! ([`run_follower`]).
 
 pub mod backing;
+pub mod follow;
 pub mod fs;
 pub mod materialise;
 pub mod record;
@@ -17,7 +20,7 @@ pub mod tree;
 
 use backing::Backing;
 use fs::{MountHandle, MountSettings, StelaFs};
-use materialise::Materialiser;
+use materialise::{DaemonLog, Materialiser};
 use record::FsRecord;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,6 +87,8 @@ pub enum MountError {
     },
     #[error("replaying the log: {0}")]
     Replay(String),
+    #[error("following the standby's copy of the log: {0}")]
+    Follow(String),
     #[error("mounting {mountpoint}: {source} (is /dev/fuse present and fusermount3 installed?)")]
     Fuse {
         mountpoint: PathBuf,
@@ -114,7 +119,7 @@ fn open_log(options: &MountOptions) -> Result<Wal<FsRecord>, MountError> {
 pub struct Prepared {
     fs: StelaFs,
     handle: MountHandle,
-    materialiser: Materialiser,
+    materialiser: Materialiser<DaemonLog>,
     options: MountOptions,
 }
 
@@ -162,8 +167,12 @@ pub fn prepare(options: &MountOptions) -> Result<Prepared, MountError> {
         }
     }
     let materialiser = Materialiser::new(
-        open_log(options)?,
-        options.level,
+        DaemonLog::new(
+            open_log(options)?,
+            options.level,
+            &options.log,
+            options.address.clone(),
+        ),
         Arc::clone(&backing),
         tree.clone(),
     );
@@ -215,7 +224,7 @@ struct Background {
     thread: JoinHandle<()>,
 }
 
-fn start_materialiser(materialiser: Materialiser, handle: MountHandle) -> Background {
+fn start_materialiser(materialiser: Materialiser<DaemonLog>, handle: MountHandle) -> Background {
     let stop = Arc::new(AtomicBool::new(false));
     let stop_flag = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -323,4 +332,33 @@ impl Drop for Mounted {
 /// Analyses the log and mounts in the background.
 pub fn mount(mountpoint: &Path, options: &MountOptions) -> Result<Mounted, MountError> {
     prepare(options)?.spawn(mountpoint)
+}
+
+/// Keeps `backing` current from a standby daemon's copy of a mount's log (`log_dir`, the
+/// standby's `DIR/logs/NAME`; `daemon` is that daemon, asked how far the copy agrees with its
+/// primary) until `stop` is set; then applies what is readable, checkpoints
+/// (the snapshot) and returns. `progress` is told each checkpoint's LSN. See [`follow`].
+///
+/// # Errors
+/// The backing directory cannot be opened; a step of the materialiser fails (the message).
+pub fn run_follower(
+    log_dir: &Path,
+    daemon: Address,
+    backing: &Path,
+    stop: &AtomicBool,
+    progress: &dyn Fn(u64),
+) -> Result<(), MountError> {
+    // SAFETY: geteuid/getegid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (opened, tree) =
+        Backing::open(backing, uid, gid).map_err(|source| MountError::Backing {
+            dir: backing.to_owned(),
+            source,
+        })?;
+    let materialiser = Materialiser::new(
+        follow::MirroredLog::new(log_dir, daemon),
+        Arc::new(opened),
+        tree,
+    );
+    materialiser.run(stop, progress).map_err(MountError::Follow)
 }

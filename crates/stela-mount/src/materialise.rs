@@ -1,6 +1,10 @@
 //! The materialiser: the persistence paper's decoupled page cleaner, applied to files. It reads
-//! the mount's log through its own connection, applies each record to the backing directory,
-//! and records its progress as a checkpoint in the log; the log is then truncated below it.
+//! the mount's log from a [`Source`], applies each record to the backing directory, and
+//! records its progress in the backing snapshot and tells the source (which, for the mount's
+//! own log, logs a checkpoint and truncates the log below it). Two sources: [`DaemonLog`], the
+//! mount's log in the primary's daemon, and [`crate::follow::MirroredLog`], a standby daemon's
+//! copy of that log, read from its files (a standby node keeping its own copy of the files
+//! current, so that it can mount at once after a promotion).
 //!
 //! Owns: its own [`Tree`] (loaded from the backing snapshot and advanced by replay, never
 //! copied from the mount), the backing files' write descriptors. Invariants:
@@ -9,7 +13,10 @@
 //!   the backing files never hold a change the log could lose: after any crash the backing
 //!   state is a prefix of the log's history, and replaying the log's rest completes it.
 //! - A checkpoint at LSN `a` is written only after every data file touched up to `a` is
-//!   fsync'ed (see [`crate::backing`]); the log is truncated only below a checkpoint.
+//!   fsync'ed (see [`crate::backing`]); the log is truncated only below a checkpoint, and,
+//!   while the daemon has a standby, only below what the standby holds on its disk: a
+//!   standby that was away (a returning old primary, or one whose link broke) is caught up
+//!   from the primary's log, which must still hold every record the standby lacks.
 //! - A failed fsync or write stops the materialiser for good (the error is reported to the
 //!   mount, whose writes then fail once its unapplied data reaches the cap); it never retries
 //!   a file whose writeback failed.
@@ -24,7 +31,8 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stela_client::{Durability, Lsn, Wal};
+use stela_client::{Address, Connection, Durability, Lsn, Wal};
+use stela_proto::{RequestBody, ResponseBody};
 
 /// How long the materialiser waits between reads of the log, unless its last read was full.
 /// Each read has the daemon find its starting point in the log's files (reading and checking
@@ -39,11 +47,118 @@ const BATCH: usize = 4096;
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 const CHECKPOINT_BYTES: u64 = 32 << 20;
 
-pub struct Materialiser {
+/// Where the materialiser's records come from and where its progress goes.
+pub trait Source: Send {
+    /// The next records after `after` (at most `max`, in log order) that may be applied: ones
+    /// the log can no longer lose.
+    fn next_batch(&mut self, after: u64, max: usize) -> Result<Vec<(u64, FsRecord)>, String>;
+    /// Every record up to `applied` is durable in the backing directory (and its snapshot).
+    fn checkpointed(&mut self, applied: u64) -> Result<(), String>;
+}
+
+/// The mount's own log in the daemon (the primary's): applies what is durable at the mount's
+/// level, logs each checkpoint and truncates the log below it.
+pub struct DaemonLog {
     log: Wal<FsRecord>,
     /// The mount's level: at `replicated` or `all`, records are applied only once the standby
     /// holds them.
     level: Durability,
+    /// The log's name in the daemon (its entry in the daemon's replication status).
+    name: String,
+    /// The daemon, asked what its standby holds before the log is truncated.
+    address: Address,
+}
+
+impl DaemonLog {
+    pub fn new(log: Wal<FsRecord>, level: Durability, name: &str, address: Address) -> DaemonLog {
+        DaemonLog {
+            log,
+            level,
+            name: name.to_owned(),
+            address,
+        }
+    }
+
+    /// The last LSN of this log the daemon's standby holds on its disk, when the daemon ships
+    /// to a standby (`Some(0)` while the standby has none of it or is away since this daemon
+    /// was promoted); `None` without a standby. An error (the status cannot be asked) counts
+    /// as "holds nothing": truncation waits for the next checkpoint.
+    fn standby_holds(&self) -> Option<u64> {
+        let report = Connection::connect_admin(&self.address)
+            .and_then(|mut connection| connection.request(RequestBody::Status));
+        let report = match report {
+            Ok(ResponseBody::Status(report)) => report,
+            Ok(other) => {
+                tracing::warn!("stela mount: unexpected answer to a status request: {other:?}");
+                return Some(0);
+            }
+            Err(e) => {
+                tracing::warn!("stela mount: asking the daemon what its standby holds: {e}");
+                return Some(0);
+            }
+        };
+        let replication = report.replication?;
+        let name = &self.name;
+        Some(
+            replication
+                .logs
+                .iter()
+                .find(|log| &log.log == name)
+                .map_or(0, |log| log.durable_lsn),
+        )
+    }
+}
+
+impl Source for DaemonLog {
+    fn next_batch(&mut self, after: u64, max: usize) -> Result<Vec<(u64, FsRecord)>, String> {
+        let durable = self
+            .log
+            .positions()
+            .map_err(|e| format!("log positions: {e}"))?
+            .durable_lsn;
+        if durable <= after {
+            return Ok(Vec::new());
+        }
+        // Under a standby, only what the standby holds is applied, so a node that fails over
+        // never has files ahead of its log. (Waits while the standby is away, by the
+        // daemon's policy; the mount's writes then wait at the overlay cap.)
+        if matches!(self.level, Durability::Replicated | Durability::All) {
+            self.log
+                .commit_at(Lsn::new(durable), self.level)
+                .map_err(|e| format!("waiting for the standby to hold LSN {durable}: {e}"))?;
+        }
+        let mut batch = Vec::new();
+        for item in self
+            .log
+            .iter_from(Lsn::new(after + 1))
+            .map_err(|e| format!("reading the log: {e}"))?
+        {
+            let (lsn, record) = item.map_err(|e| format!("reading the log: {e}"))?;
+            if lsn.get() > durable || batch.len() >= max {
+                break;
+            }
+            batch.push((lsn.get(), record));
+        }
+        Ok(batch)
+    }
+
+    fn checkpointed(&mut self, applied: u64) -> Result<(), String> {
+        self.log
+            .append(&FsRecord::Checkpoint { applied })
+            .map_err(|e| format!("logging the checkpoint: {e}"))?;
+        let keep_from = match self.standby_holds() {
+            Some(held) => applied.min(held) + 1,
+            None => applied + 1,
+        };
+        self.log
+            .truncate_before(Lsn::new(keep_from))
+            .map_err(|e| format!("truncating the log: {e}"))?;
+        Ok(())
+    }
+}
+
+pub struct Materialiser<S: Source> {
+    source: S,
     backing: Arc<Backing>,
     tree: Tree,
     files: HashMap<u64, File>,
@@ -62,17 +177,11 @@ pub struct Materialiser {
     applied_bytes: u64,
 }
 
-impl Materialiser {
-    pub fn new(
-        log: Wal<FsRecord>,
-        level: Durability,
-        backing: Arc<Backing>,
-        tree: Tree,
-    ) -> Materialiser {
+impl<S: Source> Materialiser<S> {
+    pub fn new(source: S, backing: Arc<Backing>, tree: Tree) -> Materialiser<S> {
         let checkpointed = tree.applied;
         Materialiser {
-            log,
-            level,
+            source,
             backing,
             tree,
             files: HashMap::new(),
@@ -109,36 +218,9 @@ impl Materialiser {
         }
     }
 
-    /// Applies the durable records after the tree's point (one read batch); returns how many.
+    /// Applies the source's next records after the tree's point (one batch); returns how many.
     fn step(&mut self) -> Result<usize, String> {
-        let durable = self
-            .log
-            .positions()
-            .map_err(|e| format!("log positions: {e}"))?
-            .durable_lsn;
-        if durable <= self.tree.applied {
-            return Ok(0);
-        }
-        // Under a standby, only what the standby holds is applied, so a node that fails over
-        // never has files ahead of its log. (Waits while the standby is away, by the
-        // daemon's policy; the mount's writes then wait at the overlay cap.)
-        if matches!(self.level, Durability::Replicated | Durability::All) {
-            self.log
-                .commit_at(Lsn::new(durable), self.level)
-                .map_err(|e| format!("waiting for the standby to hold LSN {durable}: {e}"))?;
-        }
-        let mut batch = Vec::new();
-        for item in self
-            .log
-            .iter_from(Lsn::new(self.tree.applied + 1))
-            .map_err(|e| format!("reading the log: {e}"))?
-        {
-            let (lsn, record) = item.map_err(|e| format!("reading the log: {e}"))?;
-            if lsn.get() > durable || batch.len() >= BATCH {
-                break;
-            }
-            batch.push((lsn.get(), record));
-        }
+        let batch = self.source.next_batch(self.tree.applied, BATCH)?;
         let applied = batch.len();
         for (lsn, record) in batch {
             self.apply(lsn, &record)?;
@@ -221,8 +303,8 @@ impl Materialiser {
             .map_err(|e| format!("log record {lsn}: {e}"))
     }
 
-    /// Makes everything applied durable in the backing directory, then says so in the log and
-    /// truncates the log below it.
+    /// Makes everything applied durable in the backing directory and its snapshot, then tells
+    /// the source.
     fn checkpoint(&mut self) -> Result<(), String> {
         for ino in self.touched.drain() {
             if let Some(file) = self.files.get(&ino) {
@@ -247,13 +329,7 @@ impl Materialiser {
         self.checkpointed = applied;
         self.last_checkpoint = Instant::now();
         self.applied_bytes = 0;
-        self.log
-            .append(&FsRecord::Checkpoint { applied })
-            .map_err(|e| format!("logging the checkpoint: {e}"))?;
-        self.log
-            .truncate_before(Lsn::new(applied + 1))
-            .map_err(|e| format!("truncating the log: {e}"))?;
-        Ok(())
+        self.source.checkpointed(applied)
     }
 }
 

@@ -43,6 +43,10 @@ pub struct RawReader {
     done: bool,
     /// Where to begin in the first segment opened, if not at its first frame (a [`ReadPoint`]).
     start_offset: Option<u64>,
+    /// Reading a log another process is appending to: in the newest segment, zeros or a frame
+    /// that fails its checks are where the writer has got to (the end, quietly), not damage
+    /// (whose search for the next valid frame would read the rest of the segment every time).
+    at_tail_ends: bool,
 }
 
 struct Position {
@@ -107,7 +111,14 @@ impl RawReader {
             expected,
             done: false,
             start_offset: None,
+            at_tail_ends: false,
         }
+    }
+
+    /// Makes the reader end quietly where the newest segment's complete frames end (see
+    /// `at_tail_ends`). Call before the first record is read.
+    pub(crate) fn end_at_tail(&mut self) {
+        self.at_tail_ends = true;
     }
 
     /// Starts at `point` instead, when it lies in the segment the reader would start in, at or
@@ -204,6 +215,9 @@ impl RawReader {
                         .is_some_and(|s| s.start == self.expected);
                     if continued || (!is_last && !self.skip_damage) {
                         self.position = None;
+                    } else if self.at_tail_ends && is_last {
+                        self.done = true;
+                        return None;
                     } else {
                         let reason =
                             format!("zeros where record LSN {} was expected", self.expected);
@@ -220,6 +234,10 @@ impl RawReader {
                 }
                 Decoded::Incomplete { .. } if position.pos == position.buf.len() => {
                     self.position = None; // exactly at the end of the file
+                }
+                _ if self.at_tail_ends && position.segment + 1 == self.segments.len() => {
+                    self.done = true;
+                    return None;
                 }
                 bad => {
                     let reason = match bad {

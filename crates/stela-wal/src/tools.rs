@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::log::Log;
 use crate::options::{RecoveryMode, WalOptions};
-use crate::reader::RawReader;
+use crate::reader::{RawReader, ReadPoint};
 use crate::recovery::RecoveryReport;
 use crate::scan::{scan_segment, Damage, SegmentScan, TornTail};
 use crate::segment::{self, SegmentFile};
@@ -362,4 +362,88 @@ fn set_aside_damaged_segments(dir: &Path, storage: &dyn Storage) -> Result<Recov
     report.segments = from;
     report.salvage_dir = Some(salvage);
     Ok(report)
+}
+
+/// What [`read_available`] found: records in log order, where the next read may start, and the
+/// segment files the records came from (a follower syncs them before it trusts the records).
+#[derive(Debug)]
+pub struct Available {
+    pub codec: Codec,
+    pub records: Vec<(Lsn, Vec<u8>)>,
+    pub next: Option<ReadPoint>,
+    pub segments: Vec<PathBuf>,
+}
+
+/// Reads up to `max` records from LSN `from` out of the log in `dir` while another process
+/// appends to it (a standby's mirror, written by its daemon): read only, taking no lock. It
+/// stops quietly where the newest segment's written bytes end, including at a frame that is
+/// still being written (it fails its checks: it is read again next time); damage anywhere
+/// before the newest segment is an error. `at`, a [`ReadPoint`] returned by an earlier call,
+/// saves reading the segment from its beginning again.
+///
+/// # Errors
+/// [`Error::NotALog`] when `dir` holds no log; [`Error::Truncated`] when `from` is below the
+/// log's first segment (the records asked for are gone); I/O errors; damage before the newest
+/// segment.
+pub fn read_available(
+    dir: &Path,
+    storage: Arc<dyn Storage>,
+    from: Lsn,
+    max: usize,
+    at: Option<ReadPoint>,
+) -> Result<Available> {
+    let listing = log_segments(dir, storage.as_ref())?;
+    let segments = listing.segments;
+    let first = segments[0].start;
+    if from < first {
+        return Err(Error::Truncated { lsn: from, first });
+    }
+    let codec = {
+        let file = storage
+            .open(&segments[0].path, OpenMode::Read)
+            .map_err(|e| Error::io("open", &segments[0].path, e))?;
+        segment::read_header(file.as_ref(), &segments[0].path)?.codec
+    };
+    let newest = segments.last().map(|s| s.start).unwrap_or(first);
+    let paths: Vec<(Lsn, PathBuf)> = segments.iter().map(|s| (s.start, s.path.clone())).collect();
+    let mut reader = RawReader::new(storage, segments, from, Lsn::new(u64::MAX), u32::MAX, false);
+    reader.end_at_tail();
+    if let Some(point) = at {
+        reader.start_at(point);
+    }
+    let mut available = Available {
+        codec,
+        records: Vec::new(),
+        next: None,
+        segments: Vec::new(),
+    };
+    let segment_of = |lsn: Lsn, found: &mut Vec<PathBuf>| {
+        if let Some((_, path)) = paths.iter().rev().find(|(start, _)| *start <= lsn) {
+            if found.last() != Some(path) {
+                found.push(path.clone());
+            }
+        }
+    };
+    while available.records.len() < max {
+        let point = reader.read_point();
+        match reader.next_record() {
+            Some(Ok((lsn, payload))) => {
+                available.records.push((lsn, payload.to_vec()));
+                segment_of(lsn, &mut available.segments);
+            }
+            None => break,
+            Some(Err(error)) => {
+                // The bytes after the last complete record of the newest segment are the
+                // writer's, not damage. (A reader stopping in an older segment was not at the
+                // tail: that segment is complete, so what fails there is damage.)
+                let in_newest = point.is_none_or(|p| p.segment_start >= newest);
+                if in_newest && matches!(error, Error::Corruption(_)) {
+                    break;
+                }
+                return Err(error);
+            }
+        }
+    }
+    available.next = reader.read_point();
+    Ok(available)
 }

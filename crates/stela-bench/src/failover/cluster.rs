@@ -347,6 +347,24 @@ pub fn protected(report: &StatusReport) -> bool {
             .is_some_and(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
 }
 
+/// [`protected`], for the log named `log` (`stela-bench pg-failover`'s mount log).
+pub fn protected_log(report: &StatusReport, log: &str) -> bool {
+    let Some(replication) = &report.replication else {
+        return false;
+    };
+    replication.role == "primary"
+        && replication.unprotected_since_ms == 0
+        && replication
+            .coordinator
+            .as_ref()
+            .is_some_and(|c| c.reachable)
+        && replication
+            .logs
+            .iter()
+            .find(|l| l.log == log)
+            .is_some_and(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
+}
+
 /// The witness (`stela witness`).
 pub struct Witness {
     args: Vec<String>,
