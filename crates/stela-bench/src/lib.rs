@@ -20,6 +20,7 @@
 //!   checkpoints and page cleaning at service intervals (the decoupled-persistence paper's
 //!   Figure 4).
 //! - [`tpcb_chart`]: its SVG chart (tps by service interval).
+//! - [`tpcb_schema`]: what its systems share (arguments, rows, the client driver).
 //! - [`tpcb_rocksdb`]: RocksDB's TransactionDB as its peer (the `rocksdb` feature).
 //! - [`pg_failover`]: `stela-bench pg-failover`, PostgreSQL on a `replicated` mount failing
 //!   over between two nodes, with a client counting acknowledged rows ([`pg_wire`]: its
@@ -43,6 +44,7 @@ pub mod repl_bench;
 pub mod tpcb;
 pub mod tpcb_chart;
 pub mod tpcb_rocksdb;
+pub mod tpcb_schema;
 pub mod wal_bench;
 
 pub use record::{Data, Record};

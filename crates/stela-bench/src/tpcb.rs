@@ -25,146 +25,19 @@
 
 use anyhow::{bail, Context};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use stela_store::{CheckpointKind, CleanerKind, Store, StoreOptions};
 use stela_wal::SyncMode;
 
-pub(crate) const TELLERS_PER_BRANCH: u32 = 10;
-const ROW_BYTES: usize = 100;
+use crate::tpcb_schema::{
+    account_key, balance, branch_key, delta_and_account, drive_clients, history_key, row,
+    teller_key, Rng, TELLERS_PER_BRANCH,
+};
+pub use crate::tpcb_schema::{DurabilityArg, Kind, SystemArg, TpcbArgs, TpcbRun};
+
 /// Accounts per load transaction.
 const LOAD_BATCH: u32 = 2_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kind {
-    Classical,
-    Decoupled,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DurabilityArg {
-    Disk,
-    Buffered,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum SystemArg {
-    #[value(name = "stela-store")]
-    StelaStore,
-    /// SQLite in WAL mode (`synchronous=FULL` for disk, `NORMAL` for buffered), its own
-    /// automatic checkpoints; needs the `sqlite` feature.
-    Sqlite,
-    /// RocksDB's TransactionDB (pessimistic locking; `sync` writes for disk, unsynced for
-    /// buffered), its own flushes and compactions; needs the `rocksdb` feature.
-    Rocksdb,
-}
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct TpcbArgs {
-    /// Systems to run, on the same transactions. SQLite and RocksDB have their own checkpoints
-    /// (flushes) and no cleaner: each runs once per repeat, whatever `--checkpoints`,
-    /// `--cleaner` and `--interval-ms` say.
-    #[arg(long, value_delimiter = ',', default_value = "stela-store")]
-    pub systems: Vec<SystemArg>,
-    /// Clients, each on a branch of its own (the number of branches).
-    #[arg(long, default_value_t = 2)]
-    pub clients: u32,
-    /// Seconds per run.
-    #[arg(long, default_value_t = 5.0)]
-    pub duration: f64,
-    /// Checkpoint kinds to run.
-    #[arg(long, value_delimiter = ',', default_value = "classical,decoupled")]
-    pub checkpoints: Vec<Kind>,
-    /// Page cleaners to run.
-    #[arg(long, value_delimiter = ',', default_value = "classical,decoupled")]
-    pub cleaner: Vec<Kind>,
-    /// Intervals between checkpoints, and between cleaning rounds, in milliseconds.
-    #[arg(
-        long = "interval-ms",
-        value_delimiter = ',',
-        default_value = "1,10,100,1000,10000"
-    )]
-    pub interval_ms: Vec<u64>,
-    /// Commit durability.
-    #[arg(long, default_value = "disk")]
-    pub durability: DurabilityArg,
-    /// Percent of transactions whose account is at another client's branch (TPC-B's remote
-    /// accounts: 15). 0, the default, is the paper's setting: every client on its own branch,
-    /// so transactions never wait for each other's locks. With remote accounts, a transaction
-    /// that loses a deadlock or a lock wait is rolled back and run again with new values.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
-    pub remote: u32,
-    /// Accounts per branch (TPC-B: 100,000).
-    #[arg(long, default_value_t = 100_000)]
-    pub accounts: u32,
-    /// Buffer pool size in MiB (default: room for the whole database after the runs).
-    #[arg(long)]
-    pub pool_mb: Option<usize>,
-    /// Directory for the databases (default: a temporary folder in the current directory).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Runs per configuration; the configurations take turns, so a disturbance of the
-    /// machine spreads over all of them, and the summary gives each one's median.
-    #[arg(long, default_value_t = 1)]
-    pub repeats: usize,
-    /// One JSON object per run instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Save an SVG chart at PATH: tps by interval, one line per checkpoint kind and cleaner,
-    /// the peers flat beside them (the paper's Figure 4).
-    #[arg(long, value_name = "PATH")]
-    pub chart: Option<PathBuf>,
-}
-
-/// One run's result.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TpcbRun {
-    pub system: String,
-    pub checkpoints: String,
-    pub cleaner: String,
-    pub interval_ms: u64,
-    pub clients: u32,
-    pub durability: String,
-    /// Which of the `--repeats` runs of this configuration (from 1).
-    pub repeat: usize,
-    pub tps: f64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    /// CPU time of the whole process (clients and services) during the run.
-    pub cpu_s: f64,
-}
-
-pub(crate) fn branch_key(b: u32) -> Vec<u8> {
-    format!("b{b:04}").into_bytes()
-}
-
-pub(crate) fn teller_key(b: u32, t: u32) -> Vec<u8> {
-    format!("t{b:04}{t:02}").into_bytes()
-}
-
-pub(crate) fn account_key(b: u32, a: u32) -> Vec<u8> {
-    format!("a{b:04}{a:06}").into_bytes()
-}
-
-pub(crate) fn history_key(b: u32, seq: u64) -> Vec<u8> {
-    format!("h{b:04}{seq:012}").into_bytes()
-}
-
-/// A row: the balance, then filler to `ROW_BYTES`.
-pub(crate) fn row(balance: i64) -> Vec<u8> {
-    let mut row = vec![b' '; ROW_BYTES];
-    row[..8].copy_from_slice(&balance.to_le_bytes());
-    row
-}
-
-pub(crate) fn balance(row: &[u8]) -> anyhow::Result<i64> {
-    let bytes: [u8; 8] = row
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .context("a row shorter than its balance")?;
-    Ok(i64::from_le_bytes(bytes))
-}
 
 fn store_options(args: &TpcbArgs, checkpoints: Kind, cleaner: Kind, interval: u64) -> StoreOptions {
     let sync = match args.durability {
@@ -240,44 +113,6 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// CPU time (user + system) of this process so far, from `/proc/self/stat`, whose fields 14
-/// and 15 count clock ticks of `USER_HZ`, which is 100 on every Linux architecture we run on.
-fn process_cpu_seconds() -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    let after = stat.rsplit_once(')').context("/proc/self/stat")?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| -> anyhow::Result<f64> {
-        Ok(fields.get(i).context("/proc/self/stat")?.parse::<u64>()? as f64)
-    };
-    // After the name, field 3 is at index 0: utime (14) at 11, stime (15) at 12.
-    Ok((ticks(11)? + ticks(12)?) / 100.0)
-}
-
-/// A small, fast generator (xorshift64*), seeded per client: the benchmark needs no more.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn below(&mut self, n: u32) -> u32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) % u64::from(n)) as u32
-    }
-}
-
-/// A transaction's delta and account (branch, index within it) for the client of branch `b`:
-/// the account is at another branch for `--remote` percent of the transactions.
-pub(crate) fn delta_and_account(args: &TpcbArgs, b: u32, rng: &mut Rng) -> (i64, u32, u32) {
-    let delta = i64::from(rng.below(1_999_999)) - 999_999;
-    let branch = if args.clients > 1 && rng.below(100) < args.remote {
-        (b + 1 + rng.below(args.clients - 1)) % args.clients
-    } else {
-        b
-    };
-    (delta, branch, rng.below(args.accounts))
 }
 
 /// One TPC-B transaction on branch `b`; returns the delta it applied.
@@ -503,107 +338,8 @@ fn write_row(out: &mut impl Write, run: &TpcbRun) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Latencies in microseconds, sorted, to the run's percentiles.
-fn percentiles(latencies: &mut [u32]) -> (u64, u64) {
-    latencies.sort_unstable();
-    let at = |p: f64| -> u64 {
-        if latencies.is_empty() {
-            return 0;
-        }
-        u64::from(latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)])
-    };
-    (at(0.50), at(0.99))
-}
-
 /// A peer's run: the same TPC-B transactions on another engine, loaded afresh.
 type PeerRun = fn(&Path, &TpcbArgs, usize) -> anyhow::Result<TpcbRun>;
-
-/// What the clients of one run did.
-pub(crate) struct Driven {
-    latencies: Vec<u32>,
-    /// The sum of the deltas of every committed transaction: what the invariant checks.
-    pub deltas: i64,
-    elapsed: f64,
-    cpu_s: f64,
-}
-
-impl Driven {
-    pub(crate) fn into_run(
-        mut self,
-        system: &str,
-        checkpoints: &str,
-        cleaner: &str,
-        interval_ms: u64,
-        args: &TpcbArgs,
-        repeat: usize,
-    ) -> TpcbRun {
-        let (p50_us, p99_us) = percentiles(&mut self.latencies);
-        TpcbRun {
-            system: system.into(),
-            checkpoints: checkpoints.into(),
-            cleaner: cleaner.into(),
-            interval_ms,
-            clients: args.clients,
-            durability: format!("{:?}", args.durability).to_lowercase(),
-            repeat,
-            tps: self.latencies.len() as f64 / self.elapsed,
-            p50_us,
-            p99_us,
-            cpu_s: self.cpu_s,
-        }
-    }
-}
-
-/// Runs one client thread per branch for `--duration` seconds: each opens its connection with
-/// `open(branch)` and repeats `transaction(connection, branch, rng)`, which commits one TPC-B
-/// transaction and returns its delta. A client's error ends the run with that error.
-pub(crate) fn drive_clients<C>(
-    args: &TpcbArgs,
-    open: impl Fn(u32) -> anyhow::Result<C> + Sync,
-    transaction: impl Fn(&mut C, u32, &mut Rng) -> anyhow::Result<i64> + Sync,
-) -> anyhow::Result<Driven> {
-    let stop = AtomicBool::new(false);
-    let started = Instant::now();
-    let cpu_before = process_cpu_seconds()?;
-    let results: Vec<anyhow::Result<(Vec<u32>, i64)>> = std::thread::scope(|scope| {
-        let clients: Vec<_> = (0..args.clients)
-            .map(|b| {
-                let (stop, open, transaction) = (&stop, &open, &transaction);
-                scope.spawn(move || -> anyhow::Result<(Vec<u32>, i64)> {
-                    let mut connection = open(b)?;
-                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(b) + 1) * 7919));
-                    let (mut latencies, mut deltas) = (Vec::with_capacity(1 << 16), 0i64);
-                    while !stop.load(Ordering::Relaxed) {
-                        let at = Instant::now();
-                        deltas += transaction(&mut connection, b, &mut rng)?;
-                        latencies.push(at.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-                    }
-                    Ok((latencies, deltas))
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_secs_f64(args.duration));
-        stop.store(true, Ordering::Relaxed);
-        clients
-            .into_iter()
-            .map(|c| c.join().unwrap_or_else(|_| bail!("a client panicked")))
-            .collect()
-    });
-    let elapsed = started.elapsed().as_secs_f64();
-    let cpu_s = process_cpu_seconds()? - cpu_before;
-    let (mut latencies, mut deltas) = (Vec::new(), 0i64);
-    for result in results {
-        let (l, d) = result?;
-        latencies.extend(l);
-        deltas += d;
-    }
-    Ok(Driven {
-        latencies,
-        deltas,
-        elapsed,
-        cpu_s,
-    })
-}
 
 #[cfg(not(feature = "sqlite"))]
 fn sqlite_run(_base: &Path, _args: &TpcbArgs, _repeat: usize) -> anyhow::Result<TpcbRun> {
@@ -615,6 +351,7 @@ fn sqlite_run(_base: &Path, _args: &TpcbArgs, _repeat: usize) -> anyhow::Result<
 /// checkpoints. Loaded afresh for each run.
 #[cfg(feature = "sqlite")]
 fn sqlite_run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<TpcbRun> {
+    use crate::tpcb_schema::ROW_BYTES;
     use rusqlite::{params, Connection};
     let path = base.join(format!("sqlite-{repeat}.db"));
     let synchronous = match args.durability {

@@ -6,7 +6,7 @@
 //!
 //! Text is written as SVG `<text>` elements, so no font files or system libraries are needed.
 
-use crate::tpcb::TpcbRun;
+use crate::tpcb_schema::TpcbRun;
 use anyhow::anyhow;
 use plotters::prelude::*;
 use std::path::Path;

@@ -17,9 +17,9 @@
 #[cfg(not(feature = "rocksdb"))]
 pub fn run(
     _base: &std::path::Path,
-    _args: &crate::tpcb::TpcbArgs,
+    _args: &crate::tpcb_schema::TpcbArgs,
     _repeat: usize,
-) -> anyhow::Result<crate::tpcb::TpcbRun> {
+) -> anyhow::Result<crate::tpcb_schema::TpcbRun> {
     anyhow::bail!(
         "this stela-bench was built without RocksDB: build it with `--features rocksdb` \
          (needs Debian's librocksdb-dev and libclang-dev)"
@@ -31,7 +31,7 @@ pub use with_rocksdb::run;
 
 #[cfg(feature = "rocksdb")]
 mod with_rocksdb {
-    use crate::tpcb::{
+    use crate::tpcb_schema::{
         account_key, balance, branch_key, delta_and_account, drive_clients, history_key, row,
         teller_key, DurabilityArg, TpcbArgs, TpcbRun, TELLERS_PER_BRANCH,
     };
