@@ -334,17 +334,7 @@ pub fn shipped_bytes(report: &StatusReport) -> u64 {
 /// nothing unprotected, and its standby is connected with the client's log caught up (at most
 /// a few records behind: the client never stops committing).
 pub fn protected(report: &StatusReport) -> bool {
-    let Some(replication) = &report.replication else {
-        return false;
-    };
-    replication.role == "primary"
-        && replication.unprotected_since_ms == 0
-        && replication
-            .coordinator
-            .as_ref()
-            .is_some_and(|c| c.reachable)
-        && log_replica(report)
-            .is_some_and(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
+    protected_log(report, LOG)
 }
 
 /// [`protected`], for the log named `log` (`stela-bench pg-failover`'s mount log).
