@@ -16,6 +16,8 @@
 //! space, the recorded rate of an earlier start is used, else [`FALLBACK_WRITE_RATE`]; the cap's
 //! derivation says which.
 
+use crate::config::DaemonConfig;
+use crate::error::StartError;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -237,8 +239,7 @@ pub const RATE_SAFETY: f64 = 0.5;
 
 /// The daemon's dirty-byte cap (see [`dirty_cap`]): the disk's write rate (measured at start,
 /// or assumed when the configuration says so) and the pool's size under the power window.
-pub fn cap_for(config: &crate::config::DaemonConfig) -> Result<DirtyCap, crate::error::StartError> {
-    use crate::error::StartError;
+pub fn cap_for(config: &DaemonConfig) -> Result<DirtyCap, StartError> {
     let pool_bytes = (config.buffers * config.buffer_bytes) as u64;
     let (rate, source) = match config.assume_write_rate {
         Some(rate) => (rate, RateSource::Assumed),

@@ -77,18 +77,17 @@ impl<W> Pool<W> {
             if now >= deadline || !wants_gathering(&state, log) {
                 break;
             }
-            state = sync::wait_timeout(&self.work, state, deadline - now);
+            state = sync::wait_timeout(&self.gathered, state, deadline - now);
         }
         super::log_mut(&mut state, log).gather.active = false;
         state
     }
 
     /// After a `disk` waiter registered for `entry`'s log: wakes the flusher gathering for it
-    /// once the round is complete (it waits on the flushers' condition variable; any idle
-    /// flusher woken with it finds nothing and sleeps again).
+    /// once the round is complete.
     pub(super) fn note_waiter(&self, entry: &LogState<W>) {
         if entry.gather.active && !entry.gather.wants_more(entry.waiters.len()) {
-            self.work.notify_all();
+            self.gathered.notify_all();
         }
     }
 }

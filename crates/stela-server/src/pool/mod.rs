@@ -266,6 +266,9 @@ pub struct Pool<W> {
     state: Mutex<State<W>>,
     /// Flushers waiting for work.
     work: Condvar,
+    /// A flusher gathering committers ([`gather`]): its own, so an append's wake-up for an
+    /// idle flusher is never taken by it.
+    gathered: Condvar,
     /// Blocking waiters: for the drain, for a log to be written out.
     progress: Condvar,
 }
@@ -324,6 +327,7 @@ impl<W> Pool<W> {
             }),
             config,
             work: Condvar::new(),
+            gathered: Condvar::new(),
             progress: Condvar::new(),
         }
     }
