@@ -110,6 +110,20 @@ where
     })
 }
 
+/// A scratch folder removed when dropped: inside `dir` (created if need be), else in the
+/// current directory, whose disk is the one measured (not a tmpfs `/tmp`).
+pub fn scratch_dir(dir: Option<&Path>) -> anyhow::Result<tempfile::TempDir> {
+    match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            Ok(tempfile::tempdir_in(dir)?)
+        }
+        None => {
+            tempfile::tempdir_in(".").context("creating a scratch folder in the current directory")
+        }
+    }
+}
+
 /// Where one run's log lives: a kept folder under `--dir` (which must be new or empty), or a
 /// temporary one removed when dropped. Shared by `stela-bench wal` and `stela-bench commit`.
 pub enum RunDir {

@@ -21,7 +21,7 @@
 //! as a multi-host connection string does): a FUSE mount made under `ip netns exec` lives in that command's own mount
 //! namespace, where neither PostgreSQL nor this run could share it without more machinery.
 
-use crate::failover::cluster::{protected_log, role, status_of};
+use crate::failover::cluster::{protected_log, role, status_of, tail};
 use crate::netns::{sibling, Killed};
 use crate::pg_bench::{as_postgres, chown_postgres, is_mounted, newest_pg_bin};
 use crate::pg_wire::PgSession;
@@ -149,12 +149,6 @@ fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> a
     Ok(())
 }
 
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
-}
-
 impl Node {
     fn socket(&self) -> PathBuf {
         self.dir.join("stela.sock")
@@ -182,12 +176,12 @@ impl Node {
                 status_of(&socket, Duration::from_secs(1)).is_some()
             },
         )
-        .with_context(|| tail(&log))?;
+        .with_context(|| tail(&log, 15))?;
         if let Some(status) = exited {
             bail!(
                 "node {} exited at start ({status}):\n{}",
                 self.name,
-                tail(&log)
+                tail(&log, 15)
             );
         }
         self.daemon = Some(child);
@@ -221,7 +215,7 @@ impl Node {
                 bail!(
                     "the follower on node {} failed ({status}):\n{}",
                     self.name,
-                    tail(&self.log("follow"))
+                    tail(&self.log("follow"), 15)
                 );
             }
         }
@@ -258,7 +252,7 @@ impl Node {
             bail!(
                 "stela mount on node {} exited ({status}):\n{}",
                 self.name,
-                tail(&log)
+                tail(&log, 15)
             );
         }
         self.mount = Some(child);
@@ -451,7 +445,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     if let Some(status) = witness.0.try_wait()? {
         bail!(
             "the witness exited ({status}):\n{}",
-            tail(&base.join("witness.log"))
+            tail(&base.join("witness.log"), 15)
         );
     }
     let node = |name: &'static str, own: u16, peer: u16| {
@@ -551,7 +545,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
         Duration::from_secs(30),
         || connect(&nodes[0]).is_ok(),
     )
-    .with_context(|| tail(&nodes[0].log("postgres")))?;
+    .with_context(|| tail(&nodes[0].log("postgres"), 15))?;
     connect(&nodes[0])?.query("CREATE TABLE acked_rows (n bigint PRIMARY KEY)")?;
 
     let acks = Arc::new(Mutex::new(Acks::default()));
@@ -613,7 +607,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                         .any(|(_, opened)| *opened > killed_at)
                 },
             )
-            .with_context(|| tail(&nodes[standby].log("postgres")))?;
+            .with_context(|| tail(&nodes[standby].log("postgres"), 15))?;
             let downtime = {
                 let acks = acks.lock().unwrap();
                 let first = acks

@@ -47,14 +47,7 @@ pub struct PowerRun {
 }
 
 pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
-    let base = match &args.dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            tempfile::tempdir_in(dir)?
-        }
-        None => tempfile::tempdir_in(".")
-            .context("creating a scratch folder in the current directory")?,
-    };
+    let base = crate::harness::scratch_dir(args.dir.as_deref())?;
     if !args.json {
         println!(
             "emergency flush of a full dirty set; power window {} ms (budget {} ms)",

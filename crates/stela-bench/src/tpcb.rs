@@ -211,14 +211,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
     if args.clients == 0 || args.accounts == 0 {
         bail!("--clients and --accounts must be at least 1");
     }
-    let base = match &args.dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            tempfile::tempdir_in(dir)?
-        }
-        None => tempfile::tempdir_in(".")
-            .context("creating a scratch folder in the current directory")?,
-    };
+    let base = crate::harness::scratch_dir(args.dir.as_deref())?;
     let template = base.path().join("loaded");
     let loading = Instant::now();
     load(&template, args)?;
@@ -249,6 +242,16 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
         }
     }
     let mut runs = Vec::new();
+    let mut report = |run: TpcbRun| -> anyhow::Result<()> {
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&run)?)?;
+        } else {
+            write_row(out, &run)?;
+        }
+        out.flush()?;
+        runs.push(run);
+        Ok(())
+    };
     for repeat in 1..=args.repeats.max(1) {
         for (system, peer_run) in [
             (SystemArg::Sqlite, sqlite_run as PeerRun),
@@ -257,20 +260,13 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
             if !args.systems.contains(&system) {
                 continue;
             }
-            let run = peer_run(base.path(), args, repeat)?;
-            if args.json {
-                writeln!(out, "{}", serde_json::to_string(&run)?)?;
-            } else {
-                write_row(out, &run)?;
-            }
-            out.flush()?;
-            runs.push(run);
+            report(peer_run(base.path(), args, repeat)?)?;
         }
         if !args.systems.contains(&SystemArg::StelaStore) {
             continue;
         }
         for &(checkpoints, cleaner, interval) in &configs {
-            let run = run_one(
+            report(run_one(
                 &template,
                 base.path(),
                 args,
@@ -278,14 +274,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
                 cleaner,
                 interval,
                 repeat,
-            )?;
-            if args.json {
-                writeln!(out, "{}", serde_json::to_string(&run)?)?;
-            } else {
-                write_row(out, &run)?;
-            }
-            out.flush()?;
-            runs.push(run);
+            )?)?;
         }
     }
     if !args.json && args.repeats > 1 {

@@ -155,17 +155,14 @@ fn draw(
         } else {
             line.points.iter().map(|&(i, t)| (i as f64, t)).collect()
         };
-        if line.classical {
-            chart
-                .draw_series(DashedLineSeries::new(points.clone(), 8, 5, style))?
-                .label(line.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        let drawn = if line.classical {
+            chart.draw_series(DashedLineSeries::new(points.clone(), 8, 5, style))?
         } else {
-            chart
-                .draw_series(LineSeries::new(points.clone(), style))?
-                .label(line.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-        }
+            chart.draw_series(LineSeries::new(points.clone(), style))?
+        };
+        drawn
+            .label(line.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         if !line.peer {
             chart.draw_series(
                 points
