@@ -569,9 +569,18 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
             let standby = 1 - primary;
             // The primary must be protected (its standby caught up) before it is killed:
             // otherwise a `replicated` commit waits and nothing is acknowledged unprotected.
+            let mut last_report = None;
             wait_until("the standby to catch up", Duration::from_secs(60), || {
-                status_of(&nodes[primary].socket(), Duration::from_secs(1))
-                    .is_some_and(|r| protected_log(&r, LOG))
+                last_report = status_of(&nodes[primary].socket(), Duration::from_secs(1));
+                last_report.as_ref().is_some_and(|r| protected_log(r, LOG))
+            })
+            .with_context(|| {
+                format!(
+                    "before fault {fault}; the primary's last status: {}\n{}\n{}",
+                    serde_json::to_string(&last_report).unwrap_or_default(),
+                    tail(&nodes[primary].log("daemon"), 20),
+                    tail(&nodes[standby].log("daemon"), 20)
+                )
             })?;
             std::thread::sleep(Duration::from_millis(args.commit_ms));
             let acked_before = acks.lock().unwrap().rows.len();

@@ -40,6 +40,15 @@ pub enum Error {
     #[error("log: {0}")]
     Log(#[from] stela_wal::Error),
 
+    /// The daemon keeping the log failed or could not be reached (a lost connection, a stopped
+    /// log, an acknowledgement in doubt across a failover). See the wrapped error.
+    #[error("log daemon: {0}")]
+    Daemon(#[from] stela_client::Error),
+
+    /// The store cannot run as asked (a log level it cannot chain pages by).
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+
     /// An earlier log or page-file failure left the in-memory state ahead of what is durable;
     /// the store accepts no more work. Reopen it: restart recovers the durable state.
     #[error("the store stopped after an earlier failure; reopen it to recover")]

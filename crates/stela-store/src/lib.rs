@@ -15,7 +15,8 @@
 //!   rollback a normal abort shares with it.
 //! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule.
 //! - [`log`]: the small [`LogDevice`] trait the store logs through, implemented by the embedded
-//!   `stela_wal::Wal`.
+//!   `stela_wal::Wal`; [`daemon`]: the same trait over a stela daemon's log
+//!   ([`Store::open_on_daemon`]), so the store commits at the daemon's levels.
 //! - [`format`] (log records) and [`page`] (page layout): the bytes, pure, no I/O; both decoders
 //!   are fuzzed (`fuzz/fuzz_targets/store_*.rs`).
 //! - [`error`]: the one error type.
@@ -64,6 +65,7 @@ pub mod analysis;
 pub mod btree;
 pub mod checkpoint;
 pub mod cleaner;
+pub mod daemon;
 pub mod error;
 pub mod format;
 pub mod lock;
@@ -77,6 +79,7 @@ pub mod tail;
 
 pub use checkpoint::CheckpointReport;
 pub use cleaner::{CleanReport, CleanerKind};
+pub use daemon::DaemonLog;
 pub use error::{Error, Result};
 pub use format::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TxnId};
 pub use log::LogDevice;

@@ -5,7 +5,7 @@
 //! wait until an LSN is durable (at whatever level the log was opened with: that level *is* the
 //! store's commit durability), know the durable LSN (for the write-ahead rule), and read records
 //! back in LSN order from a given LSN (restart; single-page recovery). `stela_client::Wal` has the
-//! same calls, so the daemon's log can implement this trait too (not done yet).
+//! same calls, and [`crate::daemon::DaemonLog`] implements this trait on it.
 //!
 //! Invariant the store relies on: LSNs are dense and increasing, and a record returned by
 //! `append` is readable by `read_from` afterwards.

@@ -171,6 +171,36 @@ impl Store {
         Store::open_with_log(dir, Arc::new(wal), options)
     }
 
+    /// Opens the store in `dir` (its pages and master record) on the log `log_name` kept by
+    /// the stela daemon at `address`, at `wal`'s durability (`buffered`, `disk`, `replicated`,
+    /// `replicated-disk`): commits are acknowledged by the daemon's group commit, and a crash of
+    /// this process loses no commit the level covers. `options.wal` is unused. At `buffered`
+    /// the page file is not fsync'ed, as with the embedded log at `SyncMode::None`.
+    ///
+    /// # Errors
+    /// [`Error::Daemon`] when the daemon cannot be reached or refuses the log,
+    /// [`Error::Unsupported`] at `unsafe`; otherwise as [`Store::open`].
+    pub fn open_on_daemon<A>(
+        dir: impl AsRef<Path>,
+        address: A,
+        log_name: &str,
+        wal: stela_client::WalOptions,
+        options: StoreOptions,
+    ) -> Result<Store>
+    where
+        A: TryInto<stela_client::Address>,
+        stela_client::Error: From<A::Error>,
+    {
+        let buffered = wal.durability == stela_client::Durability::Buffered;
+        let log = crate::daemon::DaemonLog::open(address, log_name, wal)?;
+        let options = if buffered {
+            options.sync_pages(false)
+        } else {
+            options
+        };
+        Store::open_with_log(dir, Arc::new(log), options)
+    }
+
     /// Opens the store in `dir` on the given log (any [`LogDevice`]); `options.wal` is unused.
     ///
     /// # Errors
@@ -395,7 +425,7 @@ impl Shared {
 
     /// Poisons the store on errors after which memory may be ahead of the log.
     fn check<T>(&self, result: Result<T>) -> Result<T> {
-        if let Err(Error::Log(_) | Error::Io(_)) = &result {
+        if let Err(Error::Log(_) | Error::Daemon(_) | Error::Io(_)) = &result {
             self.poisoned.store(true, Ordering::Release);
         }
         result
