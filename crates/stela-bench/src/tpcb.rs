@@ -140,16 +140,42 @@ fn run_one(
     template: &Path,
     base: &Path,
     args: &TpcbArgs,
-    checkpoints: Kind,
-    cleaner: Kind,
-    interval: u64,
+    (checkpoints, cleaner, interval): (Kind, Kind, u64),
     repeat: usize,
+    on_daemon: bool,
 ) -> anyhow::Result<TpcbRun> {
     let dir = base.join(format!(
         "run-{checkpoints:?}-{cleaner:?}-{interval}-{repeat}"
     ));
     copy_dir(template, &dir)?;
-    let store = Store::open(&dir, store_options(args, checkpoints, cleaner, interval))?;
+    let options = store_options(args, checkpoints, cleaner, interval);
+    // On the daemon: the loaded log becomes the daemon's log `store` (the same files: a
+    // daemon's log directory is an embedded log's).
+    let daemon = if on_daemon {
+        std::fs::create_dir_all(dir.join("daemon").join("logs"))?;
+        std::fs::rename(
+            dir.join("log"),
+            dir.join("daemon").join("logs").join("store"),
+        )?;
+        let mut config = stela_server::DaemonConfig::new(dir.join("daemon"));
+        config.assume_write_rate = Some(500 << 20);
+        Some(stela_server::Server::start(config).context("starting the daemon")?)
+    } else {
+        None
+    };
+    let store = match &daemon {
+        Some(daemon) => Store::open_on_daemon(
+            &dir,
+            daemon.socket_path(),
+            "store",
+            stela_client::WalOptions::default().durability(match args.durability {
+                DurabilityArg::Disk => stela_client::Durability::Disk,
+                DurabilityArg::Buffered => stela_client::Durability::Buffered,
+            }),
+            options,
+        )?,
+        None => Store::open(&dir, options)?,
+    };
     let driven = drive_clients(
         args,
         |_| Ok(0u64),
@@ -167,9 +193,18 @@ fn run_one(
     )?;
     check_invariant(&store, args, driven.deltas)?;
     drop(store);
+    if let Some(daemon) = daemon {
+        daemon
+            .shutdown()
+            .map_err(|e| anyhow::anyhow!("stopping the daemon: {e}"))?;
+    }
     std::fs::remove_dir_all(&dir)?;
     Ok(driven.into_run(
-        "stela-store",
+        if on_daemon {
+            "stela-store-daemon"
+        } else {
+            "stela-store"
+        },
         &format!("{checkpoints:?}").to_lowercase(),
         &format!("{cleaner:?}").to_lowercase(),
         interval,
@@ -229,7 +264,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
         )?;
         writeln!(
             out,
-            "{:<12} {:<18} {:<10} {:>8} {:>10} {:>8} {:>8} {:>7}",
+            "{:<18} {:<10} {:<10} {:>8} {:>10} {:>8} {:>8} {:>7}",
             "system", "checkpts", "cleaner", "interval", "tps", "p50 us", "p99 us", "cpu s"
         )?;
     }
@@ -262,19 +297,23 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
             }
             report(peer_run(base.path(), args, repeat)?)?;
         }
-        if !args.systems.contains(&SystemArg::StelaStore) {
-            continue;
-        }
-        for &(checkpoints, cleaner, interval) in &configs {
-            report(run_one(
-                &template,
-                base.path(),
-                args,
-                checkpoints,
-                cleaner,
-                interval,
-                repeat,
-            )?)?;
+        for (system, on_daemon) in [
+            (SystemArg::StelaStore, false),
+            (SystemArg::StelaStoreDaemon, true),
+        ] {
+            if !args.systems.contains(&system) {
+                continue;
+            }
+            for &config in &configs {
+                report(run_one(
+                    &template,
+                    base.path(),
+                    args,
+                    config,
+                    repeat,
+                    on_daemon,
+                )?)?;
+            }
         }
     }
     if !args.json && args.repeats > 1 {
@@ -314,7 +353,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
 fn write_row(out: &mut impl Write, run: &TpcbRun) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{:<12} {:<18} {:<10} {:>8} {:>10.0} {:>8} {:>8} {:>7.2}",
+        "{:<18} {:<10} {:<10} {:>8} {:>10.0} {:>8} {:>8} {:>7.2}",
         run.system,
         run.checkpoints,
         run.cleaner,

@@ -27,6 +27,10 @@ pub enum DurabilityArg {
 pub enum SystemArg {
     #[value(name = "stela-store")]
     StelaStore,
+    /// The same store logging through a `stela serve` daemon started in this process (its
+    /// shared-memory ring), at `--durability`: what leaving the process costs the store.
+    #[value(name = "stela-store-daemon")]
+    StelaStoreDaemon,
     /// SQLite in WAL mode (`synchronous=FULL` for disk, `NORMAL` for buffered), its own
     /// automatic checkpoints; needs the `sqlite` feature.
     Sqlite,

@@ -1,5 +1,5 @@
 //! Black-box tests of the `stela-bench` binary: every `--json` line of `commit`, `wal` and
-//! `power-fail` is one result with exactly the documented keys, and bad arguments exit 2 naming
+//! `power-fail` (and `tpcb`) is one result with exactly the documented keys, and bad arguments exit 2 naming
 //! the flag; `commit` runs over either transport, against a daemon already running (leaving its
 //! other logs alone), and with idle connections held, reporting the daemon's memory and threads.
 //! Runs are kept short; nothing here asserts on timing.
@@ -326,4 +326,67 @@ fn every_subcommand_has_help() {
     }
     let out = stela_bench(&["bench"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// The keys of every `stela-bench tpcb --json` line (issue 11's list, and which repeat).
+const TPCB_KEYS: [&str; 11] = [
+    "repeat",
+    "system",
+    "checkpoints",
+    "cleaner",
+    "interval_ms",
+    "clients",
+    "durability",
+    "tps",
+    "p50_us",
+    "p99_us",
+    "cpu_s",
+];
+
+#[test]
+fn tpcb_runs_the_store_embedded_and_on_a_daemon_and_checks_the_invariant() {
+    // A run whose sums of accounts, tellers, branches and history disagree exits non-zero,
+    // so a success here is also the TPC-B invariant holding on both logs.
+    for durability in ["disk", "buffered"] {
+        let out = stela_bench(&[
+            "tpcb",
+            "--systems",
+            "stela-store,stela-store-daemon",
+            "--clients",
+            "2",
+            "--accounts",
+            "500",
+            "--duration",
+            "0.3",
+            "--checkpoints",
+            "decoupled",
+            "--cleaner",
+            "classical,decoupled",
+            "--interval-ms",
+            "10",
+            "--durability",
+            durability,
+            "--json",
+        ]);
+        let lines = json_lines(&out, &TPCB_KEYS);
+        let systems: Vec<&str> = lines
+            .iter()
+            .map(|l| l["system"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            systems,
+            [
+                "stela-store",
+                "stela-store",
+                "stela-store-daemon",
+                "stela-store-daemon"
+            ],
+            "{}",
+            text(&out)
+        );
+        for line in &lines {
+            assert_eq!(line["durability"], durability);
+            assert!(line["tps"].as_f64().unwrap() > 0.0, "{line:?}");
+        }
+    }
 }

@@ -62,11 +62,11 @@ impl DaemonLog {
         // their LSNs again while the store's pages still carry them. A lost connection fails
         // the call, which poisons the store; reopening it runs restart over the log as the
         // daemon (or the new primary) holds it.
-        let wal: Wal<LogRecord> = Wal::open(
-            address,
-            name,
-            options.reconnect_within(std::time::Duration::ZERO),
-        )?;
+        let mut options = options.reconnect_within(std::time::Duration::ZERO);
+        if options.type_tag.is_none() {
+            options = options.type_tag(crate::log::TYPE_TAG);
+        }
+        let wal: Wal<LogRecord> = Wal::open(address, name, options)?;
         let positions = wal.positions()?;
         let acked_on_append = level == Durability::Buffered;
         let durable = if acked_on_append {

@@ -14,6 +14,10 @@ use crate::error::{Error, Result};
 use crate::format::LogRecord;
 use stela_format::Lsn;
 
+/// The type tag of the store's log records, the same embedded and in a daemon, so a log moves
+/// between the two (a daemon's log directory is an embedded log's).
+pub const TYPE_TAG: &str = "stela-store";
+
 /// A log the store writes its records to. See the module documentation.
 pub trait LogDevice: Send + Sync {
     /// Appends a record; it is durable only once [`LogDevice::flush`] covers its LSN.

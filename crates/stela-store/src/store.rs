@@ -67,7 +67,7 @@ impl Default for StoreOptions {
     fn default() -> StoreOptions {
         StoreOptions {
             pool_pages: 1024,
-            wal: WalOptions::default().type_tag("stela-store"),
+            wal: WalOptions::default().type_tag(crate::log::TYPE_TAG),
             checkpoints: CheckpointKind::Decoupled,
             cleaner: CleanerKind::Decoupled,
             checkpoint_interval: None,
