@@ -13,7 +13,8 @@
 //!   ([`crate::pg_bench`]); `stela-bench pg-failover`: PostgreSQL failing over between two
 //!   nodes on a `replicated` mount ([`crate::pg_failover`]).
 //! - `stela-bench tpcb`: TPC-B on stela-store by checkpoint kind, cleaner and service interval
-//!   ([`crate::tpcb`]).
+//!   ([`crate::tpcb`]); `stela-bench tpcb-crash`: the same transactions in a child SIGKILLed
+//!   round after round, the store checked after each kill ([`crate::tpcb_crash`]).
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
 //!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
@@ -76,6 +77,12 @@ pub enum Command {
     /// TPC-B on stela-store: classical against decoupled checkpoints and page cleaning, by
     /// service interval (tps, latency, CPU).
     Tpcb(crate::tpcb::TpcbArgs),
+    /// TPC-B on stela-store in a child SIGKILLed at random moments, round after round; after
+    /// each kill: nothing acknowledged lost, nothing uncommitted visible, the sums agree.
+    TpcbCrash(crate::tpcb_crash::TpcbCrashArgs),
+    /// The child `tpcb-crash` kills.
+    #[command(hide = true)]
+    TpcbCrashChild(crate::tpcb_crash::TpcbCrashChildArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -103,6 +110,16 @@ where
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+    if let Command::TpcbCrashChild(args) = &cli.command {
+        // Its client threads print to stdout themselves: the lock below must not be held.
+        return match crate::tpcb_crash::child(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("stela-bench: {error:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let result = match cli.command {
@@ -116,6 +133,8 @@ where
         Command::Pgbench(args) => crate::pg_bench::run(&args, &mut out).map(drop),
         Command::PgFailover(args) => crate::pg_failover::run(&args, &mut out).map(drop),
         Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),
+        Command::TpcbCrash(args) => crate::tpcb_crash::run(&args, &mut out),
+        Command::TpcbCrashChild(_) => unreachable!("run above, without the stdout lock"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -43,6 +43,7 @@ pub mod record;
 pub mod repl_bench;
 pub mod tpcb;
 pub mod tpcb_chart;
+pub mod tpcb_crash;
 pub mod tpcb_rocksdb;
 pub mod tpcb_schema;
 pub mod wal_bench;

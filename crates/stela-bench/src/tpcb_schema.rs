@@ -163,6 +163,11 @@ fn process_cpu_seconds() -> anyhow::Result<f64> {
 pub(crate) struct Rng(u64);
 
 impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        // xorshift never leaves zero.
+        Rng(seed.max(1))
+    }
+
     pub(crate) fn below(&mut self, n: u32) -> u32 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
