@@ -22,8 +22,8 @@ use crate::error::{Error, Result};
 use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, SYSTEM_TXN};
 use crate::log::LogDevice;
 use crate::tail::LogTail;
-use std::io::Write;
 use std::path::Path;
+use stela_wal::storage::{OpenMode, Storage};
 use stela_format::Lsn;
 
 // The master record, `dir/checkpoint`, 20 bytes, little-endian:
@@ -48,9 +48,12 @@ impl Master {
     ///
     /// # Errors
     /// I/O errors reading it.
-    pub fn read(dir: &Path) -> Result<Option<Master>> {
+    pub fn read(storage: &dyn Storage, dir: &Path) -> Result<Option<Master>> {
         let path = dir.join(MASTER_FILE);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match storage
+            .open(&path, OpenMode::Read)
+            .and_then(|file| file.read_to_vec())
+        {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -74,15 +77,21 @@ impl Master {
     /// durable before the record was written), an older one as well as the newest, and the log
     /// is never truncated behind a checkpoint yet, so losing the newest costs restart time only.
     /// (Truncation, when it comes, must sync the master record first.)
-    fn write(&self, dir: &Path) -> Result<()> {
+    fn write(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
         let mut bytes = [0u8; MASTER_LEN];
         bytes[..8].copy_from_slice(&self.begin.get().to_le_bytes());
         bytes[8..16].copy_from_slice(&self.end.get().to_le_bytes());
         let crc = crc32c::crc32c(&bytes[..16]);
         bytes[16..].copy_from_slice(&crc.to_le_bytes());
         let temporary = dir.join("checkpoint.new");
-        std::fs::File::create(&temporary)?.write_all(&bytes)?;
-        std::fs::rename(&temporary, dir.join(MASTER_FILE))?;
+        match storage.remove(&temporary) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        storage
+            .open(&temporary, OpenMode::CreateNew)?
+            .write_all_at(&bytes, 0)?;
+        storage.rename(&temporary, &dir.join(MASTER_FILE))?;
         Ok(())
     }
 }
@@ -111,6 +120,7 @@ pub(crate) fn begin(log: &dyn LogDevice) -> Result<Lsn> {
 /// record at the checkpoint.
 pub(crate) fn end(
     log: &dyn LogDevice,
+    storage: &dyn Storage,
     dir: &Path,
     begin: Lsn,
     kind: CheckpointKind,
@@ -127,7 +137,7 @@ pub(crate) fn end(
         },
     })?;
     log.flush(end)?;
-    Master { begin, end }.write(dir)?;
+    Master { begin, end }.write(storage, dir)?;
     Ok(CheckpointReport {
         kind,
         begin,

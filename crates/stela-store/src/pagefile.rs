@@ -20,14 +20,15 @@ use crate::format::{LogBody, LogRecord, SYSTEM_TXN};
 use crate::log::LogDevice;
 use crate::page::{self, Page, PageError, PageId, PAGE_SIZE};
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+use stela_wal::storage::StorageFile;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use stela_format::Lsn;
 
 pub struct PageFile {
-    file: File,
+    /// On the store's storage (the real file system, or the fault-injecting one in tests and
+    /// the power-cut benchmark).
+    file: Box<dyn StorageFile>,
     /// Whether [`PageFile::sync`] calls fdatasync. Off only where the page file need not
     /// survive the machine (tests, and the `buffered` level, whose log does not either).
     sync: bool,
@@ -45,7 +46,7 @@ pub struct PageFile {
 }
 
 impl PageFile {
-    pub fn new(file: File, sync: bool) -> PageFile {
+    pub fn new(file: Box<dyn StorageFile>, sync: bool) -> PageFile {
         PageFile {
             file,
             sync,
@@ -61,7 +62,7 @@ impl PageFile {
 
     /// Pages the file spans (a page past the end reads as never written).
     pub fn pages(&self) -> Result<u64> {
-        Ok(self.file.metadata()?.len().div_ceil(PAGE_SIZE as u64))
+        Ok(self.file.len()?.div_ceil(PAGE_SIZE as u64))
     }
 
     /// Reads and checks the stored image of page `id`. The outer error is I/O; the inner one

@@ -40,6 +40,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use stela_format::Lsn;
+use stela_wal::storage::OpenMode;
 use stela_wal::{SyncMode, Wal, WalOptions};
 
 /// How a store is opened.
@@ -48,6 +49,9 @@ pub struct StoreOptions {
     /// Frames in the buffer pool (8 KiB each); at least 8.
     pub pool_pages: usize,
     /// The embedded log's options, used by [`Store::open`]: its `sync` is the commit durability.
+    /// Its `storage` holds the page file and the master record too, whichever log the store
+    /// runs on (the fault-injecting storage of `stela_wal`'s `testing` feature makes a power
+    /// cut hit the pages and the log alike).
     pub wal: WalOptions,
     /// How checkpoints get their tables.
     pub checkpoints: CheckpointKind,
@@ -161,7 +165,7 @@ impl Store {
     /// cannot read, I/O errors.
     pub fn open(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir)?;
+        options.wal.storage.create_dir_all(dir)?;
         let wal: Wal<LogRecord> = Wal::open(dir.join("log"), options.wal.clone())?;
         let options = if options.wal.sync == SyncMode::None {
             options.sync_pages(false)
@@ -211,13 +215,18 @@ impl Store {
         options: StoreOptions,
     ) -> Result<Store> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir)?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join("pages"))?;
+        let storage = Arc::clone(&options.wal.storage);
+        storage.create_dir_all(dir)?;
+        let pages = dir.join("pages");
+        let file = match storage.open(&pages, OpenMode::ReadWrite) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let file = storage.open(&pages, OpenMode::CreateNew)?;
+                // The new name must outlive a power cut before a page is reported written.
+                storage.sync_dir(dir)?;
+                file
+            }
+            opened => opened?,
+        };
         let file = Arc::new(PageFile::new(file, options.sync_pages));
         // The tail keeps records only for a decoupled service that runs on its own thread: a
         // service called only on request may not be called for a long time, and would make the
@@ -241,7 +250,7 @@ impl Store {
             log: Arc::clone(&log) as Arc<dyn LogDevice>,
             next_page: file.pages()?.max(1),
         };
-        let master = Master::read(dir)?;
+        let master = Master::read(storage.as_ref(), dir)?;
         let (restart, analysis) = recovery::restart(&mut engine, master)?;
         tracing::debug!(?restart, "store restarted");
         if options.cleaner == CleanerKind::Decoupled {
@@ -457,7 +466,15 @@ impl Shared {
                     tables
                 }
             };
-            checkpoint::end(log, &self.dir, begin, kind, tables, analysed)
+            checkpoint::end(
+                log,
+                self.options.wal.storage.as_ref(),
+                &self.dir,
+                begin,
+                kind,
+                tables,
+                analysed,
+            )
         })();
         self.check(result)
     }
