@@ -26,9 +26,11 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use stela_store::{CheckpointKind, CleanerKind, Store, StoreOptions};
+use stela_wal::storage::{Call, CrashPlan, FaultStorage, Hooked, Hooks, Storage};
 use stela_wal::SyncMode;
 
 /// Sequence numbers of one round start here, so rows of different rounds never collide.
@@ -39,6 +41,15 @@ pub struct TpcbCrashArgs {
     /// How many times the child is SIGKILLed.
     #[arg(long, default_value_t = 20)]
     pub kills: u32,
+    /// Then, how many simulated power cuts: the store runs in this process on the
+    /// fault-injecting storage (log, pages and master record), which drops or tears every
+    /// write not covered by an fsync, as `--plans` says.
+    #[arg(long, default_value_t = 0)]
+    pub power_cuts: u32,
+    /// What a power cut keeps of the unsynced writes, taken in turn: `lose` (nothing),
+    /// `tear` (a prefix, the last write torn), `scramble` (any sectors, in any order).
+    #[arg(long, value_delimiter = ',', default_value = "lose,tear,scramble")]
+    pub plans: Vec<PlanArg>,
     /// Client threads in the child, one per branch.
     #[arg(long, default_value_t = 4)]
     pub clients: u32,
@@ -69,6 +80,13 @@ pub struct TpcbCrashArgs {
     pub json: bool,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanArg {
+    Lose,
+    Tear,
+    Scramble,
+}
+
 /// The hidden child's arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TpcbCrashChildArgs {
@@ -92,20 +110,29 @@ pub struct TpcbCrashChildArgs {
     pub seed: u64,
 }
 
+/// One fault's line of `--json`.
 #[derive(Debug, serde::Serialize)]
-struct Kill {
-    kill: u32,
+struct Fault {
+    /// `sigkill`, or `power-cut:` and the plan.
+    fault: String,
+    n: u32,
     ran_ms: u64,
+    /// Transactions acknowledged before this fault.
     acknowledged: u64,
+    /// Transactions in flight at the fault that restart kept (their commit record had
+    /// reached the disk; the client had not been told).
     in_flight_visible: u64,
     losers_rolled_back: u64,
     restart_ms: f64,
 }
 
+/// The last line of `--json`. `lost` and `uncommitted_visible` are counted by the checks
+/// after each fault; any other value than 0 ends the run with an error naming the fault.
 #[derive(Debug, serde::Serialize)]
 struct Summary {
     summary: bool,
     kills: u32,
+    power_cuts: u32,
     acknowledged: u64,
     lost: u64,
     uncommitted_visible: u64,
@@ -115,9 +142,19 @@ struct Summary {
     seed: u64,
 }
 
-fn options(checkpoints: Kind, cleaner: Kind, interval_ms: u64, pool_pages: usize) -> StoreOptions {
+fn options(
+    storage: &Arc<dyn Storage>,
+    checkpoints: Kind,
+    cleaner: Kind,
+    interval_ms: u64,
+    pool_pages: usize,
+) -> StoreOptions {
     let defaults = StoreOptions::default();
-    let wal = defaults.wal.clone().sync(SyncMode::Data);
+    let wal = defaults
+        .wal
+        .clone()
+        .sync(SyncMode::Data)
+        .storage(Arc::clone(storage));
     let interval = Some(Duration::from_millis(interval_ms.max(1)));
     defaults
         .wal(wal)
@@ -134,11 +171,16 @@ fn options(checkpoints: Kind, cleaner: Kind, interval_ms: u64, pool_pages: usize
         .clean_interval(interval)
 }
 
+fn real_disk() -> Arc<dyn Storage> {
+    Arc::new(stela_wal::storage::StdStorage)
+}
+
 /// The child: open (restart), say `ready`, run TPC-B until killed.
 pub fn child(args: &TpcbCrashChildArgs) -> anyhow::Result<()> {
     let store = Store::open(
         &args.dir,
         options(
+            &real_disk(),
             args.checkpoints,
             args.cleaner,
             args.interval_ms,
@@ -198,10 +240,10 @@ fn transfer(
     txn.commit()
 }
 
-fn load(dir: &Path, args: &TpcbCrashArgs) -> anyhow::Result<()> {
+fn load(dir: &Path, args: &TpcbCrashArgs, storage: &Arc<dyn Storage>) -> anyhow::Result<()> {
     let store = Store::open(
         dir,
-        options(args.checkpoints, args.cleaner, 0, 1024)
+        options(storage, args.checkpoints, args.cleaner, 0, 1024)
             .checkpoint_interval(None)
             .clean_interval(None),
     )?;
@@ -236,99 +278,127 @@ fn sum_of(txn: &mut stela_store::Transaction, prefix: &[u8]) -> anyhow::Result<R
         .collect()
 }
 
-/// Opens the store (restart), checks it against what was acknowledged; returns the history
-/// rows visible that were in flight at the kill (committed, not yet printed), the losers
-/// restart rolled back, and the restart's time.
-fn check(
-    dir: &Path,
-    args: &TpcbCrashArgs,
-    acknowledged: &HashMap<Vec<u8>, i64>,
-    next_seq: &HashMap<u32, u64>,
-    round: u64,
-) -> anyhow::Result<(Rows, u64, f64)> {
-    let opening = Instant::now();
-    let store = Store::open(
-        dir,
-        options(
-            args.checkpoints,
-            args.cleaner,
-            args.interval_ms,
-            args.pool_pages,
-        )
-        .checkpoint_interval(None)
-        .clean_interval(None),
-    )?;
-    let restart_ms = opening.elapsed().as_secs_f64() * 1e3;
-    let losers = store.restart_report().losers.len() as u64;
-    let mut txn = store.begin();
-    let history = sum_of(&mut txn, b"h")?;
-    let sums = [
-        sum_of(&mut txn, b"a")?.iter().map(|r| r.1).sum::<i64>(),
-        sum_of(&mut txn, b"t")?.iter().map(|r| r.1).sum::<i64>(),
-        sum_of(&mut txn, b"b")?.iter().map(|r| r.1).sum::<i64>(),
-    ];
-    txn.commit()?;
-    let history_sum: i64 = history.iter().map(|r| r.1).sum();
-    if sums.iter().any(|&s| s != history_sum) {
-        bail!(
-            "uncommitted or partial transactions visible: accounts, tellers, branches sum to \
-             {sums:?}, the history rows to {history_sum}"
-        );
-    }
-    let present: HashMap<&[u8], i64> = history.iter().map(|(k, d)| (&k[..], *d)).collect();
-    let mut lost: Vec<String> = acknowledged
-        .iter()
-        .filter(|(k, d)| present.get(&k[..]) != Some(d))
-        .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
-        .collect();
-    if !lost.is_empty() {
-        lost.sort();
-        bail!(
-            "{} acknowledged transactions lost or changed, first {}",
-            lost.len(),
-            lost[0]
-        );
-    }
-    // Rows nobody was told about: only each client's one transaction in flight.
-    let mut in_flight = Vec::new();
-    for (key, delta) in &history {
-        if acknowledged.contains_key(key) {
-            continue;
+/// What the runs so far were told, and what the checks found.
+struct Tally {
+    /// Every history row acknowledged (or kept by a restart after a fault), with its delta.
+    acknowledged: HashMap<Vec<u8>, i64>,
+    restarts_ms: Vec<f64>,
+    losers: u64,
+    in_flight_kept: u64,
+}
+
+impl Tally {
+    /// Takes in what was acknowledged before the fault of `round`, opens the store (restart)
+    /// and checks it: every acknowledged row there with its delta; accounts, tellers and
+    /// branches each summing to the history rows present (a transaction half there breaks a
+    /// sum); beyond the acknowledged rows only each client's one transaction in flight (its
+    /// next sequence number). Rows in flight that restart kept are committed from now on.
+    fn check_after_fault(
+        &mut self,
+        dir: &Path,
+        args: &TpcbCrashArgs,
+        storage: &Arc<dyn Storage>,
+        round: u64,
+        acknowledged_now: &[(u32, u64, i64)],
+    ) -> anyhow::Result<(u64, u64, f64)> {
+        let mut next_seq: HashMap<u32, u64> = HashMap::new();
+        for &(b, seq, delta) in acknowledged_now {
+            self.acknowledged.insert(history_key(b, seq), delta);
+            next_seq.insert(b, seq + 1);
         }
-        let allowed = (0..args.clients).any(|b| {
-            let next = next_seq.get(&b).copied().unwrap_or(round * SEQS_PER_ROUND);
-            *key == history_key(b, next)
-        });
-        if !allowed {
+        let opening = Instant::now();
+        let store = Store::open(
+            dir,
+            options(
+                storage,
+                args.checkpoints,
+                args.cleaner,
+                args.interval_ms,
+                args.pool_pages,
+            )
+            .checkpoint_interval(None)
+            .clean_interval(None),
+        )
+        .context("restart after the fault")?;
+        let restart_ms = opening.elapsed().as_secs_f64() * 1e3;
+        let losers = store.restart_report().losers.len() as u64;
+        let mut txn = store.begin();
+        let history = sum_of(&mut txn, b"h")?;
+        let sums = [
+            sum_of(&mut txn, b"a")?.iter().map(|r| r.1).sum::<i64>(),
+            sum_of(&mut txn, b"t")?.iter().map(|r| r.1).sum::<i64>(),
+            sum_of(&mut txn, b"b")?.iter().map(|r| r.1).sum::<i64>(),
+        ];
+        txn.commit()?;
+        let history_sum: i64 = history.iter().map(|r| r.1).sum();
+        if sums.iter().any(|&s| s != history_sum) {
             bail!(
-                "history row {} is visible but was neither acknowledged nor in flight",
-                String::from_utf8_lossy(key)
+                "uncommitted or partial transactions visible: accounts, tellers, branches sum \
+                 to {sums:?}, the history rows to {history_sum}"
             );
         }
-        in_flight.push((key.clone(), *delta));
+        let present: HashMap<&[u8], i64> = history.iter().map(|(k, d)| (&k[..], *d)).collect();
+        let mut lost: Vec<String> = self
+            .acknowledged
+            .iter()
+            .filter(|(k, d)| present.get(&k[..]) != Some(d))
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        if !lost.is_empty() {
+            lost.sort();
+            bail!(
+                "{} acknowledged transactions lost or changed, first {}",
+                lost.len(),
+                lost[0]
+            );
+        }
+        let mut in_flight = 0;
+        for (key, delta) in &history {
+            if self.acknowledged.contains_key(key) {
+                continue;
+            }
+            let allowed = (0..args.clients).any(|b| {
+                let next = next_seq.get(&b).copied().unwrap_or(round * SEQS_PER_ROUND);
+                *key == history_key(b, next)
+            });
+            if !allowed {
+                bail!(
+                    "history row {} is visible but was neither acknowledged nor in flight",
+                    String::from_utf8_lossy(key)
+                );
+            }
+            self.acknowledged.insert(key.clone(), *delta);
+            in_flight += 1;
+        }
+        drop(store); // a crash at rest: the next round restarts again
+        self.restarts_ms.push(restart_ms);
+        self.losers += losers;
+        self.in_flight_kept += in_flight;
+        Ok((in_flight, losers, restart_ms))
     }
-    drop(store); // a crash at rest: the next child restarts again
-    Ok((in_flight, losers, restart_ms))
 }
 
 pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    if args.clients == 0 || args.accounts == 0 || args.kills == 0 {
-        bail!("--clients, --accounts and --kills must be at least 1");
+    if args.clients == 0 || args.accounts == 0 || args.kills + args.power_cuts == 0 {
+        bail!("--clients, --accounts and --kills + --power-cuts must be at least 1");
+    }
+    if args.power_cuts > 0 && args.plans.is_empty() {
+        bail!("--plans names no power-cut plan");
     }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
     });
-    let base = crate::harness::scratch_dir(args.dir.as_deref())?;
-    let dir = base.path().join("store");
-    load(&dir, args)?;
     if !args.json {
         writeln!(
             out,
-            "tpcb-crash: {} kills of a child running TPC-B ({} clients x {} accounts, {:?} \
-             checkpoints, {:?} cleaner every {} ms, {} pool pages); seed {seed}",
+            "tpcb-crash: {} SIGKILLs of a child, then {} power cuts ({:?}), under TPC-B ({} \
+             clients x {} accounts, {:?} checkpoints, {:?} cleaner every {} ms, {} pool pages); \
+             seed {seed}",
             args.kills,
+            args.power_cuts,
+            args.plans,
             args.clients,
             args.accounts,
             args.checkpoints,
@@ -337,125 +407,119 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
             args.pool_pages
         )?;
     }
-    let exe = std::env::current_exe().context("finding this executable")?;
     let mut rng = Rng::new(seed);
-    let mut acknowledged: HashMap<Vec<u8>, i64> = HashMap::new();
-    let mut restarts = Vec::new();
-    let (mut total_in_flight, mut total_losers) = (0u64, 0u64);
-    for kill in 1..=args.kills {
-        let round = u64::from(kill);
-        let mut child = Command::new(&exe)
-            .arg("tpcb-crash-child")
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--clients", &args.clients.to_string()])
-            .args(["--accounts", &args.accounts.to_string()])
-            .args([
-                "--checkpoints",
-                &format!("{:?}", args.checkpoints).to_lowercase(),
-            ])
-            .args(["--cleaner", &format!("{:?}", args.cleaner).to_lowercase()])
-            .args(["--interval-ms", &args.interval_ms.to_string()])
-            .args(["--pool-pages", &args.pool_pages.to_string()])
-            .args(["--round", &round.to_string()])
-            .args(["--seed", &(seed ^ round).to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the child")?;
-        let stdout = child.stdout.take().expect("piped");
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || -> Vec<String> {
-            let mut lines = Vec::new();
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if line == "ready" {
-                    let _ = ready_tx.send(());
-                } else {
-                    lines.push(line);
-                }
-            }
-            lines
-        });
-        if ready_rx.recv_timeout(Duration::from_secs(120)).is_err() {
-            let _ = child.kill();
-            let output = child.wait_with_output()?;
-            bail!(
-                "kill {kill}: the child did not get ready (restart failed?): {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        let ran_ms = 5 + u64::from(rng.below(args.max_run_ms.saturating_sub(5).max(1) as u32));
-        std::thread::sleep(Duration::from_millis(ran_ms));
-        if let Ok(Some(status)) = child.try_wait() {
-            let mut stderr = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
-            }
-            bail!("kill {kill}: the child exited by itself ({status}): {stderr}");
-        }
-        child.kill().context("SIGKILL of the child")?;
-        child.wait()?;
-        let lines = reader.join().expect("the reader thread");
-        let mut next_seq: HashMap<u32, u64> = HashMap::new();
-        let acked_this_round = lines.len() as u64;
-        for line in &lines {
-            let parts: Vec<&str> = line.split(' ').collect();
-            let [_, b, seq, delta] = parts[..] else {
-                bail!("kill {kill}: the child printed {line:?}");
-            };
-            let (b, seq, delta): (u32, u64, i64) = (b.parse()?, seq.parse()?, delta.parse()?);
-            acknowledged.insert(history_key(b, seq), delta);
-            next_seq.insert(b, seq + 1);
-        }
-        let (in_flight, losers, restart_ms) = check(&dir, args, &acknowledged, &next_seq, round)
-            .with_context(|| {
-                format!(
-                    "kill {kill} (seed {seed}); the store is kept in {}",
-                    dir.display()
-                )
-            })?;
-        // A transaction in flight at the kill whose commit record reached the disk is
-        // committed: later rounds must keep it like an acknowledged one.
-        let in_flight_visible = in_flight.len() as u64;
-        total_in_flight += in_flight_visible;
-        acknowledged.extend(in_flight);
-        total_losers += losers;
-        restarts.push(restart_ms);
+    let report = |fault: Fault, tally: &Tally, out: &mut dyn Write| -> anyhow::Result<()> {
         if args.json {
+            writeln!(out, "{}", serde_json::to_string(&fault)?)?;
+        } else if fault.n.is_multiple_of(50) {
             writeln!(
                 out,
-                "{}",
-                serde_json::to_string(&Kill {
-                    kill,
-                    ran_ms,
-                    acknowledged: acked_this_round,
-                    in_flight_visible,
-                    losers_rolled_back: losers,
-                    restart_ms,
-                })?
-            )?;
-        } else if kill % 50 == 0 || kill == args.kills {
-            writeln!(
-                out,
-                "  {kill} kills: {} acknowledged, 0 lost, 0 uncommitted visible, {total_losers} \
-                 losers rolled back",
-                acknowledged.len()
+                "  {} {}: {} acknowledged so far, 0 lost, 0 uncommitted visible, {} losers \
+                 rolled back",
+                fault.n,
+                fault.fault,
+                tally.acknowledged.len(),
+                tally.losers
             )?;
         }
         out.flush()?;
+        Ok(())
+    };
+    let base = crate::harness::scratch_dir(args.dir.as_deref())?;
+    let mut tally = Tally {
+        acknowledged: HashMap::new(),
+        restarts_ms: Vec::new(),
+        losers: 0,
+        in_flight_kept: 0,
+    };
+
+    // SIGKILLs of a child process on the real disk.
+    if args.kills > 0 {
+        let disk = real_disk();
+        let dir = base.path().join("store");
+        load(&dir, args, &disk)?;
+        let exe = std::env::current_exe().context("finding this executable")?;
+        for kill in 1..=args.kills {
+            let round = u64::from(kill);
+            let ran_ms = 5 + u64::from(rng.below(args.max_run_ms.saturating_sub(5).max(1) as u32));
+            let acknowledged_now = kill_child_once(&exe, &dir, args, round, seed ^ round, ran_ms)
+                .with_context(|| format!("kill {kill} (seed {seed})"))?;
+            let (in_flight_visible, losers_rolled_back, restart_ms) = tally
+                .check_after_fault(&dir, args, &disk, round, &acknowledged_now)
+                .with_context(|| {
+                    format!(
+                        "kill {kill} (seed {seed}); the store is kept in {}",
+                        dir.display()
+                    )
+                })?;
+            let fault = Fault {
+                fault: "sigkill".into(),
+                n: kill,
+                ran_ms,
+                acknowledged: acknowledged_now.len() as u64,
+                in_flight_visible,
+                losers_rolled_back,
+                restart_ms,
+            };
+            report(fault, &tally, out)?;
+        }
     }
-    restarts.sort_by(f64::total_cmp);
+
+    // Power cuts: the store in this process on the fault-injecting storage.
+    if args.power_cuts > 0 {
+        let fault_storage = FaultStorage::new();
+        let storage: Arc<dyn Storage> = Arc::new(fault_storage.clone());
+        let dir = PathBuf::from("/tpcb-crash/store");
+        load(&dir, args, &storage)?;
+        tally.acknowledged.clear();
+        for cut in 1..=args.power_cuts {
+            let round = u64::from(args.kills + cut);
+            let plan = match args.plans[(cut as usize - 1) % args.plans.len()] {
+                PlanArg::Lose => CrashPlan::LoseUnsynced,
+                PlanArg::Tear => CrashPlan::TearUnsynced { seed: seed ^ round },
+                PlanArg::Scramble => CrashPlan::ScrambleSectors { seed: seed ^ round },
+            };
+            let ran_ms = 5 + u64::from(rng.below(args.max_run_ms.saturating_sub(5).max(1) as u32));
+            let acknowledged_now = cut_power_once(
+                &dir,
+                args,
+                (&storage, &fault_storage),
+                Cut {
+                    plan,
+                    round,
+                    seed,
+                    ran_ms,
+                },
+            )
+            .with_context(|| format!("power cut {cut} ({plan:?}, seed {seed})"))?;
+            let (in_flight_visible, losers_rolled_back, restart_ms) = tally
+                .check_after_fault(&dir, args, &storage, round, &acknowledged_now)
+                .with_context(|| format!("power cut {cut} ({plan:?}, seed {seed})"))?;
+            let name = format!("{:?}", args.plans[(cut as usize - 1) % args.plans.len()]);
+            let fault = Fault {
+                fault: format!("power-cut:{}", name.to_lowercase()),
+                n: cut,
+                ran_ms,
+                acknowledged: acknowledged_now.len() as u64,
+                in_flight_visible,
+                losers_rolled_back,
+                restart_ms,
+            };
+            report(fault, &tally, out)?;
+        }
+    }
+
+    tally.restarts_ms.sort_by(f64::total_cmp);
     let summary = Summary {
         summary: true,
         kills: args.kills,
-        acknowledged: acknowledged.len() as u64,
+        power_cuts: args.power_cuts,
+        acknowledged: tally.acknowledged.len() as u64,
         lost: 0,
         uncommitted_visible: 0,
-        losers_rolled_back: total_losers,
-        restart_p50_ms: restarts[restarts.len() / 2],
-        restart_max_ms: restarts.last().copied().unwrap_or(0.0),
+        losers_rolled_back: tally.losers,
+        restart_p50_ms: tally.restarts_ms[tally.restarts_ms.len() / 2],
+        restart_max_ms: tally.restarts_ms.last().copied().unwrap_or(0.0),
         seed,
     };
     if args.json {
@@ -463,15 +527,213 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
     } else {
         writeln!(
             out,
-            "{} kills, {} transactions acknowledged: 0 lost, 0 uncommitted visible; {} in flight \
-             at a kill kept (committed before the kill, not yet printed); restart p50 {:.1} ms, \
-             max {:.1} ms",
+            "{} SIGKILLs and {} power cuts: 0 acknowledged transactions lost, 0 uncommitted \
+             visible, TPC-B sums equal after every fault; {} in flight at a fault kept (their \
+             commit record was durable); {} losers rolled back; restart p50 {:.1} ms, max {:.1} ms",
             summary.kills,
-            summary.acknowledged,
-            total_in_flight,
+            summary.power_cuts,
+            tally.in_flight_kept,
+            tally.losers,
             summary.restart_p50_ms,
             summary.restart_max_ms
         )?;
     }
     Ok(())
+}
+
+/// Starts the child on `dir`, SIGKILLs it `ran_ms` after it is ready; returns the
+/// transactions it acknowledged (branch, seq, delta).
+fn kill_child_once(
+    exe: &Path,
+    dir: &Path,
+    args: &TpcbCrashArgs,
+    round: u64,
+    seed: u64,
+    ran_ms: u64,
+) -> anyhow::Result<Vec<(u32, u64, i64)>> {
+    let mut child = Command::new(exe)
+        .arg("tpcb-crash-child")
+        .arg("--dir")
+        .arg(dir)
+        .args(["--clients", &args.clients.to_string()])
+        .args(["--accounts", &args.accounts.to_string()])
+        .args([
+            "--checkpoints",
+            &format!("{:?}", args.checkpoints).to_lowercase(),
+        ])
+        .args(["--cleaner", &format!("{:?}", args.cleaner).to_lowercase()])
+        .args(["--interval-ms", &args.interval_ms.to_string()])
+        .args(["--pool-pages", &args.pool_pages.to_string()])
+        .args(["--round", &round.to_string()])
+        .args(["--seed", &seed.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the child")?;
+    let stdout = child.stdout.take().expect("piped");
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || -> Vec<String> {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line == "ready" {
+                let _ = ready_tx.send(());
+            } else {
+                lines.push(line);
+            }
+        }
+        lines
+    });
+    if ready_rx.recv_timeout(Duration::from_secs(120)).is_err() {
+        let _ = child.kill();
+        let output = child.wait_with_output()?;
+        bail!(
+            "the child did not get ready (restart failed?): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    std::thread::sleep(Duration::from_millis(ran_ms));
+    if let Ok(Some(status)) = child.try_wait() {
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+        }
+        bail!("the child exited by itself ({status}): {stderr}");
+    }
+    child.kill().context("SIGKILL of the child")?;
+    child.wait()?;
+    let lines = reader.join().expect("the reader thread");
+    lines
+        .iter()
+        .map(|line| {
+            let parts: Vec<&str> = line.split(' ').collect();
+            let [_, b, seq, delta] = parts[..] else {
+                bail!("the child printed {line:?}");
+            };
+            Ok((b.parse()?, seq.parse()?, delta.parse()?))
+        })
+        .collect()
+}
+
+/// The power supply of one run on the fault-injecting storage: every call of the store
+/// (storage-level or on an open file) goes through it, and [`PowerSwitch::cut`] makes every
+/// later call fail. A real power cut stops the machine; the simulated one leaves the old
+/// store's threads running, and without this a checkpoint thread of the dead store could, say,
+/// rename a master record into the state that survived the cut.
+#[derive(Debug, Default)]
+struct PowerSwitch {
+    state: Mutex<Power>,
+    idle: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Power {
+    off: bool,
+    calls_running: u64,
+}
+
+impl Hooks for PowerSwitch {
+    fn before(&self, _call: &Call<'_>) -> std::io::Result<()> {
+        let mut power = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if power.off {
+            return Err(std::io::Error::other("the power is off"));
+        }
+        power.calls_running += 1;
+        Ok(())
+    }
+
+    fn after(&self, _call: &Call<'_>, _outcome: Result<(), &std::io::Error>) {
+        let mut power = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        power.calls_running -= 1;
+        if power.calls_running == 0 {
+            self.idle.notify_all();
+        }
+    }
+}
+
+impl PowerSwitch {
+    /// Turns the power off and returns once no call is running: from then on nothing the
+    /// old store does reaches the storage.
+    fn switch_off(&self) {
+        let mut power = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        power.off = true;
+        while power.calls_running > 0 {
+            power = self.idle.wait(power).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// One power cut: what it keeps, the round's sequence numbers and seed, when it comes.
+struct Cut {
+    plan: CrashPlan,
+    round: u64,
+    seed: u64,
+    ran_ms: u64,
+}
+
+/// Runs the clients on a store over the fault-injecting storage, cuts the power `ran_ms`
+/// later, stops the clients and drops the store; returns the transactions acknowledged
+/// before the cut (branch, seq, delta). A commit that returns after the cut returned on the
+/// lost state and is not counted.
+fn cut_power_once(
+    dir: &Path,
+    args: &TpcbCrashArgs,
+    (storage, fault_storage): (&Arc<dyn Storage>, &FaultStorage),
+    Cut {
+        plan,
+        round,
+        seed,
+        ran_ms,
+    }: Cut,
+) -> anyhow::Result<Vec<(u32, u64, i64)>> {
+    let power = Hooked::wrap(Arc::clone(storage), PowerSwitch::default());
+    let powered: Arc<dyn Storage> = Arc::new(power.clone());
+    let store = Store::open(
+        dir,
+        options(
+            &powered,
+            args.checkpoints,
+            args.cleaner,
+            args.interval_ms,
+            args.pool_pages,
+        ),
+    )
+    .context("opening the store")?;
+    let acknowledged: Mutex<Vec<(u32, u64, i64)>> = Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
+    let before_cut = std::thread::scope(|scope| -> anyhow::Result<Vec<(u32, u64, i64)>> {
+        for b in 0..args.clients {
+            let (store, acknowledged, stop) = (&store, &acknowledged, &stop);
+            scope.spawn(move || {
+                let mut rng = Rng::new(seed ^ round ^ ((u64::from(b) + 1) * 0x9e37_79b9));
+                let mut seq = round * SEQS_PER_ROUND;
+                while !stop.load(Ordering::Acquire) {
+                    let delta = i64::from(rng.below(1_999_999)) - 999_999;
+                    let account = account_key(b, rng.below(args.accounts));
+                    let teller = teller_key(b, rng.below(TELLERS_PER_BRANCH));
+                    match transfer(store, b, seq, delta, &account, &teller) {
+                        Ok(()) => {
+                            acknowledged.lock().unwrap().push((b, seq, delta));
+                            seq += 1;
+                        }
+                        Err(stela_store::Error::Deadlock { .. }) => {}
+                        // After the cut the store may fail in any way: the run is over.
+                        Err(_) => return,
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(ran_ms));
+        let before_cut = {
+            let acknowledged = acknowledged.lock().unwrap();
+            power.hooks().switch_off();
+            fault_storage.crash(plan);
+            acknowledged.clone()
+        };
+        stop.store(true, Ordering::Release);
+        Ok(before_cut)
+    })?;
+    drop(store); // without power it fails at everything; the next open sees what survived
+    Ok(before_cut)
 }

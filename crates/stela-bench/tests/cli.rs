@@ -392,13 +392,17 @@ fn tpcb_runs_the_store_embedded_and_on_a_daemon_and_checks_the_invariant() {
 }
 
 #[test]
-fn tpcb_crash_kills_the_store_and_finds_every_acknowledged_transaction() {
+fn tpcb_crash_kills_the_store_and_cuts_its_power_and_finds_every_acknowledged_transaction() {
     // A lost acknowledged row, a visible partial or uncommitted transaction, or a restart that
     // fails makes the run exit non-zero; the long run is the benchmark (1,000 kills).
     let out = stela_bench(&[
         "tpcb-crash",
         "--kills",
         "3",
+        "--power-cuts",
+        "2",
+        "--plans",
+        "lose",
         "--clients",
         "2",
         "--accounts",
@@ -409,6 +413,7 @@ fn tpcb_crash_kills_the_store_and_finds_every_acknowledged_transaction() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(summary["kills"], 3, "{stdout}");
+    assert_eq!(summary["power_cuts"], 2, "{stdout}");
     assert_eq!(summary["lost"], 0, "{stdout}");
     assert_eq!(summary["uncommitted_visible"], 0, "{stdout}");
 }

@@ -23,8 +23,8 @@ use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, SYSTEM
 use crate::log::LogDevice;
 use crate::tail::LogTail;
 use std::path::Path;
-use stela_wal::storage::{OpenMode, Storage};
 use stela_format::Lsn;
+use stela_wal::storage::{OpenMode, Storage};
 
 // The master record, `dir/checkpoint`, 20 bytes, little-endian:
 //   0   8   LSN of the checkpoint's begin record

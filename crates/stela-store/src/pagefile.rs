@@ -20,10 +20,10 @@ use crate::format::{LogBody, LogRecord, SYSTEM_TXN};
 use crate::log::LogDevice;
 use crate::page::{self, Page, PageError, PageId, PAGE_SIZE};
 use std::collections::HashMap;
-use stela_wal::storage::StorageFile;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use stela_format::Lsn;
+use stela_wal::storage::StorageFile;
 
 pub struct PageFile {
     /// On the store's storage (the real file system, or the fault-injecting one in tests and
