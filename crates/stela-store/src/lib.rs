@@ -61,6 +61,8 @@
 //! (a scan can see phantoms), the daemon's log behind [`LogDevice`].
 
 pub mod analysis;
+pub mod archive;
+pub mod archive_format;
 pub mod btree;
 pub mod checkpoint;
 pub mod cleaner;
