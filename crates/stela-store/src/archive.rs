@@ -150,6 +150,11 @@ impl LogArchive {
         Ok(archive)
     }
 
+    /// The archive's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The last LSN the archive holds (zero if none).
     pub fn archived_lsn(&self) -> Lsn {
         self.snapshot()

@@ -74,9 +74,12 @@ pub mod page;
 pub mod pagefile;
 pub mod pool;
 pub mod recovery;
+pub mod repair;
+pub mod retention;
 pub mod store;
 pub mod tail;
 
+pub use archive::{ArchiveReport, LogArchive};
 pub use checkpoint::CheckpointReport;
 pub use cleaner::{CleanReport, CleanerKind};
 pub use error::{Error, Result};
