@@ -13,7 +13,8 @@
 //! - Restart writes no page: the pages it redid are dirty in the pool like any others.
 //!
 //! Analysis starts at the latest complete checkpoint of either kind (the master record names
-//! it) with that checkpoint's tables; without one, at the first record with empty tables.
+//! it) with that checkpoint's tables; without one, at LSN 1 with empty tables (a log that
+//! starts later was truncated behind a checkpoint whose master record is lost: an error).
 //! Redo starts at the oldest `rec_lsn` of the dirty-page table analysis ends with. Undo reads a
 //! loser's records from the analysed part of the log when it has them, and follows the
 //! transaction's chain into the older log for the rest.
@@ -141,6 +142,14 @@ pub(crate) fn restart(
     let mut undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>> = HashMap::new();
     for item in log.read_from(start)? {
         let (lsn, record) = item?;
+        if report.records_analyzed == 0 && lsn != start {
+            // The log was truncated behind a checkpoint whose master record is now lost:
+            // analysis from a later record would miss pages and transactions.
+            return Err(Error::BadLogRecord {
+                lsn: start,
+                source: RecordError::Invalid("the log starts after where analysis must start"),
+            });
+        }
         report.records_analyzed += 1;
         analysis.apply(lsn, &record);
         match record.body {

@@ -93,7 +93,7 @@ impl PageRepair {
                 (Page::empty(), true)
             }
         };
-        let page = rebuild(id, base, &self.archive, log)?;
+        let page = rebuild(id, base, Lsn::new(u64::MAX), &self.archive, log)?;
         self.repaired += 1;
         if evicted.is_some_and(|(_, lsn)| page.lsn < lsn) {
             return Err(Error::Corrupt {
@@ -167,25 +167,34 @@ impl PageRepair {
     }
 }
 
-/// Page `id` brought up to date from `base` (its last usable state) by redoing its history
-/// after `base.lsn`: from the archive, then from the log after the archive's end.
+/// Page `id` brought up to `upto` from `base` (its last usable state) by redoing its history
+/// in `base.lsn+1..=upto`: from the archive, then from the log after the archive's end.
 ///
 /// # Errors
 /// [`Error::Archive`] for a damaged run or when the log no longer holds what follows the
 /// archive; log errors; [`Error::Corrupt`] for a record that cannot apply to the page.
-pub fn rebuild(id: PageId, base: Page, archive: &LogArchive, log: &dyn LogDevice) -> Result<Page> {
+pub fn rebuild(
+    id: PageId,
+    base: Page,
+    upto: Lsn,
+    archive: &LogArchive,
+    log: &dyn LogDevice,
+) -> Result<Page> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let mut page = base.clone();
         let (history, archived) = archive.page_history(id, page.lsn)?;
-        for (lsn, record) in &history {
+        for (lsn, record) in history.iter().take_while(|(lsn, _)| *lsn <= upto) {
             btree::redo(id, &mut page, *lsn, record)?;
         }
         let from = archived.max(page.lsn).next();
         let mut first_seen = None;
         for item in log.read_from(from)? {
             let (lsn, record) = item?;
+            if lsn > upto {
+                break;
+            }
             first_seen.get_or_insert(lsn);
             if record.pages().iter().any(|&(p, _)| p == id) {
                 btree::redo(id, &mut page, lsn, &record)?;

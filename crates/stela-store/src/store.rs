@@ -607,8 +607,13 @@ impl Shared {
                 cleaner::classical_round(&self.engine, self.log.as_ref(), &self.file)
             }
             CleanerKind::Decoupled => {
-                let round =
-                    cleaner::decoupled_round(&self.log, &self.file, &self.clean_lsn, &mut cache);
+                let round = cleaner::decoupled_round(
+                    &self.log,
+                    &self.file,
+                    &self.clean_lsn,
+                    &mut cache,
+                    self.archive.as_deref(),
+                );
                 if let Ok(round) = &round {
                     self.log.release(Consumer::Cleaner, round.clean_lsn.next());
                 }
