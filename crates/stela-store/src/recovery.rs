@@ -171,8 +171,15 @@ pub(crate) fn restart(
     // Redo: from the oldest LSN a dirty page may lack, every change its page lacks.
     report.redo_start = analysis.redo_start();
     if let Some(redo_from) = report.redo_start {
-        for item in log.read_from(redo_from)? {
+        for (at, item) in log.read_from(redo_from)?.enumerate() {
             let (lsn, record) = item?;
+            if at == 0 && lsn != redo_from {
+                // Truncated past a change a stored image lacks: redo would silently miss it.
+                return Err(Error::BadLogRecord {
+                    lsn: redo_from,
+                    source: RecordError::Invalid("the log starts after where redo must start"),
+                });
+            }
             for (page, _) in record.pages() {
                 if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
                     let applied = engine.pool.update(page, log.as_ref(), |image| {

@@ -13,6 +13,12 @@
 //!   makes restart's undo find a broken chain.
 //! - With write elision, dirty pages leave the pool without a write and reads after it see the
 //!   latest data; a classical checkpoint still lists them dirty, so a crash loses nothing.
+//! - A page dirty since before the latest checkpoint keeps its first change in the log: a
+//!   crash then redoes it. Failure this provokes: truncating at the checkpoint's begin record
+//!   (below which restart's analysis never reads) while redo must start earlier.
+//! - A crash at every few records of a workload with checkpoints, cleaning and archiving steps
+//!   (so truncation) between its transactions, with elision on, leaves exactly the committed
+//!   transactions after restart, for both kinds of services.
 //! - The decoupled cleaner, lagging behind the archive, takes those records from its runs and
 //!   the rest from the log: afterwards the stored images the pool falls back on (eviction
 //!   elides pages the clean LSN covers) hold every change. Failure this provokes: a change in
@@ -361,5 +367,137 @@ fn a_cleaner_behind_the_archive_replays_from_its_runs_then_from_the_log() {
     assert!(store.pool_stats().elided > 0);
     drop(store);
     let store = Store::open(dir.path(), options).unwrap();
+    assert_eq!(contents_map(&store), model);
+}
+
+#[derive(Clone, Copy)]
+enum Step {
+    /// Put keys `from..to` with values of `round`, then commit (or abort).
+    Txn {
+        from: usize,
+        to: usize,
+        round: usize,
+        commit: bool,
+    },
+    Checkpoint,
+    Clean,
+    Archive,
+}
+
+/// Runs `steps` until the log refuses a record; returns the committed state.
+fn run_until_crash(store: &Store, steps: &[Step]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut committed = BTreeMap::new();
+    for step in steps {
+        let survived = match *step {
+            Step::Txn {
+                from,
+                to,
+                round,
+                commit,
+            } => {
+                let mut txn = store.begin();
+                if (from..to).any(|i| txn.put(&key(i), &value(i, round)).is_err()) {
+                    common::crash(Some(txn));
+                    return committed;
+                }
+                if commit {
+                    let done = txn.commit().is_ok();
+                    if done {
+                        committed.extend((from..to).map(|i| (key(i), value(i, round))));
+                    }
+                    done
+                } else {
+                    txn.abort().is_ok()
+                }
+            }
+            Step::Checkpoint => store.checkpoint().is_ok(),
+            Step::Clean => store.clean().is_ok(),
+            Step::Archive => store.archive().is_ok(),
+        };
+        if !survived {
+            return committed;
+        }
+    }
+    committed
+}
+
+#[test]
+fn a_crash_every_few_records_with_archiving_and_truncation_keeps_the_committed_state() {
+    use Step::*;
+    let txn = |from, to, round, commit| Txn {
+        from,
+        to,
+        round,
+        commit,
+    };
+    let mut steps = Vec::new();
+    for round in 0..6 {
+        steps.extend([
+            txn(0, 120, round, true),
+            Archive,
+            txn(round * 10, round * 10 + 40, round + 100, false),
+            Checkpoint,
+            Clean,
+            txn(60, 100, round + 200, true),
+            Archive,
+        ]);
+    }
+    // Small segments, so that truncation removes some between the crashes.
+    let wal = options().wal.segment_bytes(16 << 10);
+    for (checkpoints, cleaner) in [
+        (CheckpointKind::Decoupled, CleanerKind::Decoupled),
+        (CheckpointKind::Classical, CleanerKind::Classical),
+    ] {
+        let options = options()
+            .wal(wal.clone())
+            .elide_writes(true)
+            .checkpoints(checkpoints)
+            .cleaner(cleaner);
+        let (length, first) = {
+            let dir = tempfile::tempdir().unwrap();
+            let log = common::StopAfter::open_with(dir.path(), u64::MAX, wal.clone());
+            let store = Store::open_with_log(dir.path(), log.clone(), options.clone()).unwrap();
+            run_until_crash(&store, &steps);
+            drop(store);
+            (log.wal.last_lsn().get(), log.wal.log().first_lsn().get())
+        };
+        assert!(length > 1000 && first > 1, "{length} records, from {first}");
+        for k in (0..=length).step_by(61) {
+            let dir = tempfile::tempdir().unwrap();
+            let log = common::StopAfter::open_with(dir.path(), k, wal.clone());
+            let store = Store::open_with_log(dir.path(), log, options.clone()).unwrap();
+            let committed = run_until_crash(&store, &steps);
+            drop(store);
+            let store = Store::open(dir.path(), options.clone()).unwrap();
+            assert_eq!(
+                contents_map(&store),
+                committed,
+                "{checkpoints:?} checkpoints, {cleaner:?} cleaner: crash after record {k}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_page_dirty_since_before_the_checkpoint_keeps_its_changes_in_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    // Classical services and a pool that holds every page: nothing writes the pages, so the
+    // checkpoint's dirty-page table is the only thing that keeps the log long enough.
+    let options = options()
+        .pool_pages(256)
+        .checkpoints(CheckpointKind::Classical)
+        .cleaner(CleanerKind::Classical);
+    let mut model = BTreeMap::new();
+    let store = Store::open(dir.path(), options.clone()).unwrap();
+    for round in 0..8 {
+        put_round(&store, 300, 50, round, &mut model);
+    }
+    let checkpoint = store.checkpoint().unwrap();
+    assert!(!checkpoint.tables.dirty_pages.is_empty());
+    let report = store.archive().unwrap();
+    assert!(report.archived_lsn > checkpoint.begin, "{report:?}");
+    drop(store);
+    let store = Store::open(dir.path(), options).unwrap();
+    assert!(store.restart_report().redo_applied > 0);
     assert_eq!(contents_map(&store), model);
 }
