@@ -15,7 +15,8 @@
 //! Analysis starts at the latest complete checkpoint of either kind (the master record names
 //! it) with that checkpoint's tables; without one, at LSN 1 with empty tables (a log that
 //! starts later was truncated behind a checkpoint whose master record is lost: an error).
-//! Redo starts at the oldest `rec_lsn` of the dirty-page table analysis ends with. Undo reads a
+//! Redo starts at the oldest `rec_lsn` of the dirty-page table analysis ends with (a log
+//! truncated past it is an error, never a silent skip: `retention` keeps it). Undo reads a
 //! loser's records from the analysed part of the log when it has them, and follows the
 //! transaction's chain into the older log for the rest.
 
