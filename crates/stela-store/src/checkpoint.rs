@@ -72,11 +72,27 @@ impl Master {
         }))
     }
 
+    /// Makes the master record in `dir` durable (file and directory), before the log is
+    /// truncated behind the checkpoint it names. The caller keeps checkpoints from replacing it
+    /// meanwhile.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub(crate) fn sync(storage: &dyn Storage, dir: &Path) -> Result<()> {
+        match storage.open(&dir.join(MASTER_FILE), OpenMode::Read) {
+            Ok(file) => file.sync_data()?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        storage.sync_dir(dir)?;
+        Ok(())
+    }
+
     /// Replaces the master record in `dir` atomically (write a new file, rename it over). No
     /// sync: any master record that survives names a complete checkpoint (its end record was
     /// durable before the record was written), an older one as well as the newest, and the log
-    /// is never truncated behind a checkpoint yet, so losing the newest costs restart time only.
-    /// (Truncation, when it comes, must sync the master record first.)
+    /// is truncated only behind a master record that [`Master::sync`] made durable, so losing
+    /// a newer one costs restart time only.
     fn write(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
         let mut bytes = [0u8; MASTER_LEN];
         bytes[..8].copy_from_slice(&self.begin.get().to_le_bytes());
@@ -166,6 +182,15 @@ impl Decoupled {
             let analysis = &mut self.analysis;
             for item in log.records_from(from)? {
                 let (lsn, record) = item?;
+                if analysed == 0 && lsn != from {
+                    // The log was truncated past this analysis (it was not the store's kind).
+                    return Err(Error::BadLogRecord {
+                        lsn: from,
+                        source: crate::format::RecordError::Invalid(
+                            "the log no longer holds the records after the last analysis",
+                        ),
+                    });
+                }
                 if lsn > begin {
                     break;
                 }

@@ -18,14 +18,21 @@
 //! file never lets an image go back in time. Records above the durable LSN are never replayed,
 //! so its writes keep the write-ahead rule.
 //! Both cleaners report their writes in a `PagesWritten` record after the sync (`pagefile`).
+//! With a log archive, the decoupled cleaner takes the records it lags behind the archive by
+//! from the archive's runs, page by page in page order (the paper's sequential read of a
+//! page-sorted archive), and only the rest from the log; a stored image it finds damaged is
+//! rebuilt from its history up to the clean LSN (`repair`) and the round goes on; without an
+//! archive that is an error.
 
+use crate::archive::LogArchive;
 use crate::btree::{self, Engine};
 use crate::error::{Error, Result};
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
 use crate::tail::LogTail;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use stela_format::Lsn;
@@ -42,8 +49,10 @@ pub enum CleanerKind {
 pub struct CleanReport {
     /// Pages written.
     pub written: u64,
-    /// Log records replayed (decoupled).
+    /// Log records replayed from the log (decoupled).
     pub replayed: u64,
+    /// Page changes replayed from the log archive's runs (decoupled).
+    pub from_archive: u64,
     /// The clean LSN after the round (decoupled; zero for classical).
     pub clean_lsn: Lsn,
 }
@@ -95,6 +104,7 @@ pub(crate) fn decoupled_round(
     file: &PageFile,
     clean_lsn: &AtomicU64,
     cache: &mut HashMap<PageId, Page>,
+    archive: Option<&LogArchive>,
 ) -> Result<CleanReport> {
     let from = Lsn::new(clean_lsn.load(Ordering::Acquire) + 1);
     let target = log.durable_lsn();
@@ -105,8 +115,39 @@ pub(crate) fn decoupled_round(
     if target < from {
         return Ok(report);
     }
+    let clean = Lsn::new(from.get() - 1);
     let mut images: BTreeMap<PageId, (Page, bool)> = BTreeMap::new();
-    for item in log.records_from(from)? {
+    let mut repaired = BTreeSet::new();
+    let mut stored = |id: PageId, repaired: &mut BTreeSet<PageId>| -> Result<Page> {
+        if let Some(image) = cache.remove(&id) {
+            return Ok(image);
+        }
+        let (image, rebuilt) = stored_image(id, file, clean, archive, log)?;
+        if rebuilt {
+            repaired.insert(id);
+        }
+        Ok(image)
+    };
+    // What the archive holds of the records to replay, page by page. Each page's changes are
+    // applied in LSN order, the archived ones before the logged ones, which is all redo needs:
+    // pages do not depend on each other.
+    let mut log_from = from;
+    if let Some(archive) = archive {
+        let archived = archive.archived_lsn().min(target);
+        if archived >= from {
+            for (id, changes) in archive.changes_between(from, archived)? {
+                let mut image = stored(id, &mut repaired)?;
+                let mut changed = false;
+                for (lsn, record) in &changes {
+                    changed |= btree::redo(id, &mut image, *lsn, record)?;
+                }
+                report.from_archive += changes.len() as u64;
+                images.insert(id, (image, changed));
+            }
+            log_from = archived.next();
+        }
+    }
+    for item in log.records_from(log_from)? {
         let (lsn, record) = item?;
         if lsn > target {
             break;
@@ -114,22 +155,17 @@ pub(crate) fn decoupled_round(
         report.replayed += 1;
         for (id, _) in record.pages() {
             let (image, changed) = match images.entry(id) {
-                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) => {
-                    let image = match cache.remove(&id) {
-                        Some(image) => image,
-                        None => file
-                            .read(id)?
-                            .map_err(|source| Error::Corrupt { page: id, source })?,
-                    };
-                    entry.insert((image, false))
-                }
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => entry.insert((stored(id, &mut repaired)?, false)),
             };
             *changed |= btree::redo(id, image, lsn, &record)?;
         }
     }
     for (id, (image, changed)) in &images {
-        if *changed {
+        if repaired.contains(id) {
+            // Over the damaged image, even one of the same LSN.
+            report.written += u64::from(file.write_repaired(*id, image)?);
+        } else if *changed {
             report.written += u64::from(file.write(*id, image)?);
         }
     }
@@ -146,4 +182,25 @@ pub(crate) fn decoupled_round(
     clean_lsn.store(target.get(), Ordering::Release);
     report.clean_lsn = target;
     Ok(report)
+}
+
+/// The stored image of page `id`, as the cleaner's invariant says it is (every change up to
+/// `clean`). A damaged one is rebuilt to exactly `clean` from the archive, if there is one;
+/// the flag says it was.
+fn stored_image(
+    id: PageId,
+    file: &PageFile,
+    clean: Lsn,
+    archive: Option<&LogArchive>,
+    log: &LogTail,
+) -> Result<(Page, bool)> {
+    match (file.read(id)?, archive) {
+        (Ok(image), _) => Ok((image, false)),
+        (Err(damage), Some(archive)) => {
+            tracing::warn!(page = id, %damage, "the cleaner rebuilds a damaged page");
+            let image = crate::repair::rebuild(id, Page::empty(), clean, archive, log)?;
+            Ok((image, true))
+        }
+        (Err(source), None) => Err(Error::Corrupt { page: id, source }),
+    }
 }

@@ -1,5 +1,5 @@
 //! The one error type of the crate. Each variant is something a caller can act on: retry the
-//! transaction (`Deadlock`), restore or repair (`Corrupt`, `BadLogRecord`), reopen (`Poisoned`),
+//! transaction (`Deadlock`), restore or repair (`Corrupt`, `BadLogRecord`, `Archive`), reopen (`Poisoned`),
 //! fix the call (`KeyTooLarge`, `ValueTooLarge`).
 
 use crate::format::{RecordError, TxnId};
@@ -30,6 +30,14 @@ pub enum Error {
         lsn: Lsn,
         #[source]
         source: RecordError,
+    },
+
+    /// A run file of the log archive failed its checks (or the runs do not fit together).
+    #[error("log archive {}: {source}", path.display())]
+    Archive {
+        path: std::path::PathBuf,
+        #[source]
+        source: crate::archive_format::RunError,
     },
 
     /// The page file could not be read or written.

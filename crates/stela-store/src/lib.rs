@@ -8,12 +8,20 @@
 //! - [`checkpoint`]: classical and decoupled checkpoints, and the master record naming the
 //!   latest; [`analysis`]: the log analysis that restart and the decoupled checkpoint share.
 //! - [`cleaner`]: the classical page cleaner (over the pool) and the decoupled one (replaying
-//!   the log onto the stored images).
+//!   the log, or the archive's runs where it lags behind them, onto the stored images).
 //! - [`tail`]: the records appended since open, kept in memory for the decoupled services.
+//! - [`archive`]: the log archive, runs of page changes sorted by page within LSN ranges, built
+//!   from the durable log and merged a pair at a time; [`archive_format`]: a run's bytes, pure,
+//!   fuzzed (`fuzz/fuzz_targets/store_archive_run.rs`).
+//! - [`repair`]: single-page recovery (a damaged or stale image rebuilt from the archive and
+//!   the log) and the write elision it allows.
+//! - [`retention`]: how far back each reader of the log reads, so that the log is truncated
+//!   only below all of them.
 //! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
 //! - [`recovery`]: ARIES restart (analysis, redo, undo with compensation records) and the
 //!   rollback a normal abort shares with it.
-//! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule.
+//! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule;
+//!   every image it reads goes through [`repair`] when the store keeps an archive.
 //! - [`log`]: the small [`LogDevice`] trait the store logs through, implemented by the embedded
 //!   `stela_wal::Wal`; [`daemon`]: the same trait over a stela daemon's log
 //!   ([`Store::open_on_daemon`]), so the store commits at the daemon's levels.
@@ -53,15 +61,22 @@
 //! Persistence services, chosen at open ([`StoreOptions`]): checkpoints classical (tables
 //! copied under the latches) or decoupled (computed from the log), page cleaning classical
 //! (writes the pool's dirty pages) or decoupled (replays the log onto the stored images, never
-//! touching the pool), each on its own thread at an interval or on request
-//! ([`Store::checkpoint`], [`Store::clean`]).
+//! touching the pool), and, with `archive` set, a log archive: each on its own thread at an
+//! interval or on request ([`Store::checkpoint`], [`Store::clean`], [`Store::archive`]). An
+//! archiving step also truncates the log, so with the archive the log stays a few segments
+//! long; a page that fails its checks is rebuilt from its history rather than failing the
+//! read, and with `elide_writes` a dirty page may leave the pool without being written.
 //!
-//! Not yet here (issue 11): log truncation (the log keeps growing; restart reads it from the
-//! latest checkpoint, and redo from the oldest change a stored image lacks), the log archive,
-//! single-page recovery, instant restart, page merges (deletes leave empty leaves), range locks
-//! (a scan can see phantoms), the daemon's log behind [`LogDevice`].
+//! Not yet here (issue 11): the decoupled cleaner reads runs that overlap its range whole
+//! (the index has no per-page LSN bounds to skip pages unchanged in it); runs are merged in
+//! memory (a merge holds both inputs), and the archive itself is never trimmed; restart's redo
+//! reads the log, not the archive, so the log is kept back to the oldest change a stored image
+//! lacks; instant restart, page merges (deletes leave empty leaves), range locks (a scan can
+//! see phantoms), the daemon's log behind [`LogDevice`].
 
 pub mod analysis;
+pub mod archive;
+pub mod archive_format;
 pub mod btree;
 pub mod checkpoint;
 pub mod cleaner;
@@ -74,9 +89,12 @@ pub mod page;
 pub mod pagefile;
 pub mod pool;
 pub mod recovery;
+pub mod repair;
+pub mod retention;
 pub mod store;
 pub mod tail;
 
+pub use archive::{ArchiveReport, LogArchive};
 pub use checkpoint::CheckpointReport;
 pub use cleaner::{CleanReport, CleanerKind};
 pub use daemon::DaemonLog;

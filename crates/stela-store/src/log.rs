@@ -4,8 +4,10 @@
 //! The store needs five things from a log and nothing else: append a record and learn its LSN,
 //! wait until an LSN is durable (at whatever level the log was opened with: that level *is* the
 //! store's commit durability), know the durable LSN (for the write-ahead rule), and read records
-//! back in LSN order from a given LSN (restart; single-page recovery). `stela_client::Wal` has the
-//! same calls, and [`crate::daemon::DaemonLog`] implements this trait on it.
+//! back in LSN order from a given LSN (restart; single-page recovery). A sixth is optional:
+//! dropping records below an LSN nobody needs any more (`retention` decides which); a log that
+//! cannot just keeps them. `stela_client::Wal` has the same calls, and
+//! [`crate::daemon::DaemonLog`] implements this trait on it.
 //!
 //! Invariant the store relies on: LSNs are dense and increasing, and a record returned by
 //! `append` is readable by `read_from` afterwards.
@@ -30,6 +32,12 @@ pub trait LogDevice: Send + Sync {
     fn last_lsn(&self) -> Lsn;
     /// Records from `lsn` on, in LSN order, each validated.
     fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>>;
+    /// May drop records below `lsn` (only whole files, say); returns how many files went. The
+    /// default keeps everything.
+    fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        let _ = lsn;
+        Ok(0)
+    }
 }
 
 /// Records in LSN order; stops after the first error.
@@ -56,6 +64,10 @@ impl LogDevice for stela_wal::Wal<LogRecord> {
 
     fn last_lsn(&self) -> Lsn {
         stela_wal::Wal::last_lsn(self)
+    }
+
+    fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        Ok(stela_wal::Wal::truncate_before(self, lsn)?)
     }
 
     fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>> {

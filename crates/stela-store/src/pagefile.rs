@@ -93,10 +93,22 @@ impl PageFile {
     /// Writes `page` as page `id` unless a newer image of it was written already. Returns
     /// whether it wrote. The log must be durable up to `page.lsn`.
     pub fn write(&self, id: PageId, page: &Page) -> Result<bool> {
+        self.write_unless_newer(id, page, false)
+    }
+
+    /// Writes a page rebuilt by single-page recovery over its stored image, even if an image
+    /// of the same LSN was written before (that image was since found damaged); never over a
+    /// newer one. The log must be durable up to `page.lsn`.
+    pub fn write_repaired(&self, id: PageId, page: &Page) -> Result<bool> {
+        self.write_unless_newer(id, page, true)
+    }
+
+    fn write_unless_newer(&self, id: PageId, page: &Page, same_lsn_too: bool) -> Result<bool> {
         let image =
             page::encode(id, page).map_err(|source| crate::Error::Corrupt { page: id, source })?;
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        if written.get(&id).is_some_and(|&stored| stored >= page.lsn) {
+        let stale = |stored: Lsn| stored > page.lsn || (stored == page.lsn && !same_lsn_too);
+        if written.get(&id).is_some_and(|&stored| stale(stored)) {
             return Ok(false);
         }
         self.file.write_all_at(&image[..], id * PAGE_SIZE as u64)?;

@@ -17,6 +17,11 @@
 //! current dirty page without writing it (write elision). With the classical cleaner the clean
 //! LSN stays zero.
 //!
+//! With a log archive, the pool hands every image it reads to single-page recovery
+//! ([`PageRepair`]): a damaged or stale image is rebuilt from the page's history instead of
+//! failing the read, and, when write elision is on, a dirty page whose records are durable may
+//! be evicted without a write at all.
+//!
 //! The pool is not thread-safe by itself: the store holds it under its engine latch, so a frame
 //! is never evicted while an operation uses it.
 
@@ -25,6 +30,7 @@ use crate::format::DirtyPage;
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
+use crate::repair::PageRepair;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,11 +45,14 @@ pub struct PoolStats {
     pub writes: u64,
     /// Log flushes forced by the write-ahead rule before a page write of the pool.
     pub wal_flushes: u64,
-    /// Dirty pages evicted without a write because the decoupled cleaner had made their
-    /// stored image current (write elision).
+    /// Dirty pages evicted without a write (write elision): the decoupled cleaner had made
+    /// their stored image current, or, with elision on, single-page recovery will.
     pub elided: u64,
     /// Dirty pages the pool wrote to evict them.
     pub eviction_writes: u64,
+    /// Pages single-page recovery rebuilt: damaged images (then written back) and images an
+    /// elided eviction left stale (then held dirty again).
+    pub repaired: u64,
 }
 
 struct Frame {
@@ -66,6 +75,8 @@ pub struct BufferPool {
     stats: PoolStats,
     /// The decoupled cleaner's clean LSN (zero without it); read, never written, here.
     clean_lsn: Arc<AtomicU64>,
+    /// Single-page recovery and write elision, when the store keeps a log archive.
+    repair: Option<PageRepair>,
 }
 
 impl BufferPool {
@@ -80,13 +91,20 @@ impl BufferPool {
             hand: 0,
             stats: PoolStats::default(),
             clean_lsn,
+            repair: None,
         }
+    }
+
+    /// Reads pages through single-page recovery from now on (and elides writes if it says so).
+    pub fn attach_repair(&mut self, repair: PageRepair) {
+        self.repair = Some(repair);
     }
 
     pub fn stats(&self) -> PoolStats {
         PoolStats {
             reads: self.file.reads.load(Ordering::Relaxed),
             writes: self.file.writes.load(Ordering::Relaxed),
+            repaired: self.repair.as_ref().map_or(0, |r| r.repaired),
             ..self.stats
         }
     }
@@ -118,6 +136,9 @@ impl BufferPool {
                 page_lsn: self.frames[f].page.lsn,
             })
             .collect();
+        if let Some(repair) = &self.repair {
+            table.extend(repair.elided_dirty(self.clean_lsn()));
+        }
         table.sort_by_key(|d| d.page);
         table
     }
@@ -222,6 +243,9 @@ impl BufferPool {
     /// Writes every dirty page (log first), syncs the page file and logs the writes: a clean
     /// shutdown.
     pub fn flush_all(&mut self, log: &dyn LogDevice) -> Result<()> {
+        if let Some(repair) = &mut self.repair {
+            repair.write_elided(&self.file, log)?;
+        }
         for frame in 0..self.frames.len() {
             if self.needs_write(frame) {
                 self.write_frame(frame, log)?;
@@ -236,11 +260,22 @@ impl BufferPool {
             self.frames[frame].referenced = true;
             return Ok(frame);
         }
-        let page = self
-            .file
-            .read(id)?
-            .map_err(|source| Error::Corrupt { page: id, source })?;
-        self.free_frame(id, page, log)
+        let stored = self.file.read(id)?;
+        let (page, dirty_since) = match &mut self.repair {
+            Some(repair) => {
+                let checked = repair.check(id, stored, &self.file, log)?;
+                (checked.page, checked.dirty_since)
+            }
+            None => (
+                stored.map_err(|source| Error::Corrupt { page: id, source })?,
+                None,
+            ),
+        };
+        let frame = self.free_frame(id, page, log)?;
+        if let Some(rec_lsn) = dirty_since {
+            self.dirty(frame, rec_lsn);
+        }
+        Ok(frame)
     }
 
     /// A frame for page `id` holding `page`: a new one while the pool is not full, else the
@@ -257,7 +292,14 @@ impl BufferPool {
             self.frames.len() - 1
         } else {
             let victim = self.clock_victim();
-            if self.needs_write(victim) {
+            let (id, rec_lsn, page_lsn) = {
+                let frame = &self.frames[victim];
+                (frame.id, frame.rec_lsn, frame.page.lsn)
+            };
+            let elided = |repair: &mut PageRepair| repair.may_elide(id, rec_lsn, page_lsn, log);
+            if self.needs_write(victim) && self.repair.as_mut().is_some_and(elided) {
+                self.stats.elided += 1;
+            } else if self.needs_write(victim) {
                 self.write_frame(victim, log)?;
                 self.stats.eviction_writes += 1;
             } else if self.frames[victim].dirty {

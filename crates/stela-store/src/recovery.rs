@@ -13,8 +13,10 @@
 //! - Restart writes no page: the pages it redid are dirty in the pool like any others.
 //!
 //! Analysis starts at the latest complete checkpoint of either kind (the master record names
-//! it) with that checkpoint's tables; without one, at the first record with empty tables.
-//! Redo starts at the oldest `rec_lsn` of the dirty-page table analysis ends with. Undo reads a
+//! it) with that checkpoint's tables; without one, at LSN 1 with empty tables (a log that
+//! starts later was truncated behind a checkpoint whose master record is lost: an error).
+//! Redo starts at the oldest `rec_lsn` of the dirty-page table analysis ends with (a log
+//! truncated past it is an error, never a silent skip: `retention` keeps it). Undo reads a
 //! loser's records from the analysed part of the log when it has them, and follows the
 //! transaction's chain into the older log for the rest.
 
@@ -141,6 +143,14 @@ pub(crate) fn restart(
     let mut undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>> = HashMap::new();
     for item in log.read_from(start)? {
         let (lsn, record) = item?;
+        if report.records_analyzed == 0 && lsn != start {
+            // The log was truncated behind a checkpoint whose master record is now lost:
+            // analysis from a later record would miss pages and transactions.
+            return Err(Error::BadLogRecord {
+                lsn: start,
+                source: RecordError::Invalid("the log starts after where analysis must start"),
+            });
+        }
         report.records_analyzed += 1;
         analysis.apply(lsn, &record);
         match record.body {
@@ -162,8 +172,15 @@ pub(crate) fn restart(
     // Redo: from the oldest LSN a dirty page may lack, every change its page lacks.
     report.redo_start = analysis.redo_start();
     if let Some(redo_from) = report.redo_start {
-        for item in log.read_from(redo_from)? {
+        for (at, item) in log.read_from(redo_from)?.enumerate() {
             let (lsn, record) = item?;
+            if at == 0 && lsn != redo_from {
+                // Truncated past a change a stored image lacks: redo would silently miss it.
+                return Err(Error::BadLogRecord {
+                    lsn: redo_from,
+                    source: RecordError::Invalid("the log starts after where redo must start"),
+                });
+            }
             for (page, _) in record.pages() {
                 if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
                     let applied = engine.pool.update(page, log.as_ref(), |image| {

@@ -19,7 +19,12 @@
 //!   interval is set, and on request ([`Store::checkpoint`], [`Store::clean`]). Their kind is
 //!   chosen at open; the decoupled ones take no engine latch. Dropping the store stops them
 //!   (and is a crash); [`Store::close`] stops them, then writes every page and checkpoints.
+//! - With a log archive (`StoreOptions::archive`), an archiving step ([`Store::archive`], or its
+//!   thread) archives the durable log, merges runs, and truncates the log below what
+//!   `retention` says every reader still needs; it holds the checkpoint mutex meanwhile, so the
+//!   master record it synced stays the one its bound was computed from.
 
+use crate::archive::{ArchiveReport, LogArchive};
 use crate::btree::Engine;
 use crate::checkpoint::{self, CheckpointReport, Decoupled, Master};
 use crate::cleaner::{self, CleanReport, CleanerKind};
@@ -31,6 +36,8 @@ use crate::page::{MAX_KEY, MAX_VALUE};
 use crate::pagefile::PageFile;
 use crate::pool::{BufferPool, PoolStats};
 use crate::recovery::{self, RestartReport};
+use crate::repair::PageRepair;
+use crate::retention::LogNeeds;
 use crate::tail::{Consumer, LogTail};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -65,6 +72,15 @@ pub struct StoreOptions {
     /// to survive the machine's crash; `Store::open` turns it off when the log is not synced
     /// either (`SyncMode::None`), whose commits survive only the process.
     pub sync_pages: bool,
+    /// Keep a log archive in `dir/archive`: pages that fail their checks are rebuilt from it
+    /// (single-page recovery), and the log is truncated behind it.
+    pub archive: bool,
+    /// Run an archiving step (archive, merge, truncate the log) this often on a background
+    /// thread (`None`: only on request). Needs `archive`.
+    pub archive_interval: Option<Duration>,
+    /// Evict a dirty page whose records are durable without writing it; its next read
+    /// rebuilds it from the archive and the log. Needs `archive`.
+    pub elide_writes: bool,
 }
 
 impl Default for StoreOptions {
@@ -77,6 +93,9 @@ impl Default for StoreOptions {
             checkpoint_interval: None,
             clean_interval: None,
             sync_pages: true,
+            archive: false,
+            archive_interval: None,
+            elide_writes: false,
         }
     }
 }
@@ -116,6 +135,21 @@ impl StoreOptions {
         self.sync_pages = sync;
         self
     }
+
+    pub fn archive(mut self, archive: bool) -> Self {
+        self.archive = archive;
+        self
+    }
+
+    pub fn archive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.archive_interval = interval;
+        self
+    }
+
+    pub fn elide_writes(mut self, elide: bool) -> Self {
+        self.elide_writes = elide;
+        self
+    }
 }
 
 /// Most records the in-memory log tail holds for the decoupled services (about 200 bytes
@@ -126,9 +160,9 @@ const TAIL_CAP: usize = 1 << 21;
 struct Shared {
     engine: Mutex<Engine>,
     locks: LockManager,
-    /// Running transactions that have written, with their last LSN. See the module
+    /// Running transactions that have written, with their first and last LSN. See the module
     /// documentation for when it changes.
-    txns: Mutex<BTreeMap<TxnId, Lsn>>,
+    txns: Mutex<BTreeMap<TxnId, (Lsn, Lsn)>>,
     next_txn: AtomicU64,
     poisoned: AtomicBool,
     /// The log, through the in-memory tail the decoupled services read.
@@ -142,6 +176,8 @@ struct Shared {
     checkpointer: Mutex<Decoupled>,
     /// Serialises cleaning rounds; the decoupled cleaner's images between rounds.
     cleaning: Mutex<HashMap<crate::page::PageId, crate::page::Page>>,
+    /// The log archive, if the store keeps one.
+    archive: Option<Arc<LogArchive>>,
 }
 
 /// A transactional key-value store. See the crate documentation.
@@ -250,6 +286,20 @@ impl Store {
             log: Arc::clone(&log) as Arc<dyn LogDevice>,
             next_page: file.pages()?.max(1),
         };
+        let archive = match options.archive {
+            true => Some(Arc::new(LogArchive::open(
+                Arc::clone(&storage),
+                dir.join("archive"),
+                options.sync_pages,
+            )?)),
+            false => None,
+        };
+        if let Some(archive) = &archive {
+            // Before restart: its redo may read a damaged page too.
+            engine
+                .pool
+                .attach_repair(PageRepair::new(Arc::clone(archive), options.elide_writes));
+        }
         let master = Master::read(storage.as_ref(), dir)?;
         let (restart, analysis) = recovery::restart(&mut engine, master)?;
         tracing::debug!(?restart, "store restarted");
@@ -276,6 +326,7 @@ impl Store {
             options: options.clone(),
             checkpointer: Mutex::new(Decoupled { analysis }),
             cleaning: Mutex::new(HashMap::new()),
+            archive,
         });
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let mut services = Vec::new();
@@ -295,6 +346,15 @@ impl Store {
                 &stop,
                 interval,
                 |s| s.clean().map(|_| ()),
+            )?);
+        }
+        if let Some(interval) = options.archive_interval {
+            services.push(spawn_service(
+                "stela-store-archiver",
+                &shared,
+                &stop,
+                interval,
+                |s| s.archive().map(|_| ()),
             )?);
         }
         Ok(Store {
@@ -352,6 +412,21 @@ impl Store {
     /// cannot read.
     pub fn clean(&self) -> Result<CleanReport> {
         self.shared.clean()
+    }
+
+    /// Runs one archiving step: archives the durable log, merges runs down to
+    /// [`crate::archive::MAX_RUNS`], and truncates the log below what every reader of it still
+    /// needs. Does nothing without an archive (`StoreOptions::archive`).
+    ///
+    /// # Errors
+    /// [`Error::Archive`], log and I/O errors; [`Error::Poisoned`].
+    pub fn archive(&self) -> Result<ArchiveReport> {
+        self.shared.archive()
+    }
+
+    /// The log archive, if the store keeps one.
+    pub fn log_archive(&self) -> Option<&LogArchive> {
+        self.shared.archive.as_deref()
     }
 
     /// Writes every dirty page, syncs the page file and takes a checkpoint: the next open
@@ -492,7 +567,7 @@ impl Shared {
         let mut locks = self.locks.exclusive_by_txn();
         let active = txns
             .iter()
-            .map(|(&txn, &last_lsn)| crate::format::ActiveTxn {
+            .map(|(&txn, &(_, last_lsn))| crate::format::ActiveTxn {
                 txn,
                 last_lsn,
                 locks: locks.remove(&txn).unwrap_or_default(),
@@ -506,6 +581,70 @@ impl Shared {
         })
     }
 
+    fn archive(&self) -> Result<ArchiveReport> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        let Some(archive) = &self.archive else {
+            return Ok(ArchiveReport::default());
+        };
+        let result = (|| {
+            let (runs_written, entries) =
+                archive.archive_from(self.log.as_ref(), self.log.durable_lsn())?;
+            let merges = archive.merge()?;
+            let log_segments_removed = self.truncate_log(archive)?;
+            Ok(ArchiveReport {
+                runs_written,
+                entries,
+                merges,
+                archived_lsn: archive.archived_lsn(),
+                runs: archive.runs().len(),
+                log_segments_removed,
+            })
+        })();
+        self.check(result)
+    }
+
+    /// Truncates the log below what its readers need (see `retention`). Holds the checkpoint
+    /// mutex, so the master record synced here names the checkpoint the bound comes from.
+    fn truncate_log(&self, archive: &LogArchive) -> Result<usize> {
+        let decoupled = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let log: &dyn LogDevice = self.log.as_ref();
+        let checkpoint = match Master::read(self.options.wal.storage.as_ref(), &self.dir)? {
+            None => None,
+            Some(master) => {
+                Master::sync(self.options.wal.storage.as_ref(), &self.dir)?;
+                match crate::log::read_one(log, master.end)?.body {
+                    LogBody::CheckpointEnd { tables, .. } => Some((
+                        master.begin,
+                        tables.dirty_pages.iter().map(|d| d.rec_lsn).min(),
+                    )),
+                    _ => None,
+                }
+            }
+        };
+        // Under the engine latch: a write appends its record and enters the table together.
+        let oldest_running = {
+            let _engine = self.engine()?;
+            let txns = self.txns.lock().unwrap_or_else(|p| p.into_inner());
+            txns.values().map(|&(first, _)| first).min()
+        };
+        let needs = LogNeeds {
+            archived: archive.archived_lsn(),
+            checkpoint,
+            oldest_running,
+            // Only the configured kind runs on its own; a decoupled checkpoint asked for anyway
+            // after the log moved on finds the gap and fails (`checkpoint`).
+            analysis_next: (self.options.checkpoints == CheckpointKind::Decoupled)
+                .then(|| decoupled.analysis.applied_to.next()),
+            cleaner_next: (self.options.cleaner == CleanerKind::Decoupled)
+                .then(|| Lsn::new(self.clean_lsn.load(Ordering::Acquire)).next()),
+        };
+        let removed = log.truncate_before(needs.keep_from())?;
+        drop(decoupled);
+        Ok(removed)
+    }
+
     fn clean(&self) -> Result<CleanReport> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
@@ -516,8 +655,13 @@ impl Shared {
                 cleaner::classical_round(&self.engine, self.log.as_ref(), &self.file)
             }
             CleanerKind::Decoupled => {
-                let round =
-                    cleaner::decoupled_round(&self.log, &self.file, &self.clean_lsn, &mut cache);
+                let round = cleaner::decoupled_round(
+                    &self.log,
+                    &self.file,
+                    &self.clean_lsn,
+                    &mut cache,
+                    self.archive.as_deref(),
+                );
                 if let Ok(round) = &round {
                     self.log.release(Consumer::Cleaner, round.clean_lsn.next());
                 }
@@ -727,7 +871,9 @@ impl Transaction<'_> {
             .txns
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(self.id, lsn);
+            .entry(self.id)
+            .or_insert((lsn, lsn))
+            .1 = lsn;
         Ok(())
     }
 }

@@ -122,6 +122,12 @@ impl LogDevice for LogTail {
         self.inner.last_lsn()
     }
 
+    fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        // The copy is left alone: what it holds stays right to read, and it drops records as
+        // its consumers release them.
+        self.inner.truncate_before(lsn)
+    }
+
     fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>> {
         Ok(Box::new(self.records_from(lsn)?.map(|item| {
             let (lsn, record) = item?;

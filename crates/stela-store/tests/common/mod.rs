@@ -29,7 +29,12 @@ pub struct StopAfter {
 
 impl StopAfter {
     pub fn open(dir: &Path, limit: u64) -> Arc<StopAfter> {
-        let wal = Wal::open(dir.join("log"), options().wal).expect("open the log");
+        StopAfter::open_with(dir, limit, options().wal)
+    }
+
+    /// As [`StopAfter::open`], with the log's options (small segments, for truncation).
+    pub fn open_with(dir: &Path, limit: u64, wal: stela_wal::WalOptions) -> Arc<StopAfter> {
+        let wal = Wal::open(dir.join("log"), wal).expect("open the log");
         Arc::new(StopAfter { wal, limit })
     }
 }
@@ -60,6 +65,10 @@ impl LogDevice for StopAfter {
 
     fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>> {
         LogDevice::read_from(&self.wal, lsn)
+    }
+
+    fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        LogDevice::truncate_before(&self.wal, lsn)
     }
 }
 

@@ -1,0 +1,611 @@
+//! The log archive: the page-changing records of the log, kept in run files sorted by page id
+//! within LSN ranges, so that one page's history is a few indexed reads instead of a scan of
+//! the log. Single-page recovery reads it (`repair`), and it is what lets the log be truncated:
+//! a record below the truncation point is gone from the log but not from the archive.
+//!
+//! This module owns the directory `dir/archive` and every file in it. Each run file
+//! `run-<first>-<last>` holds the entries of the log records `first..=last` (format in
+//! `archive_format`); an archiving step reads the log after the last run, sorts, and writes a
+//! new run; merging replaces adjacent runs by one covering both. Invariants:
+//! - The runs that are named (not `.partial`) cover `1..=archived` without a gap, and each
+//!   holds every page change of its range. `archived` only grows, and it is the archive's
+//!   durable progress: it is read back from the file names at open.
+//! - A run is written to `<name>.partial`, synced, renamed to its name, then the directory is
+//!   synced: a named run is always complete. A crash leaves at most a `.partial` file, removed
+//!   at open.
+//! - Merge inputs are removed only after the merged run is named and the directory synced; a
+//!   crash in between leaves runs contained in another, and open removes them.
+//! - At most [`MAX_RUNS`] runs remain after each step: merging picks the adjacent pair with the
+//!   fewest bytes, so small recent runs are folded in often and large old ones seldom.
+//!
+//! Readers take a snapshot of the run list (each run keeps its file open), so a merge may
+//! remove files they are reading.
+
+use crate::archive_format::{self as run_format, Entry, RunError, RunIndex, RunRange};
+use crate::error::{Error, Result};
+use crate::format::LogRecord;
+use crate::log::LogDevice;
+use crate::page::PageId;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use stela_format::Lsn;
+use stela_wal::storage::{OpenMode, Storage, StorageFile};
+
+/// Runs kept after a step; past it, adjacent runs are merged.
+pub const MAX_RUNS: usize = 8;
+/// Most entries one archiving step puts in a run (bounds its memory).
+const MAX_RUN_ENTRIES: usize = 1 << 16;
+const PARTIAL: &str = ".partial";
+
+/// One run file, open for reading, with its index in memory.
+struct Run {
+    index: RunIndex,
+    path: PathBuf,
+    file: Box<dyn StorageFile>,
+    len: u64,
+}
+
+/// What one archiving step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArchiveReport {
+    /// Runs written from the log.
+    pub runs_written: u64,
+    /// Entries (record, page) they hold.
+    pub entries: u64,
+    /// Merges done (each replaces two runs by one).
+    pub merges: u64,
+    /// The last LSN archived after the step.
+    pub archived_lsn: Lsn,
+    /// Runs after the step.
+    pub runs: usize,
+    /// Log segments removed by the truncation that followed.
+    pub log_segments_removed: usize,
+}
+
+/// The log archive of one store. See the module documentation.
+pub struct LogArchive {
+    /// Where the runs live: the store's storage (the real file system, or the
+    /// fault-injecting one under a simulated power cut).
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    /// Whether run files and the directory are fsynced (off where nothing survives the machine).
+    sync: bool,
+    /// Ascending and contiguous from LSN 1.
+    runs: Mutex<Vec<Arc<Run>>>,
+    /// Held by whoever writes runs (archiving, merging): one writer at a time.
+    writer: Mutex<()>,
+}
+
+fn run_name(range: RunRange) -> String {
+    format!("run-{:020}-{:020}", range.first.get(), range.last.get())
+}
+
+fn parse_run_name(name: &str) -> Option<RunRange> {
+    let rest = name.strip_prefix("run-")?;
+    let (first, last) = rest.split_once('-')?;
+    let digits = |s: &str| s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(first) || !digits(last) {
+        return None;
+    }
+    Some(RunRange {
+        first: Lsn::new(first.parse().ok()?),
+        last: Lsn::new(last.parse().ok()?),
+    })
+}
+
+impl LogArchive {
+    /// Opens (or creates) the archive in `dir`: removes what a crash left behind (partial runs,
+    /// merge inputs whose merged run is complete), reads every run's index, and checks that the
+    /// runs cover the log from LSN 1 without a gap.
+    ///
+    /// # Errors
+    /// [`Error::Archive`] for a damaged run or a gap between runs; I/O errors.
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        dir: impl AsRef<Path>,
+        sync: bool,
+    ) -> Result<LogArchive> {
+        let dir = dir.as_ref().to_path_buf();
+        storage.create_dir_all(&dir)?;
+        let mut removed = false;
+        let mut runs = Vec::new();
+        for name in storage.list(&dir)? {
+            let path = dir.join(&name);
+            if name.ends_with(PARTIAL) {
+                tracing::info!(path = %path.display(), "removing a run a crash left unfinished");
+                storage.remove(&path)?;
+                removed = true;
+            } else if let Some(range) = parse_run_name(&name) {
+                runs.push(load_run(storage.as_ref(), &path, range)?);
+            }
+        }
+        // Widest first among runs that start together, so a merged run precedes its inputs.
+        runs.sort_by_key(|r: &Run| (r.index.range.first, std::cmp::Reverse(r.index.range.last)));
+        let mut kept: Vec<Arc<Run>> = Vec::with_capacity(runs.len());
+        for run in runs {
+            let range = run.index.range;
+            let archived = kept.last().map_or(Lsn::ZERO, |k| k.index.range.last);
+            if range.last <= archived {
+                // Inside a run already kept: the input of a merge that completed.
+                storage.remove(&run.path)?;
+                removed = true;
+            } else if range.first == archived.next() {
+                kept.push(Arc::new(run));
+            } else {
+                return Err(Error::Archive {
+                    path: run.path,
+                    source: RunError::Gap {
+                        archived,
+                        next: range.first,
+                    },
+                });
+            }
+        }
+        let archive = LogArchive {
+            storage,
+            dir,
+            sync,
+            runs: Mutex::new(kept),
+            writer: Mutex::new(()),
+        };
+        if removed {
+            archive.sync_dir()?;
+        }
+        Ok(archive)
+    }
+
+    /// The archive's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The last LSN the archive holds (zero if none).
+    pub fn archived_lsn(&self) -> Lsn {
+        self.snapshot()
+            .last()
+            .map_or(Lsn::ZERO, |r| r.index.range.last)
+    }
+
+    /// The runs, as `(first, last)` LSN ranges, oldest first.
+    pub fn runs(&self) -> Vec<(Lsn, Lsn)> {
+        self.snapshot()
+            .iter()
+            .map(|r| (r.index.range.first, r.index.range.last))
+            .collect()
+    }
+
+    fn snapshot(&self) -> Vec<Arc<Run>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Archives the log's records after the archive's end up to `upto` (which must be durable
+    /// in the log), in runs of at most `MAX_RUN_ENTRIES` entries. Returns runs and entries
+    /// written.
+    ///
+    /// # Errors
+    /// [`Error::Archive`] with [`RunError::Gap`] if the log no longer holds the record after
+    /// the archive's end; log and I/O errors.
+    pub fn archive_from(&self, log: &dyn LogDevice, upto: Lsn) -> Result<(u64, u64)> {
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut runs, mut written) = (0, 0);
+        loop {
+            let from = self.archived_lsn().next();
+            if from > upto {
+                return Ok((runs, written));
+            }
+            let mut entries: Vec<Entry> = Vec::new();
+            let mut last = None;
+            for item in log.read_from(from)? {
+                let (lsn, record) = item?;
+                if last.is_none() && lsn != from {
+                    return Err(Error::Archive {
+                        path: self.dir.clone(),
+                        source: RunError::Gap {
+                            archived: Lsn::new(from.get() - 1),
+                            next: lsn,
+                        },
+                    });
+                }
+                if lsn > upto {
+                    break;
+                }
+                entries.extend(run_format::entries_of(lsn, &record));
+                last = Some(lsn);
+                if entries.len() >= MAX_RUN_ENTRIES {
+                    break;
+                }
+            }
+            let Some(last) = last else {
+                return Ok((runs, written));
+            };
+            written += entries.len() as u64;
+            let run = self.write_run(RunRange { first: from, last }, entries)?;
+            self.runs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(run);
+            runs += 1;
+        }
+    }
+
+    /// Merges adjacent runs until at most [`MAX_RUNS`] remain; returns how many merges.
+    ///
+    /// # Errors
+    /// [`Error::Archive`] for a run that no longer reads back intact; I/O errors.
+    pub fn merge(&self) -> Result<u64> {
+        self.merge_down_to(MAX_RUNS)
+    }
+
+    /// [`LogArchive::merge`] with another bound (tests merge everything into one run).
+    pub fn merge_down_to(&self, max_runs: usize) -> Result<u64> {
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut merges = 0;
+        loop {
+            let runs = self.snapshot();
+            if runs.len() <= max_runs.max(1) {
+                return Ok(merges);
+            }
+            let at = (0..runs.len() - 1)
+                .min_by_key(|&i| runs[i].len + runs[i + 1].len)
+                .expect("at least two runs");
+            let (older, newer) = (&runs[at], &runs[at + 1]);
+            let mut entries = read_all(older)?;
+            entries.extend(read_all(newer)?);
+            let range = RunRange {
+                first: older.index.range.first,
+                last: newer.index.range.last,
+            };
+            let merged = self.write_run(range, entries)?;
+            {
+                let mut list = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+                list.splice(at..at + 2, [merged]);
+            }
+            // Only now, with the merged run named and the directory synced, may they go.
+            self.storage.remove(&older.path)?;
+            self.storage.remove(&newer.path)?;
+            self.sync_dir()?;
+            merges += 1;
+        }
+    }
+
+    /// The history of page `page` after `after` that the archive holds, in LSN order, and the
+    /// last LSN archived when it was read (the log holds the rest of the history after it).
+    ///
+    /// # Errors
+    /// [`Error::Archive`] for a damaged run; I/O errors.
+    pub fn page_history(&self, page: PageId, after: Lsn) -> Result<(Vec<(Lsn, LogRecord)>, Lsn)> {
+        let runs = self.snapshot();
+        let archived = runs.last().map_or(Lsn::ZERO, |r| r.index.range.last);
+        let mut history = Vec::new();
+        for run in runs.iter().filter(|r| r.index.range.last > after) {
+            let Some((stretch, count)) = run.index.locate(page) else {
+                continue;
+            };
+            let mut bytes = vec![0u8; (stretch.end - stretch.start) as usize];
+            run.file.read_exact_at(&mut bytes, stretch.start)?;
+            let entries =
+                run_format::decode_entries(&bytes, stretch.start, page, count, run.index.range)
+                    .map_err(|source| Error::Archive {
+                        path: run.path.clone(),
+                        source,
+                    })?;
+            history.extend(
+                entries
+                    .into_iter()
+                    .filter(|e| e.lsn > after)
+                    .map(|e| (e.lsn, e.record)),
+            );
+        }
+        Ok((history, archived))
+    }
+
+    /// Every page change in `from..=upto` the archive holds, by page, each page's in LSN
+    /// order. Reads the runs that overlap the range whole and in order (sequential reads of
+    /// page-sorted files: what a cleaner lagging behind the archive wants).
+    ///
+    /// # Errors
+    /// [`Error::Archive`] for a damaged run; I/O errors.
+    pub fn changes_between(
+        &self,
+        from: Lsn,
+        upto: Lsn,
+    ) -> Result<BTreeMap<PageId, Vec<(Lsn, LogRecord)>>> {
+        let mut changes: BTreeMap<PageId, Vec<(Lsn, LogRecord)>> = BTreeMap::new();
+        let overlapping = self
+            .snapshot()
+            .into_iter()
+            .filter(|r| r.index.range.last >= from && r.index.range.first <= upto);
+        for run in overlapping {
+            for entry in read_all(&run)? {
+                if (from..=upto).contains(&entry.lsn) {
+                    changes
+                        .entry(entry.page)
+                        .or_default()
+                        .push((entry.lsn, entry.record));
+                }
+            }
+        }
+        Ok(changes)
+    }
+
+    /// Writes a run durably under its name and opens it for reading.
+    fn write_run(&self, range: RunRange, entries: Vec<Entry>) -> Result<Arc<Run>> {
+        let bytes = run_format::encode_run(range, entries).map_err(|source| Error::Archive {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let path = self.dir.join(run_name(range));
+        let partial = self.dir.join(format!("{}{PARTIAL}", run_name(range)));
+        match self.storage.remove(&partial) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        {
+            let file = self.storage.open(&partial, OpenMode::CreateNew)?;
+            file.write_all_at(&bytes, 0)?;
+            if self.sync {
+                file.sync_data()?;
+            }
+        }
+        self.storage.rename(&partial, &path)?;
+        self.sync_dir()?;
+        let index = index_of(&bytes).map_err(|source| Error::Archive {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Arc::new(Run {
+            index,
+            file: self.storage.open(&path, OpenMode::Read)?,
+            path,
+            len: bytes.len() as u64,
+        }))
+    }
+
+    fn sync_dir(&self) -> Result<()> {
+        if self.sync {
+            self.storage.sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn index_of(bytes: &[u8]) -> Result<RunIndex, RunError> {
+    let len = bytes.len() as u64;
+    if bytes.len() < run_format::HEADER_LEN + run_format::TRAILER_LEN {
+        return Err(RunError::TooShort { len });
+    }
+    let trailer = &bytes[bytes.len() - run_format::TRAILER_LEN..];
+    let span = run_format::index_span(len, trailer)?;
+    run_format::decode_index(
+        &bytes[..run_format::HEADER_LEN],
+        &bytes[span.start as usize..span.end as usize],
+        trailer,
+    )
+}
+
+/// Opens the run at `path` and reads its index (header, index, trailer; not the entries).
+fn load_run(storage: &dyn Storage, path: &Path, named: RunRange) -> Result<Run> {
+    let damaged = |source| Error::Archive {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = storage.open(path, OpenMode::Read)?;
+    let len = file.len()?;
+    if len < (run_format::HEADER_LEN + run_format::TRAILER_LEN) as u64 {
+        return Err(damaged(RunError::TooShort { len }));
+    }
+    let mut header = [0u8; run_format::HEADER_LEN];
+    file.read_exact_at(&mut header, 0)?;
+    let mut trailer = [0u8; run_format::TRAILER_LEN];
+    file.read_exact_at(&mut trailer, len - run_format::TRAILER_LEN as u64)?;
+    let span = run_format::index_span(len, &trailer).map_err(damaged)?;
+    let mut index = vec![0u8; (span.end - span.start) as usize];
+    file.read_exact_at(&mut index, span.start)?;
+    let index = run_format::decode_index(&header, &index, &trailer).map_err(damaged)?;
+    if index.range != named {
+        return Err(damaged(RunError::Malformed {
+            offset: 16,
+            what: "the run's range is not the one its name says",
+        }));
+    }
+    Ok(Run {
+        index,
+        path: path.to_path_buf(),
+        file,
+        len,
+    })
+}
+
+/// Every entry of a run, read and checked whole.
+fn read_all(run: &Run) -> Result<Vec<Entry>> {
+    let mut bytes = vec![0u8; run.len as usize];
+    run.file.read_exact_at(&mut bytes, 0)?;
+    let (_, entries) = run_format::decode_run(&bytes).map_err(|source| Error::Archive {
+        path: run.path.clone(),
+        source,
+    })?;
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{LogBody, LogRecord};
+    use proptest::prelude::*;
+
+    fn disk() -> Arc<dyn Storage> {
+        Arc::new(stela_wal::storage::StdStorage)
+    }
+
+    fn open_log(dir: &Path) -> stela_wal::Wal<LogRecord> {
+        stela_wal::Wal::open(
+            dir.join("log"),
+            stela_wal::WalOptions::default().sync(stela_wal::SyncMode::None),
+        )
+        .unwrap()
+    }
+
+    fn write(page: PageId, key: u8) -> LogRecord {
+        LogRecord {
+            txn: 1,
+            prev_txn_lsn: Lsn::ZERO,
+            body: LogBody::Write {
+                page,
+                prev_page_lsn: Lsn::ZERO,
+                key: vec![key],
+                before: None,
+                after: Some(vec![key]),
+            },
+        }
+    }
+
+    fn commit() -> LogRecord {
+        LogRecord {
+            txn: 1,
+            prev_txn_lsn: Lsn::new(1),
+            body: LogBody::Commit,
+        }
+    }
+
+    /// Every page's history from the log itself, for comparison.
+    fn from_log(log: &dyn LogDevice, page: PageId) -> Vec<(Lsn, LogRecord)> {
+        log.read_from(Lsn::FIRST)
+            .unwrap()
+            .map(|item| item.unwrap())
+            .filter(|(_, r)| r.pages().iter().any(|&(p, _)| p == page))
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Archiving in steps of any size, then merging down to any number of runs, keeps
+        /// each page's history exactly what the log holds.
+        #[test]
+        fn merged_runs_hold_what_their_inputs_held(
+            pages in proptest::collection::vec(0u64..5, 1..60),
+            steps in proptest::collection::vec(1u64..12, 1..8),
+            keep in 1usize..4,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let log = open_log(dir.path());
+            for (i, &page) in pages.iter().enumerate() {
+                let record = if i % 7 == 6 { commit() } else { write(page, i as u8) };
+                log.append(&record).unwrap();
+            }
+            let archive = LogArchive::open(disk(), dir.path().join("archive"), false).unwrap();
+            let mut upto = 0;
+            for step in &steps {
+                upto += step;
+                archive.archive_from(&log, Lsn::new(upto)).unwrap();
+            }
+            archive.archive_from(&log, log.last_lsn()).unwrap();
+            let before: Vec<_> = (0..5).map(|p| archive.page_history(p, Lsn::ZERO).unwrap().0).collect();
+            for page in 0..5 {
+                prop_assert_eq!(&before[page as usize], &from_log(&log, page));
+            }
+            archive.merge_down_to(keep).unwrap();
+            prop_assert!(archive.runs().len() <= keep);
+            let reopened = LogArchive::open(disk(), dir.path().join("archive"), false).unwrap();
+            prop_assert_eq!(reopened.archived_lsn(), log.last_lsn());
+            for page in 0..5 {
+                prop_assert_eq!(&reopened.page_history(page, Lsn::ZERO).unwrap().0, &before[page as usize]);
+                let after = Lsn::new(upto.min(30));
+                let tail: Vec<_> = before[page as usize].iter().filter(|(l, _)| *l > after).cloned().collect();
+                prop_assert_eq!(reopened.page_history(page, after).unwrap().0, tail);
+            }
+            // A cleaner's slice of the merged runs: exactly the log's changes in the range.
+            let (from, upto) = (Lsn::new(upto.min(20) + 1), Lsn::new(upto.min(20) + 25));
+            let changes = reopened.changes_between(from, upto).unwrap();
+            for page in 0..5 {
+                let expected: Vec<_> = from_log(&log, page)
+                    .into_iter()
+                    .filter(|(l, _)| (from..=upto).contains(l))
+                    .collect();
+                prop_assert_eq!(changes.get(&page).cloned().unwrap_or_default(), expected);
+            }
+        }
+    }
+
+    #[test]
+    fn a_crash_mid_write_or_mid_merge_leaves_an_archive_that_opens_consistent() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open_log(dir.path());
+        for i in 0..30u8 {
+            log.append(&write(u64::from(i % 3), i)).unwrap();
+        }
+        let at = dir.path().join("archive");
+        let archive = LogArchive::open(disk(), &at, false).unwrap();
+        for upto in [10, 20, 30] {
+            archive.archive_from(&log, Lsn::new(upto)).unwrap();
+        }
+        let history = archive.page_history(1, Lsn::ZERO).unwrap().0;
+        // A merge that crashed after naming its run, before removing the inputs: copy the
+        // inputs back beside the merged run.
+        let inputs: Vec<(PathBuf, Vec<u8>)> = archive
+            .snapshot()
+            .iter()
+            .take(2)
+            .map(|r| (r.path.clone(), std::fs::read(&r.path).unwrap()))
+            .collect();
+        archive.merge_down_to(2).unwrap();
+        assert_eq!(archive.runs().len(), 2);
+        for (path, bytes) in &inputs {
+            std::fs::write(path, bytes).unwrap();
+        }
+        // A run cut short by a crash before its rename.
+        std::fs::write(
+            at.join(format!(
+                "{}{PARTIAL}",
+                run_name(RunRange {
+                    first: Lsn::new(31),
+                    last: Lsn::new(40)
+                })
+            )),
+            b"STELARUN half a run",
+        )
+        .unwrap();
+        drop(archive);
+        let reopened = LogArchive::open(disk(), &at, false).unwrap();
+        assert_eq!(
+            reopened.runs(),
+            vec![(Lsn::new(1), Lsn::new(20)), (Lsn::new(21), Lsn::new(30))]
+        );
+        assert_eq!(
+            std::fs::read_dir(&at).unwrap().count(),
+            2,
+            "leftovers removed"
+        );
+        assert_eq!(reopened.page_history(1, Lsn::ZERO).unwrap().0, history);
+
+        // A named run that is damaged is an error naming it, not a silent loss.
+        let victim = at.join(run_name(RunRange {
+            first: Lsn::new(21),
+            last: Lsn::new(30),
+        }));
+        let mut bytes = std::fs::read(&victim).unwrap();
+        let last = bytes.len() - 10;
+        bytes[last] ^= 0x40;
+        std::fs::write(&victim, &bytes).unwrap();
+        drop(reopened);
+        match LogArchive::open(disk(), &at, false) {
+            Err(Error::Archive { path, .. }) => assert_eq!(path, victim),
+            other => panic!("a damaged run opened: {:?}", other.err()),
+        }
+        // And so is a gap: the runs must cover the log from its first record.
+        bytes[last] ^= 0x40;
+        std::fs::write(&victim, &bytes).unwrap();
+        std::fs::remove_file(at.join(run_name(RunRange {
+            first: Lsn::new(1),
+            last: Lsn::new(20),
+        })))
+        .unwrap();
+        assert!(matches!(
+            LogArchive::open(disk(), &at, false),
+            Err(Error::Archive {
+                source: RunError::Gap { .. },
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,37 @@
+//! Arbitrary bytes as a stela-store log-archive run file.
+//!
+//! Oracles:
+//! - never panics: every malformed run is an `Err`;
+//! - a run that decodes is consistent with its index: each page the index names decodes, on its
+//!   own stretch, to exactly the entries the whole-run decode gave for it;
+//! - a run that decodes encodes again (same range, same entries) to bytes that decode to the
+//!   same index and entries (the payload bytes may differ: MessagePack has several encodings of
+//!   one value, and the encoder picks the shortest).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use stela_store::archive_format::{decode_entries, decode_run, encode_run};
+
+fuzz_target!(|bytes: &[u8]| {
+    let Ok((index, entries)) = decode_run(bytes) else {
+        return;
+    };
+    for page in &index.pages {
+        let (stretch, count) = index.locate(page.page).expect("an indexed page is found");
+        let alone = decode_entries(
+            &bytes[stretch.start as usize..stretch.end as usize],
+            stretch.start,
+            page.page,
+            count,
+            index.range,
+        )
+        .expect("a page's stretch decodes alone as it did within the run");
+        let within: Vec<_> = entries.iter().filter(|e| e.page == page.page).cloned().collect();
+        assert_eq!(alone, within);
+    }
+    let again = encode_run(index.range, entries.clone()).expect("decoded entries encode");
+    let (index_again, entries_again) = decode_run(&again).expect("a re-encoded run decodes");
+    assert_eq!(index_again.range, index.range);
+    assert_eq!(index_again.entries, index.entries);
+    assert_eq!(entries_again, entries);
+});
