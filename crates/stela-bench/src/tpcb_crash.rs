@@ -169,6 +169,10 @@ fn options(
         })
         .checkpoint_interval(interval)
         .clean_interval(interval)
+        // The archive holds every page's history, so a page torn by a power cut is rebuilt;
+        // the log is truncated behind it.
+        .archive(true)
+        .archive_interval(interval.map(|i| i * 4))
 }
 
 fn real_disk() -> Arc<dyn Storage> {
@@ -245,7 +249,8 @@ fn load(dir: &Path, args: &TpcbCrashArgs, storage: &Arc<dyn Storage>) -> anyhow:
         dir,
         options(storage, args.checkpoints, args.cleaner, 0, 1024)
             .checkpoint_interval(None)
-            .clean_interval(None),
+            .clean_interval(None)
+            .archive_interval(None),
     )?;
     for b in 0..args.clients {
         let mut txn = store.begin();
@@ -317,7 +322,8 @@ impl Tally {
                 args.pool_pages,
             )
             .checkpoint_interval(None)
-            .clean_interval(None),
+            .clean_interval(None)
+            .archive_interval(None),
         )
         .context("restart after the fault")?;
         let restart_ms = opening.elapsed().as_secs_f64() * 1e3;

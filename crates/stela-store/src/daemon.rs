@@ -115,6 +115,11 @@ impl LogDevice for DaemonLog {
         Lsn::new(self.last.load(Ordering::Acquire))
     }
 
+    fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
+        // The daemon releases whole segments below `lsn` (a standby's copy follows it).
+        Ok(self.wal.truncate_before(lsn)?)
+    }
+
     fn read_from(&self, lsn: Lsn) -> Result<RecordIter<'_>> {
         Ok(Box::new(self.wal.iter_from(lsn)?.map(|item| {
             let (lsn, record) = item?;
