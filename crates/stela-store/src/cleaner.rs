@@ -19,11 +19,12 @@
 //! so its writes keep the write-ahead rule.
 //! Both cleaners report their writes in a `PagesWritten` record after the sync (`pagefile`).
 
-use crate::btree::{self, Engine};
+use crate::btree::Engine;
 use crate::error::{Error, Result};
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
+use crate::redo::redo;
 use crate::tail::LogTail;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,7 +126,7 @@ pub(crate) fn decoupled_round(
                     entry.insert((image, false))
                 }
             };
-            *changed |= btree::redo(id, image, lsn, &record)?;
+            *changed |= redo(id, image, lsn, &record)?;
         }
     }
     for (id, (image, changed)) in &images {

@@ -72,6 +72,7 @@ pub mod page;
 pub mod pagefile;
 pub mod pool;
 pub mod recovery;
+pub mod redo;
 pub mod store;
 pub mod tail;
 

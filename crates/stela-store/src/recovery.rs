@@ -19,11 +19,12 @@
 //! transaction's chain into the older log for the rest.
 
 use crate::analysis::Analysis;
-use crate::btree::{self, Engine};
+use crate::btree::Engine;
 use crate::checkpoint::Master;
 use crate::error::{Error, Result};
 use crate::format::{LogBody, LogRecord, RecordError, TxnId};
 use crate::log::read_one;
+use crate::redo::redo;
 use std::collections::HashMap;
 use stela_format::Lsn;
 
@@ -166,9 +167,9 @@ pub(crate) fn restart(
             let (lsn, record) = item?;
             for (page, _) in record.pages() {
                 if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
-                    let applied = engine.pool.update(page, log.as_ref(), |image| {
-                        btree::redo(page, image, lsn, &record)
-                    })?;
+                    let applied = engine
+                        .pool
+                        .update(page, log.as_ref(), |image| redo(page, image, lsn, &record))?;
                     report.redo_applied += u64::from(applied);
                 }
             }
