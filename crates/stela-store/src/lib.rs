@@ -83,5 +83,5 @@ pub use format::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord
 pub use log::LogDevice;
 pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
 pub use pool::PoolStats;
-pub use recovery::RestartReport;
-pub use store::{Store, StoreOptions, Transaction};
+pub use recovery::{RestartMode, RestartReport};
+pub use store::{RecoveryPending, Store, StoreOptions, Transaction};

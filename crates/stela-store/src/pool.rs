@@ -17,6 +17,13 @@
 //! current dirty page without writing it (write elision). With the classical cleaner the clean
 //! LSN stays zero.
 //!
+//! After an instant restart the pool owns the [`PendingRedo`] index: a page read from the file
+//! that has redo pending gets its records applied before the read returns (so no caller ever
+//! sees a stale image), and is then dirty from the first record that changed it, like any page
+//! changed in the pool: eviction writes it (the records are durable, being from before the
+//! crash) unless the decoupled cleaner made its stored image current. Pages still pending are
+//! dirty too, as far as the dirty-page table is concerned.
+//!
 //! The pool is not thread-safe by itself: the store holds it under its engine latch, so a frame
 //! is never evicted while an operation uses it.
 
@@ -25,6 +32,7 @@ use crate::format::DirtyPage;
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
+use crate::redo::{self, PendingRedo};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,6 +52,8 @@ pub struct PoolStats {
     pub elided: u64,
     /// Dirty pages the pool wrote to evict them.
     pub eviction_writes: u64,
+    /// Pages read with redo pending (instant restart) and redone on the read.
+    pub redone_on_read: u64,
 }
 
 struct Frame {
@@ -66,6 +76,8 @@ pub struct BufferPool {
     stats: PoolStats,
     /// The decoupled cleaner's clean LSN (zero without it); read, never written, here.
     clean_lsn: Arc<AtomicU64>,
+    /// Redo instant restart left for later; no page in `index` is in it.
+    pending: PendingRedo,
 }
 
 impl BufferPool {
@@ -80,6 +92,7 @@ impl BufferPool {
             hand: 0,
             stats: PoolStats::default(),
             clean_lsn,
+            pending: PendingRedo::default(),
         }
     }
 
@@ -89,6 +102,28 @@ impl BufferPool {
             writes: self.file.writes.load(Ordering::Relaxed),
             ..self.stats
         }
+    }
+
+    /// Hands the pool the redo instant restart leaves pending. The pool must hold none of
+    /// those pages.
+    pub fn set_pending(&mut self, pending: PendingRedo) {
+        debug_assert!(self.index.is_empty());
+        self.pending = pending;
+    }
+
+    /// Pages with redo still pending.
+    pub fn pending_pages(&self) -> usize {
+        self.pending.pages()
+    }
+
+    /// Reads up to `n` pages with redo pending, which redoes them (the background drain of
+    /// instant restart). Returns how many it read.
+    pub fn redo_pending(&mut self, n: usize, log: &dyn LogDevice) -> Result<usize> {
+        let pages = self.pending.first_pages(n);
+        for &id in &pages {
+            self.fetch(id, log)?;
+        }
+        Ok(pages.len())
     }
 
     fn clean_lsn(&self) -> Lsn {
@@ -118,6 +153,7 @@ impl BufferPool {
                 page_lsn: self.frames[f].page.lsn,
             })
             .collect();
+        table.extend(self.pending.dirty_pages(self.clean_lsn()));
         table.sort_by_key(|d| d.page);
         table
     }
@@ -184,6 +220,8 @@ impl BufferPool {
             Some(&frame) => frame,
             None => self.free_frame(id, Page::empty(), log)?,
         };
+        // A whole image at a new LSN: pending records, all older, have nothing left to add.
+        self.pending.take(id);
         let lsn = page.lsn;
         self.frames[frame].page = page;
         self.frames[frame].referenced = true;
@@ -236,11 +274,30 @@ impl BufferPool {
             self.frames[frame].referenced = true;
             return Ok(frame);
         }
-        let page = self
+        let mut page = self
             .file
             .read(id)?
             .map_err(|source| Error::Corrupt { page: id, source })?;
-        self.free_frame(id, page, log)
+        let Some(records) = self.pending.take(id) else {
+            return self.free_frame(id, page, log);
+        };
+        // Redo first, on the image read, so that nothing sees the page without its records;
+        // on failure the records go back and the page stays out of the pool.
+        let first_redone = redo::redo_all(id, &mut page, &records)
+            .and_then(|first| Ok((first, self.free_frame(id, page, log)?)));
+        match first_redone {
+            Ok((first, frame)) => {
+                self.stats.redone_on_read += 1;
+                if let Some(first) = first {
+                    self.dirty(frame, first);
+                }
+                Ok(frame)
+            }
+            Err(error) => {
+                self.pending.restore(id, records);
+                Err(error)
+            }
+        }
     }
 
     /// A frame for page `id` holding `page`: a new one while the pool is not full, else the
