@@ -11,9 +11,13 @@
 //!   the log onto the stored images).
 //! - [`tail`]: the records appended since open, kept in memory for the decoupled services.
 //! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
-//! - [`recovery`]: ARIES restart (analysis, redo, undo with compensation records) and the
-//!   rollback a normal abort shares with it.
-//! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule.
+//! - [`recovery`]: restart after a crash, classical ARIES (analysis, redo, undo with
+//!   compensation records, all before open returns) or instant (analysis only; the rest on
+//!   demand), and the rollback a normal abort shares with it.
+//! - [`redo`]: applying a log record to a page image (restart, the pool, the decoupled
+//!   cleaner), and the index of redo instant restart leaves pending per page.
+//! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule;
+//!   after an instant restart it redoes a page when it first reads it.
 //! - [`log`]: the small [`LogDevice`] trait the store logs through, implemented by the embedded
 //!   `stela_wal::Wal`.
 //! - [`format`] (log records) and [`page`] (page layout): the bytes, pure, no I/O; both decoders
@@ -22,7 +26,11 @@
 //!
 //! Commit durability is the log's: with the embedded log at `SyncMode::Data` a commit returns
 //! once its record is fdatasync'ed. Dropping a [`Store`] without [`Store::close`] is a crash;
-//! the next open recovers.
+//! the next open recovers. By default it recovers instantly ([`RestartMode::Instant`]): open
+//! returns after log analysis, each page is redone when first read, and the transactions the
+//! crash cut short keep their keys locked until they are rolled back (by a background thread,
+//! or by a transaction that needs one of those keys). [`RestartMode::Classical`] does all of
+//! it before open returns, in time proportional to the dirty pages.
 //!
 //! ```
 //! use std::ops::Bound;
@@ -57,8 +65,12 @@
 //!
 //! Not yet here (issue 11): log truncation (the log keeps growing; restart reads it from the
 //! latest checkpoint, and redo from the oldest change a stored image lacks), the log archive,
-//! single-page recovery, instant restart, page merges (deletes leave empty leaves), range locks
-//! (a scan can see phantoms), the daemon's log behind [`LogDevice`].
+//! single-page recovery, page merges (deletes leave empty leaves), range locks (a scan can see
+//! phantoms), the daemon's log behind [`LogDevice`]. Instant restart still reads, before open
+//! returns, every record from the oldest change a stored image lacks (to index the pending
+//! redo by page), so its open grows with that stretch of log, though no longer with the pages
+//! to read; following each page's chain (`prev_page_lsn`) through a log indexed by LSN, or a
+//! log archive sorted by page, would take that read out of the open.
 
 pub mod analysis;
 pub mod btree;

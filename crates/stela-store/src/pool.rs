@@ -116,14 +116,20 @@ impl BufferPool {
         self.pending.pages()
     }
 
-    /// Reads up to `n` pages with redo pending, which redoes them (the background drain of
-    /// instant restart). Returns how many it read.
-    pub fn redo_pending(&mut self, n: usize, log: &dyn LogDevice) -> Result<usize> {
-        let pages = self.pending.first_pages(n);
-        for &id in &pages {
-            self.fetch(id, log)?;
+    /// Up to `n` pages with redo pending, lowest ids first.
+    pub fn pending_first(&self, n: usize) -> Vec<PageId> {
+        self.pending.first_pages(n)
+    }
+
+    /// Reads those of `pages` whose redo is still pending, which redoes them (the background
+    /// drain of instant restart).
+    pub fn redo_pending(&mut self, pages: &[PageId], log: &dyn LogDevice) -> Result<()> {
+        for &id in pages {
+            if !self.index.contains_key(&id) {
+                self.fetch(id, log)?;
+            }
         }
-        Ok(pages.len())
+        Ok(())
     }
 
     fn clean_lsn(&self) -> Lsn {

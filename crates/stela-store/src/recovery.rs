@@ -1,5 +1,15 @@
-//! ARIES restart (analysis, redo, undo) and the rollback of one transaction, which a normal
-//! abort and restart's undo share.
+//! Restart after a crash, in one of two modes ([`RestartMode`]), and the rollback of one
+//! transaction, which a normal abort and restart's undo share.
+//!
+//! Classical is ARIES: analysis, redo, undo, all before the store opens. Instant does the same
+//! analysis, then hands the rest to later: for every dirty page it indexes the records the
+//! stored image may lack (read from the log, no page read) and gives the index to the pool,
+//! which redoes a page when it first reads it; the losers come back to the store, which locks
+//! their keys under their ids before it opens and rolls them back later with
+//! [`undo_loser`]. Both modes keep the invariants below: instant only changes when the work is
+//! done, and repeating history page by page gives the same pages as repeating it in LSN order,
+//! because each page's records are applied in LSN order and no record changes two pages
+//! differently depending on another's state (a structure change carries whole images).
 //!
 //! Invariants:
 //! - Redo repeats history: every page-changing record (writes, compensations, structure
@@ -11,6 +21,8 @@
 //!   undo, followed by another restart, never undoes a write twice. A loser is finished with an
 //!   `Aborted` record.
 //! - Restart writes no page: the pages it redid are dirty in the pool like any others.
+//! - Undo needs the tree as it was at the crash; instant undo gets it because every page undo
+//!   reads goes through the pool, which redoes it first.
 //!
 //! Analysis starts at the latest complete checkpoint of either kind (the master record names
 //! it) with that checkpoint's tables; without one, at the first record with empty tables.
@@ -137,6 +149,18 @@ pub(crate) struct Loser {
     pub records: HashMap<Lsn, LogRecord>,
 }
 
+impl Loser {
+    /// The pages its records name: where its rollback will most likely read (a split may
+    /// have moved a key since).
+    pub fn pages(&self) -> std::collections::BTreeSet<crate::page::PageId> {
+        self.records
+            .values()
+            .flat_map(|record| record.pages())
+            .map(|(page, _)| page)
+            .collect()
+    }
+}
+
 /// What restart hands the store.
 pub(crate) struct Restarted {
     pub report: RestartReport,
@@ -158,6 +182,7 @@ pub(crate) fn restart(
 ) -> Result<Restarted> {
     let mut report = RestartReport::default();
     let log = std::sync::Arc::clone(&engine.log);
+    let started = std::time::Instant::now();
 
     // Analysis: from the checkpoint's tables (or none), every record from its begin on.
     let (mut analysis, start) = match master {
@@ -211,6 +236,7 @@ pub(crate) fn restart(
     engine.next_page = engine.next_page.max(analysis.next_page());
     report.max_txn = analysis.max_txn();
     report.redo_start = analysis.redo_start();
+    let analysed = started.elapsed();
 
     match mode {
         RestartMode::Classical => {
@@ -227,10 +253,17 @@ pub(crate) fn restart(
             })
         }
         RestartMode::Instant => {
-            let pending = pending_redo(engine, &analysis, start, analysed_changes)?;
+            let pending = pending_redo(
+                engine,
+                &analysis,
+                start,
+                analysed_changes,
+                &mut undo_records,
+            )?;
             report.pending_pages = pending.pages() as u64;
             report.pending_records = pending.records() as u64;
             engine.pool.set_pending(pending);
+            tracing::debug!(?analysed, indexed = ?started.elapsed() - analysed, "instant restart");
             let losers = analysis
                 .active()
                 .map(|(txn, last_lsn)| Loser {
@@ -264,9 +297,9 @@ fn redo_everything(
         let (lsn, record) = item?;
         for (page, _) in record.pages() {
             if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
-                let applied = engine.pool.update(page, log.as_ref(), |image| {
-                    redo(page, image, lsn, &record)
-                })?;
+                let applied = engine
+                    .pool
+                    .update(page, log.as_ref(), |image| redo(page, image, lsn, &record))?;
                 report.redo_applied += u64::from(applied);
             }
         }
@@ -277,13 +310,16 @@ fn redo_everything(
 /// Instant restart's redo index: for every page analysis found dirty, the changes from its
 /// `rec_lsn` on. The records from the analysis start on were kept by analysis; those between
 /// the redo start and the analysis start (a page dirty since before the checkpoint) are read
-/// here. No page is read.
+/// here, and with them the losers' records among them (so that their rollback, under the
+/// engine latch, need not look for them in the log). No page is read.
 fn pending_redo(
     engine: &Engine,
     analysis: &Analysis,
     analysis_start: Lsn,
     analysed_changes: Vec<(Lsn, Arc<LogRecord>)>,
+    undo_records: &mut HashMap<TxnId, HashMap<Lsn, LogRecord>>,
 ) -> Result<PendingRedo> {
+    let losers: std::collections::HashSet<TxnId> = analysis.active().map(|(txn, _)| txn).collect();
     let mut pending = PendingRedo::default();
     let Some(redo_from) = analysis.redo_start() else {
         return Ok(pending);
@@ -300,6 +336,12 @@ fn pending_redo(
             let (lsn, record) = item?;
             if lsn >= analysis_start {
                 break;
+            }
+            if losers.contains(&record.txn) {
+                undo_records
+                    .entry(record.txn)
+                    .or_default()
+                    .insert(lsn, record.clone());
             }
             if !record.pages().is_empty() {
                 add(lsn, Arc::new(record));
@@ -339,7 +381,11 @@ fn undo_everything(
 ///
 /// # Errors
 /// As [`rollback`].
-pub(crate) fn undo_loser(engine: &mut Engine, loser: &Loser, compensations: &mut u64) -> Result<Lsn> {
+pub(crate) fn undo_loser(
+    engine: &mut Engine,
+    loser: &Loser,
+    compensations: &mut u64,
+) -> Result<Lsn> {
     let log = Arc::clone(&engine.log);
     rollback(
         engine,

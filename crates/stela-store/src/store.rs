@@ -84,7 +84,14 @@ impl Default for StoreOptions {
     fn default() -> StoreOptions {
         StoreOptions {
             pool_pages: 1024,
-            wal: WalOptions::default().type_tag("stela-store"),
+            // The log's open must not grow with the log, or instant restart would not be
+            // instant: it verifies only the last segment (restart checks every record it
+            // reads anyway), and segments of 8 MiB bound what that verification, and every
+            // read that starts inside a segment (restart's, at a checkpoint), scans first.
+            wal: WalOptions::default()
+                .type_tag("stela-store")
+                .verify_on_open(false)
+                .segment_bytes(8 << 20),
             checkpoints: CheckpointKind::Decoupled,
             cleaner: CleanerKind::Decoupled,
             checkpoint_interval: None,
@@ -216,7 +223,9 @@ impl Store {
     pub fn open(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir)?;
+        let started = std::time::Instant::now();
         let wal: Wal<LogRecord> = Wal::open(dir.join("log"), options.wal.clone())?;
+        tracing::debug!(elapsed = ?started.elapsed(), "log opened");
         let options = if options.wal.sync == SyncMode::None {
             options.sync_pages(false)
         } else {
@@ -608,10 +617,21 @@ impl Shared {
             self.undo_loser(txn)?;
             return Ok(true);
         }
+        let pages = self.engine()?.pool.pending_first(DRAIN_BATCH);
+        if pages.is_empty() {
+            return Ok(false);
+        }
+        // The disk reads outside the engine latch, so that under it the pool finds the pages
+        // in the OS's cache and new transactions wait for the latch as little as possible.
+        // A failed read here is the pool's to report, when it reads the page for real.
+        for &page in &pages {
+            let _ = self.file.warm(page);
+        }
         let mut engine = self.engine()?;
         let log = Arc::clone(&engine.log);
-        let redone = engine.pool.redo_pending(DRAIN_BATCH, log.as_ref());
-        Ok(self.check(redone)? > 0)
+        let redone = engine.pool.redo_pending(&pages, log.as_ref());
+        self.check(redone)?;
+        Ok(true)
     }
 
     /// Rolls back loser `txn` if no other thread has taken it, then releases its locks.
@@ -624,6 +644,10 @@ impl Shared {
         else {
             return Ok(());
         };
+        // As for the drain: the pages it will read, read first outside the latch.
+        for page in loser.pages() {
+            let _ = self.file.warm(page);
+        }
         let result = self.engine().and_then(|mut engine| {
             let mut compensations = 0;
             recovery::undo_loser(&mut engine, &loser, &mut compensations)?;
