@@ -14,6 +14,9 @@
 //!   nodes on a `replicated` mount ([`crate::pg_failover`]).
 //! - `stela-bench tpcb`: TPC-B on stela-store by checkpoint kind, cleaner and service interval
 //!   ([`crate::tpcb`]).
+//! - `stela-bench restart`: time to a first transaction after a crash, instant restart
+//!   against classical ([`crate::restart_bench`]); `restart-child` (hidden) is the process it
+//!   kills.
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
 //!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
@@ -76,6 +79,12 @@ pub enum Command {
     /// TPC-B on stela-store: classical against decoupled checkpoints and page cleaning, by
     /// service interval (tps, latency, CPU).
     Tpcb(crate::tpcb::TpcbArgs),
+    /// Time to a first new transaction after a SIGKILL of stela-store with N MiB of dirty
+    /// pages, instant restart against classical ARIES.
+    Restart(crate::restart_bench::RestartArgs),
+    /// The process the `restart` benchmark kills.
+    #[command(hide = true)]
+    RestartChild(crate::restart_bench::ChildArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -116,6 +125,8 @@ where
         Command::Pgbench(args) => crate::pg_bench::run(&args, &mut out).map(drop),
         Command::PgFailover(args) => crate::pg_failover::run(&args, &mut out).map(drop),
         Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),
+        Command::Restart(args) => crate::restart_bench::run(&args, &mut out).map(drop),
+        Command::RestartChild(args) => crate::restart_bench::child(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
