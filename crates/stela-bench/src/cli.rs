@@ -15,6 +15,9 @@
 //! - `stela-bench tpcb`: TPC-B on stela-store by checkpoint kind, cleaner and service interval
 //!   ([`crate::tpcb`]); `stela-bench tpcb-crash`: the same transactions in a child SIGKILLed
 //!   round after round, the store checked after each kill ([`crate::tpcb_crash`]).
+//! - `stela-bench restart`: time to a first transaction after a crash, instant restart
+//!   against classical ([`crate::restart_bench`]); `restart-child` (hidden) is the process it
+//!   kills.
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
 //!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
@@ -83,6 +86,12 @@ pub enum Command {
     /// The child `tpcb-crash` kills.
     #[command(hide = true)]
     TpcbCrashChild(crate::tpcb_crash::TpcbCrashChildArgs),
+    /// Time to a first new transaction after a SIGKILL of stela-store with N MiB of dirty
+    /// pages, instant restart against classical ARIES.
+    Restart(crate::restart_bench::RestartArgs),
+    /// The process the `restart` benchmark kills.
+    #[command(hide = true)]
+    RestartChild(crate::restart_bench::ChildArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -135,6 +144,8 @@ where
         Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),
         Command::TpcbCrash(args) => crate::tpcb_crash::run(&args, &mut out),
         Command::TpcbCrashChild(_) => unreachable!("run above, without the stdout lock"),
+        Command::Restart(args) => crate::restart_bench::run(&args, &mut out).map(drop),
+        Command::RestartChild(args) => crate::restart_bench::child(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

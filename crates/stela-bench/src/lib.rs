@@ -25,6 +25,8 @@
 //! - [`pg_failover`]: `stela-bench pg-failover`, PostgreSQL on a `replicated` mount failing
 //!   over between two nodes, with a client counting acknowledged rows ([`pg_wire`]: its
 //!   PostgreSQL protocol).
+//! - [`restart_bench`]: `stela-bench restart`, the time to a first transaction after a SIGKILL
+//!   with a dirty set of N MiB, instant restart against classical ARIES.
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
 pub mod chart;
@@ -41,6 +43,7 @@ pub mod pg_wire;
 pub mod power_bench;
 pub mod record;
 pub mod repl_bench;
+pub mod restart_bench;
 pub mod tpcb;
 pub mod tpcb_chart;
 pub mod tpcb_crash;

@@ -190,6 +190,14 @@ impl Analysis {
         self.active.iter().map(|(&txn, e)| (txn, e.last_lsn))
     }
 
+    /// The keys `txn` wrote and holds exclusively (empty if it is not active).
+    pub fn locks_of(&self, txn: TxnId) -> Vec<Vec<u8>> {
+        self.active
+            .get(&txn)
+            .map(|e| e.locks.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn next_page(&self) -> PageId {
         self.next_page
     }

@@ -216,53 +216,6 @@ impl Engine {
     }
 }
 
-/// Redoes `record` (at `lsn`) on page `id`, whose current state is `page`, if the page does not
-/// have it yet (its LSN is below `lsn`). Returns whether it applied.
-///
-/// # Errors
-/// [`Error::Corrupt`] when the record cannot apply to that page (a write to an internal node).
-pub(crate) fn redo(id: PageId, page: &mut Page, lsn: Lsn, record: &LogRecord) -> Result<bool> {
-    if page.lsn >= lsn {
-        return Ok(false);
-    }
-    match &record.body {
-        LogBody::Write { key, after, .. } => set_on_leaf(id, page, key, after.as_deref())?,
-        LogBody::Compensate { key, value, .. } => set_on_leaf(id, page, key, value.as_deref())?,
-        LogBody::Structure { pages } => {
-            if let Some(image) = pages.iter().find(|image| image.page == id) {
-                page.node = image.node.clone();
-            }
-        }
-        LogBody::Commit
-        | LogBody::Aborted
-        | LogBody::PagesWritten { .. }
-        | LogBody::CheckpointBegin
-        | LogBody::CheckpointEnd { .. } => return Ok(false),
-    }
-    page.lsn = lsn;
-    Ok(true)
-}
-
-fn set_on_leaf(id: PageId, page: &mut Page, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-    match &mut page.node {
-        Node::Leaf(leaf) => {
-            let after = leaf.len_after_set(key, value);
-            if after > page::PAGE_SIZE {
-                return Err(Error::Corrupt {
-                    page: id,
-                    source: PageError::TooLarge(after),
-                });
-            }
-            leaf.set(key, value);
-            Ok(())
-        }
-        Node::Internal(_) => Err(Error::Corrupt {
-            page: id,
-            source: PageError::Malformed("the log writes a key to it, but it is an internal node"),
-        }),
-    }
-}
-
 fn range_contains(range: (Bound<&[u8]>, Bound<&[u8]>), key: &[u8]) -> bool {
     let above_start = match range.0 {
         Bound::Included(start) => key >= start,

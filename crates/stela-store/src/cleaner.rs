@@ -25,11 +25,12 @@
 //! archive that is an error.
 
 use crate::archive::LogArchive;
-use crate::btree::{self, Engine};
+use crate::btree::Engine;
 use crate::error::{Error, Result};
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
+use crate::redo::redo;
 use crate::tail::LogTail;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -139,7 +140,7 @@ pub(crate) fn decoupled_round(
                 let mut image = stored(id, &mut repaired)?;
                 let mut changed = false;
                 for (lsn, record) in &changes {
-                    changed |= btree::redo(id, &mut image, *lsn, record)?;
+                    changed |= crate::redo::redo(id, &mut image, *lsn, record)?;
                 }
                 report.from_archive += changes.len() as u64;
                 images.insert(id, (image, changed));
@@ -158,7 +159,7 @@ pub(crate) fn decoupled_round(
                 Entry::Occupied(entry) => entry.into_mut(),
                 Entry::Vacant(entry) => entry.insert((stored(id, &mut repaired)?, false)),
             };
-            *changed |= btree::redo(id, image, lsn, &record)?;
+            *changed |= redo(id, image, lsn, &record)?;
         }
     }
     for (id, (image, changed)) in &images {

@@ -18,10 +18,14 @@
 //! - [`retention`]: how far back each reader of the log reads, so that the log is truncated
 //!   only below all of them.
 //! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
-//! - [`recovery`]: ARIES restart (analysis, redo, undo with compensation records) and the
-//!   rollback a normal abort shares with it.
+//! - [`recovery`]: restart after a crash, classical ARIES (analysis, redo, undo with
+//!   compensation records, all before open returns) or instant (analysis only; the rest on
+//!   demand), and the rollback a normal abort shares with it.
+//! - [`redo`]: applying a log record to a page image (restart, the pool, the decoupled
+//!   cleaner), and the index of redo instant restart leaves pending per page.
 //! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule;
-//!   every image it reads goes through [`repair`] when the store keeps an archive.
+//!   after an instant restart it redoes a page when it first reads it, and every image it
+//!   reads goes through [`repair`] when the store keeps an archive.
 //! - [`log`]: the small [`LogDevice`] trait the store logs through, implemented by the embedded
 //!   `stela_wal::Wal`; [`daemon`]: the same trait over a stela daemon's log
 //!   ([`Store::open_on_daemon`]), so the store commits at the daemon's levels.
@@ -31,7 +35,11 @@
 //!
 //! Commit durability is the log's: with the embedded log at `SyncMode::Data` a commit returns
 //! once its record is fdatasync'ed. Dropping a [`Store`] without [`Store::close`] is a crash;
-//! the next open recovers.
+//! the next open recovers. By default it recovers instantly ([`RestartMode::Instant`]): open
+//! returns after log analysis, each page is redone when first read, and the transactions the
+//! crash cut short keep their keys locked until they are rolled back (by a background thread,
+//! or by a transaction that needs one of those keys). [`RestartMode::Classical`] does all of
+//! it before open returns, in time proportional to the dirty pages.
 //!
 //! ```
 //! use std::ops::Bound;
@@ -71,8 +79,9 @@
 //! (the index has no per-page LSN bounds to skip pages unchanged in it); runs are merged in
 //! memory (a merge holds both inputs), and the archive itself is never trimmed; restart's redo
 //! reads the log, not the archive, so the log is kept back to the oldest change a stored image
-//! lacks; instant restart, page merges (deletes leave empty leaves), range locks (a scan can
-//! see phantoms), the daemon's log behind [`LogDevice`].
+//! lacks, and instant restart reads that stretch of log before open returns (to index the
+//! pending redo by page), so its open grows with it; page merges (deletes leave empty leaves),
+//! range locks (a scan can see phantoms), the warm standby store.
 
 pub mod analysis;
 pub mod archive;
@@ -89,6 +98,7 @@ pub mod page;
 pub mod pagefile;
 pub mod pool;
 pub mod recovery;
+pub mod redo;
 pub mod repair;
 pub mod retention;
 pub mod store;
@@ -103,5 +113,5 @@ pub use format::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord
 pub use log::LogDevice;
 pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
 pub use pool::PoolStats;
-pub use recovery::RestartReport;
-pub use store::{Store, StoreOptions, Transaction};
+pub use recovery::{RestartMode, RestartReport};
+pub use store::{RecoveryPending, Store, StoreOptions, Transaction};

@@ -115,6 +115,17 @@ impl LockManager {
         }
     }
 
+    /// The transactions `txn` would wait for to hold `key` in `mode` now (none: it would not
+    /// wait).
+    pub fn blockers(&self, txn: TxnId, key: &[u8], mode: LockMode) -> Vec<TxnId> {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .keys
+            .get(key)
+            .map(|lock| lock.blockers(txn, mode).collect())
+            .unwrap_or_default()
+    }
+
     /// Keys in the range that a transaction other than `txn` holds exclusively: the keys whose
     /// committed state a scan cannot see yet (inserted, changed or deleted by a running
     /// transaction), which the scan must lock, and so wait for, to read them.

@@ -90,6 +90,21 @@ impl PageFile {
         Ok(page::decode(id, &image))
     }
 
+    /// Reads page `id`'s bytes and drops them: it only brings them into the OS's cache, so that
+    /// a read under a latch soon after does not wait for the disk. Not serialised with writes
+    /// (what it reads is never used) and not counted.
+    pub fn warm(&self, id: PageId) -> Result<()> {
+        let mut image = vec![0u8; PAGE_SIZE];
+        let Some(offset) = id.checked_mul(PAGE_SIZE as u64) else {
+            return Ok(());
+        };
+        match self.file.read_at(&mut image, offset) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Writes `page` as page `id` unless a newer image of it was written already. Returns
     /// whether it wrote. The log must be durable up to `page.lsn`.
     pub fn write(&self, id: PageId, page: &Page) -> Result<bool> {

@@ -22,6 +22,13 @@
 //! failing the read, and, when write elision is on, a dirty page whose records are durable may
 //! be evicted without a write at all.
 //!
+//! After an instant restart the pool owns the [`PendingRedo`] index: a page read from the file
+//! that has redo pending gets its records applied before the read returns (so no caller ever
+//! sees a stale image), and is then dirty from the first record that changed it, like any page
+//! changed in the pool: eviction writes it (the records are durable, being from before the
+//! crash) unless the decoupled cleaner made its stored image current. Pages still pending are
+//! dirty too, as far as the dirty-page table is concerned.
+//!
 //! The pool is not thread-safe by itself: the store holds it under its engine latch, so a frame
 //! is never evicted while an operation uses it.
 
@@ -30,6 +37,7 @@ use crate::format::DirtyPage;
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
+use crate::redo::{self, PendingRedo};
 use crate::repair::PageRepair;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +61,8 @@ pub struct PoolStats {
     /// Pages single-page recovery rebuilt: damaged images (then written back) and images an
     /// elided eviction left stale (then held dirty again).
     pub repaired: u64,
+    /// Pages read with redo pending (instant restart) and redone on the read.
+    pub redone_on_read: u64,
 }
 
 struct Frame {
@@ -77,6 +87,8 @@ pub struct BufferPool {
     clean_lsn: Arc<AtomicU64>,
     /// Single-page recovery and write elision, when the store keeps a log archive.
     repair: Option<PageRepair>,
+    /// Redo instant restart left for later; no page in `index` is in it.
+    pending: PendingRedo,
 }
 
 impl BufferPool {
@@ -92,6 +104,7 @@ impl BufferPool {
             stats: PoolStats::default(),
             clean_lsn,
             repair: None,
+            pending: PendingRedo::default(),
         }
     }
 
@@ -107,6 +120,34 @@ impl BufferPool {
             repaired: self.repair.as_ref().map_or(0, |r| r.repaired),
             ..self.stats
         }
+    }
+
+    /// Hands the pool the redo instant restart leaves pending. The pool must hold none of
+    /// those pages.
+    pub fn set_pending(&mut self, pending: PendingRedo) {
+        debug_assert!(self.index.is_empty());
+        self.pending = pending;
+    }
+
+    /// Pages with redo still pending.
+    pub fn pending_pages(&self) -> usize {
+        self.pending.pages()
+    }
+
+    /// Up to `n` pages with redo pending, lowest ids first.
+    pub fn pending_first(&self, n: usize) -> Vec<PageId> {
+        self.pending.first_pages(n)
+    }
+
+    /// Reads those of `pages` whose redo is still pending, which redoes them (the background
+    /// drain of instant restart).
+    pub fn redo_pending(&mut self, pages: &[PageId], log: &dyn LogDevice) -> Result<()> {
+        for &id in pages {
+            if !self.index.contains_key(&id) {
+                self.fetch(id, log)?;
+            }
+        }
+        Ok(())
     }
 
     fn clean_lsn(&self) -> Lsn {
@@ -139,6 +180,7 @@ impl BufferPool {
         if let Some(repair) = &self.repair {
             table.extend(repair.elided_dirty(self.clean_lsn()));
         }
+        table.extend(self.pending.dirty_pages(self.clean_lsn()));
         table.sort_by_key(|d| d.page);
         table
     }
@@ -205,6 +247,8 @@ impl BufferPool {
             Some(&frame) => frame,
             None => self.free_frame(id, Page::empty(), log)?,
         };
+        // A whole image at a new LSN: pending records, all older, have nothing left to add.
+        self.pending.take(id);
         let lsn = page.lsn;
         self.frames[frame].page = page;
         self.frames[frame].referenced = true;
@@ -261,7 +305,7 @@ impl BufferPool {
             return Ok(frame);
         }
         let stored = self.file.read(id)?;
-        let (page, dirty_since) = match &mut self.repair {
+        let (mut page, dirty_since) = match &mut self.repair {
             Some(repair) => {
                 let checked = repair.check(id, stored, &self.file, log)?;
                 (checked.page, checked.dirty_since)
@@ -271,11 +315,35 @@ impl BufferPool {
                 None,
             ),
         };
-        let frame = self.free_frame(id, page, log)?;
-        if let Some(rec_lsn) = dirty_since {
-            self.dirty(frame, rec_lsn);
+        let Some(records) = self.pending.take(id) else {
+            let frame = self.free_frame(id, page, log)?;
+            if let Some(rec_lsn) = dirty_since {
+                self.dirty(frame, rec_lsn);
+            }
+            return Ok(frame);
+        };
+        // Redo first, on the image read (or rebuilt), so that nothing sees the page without
+        // its records; on failure the records go back and the page stays out of the pool.
+        let first_redone = redo::redo_all(id, &mut page, &records)
+            .and_then(|first| Ok((first, self.free_frame(id, page, log)?)));
+        match first_redone {
+            Ok((first, frame)) => {
+                self.stats.redone_on_read += 1;
+                // Dirty from the earlier of what single-page recovery and redo changed.
+                let since = match (dirty_since, first) {
+                    (Some(repaired), Some(redone)) => Some(repaired.min(redone)),
+                    (repaired, redone) => repaired.or(redone),
+                };
+                if let Some(since) = since {
+                    self.dirty(frame, since);
+                }
+                Ok(frame)
+            }
+            Err(error) => {
+                self.pending.restore(id, records);
+                Err(error)
+            }
         }
-        Ok(frame)
     }
 
     /// A frame for page `id` holding `page`: a new one while the pool is not full, else the

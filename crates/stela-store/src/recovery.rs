@@ -1,5 +1,15 @@
-//! ARIES restart (analysis, redo, undo) and the rollback of one transaction, which a normal
-//! abort and restart's undo share.
+//! Restart after a crash, in one of two modes ([`RestartMode`]), and the rollback of one
+//! transaction, which a normal abort and restart's undo share.
+//!
+//! Classical is ARIES: analysis, redo, undo, all before the store opens. Instant does the same
+//! analysis, then hands the rest to later: for every dirty page it indexes the records the
+//! stored image may lack (read from the log, no page read) and gives the index to the pool,
+//! which redoes a page when it first reads it; the losers come back to the store, which locks
+//! their keys under their ids before it opens and rolls them back later with
+//! [`undo_loser`]. Both modes keep the invariants below: instant only changes when the work is
+//! done, and repeating history page by page gives the same pages as repeating it in LSN order,
+//! because each page's records are applied in LSN order and no record changes two pages
+//! differently depending on another's state (a structure change carries whole images).
 //!
 //! Invariants:
 //! - Redo repeats history: every page-changing record (writes, compensations, structure
@@ -11,6 +21,8 @@
 //!   undo, followed by another restart, never undoes a write twice. A loser is finished with an
 //!   `Aborted` record.
 //! - Restart writes no page: the pages it redid are dirty in the pool like any others.
+//! - Undo needs the tree as it was at the crash; instant undo gets it because every page undo
+//!   reads goes through the pool, which redoes it first.
 //!
 //! Analysis starts at the latest complete checkpoint of either kind (the master record names
 //! it) with that checkpoint's tables; without one, at LSN 1 with empty tables (a log that
@@ -21,12 +33,14 @@
 //! transaction's chain into the older log for the rest.
 
 use crate::analysis::Analysis;
-use crate::btree::{self, Engine};
+use crate::btree::Engine;
 use crate::checkpoint::Master;
 use crate::error::{Error, Result};
 use crate::format::{LogBody, LogRecord, RecordError, TxnId};
 use crate::log::read_one;
+use crate::redo::{redo, PendingRedo};
 use std::collections::HashMap;
+use std::sync::Arc;
 use stela_format::Lsn;
 
 /// What a restart found and did.
@@ -36,16 +50,21 @@ pub struct RestartReport {
     pub records_analyzed: u64,
     /// (record, page) pairs redo applied because the page lacked them.
     pub redo_applied: u64,
-    /// Transactions without an end record at the crash, rolled back.
+    /// Transactions without an end record at the crash: rolled back before open returned
+    /// (classical), or left to roll back after it (instant).
     pub losers: Vec<TxnId>,
-    /// Compensation records undo wrote.
+    /// Compensation records undo wrote before open returned.
     pub compensations: u64,
     /// The largest transaction id in the log.
     pub max_txn: TxnId,
     /// The begin record of the checkpoint analysis started from, if there was one.
     pub checkpoint: Option<Lsn>,
-    /// Where redo started (`None`: no page was dirty).
+    /// Where redo started, or starts for the pages left pending (`None`: no page was dirty).
     pub redo_start: Option<Lsn>,
+    /// Instant restart: pages whose redo was left to their first read or the background.
+    pub pending_pages: u64,
+    /// Instant restart: (record, page) pairs in those pages' pending redo.
+    pub pending_records: u64,
 }
 
 /// Rolls back `txn`, whose last record is `last_lsn`, finding its records with `lookup`.
@@ -107,16 +126,65 @@ pub(crate) fn rollback(
     })
 }
 
-/// Restarts from the log: analysis, redo, undo. `engine.next_page` must already cover the
-/// page file; analysis raises it above every page the log names. Returns the report and the
-/// analysis tables as they were at the end of the log before undo (where a decoupled
-/// checkpoint continues from).
+/// How restart brings the store back after a crash.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestartMode {
+    /// ARIES as written: analysis, then redo of every dirty page, then undo of every loser,
+    /// all before open returns. Open takes time in proportion to the dirty set.
+    Classical,
+    /// Analysis only before open returns; redo happens page by page when a page is first read
+    /// (or by a background thread), undo of a loser when a transaction waits for one of its
+    /// locks (or in the background). Open takes time in proportion to the log to analyse.
+    #[default]
+    Instant,
+}
+
+/// A transaction without an end record at the crash whose rollback instant restart left for
+/// later. Until it is rolled back it holds its keys' exclusive locks under its own id.
+#[derive(Debug)]
+pub(crate) struct Loser {
+    pub txn: TxnId,
+    pub last_lsn: Lsn,
+    /// The keys it wrote: the locks it holds.
+    pub keys: Vec<Vec<u8>>,
+    /// Its records from the analysed part of the log (undo reads older ones from the log).
+    pub records: HashMap<Lsn, LogRecord>,
+}
+
+impl Loser {
+    /// The pages its records name: where its rollback will most likely read (a split may
+    /// have moved a key since).
+    pub fn pages(&self) -> std::collections::BTreeSet<crate::page::PageId> {
+        self.records
+            .values()
+            .flat_map(|record| record.pages())
+            .map(|(page, _)| page)
+            .collect()
+    }
+}
+
+/// What restart hands the store.
+pub(crate) struct Restarted {
+    pub report: RestartReport,
+    /// The analysis tables as they were at the end of the log before undo (where a decoupled
+    /// checkpoint continues from).
+    pub analysis: Analysis,
+    /// Instant restart: the losers left to roll back, newest last (classical: none).
+    pub losers: Vec<Loser>,
+}
+
+/// Restarts from the log in `mode`. `engine.next_page` must already cover the page file;
+/// analysis raises it above every page the log names. Classical: analysis, redo, undo. Instant:
+/// analysis, then the pending redo handed to the pool, and the losers returned for the store to
+/// lock and roll back later.
 pub(crate) fn restart(
     engine: &mut Engine,
     master: Option<Master>,
-) -> Result<(RestartReport, Analysis)> {
+    mode: RestartMode,
+) -> Result<Restarted> {
     let mut report = RestartReport::default();
     let log = std::sync::Arc::clone(&engine.log);
+    let started = std::time::Instant::now();
 
     // Analysis: from the checkpoint's tables (or none), every record from its begin on.
     let (mut analysis, start) = match master {
@@ -141,6 +209,9 @@ pub(crate) fn restart(
     };
     // The records of transactions still running, for undo without rereading them.
     let mut undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>> = HashMap::new();
+    // Instant: the page-changing records analysed, kept so that building the pending redo
+    // does not read them again (which ones are pending is known only at the end).
+    let mut analysed_changes: Vec<(Lsn, Arc<LogRecord>)> = Vec::new();
     for item in log.read_from(start)? {
         let (lsn, record) = item?;
         if report.records_analyzed == 0 && lsn != start {
@@ -158,63 +229,199 @@ pub(crate) fn restart(
                 undo_records.remove(&record.txn);
             }
             LogBody::Write { .. } | LogBody::Compensate { .. } => {
+                if mode == RestartMode::Instant {
+                    analysed_changes.push((lsn, Arc::new(record.clone())));
+                }
                 undo_records
                     .entry(record.txn)
                     .or_default()
                     .insert(lsn, record);
+            }
+            LogBody::Structure { .. } if mode == RestartMode::Instant => {
+                analysed_changes.push((lsn, Arc::new(record)));
             }
             _ => {}
         }
     }
     engine.next_page = engine.next_page.max(analysis.next_page());
     report.max_txn = analysis.max_txn();
-
-    // Redo: from the oldest LSN a dirty page may lack, every change its page lacks.
     report.redo_start = analysis.redo_start();
-    if let Some(redo_from) = report.redo_start {
-        for (at, item) in log.read_from(redo_from)?.enumerate() {
-            let (lsn, record) = item?;
-            if at == 0 && lsn != redo_from {
-                // Truncated past a change a stored image lacks: redo would silently miss it.
-                return Err(Error::BadLogRecord {
-                    lsn: redo_from,
-                    source: RecordError::Invalid("the log starts after where redo must start"),
-                });
+    let analysed = started.elapsed();
+
+    match mode {
+        RestartMode::Classical => {
+            redo_everything(engine, &analysis, &mut report)?;
+            undo_everything(engine, &analysis, undo_records, &mut report)?;
+            let last = log.last_lsn();
+            if last > log.durable_lsn() {
+                log.flush(last)?;
             }
-            for (page, _) in record.pages() {
-                if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
-                    let applied = engine.pool.update(page, log.as_ref(), |image| {
-                        btree::redo(page, image, lsn, &record)
-                    })?;
-                    report.redo_applied += u64::from(applied);
-                }
+            Ok(Restarted {
+                report,
+                analysis,
+                losers: Vec::new(),
+            })
+        }
+        RestartMode::Instant => {
+            let pending = pending_redo(
+                engine,
+                &analysis,
+                start,
+                analysed_changes,
+                &mut undo_records,
+            )?;
+            report.pending_pages = pending.pages() as u64;
+            report.pending_records = pending.records() as u64;
+            engine.pool.set_pending(pending);
+            tracing::debug!(?analysed, indexed = ?started.elapsed() - analysed, "instant restart");
+            let losers = analysis
+                .active()
+                .map(|(txn, last_lsn)| Loser {
+                    txn,
+                    last_lsn,
+                    keys: analysis.locks_of(txn),
+                    records: undo_records.remove(&txn).unwrap_or_default(),
+                })
+                .collect::<Vec<_>>();
+            report.losers = losers.iter().map(|l| l.txn).collect();
+            Ok(Restarted {
+                report,
+                analysis,
+                losers,
+            })
+        }
+    }
+}
+
+/// The log was truncated past a change a stored image lacks: redo would silently miss it.
+fn log_starts_too_late(redo_from: Lsn) -> Error {
+    Error::BadLogRecord {
+        lsn: redo_from,
+        source: RecordError::Invalid("the log starts after where redo must start"),
+    }
+}
+
+/// Classical redo: from the oldest LSN a dirty page may lack, every change its page lacks.
+fn redo_everything(
+    engine: &mut Engine,
+    analysis: &Analysis,
+    report: &mut RestartReport,
+) -> Result<()> {
+    let Some(redo_from) = report.redo_start else {
+        return Ok(());
+    };
+    let log = Arc::clone(&engine.log);
+    for (at, item) in log.read_from(redo_from)?.enumerate() {
+        let (lsn, record) = item?;
+        if at == 0 && lsn != redo_from {
+            return Err(log_starts_too_late(redo_from));
+        }
+        for (page, _) in record.pages() {
+            if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
+                let applied = engine
+                    .pool
+                    .update(page, log.as_ref(), |image| redo(page, image, lsn, &record))?;
+                report.redo_applied += u64::from(applied);
             }
         }
     }
+    Ok(())
+}
 
-    // Undo: roll back every loser, newest transaction first. Losers held exclusive locks on
-    // the keys they wrote, so no two of them wrote the same key and the order among them does
-    // not change the result.
+/// Instant restart's redo index: for every page analysis found dirty, the changes from its
+/// `rec_lsn` on. The records from the analysis start on were kept by analysis; those between
+/// the redo start and the analysis start (a page dirty since before the checkpoint) are read
+/// here, and with them the losers' records among them (so that their rollback, under the
+/// engine latch, need not look for them in the log). No page is read.
+fn pending_redo(
+    engine: &Engine,
+    analysis: &Analysis,
+    analysis_start: Lsn,
+    analysed_changes: Vec<(Lsn, Arc<LogRecord>)>,
+    undo_records: &mut HashMap<TxnId, HashMap<Lsn, LogRecord>>,
+) -> Result<PendingRedo> {
+    let losers: std::collections::HashSet<TxnId> = analysis.active().map(|(txn, _)| txn).collect();
+    let mut pending = PendingRedo::default();
+    let Some(redo_from) = analysis.redo_start() else {
+        return Ok(pending);
+    };
+    let mut add = |lsn: Lsn, record: Arc<LogRecord>| {
+        for (page, _) in record.pages() {
+            if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
+                pending.push(page, lsn, Arc::clone(&record));
+            }
+        }
+    };
+    if redo_from < analysis_start {
+        for (at, item) in engine.log.read_from(redo_from)?.enumerate() {
+            let (lsn, record) = item?;
+            if at == 0 && lsn != redo_from {
+                return Err(log_starts_too_late(redo_from));
+            }
+            if lsn >= analysis_start {
+                break;
+            }
+            if losers.contains(&record.txn) {
+                undo_records
+                    .entry(record.txn)
+                    .or_default()
+                    .insert(lsn, record.clone());
+            }
+            if !record.pages().is_empty() {
+                add(lsn, Arc::new(record));
+            }
+        }
+    }
+    for (lsn, record) in analysed_changes {
+        add(lsn, record);
+    }
+    Ok(pending)
+}
+
+/// Classical undo: roll back every loser, newest transaction first. Losers held exclusive
+/// locks on the keys they wrote, so no two of them wrote the same key and the order among them
+/// does not change the result.
+fn undo_everything(
+    engine: &mut Engine,
+    analysis: &Analysis,
+    mut undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>>,
+    report: &mut RestartReport,
+) -> Result<()> {
     let losers: Vec<(TxnId, Lsn)> = analysis.active().collect();
     for &(txn, last_lsn) in losers.iter().rev() {
-        let records = undo_records.remove(&txn).unwrap_or_default();
-        rollback(
-            engine,
+        let loser = Loser {
             txn,
             last_lsn,
-            |lsn| {
-                records
-                    .get(&lsn)
-                    .cloned()
-                    .or_else(|| read_one(log.as_ref(), lsn).ok())
-            },
-            &mut report.compensations,
-        )?;
+            keys: Vec::new(),
+            records: undo_records.remove(&txn).unwrap_or_default(),
+        };
+        undo_loser(engine, &loser, &mut report.compensations)?;
         report.losers.push(txn);
     }
-    let last = log.last_lsn();
-    if last > log.durable_lsn() {
-        log.flush(last)?;
-    }
-    Ok((report, analysis))
+    Ok(())
+}
+
+/// Rolls back one loser of a restart, with compensation records and its `Aborted` record.
+///
+/// # Errors
+/// As [`rollback`].
+pub(crate) fn undo_loser(
+    engine: &mut Engine,
+    loser: &Loser,
+    compensations: &mut u64,
+) -> Result<Lsn> {
+    let log = Arc::clone(&engine.log);
+    rollback(
+        engine,
+        loser.txn,
+        loser.last_lsn,
+        |lsn| {
+            loser
+                .records
+                .get(&lsn)
+                .cloned()
+                .or_else(|| read_one(log.as_ref(), lsn).ok())
+        },
+        compensations,
+    )
 }

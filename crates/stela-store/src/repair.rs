@@ -21,7 +21,6 @@
 //! changes from its `rec_lsn` on, and all of them are durable in the log or the archive.
 
 use crate::archive::LogArchive;
-use crate::btree;
 use crate::error::{Error, Result};
 use crate::format::DirtyPage;
 use crate::log::LogDevice;
@@ -186,7 +185,7 @@ pub fn rebuild(
         let mut page = base.clone();
         let (history, archived) = archive.page_history(id, page.lsn)?;
         for (lsn, record) in history.iter().take_while(|(lsn, _)| *lsn <= upto) {
-            btree::redo(id, &mut page, *lsn, record)?;
+            crate::redo::redo(id, &mut page, *lsn, record)?;
         }
         let from = archived.max(page.lsn).next();
         let mut first_seen = None;
@@ -197,7 +196,7 @@ pub fn rebuild(
             }
             first_seen.get_or_insert(lsn);
             if record.pages().iter().any(|&(p, _)| p == id) {
-                btree::redo(id, &mut page, lsn, &record)?;
+                crate::redo::redo(id, &mut page, lsn, &record)?;
             }
         }
         // The log starts after `from` only if it was truncated behind an archive that grew

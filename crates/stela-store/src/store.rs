@@ -23,6 +23,15 @@
 //!   thread) archives the durable log, merges runs, and truncates the log below what
 //!   `retention` says every reader still needs; it holds the checkpoint mutex meanwhile, so the
 //!   master record it synced stays the one its bound was computed from.
+//! - After an instant restart ([`RestartMode::Instant`]) new transactions run while restart's
+//!   work is still pending. Redo is the pool's (a page is redone when first read). Each loser
+//!   holds the exclusive locks of the keys it wrote, taken under its own id before open
+//!   returns, so no new transaction sees its writes; it is rolled back, under the engine latch
+//!   like an abort, by whichever comes first: the background restart thread, or a transaction
+//!   about to wait for one of its locks, which rolls it back itself rather than wait behind the
+//!   whole queue of losers. Its locks are released once its `Aborted` record is appended. The
+//!   transaction table holds losers from open until then, so a classical checkpoint taken
+//!   meanwhile records them.
 
 use crate::archive::{ArchiveReport, LogArchive};
 use crate::btree::Engine;
@@ -35,14 +44,14 @@ use crate::log::LogDevice;
 use crate::page::{MAX_KEY, MAX_VALUE};
 use crate::pagefile::PageFile;
 use crate::pool::{BufferPool, PoolStats};
-use crate::recovery::{self, RestartReport};
+use crate::recovery::{self, Loser, RestartMode, RestartReport};
 use crate::repair::PageRepair;
 use crate::retention::LogNeeds;
 use crate::tail::{Consumer, LogTail};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -81,13 +90,28 @@ pub struct StoreOptions {
     /// Evict a dirty page whose records are durable without writing it; its next read
     /// rebuilds it from the archive and the log. Needs `archive`.
     pub elide_writes: bool,
+    /// How restart after a crash runs: classical ARIES before open returns, or instant (open
+    /// after analysis, redo and undo on demand and in the background).
+    pub restart: RestartMode,
+    /// Instant restart only: whether a background thread finishes restart's redo and undo.
+    /// Without it they happen only on demand (a page read, a lock wait), and at
+    /// [`Store::close`] or [`Store::finish_recovery`]; tests use that to see the on-demand
+    /// paths at work.
+    pub recover_in_background: bool,
 }
 
 impl Default for StoreOptions {
     fn default() -> StoreOptions {
         StoreOptions {
             pool_pages: 1024,
-            wal: WalOptions::default().type_tag(crate::log::TYPE_TAG),
+            // The log's open must not grow with the log, or instant restart would not be
+            // instant: it verifies only the last segment (restart checks every record it
+            // reads anyway), and segments of 8 MiB bound what that verification, and every
+            // read that starts inside a segment (restart's, at a checkpoint), scans first.
+            wal: WalOptions::default()
+                .type_tag(crate::log::TYPE_TAG)
+                .verify_on_open(false)
+                .segment_bytes(8 << 20),
             checkpoints: CheckpointKind::Decoupled,
             cleaner: CleanerKind::Decoupled,
             checkpoint_interval: None,
@@ -96,6 +120,8 @@ impl Default for StoreOptions {
             archive: false,
             archive_interval: None,
             elide_writes: false,
+            restart: RestartMode::Instant,
+            recover_in_background: true,
         }
     }
 }
@@ -150,7 +176,36 @@ impl StoreOptions {
         self.elide_writes = elide;
         self
     }
+
+    pub fn restart(mut self, mode: RestartMode) -> Self {
+        self.restart = mode;
+        self
+    }
+
+    pub fn recover_in_background(mut self, background: bool) -> Self {
+        self.recover_in_background = background;
+        self
+    }
 }
+
+/// Restart work an instant restart has not done yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryPending {
+    /// Pages whose redo is still pending (not read since the restart).
+    pub pages: usize,
+    /// Losers not rolled back yet.
+    pub losers: usize,
+}
+
+impl RecoveryPending {
+    pub fn is_done(&self) -> bool {
+        self.pages == 0 && self.losers == 0
+    }
+}
+
+/// Pages the background restart thread redoes per hold of the engine latch: small enough that
+/// a transaction waits at most a few page reads for the latch.
+const DRAIN_BATCH: usize = 16;
 
 /// Most records the in-memory log tail holds for the decoupled services (about 200 bytes
 /// each); past it they read the log files.
@@ -178,6 +233,12 @@ struct Shared {
     cleaning: Mutex<HashMap<crate::page::PageId, crate::page::Page>>,
     /// The log archive, if the store keeps one.
     archive: Option<Arc<LogArchive>>,
+    /// Losers of an instant restart not yet being rolled back. One is taken out of the map by
+    /// the thread that rolls it back, so no loser is rolled back twice.
+    losers: Mutex<BTreeMap<TxnId, Loser>>,
+    /// Losers whose rollback has not completed (includes one being rolled back); zero lets
+    /// lock acquisition skip looking for losers.
+    losers_left: AtomicUsize,
 }
 
 /// A transactional key-value store. See the crate documentation.
@@ -202,7 +263,9 @@ impl Store {
     pub fn open(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let dir = dir.as_ref();
         options.wal.storage.create_dir_all(dir)?;
+        let started = std::time::Instant::now();
         let wal: Wal<LogRecord> = Wal::open(dir.join("log"), options.wal.clone())?;
+        tracing::debug!(elapsed = ?started.elapsed(), "log opened");
         let options = if options.wal.sync == SyncMode::None {
             options.sync_pages(false)
         } else {
@@ -301,7 +364,8 @@ impl Store {
                 .attach_repair(PageRepair::new(Arc::clone(archive), options.elide_writes));
         }
         let master = Master::read(storage.as_ref(), dir)?;
-        let (restart, analysis) = recovery::restart(&mut engine, master)?;
+        let restarted = recovery::restart(&mut engine, master, options.restart)?;
+        let (restart, analysis) = (restarted.report, restarted.analysis);
         tracing::debug!(?restart, "store restarted");
         if options.cleaner == CleanerKind::Decoupled {
             // Every change below redo's start is in the stored images (analysis found no page
@@ -327,7 +391,24 @@ impl Store {
             checkpointer: Mutex::new(Decoupled { analysis }),
             cleaning: Mutex::new(HashMap::new()),
             archive,
+            losers_left: AtomicUsize::new(restarted.losers.len()),
+            losers: Mutex::new(BTreeMap::new()),
         });
+        {
+            // Before any transaction can begin: the losers' locks and transaction-table entries.
+            // The lock table is empty, so no acquisition waits.
+            let mut txns = shared.txns.lock().unwrap_or_else(|p| p.into_inner());
+            let mut losers = shared.losers.lock().unwrap_or_else(|p| p.into_inner());
+            for loser in restarted.losers {
+                for key in &loser.keys {
+                    shared.locks.acquire(loser.txn, key, LockMode::Exclusive)?;
+                }
+                // Its first record is not known here (the chain may reach before the
+                // checkpoint): keep the whole log until it is rolled back, which is soon.
+                txns.insert(loser.txn, (Lsn::FIRST, loser.last_lsn));
+                losers.insert(loser.txn, loser);
+            }
+        }
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let mut services = Vec::new();
         if let Some(interval) = options.checkpoint_interval {
@@ -357,12 +438,43 @@ impl Store {
                 |s| s.archive().map(|_| ()),
             )?);
         }
+        let pending = shared.recovery_pending();
+        if options.recover_in_background && !pending.is_done() {
+            services.push(spawn_restart_worker(&shared, &stop)?);
+        }
         Ok(Store {
             shared,
             restart,
             stop,
             services,
         })
+    }
+
+    /// What an instant restart has left to do (nothing after a classical one).
+    pub fn recovery_pending(&self) -> RecoveryPending {
+        self.shared.recovery_pending()
+    }
+
+    /// Does in this thread whatever an instant restart has left to do (the background thread,
+    /// if any, keeps taking its share meanwhile); returns once nothing is left.
+    ///
+    /// # Errors
+    /// Log and page errors of the redo or the undo (the store is then poisoned for log and I/O
+    /// errors); [`Error::Poisoned`].
+    pub fn finish_recovery(&self) -> Result<()> {
+        loop {
+            if self.shared.recovery_step()? {
+                continue;
+            }
+            if self.shared.losers_left.load(Ordering::Acquire) == 0 {
+                return Ok(());
+            }
+            // A loser another thread is rolling back: wait for its end.
+            if self.shared.poisoned.load(Ordering::Acquire) {
+                return Err(Error::Poisoned);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Starts a transaction.
@@ -437,6 +549,7 @@ impl Store {
     /// I/O and log errors; [`Error::Poisoned`].
     pub fn close(mut self) -> Result<()> {
         self.stop_services();
+        self.finish_recovery()?;
         let shared = &self.shared;
         {
             let mut engine = shared.engine()?;
@@ -495,6 +608,31 @@ fn spawn_service(
                     return;
                 }
                 tracing::warn!(service = %name_for_log, %error, "persistence service failed");
+            }
+        })?)
+}
+
+/// The background thread of an instant restart: rolls back the losers, then redoes the pending
+/// pages, a step at a time, until nothing is left or the store stops. A failure poisons the
+/// store where it must (and is logged); the work left is then the next restart's.
+fn spawn_restart_worker(
+    shared: &Arc<Shared>,
+    stop: &Arc<(Mutex<bool>, Condvar)>,
+) -> Result<JoinHandle<()>> {
+    let (shared, stop) = (Arc::clone(shared), Arc::clone(stop));
+    Ok(std::thread::Builder::new()
+        .name("stela-store-restart".to_owned())
+        .spawn(move || loop {
+            if *stop.0.lock().unwrap_or_else(|p| p.into_inner()) {
+                return;
+            }
+            match shared.recovery_step() {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "background restart failed");
+                    return;
+                }
             }
         })?)
 }
@@ -645,12 +783,113 @@ impl Shared {
         Ok(removed)
     }
 
+    fn recovery_pending(&self) -> RecoveryPending {
+        RecoveryPending {
+            pages: self.engine().map_or(0, |e| e.pool.pending_pages()),
+            losers: self.losers_left.load(Ordering::Acquire),
+        }
+    }
+
+    /// One step of an instant restart's remaining work: roll back the newest loser left, or
+    /// else redo a batch of pending pages. Losers first, because new transactions may be
+    /// waiting for their locks. Returns whether there was anything to do.
+    fn recovery_step(&self) -> Result<bool> {
+        let newest = self
+            .losers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .next_back()
+            .copied();
+        if let Some(txn) = newest {
+            self.undo_loser(txn)?;
+            return Ok(true);
+        }
+        let pages = self.engine()?.pool.pending_first(DRAIN_BATCH);
+        if pages.is_empty() {
+            return Ok(false);
+        }
+        // The disk reads outside the engine latch, so that under it the pool finds the pages
+        // in the OS's cache and new transactions wait for the latch as little as possible.
+        // A failed read here is the pool's to report, when it reads the page for real.
+        for &page in &pages {
+            let _ = self.file.warm(page);
+        }
+        let mut engine = self.engine()?;
+        let log = Arc::clone(&engine.log);
+        let redone = engine.pool.redo_pending(&pages, log.as_ref());
+        self.check(redone)?;
+        Ok(true)
+    }
+
+    /// Rolls back loser `txn` if no other thread has taken it, then releases its locks.
+    fn undo_loser(&self, txn: TxnId) -> Result<()> {
+        let Some(loser) = self
+            .losers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&txn)
+        else {
+            return Ok(());
+        };
+        // As for the drain: the pages it will read, read first outside the latch.
+        for page in loser.pages() {
+            let _ = self.file.warm(page);
+        }
+        let result = self.engine().and_then(|mut engine| {
+            let mut compensations = 0;
+            recovery::undo_loser(&mut engine, &loser, &mut compensations)?;
+            // With its end record: see the transaction table's rule.
+            self.txns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&txn);
+            Ok(())
+        });
+        match result {
+            Ok(()) => {
+                self.losers_left.fetch_sub(1, Ordering::AcqRel);
+                self.locks.release_all(txn);
+                Ok(())
+            }
+            Err(error) => {
+                // Its locks stay held, so its writes stay invisible; another step may retry
+                // (unless the store is now poisoned, and the next open rolls it back).
+                self.losers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(txn, loser);
+                self.check(Err(error))
+            }
+        }
+    }
+
+    /// Takes `txn` its lock on `key`, rolling back first any loser of an instant restart that
+    /// holds it (rather than waiting for the background thread to come to it).
+    fn lock(&self, txn: TxnId, key: &[u8], mode: LockMode) -> Result<()> {
+        if self.losers_left.load(Ordering::Acquire) > 0 {
+            for blocker in self.locks.blockers(txn, key, mode) {
+                let is_loser = self
+                    .losers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(&blocker);
+                if is_loser {
+                    self.undo_loser(blocker)?;
+                }
+            }
+        }
+        self.locks.acquire(txn, key, mode)
+    }
+
     fn clean(&self) -> Result<CleanReport> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
         let mut cache = self.cleaning.lock().unwrap_or_else(|p| p.into_inner());
         let result = match self.options.cleaner {
+            // The classical cleaner writes only what the pool holds: pages with redo pending
+            // stay as they are stored (and dirty in the tables) until read.
             CleanerKind::Classical => {
                 cleaner::classical_round(&self.engine, self.log.as_ref(), &self.file)
             }
@@ -696,7 +935,7 @@ impl Transaction<'_> {
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
         let store = &*self.store.shared;
-        store.locks.acquire(self.id, key, LockMode::Shared)?;
+        store.lock(self.id, key, LockMode::Shared)?;
         store.check(store.engine()?.get(key))
     }
 
@@ -713,7 +952,7 @@ impl Transaction<'_> {
             });
         }
         let store = &*self.store.shared;
-        store.locks.acquire(self.id, key, LockMode::Exclusive)?;
+        store.lock(self.id, key, LockMode::Exclusive)?;
         let mut engine = store.engine()?;
         let written = self.write(&mut engine, key, Some(value));
         store.check(written)
@@ -726,7 +965,7 @@ impl Transaction<'_> {
     pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
         check_key(key)?;
         let store = &*self.store.shared;
-        store.locks.acquire(self.id, key, LockMode::Exclusive)?;
+        store.lock(self.id, key, LockMode::Exclusive)?;
         let mut engine = store.engine()?;
         let deleted = match engine.get(key) {
             Ok(None) => Ok(false),
@@ -772,7 +1011,7 @@ impl Transaction<'_> {
             }
             let must_lock: BTreeSet<Vec<u8>> = must_lock.into_iter().collect();
             for key in must_lock {
-                store.locks.acquire(self.id, &key, LockMode::Shared)?;
+                store.lock(self.id, &key, LockMode::Shared)?;
             }
         }
     }

@@ -1,6 +1,9 @@
 //! The B+tree and the whole store against a `BTreeMap` model, under random puts, deletes,
 //! gets, scans, commits, aborts, checkpoints, cleaning rounds and crashes, with each kind of
-//! checkpoint and each page cleaner.
+//! checkpoint and each page cleaner, and each restart mode (instant with and without its
+//! background thread: without it, redo and undo happen only on demand, so the operations after
+//! a restart, checkpoints and cleaning rounds included, run while most of it is pending, and a
+//! crash then lands in the middle of the restart).
 //!
 //! Keys are long (up to ~600 bytes) and values up to 600 bytes, so leaves and internal nodes
 //! split after a few dozen operations; the pool has 8 frames, so dirty pages of running
@@ -17,7 +20,7 @@ mod common;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use stela_store::{CheckpointKind, CleanerKind, Store, StoreOptions, Transaction};
+use stela_store::{CheckpointKind, CleanerKind, RestartMode, Store, StoreOptions, Transaction};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -94,13 +97,28 @@ fn summary(entries: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>) -> Vec<(String
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    run_with(ops, CheckpointKind::Decoupled, CleanerKind::Decoupled)
+    for (mode, background) in [
+        (RestartMode::Classical, true),
+        (RestartMode::Instant, true),
+        (RestartMode::Instant, false),
+    ] {
+        run_with(
+            ops.clone(),
+            CheckpointKind::Decoupled,
+            CleanerKind::Decoupled,
+            mode,
+            background,
+        )?;
+    }
+    Ok(())
 }
 
 fn run_with(
     ops: Vec<Op>,
     checkpoints: CheckpointKind,
     cleaner: CleanerKind,
+    restart: RestartMode,
+    background: bool,
 ) -> Result<(), TestCaseError> {
     // Intervals far longer than a test: the services run only when the ops say, but the store
     // keeps its in-memory log tail for them as it does when they run on their own.
@@ -111,6 +129,8 @@ fn run_with(
             .cleaner(cleaner)
             .checkpoint_interval(hour)
             .clean_interval(hour)
+            .restart(restart)
+            .recover_in_background(background)
     };
     let dir = tempfile::tempdir().unwrap();
     let mut committed: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
@@ -196,8 +216,10 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..400),
         checkpoints in prop_oneof![Just(CheckpointKind::Classical), Just(CheckpointKind::Decoupled)],
         cleaner in prop_oneof![Just(CleanerKind::Classical), Just(CleanerKind::Decoupled)],
+        restart in prop_oneof![Just(RestartMode::Classical), Just(RestartMode::Instant)],
+        background in any::<bool>(),
     ) {
-        run_with(ops, checkpoints, cleaner)?;
+        run_with(ops, checkpoints, cleaner, restart, background)?;
     }
 }
 
@@ -234,9 +256,26 @@ fn a_workload_of_this_size_splits_internal_nodes_and_steals() {
         largest_structure_change >= 4,
         "{largest_structure_change} pages"
     );
-    let store = Store::open(dir.path(), common::options()).unwrap();
+    let copy = common::copy_store(dir.path());
+    let options = common::options().restart(RestartMode::Classical);
+    let store = Store::open(dir.path(), options).unwrap();
     assert_eq!(common::contents(&store).len(), 300);
     assert!(store.restart_report().redo_applied > 0);
+    // Instant: nothing redone at open, every page left pending is redone when read.
+    let options = common::options()
+        .restart(RestartMode::Instant)
+        .recover_in_background(false);
+    let store = Store::open(copy.path(), options).unwrap();
+    let report = store.restart_report().clone();
+    assert_eq!(report.redo_applied, 0);
+    assert!(report.pending_pages > 8, "{report:?}");
+    assert_eq!(common::contents(&store).len(), 300);
+    assert_eq!(
+        store.pool_stats().redone_on_read,
+        report.pending_pages,
+        "a full scan reads every page"
+    );
+    assert!(store.recovery_pending().is_done());
 }
 
 /// The case the property test above recorded (shrunk) before it was fixed; see the commit that

@@ -9,7 +9,7 @@
 //!   that stops after record `k`, for every `k`: the crash lands between a checkpoint's begin
 //!   and end, between a cleaner's page writes and its `PagesWritten` record, in the middle of
 //!   a rollback. The reopened store must hold exactly the committed transactions, for every
-//!   pairing of checkpoint kind and cleaner.
+//!   pairing of checkpoint kind and cleaner, restarted in either mode.
 //! - Restart starts from the latest checkpoint (it reads less than the whole log), and after
 //!   the decoupled cleaner caught up, eviction drops dirty pages without writing them.
 
@@ -149,14 +149,19 @@ fn a_crash_at_every_record_with_checkpoints_and_cleaning_keeps_the_committed_sta
                 options(checkpoints, cleaner),
             )
             .unwrap();
-            let committed = run_until_crash(&store, &steps);
+            let committed: Vec<_> = run_until_crash(&store, &steps).into_iter().collect();
             drop(store);
-            let store = Store::open(dir.path(), options(checkpoints, cleaner)).unwrap();
-            assert_eq!(
-                common::contents(&store),
-                committed.into_iter().collect::<Vec<_>>(),
-                "{checkpoints:?} checkpoints, {cleaner:?} cleaner: crash after record {k}"
-            );
+            for mode in common::MODES {
+                let copy = common::copy_store(dir.path());
+                let options = options(checkpoints, cleaner).restart(mode);
+                let store = Store::open(copy.path(), options).unwrap();
+                assert_eq!(
+                    common::contents(&store),
+                    committed,
+                    "{checkpoints:?} checkpoints, {cleaner:?} cleaner, {mode:?} restart: crash \
+                     after record {k}"
+                );
+            }
         }
     }
 }

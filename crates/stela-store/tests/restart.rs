@@ -12,11 +12,17 @@
 //! compensation), over and over until one restart gets through: the result must be the same,
 //! and no write may have been compensated twice (a compensation's `undo_next` is followed, not
 //! the undone write again).
+//!
+//! Every crash is restarted in both modes (from copies of the same files). An instant restart
+//! is read while its redo and undo are still under way, then crashed again before it has
+//! finished, and the store restarted once more (the other mode) must still hold exactly the
+//! committed state. An instant restart that dies counts from the open to the end of its
+//! background work.
 
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use stela_store::{LogBody, LogRecord, Store, Transaction};
+use stela_store::{LogBody, LogRecord, RestartMode, Store, Transaction};
 use stela_wal::Wal;
 
 enum End {
@@ -168,15 +174,33 @@ fn a_crash_at_every_record_keeps_exactly_the_committed_transactions() {
         .unwrap();
         let committed = run_until_crash(&store);
         drop(store);
+        let committed: Vec<_> = committed.into_iter().collect();
 
-        let store = Store::open(dir.path(), common::options()).unwrap();
-        assert_eq!(
-            common::contents(&store),
-            committed.clone().into_iter().collect::<Vec<_>>(),
-            "crash after record {k}"
-        );
-        drop(store);
-        check_compensations(&log_records(dir.path()));
+        for mode in common::MODES {
+            let dir = common::copy_store(dir.path());
+            let options = common::options().restart(mode);
+            let store = Store::open(dir.path(), options.clone()).unwrap();
+            assert_eq!(
+                common::contents(&store),
+                committed,
+                "{mode:?} restart, crash after record {k}"
+            );
+            // Instant: the background redo and undo may not have finished; a crash now must
+            // lose nothing either.
+            drop(store);
+            let again = match mode {
+                RestartMode::Classical => RestartMode::Instant,
+                RestartMode::Instant => RestartMode::Classical,
+            };
+            let store = Store::open(dir.path(), common::options().restart(again)).unwrap();
+            assert_eq!(
+                common::contents(&store),
+                committed,
+                "{mode:?} restart crashed, then {again:?}, crash after record {k}"
+            );
+            drop(store);
+            check_compensations(&log_records(dir.path()));
+        }
     }
 }
 
@@ -210,29 +234,35 @@ fn interrupted_restarts_end_in_the_committed_state(stride: usize) {
         let committed = run_until_crash(&store);
         drop(store);
 
-        // Each restart may write one record more than the last before it dies.
-        let mut attempts = 0;
-        let mut durable = log_records(dir.path()).len() as u64;
-        let store = loop {
-            let log = common::StopAfter::open(dir.path(), durable + 1);
-            match Store::open_with_log(dir.path(), log.clone(), common::options()) {
-                Ok(store) => break store,
-                Err(_) => {
-                    // The log the failed restart wrote to, read before it is closed.
-                    durable = log.wal.last_lsn().get();
-                    attempts += 1;
-                    assert!(attempts < 200, "crash after {k}: restart makes no progress");
+        for mode in common::MODES {
+            let dir = common::copy_store(dir.path());
+            let options = common::options().restart(mode);
+            // Each restart may write one record more than the last before it dies.
+            let mut attempts = 0;
+            let mut durable = log_records(dir.path()).len() as u64;
+            let store = loop {
+                let log = common::StopAfter::open(dir.path(), durable + 1);
+                let restarted = Store::open_with_log(dir.path(), log.clone(), options.clone())
+                    .and_then(|store| store.finish_recovery().map(|()| store));
+                match restarted {
+                    Ok(store) => break store,
+                    Err(_) => {
+                        // The log the failed restart wrote to, read before it is closed.
+                        durable = log.wal.last_lsn().get();
+                        attempts += 1;
+                        assert!(attempts < 200, "crash after {k}: restart makes no progress");
+                    }
                 }
-            }
-        };
-        interrupted_restarts += attempts;
-        assert_eq!(
-            common::contents(&store),
-            committed.clone().into_iter().collect::<Vec<_>>(),
-            "crash after record {k}, then {attempts} interrupted restarts"
-        );
-        drop(store);
-        check_compensations(&log_records(dir.path()));
+            };
+            interrupted_restarts += attempts;
+            assert_eq!(
+                common::contents(&store),
+                committed.clone().into_iter().collect::<Vec<_>>(),
+                "{mode:?}: crash after record {k}, then {attempts} interrupted restarts"
+            );
+            drop(store);
+            check_compensations(&log_records(dir.path()));
+        }
     }
     assert!(
         interrupted_restarts > crash_points,

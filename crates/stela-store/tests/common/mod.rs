@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use stela_format::Lsn;
 use stela_store::log::RecordIter;
-use stela_store::{Error, LogDevice, LogRecord, Result, Store, StoreOptions};
+use stela_store::{Error, LogDevice, LogRecord, RestartMode, Result, Store, StoreOptions};
 use stela_wal::{SyncMode, Wal};
 
 /// Small pool (the minimum, 8 frames) so that dirty pages are evicted while their transactions
@@ -88,4 +88,27 @@ pub fn crash<T>(txn: Option<T>) {
         // Dropping a transaction aborts it; a crash does not.
         std::mem::forget(txn);
     }
+}
+
+/// Both restart modes, for the tests that crash and restart.
+pub const MODES: [RestartMode; 2] = [RestartMode::Classical, RestartMode::Instant];
+
+/// A copy of a crashed store's files (log, pages, master record), so that one crash can be
+/// restarted in each mode without running the workload again.
+pub fn copy_store(from: &Path) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+    let to = tempfile::tempdir().unwrap();
+    copy(from, to.path());
+    to
 }
