@@ -500,6 +500,9 @@ fn a_page_dirty_since_before_the_checkpoint_keeps_its_changes_in_the_log() {
     let store = Store::open(dir.path(), options).unwrap();
     // Redo had the records to apply: at open (classical) or left pending (instant).
     let restart = store.restart_report();
-    assert!(restart.redo_applied + restart.pending_records > 0, "{restart:?}");
+    assert!(
+        restart.redo_applied + restart.pending_records > 0,
+        "{restart:?}"
+    );
     assert_eq!(contents_map(&store), model);
 }
