@@ -12,16 +12,17 @@
 //!   not, is visible;
 //! - at most one history row per thread beyond the acknowledged ones (the commit in flight).
 //!
-//! Kill moments come from `STELA_STORE_SEED`, printed so a failure can be replayed.
+//! Kill moments come from the seed the shared test generator prints (`common::records::Rng`),
+//! so a failure can be replayed.
 
 mod common;
 
+use common::records::Rng;
 use common::Daemon;
 use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use stela_client::{Durability, WalOptions};
 use stela_store::{Error, Store, StoreOptions};
 
@@ -53,27 +54,6 @@ fn open(store_dir: &std::path::Path, daemon: &Daemon) -> Store {
     .expect("the store opens on the daemon")
 }
 
-fn seed() -> u64 {
-    let seed = std::env::var("STELA_STORE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("STELA_STORE_SEED={seed}");
-    seed
-}
-
-fn next(state: &mut u64) -> u64 {
-    *state = state
-        .wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add(1_442_695_040_888_963_407);
-    *state >> 33
-}
-
 /// One transfer; `Ok(false)` when it was a deadlock victim (aborted, to be retried).
 fn transfer(store: &Store, from: u32, to: u32, amount: i64, row: &[u8]) -> Result<bool, Error> {
     let mut txn = store.begin();
@@ -101,7 +81,7 @@ fn disk_commits_survive_the_daemon_sigkill() {
     let daemon_dir = base.path().join("daemon");
     let store_dir = base.path().join("store");
     std::fs::create_dir_all(&daemon_dir).unwrap();
-    let mut rng = seed();
+    let mut rng = Rng::from_env("disk_commits_survive_the_daemon_sigkill");
     let mut daemon = Daemon::start(&daemon_dir, &[]);
     {
         let store = open(&store_dir, &daemon);
@@ -122,13 +102,12 @@ fn disk_commits_survive_the_daemon_sigkill() {
                 let store = Arc::clone(&store);
                 let acknowledged = Arc::clone(&acknowledged);
                 let failed = Arc::clone(&failed);
-                let mut rng = rng ^ (u64::from(thread + 1) * 0x9E37_79B9);
+                let mut rng = rng.split();
                 std::thread::spawn(move || {
                     for seq in 0.. {
-                        let from = (next(&mut rng) % u64::from(ACCOUNTS)) as u32;
-                        let to = (from + 1 + (next(&mut rng) % u64::from(ACCOUNTS - 1)) as u32)
-                            % ACCOUNTS;
-                        let amount = (next(&mut rng) % 50) as i64 + 1;
+                        let from = rng.below(u64::from(ACCOUNTS)) as u32;
+                        let to = (from + 1 + rng.below(u64::from(ACCOUNTS - 1)) as u32) % ACCOUNTS;
+                        let amount = rng.below(50) as i64 + 1;
                         let row = history(thread, round, seq);
                         match transfer(&store, from, to, amount, &row) {
                             Ok(true) => {
@@ -144,7 +123,7 @@ fn disk_commits_survive_the_daemon_sigkill() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300 + next(&mut rng) % 700));
+        std::thread::sleep(rng.millis(300, 1000));
         let acked_before_kill = acknowledged.lock().unwrap().len();
         daemon.kill();
         for worker in workers {

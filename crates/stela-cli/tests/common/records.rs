@@ -93,6 +93,11 @@ impl Rng {
         mix(self.0) % n
     }
 
+    /// A generator of its own (for another thread), seeded from this one.
+    pub fn split(&mut self) -> Rng {
+        Rng(mix(self.below(u64::MAX)))
+    }
+
     pub fn millis(&mut self, from: u64, to: u64) -> Duration {
         Duration::from_millis(from + self.below(to - from))
     }
