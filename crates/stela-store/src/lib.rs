@@ -102,6 +102,7 @@ pub mod redo;
 pub mod repair;
 pub mod retention;
 pub mod store;
+mod sync;
 pub mod tail;
 
 pub use archive::{ArchiveReport, LogArchive};
