@@ -10,7 +10,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stela_store::archive_format::{decode_entries, decode_run, encode_run};
+use stela_format::Lsn;
+use stela_store::archive_format::{decode_entries, decode_entries_within, decode_run, encode_run};
 
 fuzz_target!(|bytes: &[u8]| {
     let Ok((index, entries)) = decode_run(bytes) else {
@@ -26,8 +27,31 @@ fuzz_target!(|bytes: &[u8]| {
             index.range,
         )
         .expect("a page's stretch decodes alone as it did within the run");
-        let within: Vec<_> = entries.iter().filter(|e| e.page == page.page).cloned().collect();
+        let within: Vec<_> = entries
+            .iter()
+            .filter(|e| e.page == page.page)
+            .cloned()
+            .collect();
         assert_eq!(alone, within);
+        // A window over the page's history: exactly its entries, the rest only checked.
+        if let Some(middle) = within.get(within.len() / 2) {
+            let wanted = middle.lsn..=Lsn::MAX;
+            let tail = decode_entries_within(
+                &bytes[stretch.start as usize..stretch.end as usize],
+                stretch.start,
+                page.page,
+                count,
+                index.range,
+                wanted.clone(),
+            )
+            .expect("a window of a stretch that decodes whole decodes");
+            let expected: Vec<_> = within
+                .iter()
+                .filter(|e| wanted.contains(&e.lsn))
+                .cloned()
+                .collect();
+            assert_eq!(tail, expected);
+        }
     }
     let again = encode_run(index.range, entries.clone()).expect("decoded entries encode");
     let (index_again, entries_again) = decode_run(&again).expect("a re-encoded run decodes");

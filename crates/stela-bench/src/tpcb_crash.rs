@@ -124,6 +124,21 @@ struct Fault {
     in_flight_visible: u64,
     losers_rolled_back: u64,
     restart_ms: f64,
+    /// What the restart after the fault read: records analysed, where redo started (0: no
+    /// page was dirty) and the (record, page) pairs it left pending (instant restart).
+    analyzed: u64,
+    redo_start: u64,
+    pending_records: u64,
+}
+
+/// What the check after a fault found, and what its restart did.
+struct Restarted {
+    in_flight_visible: u64,
+    losers_rolled_back: u64,
+    restart_ms: f64,
+    analyzed: u64,
+    redo_start: u64,
+    pending_records: u64,
 }
 
 /// The last line of `--json`. `lost` and `uncommitted_visible` are counted by the checks
@@ -305,7 +320,7 @@ impl Tally {
         storage: &Arc<dyn Storage>,
         round: u64,
         acknowledged_now: &[(u32, u64, i64)],
-    ) -> anyhow::Result<(u64, u64, f64)> {
+    ) -> anyhow::Result<Restarted> {
         let mut next_seq: HashMap<u32, u64> = HashMap::new();
         for &(b, seq, delta) in acknowledged_now {
             self.acknowledged.insert(history_key(b, seq), delta);
@@ -327,7 +342,13 @@ impl Tally {
         )
         .context("restart after the fault")?;
         let restart_ms = opening.elapsed().as_secs_f64() * 1e3;
-        let losers = store.restart_report().losers.len() as u64;
+        let report = store.restart_report();
+        let losers = report.losers.len() as u64;
+        let (analyzed, redo_start, pending_records) = (
+            report.records_analyzed,
+            report.redo_start.map_or(0, |lsn| lsn.get()),
+            report.pending_records,
+        );
         let mut txn = store.begin();
         let history = sum_of(&mut txn, b"h")?;
         let sums = [
@@ -392,7 +413,14 @@ impl Tally {
         self.restarts_ms.push(restart_ms);
         self.losers += losers;
         self.in_flight_kept += in_flight;
-        Ok((in_flight, losers, restart_ms))
+        Ok(Restarted {
+            in_flight_visible: in_flight,
+            losers_rolled_back: losers,
+            restart_ms,
+            analyzed,
+            redo_start,
+            pending_records,
+        })
     }
 }
 
@@ -462,7 +490,7 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
             let ran_ms = 5 + u64::from(rng.below(args.max_run_ms.saturating_sub(5).max(1) as u32));
             let acknowledged_now = kill_child_once(&exe, &dir, args, round, seed ^ round, ran_ms)
                 .with_context(|| format!("kill {kill} (seed {seed})"))?;
-            let (in_flight_visible, losers_rolled_back, restart_ms) = tally
+            let restarted = tally
                 .check_after_fault(&dir, args, &disk, round, &acknowledged_now)
                 .with_context(|| {
                     format!(
@@ -475,9 +503,12 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 n: kill,
                 ran_ms,
                 acknowledged: acknowledged_now.len() as u64,
-                in_flight_visible,
-                losers_rolled_back,
-                restart_ms,
+                in_flight_visible: restarted.in_flight_visible,
+                losers_rolled_back: restarted.losers_rolled_back,
+                restart_ms: restarted.restart_ms,
+                analyzed: restarted.analyzed,
+                redo_start: restarted.redo_start,
+                pending_records: restarted.pending_records,
             };
             report(fault, &tally, out)?;
         }
@@ -510,7 +541,7 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 },
             )
             .with_context(|| format!("power cut {cut} ({plan:?}, seed {seed})"))?;
-            let (in_flight_visible, losers_rolled_back, restart_ms) = tally
+            let restarted = tally
                 .check_after_fault(&dir, args, &storage, round, &acknowledged_now)
                 .with_context(|| format!("power cut {cut} ({plan:?}, seed {seed})"))?;
             let name = format!("{:?}", args.plans[(cut as usize - 1) % args.plans.len()]);
@@ -519,9 +550,12 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 n: cut,
                 ran_ms,
                 acknowledged: acknowledged_now.len() as u64,
-                in_flight_visible,
-                losers_rolled_back,
-                restart_ms,
+                in_flight_visible: restarted.in_flight_visible,
+                losers_rolled_back: restarted.losers_rolled_back,
+                restart_ms: restarted.restart_ms,
+                analyzed: restarted.analyzed,
+                redo_start: restarted.redo_start,
+                pending_records: restarted.pending_records,
             };
             report(fault, &tally, out)?;
         }

@@ -284,25 +284,28 @@ impl LogArchive {
             };
             let mut bytes = vec![0u8; (stretch.end - stretch.start) as usize];
             run.file.read_exact_at(&mut bytes, stretch.start)?;
-            let entries =
-                run_format::decode_entries(&bytes, stretch.start, page, count, run.index.range)
-                    .map_err(|source| Error::Archive {
-                        path: run.path.clone(),
-                        source,
-                    })?;
-            history.extend(
-                entries
-                    .into_iter()
-                    .filter(|e| e.lsn > after)
-                    .map(|e| (e.lsn, e.record)),
-            );
+            let entries = run_format::decode_entries_within(
+                &bytes,
+                stretch.start,
+                page,
+                count,
+                run.index.range,
+                after.next()..=Lsn::MAX,
+            )
+            .map_err(|source| Error::Archive {
+                path: run.path.clone(),
+                source,
+            })?;
+            history.extend(entries.into_iter().map(|e| (e.lsn, e.record)));
         }
         Ok((history, archived))
     }
 
     /// Every page change in `from..=upto` the archive holds, by page, each page's in LSN
     /// order. Reads the runs that overlap the range whole and in order (sequential reads of
-    /// page-sorted files: what a cleaner lagging behind the archive wants).
+    /// page-sorted files: what a cleaner lagging behind the archive wants), and decodes only
+    /// the records in the range (a merged run spans most of the log; a cleaner or restart
+    /// wants its end).
     ///
     /// # Errors
     /// [`Error::Archive`] for a damaged run; I/O errors.
@@ -317,12 +320,37 @@ impl LogArchive {
             .into_iter()
             .filter(|r| r.index.range.last >= from && r.index.range.first <= upto);
         for run in overlapping {
-            for entry in read_all(&run)? {
-                if (from..=upto).contains(&entry.lsn) {
+            let damaged = |source| Error::Archive {
+                path: run.path.clone(),
+                source,
+            };
+            // One sequential read of the whole run; its index was checked when it was opened,
+            // and every stretch it names is checked again as it is decoded.
+            let mut bytes = vec![0u8; run.len as usize];
+            run.file.read_exact_at(&mut bytes, 0)?;
+            let index = &run.index;
+            for page in &index.pages {
+                let Some((stretch, count)) = index.locate(page.page) else {
+                    continue;
+                };
+                let Some(stretch_bytes) = bytes.get(stretch.start as usize..stretch.end as usize)
+                else {
+                    return Err(damaged(run_format::RunError::TooShort { len: run.len }));
+                };
+                let entries = run_format::decode_entries_within(
+                    stretch_bytes,
+                    stretch.start,
+                    page.page,
+                    count,
+                    index.range,
+                    from..=upto,
+                )
+                .map_err(damaged)?;
+                if !entries.is_empty() {
                     changes
-                        .entry(entry.page)
+                        .entry(page.page)
                         .or_default()
-                        .push((entry.lsn, entry.record));
+                        .extend(entries.into_iter().map(|e| (e.lsn, e.record)));
                 }
             }
         }

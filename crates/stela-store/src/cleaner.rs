@@ -169,6 +169,10 @@ pub(crate) fn decoupled_round(
             report.written += u64::from(file.write_repaired(*id, image)?);
         } else if *changed {
             report.written += u64::from(file.write(*id, image)?);
+        } else if image.lsn > Lsn::ZERO {
+            // The stored image had every change replayed: say so (after the sync below), so
+            // that analysis drops the page from its dirty-page table.
+            file.confirm(*id, image.lsn);
         }
     }
     if cache.len() + images.len() > CACHE_PAGES {

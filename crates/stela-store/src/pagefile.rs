@@ -139,6 +139,20 @@ impl PageFile {
         Ok(true)
     }
 
+    /// Records that the stored image of page `id`, as read now, already holds every change
+    /// of the page up to `lsn` (the decoupled cleaner replayed the page's records onto it and
+    /// they changed nothing): reported with the next [`PageFile::log_writes`], after its sync,
+    /// exactly as a write would be. Without it, a page whose `PagesWritten` record a crash
+    /// lost while its image survived stays dirty in log analysis for as long as nothing
+    /// changes it again (a full history leaf: for ever), and redo's start, and the log
+    /// behind it, can never move past it.
+    pub fn confirm(&self, id: PageId, lsn: Lsn) {
+        self.unreported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, lsn));
+    }
+
     /// Makes every write made so far durable (when syncing is on).
     pub fn sync(&self) -> Result<()> {
         let covers = self.write_seq.load(Ordering::Acquire);

@@ -450,3 +450,60 @@ fn a_damaged_master_record_means_restart_from_the_whole_log() {
     assert!(store.restart_report().records_analyzed > 30);
     assert_eq!(common::contents(&store).len(), 30);
 }
+
+/// A crash can keep a cleaner's page writes and lose the `PagesWritten` record that reports
+/// them (the writes were synced, the record was not). Restart then finds the pages dirty from
+/// an old LSN although their images hold every change. The next decoupled cleaning round must
+/// say so, or a page nothing changes again stays dirty in every later checkpoint: redo starts
+/// at its old LSN after every restart, and the log behind it is never truncated (seen in the
+/// TPC-B power-cut soak: redo's start stuck at one LSN for good, restarts growing cut by cut).
+#[test]
+fn a_page_whose_write_report_a_crash_lost_is_reported_clean_by_the_next_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = || options(CheckpointKind::Decoupled, CleanerKind::Decoupled);
+    // Pages changed and committed; the log then stops accepting records, so the cleaner's
+    // writes reach the page file and its `PagesWritten` record never reaches the log.
+    let committed = {
+        let log = common::StopAfter::open(dir.path(), u64::MAX);
+        let store = Store::open_with_log(dir.path(), log.clone(), options()).unwrap();
+        let mut txn = store.begin();
+        for i in 0..200 {
+            txn.put(&key(i), &[7; 100]).unwrap();
+        }
+        txn.commit().unwrap();
+        let committed = common::contents(&store);
+        drop(store);
+        committed
+    };
+    {
+        let last = {
+            let log = common::StopAfter::open(dir.path(), u64::MAX);
+            stela_store::LogDevice::last_lsn(&*log).get()
+        };
+        let log = common::StopAfter::open(dir.path(), last);
+        let store = Store::open_with_log(dir.path(), log, options()).unwrap();
+        store.finish_recovery().unwrap();
+        assert!(
+            store.clean().is_err(),
+            "the cleaner's report cannot be logged"
+        );
+    }
+    // Restart: the pages look dirty from an old LSN, their images are current.
+    let store = Store::open(dir.path(), options()).unwrap();
+    let stuck = store
+        .restart_report()
+        .redo_start
+        .expect("the lost report leaves pages dirty");
+    store.finish_recovery().unwrap();
+    store.clean().unwrap();
+    store.checkpoint().unwrap();
+    assert_eq!(common::contents(&store), committed);
+    drop(store);
+    let store = Store::open(dir.path(), options()).unwrap();
+    let redo_start = store.restart_report().redo_start;
+    assert!(
+        redo_start.is_none_or(|lsn| lsn > stuck),
+        "redo still starts at {redo_start:?}, as before the cleaning round ({stuck})"
+    );
+    assert_eq!(common::contents(&store), committed);
+}
