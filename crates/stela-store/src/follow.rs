@@ -105,6 +105,7 @@ pub struct Follower {
     checkpoint: Option<Master>,
     /// Where the last read stopped, so the next one does not re-read its segment.
     point: Option<ReadPoint>,
+    round_records: usize,
 }
 
 impl Follower {
@@ -118,8 +119,21 @@ impl Follower {
         log_dir: impl AsRef<Path>,
         agreement: Agreement,
     ) -> Result<Follower> {
+        Follower::open_on(dir, log_dir, agreement, Arc::new(StdStorage))
+    }
+
+    /// As [`Follower::open`], with the directory and the log on `storage` (the fault-injecting
+    /// storage of `stela_wal`'s `testing` feature cuts the power under both alike).
+    ///
+    /// # Errors
+    /// As [`Follower::open`].
+    pub fn open_on(
+        dir: impl AsRef<Path>,
+        log_dir: impl AsRef<Path>,
+        agreement: Agreement,
+        storage: Arc<dyn Storage>,
+    ) -> Result<Follower> {
         let (dir, log_dir) = (dir.as_ref(), log_dir.as_ref());
-        let storage: Arc<dyn Storage> = Arc::new(StdStorage);
         storage.create_dir_all(dir)?;
         let applied = read_progress(storage.as_ref(), dir)?;
         let master = Master::read(storage.as_ref(), dir)?;
@@ -134,7 +148,13 @@ impl Follower {
         };
         let applied = match applied {
             Some(applied) => applied,
-            None if master.is_none() && file.len()? == 0 => Lsn::ZERO,
+            None if master.is_none() && file.len()? == 0 => {
+                // From now on the directory is a follower's: a store opened on it before
+                // anything is applied redoes the whole log, ignoring the `PagesWritten` records
+                // about the primary's page file (which would otherwise pass for this one's).
+                write_progress(storage.as_ref(), dir, Lsn::ZERO)?;
+                Lsn::ZERO
+            }
             None => {
                 return Err(Error::Follow(format!(
                     "{} holds a store but no follower progress: a follower starts from an empty \
@@ -167,7 +187,14 @@ impl Follower {
             applied,
             checkpoint: master,
             point: None,
+            round_records: ROUND_RECORDS,
         })
+    }
+
+    /// Reads and replays at most `records` records per round (at least one).
+    pub fn round_records(mut self, records: usize) -> Follower {
+        self.round_records = records.max(1);
+        self
     }
 
     /// Every change up to this LSN is in the synced page images.
@@ -192,7 +219,7 @@ impl Follower {
             return Ok(report);
         }
         let from = self.applied.next();
-        let max = (agreed.get() - self.applied.get()).min(ROUND_RECORDS as u64) as usize;
+        let max = (agreed.get() - self.applied.get()).min(self.round_records as u64) as usize;
         let available = match stela_wal::tools::read_available(
             &self.log_dir,
             Arc::clone(&self.storage),
