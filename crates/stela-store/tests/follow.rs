@@ -149,7 +149,7 @@ fn a_store_opened_on_the_followers_directory_has_every_commit_and_little_to_redo
         store.restart_report().records_analyzed
     );
     assert!(
-        cold_redo > 5_000 && report.pending_records * 50 < cold_redo,
+        cold_redo > 3_000 && report.pending_records * 50 < cold_redo,
         "warm redo {} vs cold {cold_redo}",
         report.pending_records
     );
