@@ -4,9 +4,10 @@
 //! follower's directory on the same log.
 //!
 //! What each test provokes:
-//! - the follower caught up, the store dead with a transaction in flight: the store opened on
-//!   the follower's directory has every commit, not the loser's writes, and almost nothing to
-//!   redo (a cold open on an empty directory redoes the whole log);
+//! - the follower behind the last stretch of log, the store dead with a transaction in flight:
+//!   the store opened on the follower's directory has every commit, not the loser's writes,
+//!   and redoes that stretch only (a cold open of a follower directory that applied nothing
+//!   redoes the whole log), the primary's page writes in it notwithstanding;
 //! - a power cut under the follower, after any round: its progress never claims a change the
 //!   synced images lack, and it goes on to the same result;
 //! - SIGKILL of a follower process at random moments: restarted, it ends with the same page
@@ -117,11 +118,16 @@ fn a_store_opened_on_the_followers_directory_has_every_commit_and_little_to_redo
         let applied = catch_up(&mut follower);
         assert!(applied > Lsn::ZERO);
     }
-    bank.transfers(&store, &mut rng, 100);
-    bank.leave_a_loser(&store);
-    drop(store); // the primary dies with the loser running
     let applied = catch_up(&mut follower);
     drop(follower);
+    // The follower lags behind the last stretch, as it may when the primary dies; the primary's
+    // cleaner writes its own page file meanwhile (`PagesWritten` records that are not true of
+    // the follower's images).
+    bank.transfers(&store, &mut rng, 100);
+    store.clean().unwrap();
+    bank.transfers(&store, &mut rng, 50);
+    bank.leave_a_loser(&store);
+    drop(store); // the primary dies with the loser running
 
     let store = Store::open_with_log(&warm, open_log(&primary, &options), options.clone()).unwrap();
     let report = store.restart_report().clone();
@@ -132,6 +138,7 @@ fn a_store_opened_on_the_followers_directory_has_every_commit_and_little_to_redo
         "analysis starts at the last checkpoint the follower passed"
     );
     assert_eq!(report.losers.len(), 1, "{report:?}");
+    assert!(report.pending_records > 0, "the stretch after the follower: {report:?}");
     store.finish_recovery().unwrap();
     bank.check(&store);
     bank.transfers(&store, &mut rng, 20);
@@ -149,7 +156,7 @@ fn a_store_opened_on_the_followers_directory_has_every_commit_and_little_to_redo
         store.restart_report().records_analyzed
     );
     assert!(
-        cold_redo > 3_000 && report.pending_records * 50 < cold_redo,
+        cold_redo > 3_000 && report.pending_records * 5 < cold_redo,
         "warm redo {} vs cold {cold_redo}",
         report.pending_records
     );
