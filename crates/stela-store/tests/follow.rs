@@ -138,7 +138,32 @@ fn a_store_opened_on_the_followers_directory_has_every_commit_and_little_to_redo
         "analysis starts at the last checkpoint the follower passed"
     );
     assert_eq!(report.losers.len(), 1, "{report:?}");
-    assert!(report.pending_records > 0, "the stretch after the follower: {report:?}");
+    // Redo is exactly the changes the follower had not applied.
+    let unapplied = stela_wal::tools::read_available(
+        &log_dir(&primary),
+        Arc::new(StdStorage),
+        applied.next(),
+        usize::MAX,
+        None,
+    )
+    .unwrap();
+    let unapplied_changes: usize = unapplied
+        .records
+        .iter()
+        .map(|(_, payload)| {
+            let record: LogRecord = unapplied.codec.decode(payload).unwrap();
+            record.pages().len()
+        })
+        .sum();
+    assert!(
+        report.pending_records > 0,
+        "the stretch after the follower: {report:?}"
+    );
+    assert_eq!(
+        report.pending_records, unapplied_changes as u64,
+        "{report:?}"
+    );
+    assert!(report.redo_start > Some(applied), "{report:?}");
     store.finish_recovery().unwrap();
     bank.check(&store);
     bank.transfers(&store, &mut rng, 20);

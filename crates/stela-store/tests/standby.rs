@@ -164,6 +164,11 @@ fn a_promoted_standby_opens_the_followers_pages_with_every_commit_and_little_to_
         1,
         "the transaction in flight: {report:?}"
     );
+    assert_eq!(
+        (report.redo_start, report.pending_records),
+        (None, 0),
+        "the follower applied the whole log: nothing to redo"
+    );
     store.finish_recovery().unwrap();
     bank.check(&store);
     bank.transfers(&store, &mut rng, 10); // the promoted store commits new work
