@@ -17,7 +17,7 @@ mod bank;
 use bank::{Bank, Rng};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stela_client::{Address, Connection, Durability, WalOptions};
@@ -72,18 +72,22 @@ fn wal() -> WalOptions {
     WalOptions::default().durability(Durability::Replicated)
 }
 
-/// A follower on its own thread until `stop`; returns its progress at the end.
+/// A follower on its own thread until `stop`, publishing its progress in `applied`; returns
+/// its progress at the end.
 fn spawn_follower(
     dir: PathBuf,
     log_dir: PathBuf,
     standby: &Path,
     stop: Arc<AtomicBool>,
+    applied: Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<Lsn> {
     let agreement = Agreement::StandbyDaemon(Address::from(standby));
     std::thread::spawn(move || {
         let mut follower = Follower::open(&dir, &log_dir, agreement).unwrap();
         follower
-            .run(&stop, Duration::from_millis(20), &mut |_| {})
+            .run(&stop, Duration::from_millis(20), &mut |report| {
+                applied.store(report.applied.get(), Ordering::Release)
+            })
             .unwrap();
         follower.applied()
     })
@@ -131,14 +135,27 @@ fn a_promoted_standby_opens_the_followers_pages_with_every_commit_and_little_to_
     let mut bank = Bank::seed(&store, 1000);
     let (warm, cold) = (root.path().join("warm"), root.path().join("cold"));
     let stop = Arc::new(AtomicBool::new(false));
+    let applied = Arc::new(AtomicU64::new(0));
     let follower = spawn_follower(
         warm.clone(),
         dirs[1].join("logs").join(LOG),
         b.socket_path(),
         Arc::clone(&stop),
+        Arc::clone(&applied),
     );
     let mut rng = Rng(17);
     bank.transfers(&store, &mut rng, 1200);
+    // The follower keeps up while the primary runs: it applies what the standby reports
+    // durable (a standby that reported nothing would leave it all to after the promotion).
+    let durable = replication(b.socket_path())
+        .logs
+        .iter()
+        .find(|log| log.log == LOG)
+        .map_or(0, |log| log.durable_lsn);
+    assert!(durable > 0, "the standby reports its copy of the log");
+    wait_until("the follower to keep up", Duration::from_secs(20), || {
+        applied.load(Ordering::Acquire) >= durable
+    });
     bank.leave_a_loser(&store);
     // The primary dies: its store first (a crash: nothing more is written), then its daemon.
     drop(store);
