@@ -184,7 +184,11 @@ where
     // tools only their warnings.
     let default_level = if matches!(
         cli.command,
-        Command::Serve(_) | Command::Witness(_) | Command::Mount(_) | Command::MountFollow(_) | Command::StoreFollow(_)
+        Command::Serve(_)
+            | Command::Witness(_)
+            | Command::Mount(_)
+            | Command::MountFollow(_)
+            | Command::StoreFollow(_)
     ) {
         "info"
     } else {
