@@ -15,7 +15,8 @@ use std::time::Duration;
 pub struct StoreFollowArgs {
     /// The follower's directory: the one the store opens after a promotion (empty, or one
     /// this command made).
-    pub dir: PathBuf,
+    #[arg(value_name = "DIR")]
+    pub store_dir: PathBuf,
     /// The standby daemon's copy of the store's log: its `--dir`, then `logs/NAME`.
     #[arg(long, value_name = "DIR")]
     pub log_dir: PathBuf,
@@ -31,11 +32,11 @@ pub fn follow(args: StoreFollowArgs, out: &mut dyn Write) -> anyhow::Result<()> 
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
     let agreement = stela_store::Agreement::StandbyDaemon(args.target.address()?);
-    let mut follower = stela_store::Follower::open(&args.dir, &args.log_dir, agreement)?;
+    let mut follower = stela_store::Follower::open(&args.store_dir, &args.log_dir, agreement)?;
     writeln!(
         out,
         "stela store-follow: {} follows {} from {}",
-        args.dir.display(),
+        args.store_dir.display(),
         args.log_dir.display(),
         follower.applied()
     )?;
@@ -54,7 +55,7 @@ pub fn follow(args: StoreFollowArgs, out: &mut dyn Write) -> anyhow::Result<()> 
         out,
         "stela store-follow: stopped; every change up to {} is in {}",
         follower.applied(),
-        args.dir.display()
+        args.store_dir.display()
     )?;
     Ok(())
 }
