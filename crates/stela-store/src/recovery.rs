@@ -29,7 +29,9 @@
 //! at or below `L`. Analysis then ignores the `PagesWritten` records above `L` it reads (they
 //! describe the old primary's page file, not these images; ignoring a true one only keeps a
 //! page dirty longer), and at its end moves every dirty page's `rec_lsn` past `L`, so redo
-//! covers only what the follower had not applied.
+//! covers only what the follower had not applied. An empty page file without a master record,
+//! opened on a log that has records, is treated as a follower at `L = 0`: the log's
+//! `PagesWritten` records are then about some other page file, and the whole log is redone.
 //!
 //! Analysis starts at the latest complete checkpoint of either kind (the master record names
 //! it) with that checkpoint's tables; without one, at LSN 1 with empty tables (a log that
@@ -72,7 +74,8 @@ pub struct RestartReport {
     pub pending_pages: u64,
     /// Instant restart: (record, page) pairs in those pages' pending redo.
     pub pending_records: u64,
-    /// A standby follower's directory: every change up to this LSN was in its page images.
+    /// A standby follower's directory: every change up to this LSN was in its page images
+    /// (zero, too, for an empty page file opened on a log that has records).
     pub followed_to: Option<Lsn>,
 }
 

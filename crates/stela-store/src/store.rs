@@ -364,7 +364,16 @@ impl Store {
                 .attach_repair(PageRepair::new(Arc::clone(archive), options.elide_writes));
         }
         let master = Master::read(storage.as_ref(), dir)?;
-        let followed_to = followed_to(storage.as_ref(), dir, master, log.as_ref())?;
+        let followed_to = match followed_to(storage.as_ref(), dir, master, log.as_ref())? {
+            // An empty page file without a checkpoint, on a log that has records: the log's
+            // `PagesWritten` records are about another page file (a directory new to an
+            // existing log), and trusting them would skip redo this file needs. It holds every
+            // change up to LSN 0, like a follower that applied nothing.
+            None if master.is_none() && file.pages()? == 0 && log.last_lsn() > Lsn::ZERO => {
+                Some(Lsn::ZERO)
+            }
+            followed => followed,
+        };
         let restarted = recovery::restart(&mut engine, master, followed_to, options.restart)?;
         let (restart, analysis) = (restarted.report, restarted.analysis);
         tracing::debug!(?restart, "store restarted");

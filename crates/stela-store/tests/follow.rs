@@ -13,7 +13,9 @@
 //! - SIGKILL of a follower process at random moments: restarted, it ends with the same page
 //!   images as a follower never killed;
 //! - a log truncated past the follower's progress: a clear error, nothing applied; a store's
-//!   directory, or a log ending before the images: refused.
+//!   directory, or a log ending before the images: refused;
+//! - a plain empty directory opened on a log that has page writes of another page file in it:
+//!   the whole log is redone (those records are not trusted).
 
 mod bank;
 
@@ -383,4 +385,23 @@ fn a_stores_directory_and_a_log_behind_the_images_are_refused() {
         Err(Error::Follow(why)) => assert!(why.contains("the log ends at"), "{why}"),
         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
+}
+
+#[test]
+fn a_new_directory_on_an_existing_log_redoes_the_whole_log() {
+    let root = tempfile::tempdir().unwrap();
+    let (primary, fresh) = (root.path().join("primary"), root.path().join("fresh"));
+    let options = options(Arc::new(StdStorage));
+    let store = Store::open(&primary, options.clone()).unwrap();
+    let mut bank = Bank::seed(&store, 600);
+    let mut rng = Rng(23);
+    bank.transfers(&store, &mut rng, 200);
+    store.clean().unwrap(); // `PagesWritten` records about the primary's page file
+    bank.transfers(&store, &mut rng, 100);
+    drop(store);
+    // No follower, no checkpoint: a plain empty directory on the primary's log.
+    let store = Store::open_with_log(&fresh, open_log(&primary, &options), options).unwrap();
+    store.finish_recovery().unwrap();
+    bank.check(&store);
+    assert_eq!(store.restart_report().followed_to, Some(Lsn::ZERO));
 }
