@@ -32,10 +32,11 @@ use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
 use crate::redo::redo;
+use crate::sync::AtomicU64;
 use crate::tail::LogTail;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use stela_format::Lsn;
 
@@ -152,6 +153,19 @@ pub(crate) fn decoupled_round(
     clean_lsn.store(target.get(), Ordering::Release);
     report.clean_lsn = target;
     Ok(report)
+}
+
+/// [`decoupled_round`] without an archive, for the loom model (`tests/loom_cleaner.rs`), which
+/// runs the store's own round against the pool's own page fixes and evictions. Only under
+/// `--cfg stela_store_loom`; the store calls [`decoupled_round`] itself.
+#[cfg(stela_store_loom)]
+pub fn decoupled_round_for_model(
+    log: &LogTail,
+    file: &PageFile,
+    clean_lsn: &AtomicU64,
+    cache: &mut HashMap<PageId, Page>,
+) -> Result<CleanReport> {
+    decoupled_round(log, file, clean_lsn, cache, None)
 }
 
 /// Log records replayed onto stored page images, the one way the decoupled cleaner and the

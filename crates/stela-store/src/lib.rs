@@ -106,6 +106,7 @@ pub mod redo;
 pub mod repair;
 pub mod retention;
 pub mod store;
+mod sync;
 pub mod tail;
 
 pub use archive::{ArchiveReport, LogArchive};

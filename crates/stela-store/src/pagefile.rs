@@ -19,9 +19,9 @@ use crate::error::Result;
 use crate::format::{LogBody, LogRecord, SYSTEM_TXN};
 use crate::log::LogDevice;
 use crate::page::{self, Page, PageError, PageId, PAGE_SIZE};
+use crate::sync::{AtomicU64, Mutex};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use stela_format::Lsn;
 use stela_wal::storage::StorageFile;
 
@@ -40,9 +40,10 @@ pub struct PageFile {
     /// Writes made so far, and how many of them the last completed sync covers.
     write_seq: AtomicU64,
     synced_seq: AtomicU64,
-    pub(crate) reads: AtomicU64,
-    pub(crate) writes: AtomicU64,
-    pub(crate) syncs: AtomicU64,
+    /// Statistics only (never read to decide anything), so std's even in the loom model.
+    pub(crate) reads: std::sync::atomic::AtomicU64,
+    pub(crate) writes: std::sync::atomic::AtomicU64,
+    pub(crate) syncs: std::sync::atomic::AtomicU64,
 }
 
 impl PageFile {
@@ -54,9 +55,9 @@ impl PageFile {
             unreported: Mutex::new(Vec::new()),
             write_seq: AtomicU64::new(0),
             synced_seq: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
-            syncs: AtomicU64::new(0),
+            reads: std::sync::atomic::AtomicU64::new(0),
+            writes: std::sync::atomic::AtomicU64::new(0),
+            syncs: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

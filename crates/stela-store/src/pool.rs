@@ -39,8 +39,9 @@ use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
 use crate::redo::{self, PendingRedo};
 use crate::repair::PageRepair;
+use crate::sync::AtomicU64;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use stela_format::Lsn;
 
@@ -105,6 +106,22 @@ impl BufferPool {
             clean_lsn,
             repair: None,
             pending: PendingRedo::default(),
+        }
+    }
+
+    /// A pool of exactly `capacity` frames (at least one), for the loom model
+    /// (`tests/loom_cleaner.rs`): it never splits, so it does without the floor of 8 that
+    /// [`BufferPool::new`] keeps, and a second page already evicts the first. Only under
+    /// `--cfg stela_store_loom`.
+    #[cfg(stela_store_loom)]
+    pub fn with_frames_for_model(
+        file: Arc<PageFile>,
+        capacity: usize,
+        clean_lsn: Arc<AtomicU64>,
+    ) -> BufferPool {
+        BufferPool {
+            capacity: capacity.max(1),
+            ..BufferPool::new(file, capacity, clean_lsn)
         }
     }
 

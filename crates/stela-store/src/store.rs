@@ -224,7 +224,7 @@ struct Shared {
     log: Arc<LogTail>,
     file: Arc<PageFile>,
     /// The decoupled cleaner's clean LSN (stays zero with the classical cleaner).
-    clean_lsn: Arc<AtomicU64>,
+    clean_lsn: Arc<crate::sync::AtomicU64>,
     dir: PathBuf,
     options: StoreOptions,
     /// Serialises checkpoints; the decoupled checkpoint's tables between them.
@@ -339,7 +339,7 @@ impl Store {
             consumers.push(Consumer::Cleaner);
         }
         let log = Arc::new(LogTail::new(log, &consumers, TAIL_CAP));
-        let clean_lsn = Arc::new(AtomicU64::new(0));
+        let clean_lsn = Arc::new(crate::sync::AtomicU64::new(0));
         let mut engine = Engine {
             pool: BufferPool::new(
                 Arc::clone(&file),

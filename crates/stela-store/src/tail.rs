@@ -17,8 +17,9 @@
 use crate::error::Result;
 use crate::format::LogRecord;
 use crate::log::{LogDevice, RecordIter};
+use crate::sync::Mutex;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use stela_format::Lsn;
 
 /// Which decoupled service releases records.
