@@ -18,6 +18,8 @@
 //! - `stela-bench restart`: time to a first transaction after a crash, instant restart
 //!   against classical ([`crate::restart_bench`]); `restart-child` (hidden) is the process it
 //!   kills.
+//! - `stela-bench warm-standby`: promotion to a first transaction of stela-store on a warm
+//!   follower's directory against a cold one ([`crate::warm_standby`]).
 //! - `stela-bench failover`: faults injected into a failover pair under a committing client
 //!   ([`crate::failover`]); `failover-client` (hidden) is that client.
 //!
@@ -92,6 +94,9 @@ pub enum Command {
     /// The process the `restart` benchmark kills.
     #[command(hide = true)]
     RestartChild(crate::restart_bench::ChildArgs),
+    /// Promotion to a first new transaction of stela-store on a standby: a warm follower's
+    /// directory against a cold one, after N MiB of TPC-B-ish log.
+    WarmStandby(crate::warm_standby::WarmStandbyArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -146,6 +151,7 @@ where
         Command::TpcbCrashChild(_) => unreachable!("run above, without the stdout lock"),
         Command::Restart(args) => crate::restart_bench::run(&args, &mut out).map(drop),
         Command::RestartChild(args) => crate::restart_bench::child(&args),
+        Command::WarmStandby(args) => crate::warm_standby::run(&args, &mut out).map(drop),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

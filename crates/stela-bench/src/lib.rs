@@ -27,6 +27,8 @@
 //!   PostgreSQL protocol).
 //! - [`restart_bench`]: `stela-bench restart`, the time to a first transaction after a SIGKILL
 //!   with a dirty set of N MiB, instant restart against classical ARIES.
+//! - [`warm_standby`]: `stela-bench warm-standby`, promotion to a first transaction of
+//!   stela-store on a warm follower's directory against a cold one.
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 
 pub mod chart;
@@ -50,6 +52,7 @@ pub mod tpcb_crash;
 pub mod tpcb_rocksdb;
 pub mod tpcb_schema;
 pub mod wal_bench;
+pub mod warm_standby;
 
 pub use record::{Data, Record};
 pub use wal_bench::{run, PaperConfig, ResultRow, SyncChoice, System, WalBenchConfig};

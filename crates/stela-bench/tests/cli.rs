@@ -1,7 +1,8 @@
 //! Black-box tests of the `stela-bench` binary: every `--json` line of `commit`, `wal` and
 //! `power-fail` (and `tpcb`) is one result with exactly the documented keys, and bad arguments exit 2 naming
 //! the flag; `commit` runs over either transport, against a daemon already running (leaving its
-//! other logs alone), and with idle connections held, reporting the daemon's memory and threads.
+//! other logs alone), and with idle connections held, reporting the daemon's memory and threads;
+//! `warm-standby` fails a daemon pair over and times a warm and a cold store directory.
 //! Runs are kept short; nothing here asserts on timing.
 
 mod common;
@@ -319,7 +320,14 @@ fn power_fail_json_lines_have_exactly_the_keys() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for command in ["wal", "commit", "power-fail", "replicated", "failover"] {
+    for command in [
+        "wal",
+        "commit",
+        "power-fail",
+        "replicated",
+        "failover",
+        "warm-standby",
+    ] {
         let out = stela_bench(&[command, "--help"]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         assert!(text(&out).contains("--json"), "{command}: {}", text(&out));
@@ -416,4 +424,35 @@ fn tpcb_crash_kills_the_store_and_cuts_its_power_and_finds_every_acknowledged_tr
     assert_eq!(summary["power_cuts"], 2, "{stdout}");
     assert_eq!(summary["lost"], 0, "{stdout}");
     assert_eq!(summary["uncommitted_visible"], 0, "{stdout}");
+}
+
+#[test]
+fn warm_standby_times_a_warm_and_a_cold_directory_after_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = stela_bench(&[
+        "warm-standby",
+        "--log-mb",
+        "1",
+        "--repeats",
+        "1",
+        "--json",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let runs: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{stdout}");
+    let (warm, cold) = (&runs[0], &runs[1]);
+    assert_eq!(
+        (&warm["standby"], &cold["standby"]),
+        (&"warm".into(), &"cold".into())
+    );
+    // The follower applied the whole log: nothing left to redo; the cold directory redoes it.
+    assert_eq!(warm["redo_records"], 0, "{stdout}");
+    assert!(cold["redo_records"].as_u64().unwrap() > 1000, "{stdout}");
+    assert!(warm["first_txn_ms"].as_f64().unwrap() > 0.0, "{stdout}");
 }

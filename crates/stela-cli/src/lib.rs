@@ -22,6 +22,7 @@ pub mod latency;
 pub mod logs_cmd;
 pub mod mount_cmd;
 pub mod service;
+pub mod store_cmd;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -97,6 +98,10 @@ pub enum Command {
     /// a mount's log, so that after a promotion `stela mount` on it starts at once. Runs until
     /// SIGTERM or SIGINT (then applies what is readable, writes its snapshot and exits).
     MountFollow(mount_cmd::FollowArgs),
+    /// On a standby node: keep a stela-store directory current from the standby daemon's copy
+    /// of the store's log, so that after a promotion the store opened on it has little to redo.
+    /// Runs until SIGTERM or SIGINT (then applies what is readable and exits).
+    StoreFollow(store_cmd::StoreFollowArgs),
 }
 
 /// `stela witness`.
@@ -179,7 +184,11 @@ where
     // tools only their warnings.
     let default_level = if matches!(
         cli.command,
-        Command::Serve(_) | Command::Witness(_) | Command::Mount(_) | Command::MountFollow(_)
+        Command::Serve(_)
+            | Command::Witness(_)
+            | Command::Mount(_)
+            | Command::MountFollow(_)
+            | Command::StoreFollow(_)
     ) {
         "info"
     } else {
@@ -433,6 +442,10 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::MountFollow(args) => {
             mount_cmd::follow(args, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::StoreFollow(args) => {
+            store_cmd::follow(args, out)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -149,6 +149,17 @@ impl Analysis {
         }
     }
 
+    /// Every stored image holds every change up to `lsn` (a standby follower's directory,
+    /// `follow`): each dirty page is cleaned, or its `rec_lsn` moved past `lsn`, as a
+    /// `PagesWritten` record for every page at `lsn` would. Precise only when `lsn` is at or
+    /// above the page LSNs the starting checkpoint's tables carry; conservative otherwise.
+    pub fn images_hold_up_to(&mut self, lsn: Lsn) {
+        let pages: Vec<PageId> = self.dirty.keys().copied().collect();
+        for page in pages {
+            self.written(page, lsn);
+        }
+    }
+
     /// The tables as a checkpoint records them.
     pub fn tables(&self) -> CheckpointTables {
         CheckpointTables {

@@ -93,7 +93,7 @@ impl Master {
     /// durable before the record was written), an older one as well as the newest, and the log
     /// is truncated only behind a master record that [`Master::sync`] made durable, so losing
     /// a newer one costs restart time only.
-    fn write(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
+    pub(crate) fn write(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
         let mut bytes = [0u8; MASTER_LEN];
         bytes[..8].copy_from_slice(&self.begin.get().to_le_bytes());
         bytes[8..16].copy_from_slice(&self.end.get().to_le_bytes());

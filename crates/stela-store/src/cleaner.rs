@@ -27,6 +27,7 @@
 use crate::archive::LogArchive;
 use crate::btree::Engine;
 use crate::error::{Error, Result};
+use crate::format::LogRecord;
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
@@ -110,26 +111,18 @@ pub(crate) fn decoupled_round(
 ) -> Result<CleanReport> {
     let from = Lsn::new(clean_lsn.load(Ordering::Acquire) + 1);
     let target = log.durable_lsn();
-    let mut report = CleanReport {
-        clean_lsn: Lsn::new(from.get() - 1),
-        ..CleanReport::default()
-    };
     if target < from {
-        return Ok(report);
+        return Ok(CleanReport {
+            clean_lsn: Lsn::new(from.get() - 1),
+            ..CleanReport::default()
+        });
     }
-    let clean = Lsn::new(from.get() - 1);
-    let mut images: BTreeMap<PageId, (Page, bool)> = BTreeMap::new();
-    let mut repaired = BTreeSet::new();
-    let mut stored = |id: PageId, repaired: &mut BTreeSet<PageId>| -> Result<Page> {
-        if let Some(image) = cache.remove(&id) {
-            return Ok(image);
-        }
-        let (image, rebuilt) = stored_image(id, file, clean, archive, log)?;
-        if rebuilt {
-            repaired.insert(id);
-        }
-        Ok(image)
-    };
+    let mut replay = Replay::new(
+        file,
+        Lsn::new(from.get() - 1),
+        cache,
+        archive.map(|a| (a, log)),
+    );
     // What the archive holds of the records to replay, page by page. Each page's changes are
     // applied in LSN order, the archived ones before the logged ones, which is all redo needs:
     // pages do not depend on each other.
@@ -138,13 +131,7 @@ pub(crate) fn decoupled_round(
         let archived = archive.archived_lsn().min(target);
         if archived >= from {
             for (id, changes) in archive.changes_between(from, archived)? {
-                let mut image = stored(id, &mut repaired)?;
-                let mut changed = false;
-                for (lsn, record) in &changes {
-                    changed |= crate::redo::redo(id, &mut image, *lsn, record)?;
-                }
-                report.from_archive += changes.len() as u64;
-                images.insert(id, (image, changed));
+                replay.apply_to_page(id, &changes)?;
             }
             log_from = archived.next();
         }
@@ -154,31 +141,9 @@ pub(crate) fn decoupled_round(
         if lsn > target {
             break;
         }
-        report.replayed += 1;
-        for (id, _) in record.pages() {
-            let (image, changed) = match images.entry(id) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => entry.insert((stored(id, &mut repaired)?, false)),
-            };
-            *changed |= redo(id, image, lsn, &record)?;
-        }
+        replay.apply(lsn, &record)?;
     }
-    for (id, (image, changed)) in &images {
-        if repaired.contains(id) {
-            // Over the damaged image, even one of the same LSN.
-            report.written += u64::from(file.write_repaired(*id, image)?);
-        } else if *changed {
-            report.written += u64::from(file.write(*id, image)?);
-        } else if image.lsn > Lsn::ZERO {
-            // The stored image had every change replayed: say so (after the sync below), so
-            // that analysis drops the page from its dirty-page table.
-            file.confirm(*id, image.lsn);
-        }
-    }
-    if cache.len() + images.len() > CACHE_PAGES {
-        cache.clear();
-    }
-    cache.extend(images.into_iter().map(|(id, (image, _))| (id, image)));
+    let mut report = replay.write()?;
     // Synced before the clean LSN is published: the pool may drop a dirty page as soon as it
     // sees the new LSN. `log_writes` syncs when it has writes to report; when another thread
     // took ours to report, it may not have synced yet, so sync here.
@@ -203,6 +168,109 @@ pub fn decoupled_round_for_model(
     decoupled_round(log, file, clean_lsn, cache, None)
 }
 
+/// Log records replayed onto stored page images, the one way the decoupled cleaner and the
+/// standby follower (`follow`) bring images forward. It starts from images holding every
+/// change up to `clean` (the cache's, else the page file's), applies records with [`redo`]
+/// (in LSN order per page), and [`Replay::write`] writes the changed images, unsynced: the
+/// caller syncs, then publishes how far the images now go.
+pub(crate) struct Replay<'a> {
+    file: &'a PageFile,
+    clean: Lsn,
+    cache: &'a mut HashMap<PageId, Page>,
+    /// With an archive, damaged images are rebuilt from it (and the log) up to `clean`.
+    archive: Option<(&'a LogArchive, &'a LogTail)>,
+    images: BTreeMap<PageId, (Page, bool)>,
+    repaired: BTreeSet<PageId>,
+    report: CleanReport,
+}
+
+impl<'a> Replay<'a> {
+    pub(crate) fn new(
+        file: &'a PageFile,
+        clean: Lsn,
+        cache: &'a mut HashMap<PageId, Page>,
+        archive: Option<(&'a LogArchive, &'a LogTail)>,
+    ) -> Replay<'a> {
+        Replay {
+            file,
+            clean,
+            cache,
+            archive,
+            images: BTreeMap::new(),
+            repaired: BTreeSet::new(),
+            report: CleanReport {
+                clean_lsn: clean,
+                ..CleanReport::default()
+            },
+        }
+    }
+
+    /// The image of page `id` being replayed onto, read (or taken from the cache) on first use.
+    fn image(&mut self, id: PageId) -> Result<&mut (Page, bool)> {
+        match self.images.entry(id) {
+            Entry::Occupied(entry) => Ok(entry.into_mut()),
+            Entry::Vacant(entry) => {
+                let image = match self.cache.remove(&id) {
+                    Some(image) => image,
+                    None => {
+                        let (image, rebuilt) =
+                            stored_image(id, self.file, self.clean, self.archive)?;
+                        if rebuilt {
+                            self.repaired.insert(id);
+                        }
+                        image
+                    }
+                };
+                Ok(entry.insert((image, false)))
+            }
+        }
+    }
+
+    /// Replays the log record at `lsn` onto every page it changes.
+    pub(crate) fn apply(&mut self, lsn: Lsn, record: &LogRecord) -> Result<()> {
+        self.report.replayed += 1;
+        for (id, _) in record.pages() {
+            let (image, changed) = self.image(id)?;
+            *changed |= redo(id, image, lsn, record)?;
+        }
+        Ok(())
+    }
+
+    /// Replays one page's changes from the archive, in LSN order.
+    fn apply_to_page(&mut self, id: PageId, changes: &[(Lsn, LogRecord)]) -> Result<()> {
+        self.report.from_archive += changes.len() as u64;
+        let (image, changed) = self.image(id)?;
+        for (lsn, record) in changes {
+            *changed |= redo(id, image, *lsn, record)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the changed images (not synced) and keeps them all in the cache for the next
+    /// round. The report's `clean_lsn` is still the starting one.
+    pub(crate) fn write(self) -> Result<CleanReport> {
+        let mut report = self.report;
+        for (id, (image, changed)) in &self.images {
+            if self.repaired.contains(id) {
+                // Over the damaged image, even one of the same LSN.
+                report.written += u64::from(self.file.write_repaired(*id, image)?);
+            } else if *changed {
+                report.written += u64::from(self.file.write(*id, image)?);
+            } else if image.lsn > Lsn::ZERO {
+                // The stored image had every change replayed: say so (after the caller's
+                // sync), so that analysis drops the page from its dirty-page table.
+                self.file.confirm(*id, image.lsn);
+            }
+        }
+        if self.cache.len() + self.images.len() > CACHE_PAGES {
+            self.cache.clear();
+        }
+        self.cache
+            .extend(self.images.into_iter().map(|(id, (image, _))| (id, image)));
+        Ok(report)
+    }
+}
+
 /// The stored image of page `id`, as the cleaner's invariant says it is (every change up to
 /// `clean`). A damaged one is rebuilt to exactly `clean` from the archive, if there is one;
 /// the flag says it was.
@@ -210,12 +278,11 @@ fn stored_image(
     id: PageId,
     file: &PageFile,
     clean: Lsn,
-    archive: Option<&LogArchive>,
-    log: &LogTail,
+    archive: Option<(&LogArchive, &LogTail)>,
 ) -> Result<(Page, bool)> {
     match (file.read(id)?, archive) {
         (Ok(image), _) => Ok((image, false)),
-        (Err(damage), Some(archive)) => {
+        (Err(damage), Some((archive, log))) => {
             tracing::warn!(page = id, %damage, "the cleaner rebuilds a damaged page");
             let image = crate::repair::rebuild(id, Page::empty(), clean, archive, log)?;
             Ok((image, true))

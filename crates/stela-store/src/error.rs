@@ -57,6 +57,12 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
 
+    /// A standby follower's directory and the log do not fit together: the log no longer
+    /// reaches back to what the directory needs, ends before what its pages hold, or the
+    /// directory is not a follower's. Nothing was applied across the gap.
+    #[error("standby follower: {0}")]
+    Follow(String),
+
     /// An earlier log or page-file failure left the in-memory state ahead of what is durable;
     /// the store accepts no more work. Reopen it: restart recovers the durable state.
     #[error("the store stopped after an earlier failure; reopen it to recover")]

@@ -18,6 +18,9 @@
 //! - [`retention`]: how far back each reader of the log reads, so that the log is truncated
 //!   only below all of them.
 //! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
+//! - [`follow`]: the warm standby store, a [`Follower`] replaying a standby daemon's copy of
+//!   the log onto a directory of its own, which a store opens after a promotion with little to
+//!   redo.
 //! - [`recovery`]: restart after a crash, classical ARIES (analysis, redo, undo with
 //!   compensation records, all before open returns) or instant (analysis only; the rest on
 //!   demand), and the rollback a normal abort shares with it.
@@ -81,7 +84,7 @@
 //! reads the log, not the archive, so the log is kept back to the oldest change a stored image
 //! lacks, and instant restart reads that stretch of log before open returns (to index the
 //! pending redo by page), so its open grows with it; page merges (deletes leave empty leaves),
-//! range locks (a scan can see phantoms), the warm standby store.
+//! range locks (a scan can see phantoms).
 
 pub mod analysis;
 pub mod archive;
@@ -91,6 +94,7 @@ pub mod checkpoint;
 pub mod cleaner;
 pub mod daemon;
 pub mod error;
+pub mod follow;
 pub mod format;
 pub mod lock;
 pub mod log;
@@ -110,6 +114,7 @@ pub use checkpoint::CheckpointReport;
 pub use cleaner::{CleanReport, CleanerKind};
 pub use daemon::DaemonLog;
 pub use error::{Error, Result};
+pub use follow::{Agreement, FollowReport, Follower};
 pub use format::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TxnId};
 pub use log::LogDevice;
 pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};

@@ -172,6 +172,17 @@ impl PageFile {
         Ok(())
     }
 
+    /// Syncs the file for a writer that must not write to the log it reads (the standby
+    /// follower, `follow`): the writes made so far are synced and forgotten instead of
+    /// reported. Its progress is recorded elsewhere, after this returns.
+    pub fn sync_unlogged(&self) -> Result<()> {
+        self.unreported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.sync()
+    }
+
     /// Syncs the file, then logs the writes made before the sync in one `PagesWritten` record
     /// (none if there were none). Returns the record's LSN. The record is not flushed: it only
     /// matters once durable, and being late only makes analysis keep a page dirty for longer.

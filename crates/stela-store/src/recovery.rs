@@ -24,6 +24,15 @@
 //! - Undo needs the tree as it was at the crash; instant undo gets it because every page undo
 //!   reads goes through the pool, which redoes it first.
 //!
+//! A standby follower's directory (`follow`) comes with one more fact: its images hold every
+//! change up to the follower's progress `L`, and its master record names a checkpoint that ends
+//! at or below `L`. Analysis then ignores the `PagesWritten` records above `L` it reads (they
+//! describe the old primary's page file, not these images; ignoring a true one only keeps a
+//! page dirty longer), and at its end moves every dirty page's `rec_lsn` past `L`, so redo
+//! covers only what the follower had not applied. An empty page file without a master record,
+//! opened on a log that has records, is treated as a follower at `L = 0`: the log's
+//! `PagesWritten` records are then about some other page file, and the whole log is redone.
+//!
 //! Analysis starts at the latest complete checkpoint of either kind (the master record names
 //! it) with that checkpoint's tables; without one, at LSN 1 with empty tables (a log that
 //! starts later was truncated behind a checkpoint whose master record is lost: an error).
@@ -65,6 +74,9 @@ pub struct RestartReport {
     pub pending_pages: u64,
     /// Instant restart: (record, page) pairs in those pages' pending redo.
     pub pending_records: u64,
+    /// A standby follower's directory: every change up to this LSN was in its page images
+    /// (zero, too, for an empty page file opened on a log that has records).
+    pub followed_to: Option<Lsn>,
 }
 
 /// Rolls back `txn`, whose last record is `last_lsn`, finding its records with `lookup`.
@@ -180,9 +192,13 @@ pub(crate) struct Restarted {
 pub(crate) fn restart(
     engine: &mut Engine,
     master: Option<Master>,
+    followed_to: Option<Lsn>,
     mode: RestartMode,
 ) -> Result<Restarted> {
-    let mut report = RestartReport::default();
+    let mut report = RestartReport {
+        followed_to,
+        ..RestartReport::default()
+    };
     let log = std::sync::Arc::clone(&engine.log);
     let started = std::time::Instant::now();
 
@@ -223,7 +239,13 @@ pub(crate) fn restart(
             });
         }
         report.records_analyzed += 1;
-        analysis.apply(lsn, &record);
+        let foreign_write = matches!(record.body, LogBody::PagesWritten { .. })
+            && followed_to.is_some_and(|followed| lsn > followed);
+        if foreign_write {
+            analysis.applied_to = analysis.applied_to.max(lsn);
+        } else {
+            analysis.apply(lsn, &record);
+        }
         match record.body {
             LogBody::Commit | LogBody::Aborted => {
                 undo_records.remove(&record.txn);
@@ -242,6 +264,9 @@ pub(crate) fn restart(
             }
             _ => {}
         }
+    }
+    if let Some(followed) = followed_to {
+        analysis.images_hold_up_to(followed);
     }
     engine.next_page = engine.next_page.max(analysis.next_page());
     report.max_txn = analysis.max_txn();

@@ -364,7 +364,17 @@ impl Store {
                 .attach_repair(PageRepair::new(Arc::clone(archive), options.elide_writes));
         }
         let master = Master::read(storage.as_ref(), dir)?;
-        let restarted = recovery::restart(&mut engine, master, options.restart)?;
+        let followed_to = match followed_to(storage.as_ref(), dir, master, log.as_ref())? {
+            // An empty page file without a checkpoint, on a log that has records: the log's
+            // `PagesWritten` records are about another page file (a directory new to an
+            // existing log), and trusting them would skip redo this file needs. It holds every
+            // change up to LSN 0, like a follower that applied nothing.
+            None if master.is_none() && file.pages()? == 0 && log.last_lsn() > Lsn::ZERO => {
+                Some(Lsn::ZERO)
+            }
+            followed => followed,
+        };
+        let restarted = recovery::restart(&mut engine, master, followed_to, options.restart)?;
         let (restart, analysis) = (restarted.report, restarted.analysis);
         tracing::debug!(?restart, "store restarted");
         if options.cleaner == CleanerKind::Decoupled {
@@ -581,6 +591,35 @@ impl Drop for Store {
 
 /// Runs `work` every `interval` on a thread of its own until the store stops. Errors are
 /// logged (and have poisoned the store where they must), not fatal to the thread.
+/// A standby follower's progress in `dir` (`follow`), while it still speaks for the directory:
+/// until the store has completed a checkpoint of its own there (the master record then names
+/// a begin record past the progress, and restart needs nothing else).
+///
+/// # Errors
+/// [`Error::Follow`] when the pages hold changes the log does not (the log ends below the
+/// progress: not the log the follower followed, or one that lost its end).
+fn followed_to(
+    storage: &dyn stela_wal::storage::Storage,
+    dir: &Path,
+    master: Option<Master>,
+    log: &dyn LogDevice,
+) -> Result<Option<Lsn>> {
+    let Some(followed) = crate::follow::read_progress(storage, dir)? else {
+        return Ok(None);
+    };
+    if master.is_some_and(|master| master.begin > followed) {
+        return Ok(None);
+    }
+    if followed > log.last_lsn() {
+        return Err(Error::Follow(format!(
+            "{}: the page images hold every change up to {followed}, but the log ends at {}",
+            dir.display(),
+            log.last_lsn()
+        )));
+    }
+    Ok(Some(followed))
+}
+
 fn spawn_service(
     name: &str,
     shared: &Arc<Shared>,

@@ -105,6 +105,11 @@ impl Engine {
         end: impl Fn(LogId) -> (u64, Option<(u64, u64, u64)>),
     ) -> Option<stela_proto::ReplicationStatus> {
         match (&self.ha.replication, self.ha.standby_view.get()) {
+            // A node of a failover pair has both ends. While it is the standby, its status is
+            // the streams it mirrors (a follower on the standby, `stela mount-follow` or
+            // `stela store-follow`, applies only what they report durable); its shipping side
+            // has no logs then.
+            (Some(_), Some(view)) if !self.node().is_primary() => Some(view()),
             (Some(replication), _) => Some(replication.status(end)),
             (None, Some(view)) => Some(view()),
             (None, None) => None,
