@@ -119,23 +119,20 @@ struct Fault {
     ran_ms: u64,
     /// Transactions acknowledged before this fault.
     acknowledged: u64,
+    #[serde(flatten)]
+    restarted: Restarted,
+}
+
+/// What the check after a fault found, and what its restart did.
+#[derive(Debug, serde::Serialize)]
+struct Restarted {
     /// Transactions in flight at the fault that restart kept (their commit record had
     /// reached the disk; the client had not been told).
     in_flight_visible: u64,
     losers_rolled_back: u64,
     restart_ms: f64,
-    /// What the restart after the fault read: records analysed, where redo started (0: no
-    /// page was dirty) and the (record, page) pairs it left pending (instant restart).
-    analyzed: u64,
-    redo_start: u64,
-    pending_records: u64,
-}
-
-/// What the check after a fault found, and what its restart did.
-struct Restarted {
-    in_flight_visible: u64,
-    losers_rolled_back: u64,
-    restart_ms: f64,
+    /// What the restart read: records analysed, where redo started (0: no page was dirty)
+    /// and the (record, page) pairs it left pending (instant restart).
     analyzed: u64,
     redo_start: u64,
     pending_records: u64,
@@ -503,12 +500,7 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 n: kill,
                 ran_ms,
                 acknowledged: acknowledged_now.len() as u64,
-                in_flight_visible: restarted.in_flight_visible,
-                losers_rolled_back: restarted.losers_rolled_back,
-                restart_ms: restarted.restart_ms,
-                analyzed: restarted.analyzed,
-                redo_start: restarted.redo_start,
-                pending_records: restarted.pending_records,
+                restarted,
             };
             report(fault, &tally, out)?;
         }
@@ -550,12 +542,7 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 n: cut,
                 ran_ms,
                 acknowledged: acknowledged_now.len() as u64,
-                in_flight_visible: restarted.in_flight_visible,
-                losers_rolled_back: restarted.losers_rolled_back,
-                restart_ms: restarted.restart_ms,
-                analyzed: restarted.analyzed,
-                redo_start: restarted.redo_start,
-                pending_records: restarted.pending_records,
+                restarted,
             };
             report(fault, &tally, out)?;
         }
