@@ -301,6 +301,20 @@ impl BufferPool {
         Ok(changed)
     }
 
+    /// Restart's redo found that page `id`'s image already held its records: if the pool
+    /// holds it clean (its stored image is the same), tell the page file, which reports it
+    /// with its next writes (after their sync). Without this a page whose `PagesWritten`
+    /// record a crash lost stays dirty in log analysis (decoupled checkpoints) until something
+    /// changes it again, and pins redo's start and the log behind it.
+    pub fn confirm_current(&self, id: PageId) {
+        if let Some(&frame) = self.index.get(&id) {
+            let frame = &self.frames[frame];
+            if !frame.dirty {
+                self.file.confirm(id, frame.page.lsn);
+            }
+        }
+    }
+
     /// Writes every dirty page (log first), syncs the page file and logs the writes: a clean
     /// shutdown.
     pub fn flush_all(&mut self, log: &dyn LogDevice) -> Result<()> {
@@ -351,8 +365,9 @@ impl BufferPool {
                     (Some(repaired), Some(redone)) => Some(repaired.min(redone)),
                     (repaired, redone) => repaired.or(redone),
                 };
-                if let Some(since) = since {
-                    self.dirty(frame, since);
+                match since {
+                    Some(since) => self.dirty(frame, since),
+                    None => self.confirm_current(id),
                 }
                 Ok(frame)
             }

@@ -347,6 +347,9 @@ fn redo_everything(
                     .pool
                     .update(page, log.as_ref(), |image| redo(page, image, lsn, &record))?;
                 report.redo_applied += u64::from(applied);
+                if !applied {
+                    engine.pool.confirm_current(page);
+                }
             }
         }
     }
