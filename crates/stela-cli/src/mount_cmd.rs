@@ -80,11 +80,10 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             signal_hook::consts::SIGINT,
         ]) {
             Ok(mut signals) => {
+                let point = mountpoint.clone();
                 std::thread::spawn(move || {
                     if signals.forever().next().is_some() {
-                        if let Err(e) = unmounter.unmount() {
-                            tracing::warn!("stela mount: unmounting on signal: {e}");
-                        }
+                        unmount_retrying(&point, || unmounter.unmount());
                     }
                 });
             }
@@ -94,6 +93,44 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     })?;
     Ok(())
+}
+
+/// Unmounts for a signal. The kernel refuses an unmount as busy while files the last users
+/// closed are still being released (FUSE sends their release asynchronously, late on a loaded
+/// machine), and fuser's unmounter is spent by its first attempt: one refusal used to leave the
+/// file system mounted, and this process serving it, for ever. So after a refusal, retry with
+/// `fusermount3 -u` for a while, then detach lazily (`-z`: the mount point goes at once, the
+/// session ends when the last open file is closed).
+fn unmount_retrying<E: std::fmt::Display>(
+    mountpoint: &std::path::Path,
+    first: impl FnOnce() -> Result<(), E>,
+) {
+    let Err(e) = first() else {
+        return;
+    };
+    tracing::info!("stela mount: unmounting on signal: {e}; retrying");
+    let fusermount = |lazy: bool| {
+        std::process::Command::new("fusermount3")
+            .arg(if lazy { "-uz" } else { "-u" })
+            .arg("--")
+            .arg(mountpoint)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if fusermount(false) {
+            return;
+        }
+    }
+    if !fusermount(true) {
+        tracing::warn!(
+            "stela mount: could not unmount {}; unmount it with fusermount3 -u",
+            mountpoint.display()
+        );
+    }
 }
 
 /// `stela mount-follow`.

@@ -108,7 +108,20 @@ impl Mount {
             .args(["-TERM", &child.id().to_string()])
             .status()
             .unwrap();
-        let status = child.wait().unwrap();
+        // Bounded: a mount that never unmounts fails the test instead of hanging it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                detach(&self.point);
+                panic!("stela mount did not exit within 60 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         assert!(status.success(), "stela mount exited with {status}");
         assert!(!is_mounted(&self.point));
     }
