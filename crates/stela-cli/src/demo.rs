@@ -245,12 +245,23 @@ mod tests {
 
     #[test]
     fn prints_the_three_modes_and_what_they_survive() {
-        let mut out = Vec::new();
-        let rows = run_demo(&DemoArgs { seconds: 0.1 }, &mut out).unwrap();
+        // The modes that never wait for the disk commit within any window, once running; but
+        // one fdatasync, or the daemon's start, can outlast a 0.1 s window right after a
+        // build (the machine flushing gigabytes) or beside other tests: a longer window then.
+        let mut last = Vec::new();
+        let (rows, out) = [0.1, 1.0, 5.0]
+            .into_iter()
+            .map(|seconds| {
+                let mut out = Vec::new();
+                let rows = run_demo(&DemoArgs { seconds }, &mut out).unwrap();
+                (rows, out)
+            })
+            .find(|(rows, _)| {
+                last = rows.clone();
+                rows[1..].iter().all(|r| r.commits_per_s > 0.0)
+            })
+            .unwrap_or_else(|| panic!("a mode never committed, even in 5 s: {last:?}"));
         assert_eq!(rows.len(), 3);
-        // The modes that never wait for the disk commit within any window; one fdatasync can
-        // outlast a 0.1 s window on a loaded machine (CI runs tests side by side).
-        assert!(rows[1..].iter().all(|r| r.commits_per_s > 0.0), "{rows:?}");
         let text = String::from_utf8(out).unwrap();
         for shown in &SHOWN {
             assert_eq!(text.matches(shown.label).count(), 2, "{text}");
