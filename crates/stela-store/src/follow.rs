@@ -137,15 +137,7 @@ impl Follower {
         storage.create_dir_all(dir)?;
         let applied = read_progress(storage.as_ref(), dir)?;
         let master = Master::read(storage.as_ref(), dir)?;
-        let pages = dir.join("pages");
-        let file = match storage.open(&pages, OpenMode::ReadWrite) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let file = storage.open(&pages, OpenMode::CreateNew)?;
-                storage.sync_dir(dir)?;
-                file
-            }
-            opened => opened?,
-        };
+        let file = crate::pagefile::open_in(storage.as_ref(), dir)?;
         let applied = match applied {
             Some(applied) => applied,
             None if master.is_none() && file.len()? == 0 => {

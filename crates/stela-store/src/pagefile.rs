@@ -21,9 +21,10 @@ use crate::log::LogDevice;
 use crate::page::{self, Page, PageError, PageId, PAGE_SIZE};
 use crate::sync::{AtomicU64, Mutex};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use stela_format::Lsn;
-use stela_wal::storage::StorageFile;
+use stela_wal::storage::{OpenMode, Storage, StorageFile};
 
 pub struct PageFile {
     /// On the store's storage (the real file system, or the fault-injecting one in tests and
@@ -44,6 +45,21 @@ pub struct PageFile {
     pub(crate) reads: std::sync::atomic::AtomicU64,
     pub(crate) writes: std::sync::atomic::AtomicU64,
     pub(crate) syncs: std::sync::atomic::AtomicU64,
+}
+
+/// Opens the page file of the store directory `dir` (its `pages`), creating it if absent; a
+/// new file's name is made durable (the directory synced) before any page is reported written
+/// to it, so a power cut cannot take the file while the log says its pages are there.
+pub(crate) fn open_in(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn StorageFile>> {
+    let pages = dir.join("pages");
+    match storage.open(&pages, OpenMode::ReadWrite) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let file = storage.open(&pages, OpenMode::CreateNew)?;
+            storage.sync_dir(dir)?;
+            Ok(file)
+        }
+        opened => Ok(opened?),
+    }
 }
 
 impl PageFile {

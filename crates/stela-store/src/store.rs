@@ -56,7 +56,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use stela_format::Lsn;
-use stela_wal::storage::OpenMode;
 use stela_wal::{SyncMode, Wal, WalOptions};
 
 /// How a store is opened.
@@ -316,16 +315,7 @@ impl Store {
         let dir = dir.as_ref();
         let storage = Arc::clone(&options.wal.storage);
         storage.create_dir_all(dir)?;
-        let pages = dir.join("pages");
-        let file = match storage.open(&pages, OpenMode::ReadWrite) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let file = storage.open(&pages, OpenMode::CreateNew)?;
-                // The new name must outlive a power cut before a page is reported written.
-                storage.sync_dir(dir)?;
-                file
-            }
-            opened => opened?,
-        };
+        let file = crate::pagefile::open_in(storage.as_ref(), dir)?;
         let file = Arc::new(PageFile::new(file, options.sync_pages));
         // The tail keeps records only for a decoupled service that runs on its own thread: a
         // service called only on request may not be called for a long time, and would make the
