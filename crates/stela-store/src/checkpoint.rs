@@ -40,6 +40,43 @@ pub struct Master {
     pub end: Lsn,
 }
 
+/// A small file holding a payload followed by its CRC32C, little-endian (the master record,
+/// the standby follower's progress), as read.
+pub(crate) enum Sealed {
+    Absent,
+    /// Of another length, or failing its checksum.
+    Damaged,
+    /// The payload.
+    Intact(Vec<u8>),
+}
+
+/// Reads the sealed file at `path`, whose payload is `payload_len` bytes.
+///
+/// # Errors
+/// I/O errors other than the file's absence.
+pub(crate) fn read_sealed(
+    storage: &dyn Storage,
+    path: &Path,
+    payload_len: usize,
+) -> Result<Sealed> {
+    let mut bytes = match storage
+        .open(path, OpenMode::Read)
+        .and_then(|file| file.read_to_vec())
+    {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Sealed::Absent),
+        Err(e) => return Err(e.into()),
+    };
+    let intact = bytes.len() == payload_len + 4
+        && u32::from_le_bytes(bytes[payload_len..].try_into().expect("4 bytes"))
+            == crc32c::crc32c(&bytes[..payload_len]);
+    if !intact {
+        return Ok(Sealed::Damaged);
+    }
+    bytes.truncate(payload_len);
+    Ok(Sealed::Intact(bytes))
+}
+
 impl Master {
     /// The master record in `dir`, if a checkpoint was ever completed there and the record
     /// survived. It is written without a sync (see [`Master::write`]), so after a machine crash
@@ -50,21 +87,14 @@ impl Master {
     /// I/O errors reading it.
     pub fn read(storage: &dyn Storage, dir: &Path) -> Result<Option<Master>> {
         let path = dir.join(MASTER_FILE);
-        let bytes = match storage
-            .open(&path, OpenMode::Read)
-            .and_then(|file| file.read_to_vec())
-        {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let bytes = match read_sealed(storage, &path, MASTER_LEN - 4)? {
+            Sealed::Absent => return Ok(None),
+            Sealed::Damaged => {
+                tracing::warn!(path = %path.display(), "damaged master record: analysing the whole log");
+                return Ok(None);
+            }
+            Sealed::Intact(bytes) => bytes,
         };
-        let intact = bytes.len() == MASTER_LEN
-            && u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"))
-                == crc32c::crc32c(&bytes[..16]);
-        if !intact {
-            tracing::warn!(path = %path.display(), "damaged master record: analysing the whole log");
-            return Ok(None);
-        }
         let at = |i: usize| Lsn::new(u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8")));
         Ok(Some(Master {
             begin: at(0),

@@ -37,7 +37,7 @@
 //!   (after a promotion). It refuses a directory that has a master record or pages but no
 //!   progress file: that is a store's directory, whose images it cannot vouch for.
 
-use crate::checkpoint::Master;
+use crate::checkpoint::{Master, Sealed};
 use crate::cleaner::Replay;
 use crate::error::{Error, Result};
 use crate::format::{LogBody, LogRecord, RecordError};
@@ -349,23 +349,16 @@ impl Follower {
 /// crash's doing); I/O errors.
 pub(crate) fn read_progress(storage: &dyn Storage, dir: &Path) -> Result<Option<Lsn>> {
     let path = dir.join(PROGRESS_FILE);
-    let bytes = match storage
-        .open(&path, OpenMode::Read)
-        .and_then(|file| file.read_to_vec())
-    {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let bytes = match crate::checkpoint::read_sealed(storage, &path, PROGRESS_LEN - 4)? {
+        Sealed::Absent => return Ok(None),
+        Sealed::Damaged => {
+            return Err(Error::Follow(format!(
+                "{} is damaged: the follower's progress is unknown",
+                path.display()
+            )))
+        }
+        Sealed::Intact(bytes) => bytes,
     };
-    let intact = bytes.len() == PROGRESS_LEN
-        && u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"))
-            == crc32c::crc32c(&bytes[..8]);
-    if !intact {
-        return Err(Error::Follow(format!(
-            "{} is damaged: the follower's progress is unknown",
-            path.display()
-        )));
-    }
     Ok(Some(Lsn::new(u64::from_le_bytes(
         bytes[..8].try_into().expect("8 bytes"),
     ))))
