@@ -6,10 +6,13 @@
 //! Each run:
 //! 1. A child process (this binary's hidden `restart-child` subcommand) opens the store with a
 //!    buffer pool larger than the dirty set, the cleaners off and commits durable on disk
-//!    (fdatasync), updates one key on each of `dirty_mb * 128` leaves (8 KiB pages), leaves a
-//!    transaction running that changed 100 keys (a loser, its records made durable by a later
-//!    commit), takes a checkpoint (so analysis is short: the pages stay dirty), says `ready`,
-//!    and waits.
+//!    (fdatasync), updates one key on each of `dirty_mb * 128` leaves (8 KiB pages), runs one
+//!    step of the log archive (as its thread does every interval; `--no-archive`: none kept),
+//!    leaves a transaction running that changed 100 keys (a loser, its records made durable by
+//!    a later commit), takes a checkpoint (so analysis is short: the pages stay dirty), says
+//!    `ready`, and waits. Instant restart finds the dirty pages' older changes in the archive
+//!    and reads them per page when it redoes the page; without the archive it reads them from
+//!    the log at open (a read that grows with the dirty set).
 //! 2. The parent kills it with SIGKILL, and (unless `--warm`) drops the store's files from the
 //!    page cache with `posix_fadvise(DONTNEED)`, as a restarted machine would find them.
 //! 3. The parent opens the store in the mode measured and runs a first transaction: read a
@@ -58,6 +61,15 @@ pub struct RestartArgs {
     /// Directory for the store (default: a temporary folder in the current directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Keep the loaded store in this directory and reuse it in later runs of this command
+    /// with the same largest size (loading 1 GiB of leaves takes minutes). Exclusive with
+    /// `--dir`.
+    #[arg(long, conflicts_with = "dir")]
+    pub store: Option<PathBuf>,
+    /// Run without the log archive: instant restart then reads from the log every change the
+    /// dirty pages lack, at open (the comparison for what the archive saves).
+    #[arg(long)]
+    pub no_archive: bool,
     /// One JSON object per run instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -92,6 +104,8 @@ pub struct ChildArgs {
     /// Which run this is: the value written, so the parent can check it reads it back.
     #[arg(long)]
     pub round: u8,
+    #[arg(long)]
+    pub no_archive: bool,
 }
 
 /// One run's result.
@@ -108,14 +122,20 @@ pub struct RestartRun {
     /// Instant: pages left for redo after open. Classical: pages redone by open.
     pub pages_redone_later: u64,
     pub redo_applied_at_open: u64,
+    /// Instant: records open read from the log for the pending redo.
+    pub pending_records: u64,
+    /// Instant: pending pages whose older changes open left in the log archive.
+    pub pending_from_archive: u64,
+    pub archive: bool,
 }
 
 fn key(i: u64) -> Vec<u8> {
     format!("k{i:010}").into_bytes()
 }
 
-/// Frames for a dirty set of `dirty_mb`, with room for the internal pages and the reads.
-fn options(dirty_mb: u64, mode: RestartMode) -> StoreOptions {
+/// Frames for a dirty set of `dirty_mb`, with room for the internal pages and the reads; the
+/// log archive kept unless `no_archive`, its steps run on request only.
+fn options(dirty_mb: u64, mode: RestartMode, no_archive: bool) -> StoreOptions {
     let defaults = StoreOptions::default();
     let wal = defaults.wal.clone().sync(SyncMode::Data);
     defaults
@@ -123,13 +143,15 @@ fn options(dirty_mb: u64, mode: RestartMode) -> StoreOptions {
         .pool_pages(((dirty_mb * 5 / 4 + 64) * PAGES_PER_MB) as usize)
         .checkpoint_interval(None)
         .clean_interval(None)
+        .archive(!no_archive)
+        .archive_interval(None)
         .restart(mode)
 }
 
 /// Loads `keys` keys in order and closes the store; returns the number of leaves (pages of
 /// the file, less a few internal ones).
-fn load(dir: &Path, keys: u64) -> anyhow::Result<u64> {
-    let options = options(64, RestartMode::Classical);
+fn load(dir: &Path, keys: u64, no_archive: bool) -> anyhow::Result<u64> {
+    let options = options(64, RestartMode::Classical, no_archive);
     let wal = options.wal.clone().sync(SyncMode::None);
     let store = Store::open(dir, options.wal(wal))?;
     let mut i = 0;
@@ -141,14 +163,16 @@ fn load(dir: &Path, keys: u64) -> anyhow::Result<u64> {
         txn.commit()?;
         i += LOAD_BATCH;
     }
+    store.archive()?;
     store.close()?;
     Ok(std::fs::metadata(dir.join("pages"))?.len() / stela_store::PAGE_SIZE as u64)
 }
 
-/// The child: dirty `dirty_mb` of pages, leave a loser, checkpoint, say `ready`, wait to be
-/// killed.
+/// The child: dirty `dirty_mb` of pages, archive, leave a loser, checkpoint, say `ready`,
+/// wait to be killed.
 pub fn child(args: &ChildArgs) -> anyhow::Result<()> {
-    let store = Store::open(&args.dir, options(args.dirty_mb, RestartMode::Classical))?;
+    let options = options(args.dirty_mb, RestartMode::Classical, args.no_archive);
+    let store = Store::open(&args.dir, options)?;
     let pages = args.dirty_mb * PAGES_PER_MB;
     // Keys in order, a leaf's worth apart: one update per leaf.
     let stride = (args.keys / pages).max(1);
@@ -162,6 +186,10 @@ pub fn child(args: &ChildArgs) -> anyhow::Result<()> {
         txn.commit()?;
         updated += DIRTY_BATCH;
     }
+    // One archiving step, as the archive's thread takes every interval: the crash comes after
+    // the archive caught up with the dirtying (what it had not archived, restart reads from
+    // the log). No-op without an archive.
+    store.archive()?;
     let mut loser = store.begin();
     for n in 0..LOSER_KEYS {
         loser.put(&key(n * stride + 1), b"never committed")?;
@@ -204,7 +232,13 @@ fn walk(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Runs the child on `dir` until it is ready, then kills it. Returns the dirty pages it
 /// reported.
-fn crash_child(dir: &Path, dirty_mb: u64, keys: u64, round: u8) -> anyhow::Result<usize> {
+fn crash_child(
+    dir: &Path,
+    dirty_mb: u64,
+    keys: u64,
+    round: u8,
+    no_archive: bool,
+) -> anyhow::Result<usize> {
     let exe = std::env::current_exe().context("the path of this binary")?;
     let mut child = Command::new(exe)
         .arg("restart-child")
@@ -213,6 +247,7 @@ fn crash_child(dir: &Path, dirty_mb: u64, keys: u64, round: u8) -> anyhow::Resul
         .args(["--dirty-mb", &dirty_mb.to_string()])
         .args(["--keys", &keys.to_string()])
         .args(["--round", &round.to_string()])
+        .args(no_archive.then_some("--no-archive"))
         .stdout(Stdio::piped())
         .spawn()
         .context("starting the child")?;
@@ -233,15 +268,16 @@ fn ms(since: Instant) -> f64 {
 }
 
 /// Restarts the crashed store in `mode`, runs the first transaction, waits for the recovery to
-/// finish, closes the store.
+/// finish, closes the store. Returns the times and the restart's report.
 fn restart(
     dir: &Path,
     mode: ModeArg,
     dirty_mb: u64,
     round: u8,
-) -> anyhow::Result<(f64, f64, f64, u64, u64)> {
+    no_archive: bool,
+) -> anyhow::Result<(f64, f64, f64, stela_store::RestartReport)> {
     let started = Instant::now();
-    let store = Store::open(dir, options(dirty_mb, mode.into()))?;
+    let store = Store::open(dir, options(dirty_mb, mode.into(), no_archive))?;
     let open_ms = ms(started);
     let mut txn = store.begin();
     let read = txn.get(&key(0))?;
@@ -263,13 +299,54 @@ fn restart(
         bail!("{mode:?} restart: losers {:?}, expected one", report.losers);
     }
     store.close()?;
-    Ok((
-        open_ms,
-        first_txn_ms,
-        full_recovery_ms,
-        report.pending_pages,
-        report.redo_applied,
-    ))
+    Ok((open_ms, first_txn_ms, full_recovery_ms, report))
+}
+
+/// The store the runs crash.
+struct CrashStore {
+    dir: PathBuf,
+    /// The scratch folder holding it, removed when dropped (none with `--store`).
+    _scratch: Option<tempfile::TempDir>,
+    /// Pages loaded and the seconds the load took (`None`: a kept store reused).
+    loaded: Option<(u64, f64)>,
+}
+
+/// The store to crash, loaded with `keys` keys: in `--store` when it already holds that many
+/// (a file beside it says how many it was loaded with), else loaded now.
+fn store_for(args: &RestartArgs, keys: u64) -> anyhow::Result<CrashStore> {
+    let (dir, scratch) = match &args.store {
+        Some(kept) => (kept.clone(), None),
+        None => {
+            let base = crate::harness::scratch_dir(args.dir.as_deref())?;
+            (base.path().join("store"), Some(base))
+        }
+    };
+    let marker = dir.with_extension("loaded");
+    let wanted = format!("{keys} keys, archive {}\n", !args.no_archive);
+    if args.store.is_some() && std::fs::read_to_string(&marker).ok().as_deref() == Some(&wanted) {
+        return Ok(CrashStore {
+            dir,
+            _scratch: scratch,
+            loaded: None,
+        });
+    }
+    if args.store.is_some() {
+        let _ = std::fs::remove_file(&marker);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+    }
+    let loading = Instant::now();
+    let leaves = load(&dir, keys, args.no_archive)?;
+    let took = loading.elapsed().as_secs_f64();
+    if args.store.is_some() {
+        std::fs::write(&marker, wanted)?;
+    }
+    Ok(CrashStore {
+        dir,
+        _scratch: scratch,
+        loaded: Some((leaves, took)),
+    })
 }
 
 pub fn run(args: &RestartArgs, out: &mut impl Write) -> anyhow::Result<Vec<RestartRun>> {
@@ -277,24 +354,26 @@ pub fn run(args: &RestartArgs, out: &mut impl Write) -> anyhow::Result<Vec<Resta
     if largest == 0 || args.modes.is_empty() {
         bail!("--dirty-mb needs a size above 0, and --modes at least one mode");
     }
-    let base = crate::harness::scratch_dir(args.dir.as_deref())?;
-    let dir = base.path().join("store");
     // Leaves loaded in key order are about half full: 35 keys of 111 bytes each. Twice as
     // many leaves as the largest dirty set.
     let keys = largest * PAGES_PER_MB * 2 * 35;
-    let loading = Instant::now();
-    let leaves = load(&dir, keys)?;
+    // Dropped at the end, removing a scratch store.
+    let store = store_for(args, keys)?;
+    let dir = store.dir.clone();
     if !args.json {
+        let loaded = match store.loaded {
+            Some((leaves, took)) => format!("{leaves} pages, loaded in {took:.1} s"),
+            None => format!("reused from {}", dir.display()),
+        };
         writeln!(
             out,
-            "restart: {keys} keys ({leaves} pages) loaded in {:.1} s; disk durability; page \
-             cache {}",
-            loading.elapsed().as_secs_f64(),
+            "restart: {keys} keys ({loaded}); disk durability; log archive {}; page cache {}",
+            if args.no_archive { "off" } else { "on" },
             if args.warm { "kept" } else { "dropped" }
         )?;
         writeln!(
             out,
-            "{:<10} {:>8} {:>11} {:>6} {:>9} {:>12} {:>16} {:>10}",
+            "{:<10} {:>8} {:>11} {:>6} {:>9} {:>12} {:>16} {:>10} {:>12} {:>12}",
             "restart",
             "dirty_mb",
             "dirty_pages",
@@ -302,7 +381,9 @@ pub fn run(args: &RestartArgs, out: &mut impl Write) -> anyhow::Result<Vec<Resta
             "open_ms",
             "first_txn_ms",
             "full_recovery_ms",
-            "redo_later"
+            "redo_later",
+            "log_records",
+            "from_archive"
         )?;
     }
     let mut runs = Vec::new();
@@ -315,12 +396,12 @@ pub fn run(args: &RestartArgs, out: &mut impl Write) -> anyhow::Result<Vec<Resta
             }
             for mode in modes {
                 round = round.wrapping_add(1).max(1);
-                let dirty_pages = crash_child(&dir, dirty_mb, keys, round)?;
+                let dirty_pages = crash_child(&dir, dirty_mb, keys, round, args.no_archive)?;
                 if !args.warm {
                     drop_from_cache(&dir)?;
                 }
-                let (open_ms, first_txn_ms, full_recovery_ms, later, applied) =
-                    restart(&dir, mode, dirty_mb, round)?;
+                let (open_ms, first_txn_ms, full_recovery_ms, report) =
+                    restart(&dir, mode, dirty_mb, round, args.no_archive)?;
                 let run = RestartRun {
                     restart: mode,
                     dirty_mb,
@@ -329,15 +410,18 @@ pub fn run(args: &RestartArgs, out: &mut impl Write) -> anyhow::Result<Vec<Resta
                     open_ms,
                     first_txn_ms,
                     full_recovery_ms,
-                    pages_redone_later: later,
-                    redo_applied_at_open: applied,
+                    pages_redone_later: report.pending_pages,
+                    redo_applied_at_open: report.redo_applied,
+                    pending_records: report.pending_records,
+                    pending_from_archive: report.pending_from_archive,
+                    archive: !args.no_archive,
                 };
                 if args.json {
                     writeln!(out, "{}", serde_json::to_string(&run)?)?;
                 } else {
                     writeln!(
                         out,
-                        "{:<10} {:>8} {:>11} {:>6} {:>9.1} {:>12.1} {:>16.1} {:>10}",
+                        "{:<10} {:>8} {:>11} {:>6} {:>9.1} {:>12.1} {:>16.1} {:>10} {:>12} {:>12}",
                         format!("{mode:?}").to_lowercase(),
                         dirty_mb,
                         dirty_pages,
@@ -345,7 +429,9 @@ pub fn run(args: &RestartArgs, out: &mut impl Write) -> anyhow::Result<Vec<Resta
                         open_ms,
                         first_txn_ms,
                         full_recovery_ms,
-                        later
+                        run.pages_redone_later,
+                        run.pending_records,
+                        run.pending_from_archive
                     )?;
                 }
                 out.flush()?;

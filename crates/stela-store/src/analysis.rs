@@ -191,6 +191,13 @@ impl Analysis {
         self.dirty.values().map(|e| e.rec_lsn).min()
     }
 
+    /// The dirty pages with their `rec_lsn` and newest change, ascending by page id.
+    pub fn dirty_pages(&self) -> impl Iterator<Item = (PageId, Lsn, Lsn)> + '_ {
+        self.dirty
+            .iter()
+            .map(|(&page, e)| (page, e.rec_lsn, e.page_lsn))
+    }
+
     /// The `rec_lsn` of page `page`, if it is dirty.
     pub fn rec_lsn(&self, page: PageId) -> Option<Lsn> {
         self.dirty.get(&page).map(|e| e.rec_lsn)

@@ -32,12 +32,13 @@
 //! The pool is not thread-safe by itself: the store holds it under its engine latch, so a frame
 //! is never evicted while an operation uses it.
 
+use crate::archive::LogArchive;
 use crate::error::{Error, Result};
-use crate::format::DirtyPage;
+use crate::format::{DirtyPage, LogRecord, RecordError};
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
-use crate::redo::{self, PendingRedo};
+use crate::redo::{self, PendingPage, PendingRedo};
 use crate::repair::PageRepair;
 use crate::sync::AtomicU64;
 use std::collections::HashMap;
@@ -144,6 +145,13 @@ impl BufferPool {
     pub fn set_pending(&mut self, pending: PendingRedo) {
         debug_assert!(self.index.is_empty());
         self.pending = pending;
+    }
+
+    /// The log archive, when the pool repairs pages from one (`attach_repair`).
+    pub fn archive(&self) -> Option<Arc<LogArchive>> {
+        self.repair
+            .as_ref()
+            .map(|repair| Arc::clone(repair.archive()))
     }
 
     /// Pages with redo still pending.
@@ -346,7 +354,7 @@ impl BufferPool {
                 None,
             ),
         };
-        let Some(records) = self.pending.take(id) else {
+        let Some(pending) = self.pending.take(id) else {
             let frame = self.free_frame(id, page, log)?;
             if let Some(rec_lsn) = dirty_since {
                 self.dirty(frame, rec_lsn);
@@ -354,8 +362,15 @@ impl BufferPool {
             return Ok(frame);
         };
         // Redo first, on the image read (or rebuilt), so that nothing sees the page without
-        // its records; on failure the records go back and the page stays out of the pool.
-        let first_redone = redo::redo_all(id, &mut page, &records)
+        // its records; on failure the pending redo goes back and the page stays out of the
+        // pool.
+        let first_redone = self
+            .archived_part(id, page.lsn, &pending)
+            .and_then(|archived| {
+                let first = redo::redo_all(id, &mut page, &archived)?;
+                let later = redo::redo_all(id, &mut page, &pending.records)?;
+                Ok(first.or(later))
+            })
             .and_then(|first| Ok((first, self.free_frame(id, page, log)?)));
         match first_redone {
             Ok((first, frame)) => {
@@ -372,10 +387,43 @@ impl BufferPool {
                 Ok(frame)
             }
             Err(error) => {
-                self.pending.restore(id, records);
+                self.pending.restore(id, pending);
                 Err(error)
             }
         }
+    }
+
+    /// The changes of page `id` (whose image is at `image_lsn`) that its pending redo left in
+    /// the archive: those in `rec_lsn..archived_below` above the image, in LSN order.
+    fn archived_part(
+        &self,
+        id: PageId,
+        image_lsn: Lsn,
+        pending: &PendingPage,
+    ) -> Result<Vec<(Lsn, Arc<LogRecord>)>> {
+        if pending.archived_below == Lsn::ZERO {
+            return Ok(Vec::new());
+        }
+        let archive =
+            self.repair
+                .as_ref()
+                .map(|repair| repair.archive())
+                .ok_or(Error::Unsupported(
+                    "restart left redo in a log archive the buffer pool does not have",
+                ))?;
+        let after = image_lsn.max(Lsn::new(pending.rec_lsn.get().saturating_sub(1)));
+        let (history, archived) = archive.page_history(id, after)?;
+        if archived < Lsn::new(pending.archived_below.get().saturating_sub(1)) {
+            return Err(Error::BadLogRecord {
+                lsn: pending.archived_below,
+                source: RecordError::Invalid("the log archive ends before what restart left in it"),
+            });
+        }
+        Ok(history
+            .into_iter()
+            .take_while(|(lsn, _)| *lsn < pending.archived_below)
+            .map(|(lsn, record)| (lsn, Arc::new(record)))
+            .collect())
     }
 
     /// A frame for page `id` holding `page`: a new one while the pool is not full, else the

@@ -3,8 +3,8 @@
 //!
 //! Classical is ARIES: analysis, redo, undo, all before the store opens. Instant does the same
 //! analysis, then hands the rest to later: for every dirty page it indexes the records the
-//! stored image may lack (read from the log, no page read) and gives the index to the pool,
-//! which redoes a page when it first reads it; the losers come back to the store, which locks
+//! stored image may lack (no page read; those the log archive holds stay there, the rest come
+//! from the log) and gives the index to the pool, which redoes a page when it first reads it; the losers come back to the store, which locks
 //! their keys under their ids before it opens and rolls them back later with
 //! [`undo_loser`]. Both modes keep the invariants below: instant only changes when the work is
 //! done, and repeating history page by page gives the same pages as repeating it in LSN order,
@@ -72,8 +72,12 @@ pub struct RestartReport {
     pub redo_start: Option<Lsn>,
     /// Instant restart: pages whose redo was left to their first read or the background.
     pub pending_pages: u64,
-    /// Instant restart: (record, page) pairs in those pages' pending redo.
+    /// Instant restart: (record, page) pairs in those pages' pending redo, read at open (the
+    /// ones left in the log archive not counted).
     pub pending_records: u64,
+    /// Instant restart: pending pages whose older changes were left in the log archive, to be
+    /// read from it by the page index when the page is redone.
+    pub pending_from_archive: u64,
     /// A standby follower's directory: every change up to this LSN was in its page images
     /// (zero, too, for an empty page file opened on a log that has records).
     pub followed_to: Option<Lsn>,
@@ -297,6 +301,7 @@ pub(crate) fn restart(
             )?;
             report.pending_pages = pending.pages() as u64;
             report.pending_records = pending.records() as u64;
+            report.pending_from_archive = pending.pages_from_archive() as u64;
             engine.pool.set_pending(pending);
             tracing::debug!(?analysed, indexed = ?started.elapsed() - analysed, "instant restart");
             let losers = analysis
@@ -357,10 +362,13 @@ fn redo_everything(
 }
 
 /// Instant restart's redo index: for every page analysis found dirty, the changes from its
-/// `rec_lsn` on. The records from the analysis start on were kept by analysis; those between
-/// the redo start and the analysis start (a page dirty since before the checkpoint) are read
-/// here, and with them the losers' records among them (so that their rollback, under the
-/// engine latch, need not look for them in the log). No page is read.
+/// `rec_lsn` on. The records from the analysis start on were kept by analysis. Older ones (a
+/// page dirty since before the checkpoint) are left in the log archive when the store keeps
+/// one, as far as it reaches: the page's first read takes them from there, by the archive's
+/// page index, so open does not read a stretch of log that grows with the dirty set. What the
+/// archive does not reach yet is read from the log here, and with it the losers' records
+/// among it (so that their rollback, under the engine latch, need not look for them in the
+/// log). No page is read.
 fn pending_redo(
     engine: &Engine,
     analysis: &Analysis,
@@ -373,6 +381,20 @@ fn pending_redo(
     let Some(redo_from) = analysis.redo_start() else {
         return Ok(pending);
     };
+    // Changes below `log_from` come from the archive; the archive covers `1..=archived`.
+    let log_from = match engine.pool.archive() {
+        Some(archive) => archive
+            .archived_lsn()
+            .next()
+            .min(analysis_start)
+            .max(redo_from),
+        None => redo_from,
+    };
+    for (page, rec_lsn, page_lsn) in analysis.dirty_pages() {
+        if rec_lsn < log_from {
+            pending.push_archived(page, rec_lsn, log_from, page_lsn);
+        }
+    }
     let mut add = |lsn: Lsn, record: Arc<LogRecord>| {
         for (page, _) in record.pages() {
             if analysis.rec_lsn(page).is_some_and(|since| since <= lsn) {
@@ -380,11 +402,11 @@ fn pending_redo(
             }
         }
     };
-    if redo_from < analysis_start {
-        for (at, item) in engine.log.read_from(redo_from)?.enumerate() {
+    if log_from < analysis_start {
+        for (at, item) in engine.log.read_from(log_from)?.enumerate() {
             let (lsn, record) = item?;
-            if at == 0 && lsn != redo_from {
-                return Err(log_starts_too_late(redo_from));
+            if at == 0 && lsn != log_from {
+                return Err(log_starts_too_late(log_from));
             }
             if lsn >= analysis_start {
                 break;

@@ -8,13 +8,16 @@
 //! in LSN order, yields the newest image whatever the starting one was.
 //!
 //! [`PendingRedo`] maps each page whose stored image may lack logged changes to the records of
-//! those changes, in LSN order. Instant restart builds it from analysis instead of redoing, and
-//! the pool owns it afterwards. Invariants:
+//! those changes, in LSN order, or, for the older ones, to the stretch of the log archive that
+//! holds them. Instant restart builds it from analysis instead of redoing, and the pool owns it
+//! afterwards. Invariants:
 //! - a page is either in the pool or pending, never both: the pool removes a page's entry when
 //!   it reads the page (and redoes the records before anyone sees the image) or installs a whole
 //!   new image of it;
-//! - the records of a pending page are every change at or above its analysis `rec_lsn`, so
-//!   they bring its stored image up to the state at the crash.
+//! - the records of a pending page, with its archived stretch `rec_lsn..archived_below` if it
+//!   has one, are every change at or above its analysis `rec_lsn`, so they bring its stored
+//!   image up to the state at the crash. The archive keeps that stretch: it covers the log
+//!   from LSN 1 without a gap and only grows.
 
 use crate::error::{Error, Result};
 use crate::format::{DirtyPage, LogBody, LogRecord};
@@ -70,33 +73,78 @@ fn set_on_leaf(id: PageId, page: &mut Page, key: &[u8], value: Option<&[u8]>) ->
     }
 }
 
-/// Pages whose redo instant restart left for later, with the records to redo. See the module
-/// documentation.
+/// One page's pending redo: the changes its stored image may lack, from `rec_lsn` on. Those
+/// below `archived_below` are in the log archive and are read from it when the page is redone
+/// (restart did not read them from the log: that read would grow with the dirty set); the rest
+/// are held here.
+#[derive(Debug)]
+pub struct PendingPage {
+    /// The first change the stored image may lack.
+    pub rec_lsn: Lsn,
+    /// The page's newest change.
+    pub page_lsn: Lsn,
+    /// Changes in `rec_lsn..archived_below` are to be read from the archive (`Lsn::ZERO`:
+    /// none; all are in `records`).
+    pub archived_below: Lsn,
+    /// The changes at or above `archived_below` (and `rec_lsn`), in LSN order.
+    pub records: Vec<(Lsn, Arc<LogRecord>)>,
+}
+
+/// Pages whose redo instant restart left for later, with the records to redo or where in the
+/// archive to find them. See the module documentation.
 #[derive(Debug, Default)]
 pub struct PendingRedo {
     /// By page id, so that the background drain reads the page file in order.
-    pages: BTreeMap<PageId, Vec<(Lsn, Arc<LogRecord>)>>,
+    pages: BTreeMap<PageId, PendingPage>,
     records: usize,
+    from_archive: usize,
 }
 
 impl PendingRedo {
-    /// Adds the record at `lsn` to page `page`'s list. Records must come in LSN order.
+    /// Notes that page `page`'s changes in `rec_lsn..below` (its newest at `page_lsn`) are to
+    /// be read from the log archive. Call before pushing any of its records.
+    pub fn push_archived(&mut self, page: PageId, rec_lsn: Lsn, below: Lsn, page_lsn: Lsn) {
+        debug_assert!(!self.pages.contains_key(&page));
+        self.pages.insert(
+            page,
+            PendingPage {
+                rec_lsn,
+                page_lsn,
+                archived_below: below,
+                records: Vec::new(),
+            },
+        );
+        self.from_archive += 1;
+    }
+
+    /// Adds the record at `lsn` to page `page`'s list. Records must come in LSN order, and
+    /// above the page's archived part, if it has one.
     pub fn push(&mut self, page: PageId, lsn: Lsn, record: Arc<LogRecord>) {
-        self.pages.entry(page).or_default().push((lsn, record));
+        let entry = self.pages.entry(page).or_insert_with(|| PendingPage {
+            rec_lsn: lsn,
+            page_lsn: lsn,
+            archived_below: Lsn::ZERO,
+            records: Vec::new(),
+        });
+        debug_assert!(lsn >= entry.archived_below);
+        entry.page_lsn = entry.page_lsn.max(lsn);
+        entry.records.push((lsn, record));
         self.records += 1;
     }
 
-    /// Removes and returns page `page`'s records, if it has any pending.
-    pub fn take(&mut self, page: PageId) -> Option<Vec<(Lsn, Arc<LogRecord>)>> {
-        let records = self.pages.remove(&page)?;
-        self.records -= records.len();
-        Some(records)
+    /// Removes and returns page `page`'s pending redo, if it has any.
+    pub fn take(&mut self, page: PageId) -> Option<PendingPage> {
+        let pending = self.pages.remove(&page)?;
+        self.records -= pending.records.len();
+        self.from_archive -= usize::from(pending.archived_below != Lsn::ZERO);
+        Some(pending)
     }
 
-    /// Puts back records taken by [`PendingRedo::take`] whose redo could not be completed.
-    pub fn restore(&mut self, page: PageId, records: Vec<(Lsn, Arc<LogRecord>)>) {
-        self.records += records.len();
-        self.pages.insert(page, records);
+    /// Puts back what [`PendingRedo::take`] returned when the redo could not be completed.
+    pub fn restore(&mut self, page: PageId, pending: PendingPage) {
+        self.records += pending.records.len();
+        self.from_archive += usize::from(pending.archived_below != Lsn::ZERO);
+        self.pages.insert(page, pending);
     }
 
     /// Pages with redo pending.
@@ -104,9 +152,14 @@ impl PendingRedo {
         self.pages.len()
     }
 
-    /// Records of those pages' pending redo.
+    /// Records held for those pages' pending redo (not counting those left in the archive).
     pub fn records(&self) -> usize {
         self.records
+    }
+
+    /// Pending pages whose redo starts in the archive.
+    pub fn pages_from_archive(&self) -> usize {
+        self.from_archive
     }
 
     /// Up to `n` pending pages, lowest ids first.
@@ -115,18 +168,17 @@ impl PendingRedo {
     }
 
     /// The pending pages as entries of a dirty-page table: their stored images lack changes
-    /// from the first pending record on, unless the decoupled cleaner, whose clean LSN is
+    /// from the first pending one on, unless the decoupled cleaner, whose clean LSN is
     /// `clean_lsn`, has brought them past some (or all) of them.
     pub fn dirty_pages(&self, clean_lsn: Lsn) -> impl Iterator<Item = DirtyPage> + '_ {
-        self.pages.iter().filter_map(move |(&page, records)| {
-            let (first, _) = records.first()?;
-            let (last, _) = records.last()?;
-            (*last > clean_lsn).then(|| DirtyPage {
+        self.pages
+            .iter()
+            .filter(move |(_, pending)| pending.page_lsn > clean_lsn)
+            .map(move |(&page, pending)| DirtyPage {
                 page,
-                rec_lsn: (*first).max(clean_lsn.next()),
-                page_lsn: *last,
+                rec_lsn: pending.rec_lsn.max(clean_lsn.next()),
+                page_lsn: pending.page_lsn,
             })
-        })
     }
 }
 

@@ -64,6 +64,11 @@ impl PageRepair {
         }
     }
 
+    /// The log archive pages are rebuilt from.
+    pub fn archive(&self) -> &Arc<LogArchive> {
+        &self.archive
+    }
+
     /// The current page `id`, given its stored image as read (`stored`): the image itself when
     /// it is intact and not older than the page last evicted; else the page rebuilt, and
     /// written back if the image was damaged.
