@@ -164,6 +164,30 @@ impl BufferPool {
         self.pending.first_pages(n)
     }
 
+    /// The window of the archive that `pages`' pending redo still has to read: from the
+    /// oldest `rec_lsn` to the highest `archived_below` among them (`None`: nothing in it).
+    pub fn pending_archived_window(&self, pages: &[PageId]) -> Option<(Lsn, Lsn)> {
+        self.pending.archived_window(pages)
+    }
+
+    /// Hands `pages`' pending redo the changes the archive held for them in `from..below`
+    /// (read by [`LogArchive::histories_of`] outside the engine latch, when the archive
+    /// reached `archived`), so that their redo need not read the archive. A page whose
+    /// archived stretch the read did not cover keeps it.
+    pub fn supply_archived(
+        &mut self,
+        pages: &[PageId],
+        (from, below): (Lsn, Lsn),
+        mut histories: crate::archive::PageHistories,
+        archived: Lsn,
+    ) {
+        for &page in pages {
+            let history = histories.remove(&page).unwrap_or_default();
+            self.pending
+                .supply_archived(page, (from, below), archived, history);
+        }
+    }
+
     /// Reads those of `pages` whose redo is still pending, which redoes them (the background
     /// drain of instant restart).
     pub fn redo_pending(&mut self, pages: &[PageId], log: &dyn LogDevice) -> Result<()> {

@@ -147,6 +147,51 @@ impl PendingRedo {
         self.pages.insert(page, pending);
     }
 
+    /// The archive window `pages`' pending redo has left to read: the oldest `rec_lsn` and
+    /// the highest `archived_below` among those with an archived stretch.
+    pub fn archived_window(&self, pages: &[PageId]) -> Option<(Lsn, Lsn)> {
+        pages
+            .iter()
+            .filter_map(|page| self.pages.get(page))
+            .filter(|pending| pending.archived_below != Lsn::ZERO)
+            .map(|pending| (pending.rec_lsn, pending.archived_below))
+            .reduce(|(from, below), (f, b)| (from.min(f), below.max(b)))
+    }
+
+    /// Replaces page `page`'s archived stretch by the records `history` holds: the page's
+    /// changes the archive had in `window` (from..below) when it had archived up to
+    /// `archived`. Does nothing unless the page is pending with an archived stretch inside
+    /// `window` that the archive covered then.
+    pub fn supply_archived(
+        &mut self,
+        page: PageId,
+        (from, below): (Lsn, Lsn),
+        archived: Lsn,
+        history: Vec<(Lsn, LogRecord)>,
+    ) {
+        let Some(pending) = self.pages.get_mut(&page) else {
+            return;
+        };
+        let stretch = pending.rec_lsn..pending.archived_below;
+        let covered = pending.archived_below != Lsn::ZERO
+            && from <= stretch.start
+            && stretch.end <= below
+            && Lsn::new(stretch.end.get() - 1) <= archived;
+        if !covered {
+            return;
+        }
+        let mut records: Vec<(Lsn, Arc<LogRecord>)> = history
+            .into_iter()
+            .filter(|(lsn, _)| stretch.contains(lsn))
+            .map(|(lsn, record)| (lsn, Arc::new(record)))
+            .collect();
+        self.records += records.len();
+        self.from_archive -= 1;
+        records.append(&mut pending.records);
+        pending.records = records;
+        pending.archived_below = Lsn::ZERO;
+    }
+
     /// Pages with redo pending.
     pub fn pages(&self) -> usize {
         self.pages.len()

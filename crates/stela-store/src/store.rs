@@ -844,7 +844,23 @@ impl Shared {
         for &page in &pages {
             let _ = self.file.warm(page);
         }
+        // Likewise the changes the pages' redo left in the archive: one read per run for the
+        // batch (neighbouring pages in a page-sorted run), outside the latch. A failed read
+        // here is left to the pool too, which then reads the archive itself.
+        let window = self.engine()?.pool.pending_archived_window(&pages);
+        let supply = window
+            .zip(self.archive.as_ref())
+            .and_then(|(window, archive)| {
+                let (histories, archived) =
+                    archive.histories_of(&pages, window.0, window.1).ok()?;
+                Some((window, histories, archived))
+            });
         let mut engine = self.engine()?;
+        if let Some((window, histories, archived)) = supply {
+            engine
+                .pool
+                .supply_archived(&pages, window, histories, archived);
+        }
         let log = Arc::clone(&engine.log);
         let redone = engine.pool.redo_pending(&pages, log.as_ref());
         self.check(redone)?;
