@@ -35,8 +35,11 @@ pub enum LogBody {
     Write {
         page: PageId,
         prev_page_lsn: Lsn,
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        #[serde(with = "serde_bytes")]
         before: Option<Vec<u8>>,
+        #[serde(with = "serde_bytes")]
         after: Option<Vec<u8>>,
     },
     /// Undo of a `Write`, logged as it is done (a compensation record): redo-only, and its
@@ -45,7 +48,9 @@ pub enum LogBody {
     Compensate {
         page: PageId,
         prev_page_lsn: Lsn,
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
+        #[serde(with = "serde_bytes")]
         value: Option<Vec<u8>>,
         undo_next: Lsn,
     },
@@ -114,6 +119,7 @@ pub struct ActiveTxn {
     /// Its last record: where undo starts.
     pub last_lsn: Lsn,
     /// The keys it holds exclusively (what it wrote), ascending.
+    #[serde(with = "crate::page::byte_strings")]
     pub locks: Vec<Vec<u8>>,
 }
 
@@ -284,6 +290,63 @@ fn check_entry(key: &[u8], value: Option<&[u8]>) -> Result<(), RecordError> {
 mod tests {
     use super::*;
     use crate::page::Leaf;
+
+    /// Keys, values and images are MessagePack `bin` strings: the bytes as they are, not one
+    /// integer each (up to two bytes per byte, and an encoder call each, before). A record
+    /// written the old way still decodes, so a log from before reads back.
+    #[test]
+    fn byte_strings_are_bins_and_records_with_integer_arrays_still_decode() {
+        let value = vec![0xFF; 100];
+        let write = LogRecord {
+            txn: 3,
+            prev_txn_lsn: Lsn::new(5),
+            body: LogBody::Write {
+                page: 2,
+                prev_page_lsn: Lsn::new(4),
+                key: b"key".to_vec(),
+                before: Some(value.clone()),
+                after: Some(value.clone()),
+            },
+        };
+        let encoded = write.encode();
+        assert!(encoded.len() < 2 * 100 + 40, "{} bytes", encoded.len());
+        assert!(
+            encoded.windows(100).any(|w| w == &value[..]),
+            "the value verbatim"
+        );
+
+        // The same record as serde's default writes byte vectors: arrays of integers.
+        #[derive(Serialize)]
+        struct OldRecord {
+            txn: TxnId,
+            prev_txn_lsn: Lsn,
+            body: OldBody,
+        }
+        #[derive(Serialize)]
+        enum OldBody {
+            Write {
+                page: PageId,
+                prev_page_lsn: Lsn,
+                key: Vec<u8>,
+                before: Option<Vec<u8>>,
+                after: Option<Vec<u8>>,
+            },
+        }
+        let old = OldRecord {
+            txn: 3,
+            prev_txn_lsn: Lsn::new(5),
+            body: OldBody::Write {
+                page: 2,
+                prev_page_lsn: Lsn::new(4),
+                key: b"key".to_vec(),
+                before: Some(value.clone()),
+                after: Some(value),
+            },
+        };
+        let old = CODEC.encode(&old).unwrap();
+        assert!(old.len() > 2 * 200, "integers: {} bytes", old.len());
+        assert_eq!(LogRecord::decode(&old).unwrap(), write);
+    }
 
     #[test]
     fn records_round_trip_and_impossible_ones_are_refused() {

@@ -65,14 +65,54 @@ pub enum Node {
 /// A leaf: key-value entries, keys strictly ascending.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Leaf {
+    #[serde(with = "byte_pairs")]
     pub entries: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// An internal node: `children.len() == keys.len() + 1`, keys strictly ascending.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Internal {
+    #[serde(with = "byte_strings")]
     pub keys: Vec<Vec<u8>>,
     pub children: Vec<PageId>,
+}
+
+/// Serde of a list of byte strings as a sequence of MessagePack `bin`s (a structure record's
+/// keys, a checkpoint's locks): serde's default, a sequence of integers per string, costs an
+/// encode call and up to two bytes per byte. Reads either form.
+pub(crate) mod byte_strings {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_bytes::{ByteBuf, Bytes};
+
+    pub fn serialize<S: Serializer>(strings: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(strings.iter().map(|b| Bytes::new(b)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        let strings: Vec<ByteBuf> = Deserialize::deserialize(d)?;
+        Ok(strings.into_iter().map(ByteBuf::into_vec).collect())
+    }
+}
+
+/// As [`byte_strings`], for a leaf's key-value pairs.
+mod byte_pairs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_bytes::{ByteBuf, Bytes};
+
+    pub fn serialize<S: Serializer>(pairs: &[(Vec<u8>, Vec<u8>)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(pairs.iter().map(|(k, v)| (Bytes::new(k), Bytes::new(v))))
+    }
+
+    /// A leaf's entries.
+    type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Pairs, D::Error> {
+        let pairs: Vec<(ByteBuf, ByteBuf)> = Deserialize::deserialize(d)?;
+        Ok(pairs
+            .into_iter()
+            .map(|(k, v)| (k.into_vec(), v.into_vec()))
+            .collect())
+    }
 }
 
 /// A page as the buffer pool holds it: the node and the LSN of the last record applied to it.
