@@ -103,7 +103,7 @@ impl Engine {
         key: &[u8],
         value: Option<&[u8]>,
         make_record: impl Fn(PageId, Lsn, Option<Vec<u8>>) -> LogRecord,
-    ) -> Result<(Lsn, LogRecord)> {
+    ) -> Result<(Lsn, Arc<LogRecord>)> {
         loop {
             let path = self.path_to(key)?;
             let leaf_id = *path.last().expect("a path ends at a leaf");
@@ -116,8 +116,9 @@ impl Engine {
                 continue;
             }
             let before = leaf.get(key).map(<[u8]>::to_vec);
-            let record = make_record(leaf_id, page.lsn, before);
-            let lsn = self.log.append(&record)?;
+            // Shared with the log's in-memory tail and the transaction's undo list: no copies.
+            let record = Arc::new(make_record(leaf_id, page.lsn, before));
+            let lsn = self.log.append_shared(&record)?;
             self.pool.modify(leaf_id, lsn, self.log.as_ref(), |page| {
                 if let Node::Leaf(leaf) = &mut page.node {
                     leaf.set(key, value);

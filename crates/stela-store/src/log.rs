@@ -24,6 +24,11 @@ pub const TYPE_TAG: &str = "stela-store";
 pub trait LogDevice: Send + Sync {
     /// Appends a record; it is durable only once [`LogDevice::flush`] covers its LSN.
     fn append(&self, record: &LogRecord) -> Result<Lsn>;
+    /// As [`LogDevice::append`], for a record the caller keeps too: a log that holds records in
+    /// memory (the decoupled services' tail) shares it instead of copying it.
+    fn append_shared(&self, record: &std::sync::Arc<LogRecord>) -> Result<Lsn> {
+        self.append(record)
+    }
     /// Returns once every record up to `lsn` is durable at the log's level.
     fn flush(&self, lsn: Lsn) -> Result<()>;
     /// Every record up to this LSN is durable.

@@ -964,7 +964,7 @@ pub struct Transaction<'s> {
     /// The LSN of this transaction's last record (the head of its chain).
     last_lsn: Lsn,
     /// Its write records by LSN, for a rollback to walk the chain without reading the log.
-    writes: HashMap<Lsn, LogRecord>,
+    writes: HashMap<Lsn, Arc<LogRecord>>,
     finished: bool,
 }
 
@@ -1115,7 +1115,7 @@ impl Transaction<'_> {
                     &mut engine,
                     self.id,
                     self.last_lsn,
-                    |lsn| writes.get(&lsn).cloned(),
+                    |lsn| writes.get(&lsn).map(|record| LogRecord::clone(record)),
                     &mut compensations,
                 );
                 // On failure the entry stays, but the store is poisoned: no checkpoint copies it

@@ -95,12 +95,18 @@ impl LogTail {
     }
 }
 
-impl LogDevice for LogTail {
-    fn append(&self, record: &LogRecord) -> Result<Lsn> {
+impl LogTail {
+    /// Appends `record` to the real log and, while a consumer is registered, keeps the record
+    /// `keep` makes of it (a copy, or the caller's shared one).
+    fn append_keeping(
+        &self,
+        record: &LogRecord,
+        keep: impl FnOnce() -> Arc<LogRecord>,
+    ) -> Result<Lsn> {
         let mut copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
         let lsn = self.inner.append(record)?;
         if copy.needs.iter().any(Option::is_some) {
-            copy.records.push_back((lsn, Arc::new(record.clone())));
+            copy.records.push_back((lsn, keep()));
             if copy.records.len() > self.cap {
                 copy.records.pop_front();
                 copy.base = Lsn::new(copy.base.get() + 1);
@@ -109,6 +115,16 @@ impl LogDevice for LogTail {
             copy.base = Lsn::new(lsn.get() + 1);
         }
         Ok(lsn)
+    }
+}
+
+impl LogDevice for LogTail {
+    fn append(&self, record: &LogRecord) -> Result<Lsn> {
+        self.append_keeping(record, || Arc::new(record.clone()))
+    }
+
+    fn append_shared(&self, record: &Arc<LogRecord>) -> Result<Lsn> {
+        self.append_keeping(record, || Arc::clone(record))
     }
 
     fn flush(&self, lsn: Lsn) -> Result<()> {
