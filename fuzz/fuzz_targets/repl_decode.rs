@@ -23,7 +23,13 @@ fuzz_target!(|data: &[u8]| {
             .expect("re-encoded frame decodes")
             .expect("whole");
         assert_eq!(back, message);
-        if let ReplMessage::Chunk { raw_len, compressed, bytes, .. } = message {
+        if let ReplMessage::Chunk {
+            raw_len,
+            compressed,
+            bytes,
+            ..
+        } = message
+        {
             if let Ok(out) = chunk_bytes(raw_len, compressed, bytes) {
                 assert_eq!(out.len(), raw_len as usize);
             }

@@ -21,7 +21,11 @@ fuzz_target!(|bytes: &[u8]| {
     };
     let encoded = page::encode(7, &page).expect("a decoded page encodes");
     if image.iter().any(|&b| b != 0) {
-        assert_eq!(&encoded[..], &image[..], "decode then encode is not the identity");
+        assert_eq!(
+            &encoded[..],
+            &image[..],
+            "decode then encode is not the identity"
+        );
     }
     assert_eq!(page::decode(7, &encoded[..]).expect("re-decodes"), page);
 });

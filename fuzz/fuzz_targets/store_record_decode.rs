@@ -11,6 +11,9 @@ use stela_store::LogRecord;
 
 fuzz_target!(|payload: &[u8]| {
     if let Ok(record) = LogRecord::decode(payload) {
-        assert_eq!(LogRecord::decode(&record.encode()).expect("re-decodes"), record);
+        assert_eq!(
+            LogRecord::decode(&record.encode()).expect("re-decodes"),
+            record
+        );
     }
 });

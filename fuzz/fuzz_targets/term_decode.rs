@@ -14,7 +14,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(history) = TermHistory::decode(data) else {
         return;
     };
-    assert_eq!(history.encode(), data, "what decodes re-encodes to the input");
+    assert_eq!(
+        history.encode(),
+        data,
+        "what decodes re-encodes to the input"
+    );
     let entries = history.entries();
     for pair in entries.windows(2) {
         assert!(pair[0].0 < pair[1].0 && pair[0].1 <= pair[1].1);

@@ -393,7 +393,13 @@ pub fn ring_seeds() -> Vec<(String, Vec<u8>)> {
 /// first segment shipped whole (mode byte 0: header and frames, no zero tail), and frames alone
 /// continuing an empty first segment (mode byte 1), in both codecs' sizes of the sample records.
 pub fn mirror_seeds() -> Vec<(String, Vec<u8>)> {
-    let whole = segment(Layout::V2, Codec::MessagePack, Lsn::FIRST, &sample_records(), 0);
+    let whole = segment(
+        Layout::V2,
+        Codec::MessagePack,
+        Lsn::FIRST,
+        &sample_records(),
+        0,
+    );
     let frames = whole[header::HEADER_BYTES..].to_vec();
     let mut shipped_header = vec![0u8];
     shipped_header.extend_from_slice(&whole);

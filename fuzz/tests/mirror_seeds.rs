@@ -40,7 +40,11 @@ fn the_valid_seeds_are_mirrored() {
             .storage(Arc::new(storage))
             .segment_bytes(stela_fuzz::SEGMENT_BYTES);
         let mut mirror = Mirror::open(Path::new("/m"), options, stela_fuzz::TYPE_TAG).unwrap();
-        let offset = if bytes[0] % 2 == 0 { 0 } else { mirror.position().offset };
+        let offset = if bytes[0] % 2 == 0 {
+            0
+        } else {
+            mirror.position().offset
+        };
         let last = mirror
             .apply(Chunk {
                 segment_start: Lsn::FIRST,
