@@ -149,6 +149,31 @@ impl<'a> ScanInput<'a> {
     }
 }
 
+/// Checks that `seeds/<target>/<name>` holds each seed's bytes, or, with `STELA_WRITE_SEEDS`
+/// set, writes them there; returns their total size. The seed tests' one loop.
+///
+/// # Panics
+/// On a missing or stale seed file (the test's failure), or a file that cannot be written.
+pub fn check_or_write_seeds(seeds: Vec<(&str, String, Vec<u8>)>) -> usize {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
+    let write = std::env::var_os("STELA_WRITE_SEEDS").is_some();
+    let mut total = 0;
+    for (target, name, bytes) in seeds {
+        let path = root.join(target).join(&name);
+        total += bytes.len();
+        if write {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+        } else {
+            let stored = std::fs::read(&path).unwrap_or_else(|e| {
+                panic!("{}: {e} (run with STELA_WRITE_SEEDS=1)", path.display())
+            });
+            assert!(stored == bytes, "{} is stale", path.display());
+        }
+    }
+    total
+}
+
 /// The checked-in seeds: `(target, file name, bytes)`. Every one is a valid input produced by
 /// the encoders, or a valid input with one classic defect (a torn tail, a flipped byte).
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {

@@ -6,7 +6,6 @@
 //!
 //! `cargo test` inside `fuzz/` (with `RUSTC_BOOTSTRAP=1`, like every command here).
 
-use std::path::Path;
 use stela_format::Lsn;
 use stela_store::archive_format::{encode_run, Entry, RunRange};
 use stela_store::format::{ActiveTxn, PageImage, SYSTEM_TXN};
@@ -198,21 +197,6 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
 
 #[test]
 fn store_seeds_are_the_encoders_output() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
-    let write = std::env::var_os("STELA_WRITE_SEEDS").is_some();
-    let mut total = 0;
-    for (target, name, bytes) in seeds() {
-        let path = root.join(target).join(&name);
-        total += bytes.len();
-        if write {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        } else {
-            let stored = std::fs::read(&path).unwrap_or_else(|e| {
-                panic!("{}: {e} (run with STELA_WRITE_SEEDS=1)", path.display())
-            });
-            assert!(stored == bytes, "{} is stale", path.display());
-        }
-    }
+    let total = stela_fuzz::check_or_write_seeds(seeds());
     assert!(total < 16 << 10, "the store seeds are {total} bytes");
 }

@@ -76,8 +76,8 @@ impl LogTail {
         let Some(keep_from) = keep_from else {
             return;
         };
-        let released = (keep_from.get().saturating_sub(copy.base.get()) as usize)
-            .min(copy.records.len());
+        let released =
+            (keep_from.get().saturating_sub(copy.base.get()) as usize).min(copy.records.len());
         let dropped: Vec<_> = copy.records.drain(..released).collect();
         copy.base = Lsn::new(copy.base.get() + released as u64);
         // Freed after the lock: a second of records is a few hundred thousand frees, which

@@ -36,11 +36,9 @@ fn instant() -> StoreOptions {
         .recover_in_background(false)
 }
 
-/// Loads 2,000 keys and updates a quarter of them, all committed, then leaves a loser that
-/// changed keys 0..20 and inserted 20 new ones, and crashes. Returns the committed state and
-/// the loser's id.
-fn crash_with_dirty_pages_and_a_loser(dir: &std::path::Path) -> (BTreeMap<Vec<u8>, Vec<u8>>, u64) {
-    let store = Store::open(dir, options()).unwrap();
+/// Loads 2,000 keys and updates a quarter of them, in two committed transactions; returns
+/// what they committed.
+fn load_and_update(store: &Store) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut committed = BTreeMap::new();
     let mut txn = store.begin();
     for i in 0..2000 {
@@ -54,6 +52,15 @@ fn crash_with_dirty_pages_and_a_loser(dir: &std::path::Path) -> (BTreeMap<Vec<u8
         committed.insert(key(i), vec![b'b'; 150]);
     }
     txn.commit().unwrap();
+    committed
+}
+
+/// Loads 2,000 keys and updates a quarter of them, all committed, then leaves a loser that
+/// changed keys 0..20 and inserted 20 new ones, and crashes. Returns the committed state and
+/// the loser's id.
+fn crash_with_dirty_pages_and_a_loser(dir: &std::path::Path) -> (BTreeMap<Vec<u8>, Vec<u8>>, u64) {
+    let store = Store::open(dir, options()).unwrap();
+    let mut committed = load_and_update(&store);
     let mut loser = store.begin();
     for i in 0..20 {
         loser.put(&key(i), b"loser").unwrap();
@@ -251,19 +258,7 @@ fn instant_restart_redoes_a_pages_older_changes_from_the_log_archive() {
     let dir = tempfile::tempdir().unwrap();
     let options = || options().archive(true).archive_interval(None);
     let store = Store::open(dir.path(), options()).unwrap();
-    let mut committed = BTreeMap::new();
-    let mut txn = store.begin();
-    for i in 0..2000 {
-        txn.put(&key(i), &[b'a'; 200]).unwrap();
-        committed.insert(key(i), vec![b'a'; 200]);
-    }
-    txn.commit().unwrap();
-    let mut txn = store.begin();
-    for i in (0..2000).step_by(4) {
-        txn.put(&key(i), &[b'b'; 150]).unwrap();
-        committed.insert(key(i), vec![b'b'; 150]);
-    }
-    txn.commit().unwrap();
+    let mut committed = load_and_update(&store);
     let archived = store.archive().unwrap();
     assert!(archived.entries > 2000, "{archived:?}");
     // After the archive's end: changes open must read from the log.
