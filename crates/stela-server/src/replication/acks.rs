@@ -58,6 +58,14 @@ pub(super) fn fence(
     why
 }
 
+/// The standby of this session acknowledged a shipment: if it rejoined while the node was
+/// unprotected, the node is protected again now (see `rejoin_unconfirmed`).
+pub(super) fn confirm_rejoin(link: &Link, node: &crate::cluster::Node) {
+    if std::mem::take(&mut lock(&link.state).rejoin_unconfirmed) {
+        node.protected_again();
+    }
+}
+
 /// Releases the waiters `received` satisfies; whether there were any.
 pub(super) fn release(link: &Link, received: u64, durable: u64) -> bool {
     {
@@ -96,6 +104,7 @@ pub(super) fn read_acks(
                 received_lsn,
                 durable_lsn,
             }) if theirs == term => {
+                confirm_rejoin(link, node);
                 if release(link, received_lsn, durable_lsn) {
                     released();
                 }
@@ -209,6 +218,7 @@ impl AckInbox {
                     received_lsn,
                     durable_lsn,
                 }) if theirs == self.term => {
+                    confirm_rejoin(link, node);
                     any |= release(link, received_lsn, durable_lsn);
                 }
                 Ok(ReplMessage::Refuse {

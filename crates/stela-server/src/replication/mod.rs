@@ -144,6 +144,11 @@ struct LinkState {
     degraded_acks: u64,
     /// `replicated` commits acknowledged by a promoted primary before a standby rejoined.
     unprotected_acks: u64,
+    /// A standby answered this session's handshake while the node was unprotected: the node
+    /// is protected again only at its first acknowledgement. An old primary that is stepping
+    /// down can answer the handshake and exit; ending unprotected mode on the handshake alone
+    /// then left every `replicated` commit waiting for a standby that was gone.
+    rejoin_unconfirmed: bool,
     /// Chunks of this session not yet acknowledged: (last LSN, segment, offset after it), in
     /// order, at most `SENT_KEPT`; and where the standby's copy ends by its acknowledgements.
     /// Only for the lag in bytes that `stela status` shows.
@@ -698,7 +703,7 @@ impl Replication {
             state.acked_at = Some((at.segment_start.get(), at.offset));
             state.connected = true;
             state.unreachable_since = None;
-            self.node.protected_again();
+            state.rejoin_unconfirmed = self.node.unprotected();
             if std::mem::take(&mut state.degraded) {
                 tracing::warn!(log = %log.name, standby = %self.standby, degraded_acks = state.degraded_acks, "standby back: replicated commits wait for it again");
             }
