@@ -109,18 +109,11 @@ impl Mount {
             .status()
             .unwrap();
         // Bounded: a mount that never unmounts fails the test instead of hanging it.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                detach(&self.point);
-                panic!("stela mount did not exit within 60 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = common::exit_within(&mut child, Duration::from_secs(60)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            detach(&self.point);
+            panic!("stela mount did not exit within 60 s of SIGTERM");
         };
         assert!(status.success(), "stela mount exited with {status}");
         assert!(!is_mounted(&self.point));

@@ -36,22 +36,30 @@ pub fn stela(args: &[&str]) -> Output {
         let _ = stderr.read_to_end(&mut bytes);
         bytes
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`stela {}` did not finish within a minute", args.join(" "));
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    let Some(status) = exit_within(&mut child, Duration::from_secs(60)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("`stela {}` did not finish within a minute", args.join(" "));
     };
     Output {
         status,
         stdout: out.join().unwrap(),
         stderr: err.join().unwrap(),
+    }
+}
+
+/// Waits up to `limit` for `child` to exit; `None` if it is still running then (the caller
+/// decides what to kill and clean up before failing the test).
+pub fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -189,17 +197,12 @@ impl Daemon {
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -{signal} failed");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
+        match exit_within(&mut self.child, Duration::from_secs(30)) {
+            Some(status) => status,
+            None => panic!(
                 "the daemon did not exit after SIG{signal}:\n{}",
                 self.output()
-            );
-            std::thread::sleep(Duration::from_millis(5));
+            ),
         }
     }
 
