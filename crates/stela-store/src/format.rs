@@ -291,23 +291,28 @@ mod tests {
     use super::*;
     use crate::page::Leaf;
 
+    /// A write of transaction 3 (after its record 5) on page 2 (after its record 4).
+    fn write_record(key: &[u8], before: Option<&[u8]>, after: Option<&[u8]>) -> LogRecord {
+        LogRecord {
+            txn: 3,
+            prev_txn_lsn: Lsn::new(5),
+            body: LogBody::Write {
+                page: 2,
+                prev_page_lsn: Lsn::new(4),
+                key: key.to_vec(),
+                before: before.map(<[u8]>::to_vec),
+                after: after.map(<[u8]>::to_vec),
+            },
+        }
+    }
+
     /// Keys, values and images are MessagePack `bin` strings: the bytes as they are, not one
     /// integer each (up to two bytes per byte, and an encoder call each, before). A record
     /// written the old way still decodes, so a log from before reads back.
     #[test]
     fn byte_strings_are_bins_and_records_with_integer_arrays_still_decode() {
         let value = vec![0xFF; 100];
-        let write = LogRecord {
-            txn: 3,
-            prev_txn_lsn: Lsn::new(5),
-            body: LogBody::Write {
-                page: 2,
-                prev_page_lsn: Lsn::new(4),
-                key: b"key".to_vec(),
-                before: Some(value.clone()),
-                after: Some(value.clone()),
-            },
-        };
+        let write = write_record(b"key", Some(&value), Some(&value));
         let encoded = write.encode();
         assert!(encoded.len() < 2 * 100 + 40, "{} bytes", encoded.len());
         assert!(
@@ -350,17 +355,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_impossible_ones_are_refused() {
-        let write = LogRecord {
-            txn: 3,
-            prev_txn_lsn: Lsn::new(5),
-            body: LogBody::Write {
-                page: 2,
-                prev_page_lsn: Lsn::new(4),
-                key: b"k".to_vec(),
-                before: None,
-                after: Some(b"v".to_vec()),
-            },
-        };
+        let write = write_record(b"k", None, Some(b"v"));
         assert_eq!(LogRecord::decode(&write.encode()).unwrap(), write);
 
         let huge = LogRecord {
