@@ -148,10 +148,8 @@ impl BufferPool {
     }
 
     /// The log archive, when the pool repairs pages from one (`attach_repair`).
-    pub fn archive(&self) -> Option<Arc<LogArchive>> {
-        self.repair
-            .as_ref()
-            .map(|repair| Arc::clone(repair.archive()))
+    pub fn archive(&self) -> Option<&Arc<LogArchive>> {
+        self.repair.as_ref().map(PageRepair::archive)
     }
 
     /// Pages with redo still pending.
@@ -428,13 +426,9 @@ impl BufferPool {
         if pending.archived_below == Lsn::ZERO {
             return Ok(Vec::new());
         }
-        let archive =
-            self.repair
-                .as_ref()
-                .map(|repair| repair.archive())
-                .ok_or(Error::Unsupported(
-                    "restart left redo in a log archive the buffer pool does not have",
-                ))?;
+        let archive = self.archive().ok_or(Error::Unsupported(
+            "restart left redo in a log archive the buffer pool does not have",
+        ))?;
         let after = image_lsn.max(Lsn::new(pending.rec_lsn.get().saturating_sub(1)));
         let (history, archived) = archive.page_history(id, after)?;
         if archived < Lsn::new(pending.archived_below.get().saturating_sub(1)) {

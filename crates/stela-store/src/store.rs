@@ -834,7 +834,13 @@ impl Shared {
             self.undo_loser(txn)?;
             return Ok(true);
         }
-        let pages = self.engine()?.pool.pending_first(DRAIN_BATCH);
+        // The batch and the archive window its redo still has to read, under one latch hold.
+        let (pages, window) = {
+            let engine = self.engine()?;
+            let pages = engine.pool.pending_first(DRAIN_BATCH);
+            let window = engine.pool.pending_archived_window(&pages);
+            (pages, window)
+        };
         if pages.is_empty() {
             return Ok(false);
         }
@@ -847,7 +853,6 @@ impl Shared {
         // Likewise the changes the pages' redo left in the archive: one read per run for the
         // batch (neighbouring pages in a page-sorted run), outside the latch. A failed read
         // here is left to the pool too, which then reads the archive itself.
-        let window = self.engine()?.pool.pending_archived_window(&pages);
         let supply = window
             .zip(self.archive.as_ref())
             .and_then(|(window, archive)| {
