@@ -5,7 +5,8 @@
 //! - entries of every shape round trip, through wrap-around and pads, with the daemon sleeping
 //!   on the doorbell in `poll` and the client both spinning and sleeping on the futex;
 //! - a full area makes the writer wait (it sleeps on the futex) exactly until the daemon
-//!   consumes;
+//!   consumes, and a consumption alone wakes it; a client waiting for an answer is not woken
+//!   by consumptions;
 //! - a published entry corrupted in shared memory (header, payload, length, or `tail`) stops
 //!   the ring: it and everything after it is never acknowledged, the client is told, and a
 //!   corruption after the daemon's copy changes nothing;
@@ -232,6 +233,70 @@ fn a_full_area_makes_the_writer_wait_until_the_daemon_consumes() {
     for (seq, answer) in (1..=10).zip(answers) {
         assert_eq!(answer, Completion::ok(seq, seq));
     }
+}
+
+/// A writer waiting for room is woken by a consumption alone (its answers come later), and a
+/// client waiting for an answer sleeps through consumptions: the daemon does not even bump
+/// `wake` for it (a `disk` commit would otherwise pay a futex call and two context switches).
+#[test]
+fn a_consumption_wakes_a_writer_waiting_for_room_but_not_a_client_waiting_for_an_answer() {
+    let (mut ring, mut client, _) = connected(4096, 16);
+    client.set_spin(Duration::ZERO);
+    let payload = vec![0x5A; 1000]; // three 1048-byte entries fit in 4096 bytes, not four
+    let submitted = Arc::new(AtomicU64::new(0));
+    let progress = submitted.clone();
+    let writer = thread::spawn(move || {
+        for seq in 1..=4u64 {
+            client
+                .submit(0, EntryKind::Append, Durability::Disk, 0, &[&payload])
+                .unwrap();
+            progress.store(seq, Ordering::SeqCst);
+        }
+        client.wait_patiently(4).unwrap()
+    });
+    let patience = std::time::Instant::now() + Duration::from_secs(30);
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        while !done() {
+            assert!(
+                std::time::Instant::now() < patience,
+                "never happened: {what}"
+            );
+            thread::yield_now();
+        }
+    };
+    wait_for("the fourth entry waits for room", &|| {
+        ring.client_waiting() && submitted.load(Ordering::SeqCst) == 3
+    });
+    let mut scratch = Vec::new();
+    let mut consume_next = |ring: &mut DaemonRing, seq: u64| {
+        let entry = ring.next_entry(&mut scratch).unwrap().expect("published");
+        assert_eq!(entry.seq, seq);
+        ring.consume();
+    };
+    // Room, and no answer: the writer must wake for the room alone.
+    consume_next(&mut ring, 1);
+    wait_for("the writer woke when entry 1 was consumed", &|| {
+        submitted.load(Ordering::SeqCst) == 4
+    });
+    // (Its stores before publishing 4 are visible here: it cleared `client_waiting` after the
+    // room wait, so a set flag now is the wait for the answer.)
+    wait_for("the client sleeps for the answer to entry 4", &|| {
+        ring.client_waiting()
+    });
+    let wakes = ring.wake_count();
+    for seq in 2..=4 {
+        consume_next(&mut ring, seq);
+    }
+    assert_eq!(
+        ring.wake_count(),
+        wakes,
+        "a consumption bumped `wake` for a client waiting for an answer"
+    );
+    assert!(ring.client_waiting(), "the client woke without an answer");
+    for seq in 1..=4 {
+        ring.complete(seq, Completion::ok(seq, seq));
+    }
+    assert_eq!(writer.join().unwrap(), Completion::ok(4, 4));
 }
 
 /// What a wild write does to the published entry 2 (entry 1 is 56 bytes at position 0; entry

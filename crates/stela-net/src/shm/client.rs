@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::time::{Duration, Instant};
 use stela_proto::ring::{
     check_entry, decode_message, decode_result, encode_entry, pad_bytes, Completion, EntryHeader,
-    EntryKind, RingError, RingLayout,
+    EntryKind, RingError, RingLayout, WAITING_FOR_ANSWER, WAITING_FOR_ROOM,
 };
 use stela_proto::Durability;
 
@@ -317,7 +317,7 @@ impl ClientRing {
         };
         let slots = u64::from(self.layout.slots);
         let end = self.written + pad + len;
-        self.wait_until(seq, true, |ring| {
+        self.wait_until(seq, true, WAITING_FOR_ROOM, |ring| {
             // (`head` never passes `tail`; a daemon that broke that would only make us wait.)
             let room = end.wrapping_sub(ring.region.head().load(Acquire)) <= data_bytes;
             let slot_free = seq <= slots || ring.region.done_seq().load(Acquire) >= seq - slots;
@@ -398,7 +398,7 @@ impl ClientRing {
             });
         }
         if seq > self.harvested {
-            self.wait_until(seq, spin, |ring| {
+            self.wait_until(seq, spin, WAITING_FOR_ANSWER, |ring| {
                 ring.region.done_seq().load(Acquire) >= seq
             })?;
             self.harvest(seq)?;
@@ -481,13 +481,15 @@ impl ClientRing {
     }
 
     /// Waits until `ready` holds, for entry `seq`: publishes first, spins up to the budget,
-    /// then sleeps on `wake` (see the module's wake-up invariant). Checked in this order each
+    /// then sleeps on `wake` (see the module's wake-up invariant), announcing `waiting_for`
+    /// ([`WAITING_FOR_ROOM`] if `ready` reads `head`, else [`WAITING_FOR_ANSWER`]). Checked in this order each
     /// time: `ready`, then whether the daemon stopped before `seq` or is gone
     /// ([`ClientRing::hopeless`]).
     fn wait_until(
         &mut self,
         seq: u64,
         spin: bool,
+        waiting_for: u32,
         mut ready: impl FnMut(&ClientRing) -> bool,
     ) -> Result<(), ShmError> {
         if ready(self) || self.hopeless(seq, &mut ready)? {
@@ -520,7 +522,7 @@ impl ClientRing {
         }
         loop {
             let seen = self.region.wake().load(Acquire);
-            self.region.client_waiting().store(1, Relaxed);
+            self.region.client_waiting().store(waiting_for, Relaxed);
             fence(SeqCst);
             let outcome = if ready(self) {
                 Ok(true)

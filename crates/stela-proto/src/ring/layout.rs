@@ -36,6 +36,16 @@ pub const RESULT_BYTES: usize = 32;
 /// Where the data area starts in the region.
 pub const DATA_OFFSET: usize = HEADER_BYTES;
 
+/// `client_waiting` while the client sleeps (or is about to) until it has room for an entry:
+/// any change wakes it (`head`, `done_seq`, `fault`). Any value but 0 and
+/// [`WAITING_FOR_ANSWER`] means this, so a client written before that value existed is woken
+/// as it expects.
+pub const WAITING_FOR_ROOM: u32 = 1;
+/// `client_waiting` while the client sleeps until an entry is answered: only a new `done_seq`
+/// or a `fault` wakes it. A `disk` commit sleeps through the fdatasync; waking it when its entry
+/// was merely copied out (`head`) would cost the daemon a futex call per commit for nothing.
+pub const WAITING_FOR_ANSWER: u32 = 2;
+
 /// Entries start, and are padded, on this boundary.
 pub const ENTRY_ALIGN: usize = 8;
 pub const ENTRY_HEADER_BYTES: usize = 40;

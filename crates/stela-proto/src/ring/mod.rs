@@ -21,13 +21,15 @@
 //!   16     8    data_bytes       daemon       size of the data area
 //! ---- line 1: the client's ------------------------------------------------------------------
 //!   64     8    tail             client       bytes published (monotonic; position = tail mod data_bytes)
-//!   72     4    client_waiting   client       1 while the client sleeps (or is about to) on `wake`
+//!   72     4    client_waiting   client       while the client sleeps (or is about to) on `wake`:
+//!                                               1 for room (woken by any change), 2 for an
+//!                                               answer (woken by done_seq or fault only)
 //! ---- line 2: the daemon's ------------------------------------------------------------------
 //!  128     8    head             daemon       bytes consumed; [tail, head + data_bytes) is free
 //!  136     4    daemon_asleep    daemon       1 while the daemon sleeps: ring the doorbell
 //! ---- line 3: completions (the daemon's) ------------------------------------------------------
 //!  192     8    done_seq         daemon       every entry with seq <= done_seq is completed
-//!  200     4    wake             daemon*      futex word, bumped after every change a client waits for
+//!  200     4    wake             daemon*      futex word, bumped before each FUTEX_WAKE of a sleeping client
 //!  204     4    fault            daemon       0, or a FaultCode: the daemon stopped reading this ring
 //!  208     8    fault_seq        daemon       with fault: the first seq that will never be completed
 //! ---- result slots ----------------------------------------------------------------------------

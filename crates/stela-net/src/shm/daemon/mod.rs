@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU32 as PrivateU32, AtomicU64 as PrivateU64};
 use std::sync::Arc;
 use stela_proto::ring::{
     check_entry_start, check_published, encode_message, encode_result, parse_entry, Completion,
-    Entry, EntryStart, FaultCode, RingError, RingLayout,
+    Entry, EntryStart, FaultCode, RingError, RingLayout, WAITING_FOR_ANSWER,
 };
 
 /// The daemon's end of one connection's ring.
@@ -204,16 +204,12 @@ impl DaemonRing {
         }
         self.region.fault_seq().store(self.expected_seq, Relaxed);
         self.region.fault().store(code.as_u32(), Release);
-        self.notify_client();
+        notify_client(&self.region, Change::Answer);
     }
 
     fn publish_head(&self) {
         self.region.head().store(self.head, Release);
-        self.notify_client();
-    }
-
-    fn notify_client(&self) {
-        notify_client(&self.region);
+        notify_client(&self.region, Change::Head);
     }
 }
 
@@ -253,7 +249,7 @@ impl Completer {
             .write_result(seq, &encode_result(seq, &completion));
         self.region.done_seq().store(seq, Release);
         self.completions.completed.store(seq, Relaxed);
-        notify_client(&self.region);
+        notify_client(&self.region, Change::Answer);
     }
 
     /// The last seq completed.
@@ -262,14 +258,30 @@ impl Completer {
     }
 }
 
-/// After a change the client may wait for (head, done_seq, fault): bump `wake`, then, after a
-/// SeqCst fence that pairs with the client's between setting `client_waiting` and re-checking,
-/// wake it if it sleeps. The bump comes first so that a client which read `wake` before the
-/// change finds it changed when it calls FUTEX_WAIT.
-fn notify_client(region: &Region) {
-    region.wake().fetch_add(1, Release);
+/// What changed, for [`notify_client`]: a client waiting only for an answer
+/// ([`WAITING_FOR_ANSWER`]) sleeps through a new `head`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// `head`: room was freed.
+    Head,
+    /// `done_seq` or `fault`: an answer, or the news that none will come.
+    Answer,
+}
+
+/// After a change the client may wait for (stored before this call): a SeqCst fence that pairs
+/// with the client's between setting `client_waiting` and re-checking, then, if the client
+/// sleeps (or is about to) waiting for this kind of change, bump `wake` and FUTEX_WAKE it.
+/// Either the client's re-check sees the change, or this load sees its `client_waiting`; and the
+/// bump comes before the wake, so a client that read `wake` before it finds it changed when it
+/// calls FUTEX_WAIT. A client that sleeps for an answer is neither woken nor has `wake` bumped by
+/// a new `head` (it would only check and sleep again: a futex call and two context switches per
+/// `disk` commit, or a FUTEX_WAIT that returns at once); any other nonzero value wakes on
+/// everything.
+fn notify_client(region: &Region, change: Change) {
     fence(SeqCst);
-    if region.client_waiting().load(Relaxed) != 0 {
+    let waiting = region.client_waiting().load(Relaxed);
+    if waiting != 0 && (change == Change::Answer || waiting != WAITING_FOR_ANSWER) {
+        region.wake().fetch_add(1, Release);
         region.futex_wake();
     }
 }

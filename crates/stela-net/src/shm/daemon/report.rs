@@ -64,6 +64,12 @@ impl DaemonRing {
         self.region.client_waiting().load(Relaxed) != 0
     }
 
+    /// The `wake` futex word: how many times the client was woken on it (by the daemon, or by
+    /// its own watcher when the daemon died). For tests and status.
+    pub fn wake_count(&self) -> u32 {
+        self.region.wake().load(Relaxed)
+    }
+
     /// The seq the next entry must carry (entries consumed + 1).
     pub fn expected_seq(&self) -> u64 {
         self.expected_seq
