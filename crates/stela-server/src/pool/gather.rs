@@ -1,4 +1,5 @@
-//! Gathering: when a flusher starts a log's next round under concurrent `disk` commits.
+//! Gathering: when a flusher starts a log's next round under concurrent `disk` commits, and
+//! when a sleeping flusher is called to look for work.
 //!
 //! The committers a round releases come straight back with their next commit. A flusher that
 //! started the next round at once would take only the first of them; the rest would register
@@ -12,7 +13,8 @@
 //! drain (power failure, shutdown), a closing, failed or full log.
 //!
 //! Not part of the critical core (docs/DURABILITY.md): this decides only *when* a round
-//! starts, never which bytes are written, where, or whom a completion releases. While a
+//! starts or a flusher looks, never which bytes are written, where, or whom a completion
+//! releases (a flusher also looks by itself when its timed sleep ends). While a
 //! gathering is active the log is not eligible (no other flusher starts the round) and new
 //! waiters do not wake idle flushers; the gathering ends by its deadline whatever happens, so a
 //! bug here can delay `disk` acknowledgements by [`GATHER_MAX`], not lose one.
@@ -81,6 +83,16 @@ impl<W> Pool<W> {
         }
         super::log_mut(&mut state, log).gather.active = false;
         state
+    }
+
+    /// Calls a sleeping flusher to look for work, unless one was called and has not looked yet
+    /// (it takes what is there and calls another if more is left). Each call is a system call
+    /// whether anyone sleeps or not, and the event loop makes it for every append.
+    pub(super) fn wake_flusher(&self, state: &mut State<W>) {
+        if state.idle_flushers > 0 && !state.flusher_called {
+            state.flusher_called = true;
+            self.work.notify_one();
+        }
     }
 
     /// After a `disk` waiter registered for `entry`'s log: wakes the flusher gathering for it

@@ -228,6 +228,9 @@ struct State<W> {
     /// Flushers asleep in `next_work`, and threads asleep in `wait_drained`: only they need a
     /// wake-up call (each costs a system call, asleep or not).
     idle_flushers: usize,
+    /// A sleeping flusher was called and has not looked yet: it takes what is there and calls
+    /// another if more is left, so a second call would only wake one to find nothing.
+    flusher_called: bool,
     drain_waiters: usize,
 }
 
@@ -321,6 +324,7 @@ impl<W> Pool<W> {
                 space_wanted: false,
                 appends_waited: 0,
                 idle_flushers: 0,
+                flusher_called: false,
                 drain_waiters: 0,
                 bytes_written: 0,
                 writes: 0,
@@ -416,7 +420,7 @@ impl<W> Pool<W> {
             state.appends_waited += 1;
             state.space_wanted = true;
             // Whatever is eligible must go out for space to appear.
-            self.wake_flusher(&state);
+            self.wake_flusher(&mut state);
             return Err(PoolError::NoSpace);
         }
         for record in records {
@@ -425,7 +429,7 @@ impl<W> Pool<W> {
         state.dirty += total;
         log_mut(&mut state, log).dirty += total;
         if self.eligible_bytes(&state, log, Instant::now()) > 0 {
-            self.wake_flusher(&state);
+            self.wake_flusher(&mut state);
         }
         Ok((next, next + records.len() as u64 - 1))
     }
@@ -604,7 +608,7 @@ impl<W> Pool<W> {
                 // More may be waiting for another flusher (another log).
                 if (0..state.logs.len()).any(|l| self.eligible_bytes(&state, l, Instant::now()) > 0)
                 {
-                    self.wake_flusher(&state);
+                    self.wake_flusher(&mut state);
                 }
                 return Some(work);
             }
@@ -635,12 +639,7 @@ impl<W> Pool<W> {
             state.idle_flushers += 1;
             state = sync::wait_timeout(&self.work, state, due);
             state.idle_flushers -= 1;
-        }
-    }
-
-    fn wake_flusher(&self, state: &State<W>) {
-        if state.idle_flushers > 0 {
-            self.work.notify_one();
+            state.flusher_called = false;
         }
     }
 
@@ -775,7 +774,7 @@ impl<W> Pool<W> {
         entry.urgent_to = entry.urgent_to.max(lsn);
         self.note_waiter(entry);
         if wake {
-            self.wake_flusher(&state);
+            self.wake_flusher(&mut state);
         }
         Ok(None)
     }
