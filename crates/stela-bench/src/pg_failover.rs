@@ -265,10 +265,22 @@ impl Node {
         // The dead primary's lock file names a PID of another node (which may be in use here):
         // the old primary is fenced (its daemon is dead or stepped down, so nothing it writes
         // is kept), so the lock file is removed, as the failover driver does.
-        match std::fs::remove_file(data.join("postmaster.pid")) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).context("removing the dead primary's postmaster.pid"),
+        // So is this node's own socket lock from its last PostgreSQL, killed a fault ago: that
+        // postmaster may still be a zombie (init reaps it within about 2 s, and the next fault
+        // can come sooner), and PostgreSQL refuses to start while the PID in the lock exists.
+        let socket_lock = sockets.join(format!(".s.PGSQL.{port}.lock"));
+        for (stale, what) in [
+            (
+                data.join("postmaster.pid"),
+                "the dead primary's postmaster.pid",
+            ),
+            (socket_lock, "this node's last postmaster's socket lock"),
+        ] {
+            match std::fs::remove_file(&stale) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {what}")),
+            }
         }
         let file = std::fs::OpenOptions::new()
             .create(true)

@@ -33,9 +33,11 @@
 //! Each model was also checked to fail when the protocol is broken: without the client's fence
 //! after publishing, or the one before it sleeps, or without `mark_gone`'s bump of `wake`, or
 //! without the daemon's fence before it reads `client_waiting`, or with its bump of `wake` after
-//! its FUTEX_WAKE instead of before, loom reports a deadlock (a lost wake-up); with the result slot written after `done_seq`, with
-//! `tail` published before the entry is written, without the wait for room, or without copying
-//! a result out before its slot is reused, it reports a data race on the region.
+//! its FUTEX_WAKE instead of before, loom reports a deadlock (a lost wake-up); with the result
+//! slot written after `done_seq`, with `tail` published before the entry is written, without
+//! the wait for room, or without copying a result out before its slot is reused, it reports a
+//! data race on the region (the checks of 2026-11-23; the two on the daemon's wake-up were
+//! made on 2026-11-26).
 //!
 //! The ring is tiny (a 128-byte area, 2 result slots). Entries 1 and 2 (56 bytes each) fill it;
 //! entry 3 (64 bytes) goes behind a 16-byte pad at position 0, so it waits for entry 2 to be

@@ -482,8 +482,8 @@ impl ClientRing {
 
     /// Waits until `ready` holds, for entry `seq`: publishes first, spins up to the budget,
     /// then sleeps on `wake` (see the module's wake-up invariant), announcing `waiting_for`
-    /// ([`WAITING_FOR_ROOM`] if `ready` reads `head`, else [`WAITING_FOR_ANSWER`]). Checked in this order each
-    /// time: `ready`, then whether the daemon stopped before `seq` or is gone
+    /// ([`WAITING_FOR_ROOM`] if `ready` reads `head`, else [`WAITING_FOR_ANSWER`]). Checked in
+    /// this order each time: `ready`, then whether the daemon stopped before `seq` or is gone
     /// ([`ClientRing::hopeless`]).
     fn wait_until(
         &mut self,
