@@ -167,6 +167,15 @@ pub struct FaultRow {
     /// minus before (live records shipped meanwhile included). Null if the primary changed in
     /// between.
     pub reprotect_bytes: Option<u64>,
+    /// What reprotection had to move, in the same frame bytes: the standby's records past its
+    /// common prefix with the primary when the fault ended (diverged: cut, not shipped) plus
+    /// the primary's past it up to its last LSN once protected (missing, live records
+    /// included). `reprotect_bytes` may be at most 1.05 times this (issue 9). Only for the
+    /// faults after which a node rejoins (its log read while it is down); null for a standby
+    /// that stayed up, and when `reprotect_bytes` is null. The primary's last LSN may name a
+    /// record or two not yet shipped when it reported, so this can exceed what had to go by
+    /// those.
+    pub reprotect_need_bytes: Option<u64>,
     /// The size of the client's log once protected again: its frames (header and record) up
     /// to the primary's last LSN then, counted from the final log (the files themselves are
     /// preallocated whole segments).
@@ -197,6 +206,9 @@ pub struct Summary {
     /// LSNs the final standby holds with another record than the primary (null: its log could
     /// not be read).
     pub standby_mismatch: Option<u64>,
+    /// The largest `reprotect_bytes / reprotect_need_bytes` over the faults that have both
+    /// (target: at most 1.05).
+    pub reprotect_over_need: Option<f64>,
 }
 
 /// What the run recorded of one fault.
@@ -210,6 +222,8 @@ struct FaultRun {
     epoch_before: u64,
     epoch_after: u64,
     reprotect_bytes: Option<u64>,
+    /// Diverged plus missing bytes (see [`FaultRow::reprotect_need_bytes`]).
+    reprotect_need: Option<u64>,
     /// The primary's last LSN of the client's log once protected again.
     log_lsn: u64,
     old_primary_exit: Option<Option<i32>>,
@@ -413,6 +427,7 @@ fn run_in(
             failovers: run.epoch_after.saturating_sub(run.epoch_before),
             blocked_ms: (!run.kind.expects_failover()).then(|| round(facts.blocked_ms)),
             reprotect_bytes: run.reprotect_bytes,
+            reprotect_need_bytes: run.reprotect_need,
             log_bytes: primary_copy.bytes_through(run.log_lsn),
             old_primary_exit: run.old_primary_exit,
         })
@@ -438,6 +453,10 @@ fn run_in(
             .as_ref()
             .ok()
             .map(|_| verdict.standby_mismatch.len() as u64),
+        reprotect_over_need: rows
+            .iter()
+            .filter_map(|r| Some(r.reprotect_bytes? as f64 / r.reprotect_need_bytes?.max(1) as f64))
+            .reduce(f64::max),
     };
 
     if !args.json {
@@ -560,6 +579,12 @@ fn inject(
     // Reprotection is measured on whichever node is the primary now, from this moment.
     let (shipping, now) = wait_primary(cluster)?;
     let shipped_before = shipped_bytes(&now);
+    // What the node that rejoins holds, read while it is down (so exactly what it restarts
+    // with). A standby that stayed up (partition, witness) is not read: its log moves while it
+    // is read, and its catch-up cannot be set against the primary's counter at one instant.
+    let standby_had = rejoin
+        .map(|node| verify::peek_log(&cluster.nodes[node].dir, LOG, None))
+        .transpose()?;
     let restore_ms = mono_ms();
     if let Some(node) = rejoin {
         // A node started again never claims the primary role by configuration: the
@@ -569,6 +594,19 @@ fn inject(
     let (primary, report) = wait_protected(cluster)?;
     client.wait_for_ack(FAILOVER_WAIT)?;
     let recovered_ms = mono_ms();
+    let log_lsn = report
+        .logs
+        .iter()
+        .find(|l| l.name == LOG)
+        .map_or(0, |l| l.positions.last_lsn);
+    let reprotect_need = match standby_had {
+        Some(standby_had) if primary == shipping => {
+            let primary_had = verify::peek_log(&cluster.nodes[primary].dir, LOG, Some(log_lsn))?;
+            let (diverged, missing) = verify::reprotect_need(&standby_had, &primary_had);
+            Some(diverged + missing)
+        }
+        _ => None,
+    };
     Ok(FaultRun {
         kind,
         start_ms,
@@ -579,11 +617,8 @@ fn inject(
         epoch_after: epoch(&report),
         reprotect_bytes: (primary == shipping)
             .then(|| shipped_bytes(&report).saturating_sub(shipped_before)),
-        log_lsn: report
-            .logs
-            .iter()
-            .find(|l| l.name == LOG)
-            .map_or(0, |l| l.positions.last_lsn),
+        reprotect_need,
+        log_lsn,
         old_primary_exit,
     })
 }
@@ -665,7 +700,7 @@ fn print_table(
     )?;
     writeln!(
         out,
-        "{:>3} {:<16} {:>9} {:>10} {:>8} {:>6} {:>5} {:>6} {:>6} {:>9} {:>11} {:>10} {:>5}",
+        "{:>3} {:<16} {:>9} {:>10} {:>8} {:>6} {:>5} {:>6} {:>6} {:>9} {:>11} {:>11} {:>10} {:>5}",
         "#",
         "fault",
         "downtime",
@@ -677,6 +712,7 @@ fn print_table(
         "epochs",
         "blocked",
         "reprotect B",
+        "need B",
         "log B",
         "exit"
     )?;
@@ -684,7 +720,7 @@ fn print_table(
     for (i, row) in rows.iter().enumerate() {
         writeln!(
             out,
-            "{:>3} {:<16} {:>9} {:>10} {:>8} {:>6} {:>5} {:>6} {:>6} {:>9} {:>11} {:>10} {:>5}",
+            "{:>3} {:<16} {:>9} {:>10} {:>8} {:>6} {:>5} {:>6} {:>6} {:>9} {:>11} {:>11} {:>10} {:>5}",
             i + 1,
             row.fault,
             ms(row.downtime_ms),
@@ -696,6 +732,7 @@ fn print_table(
             row.failovers,
             ms(row.blocked_ms),
             row.reprotect_bytes.map_or("-".into(), |b| b.to_string()),
+            row.reprotect_need_bytes.map_or("-".into(), |b| b.to_string()),
             row.log_bytes,
             match row.old_primary_exit {
                 None => "".to_owned(),
@@ -717,6 +754,13 @@ fn print_table(
         summary.resolution_wrong,
         summary.standby_mismatch.map_or("(standby log unreadable)".into(), |n| n.to_string())
     )?;
+    if let Some(over) = summary.reprotect_over_need {
+        writeln!(
+            out,
+            "reprotection shipped at most {over:.3} times what it had to (diverged + missing; target <= 1.05: {})",
+            if over <= 1.05 { "met" } else { "NOT met" }
+        )?;
+    }
     for (seq, there) in verdict.lost.iter().take(10) {
         writeln!(
             out,
@@ -726,7 +770,7 @@ fn print_table(
     }
     writeln!(
         out,
-        "# downtime: injection to the first acknowledgement of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
+        "# downtime: injection to the first acknowledgement of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
     )?;
     Ok(())
 }

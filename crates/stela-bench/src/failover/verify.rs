@@ -62,6 +62,56 @@ pub fn read_log(dir: &Path, log: &str) -> anyhow::Result<LogCopy> {
     Ok(copy)
 }
 
+/// One record of a log as [`peek_log`] sees it: its LSN, a CRC32C of its payload (to compare
+/// copies by) and the bytes of its frame.
+pub type Peeked = (u64, u32, u64);
+
+/// A read-only look at `dir/logs/<log>` while its daemon runs, or after it died and before it
+/// restarts: no lock is taken and nothing is repaired (the embedded `Wal::open` of
+/// [`read_log`] would cut a torn tail, changing what the restarted node recovers). Records up
+/// to `through` (all if `None`); a node that never had the log has none.
+///
+/// # Errors
+/// The log cannot be read, or is damaged before its newest segment.
+pub fn peek_log(dir: &Path, log: &str, through: Option<u64>) -> anyhow::Result<Vec<Peeked>> {
+    let path = dir.join("logs").join(log);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let storage: std::sync::Arc<dyn stela_wal::storage::Storage> =
+        std::sync::Arc::new(stela_wal::storage::StdStorage);
+    let (mut records, mut from, mut at) = (Vec::new(), stela_wal::Lsn::FIRST, None);
+    loop {
+        let read = stela_wal::tools::read_available(&path, storage.clone(), from, 65_536, at)
+            .with_context(|| format!("read {} without opening it", path.display()))?;
+        let Some(&(last, _)) = read.records.last() else {
+            return Ok(records);
+        };
+        for (lsn, payload) in &read.records {
+            if through.is_some_and(|end| lsn.get() > end) {
+                return Ok(records);
+            }
+            let frame = stela_format::frame::frame_len(payload.len()) as u64;
+            records.push((lsn.get(), crc32c::crc32c(payload), frame));
+        }
+        from = stela_wal::Lsn::new(last.get() + 1);
+        at = read.next;
+    }
+}
+
+/// What reprotecting `standby` from `primary` had to move, in frame bytes: the standby's
+/// records past their common prefix (diverged, to be cut) and the primary's (missing, to be
+/// shipped). Both logs start at LSN 1 here (the benchmark never truncates).
+pub fn reprotect_need(standby: &[Peeked], primary: &[Peeked]) -> (u64, u64) {
+    let common = standby
+        .iter()
+        .zip(primary)
+        .take_while(|(s, p)| s.0 == p.0 && s.1 == p.1)
+        .count();
+    let bytes = |records: &[Peeked]| records.iter().map(|r| r.2).sum::<u64>();
+    (bytes(&standby[common..]), bytes(&primary[common..]))
+}
+
 /// What the final logs say of the client's acknowledgements and resolutions.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Verdict {
@@ -168,5 +218,31 @@ mod tests {
         assert_eq!(copy.bytes_through(99), copy.bytes_through(5));
         assert_eq!(copy.bytes_through(0), 0);
         assert!(read_log(dir.path(), "nope").is_err());
+        // The read-only look agrees, frame for frame, and stops where asked.
+        let peeked = peek_log(dir.path(), "failover", None).unwrap();
+        assert_eq!(
+            peeked.iter().map(|r| r.0).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        for &(lsn, _, frame) in &peeked {
+            assert_eq!(copy.bytes_through(lsn) - copy.bytes_through(lsn - 1), frame);
+        }
+        assert_eq!(
+            peek_log(dir.path(), "failover", Some(3)).unwrap(),
+            peeked[..3]
+        );
+        assert!(peek_log(dir.path(), "nope", None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn reprotect_need_counts_both_sides_past_the_common_prefix() {
+        let at = |lsn, crc| (lsn, crc, 120u64);
+        let primary = [at(1, 7), at(2, 8), at(3, 1), at(4, 2), at(5, 3)];
+        // LSNs 3 and 4 diverged: cut on the standby, shipped with 5 from the primary.
+        let standby = [at(1, 7), at(2, 8), at(3, 9), at(4, 10)];
+        assert_eq!(reprotect_need(&standby, &primary), (240, 360));
+        assert_eq!(reprotect_need(&primary[..2], &primary), (0, 360));
+        assert_eq!(reprotect_need(&primary, &primary), (0, 0));
+        assert_eq!(reprotect_need(&[], &primary), (0, 600));
     }
 }
