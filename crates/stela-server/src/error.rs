@@ -150,6 +150,26 @@ impl Error {
     }
 }
 
+/// What a shutdown could not do: the logs whose buffered records were not all written, each
+/// with why ([`Error::LogStopped`]: a write or sync failed; [`Error::DiskFull`]: no segment could
+/// be made), and flusher threads that had panicked (whatever they held was not written either).
+#[derive(Debug, thiserror::Error)]
+#[error("shutdown incomplete: {}", shutdown_failures(.logs, *.panicked_flushers))]
+pub struct ShutdownError {
+    pub logs: Vec<Error>,
+    pub panicked_flushers: usize,
+}
+
+fn shutdown_failures(logs: &[Error], panicked_flushers: usize) -> String {
+    let mut parts: Vec<String> = logs.iter().map(Error::to_string).collect();
+    if panicked_flushers > 0 {
+        parts.push(format!(
+            "{panicked_flushers} flusher thread(s) had panicked"
+        ));
+    }
+    parts.join("; ")
+}
+
 /// Why the daemon did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -57,7 +57,7 @@ mod sync;
 mod workers;
 
 pub use config::DaemonConfig;
-pub use error::{Error, StartError};
+pub use error::{Error, ShutdownError, StartError};
 #[cfg(not(stela_loom))]
 pub use net::limits;
 pub use pool::{Pool, PoolConfig, PoolError};

@@ -11,7 +11,7 @@
 
 use crate::config::DaemonConfig;
 use crate::engine::Engine;
-use crate::error::StartError;
+use crate::error::{ShutdownError, StartError};
 use crate::net::{self, LoopHandle};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -313,7 +313,7 @@ impl Server {
     }
 
     /// Blocks until a stop is requested (SIGTERM, SIGINT), then shuts down.
-    pub fn run_until_stopped(self) -> Result<(), String> {
+    pub fn run_until_stopped(self) -> Result<(), ShutdownError> {
         {
             let (flag, condvar) = &*self.stop_requested;
             let mut stop = flag.lock().unwrap_or_else(|e| e.into_inner());
@@ -325,11 +325,11 @@ impl Server {
     }
 
     /// Stops admitting, writes and syncs every buffer, closes connections and logs.
-    pub fn shutdown(mut self) -> Result<(), String> {
+    pub fn shutdown(mut self) -> Result<(), ShutdownError> {
         self.stop_all()
     }
 
-    fn stop_all(&mut self) -> Result<(), String> {
+    fn stop_all(&mut self) -> Result<(), ShutdownError> {
         let Some(event_loop) = self.event_loop.take() else {
             return Ok(());
         };

@@ -262,9 +262,11 @@ fn a_failed_sync_stops_its_log_and_only_its_log() {
         .expect_err("shutdown reports the stopped log");
     drop((a, b));
     assert!(
-        failures.contains("a:") && failures.contains("injected fsync failure"),
+        matches!(&failures.logs[..], [stela_server::Error::LogStopped { log, cause }]
+            if log == "a" && cause.to_string().contains("injected fsync failure")),
         "{failures}"
     );
+    assert_eq!(failures.panicked_flushers, 0, "{failures}");
     let b_log = read_back(&log_dir("b"), Arc::new(fault.clone()));
     check_acked(&b_log, &b_acked, true);
 }

@@ -15,7 +15,7 @@ mod queries;
 pub use queries::{NetStats, Opened};
 
 use crate::config::DaemonConfig;
-use crate::error::{Error, Result, StartError};
+use crate::error::{Error, Result, ShutdownError, StartError};
 use crate::logs::Logs;
 use crate::measure;
 use crate::pool::{Admission, LogId, Pool, PoolConfig, PoolError, Record};
@@ -171,7 +171,7 @@ impl Engine {
         let bytes = self.pool.begin_drain(Admission::PowerFailing);
         self.pool.wait_drained();
         let micros = started.elapsed().as_micros() as u64;
-        let failures = self.failures();
+        let failures = self.stopped_logs().iter().map(Error::to_string).collect();
         let budget_micros = (self.config.power_window / 2).as_micros() as u64;
         let report = EmergencyFlush {
             bytes: bytes as u64,
@@ -196,41 +196,37 @@ impl Engine {
         }
     }
 
-    /// One line per log that cannot take writes.
-    fn failures(&self) -> Vec<String> {
-        self.logs
-            .all()
-            .iter()
-            .filter_map(|entry| {
-                self.pool
-                    .log_failure(entry.id)
-                    .map(|f| format!("{}: {}", entry.name, self.pool_error(entry.id, f)))
-            })
+    /// Why each log that cannot take writes cannot ([`Error::LogStopped`], [`Error::DiskFull`]).
+    fn stopped_logs(&self) -> Vec<Error> {
+        let logs = self.logs.all();
+        let failed = logs.iter().map(|e| (e.id, self.pool.log_failure(e.id)));
+        failed
+            .filter_map(|(id, f)| Some(self.pool_error(id, f?)))
             .collect()
     }
 
     /// Stops admitting, writes and syncs every buffer, stops the flushers and closes the logs.
-    /// Returns what could not be written or closed.
-    pub fn shutdown(&self) -> Result<(), String> {
+    /// Returns what could not be written.
+    pub fn shutdown(&self) -> Result<(), ShutdownError> {
         let started = Instant::now();
         let bytes = self.pool.begin_drain(Admission::ShuttingDown);
         self.pool.wait_drained();
-        let mut failures = self.failures();
-        for flusher in lock(&self.flushers).drain(..) {
-            if flusher.join().is_err() {
-                failures.push("a flusher thread panicked".into());
-            }
-        }
+        let logs = self.stopped_logs();
+        let mut flushers = lock(&self.flushers);
+        let joined = flushers.drain(..).map(JoinHandle::join);
+        let panicked_flushers = joined.filter(std::result::Result::is_err).count();
         tracing::info!(
             bytes,
             micros = started.elapsed().as_micros() as u64,
             "flushed every buffer for shutdown"
         );
         drop(self.logs.take_all());
-        if failures.is_empty() {
-            Ok(())
-        } else {
-            Err(failures.join("; "))
+        match (logs.is_empty(), panicked_flushers) {
+            (true, 0) => Ok(()),
+            _ => Err(ShutdownError {
+                logs,
+                panicked_flushers,
+            }),
         }
     }
 }

@@ -25,7 +25,7 @@ impl NoHang {
         NoHang(Some(server))
     }
 
-    pub fn shutdown(mut self) -> Result<(), String> {
+    pub fn shutdown(mut self) -> Result<(), stela_server::ShutdownError> {
         self.0.take().expect("running").shutdown()
     }
 }
