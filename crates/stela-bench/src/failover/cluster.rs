@@ -330,6 +330,24 @@ pub fn shipped_bytes(report: &StatusReport) -> u64 {
         .map_or(0, |r| r.logs.iter().map(|l| l.shipped_bytes).sum())
 }
 
+/// Bytes of log the node shipped between two of its reports. A log's counter starts again at 0
+/// with each shipping term (the primary begins a new term for a log when a standby connects
+/// anew): a log whose term changed, or that `before` did not list, counts all of `after`'s.
+pub fn shipped_since(before: &StatusReport, after: &StatusReport) -> u64 {
+    fn logs(report: &StatusReport) -> &[stela_proto::ReplicaStatus] {
+        report.replication.as_ref().map_or(&[], |r| &r.logs)
+    }
+    logs(after)
+        .iter()
+        .map(|now| {
+            let then = logs(before)
+                .iter()
+                .find(|l| l.log == now.log && l.term == now.term);
+            now.shipped_bytes - then.map_or(0, |then| then.shipped_bytes.min(now.shipped_bytes))
+        })
+        .sum()
+}
+
 /// Whether a primary is protected again: it names a coordinator it reaches, acknowledges
 /// nothing unprotected, and its standby is connected with the client's log caught up (at most
 /// a few records behind: the client never stops committing).
@@ -626,6 +644,21 @@ mod tests {
             shipped_bytes(&report("primary", 0, vec![replica(true, 3)])),
             4000
         );
+        // Shipped between two reports: the difference within a term, all of a new term's.
+        let mut later = replica(true, 3);
+        later.shipped_bytes = 6500;
+        let before = report("primary", 0, vec![replica(true, 3)]);
+        assert_eq!(
+            shipped_since(&before, &report("primary", 0, vec![later.clone()])),
+            2500
+        );
+        later.term += 1;
+        later.shipped_bytes = 300;
+        assert_eq!(
+            shipped_since(&before, &report("primary", 0, vec![later])),
+            300
+        );
+        assert_eq!(shipped_since(&StatusReport::default(), &before), 4000);
         // Unprotected since a promotion, the standby away or far behind, no log, a standby.
         assert!(!protected(&report("primary", 1, vec![replica(true, 0)])));
         assert!(!protected(&report("primary", 0, vec![replica(false, 0)])));

@@ -30,7 +30,7 @@ pub mod verify;
 use crate::netns::{pause, poll_within, sibling, wait_within};
 use analysis::FaultWindow;
 use anyhow::Context;
-use cluster::{epoch, protected, role, shipped_bytes, tail, Client, Cluster, Role, Timing};
+use cluster::{epoch, protected, role, shipped_since, tail, Client, Cluster, Role, Timing};
 use events::{mono_ms, LOG};
 use rustix::process::Signal;
 use serde::Serialize;
@@ -164,8 +164,8 @@ pub struct FaultRow {
     pub blocked_ms: Option<f64>,
     /// What the primary shipped from the restart of the node that rejoins (or the end of the
     /// fault) until it was caught up: its status's `shipped_bytes`, summed over logs, after
-    /// minus before (live records shipped meanwhile included). Null if the primary changed in
-    /// between.
+    /// minus before (all of it for a log shipped in a new term since; live records shipped
+    /// meanwhile included). Null if the primary changed in between.
     pub reprotect_bytes: Option<u64>,
     /// What reprotection had to move, in the same frame bytes: the standby's records past its
     /// common prefix with the primary when the fault ended (diverged: cut, not shipped) plus
@@ -578,7 +578,7 @@ fn inject(
     }
     // Reprotection is measured on whichever node is the primary now, from this moment.
     let (shipping, now) = wait_primary(cluster)?;
-    let shipped_before = shipped_bytes(&now);
+    let shipped_before = now;
     // What the node that rejoins holds, read while it is down (so exactly what it restarts
     // with). A standby that stayed up (partition, witness) is not read: its log moves while it
     // is read, and its catch-up cannot be set against the primary's counter at one instant.
@@ -615,8 +615,7 @@ fn inject(
         recovered_ms,
         epoch_before,
         epoch_after: epoch(&report),
-        reprotect_bytes: (primary == shipping)
-            .then(|| shipped_bytes(&report).saturating_sub(shipped_before)),
+        reprotect_bytes: (primary == shipping).then(|| shipped_since(&shipped_before, &report)),
         reprotect_need,
         log_lsn,
         old_primary_exit,
