@@ -94,9 +94,7 @@ impl LogTail {
             .records
             .len()
     }
-}
 
-impl LogTail {
     /// Appends `record` to the real log and, while a consumer is registered, keeps the record
     /// `keep` makes of it (a copy, or the caller's shared one).
     fn append_keeping(
