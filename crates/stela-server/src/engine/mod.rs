@@ -212,9 +212,10 @@ impl Engine {
         let bytes = self.pool.begin_drain(Admission::ShuttingDown);
         self.pool.wait_drained();
         let logs = self.stopped_logs();
-        let mut flushers = lock(&self.flushers);
-        let joined = flushers.drain(..).map(JoinHandle::join);
-        let panicked_flushers = joined.filter(std::result::Result::is_err).count();
+        let mut panicked_flushers = 0;
+        for flusher in lock(&self.flushers).drain(..) {
+            panicked_flushers += usize::from(flusher.join().is_err());
+        }
         tracing::info!(
             bytes,
             micros = started.elapsed().as_micros() as u64,
