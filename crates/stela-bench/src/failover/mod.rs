@@ -578,7 +578,6 @@ fn inject(
     }
     // Reprotection is measured on whichever node is the primary now, from this moment.
     let (shipping, now) = wait_primary(cluster)?;
-    let shipped_before = now;
     // What the node that rejoins holds, read while it is down (so exactly what it restarts
     // with). A standby that stayed up (partition, witness) is not read: its log moves while it
     // is read, and its catch-up cannot be set against the primary's counter at one instant.
@@ -615,7 +614,7 @@ fn inject(
         recovered_ms,
         epoch_before,
         epoch_after: epoch(&report),
-        reprotect_bytes: (primary == shipping).then(|| shipped_since(&shipped_before, &report)),
+        reprotect_bytes: (primary == shipping).then(|| shipped_since(&now, &report)),
         reprotect_need,
         log_lsn,
         old_primary_exit,
