@@ -174,6 +174,19 @@ pub fn check_or_write_seeds(seeds: Vec<(&str, String, Vec<u8>)>) -> usize {
     total
 }
 
+/// As [`check_or_write_seeds`], for the seeds of one target: `(file name, bytes)`.
+pub fn check_or_write_target_seeds<N: Into<String>>(
+    target: &str,
+    seeds: impl IntoIterator<Item = (N, Vec<u8>)>,
+) -> usize {
+    check_or_write_seeds(
+        seeds
+            .into_iter()
+            .map(|(name, bytes)| (target, name.into(), bytes))
+            .collect(),
+    )
+}
+
 /// The checked-in seeds: `(target, file name, bytes)`. Every one is a valid input produced by
 /// the encoders, or a valid input with one classic defect (a torn tail, a flipped byte).
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {

@@ -12,20 +12,7 @@ use stela_wal::WalOptions;
 
 #[test]
 fn mirror_apply_seeds_are_current() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/mirror_apply");
-    let write = std::env::var_os("STELA_WRITE_SEEDS").is_some();
-    for (name, bytes) in stela_fuzz::mirror_seeds() {
-        let path = dir.join(&name);
-        if write {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        } else {
-            let stored = std::fs::read(&path).unwrap_or_else(|e| {
-                panic!("{}: {e} (run with STELA_WRITE_SEEDS=1)", path.display())
-            });
-            assert!(stored == bytes, "{} is stale", path.display());
-        }
-    }
+    stela_fuzz::check_or_write_target_seeds("mirror_apply", stela_fuzz::mirror_seeds());
 }
 
 #[test]

@@ -4,7 +4,6 @@
 //!
 //! `cargo test` inside `fuzz/` (with `RUSTC_BOOTSTRAP=1`, like every command here).
 
-use std::path::Path;
 use stela_proto::frame;
 use stela_proto::{
     Durability, EmergencyFlush, ErrorCode, Payload, Positions, Request, RequestBody, Response,
@@ -173,21 +172,6 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn protocol_decode_seeds_are_the_encoders_output() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/protocol_decode");
-    let write = std::env::var_os("STELA_WRITE_SEEDS").is_some();
-    let mut total = 0;
-    for (name, bytes) in seeds() {
-        let path = dir.join(&name);
-        total += bytes.len();
-        if write {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        } else {
-            let stored = std::fs::read(&path).unwrap_or_else(|e| {
-                panic!("{}: {e} (run with STELA_WRITE_SEEDS=1)", path.display())
-            });
-            assert!(stored == bytes, "{} is stale", path.display());
-        }
-    }
+    let total = stela_fuzz::check_or_write_target_seeds("protocol_decode", seeds());
     assert!(total < 16 << 10, "the protocol seeds are {total} bytes");
 }

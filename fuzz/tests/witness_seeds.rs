@@ -3,7 +3,6 @@
 //!
 //! `cargo test` inside `fuzz/` (with `RUSTC_BOOTSTRAP=1`, like every command here).
 
-use std::path::Path;
 use stela_proto::frame;
 use stela_proto::witness::{WitnessRequest, WitnessResponse};
 
@@ -71,18 +70,5 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 
 #[test]
 fn witness_decode_seeds_are_the_encoders_output() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/witness_decode");
-    let write = std::env::var_os("STELA_WRITE_SEEDS").is_some();
-    for (name, bytes) in seeds() {
-        let path = dir.join(name);
-        if write {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        } else {
-            let stored = std::fs::read(&path).unwrap_or_else(|e| {
-                panic!("{}: {e} (run with STELA_WRITE_SEEDS=1)", path.display())
-            });
-            assert!(stored == bytes, "{} is stale", path.display());
-        }
-    }
+    stela_fuzz::check_or_write_target_seeds("witness_decode", seeds());
 }
