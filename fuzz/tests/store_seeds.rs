@@ -168,25 +168,25 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         "internal".to_owned(),
         image(7, internal()),
     ));
-    let entries: Vec<Entry> = records()
+    // Every record under each page it touches, at LSNs 1, 2, ... in order.
+    let records = records();
+    let range = RunRange {
+        first: Lsn::new(1),
+        last: Lsn::new(records.len() as u64),
+    };
+    let entries: Vec<Entry> = records
         .into_iter()
         .enumerate()
         .flat_map(|(at, (_, record))| {
             let lsn = Lsn::new(at as u64 + 1);
-            record
-                .pages()
-                .into_iter()
-                .map(move |(page, _)| (page, lsn))
-                .collect::<Vec<_>>()
-                .into_iter()
-                .map(move |(page, lsn)| (page, lsn, record.clone()))
+            let pages: Vec<_> = record.pages().into_iter().map(|(page, _)| page).collect();
+            pages.into_iter().map(move |page| Entry {
+                page,
+                lsn,
+                record: record.clone(),
+            })
         })
-        .map(|(page, lsn, record)| Entry { page, lsn, record })
         .collect();
-    let range = RunRange {
-        first: Lsn::new(1),
-        last: Lsn::new(records().len() as u64),
-    };
     seeds.push((
         "store_archive_run",
         "run".to_owned(),
