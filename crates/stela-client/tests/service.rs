@@ -155,3 +155,74 @@ fn records_survive_a_restart_of_the_daemon() {
     let all: Vec<Entry> = wal.iter().unwrap().map(|r| r.unwrap().1).collect();
     assert_eq!(all, (0..=500).map(entry).collect::<Vec<_>>());
 }
+
+/// The event loop runs realtime while commits wait for it alone and gives the CPU back to the
+/// committers while their commits wait for the disk (`stela_server::sched`, docs/DAEMON.md):
+/// `stela status` follows it both ways. Needs realtime scheduling to be permitted (root or
+/// CAP_SYS_NICE), as in CI; elsewhere it fails saying so.
+#[test]
+fn the_event_loop_gives_up_realtime_while_commits_wait_for_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let realtime = || server.status().realtime_loop;
+    let wait_for = |wanted: bool, what: &str, work: &dyn Fn()| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while realtime() != wanted {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the event loop's scheduling did not become {} {what}",
+                if wanted { "realtime" } else { "normal" }
+            );
+            work();
+        }
+    };
+    wait_for(
+        true,
+        "at start: realtime scheduling is not permitted here (run as root or with CAP_SYS_NICE)",
+        &|| std::thread::sleep(Duration::from_millis(10)),
+    );
+
+    let disk: Vec<Wal<Entry>> = (0..4)
+        .map(|i| {
+            let options = WalOptions::default().durability(Durability::Disk);
+            Wal::open(server.socket_path(), &format!("disk-{i}"), options).unwrap()
+        })
+        .collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    // Set however the scope ends (the check below may panic): the committers then stop.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|scope| {
+        let _stop = Stop(&stop);
+        for wal in &disk {
+            let stop = &stop;
+            scope.spawn(move || {
+                for i in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    wal.append_durable(&entry(i)).unwrap();
+                }
+            });
+        }
+        wait_for(false, "under disk commits", &|| {
+            std::thread::sleep(Duration::from_millis(5))
+        });
+    });
+
+    let buffered: Wal<Entry> =
+        Wal::open(server.socket_path(), "buffered", WalOptions::default()).unwrap();
+    assert_eq!(buffered.transport(), "shm");
+    let next = std::cell::Cell::new(0);
+    wait_for(true, "under buffered commits", &|| {
+        for _ in 0..1000 {
+            next.set(next.get() + 1);
+            buffered.append(&entry(next.get())).unwrap();
+        }
+    });
+    server.shutdown().unwrap();
+}

@@ -163,6 +163,7 @@ pub(crate) struct EventLoop {
     held_cap: usize,
     handshake_timeout: Duration,
     spin: Duration,
+    /// Realtime scheduling is asked for; [`crate::sched::LoopPriority`] decides when it is used.
     realtime: bool,
     max_frame: usize,
     ring_bytes: usize,
@@ -280,8 +281,10 @@ pub(crate) fn create(
 impl EventLoop {
     /// Serves until stopped; then answers what it can and closes every connection.
     pub fn run(mut self) {
-        let realtime = self.realtime && crate::sched::become_realtime("event loop");
-        self.counters.realtime.store(realtime, Ordering::Relaxed);
+        let mut priority = crate::sched::LoopPriority::start(self.realtime);
+        self.counters
+            .realtime
+            .store(priority.realtime(), Ordering::Relaxed);
         let mut events = Events::with_capacity(1024);
         let mut last_activity = Instant::now();
         let mut last_socket_poll = Instant::now();
@@ -291,6 +294,7 @@ impl EventLoop {
             // A ring waiting for the disk will need its completion published as soon as the
             // flusher settles it: keep polling through the sync rather than sleep and be woken.
             let quiet = now.duration_since(last_activity);
+            let realtime = priority.realtime();
             let spinning = !self.spin.is_zero()
                 && (quiet < self.spin || (self.disk_waits > 0 && quiet < DISK_SPIN && !realtime));
             let mut sleeping = false;
@@ -348,7 +352,13 @@ impl EventLoop {
                 }
             }
             active |= self.take_inbox();
-            active |= self.scan_rings();
+            let (scanned, served) = self.scan_rings();
+            active |= scanned;
+            if priority.served(served.0, served.1) {
+                self.counters
+                    .realtime
+                    .store(priority.realtime(), Ordering::Relaxed);
+            }
             active |= self.run_ready();
             // Appends of this turn go to the standby now, one send for all of them.
             self.engine.end_turn();
@@ -848,9 +858,11 @@ impl EventLoop {
         any
     }
 
-    /// Copies entries out of every ring that has some.
-    fn scan_rings(&mut self) -> bool {
+    /// Copies entries out of every ring that has some; says whether it did anything, and how
+    /// many entries were answered at once and how many went to wait for the disk.
+    fn scan_rings(&mut self) -> (bool, (u64, u64)) {
         let mut any = false;
+        let mut served = (0, 0);
         let mut faulted = Vec::new();
         self.disk_waits = 0;
         for index in 0..self.rings.len() {
@@ -859,10 +871,13 @@ impl EventLoop {
                 continue;
             };
             let Some(ring) = &mut conn.ring else { continue };
-            let stepped = ring.step(&self.engine, &self.inbox, &conn.handles);
+            let stepped = ring.step_counted(&self.engine, &self.inbox, &conn.handles);
             self.disk_waits += usize::from(ring.awaits_disk());
             match stepped {
-                Ok(did) => any |= did,
+                Ok((did, (at_once, disk))) => {
+                    any |= did;
+                    served = (served.0 + at_once, served.1 + disk);
+                }
                 Err(fault) => {
                     tracing::warn!(peer = %conn.peer, %fault, "bad entry in a shared-memory ring; closing the connection");
                     conn.refuse(ErrorCode::BadFrame, format!("shared-memory ring: {fault}"));
@@ -874,7 +889,7 @@ impl EventLoop {
             self.flush(slot);
             self.close(slot);
         }
-        any
+        (any, served)
     }
 
     /// Deadlines: handshakes and idle connections; parked appends are retried as a safety net.

@@ -1,10 +1,15 @@
 //! A connection's ring as the event loop handles it: making one, its doorbell, the sleep
 //! handshake, parking while the pool is full. The hand-off of entries is in [`super::ring`].
 
+use super::inbox::Inbox;
 use super::ring::RingConn;
+use crate::engine::Engine;
+use crate::pool::LogId;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
 use stela_net::shm::DaemonRing;
+use stela_net::shm::RingFault;
 use stela_proto::ResponseBody;
 
 /// Result slots per ring: a blocking client has one entry in flight; more let a pipelining one
@@ -33,6 +38,23 @@ impl RingConn {
             vec![memory, doorbell],
             answer,
         ))
+    }
+
+    /// As [`RingConn::step`], also counting what the loop's scheduling follows
+    /// (`crate::sched::LoopPriority`): the entries this step answered at once (their
+    /// completions, all published by the step itself on this thread) and whether it sent one
+    /// to wait for the disk.
+    pub fn step_counted(
+        &mut self,
+        engine: &Engine,
+        inbox: &Arc<Inbox>,
+        handles: &[Option<LogId>],
+    ) -> Result<(bool, (u64, u64)), RingFault> {
+        let (completed, pending) = (self.completer.completed(), self.pending);
+        let did = self.step(engine, inbox, handles)?;
+        let answered_at_once = self.completer.completed() - completed;
+        let waited_for_disk = u64::from(self.pending.is_some() && self.pending != pending);
+        Ok((did, (answered_at_once, waited_for_disk)))
     }
 
     pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
