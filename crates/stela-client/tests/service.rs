@@ -157,7 +157,7 @@ fn records_survive_a_restart_of_the_daemon() {
 }
 
 /// The event loop runs realtime while commits wait for it alone and gives the CPU back to the
-/// committers while their commits wait for the disk (`stela_server::sched`, docs/DAEMON.md):
+/// committers while several of them wait for the disk (`stela_server::sched`, docs/DAEMON.md):
 /// `stela status` follows it both ways. Needs realtime scheduling to be permitted (root or
 /// CAP_SYS_NICE), as in CI; elsewhere it fails saying so.
 #[test]

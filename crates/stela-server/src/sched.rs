@@ -53,29 +53,62 @@ pub(crate) fn become_normal(what: &str) -> bool {
 /// How long the event loop counts its rings' entries before it reconsiders its scheduling.
 pub(crate) const LOOP_PRIORITY_WINDOW: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// The event loop's scheduling while realtime is permitted: realtime while most ring entries
-/// are answered at once (`buffered`, `unsafe`: the client's commit waits for the loop alone),
-/// normal while most wait for the disk.
+/// The event loop's scheduling while realtime is permitted: normal while several committers'
+/// entries wait (for the disk, or a standby's acknowledgement) and such entries are at least
+/// as many as those answered at once; realtime otherwise (`buffered`, `unsafe`: the client's
+/// commit waits for the loop alone; or a lone committer).
 ///
 /// Why: a realtime loop that keeps serving holds one CPU whole. When commits wait for an
-/// fdatasync, the loop's few microseconds per commit are not what they wait for, but the
-/// committers, woken by the round's completion, must all run before the next round can cover
-/// them; on two CPUs they then get one. Measured on the 2-vCPU machine, sides taking turns
-/// (`bench/results/commit-loop-priority.txt`), `disk` commits against the embedded group
-/// commit: 16 clients 0.88-0.97 with this policy, 0.80-0.92 with the loop always realtime; 64
-/// clients 0.86-0.94 against 0.82-0.89; one client 0.71-0.89 against 0.60-0.62. Never realtime,
-/// `buffered` commits of 64 clients fall to a third (`docs/DAEMON.md`). The decision is taken once per
-/// [`LOOP_PRIORITY_WINDOW`] from the entries served in it, so the loop changes its scheduling at
-/// most a thousand times a second, and keeps it through idle windows.
+/// fdatasync or a round trip, the loop's few microseconds per commit are not what they wait
+/// for, but the committers, woken together when their round completes, must all run before the
+/// next round can cover them; on two CPUs they then get one. A lone committer competes with
+/// nobody, and its commit waits for every hop through the loop, so it keeps the realtime loop.
+/// Measured on the 2-vCPU machine, sides taking turns (`bench/results/commit-loop-priority.txt`):
+/// `disk` commits against the embedded group commit at 16 clients 0.88-0.97 with this policy,
+/// 0.80-0.92 with the loop always realtime, at 64 clients 0.86-0.94 against 0.82-0.89;
+/// `replicated` commits of 16 clients about 93-116k/s against 36-40k/s. Never realtime,
+/// `buffered` commits of 64 clients fall to a third (`docs/DAEMON.md`), and a lone
+/// `replicated` committer's p50 went from 25 to 68 us. The decision is taken once per
+/// [`LOOP_PRIORITY_WINDOW`] from what the window served, so the loop changes its scheduling
+/// at most a thousand times a second, and keeps it through idle windows.
 #[derive(Debug)]
 pub(crate) struct LoopPriority {
     /// Realtime is permitted and was asked for.
     permitted: bool,
     realtime: bool,
-    window_start: std::time::Instant,
-    /// Ring entries answered at once, and entries that waited for the disk, this window.
+    window: Window,
+}
+
+/// What the loop served in the current window.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: std::time::Instant,
+    /// Ring entries answered at once.
     answered_at_once: u64,
-    waited_for_disk: u64,
+    /// Ring entries sent to wait (for the disk or a standby).
+    waited: u64,
+    /// The most rings seen waiting at once.
+    most_rings_waiting: usize,
+}
+
+impl Window {
+    fn new() -> Window {
+        Window {
+            start: std::time::Instant::now(),
+            answered_at_once: 0,
+            waited: 0,
+            most_rings_waiting: 0,
+        }
+    }
+
+    /// The scheduling the window's entries ask for; `None` (keep what it is) for a window
+    /// without entries.
+    fn wants_realtime(&self) -> Option<bool> {
+        if self.answered_at_once == 0 && self.waited == 0 {
+            return None;
+        }
+        Some(self.answered_at_once > self.waited || self.most_rings_waiting < 2)
+    }
 }
 
 impl LoopPriority {
@@ -85,9 +118,7 @@ impl LoopPriority {
         LoopPriority {
             permitted: realtime,
             realtime,
-            window_start: std::time::Instant::now(),
-            answered_at_once: 0,
-            waited_for_disk: 0,
+            window: Window::new(),
         }
     }
 
@@ -96,18 +127,24 @@ impl LoopPriority {
         self.realtime
     }
 
-    /// Counts entries served since the last call; at the end of a window, changes the loop's
-    /// scheduling if the window's mix asks for the other one. Returns whether it changed.
-    pub(crate) fn served(&mut self, answered_at_once: u64, waited_for_disk: u64) -> bool {
-        self.answered_at_once += answered_at_once;
-        self.waited_for_disk += waited_for_disk;
-        if !self.permitted || self.window_start.elapsed() < LOOP_PRIORITY_WINDOW {
+    /// Counts a turn's ring entries (answered at once, sent to wait) and the rings waiting
+    /// after it; at the end of a window, changes the loop's scheduling if the window asks for
+    /// the other one. Returns whether it changed.
+    pub(crate) fn served(
+        &mut self,
+        answered_at_once: u64,
+        waited: u64,
+        rings_waiting: usize,
+    ) -> bool {
+        let window = &mut self.window;
+        window.answered_at_once += answered_at_once;
+        window.waited += waited;
+        window.most_rings_waiting = window.most_rings_waiting.max(rings_waiting);
+        if !self.permitted || window.start.elapsed() < LOOP_PRIORITY_WINDOW {
             return false;
         }
-        let wanted = wants_realtime(self.answered_at_once, self.waited_for_disk);
-        self.window_start = std::time::Instant::now();
-        self.answered_at_once = 0;
-        self.waited_for_disk = 0;
+        let wanted = window.wants_realtime();
+        self.window = Window::new();
         match wanted {
             Some(true) if !self.realtime => {
                 self.realtime = become_realtime("event loop");
@@ -122,26 +159,29 @@ impl LoopPriority {
     }
 }
 
-/// The scheduling a window's entries ask for: realtime unless entries waiting for the disk were
-/// at least as many as those answered at once; `None` (keep what it is) for a window with none.
-fn wants_realtime(answered_at_once: u64, waited_for_disk: u64) -> Option<bool> {
-    match (answered_at_once, waited_for_disk) {
-        (0, 0) => None,
-        (at_once, disk) => Some(at_once > disk),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::wants_realtime;
+    use super::Window;
+
+    fn wants(answered_at_once: u64, waited: u64, most_rings_waiting: usize) -> Option<bool> {
+        Window {
+            start: std::time::Instant::now(),
+            answered_at_once,
+            waited,
+            most_rings_waiting,
+        }
+        .wants_realtime()
+    }
 
     #[test]
-    fn disk_bound_windows_give_up_realtime_and_idle_ones_change_nothing() {
-        assert_eq!(wants_realtime(0, 0), None);
-        assert_eq!(wants_realtime(100, 0), Some(true));
-        assert_eq!(wants_realtime(0, 64), Some(false));
-        // A client appending at `buffered` and committing at `disk` is disk-bound.
-        assert_eq!(wants_realtime(50, 50), Some(false));
-        assert_eq!(wants_realtime(51, 50), Some(true));
+    fn several_waiting_committers_give_up_realtime_and_idle_windows_change_nothing() {
+        assert_eq!(wants(0, 0, 0), None);
+        assert_eq!(wants(100, 0, 0), Some(true));
+        assert_eq!(wants(0, 64, 16), Some(false));
+        // A lone committer keeps realtime: nobody competes with it for the CPU.
+        assert_eq!(wants(0, 64, 1), Some(true));
+        // Clients appending at `buffered` and committing at `disk` are disk-bound.
+        assert_eq!(wants(50, 50, 2), Some(false));
+        assert_eq!(wants(51, 50, 2), Some(true));
     }
 }

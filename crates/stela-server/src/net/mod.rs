@@ -354,7 +354,7 @@ impl EventLoop {
             active |= self.take_inbox();
             let (scanned, served) = self.scan_rings();
             active |= scanned;
-            if priority.served(served.0, served.1) {
+            if priority.served(served.0, served.1, self.disk_waits) {
                 self.counters
                     .realtime
                     .store(priority.realtime(), Ordering::Relaxed);
