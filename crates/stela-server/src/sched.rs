@@ -10,8 +10,8 @@
 //! work, and the kernel keeps 5 % of every CPU for normal threads. Threads they start (the
 //! standby's writer, say) do not inherit it: the policy is asked with `SCHED_RESET_ON_FORK`.
 //!
-//! The event loop gives realtime up while the commits it serves wait for the disk
-//! ([`LoopPriority`]).
+//! The event loop gives realtime up while several of the committers it serves wait for the
+//! disk or a standby ([`LoopPriority`]).
 
 use std::io;
 
@@ -64,11 +64,11 @@ pub(crate) const LOOP_PRIORITY_WINDOW: std::time::Duration = std::time::Duration
 /// next round can cover them; on two CPUs they then get one. A lone committer competes with
 /// nobody, and its commit waits for every hop through the loop, so it keeps the realtime loop.
 /// Measured on the 2-vCPU machine, sides taking turns (`bench/results/commit-loop-priority.txt`):
-/// `disk` commits against the embedded group commit at 16 clients 0.88-0.97 with this policy,
-/// 0.80-0.92 with the loop always realtime, at 64 clients 0.86-0.94 against 0.82-0.89;
-/// `replicated` commits of 16 clients about 93-116k/s against 36-40k/s. Never realtime,
+/// `disk` commits against the embedded group commit at 16 clients 0.88-1.07 with this policy,
+/// 0.80-0.92 with the loop always realtime, at 64 clients 0.83-0.94 against 0.75-0.89;
+/// `replicated` commits of 16 clients 93-116k/s against 35-41k/s. Never realtime,
 /// `buffered` commits of 64 clients fall to a third (`docs/DAEMON.md`), and a lone
-/// `replicated` committer's p50 went from 25 to 68 us. The decision is taken once per
+/// `replicated` committer's p50 goes from 25 to 68 us. The decision is taken once per
 /// [`LOOP_PRIORITY_WINDOW`] from what the window served, so the loop changes its scheduling
 /// at most a thousand times a second, and keeps it through idle windows.
 #[derive(Debug)]
@@ -148,6 +148,8 @@ impl LoopPriority {
         match wanted {
             Some(true) if !self.realtime => {
                 self.realtime = become_realtime("event loop");
+                // Refused now (the permission was taken away): stop asking every window.
+                self.permitted = self.realtime;
                 self.realtime
             }
             Some(false) if self.realtime => {

@@ -859,7 +859,8 @@ impl EventLoop {
     }
 
     /// Copies entries out of every ring that has some; says whether it did anything, and how
-    /// many entries were answered at once and how many went to wait for the disk.
+    /// many entries were answered at once and how many went to wait (for the disk or a
+    /// standby).
     fn scan_rings(&mut self) -> (bool, (u64, u64)) {
         let mut any = false;
         let mut served = (0, 0);
@@ -874,9 +875,9 @@ impl EventLoop {
             let stepped = ring.step_counted(&self.engine, &self.inbox, &conn.handles);
             self.disk_waits += usize::from(ring.awaits_disk());
             match stepped {
-                Ok((did, (at_once, disk))) => {
+                Ok((did, (at_once, waited))) => {
                     any |= did;
-                    served = (served.0 + at_once, served.1 + disk);
+                    served = (served.0 + at_once, served.1 + waited);
                 }
                 Err(fault) => {
                     tracing::warn!(peer = %conn.peer, %fault, "bad entry in a shared-memory ring; closing the connection");

@@ -43,7 +43,7 @@ impl RingConn {
     /// As [`RingConn::step`], also counting what the loop's scheduling follows
     /// (`crate::sched::LoopPriority`): the entries this step answered at once (their
     /// completions, all published by the step itself on this thread) and whether it sent one
-    /// to wait for the disk.
+    /// to wait (for the disk or a standby).
     pub fn step_counted(
         &mut self,
         engine: &Engine,
@@ -53,8 +53,8 @@ impl RingConn {
         let (completed, pending) = (self.completer.completed(), self.pending);
         let did = self.step(engine, inbox, handles)?;
         let answered_at_once = self.completer.completed() - completed;
-        let waited_for_disk = u64::from(self.pending.is_some() && self.pending != pending);
-        Ok((did, (answered_at_once, waited_for_disk)))
+        let waited = u64::from(self.pending.is_some() && self.pending != pending);
+        Ok((did, (answered_at_once, waited)))
     }
 
     pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
