@@ -18,36 +18,36 @@ use std::io;
 /// Gives the calling thread `SCHED_FIFO` at the lowest priority, if the process may (root, or
 /// `CAP_SYS_NICE`); says whether it got it. `what` names the thread in the log.
 pub(crate) fn become_realtime(what: &str) -> bool {
-    let param = libc::sched_param { sched_priority: 1 };
-    // SAFETY: a plain system call on the calling thread (pid 0) with a valid, initialised
-    // parameter; it changes nothing but that thread's scheduling.
-    let done = unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
-    } == 0;
-    if done {
-        tracing::debug!(thread = what, "realtime scheduling (SCHED_FIFO 1)");
-    } else {
-        tracing::debug!(thread = what, error = %io::Error::last_os_error(),
-            "normal scheduling (realtime needs CAP_SYS_NICE)");
+    let set = set_scheduler(libc::SCHED_FIFO, 1);
+    match &set {
+        Ok(()) => tracing::debug!(thread = what, "realtime scheduling (SCHED_FIFO 1)"),
+        Err(error) => tracing::debug!(thread = what, %error,
+            "normal scheduling (realtime needs CAP_SYS_NICE)"),
     }
-    done
+    set.is_ok()
 }
 
 /// Gives the calling thread back the normal scheduler (`SCHED_OTHER`); says whether it could.
 pub(crate) fn become_normal(what: &str) -> bool {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: as in `become_realtime`: a system call on the calling thread only, with a valid
-    // parameter.
-    let done = unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK, &param)
-    } == 0;
-    if done {
-        tracing::debug!(thread = what, "normal scheduling");
-    } else {
-        tracing::debug!(thread = what, error = %io::Error::last_os_error(),
-            "could not leave realtime scheduling");
+    let set = set_scheduler(libc::SCHED_OTHER, 0);
+    match &set {
+        Ok(()) => tracing::debug!(thread = what, "normal scheduling"),
+        Err(error) => tracing::debug!(thread = what, %error, "could not leave realtime scheduling"),
     }
-    done
+    set.is_ok()
+}
+
+/// Sets the calling thread's scheduling policy, with `SCHED_RESET_ON_FORK`.
+fn set_scheduler(policy: libc::c_int, priority: libc::c_int) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: a plain system call on the calling thread (pid 0) with a valid, initialised
+    // parameter; it changes nothing but that thread's scheduling.
+    match unsafe { libc::sched_setscheduler(0, policy | libc::SCHED_RESET_ON_FORK, &param) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
 }
 
 /// How long the event loop counts its rings' entries before it reconsiders its scheduling.
