@@ -66,7 +66,7 @@ pub(crate) const LOOP_PRIORITY_WINDOW: std::time::Duration = std::time::Duration
 /// Measured on the 2-vCPU machine, sides taking turns (`bench/results/commit-loop-priority.txt`):
 /// `disk` commits against the embedded group commit at 16 clients 0.88-1.07 with this policy,
 /// 0.80-0.92 with the loop always realtime, at 64 clients 0.83-0.94 against 0.75-0.89;
-/// `replicated` commits of 16 clients 93-116k/s against 35-41k/s. Never realtime,
+/// `replicated` commits of 16 clients 103-107k/s against 35-41k/s. Never realtime,
 /// `buffered` commits of 64 clients fall to a third (`docs/DAEMON.md`), and a lone
 /// `replicated` committer's p50 goes from 25 to 68 us. The decision is taken once per
 /// [`LOOP_PRIORITY_WINDOW`] from what the window served, so the loop changes its scheduling
