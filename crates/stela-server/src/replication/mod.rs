@@ -610,6 +610,7 @@ impl Replication {
                             .unreachable_since
                             .get_or_insert_with(std::time::Instant::now);
                     }
+                    self.answer_unprotected(link);
                     if !warned {
                         tracing::warn!(log = %log.name, standby = %self.standby, why, "standby unreachable; replicated commits wait; retrying");
                         warned = true;
@@ -863,6 +864,29 @@ impl Replication {
         lock(&link.state).degraded_acks += waiters.len() as u64;
         tracing::error!(log = %link.name, standby = %self.standby, after_ms = after.as_millis() as u64, waiting = waiters.len(),
             "standby unreachable too long: replicated commits are acknowledged WITHOUT it (as buffered) until it is back");
+        for waiter in waiters {
+            waiter(Ok(()));
+        }
+        (self.released)();
+    }
+
+    /// The session ended while the node is unprotected (promoted, and no standby has confirmed
+    /// its rejoin by an acknowledgement): the waits registered while the standby was connected
+    /// are answered now, as the unprotected policy answers new ones (`when_received`). Without
+    /// this, an old primary that answered the handshake and then exited (stepping down) left
+    /// them waiting for a standby that was gone. `connected` is cleared before: a wait
+    /// registered from then on is answered at once, one registered before is taken here.
+    fn answer_unprotected(&self, link: &Link) {
+        if !self.node.unprotected() {
+            return;
+        }
+        let waiters = link.protection.take_all();
+        if waiters.is_empty() {
+            return;
+        }
+        lock(&link.state).unprotected_acks += waiters.len() as u64;
+        tracing::warn!(log = %link.name, standby = %self.standby, waiting = waiters.len(),
+            "the standby left before confirming its rejoin: replicated commits acknowledged WITHOUT it (unprotected)");
         for waiter in waiters {
             waiter(Ok(()));
         }
