@@ -860,14 +860,29 @@ impl Replication {
             state.degraded = true;
         }
         // Waits registered before the flag was set are answered here; later ones see it.
-        let waiters = link.protection.take_all();
-        lock(&link.state).degraded_acks += waiters.len() as u64;
-        tracing::error!(log = %link.name, standby = %self.standby, after_ms = after.as_millis() as u64, waiting = waiters.len(),
+        let waiting = self.answer_all_without_standby(link, |state| &mut state.degraded_acks);
+        tracing::error!(log = %link.name, standby = %self.standby, after_ms = after.as_millis() as u64, waiting,
             "standby unreachable too long: replicated commits are acknowledged WITHOUT it (as buffered) until it is back");
+    }
+
+    /// Answers every registered wait of `link` `Ok` without the standby, as a policy that
+    /// acknowledges without it does (degraded, unprotected), and adds them to that policy's
+    /// counter (`acks`). Returns how many it answered.
+    fn answer_all_without_standby(
+        &self,
+        link: &Link,
+        acks: impl FnOnce(&mut LinkState) -> &mut u64,
+    ) -> usize {
+        let waiters = link.protection.take_all();
+        *acks(&mut lock(&link.state)) += waiters.len() as u64;
+        let answered = waiters.len();
         for waiter in waiters {
             waiter(Ok(()));
         }
-        (self.released)();
+        if answered > 0 {
+            (self.released)();
+        }
+        answered
     }
 
     /// The session ended while the node is unprotected (promoted, and no standby has confirmed
@@ -880,17 +895,11 @@ impl Replication {
         if !self.node.unprotected() {
             return;
         }
-        let waiters = link.protection.take_all();
-        if waiters.is_empty() {
-            return;
+        let waiting = self.answer_all_without_standby(link, |state| &mut state.unprotected_acks);
+        if waiting > 0 {
+            tracing::warn!(log = %link.name, standby = %self.standby, waiting,
+                "the standby left before confirming its rejoin: replicated commits acknowledged WITHOUT it (unprotected)");
         }
-        lock(&link.state).unprotected_acks += waiters.len() as u64;
-        tracing::warn!(log = %link.name, standby = %self.standby, waiting = waiters.len(),
-            "the standby left before confirming its rejoin: replicated commits acknowledged WITHOUT it (unprotected)");
-        for waiter in waiters {
-            waiter(Ok(()));
-        }
-        (self.released)();
     }
 
     fn fence(&self, link: &Link, theirs: u64, ours: u64, message: String) -> String {
