@@ -198,10 +198,10 @@ impl Engine {
 
     /// Why each log that cannot take writes cannot ([`Error::LogStopped`], [`Error::DiskFull`]).
     fn stopped_logs(&self) -> Vec<Error> {
-        let logs = self.logs.all();
-        let failed = logs.iter().map(|e| (e.id, self.pool.log_failure(e.id)));
-        failed
-            .filter_map(|(id, f)| Some(self.pool_error(id, f?)))
+        self.logs
+            .all()
+            .iter()
+            .filter_map(|entry| Some(self.pool_error(entry.id, self.pool.log_failure(entry.id)?)))
             .collect()
     }
 
