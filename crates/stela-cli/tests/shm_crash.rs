@@ -219,11 +219,21 @@ impl RawConnection {
             "MapRing answered {:?}",
             response.body
         );
-        assert_eq!(fds.len(), 2, "the ring answer carries memory and doorbell");
-        let doorbell = fds.pop().unwrap();
-        let memory = fds.pop().unwrap();
+        assert_eq!(
+            fds.len(),
+            3,
+            "the ring answer carries memory, doorbell and the user's wake board"
+        );
+        let mut fds = fds.into_iter();
+        let (memory, doorbell, board) = (
+            fds.next().unwrap(),
+            fds.next().unwrap(),
+            fds.next().unwrap(),
+        );
         let bell = doorbell.try_clone().unwrap();
-        let ring = ClientRing::from_fds(memory, doorbell).expect("map the ring");
+        let mut ring = ClientRing::from_fds(memory, doorbell).expect("map the ring");
+        let board = stela_net::shm::Board::from_fd(board).expect("map the wake board");
+        assert!(ring.attach_board(board), "the ring has a seat on the board");
         (ring, bell)
     }
 }
@@ -435,6 +445,8 @@ fn ring_client_sigkill_rounds(rounds: u32) {
     let mut acked = BTreeMap::new();
     let mut unpublished_rounds = 0;
     std::thread::scope(|scope| {
+        // A failed round must not leave the scope waiting for the bystander for ever.
+        let _stop_on_exit = StopOnDrop(&stop);
         let bystander = scope.spawn(|| {
             let wal = open_ring_client(&socket, LOG, Durability::Disk);
             let mut acks = Vec::new();
@@ -753,4 +765,14 @@ fn daemon_sigkill_amid_ring_commits() {
 #[ignore = "long: 40 daemon kills and restarts"]
 fn daemon_sigkill_amid_ring_commits_40_rounds() {
     daemon_sigkill_rounds(40);
+}
+
+/// Sets its flag when dropped: stops the bystander when the test's thread leaves the scope,
+/// panicking or not.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }

@@ -444,6 +444,13 @@ impl Connection {
         };
         let mut ring = stela_net::shm::ClientRing::from_fds(memory, doorbell)
             .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        // A third descriptor is the daemon's wake board for this user (a daemon without boards
+        // sends two): answers are then waited for on the ring's seat there.
+        if let Some(board) = fds.next() {
+            let board = stela_net::shm::Board::from_fd(board)
+                .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+            ring.attach_board(board);
+        }
         ring.set_spin(spin);
         self.watched = Some(crate::watcher::watch(fd, ring.gone_handle())?);
         self.ring = Some(ring);

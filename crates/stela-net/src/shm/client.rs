@@ -14,12 +14,14 @@
 //!   `wake`, set `client_waiting`, SeqCst fence, re-check; the daemon changes what the client
 //!   waits for, bumps `wake`, fences, then reads `client_waiting`. In both pairs at least one
 //!   side sees the other's store, and FUTEX_WAIT returns at once if `wake` moved since it was
-//!   read.
+//!   read. A client with a seat on a wake board sleeps for answers on its board word instead,
+//!   with the same steps on that word (`board.rs`).
 //! - **Results are read before their slot can be reused.** At most `slots` entries are in
 //!   flight: entry `s` is written only once `s - slots` is completed and its result copied out.
 //! - **Nothing is waited for that is not published** (that would wait forever): every wait
 //!   publishes what was written first.
 
+use super::board::{Board, Seat};
 use super::region::{Doorbell, Region};
 use super::sync::{crash_point, fence, Arc, AtomicBool};
 use super::ShmError;
@@ -27,8 +29,9 @@ use std::fmt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::time::{Duration, Instant};
 use stela_proto::ring::{
-    check_entry, decode_message, decode_result, encode_entry, pad_bytes, Completion, EntryHeader,
-    EntryKind, RingError, RingLayout, WAITING_FOR_ANSWER, WAITING_FOR_ROOM,
+    check_entry, decode_message, decode_result, encode_entry, pad_bytes, BoardSeat, Completion,
+    EntryHeader, EntryKind, RingError, RingLayout, WAITING_FOR_ANSWER, WAITING_FOR_ROOM,
+    WAITING_ON_BOARD,
 };
 use stela_proto::Durability;
 
@@ -41,6 +44,7 @@ pub const REPROBE_EVERY: u32 = 64;
 pub struct GoneHandle {
     region: Region,
     gone: Arc<AtomicBool>,
+    seat: Option<Seat>,
 }
 
 impl GoneHandle {
@@ -52,6 +56,9 @@ impl GoneHandle {
         self.gone.store(true, Release);
         self.region.wake().fetch_add(1, Release);
         self.region.futex_wake();
+        if let Some(seat) = &self.seat {
+            seat.board.wake(seat.seat);
+        }
     }
 
     pub fn is_gone(&self) -> bool {
@@ -103,6 +110,8 @@ pub struct ClientRing {
     layout: RingLayout,
     doorbell: Doorbell,
     gone: Arc<AtomicBool>,
+    /// Where answers are waited for, if the daemon gave the ring a seat on a wake board.
+    seat: Option<Seat>,
     /// Bytes written, published or not: where the next entry goes.
     written: u64,
     /// The last value stored to `tail`.
@@ -135,6 +144,7 @@ impl ClientRing {
             layout,
             doorbell,
             gone: Arc::new(AtomicBool::new(false)),
+            seat: None,
             written: 0,
             published: 0,
             next_seq: 1,
@@ -224,11 +234,23 @@ impl ClientRing {
         self.spin.budget
     }
 
+    /// Sleeps for answers on the ring's seat of `board` (the wake board the daemon sent with
+    /// the ring) from now on; returns false, and keeps sleeping on `wake`, if the ring has no
+    /// seat. Call before [`ClientRing::gone_handle`].
+    pub fn attach_board(&mut self, board: Board) -> bool {
+        let Some(seat) = BoardSeat::decode(self.region.board_seat().load(Relaxed)) else {
+            return false;
+        };
+        self.seat = Some(Seat { board, seat });
+        true
+    }
+
     /// A handle for the thread that watches the daemon's socket.
     pub fn gone_handle(&self) -> GoneHandle {
         GoneHandle {
             region: self.region.clone(),
             gone: self.gone.clone(),
+            seat: self.seat.clone(),
         }
     }
 
@@ -520,9 +542,21 @@ impl ClientRing {
         } else {
             self.spin.slept();
         }
+        let board = match &self.seat {
+            Some(seat) if waiting_for == WAITING_FOR_ANSWER => Some(seat.clone()),
+            _ => None,
+        };
         loop {
-            let seen = self.region.wake().load(Acquire);
-            self.region.client_waiting().store(waiting_for, Relaxed);
+            let seen = match &board {
+                Some(seat) => seat.board.seen(seat.seat),
+                None => self.region.wake().load(Acquire),
+            };
+            let announced = if board.is_some() {
+                WAITING_ON_BOARD
+            } else {
+                waiting_for
+            };
+            self.region.client_waiting().store(announced, Relaxed);
             fence(SeqCst);
             let outcome = if ready(self) {
                 Ok(true)
@@ -533,7 +567,10 @@ impl ClientRing {
                 self.region.client_waiting().store(0, Relaxed);
                 return outcome.map(|_| ());
             }
-            self.region.futex_wait(seen);
+            match &board {
+                Some(seat) => seat.board.futex_wait(seat.seat, seen),
+                None => self.region.futex_wait(seen),
+            }
             self.region.client_waiting().store(0, Relaxed);
         }
     }

@@ -38,12 +38,14 @@
 //! assert_eq!(client.wait(seq).unwrap().last_lsn, 1);
 //! ```
 
+mod board;
 mod client;
 mod daemon;
 pub mod os;
 mod region;
 mod sync;
 
+pub use board::{Board, WakeBatch};
 pub use client::{ClientRing, GoneHandle, REPROBE_EVERY};
 pub use daemon::{Completer, DaemonRing, RingFault};
 pub use os::{recv_with_fds, send_with_fds, Mapping, MAX_FDS};
@@ -130,6 +132,16 @@ pub mod model {
         let doorbell = Doorbell::new();
         let daemon = DaemonRing::from_parts(region.clone(), doorbell.clone());
         let client = ClientRing::from_parts(region, doorbell, std::time::Duration::ZERO);
+        (daemon, client)
+    }
+
+    /// As [`pair`], the ring seated on a fresh model wake board, so that the client sleeps for
+    /// its answers on the board.
+    pub fn seated_pair(layout: RingLayout) -> (DaemonRing, ClientRing) {
+        let (mut daemon, mut client) = pair(layout);
+        let board = super::Board::model();
+        daemon.take_seat(&board, 0);
+        assert!(client.attach_board(board));
         (daemon, client)
     }
 }

@@ -196,6 +196,41 @@ pub fn futex_wake(word: &AtomicU32) {
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
+/// As [`futex_wait`], woken only by a [`futex_wake_bitset`] whose mask shares a bit with `mask`
+/// (the wake board: many clients sleep on one word, each on its own bit).
+pub fn futex_wait_bitset(word: &AtomicU32, expected: u32, mask: u32) {
+    // SAFETY: as in `futex_wait`; FUTEX_WAIT_BITSET takes no timeout (null), an unused address
+    // and the mask as its last argument.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT_BITSET,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            mask,
+        )
+    };
+}
+
+/// Wakes every thread sleeping in [`futex_wait_bitset`] on `word` with a bit of `mask`, in one
+/// system call.
+pub fn futex_wake_bitset(word: &AtomicU32, mask: u32) {
+    // SAFETY: `word` is a live, 4-aligned u32; FUTEX_WAKE_BITSET does not access it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE_BITSET,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            mask,
+        )
+    };
+}
+
 /// A cmsg buffer, aligned for `cmsghdr`, large enough for [`MAX_FDS`] descriptors.
 #[repr(C, align(8))]
 struct CmsgBuffer([u8; 64]);

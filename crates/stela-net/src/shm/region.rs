@@ -74,6 +74,10 @@ mod real {
         pub(crate) fn client_waiting(&self) -> &AtomicU32 {
             self.word32(CLIENT_WAITING_OFFSET)
         }
+        /// Line 0's board seat (written once, by the daemon, before the client maps the ring).
+        pub(crate) fn board_seat(&self) -> &AtomicU32 {
+            self.word32(BOARD_SEAT_OFFSET)
+        }
         pub(crate) fn head(&self) -> &AtomicU64 {
             self.word64(HEAD_OFFSET)
         }
@@ -247,6 +251,7 @@ mod model {
     struct Shared {
         tail: AtomicU64,
         client_waiting: AtomicU32,
+        board_seat: AtomicU32,
         head: AtomicU64,
         daemon_asleep: AtomicU32,
         done_seq: AtomicU64,
@@ -277,6 +282,7 @@ mod model {
                 shared: Arc::new(Shared {
                     tail: AtomicU64::new(0),
                     client_waiting: AtomicU32::new(0),
+                    board_seat: AtomicU32::new(0),
                     head: AtomicU64::new(0),
                     daemon_asleep: AtomicU32::new(0),
                     done_seq: AtomicU64::new(0),
@@ -305,6 +311,9 @@ mod model {
         }
         pub(crate) fn client_waiting(&self) -> &AtomicU32 {
             &self.shared.client_waiting
+        }
+        pub(crate) fn board_seat(&self) -> &AtomicU32 {
+            &self.shared.board_seat
         }
         pub(crate) fn head(&self) -> &AtomicU64 {
             &self.shared.head

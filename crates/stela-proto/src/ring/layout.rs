@@ -22,6 +22,9 @@ pub const MAGIC_OFFSET: usize = 0;
 pub const VERSION_OFFSET: usize = 8;
 pub const SLOT_COUNT_OFFSET: usize = 12;
 pub const DATA_BYTES_OFFSET: usize = 16;
+/// In line 0: the ring's seat on its daemon's wake board plus one (0: no board; see
+/// `BoardSeat`).
+pub const BOARD_SEAT_OFFSET: usize = 24;
 pub const TAIL_OFFSET: usize = LINE_BYTES;
 pub const CLIENT_WAITING_OFFSET: usize = LINE_BYTES + 8;
 pub const HEAD_OFFSET: usize = 2 * LINE_BYTES;
@@ -45,6 +48,11 @@ pub const WAITING_FOR_ROOM: u32 = 1;
 /// or a `fault` wakes it. A `disk` commit sleeps through the fdatasync; waking it when its entry
 /// was merely copied out (`head`) would cost the daemon a futex call per commit for nothing.
 pub const WAITING_FOR_ANSWER: u32 = 2;
+/// `client_waiting` while the client sleeps until an entry is answered, on its seat of the wake
+/// board rather than on `wake`: the daemon sets the seat's bit in the mask of one
+/// FUTEX_WAKE_BITSET for every client of that board word it answered together, instead of one
+/// FUTEX_WAKE per client. Only a new `done_seq` or a `fault` wakes it.
+pub const WAITING_ON_BOARD: u32 = 3;
 
 /// Entries start, and are padded, on this boundary.
 pub const ENTRY_ALIGN: usize = 8;

@@ -19,11 +19,13 @@
 //!    8     4    version          daemon       LAYOUT_VERSION
 //!   12     4    slots            daemon       result slots, a power of two, 1..=64
 //!   16     8    data_bytes       daemon       size of the data area
+//!   24     4    board_seat       daemon       0, or the ring's seat on the wake board + 1 (BoardSeat)
 //! ---- line 1: the client's ------------------------------------------------------------------
 //!   64     8    tail             client       bytes published (monotonic; position = tail mod data_bytes)
 //!   72     4    client_waiting   client       while the client sleeps (or is about to) on `wake`:
 //!                                               1 for room (woken by any change), 2 for an
-//!                                               answer (woken by done_seq or fault only)
+//!                                               answer (woken by done_seq or fault only), 3 for
+//!                                               an answer, sleeping on its board seat
 //! ---- line 2: the daemon's ------------------------------------------------------------------
 //!  128     8    head             daemon       bytes consumed; [tail, head + data_bytes) is free
 //!  136     4    daemon_asleep    daemon       1 while the daemon sleeps: ring the doorbell
@@ -76,11 +78,13 @@
 //! - [`client`]: the client's encoder, its check of a region, its reading of results.
 //! - [`codes`]: errors, fault codes, kinds, statuses, the refusal message.
 
+pub mod board;
 pub mod client;
 pub mod codes;
 pub mod layout;
 pub mod read;
 
+pub use board::*;
 pub use client::*;
 pub use codes::*;
 pub use layout::*;
@@ -90,6 +94,24 @@ pub use read::*;
 mod tests {
     use super::*;
     use crate::message::{Durability, ErrorCode};
+
+    #[test]
+    fn board_seats_round_trip_and_consecutive_rings_share_a_word() {
+        for n in [0, 1, 31, 32, 2047] {
+            let seat = BoardSeat::of(n);
+            assert_eq!(BoardSeat::decode(seat.encode()), Some(seat));
+            assert!(seat.word < BOARD_WORDS && seat.mask.is_power_of_two());
+        }
+        assert_eq!(BoardSeat::of(0).word, BoardSeat::of(31).word);
+        assert_ne!(BoardSeat::of(31).word, BoardSeat::of(32).word);
+        assert_eq!(
+            BoardSeat::of(2048),
+            BoardSeat::of(0),
+            "seats wrap around, shared"
+        );
+        assert_eq!(BoardSeat::decode(0), None, "0: no board");
+        assert_eq!(BoardSeat::decode(2049), None, "out of range: no board");
+    }
 
     fn append(payloads: &[&[u8]], seq: u64) -> Vec<u8> {
         let mut out = vec![0u8; entry_len(payloads).unwrap()];

@@ -176,6 +176,16 @@ impl Stream {
         matches!(self, Stream::Unix(_))
     }
 
+    /// The user of a Unix peer (whose rings share a wake board).
+    pub fn peer_uid(&self) -> Option<u32> {
+        match self {
+            Stream::Unix(s) => rustix::net::sockopt::socket_peercred(s.as_fd())
+                .ok()
+                .map(|cred| cred.uid.as_raw()),
+            _ => None,
+        }
+    }
+
     /// Who is on the other end, for the log: the process and user of a Unix peer, the
     /// address of a TCP one.
     pub fn peer(&self) -> String {
@@ -241,6 +251,7 @@ pub(crate) struct Ctx<'a> {
     pub max_frame: usize,
     pub ring_bytes: usize,
     pub net: &'a NetStats,
+    pub boards: &'a super::ring_conn::Boards,
 }
 
 /// Most bytes of answers buffered for a connection before it stops handling requests (a client
@@ -901,7 +912,10 @@ impl Conn {
         } else {
             data_bytes as usize
         };
-        let (ring, fds, answer) = RingConn::create(data_bytes).map_err(|source| Error::Io {
+        let uid = self.stream.peer_uid();
+        let seat = ctx.me.slot as u32;
+        let created = RingConn::create(data_bytes, ctx.boards, uid, seat);
+        let (ring, fds, answer) = created.map_err(|source| Error::Io {
             what: "creating a shared-memory ring".into(),
             source,
         })?;

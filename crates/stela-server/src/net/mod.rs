@@ -45,6 +45,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use stela_net::shm::WakeBatch;
 use stela_proto::{ErrorCode, ResponseBody, Role};
 
 const WAKER: Token = Token(0);
@@ -167,6 +168,8 @@ pub(crate) struct EventLoop {
     realtime: bool,
     max_frame: usize,
     ring_bytes: usize,
+    /// The wake boards of the users with rings.
+    boards: ring_conn::Boards,
     scratch: Vec<u8>,
     /// A descriptor kept open to be closed when the process is out of them, so that one more
     /// connection can be accepted and told why it is refused.
@@ -270,6 +273,7 @@ pub(crate) fn create(
             realtime: config.realtime_loop,
             max_frame,
             ring_bytes: config.ring_bytes,
+            boards: ring_conn::Boards::default(),
             scratch: vec![0u8; 64 << 10],
             spare_fd: std::fs::File::open("/dev/null").ok(),
             last_accept_error: None,
@@ -677,6 +681,7 @@ impl EventLoop {
             max_frame: self.max_frame,
             ring_bytes: self.ring_bytes,
             net: &stats,
+            boards: &self.boards,
         };
         let held_before = conn.held_bytes();
         let progress = conn.process(&ctx);
@@ -790,12 +795,16 @@ impl EventLoop {
     fn take_inbox(&mut self) -> bool {
         let events = self.inbox.take();
         let any = !events.is_empty();
+        // The clients answered here that sleep on a board are woken together, one call per
+        // board word, when this is dropped (at the end of this function).
+        let mut board_wakes = WakeBatch::default();
         for event in events {
             match event {
                 Event::RingDone(done) => {
                     let (completer, seq, log, result) = *done;
                     let result = result.map_err(|e| self.engine.log_error(log, e));
-                    ring::complete(&completer, seq, result.as_ref().map(|r| *r));
+                    let result = result.as_ref().map(|r| *r);
+                    ring::complete(&completer, seq, result, &mut board_wakes);
                 }
                 Event::SpaceFreed => {
                     for slot in std::mem::take(&mut self.parked) {

@@ -20,7 +20,7 @@ use crate::engine::Engine;
 use crate::error::Error;
 use crate::pool::{LogId, Record};
 use std::sync::Arc;
-use stela_net::shm::{Completer, Completion, DaemonRing, RingFault};
+use stela_net::shm::{Completer, Completion, DaemonRing, RingFault, WakeBatch};
 use stela_proto::ring::{Entry, EntryKind};
 
 pub(crate) struct RingConn {
@@ -35,7 +35,7 @@ pub(crate) struct RingConn {
 
 impl RingConn {
     fn complete(&self, seq: u64, result: Result<(u64, u64), &Error>) {
-        complete(&self.completer, seq, result);
+        complete(&self.completer, seq, result, &mut WakeBatch::default());
     }
 
     /// Handles the published entries; `Ok(true)` if it did anything. `Err`: the ring is bad and
@@ -150,12 +150,16 @@ fn place_entry(engine: &Engine, handles: &[Option<LogId>], entry: &Entry<'_>) ->
     }
 }
 
-/// Publishes the completion of entry `seq` (with the error's message, for a refusal).
-pub(super) fn complete(completer: &Completer, seq: u64, result: Result<(u64, u64), &Error>) {
+/// Publishes the completion of entry `seq` (with the error's message, for a refusal); a client
+/// sleeping on its board seat is woken with the others of `batch`.
+pub(super) fn complete(
+    completer: &Completer,
+    seq: u64,
+    result: Result<(u64, u64), &Error>,
+    batch: &mut WakeBatch,
+) {
     match result {
-        Ok((first_lsn, last_lsn)) => completer.complete(seq, Completion::ok(first_lsn, last_lsn)),
-        Err(error) => {
-            completer.refuse(seq, Completion::failed(error.code(), 0), &error.to_string())
-        }
+        Ok((first, last)) => completer.complete_in(seq, Completion::ok(first, last), batch),
+        Err(error) => completer.refuse(seq, error.code(), &error.to_string(), batch),
     }
 }

@@ -1,27 +1,70 @@
-//! A connection's ring as the event loop handles it: making one, its doorbell, the sleep
-//! handshake, parking while the pool is full. The hand-off of entries is in [`super::ring`].
+//! A connection's ring as the event loop handles it: making one (with its seat on its user's
+//! wake board), its doorbell, the sleep handshake, parking while the pool is full. The hand-off
+//! of entries is in [`super::ring`].
 
 use super::inbox::Inbox;
 use super::ring::RingConn;
 use crate::engine::Engine;
 use crate::pool::LogId;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use stela_net::shm::DaemonRing;
 use stela_net::shm::RingFault;
+use stela_net::shm::{Board, DaemonRing};
 use stela_proto::ResponseBody;
 
 /// Result slots per ring: a blocking client has one entry in flight; more let a pipelining one
 /// keep several.
 const RESULT_SLOTS: u32 = 16;
 
+/// The wake boards (`stela_net::shm::Board`), one per user: the clients of one uid share a
+/// board, so a round of `disk` answers wakes up to 32 of them per system call; clients of
+/// different users never share one (a client can write to its board). Made when a user's first
+/// ring is; a board that cannot be made leaves that user's rings waking one by one, as rings
+/// did before boards.
+#[derive(Default)]
+pub(crate) struct Boards {
+    by_user: RefCell<HashMap<u32, Option<Board>>>,
+}
+
+impl Boards {
+    fn for_user(&self, uid: u32) -> Option<Board> {
+        self.by_user
+            .borrow_mut()
+            .entry(uid)
+            .or_insert_with(|| {
+                Board::create()
+                    .inspect_err(|error| tracing::warn!(uid, %error, "no wake board for this user's rings; their clients are woken one by one"))
+                    .ok()
+            })
+            .clone()
+    }
+}
+
 impl RingConn {
-    /// Creates a ring of `data_bytes`; returns it, the descriptors for the client (memory,
-    /// doorbell) and the answer that goes with them.
-    pub fn create(data_bytes: usize) -> io::Result<(RingConn, Vec<OwnedFd>, ResponseBody)> {
-        let (ring, memory, doorbell) =
+    /// Creates a ring of `data_bytes`, seated at `seat` on the wake board of user `uid` (if
+    /// known); returns it, the descriptors for the client (memory, doorbell, and the board if
+    /// any) and the answer that goes with them.
+    pub fn create(
+        data_bytes: usize,
+        boards: &Boards,
+        uid: Option<u32>,
+        seat: u32,
+    ) -> io::Result<(RingConn, Vec<OwnedFd>, ResponseBody)> {
+        let (mut ring, memory, doorbell) =
             DaemonRing::create(data_bytes as u64, RESULT_SLOTS).map_err(io::Error::other)?;
+        let mut fds = vec![memory, doorbell];
+        if let Some(board) = uid.and_then(|uid| boards.for_user(uid)) {
+            match board.share() {
+                Ok(fd) => {
+                    ring.take_seat(&board, seat);
+                    fds.push(fd);
+                }
+                Err(error) => tracing::warn!(%error, "a ring without its wake board"),
+            }
+        }
         let completer = ring.completer();
         let answer = ResponseBody::RingMapped {
             data_bytes: data_bytes as u32,
@@ -35,7 +78,7 @@ impl RingConn {
                 parked: false,
                 scratch: Vec::new(),
             },
-            vec![memory, doorbell],
+            fds,
             answer,
         ))
     }

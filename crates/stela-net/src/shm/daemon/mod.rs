@@ -22,15 +22,17 @@ mod wake;
 
 pub use report::RingFault;
 
+use super::board::{Seat, WakeBatch};
 use super::region::{Doorbell, Region};
-use super::sync::fence;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32 as PrivateU32, AtomicU64 as PrivateU64};
 use std::sync::Arc;
 use stela_proto::ring::{
     check_entry_start, check_published, encode_message, encode_result, parse_entry, Completion,
-    Entry, EntryStart, FaultCode, RingError, RingLayout, WAITING_FOR_ANSWER,
+    Entry, EntryStart, FaultCode, RingError, RingLayout,
 };
+use stela_proto::ErrorCode;
+use wake::{notify_client, Change};
 
 /// The daemon's end of one connection's ring.
 pub struct DaemonRing {
@@ -49,6 +51,8 @@ pub struct DaemonRing {
     stopped: PrivateU32,
     /// The full report of a fault found by `next_entry`, returned again on later calls.
     fault: Option<RingFault>,
+    /// Where the client may sleep for answers, if the ring has a seat on a wake board.
+    seat: Option<Seat>,
 }
 
 impl DaemonRing {
@@ -66,6 +70,7 @@ impl DaemonRing {
             }),
             stopped: PrivateU32::new(0),
             fault: None,
+            seat: None,
         }
     }
 
@@ -155,7 +160,8 @@ impl DaemonRing {
     /// If `seq` is not the one after the last completed, or not yet consumed: a bug in the
     /// caller, which would otherwise hand the client another entry's answer.
     pub fn complete(&self, seq: u64, completion: Completion) {
-        self.completer().complete(seq, completion);
+        self.completer()
+            .complete_in(seq, completion, &mut WakeBatch::default());
     }
 
     /// The last seq completed.
@@ -171,6 +177,7 @@ impl DaemonRing {
         Completer {
             region: self.region.clone(),
             completions: Arc::clone(&self.completions),
+            seat: self.seat.clone(),
         }
     }
 
@@ -204,12 +211,12 @@ impl DaemonRing {
         }
         self.region.fault_seq().store(self.expected_seq, Relaxed);
         self.region.fault().store(code.as_u32(), Release);
-        notify_client(&self.region, Change::Answer);
+        self.notify(Change::Answer);
     }
 
     fn publish_head(&self) {
         self.region.head().store(self.head, Release);
-        notify_client(&self.region, Change::Head);
+        self.notify(Change::Head);
     }
 }
 
@@ -227,18 +234,21 @@ struct Completions {
 pub struct Completer {
     region: Region,
     completions: Arc<Completions>,
+    seat: Option<Seat>,
 }
 
 impl Completer {
-    /// As [`Completer::complete`], for a refusal, with the daemon's explanation (the client
-    /// shows it in its error).
-    pub fn refuse(&self, seq: u64, completion: Completion, message: &str) {
+    /// As [`Completer::complete_in`], for a refusal, with the daemon's explanation (the
+    /// client shows it in its error).
+    pub fn refuse(&self, seq: u64, code: ErrorCode, message: &str, batch: &mut WakeBatch) {
         self.region.write_message(&encode_message(seq, message));
-        self.complete(seq, completion);
+        self.complete_in(seq, Completion::failed(code, 0), batch);
     }
 
-    /// As [`DaemonRing::complete`].
-    pub fn complete(&self, seq: u64, completion: Completion) {
+    /// As [`DaemonRing::complete`], except that a client sleeping on its board seat is woken by
+    /// `batch` (with every other seat of its board word answered into the same batch), at the
+    /// latest when the batch is dropped. A client sleeping on its ring's `wake` is woken now.
+    pub fn complete_in(&self, seq: u64, completion: Completion, batch: &mut WakeBatch) {
         let last = self.completions.completed.load(Relaxed);
         assert_eq!(seq, last + 1, "ring completions must be in seq order");
         assert!(
@@ -249,39 +259,11 @@ impl Completer {
             .write_result(seq, &encode_result(seq, &completion));
         self.region.done_seq().store(seq, Release);
         self.completions.completed.store(seq, Relaxed);
-        notify_client(&self.region, Change::Answer);
+        notify_client(&self.region, self.seat.as_ref(), Change::Answer, batch);
     }
 
     /// The last seq completed.
     pub fn completed(&self) -> u64 {
         self.completions.completed.load(Relaxed)
-    }
-}
-
-/// What changed, for [`notify_client`]: a client waiting only for an answer
-/// ([`WAITING_FOR_ANSWER`]) sleeps through a new `head`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Change {
-    /// `head`: room was freed.
-    Head,
-    /// `done_seq` or `fault`: an answer, or the news that none will come.
-    Answer,
-}
-
-/// After a change the client may wait for (stored before this call): a SeqCst fence that pairs
-/// with the client's between setting `client_waiting` and re-checking, then, if the client
-/// sleeps (or is about to) waiting for this kind of change, bump `wake` and FUTEX_WAKE it.
-/// Either the client's re-check sees the change, or this load sees its `client_waiting`; and the
-/// bump comes before the wake, so a client that read `wake` before it finds it changed when it
-/// calls FUTEX_WAIT. A client that sleeps for an answer is neither woken nor has `wake` bumped by
-/// a new `head` (it would only check and sleep again: a futex call and two context switches per
-/// `disk` commit, or a FUTEX_WAIT that returns at once); any other nonzero value wakes on
-/// everything.
-fn notify_client(region: &Region, change: Change) {
-    fence(SeqCst);
-    let waiting = region.client_waiting().load(Relaxed);
-    if waiting != 0 && (change == Change::Answer || waiting != WAITING_FOR_ANSWER) {
-        region.wake().fetch_add(1, Release);
-        region.futex_wake();
     }
 }
