@@ -31,15 +31,16 @@ pub(crate) struct Boards {
 
 impl Boards {
     fn for_user(&self, uid: u32) -> Option<Board> {
-        self.by_user
-            .borrow_mut()
-            .entry(uid)
-            .or_insert_with(|| {
-                Board::create()
-                    .inspect_err(|error| tracing::warn!(uid, %error, "no wake board for this user's rings; their clients are woken one by one"))
-                    .ok()
-            })
-            .clone()
+        let made = |uid| match Board::create() {
+            Ok(board) => Some(board),
+            Err(error) => {
+                let why = "no wake board for this user's rings: they are woken one by one";
+                tracing::warn!(uid, %error, why);
+                None
+            }
+        };
+        let mut boards = self.by_user.borrow_mut();
+        boards.entry(uid).or_insert_with(|| made(uid)).clone()
     }
 }
 

@@ -124,8 +124,9 @@ pub(super) enum Change {
 /// everything.
 ///
 /// A client sleeping on its board seat ([`WAITING_ON_BOARD`]) is woken through the board, by
-/// `batch` (when the caller drops it, with the other seats answered into it). A client that claims to sleep on a board its ring
-/// has no seat on is woken on `wake` (its claim costs it nothing but a wake-up).
+/// `batch` (when the caller drops it, with the other seats answered into it). A client that
+/// claims to sleep on a board its ring has no seat on is woken on `wake` (its claim costs it
+/// nothing but a wake-up).
 pub(super) fn notify_client(
     region: &Region,
     seat: Option<&Seat>,
