@@ -16,7 +16,7 @@
 //!   for that reason, and a process can already stop its own user's processes.
 //! - A [`WakeBatch`] wakes on drop, so a completion recorded in one is never left unwoken.
 
-use std::sync::atomic::Ordering::Release;
+use std::sync::atomic::Ordering::{Acquire, Release};
 use stela_proto::ring::BoardSeat;
 
 #[cfg(not(stela_loom))]
@@ -74,13 +74,7 @@ mod real {
         /// # Errors
         /// [`ShmError::Unsealed`], [`ShmError::Layout`] for a wrong size, [`ShmError::Io`].
         pub fn from_fd(memfd: OwnedFd) -> Result<Board, ShmError> {
-            let seals = os::seals(memfd.as_fd()).map_err(ShmError::io("fcntl(F_GET_SEALS)"))?;
-            if seals & os::RING_SEALS != os::RING_SEALS {
-                return Err(ShmError::Unsealed {
-                    seals: seals as u32,
-                });
-            }
-            let size = os::file_size(memfd.as_fd()).map_err(ShmError::io("fstat"))?;
+            let size = super::super::sealed_size(memfd.as_fd())?;
             if size != BOARD_BYTES as u64 {
                 return Err(ShmError::Layout(RingError::BadRegionSize {
                     found: size,
@@ -185,7 +179,7 @@ impl Board {
 
     /// The value to pass to [`Board::futex_wait`] for `seat`: read before announcing the wait.
     pub(crate) fn seen(&self, seat: BoardSeat) -> u32 {
-        self.word(seat).load(std::sync::atomic::Ordering::Acquire)
+        self.word(seat).load(Acquire)
     }
 }
 

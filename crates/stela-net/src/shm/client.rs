@@ -174,13 +174,7 @@ impl ClientRing {
         use super::os;
         use std::os::fd::AsFd;
         use stela_proto::ring::{HEADER_BYTES, MAX_DATA_BYTES};
-        let seals = os::seals(memfd.as_fd()).map_err(ShmError::io("fcntl(F_GET_SEALS)"))?;
-        if seals & os::RING_SEALS != os::RING_SEALS {
-            return Err(ShmError::Unsealed {
-                seals: seals as u32,
-            });
-        }
-        let size = os::file_size(memfd.as_fd()).map_err(ShmError::io("fstat"))?;
+        let size = super::sealed_size(memfd.as_fd())?;
         if size < HEADER_BYTES as u64 || size > HEADER_BYTES as u64 + MAX_DATA_BYTES {
             return Err(ShmError::Layout(RingError::BadRegionSize {
                 found: size,
@@ -542,19 +536,19 @@ impl ClientRing {
         } else {
             self.spin.slept();
         }
-        let board = match &self.seat {
-            Some(seat) if waiting_for == WAITING_FOR_ANSWER => Some(seat.clone()),
-            _ => None,
+        // Answers are waited for on the board seat, if the ring has one; room always on `wake`.
+        let board = self
+            .seat
+            .as_ref()
+            .filter(|_| waiting_for == WAITING_FOR_ANSWER);
+        let announced = match board {
+            Some(_) => WAITING_ON_BOARD,
+            None => waiting_for,
         };
         loop {
-            let seen = match &board {
+            let seen = match board {
                 Some(seat) => seat.board.seen(seat.seat),
                 None => self.region.wake().load(Acquire),
-            };
-            let announced = if board.is_some() {
-                WAITING_ON_BOARD
-            } else {
-                waiting_for
             };
             self.region.client_waiting().store(announced, Relaxed);
             fence(SeqCst);
@@ -567,7 +561,7 @@ impl ClientRing {
                 self.region.client_waiting().store(0, Relaxed);
                 return outcome.map(|_| ());
             }
-            match &board {
+            match board {
                 Some(seat) => seat.board.futex_wait(seat.seat, seen),
                 None => self.region.futex_wait(seen),
             }

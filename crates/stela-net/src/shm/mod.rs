@@ -111,6 +111,20 @@ impl ShmError {
     }
 }
 
+/// The size of a memfd a peer sent, once it is known to be sealed against resizing (a peer
+/// holding a descriptor it could shrink could make our mapping of it fault): the check every
+/// shared region (ring, wake board) passes before it is mapped.
+#[cfg(not(stela_loom))]
+pub(crate) fn sealed_size(memfd: std::os::fd::BorrowedFd<'_>) -> Result<u64, ShmError> {
+    let seals = os::seals(memfd).map_err(ShmError::io("fcntl(F_GET_SEALS)"))?;
+    if seals & os::RING_SEALS != os::RING_SEALS {
+        return Err(ShmError::Unsealed {
+            seals: seals as u32,
+        });
+    }
+    os::file_size(memfd).map_err(ShmError::io("fstat"))
+}
+
 fn describe_fault(code: u32) -> String {
     match FaultCode::from_u32(code) {
         Some(code) => format!("{code:?}"),
