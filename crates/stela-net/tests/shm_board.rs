@@ -11,7 +11,7 @@
 #![cfg(not(stela_loom))]
 
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stela_net::shm::{
     os, Board, ClientRing, Completion, DaemonRing, EntryKind, ShmError, WakeBatch,
 };
@@ -29,12 +29,8 @@ fn seated(board: &Board, seat: u32) -> (DaemonRing, ClientRing) {
     (ring, client)
 }
 
-fn until(what: &str, done: impl Fn() -> bool) {
-    let patience = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < patience, "never happened: {what}");
-        thread::yield_now();
-    }
+fn until(what: &str, done: impl FnMut() -> bool) {
+    stela_testkit::eventually(what, Duration::from_secs(30), done);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use common::{check_acked, read_back, rec, NoHang, RawClient, Rec};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stela_proto::{Durability, ErrorCode};
 use stela_server::{DaemonConfig, Server};
 use stela_wal::storage::{FaultStorage, GatedStorage, Storage};
@@ -43,12 +43,8 @@ fn log_dir(name: &str) -> PathBuf {
 }
 
 /// Polls `condition` for up to ten seconds.
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+fn eventually(what: &str, condition: impl FnMut() -> bool) {
+    stela_testkit::eventually(what, Duration::from_secs(10), condition);
 }
 
 #[test]

@@ -56,12 +56,8 @@ fn used_bytes(fault: &FaultStorage) -> u64 {
 }
 
 /// Polls `condition` for up to ten seconds.
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+fn eventually(what: &str, condition: impl FnMut() -> bool) {
+    stela_testkit::eventually(what, Duration::from_secs(10), condition);
 }
 
 fn assert_disk_full(what: &str, refused: &common::Refused) {

@@ -130,3 +130,16 @@ impl Drop for Etcd {
         let _ = self.child.wait();
     }
 }
+
+/// Polls `condition` every millisecond until it holds; panics naming `what` if it does not
+/// within `within` (a test waiting on another thread or process fails instead of hanging).
+pub fn eventually(what: &str, within: std::time::Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
