@@ -6,6 +6,8 @@
 //! - A mutation is checked against the tree, appended to the log, and applied to the tree and
 //!   overlay under one lock, so the tree's order of changes is the log's LSN order (the order
 //!   the materialiser and a restart replay).
+//! - A write logs only the bytes that change the file ([`changed_window`]): what it leaves
+//!   equal is not logged, so a database rewriting a page for a few new bytes logs those.
 //! - A mutation is answered only after the daemon acknowledged its record (`buffered`: in the
 //!   daemon's protected memory). fsync and fsyncdir return only once every record that touched
 //!   the file or directory is at the mount's level; neither ever answers ENOSYS (which would
@@ -68,6 +70,25 @@ impl Overlay {
         }
     }
 
+    /// The inode's records that may change bytes in `offset..end`, in LSN order (truncations
+    /// and zeroed ranges always, since they may cut below `offset`).
+    fn touching(&self, ino: u64, offset: u64, end: u64) -> Vec<Pending> {
+        self.records
+            .get(&ino)
+            .map(|list| {
+                list.iter()
+                    .filter(|(_, p)| match p {
+                        Pending::Write { offset: at, data } => {
+                            *at < end && at + data.len() as u64 > offset
+                        }
+                        _ => true,
+                    })
+                    .map(|(_, p)| p.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn prune(&mut self, applied: u64) {
         let mut freed = 0;
         self.records.retain(|_, list| {
@@ -87,6 +108,33 @@ fn weight(list: &[(u64, Pending)]) -> u64 {
             _ => 0,
         })
         .sum()
+}
+
+/// The most existing bytes a write is compared with before it is logged.
+const DIFF_LIMIT: usize = 64 << 10;
+
+/// `from..to`: the part of `data` to log, given `current`, the file's bytes under the first
+/// `current.len()` bytes of `data` (the rest of `data` extends the file). Everything before
+/// `from` and from `to` on equals `current`; `from == to` when nothing differs.
+fn changed_window(data: &[u8], current: &[u8]) -> (usize, usize) {
+    let existing = current.len().min(data.len());
+    let from = data[..existing]
+        .iter()
+        .zip(current)
+        .position(|(new, old)| new != old)
+        .unwrap_or(existing);
+    if existing < data.len() {
+        return (from, data.len());
+    }
+    if from == existing {
+        return (existing, existing);
+    }
+    let to = data[..existing]
+        .iter()
+        .zip(current)
+        .rposition(|(new, old)| new != old)
+        .map_or(from, |last| last + 1);
+    (from, to)
 }
 
 /// Applies overlay records to `buf`, which holds the file's bytes from `offset`.
@@ -532,23 +580,7 @@ impl StelaFs {
                 return Err(Errno::EISDIR);
             }
             let end = offset.saturating_add(u64::from(size));
-            let records: Vec<Pending> = state
-                .overlay
-                .records
-                .get(&ino)
-                .map(|list| {
-                    list.iter()
-                        .filter(|(_, p)| match p {
-                            Pending::Write { offset: at, data } => {
-                                *at < end && at + data.len() as u64 > offset
-                            }
-                            _ => true,
-                        })
-                        .map(|(_, p)| p.clone())
-                        .collect()
-                })
-                .unwrap_or_default();
-            (node.size, records)
+            (node.size, state.overlay.touching(ino, offset, end))
         };
         if offset >= file_size {
             return Ok(Vec::new());
@@ -583,20 +615,68 @@ impl StelaFs {
         if node.kind != Kind::File {
             return Err(Errno::EINVAL);
         }
+        let time = Time::now();
+        let (from, to) = self.changed_window(&state, ino, node.size, offset, data)?;
+        if from == to {
+            // Nothing changes but the modification time: one empty write says so.
+            let record = FsRecord::Write {
+                ino,
+                offset,
+                data: ByteBuf::new(),
+                time,
+            };
+            self.log_record(&mut state, record)?;
+            return Ok(data.len() as u32);
+        }
         // A write larger than the daemon's record limit becomes several records, logged
         // back to back under the lock (a crash may keep a prefix of them, as a crash may
         // keep part of a large write on a disk).
-        let time = Time::now();
-        for (i, piece) in data.chunks(self.write_piece).enumerate() {
+        let changed = &data[from..to];
+        let at = offset + from as u64;
+        for (i, piece) in changed.chunks(self.write_piece).enumerate() {
             let record = FsRecord::Write {
                 ino,
-                offset: offset + (i * self.write_piece) as u64,
+                offset: at + (i * self.write_piece) as u64,
                 data: ByteBuf::from(piece.to_vec()),
                 time,
             };
             self.log_record(&mut state, record)?;
         }
         Ok(data.len() as u32)
+    }
+
+    /// The part of a write of `data` at `offset` that changes the file (`size` bytes long now):
+    /// the bytes up to the first one that differs from the file's, and those after the last
+    /// that does, change nothing and are not logged. A database rewrites the page its log ends
+    /// in at every commit (PostgreSQL writes the whole 8 KiB WAL page again for a few hundred
+    /// new bytes); logging only the new bytes keeps the log, its flushes and the materialiser's
+    /// copies to what changed. Bytes beyond the end of the file are always logged (they
+    /// extend it), and writes over more than [`DIFF_LIMIT`] existing bytes are logged whole
+    /// rather than read back under the lock.
+    fn changed_window(
+        &self,
+        state: &State,
+        ino: u64,
+        size: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(usize, usize), Errno> {
+        let existing = size.saturating_sub(offset).min(data.len() as u64) as usize;
+        if existing == 0 || existing > DIFF_LIMIT {
+            return Ok((0, data.len()));
+        }
+        let mut current = vec![0u8; existing];
+        if let Err(e) = self.backing.read_at(ino, offset, &mut current) {
+            tracing::error!("stela mount: reading backing file of inode {ino}: {e}");
+            return Err(Errno::EIO);
+        }
+        let end = offset + existing as u64;
+        overlay_onto(
+            &mut current,
+            offset,
+            &state.overlay.touching(ino, offset, end),
+        );
+        Ok(changed_window(data, &current))
     }
 
     fn sync(&self, ino: u64) -> Result<(), Errno> {
@@ -1204,5 +1284,61 @@ mod tests {
         let mut again = buf.clone();
         overlay_onto(&mut again, 0, &records);
         assert_eq!(again, buf);
+    }
+}
+
+#[cfg(test)]
+mod changed_window_tests {
+    use super::changed_window;
+    use proptest::prelude::*;
+
+    #[test]
+    fn only_the_bytes_that_differ_are_kept() {
+        // A page rewritten with two new bytes in the middle.
+        assert_eq!(changed_window(b"abXYef", b"abcdef"), (2, 4));
+        // Nothing new: an empty window.
+        assert_eq!(changed_window(b"abcdef", b"abcdef"), (6, 6));
+        // A write that extends the file keeps everything from its first change to its end.
+        assert_eq!(changed_window(b"abcdXY", b"abcd"), (4, 6));
+        assert_eq!(changed_window(b"aXcdef", b"abcd"), (1, 6));
+        // Nothing of the file under it: all of it.
+        assert_eq!(changed_window(b"abc", b""), (0, 3));
+    }
+
+    fn apply(file: &[u8], offset: usize, data: &[u8]) -> Vec<u8> {
+        let mut out = file.to_vec();
+        if out.len() < offset + data.len() {
+            out.resize(offset + data.len(), 0);
+        }
+        out[offset..offset + data.len()].copy_from_slice(data);
+        out
+    }
+
+    proptest! {
+        /// Logging only the window leaves the file exactly as the whole write would, size
+        /// included: the property the mount relies on when it trims a write.
+        #[test]
+        fn the_window_writes_what_the_whole_write_would(
+            file in proptest::collection::vec(0u8..3, 0..64),
+            offset in 0usize..80,
+            data in proptest::collection::vec(0u8..3, 1..48),
+        ) {
+            let existing = file.len().saturating_sub(offset).min(data.len());
+            let current = if existing > 0 { &file[offset..offset + existing] } else { &[][..] };
+            let (from, to) = changed_window(&data, current);
+            prop_assert!(from <= to && to <= data.len());
+            let whole = apply(&file, offset, &data);
+            // A write past the end leaves a hole of zeros, as the tree and the files do.
+            let trimmed = if from == to {
+                let mut out = file.clone();
+                if out.len() < offset { out.resize(offset, 0); }
+                out
+            } else {
+                let mut out = file.clone();
+                if out.len() < offset { out.resize(offset, 0); }
+                apply(&out, offset + from, &data[from..to])
+            };
+            prop_assert_eq!(trimmed, whole);
+        }
     }
 }
