@@ -186,10 +186,15 @@ impl Engine {
     /// The event loop ends its turn: what it appended is shipped (from the loop itself when a
     /// `replicated` commit waits for it, see [`Replication::ship_unsent`]), and acknowledgements
     /// already arrived for waiting commits are taken ([`Replication::take_acks`]).
-    pub fn end_turn(&self) {
-        if let Some(replication) = &self.ha.replication {
-            replication.ship_unsent(&self.pool);
-            replication.take_acks();
+    ///
+    /// `true`: commits still wait for the standby's acknowledgement.
+    pub fn end_turn(&self) -> bool {
+        match &self.ha.replication {
+            Some(replication) => {
+                replication.ship_unsent(&self.pool);
+                replication.take_acks()
+            }
+            None => false,
         }
     }
 

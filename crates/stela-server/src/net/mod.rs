@@ -30,6 +30,7 @@ pub(crate) mod inbox;
 pub mod limits;
 pub(crate) mod ring;
 mod ring_conn;
+mod spin;
 
 use crate::config::DaemonConfig;
 use crate::engine::{Engine, NetStats};
@@ -293,14 +294,28 @@ impl EventLoop {
         let mut last_activity = Instant::now();
         let mut last_socket_poll = Instant::now();
         let mut last_sweep = Instant::now();
+        let mut spin = spin::SpinPolicy::new(self.spin);
+        // Commits wait for a standby's acknowledgement (as of the end of the last turn).
+        let mut standby_owed = false;
+        // Since the last work: whether a turn found none, and whether, when the first such
+        // turn came, nothing was owed (a gap the spin policy learns from).
+        let mut idle_turn = false;
+        let mut speculative = false;
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
-            // A ring waiting for the disk will need its completion published as soon as the
-            // flusher settles it: keep polling through the sync rather than sleep and be woken.
+            // While answers are owed the loop polls for them up to the spin limit (a ring
+            // waiting for the disk, through the sync: its completion must be published as soon
+            // as the flusher settles it); otherwise it spins only while that has paid lately.
             let quiet = now.duration_since(last_activity);
             let realtime = priority.realtime();
+            let owed = standby_owed || self.disk_waits > 0;
+            if !idle_turn {
+                speculative = !owed;
+            }
             let spinning = !self.spin.is_zero()
-                && (quiet < self.spin || (self.disk_waits > 0 && quiet < DISK_SPIN && !realtime));
+                && (quiet < spin.budget()
+                    || (owed && quiet < self.spin)
+                    || (self.disk_waits > 0 && quiet < DISK_SPIN && !realtime));
             let mut sleeping = false;
             let timeout = if spinning {
                 if now.duration_since(last_socket_poll) < SOCKET_POLL_EVERY
@@ -365,9 +380,16 @@ impl EventLoop {
             }
             active |= self.run_ready();
             // Appends of this turn go to the standby now, one send for all of them.
-            self.engine.end_turn();
+            standby_owed = self.engine.end_turn();
             if active {
-                last_activity = Instant::now();
+                let now = Instant::now();
+                if (idle_turn || sleeping) && speculative {
+                    spin.gap(now.duration_since(last_activity), sleeping);
+                }
+                last_activity = now;
+                idle_turn = false;
+            } else {
+                idle_turn = true;
             }
             if last_sweep.elapsed() >= SWEEP_EVERY {
                 last_sweep = Instant::now();

@@ -514,10 +514,10 @@ impl Replication {
 
     /// The event loop's turn is over and `replicated` commits wait: reads whatever the standby
     /// has acknowledged, without blocking, and releases those waiters here rather than after
-    /// the acknowledgement thread is woken and scheduled. `true`: some were released (the loop
-    /// publishes them on its next turn).
+    /// the acknowledgement thread is woken and scheduled (the loop publishes those it released
+    /// on its next turn). `true`: commits still wait for the standby, so the loop keeps polling.
     pub fn take_acks(&self) -> bool {
-        let mut any = false;
+        let mut still_waiting = false;
         // No lock is taken under a link's `acks` that is held here (`links`).
         for link in lock(&self.links).values() {
             if link.protection.waiting() == 0 {
@@ -526,13 +526,18 @@ impl Replication {
             let mut guard = match link.acks.try_lock() {
                 Ok(guard) => guard,
                 Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                Err(TryLockError::WouldBlock) => continue,
+                Err(TryLockError::WouldBlock) => {
+                    still_waiting = true;
+                    continue;
+                }
             };
             if let Some(inbox) = guard.as_mut().filter(|inbox| !inbox.ended) {
-                any |= inbox.take(link, &self.node, &*self.released);
+                inbox.take(link, &self.node, &*self.released);
             }
+            drop(guard);
+            still_waiting |= link.protection.waiting() > 0;
         }
-        any
+        still_waiting
     }
 
     /// Where each log's standby stands, for `stela status`; `end` gives a log's newest LSN and
