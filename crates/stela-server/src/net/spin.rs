@@ -17,9 +17,10 @@
 //! counted gaps (15 / (15 + 50) at the defaults) were missed. Like the kernel's halt polling,
 //! which grows and shrinks its poll by whether the wake-up came within it.
 //!
-//! Measured (every gap counted by a debugging build, on this project's 2-vCPU machine): under PostgreSQL on
-//! `stela mount` (pgbench, 8 clients) 11 % of the daemon's gaps were under 50 us and 68 % over
-//! 100 us; under 64 `buffered` committers 95 % were under 50 us and 1 % over 100 us.
+//! Measured (every gap counted by a debugging build, on this project's 2-vCPU machine): under
+//! PostgreSQL on `stela mount` (pgbench, 8 clients) 11 % of the daemon's gaps were under 50 us
+//! and 68 % over 100 us; under 64 `buffered` committers 95 % were under 50 us and 1 % over
+//! 100 us (bench/results/pgbench-mount-path.txt).
 //!
 //! Only speculative spinning adapts: while answers are owed (commits waiting for a standby's
 //! acknowledgement or for the disk) the loop keeps polling as before, since the answer will
