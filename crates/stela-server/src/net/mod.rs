@@ -297,8 +297,8 @@ impl EventLoop {
         let mut spin = spin::SpinPolicy::new(self.spin);
         // Commits wait for a standby's acknowledgement (as of the end of the last turn).
         let mut standby_owed = false;
-        // Since the last work: whether a turn found none, and whether, when the first such
-        // turn came, nothing was owed (a gap the spin policy learns from).
+        // Since the last work: whether a turn found none, and whether nothing was owed when
+        // that work ended (the gaps the spin policy learns from).
         let mut idle_turn = false;
         let mut speculative = false;
         while !self.stop.load(Ordering::SeqCst) {
@@ -309,9 +309,6 @@ impl EventLoop {
             let quiet = now.duration_since(last_activity);
             let realtime = priority.realtime();
             let owed = standby_owed || self.disk_waits > 0;
-            if !idle_turn {
-                speculative = !owed;
-            }
             let spinning = !self.spin.is_zero()
                 && (quiet < spin.budget()
                     || (owed && quiet < self.spin)
@@ -388,6 +385,7 @@ impl EventLoop {
                 }
                 last_activity = now;
                 idle_turn = false;
+                speculative = !standby_owed && self.disk_waits == 0;
             } else {
                 idle_turn = true;
             }
