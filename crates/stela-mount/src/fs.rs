@@ -616,7 +616,7 @@ impl StelaFs {
             return Err(Errno::EINVAL);
         }
         let time = Time::now();
-        let (from, to) = self.changed_window(&state, ino, node.size, offset, data)?;
+        let (from, to) = self.window_to_log(&state, ino, node.size, offset, data)?;
         if from == to {
             // Nothing changes but the modification time: one empty write says so.
             let record = FsRecord::Write {
@@ -653,7 +653,7 @@ impl StelaFs {
     /// copies to what changed. Bytes beyond the end of the file are always logged (they
     /// extend it), and writes over more than [`DIFF_LIMIT`] existing bytes are logged whole
     /// rather than read back under the lock.
-    fn changed_window(
+    fn window_to_log(
         &self,
         state: &State,
         ino: u64,
