@@ -600,6 +600,20 @@ fn inject(
         .map_or(0, |l| l.positions.last_lsn);
     let reprotect_need = match standby_had {
         Some(standby_had) if primary == shipping => {
+            // The primary's files lag its pool by up to the write threshold (the flush interval
+            // at most): read before they hold `log_lsn`, they would leave out bytes it shipped
+            // from memory, and the need would be under-counted.
+            wait_within(
+                "the primary to write its log up to the LSN caught up to",
+                FAILOVER_WAIT,
+                || {
+                    cluster.nodes[primary].status().is_some_and(|s| {
+                        s.logs
+                            .iter()
+                            .any(|l| l.name == LOG && l.positions.written_lsn >= log_lsn)
+                    })
+                },
+            )?;
             let primary_had = verify::peek_log(&cluster.nodes[primary].dir, LOG, Some(log_lsn))?;
             let (diverged, missing) = verify::reprotect_need(&standby_had, &primary_had);
             Some(diverged + missing)
