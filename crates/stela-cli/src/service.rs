@@ -82,7 +82,7 @@ pub struct ServeArgs {
     /// Size of each buffer (bytes; suffixes K, KiB, M, MiB accepted).
     #[arg(long, default_value_t = config::BUFFER_BYTES, value_parser = parse_size)]
     pub buffer_size: usize,
-    /// A buffer is written once it holds this many bytes (one disk block by default).
+    /// A buffer is written once it holds this many bytes, or sooner when a `disk` commit waits for it.
     #[arg(long, default_value_t = config::WRITE_THRESHOLD, value_parser = parse_size)]
     pub write_threshold: usize,
     /// Every buffer is written at least this often (milliseconds).

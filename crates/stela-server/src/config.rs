@@ -15,8 +15,12 @@ use stela_wal::storage::{StdStorage, Storage};
 pub const BUFFERS: usize = 6;
 /// Bytes per buffer (RapiLog's 512 KiB).
 pub const BUFFER_BYTES: usize = 512 << 10;
-/// A buffer becomes eligible for writing once it holds this many bytes: one disk block.
-pub const WRITE_THRESHOLD: usize = 4096;
+/// A buffer becomes eligible for writing once it holds this many bytes (half a buffer), unless a
+/// `disk` waiter, the flush interval or a lack of space makes it so sooner. RapiLog defers a
+/// write until at least a disk block is ready; writing in larger pieces while nobody waits for
+/// the disk cuts the flushers' writes and syncs per byte (docs/DAEMON.md, "When buffers are
+/// written").
+pub const WRITE_THRESHOLD: usize = 256 << 10;
 /// Every buffer is written at least this often.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// The power supply's hold-up time after a power-failure notice.
