@@ -20,22 +20,41 @@ pub enum LockMode {
     Exclusive,
 }
 
+/// Who holds one key. A short list rather than a map: a key has one holder, or a few readers,
+/// and a lock is made and dropped with every transaction that touches a key nobody else holds,
+/// so what it costs to build counts more than lookups in it.
 #[derive(Default)]
 struct KeyLock {
-    holders: HashMap<TxnId, LockMode>,
+    holders: Vec<(TxnId, LockMode)>,
 }
 
 impl KeyLock {
     /// Whether `txn` may hold the key in `mode` given the other holders.
     fn grantable(&self, txn: TxnId, mode: LockMode) -> bool {
-        self.holders.iter().all(|(&holder, &held)| {
+        self.holders.iter().all(|&(holder, held)| {
             holder == txn || (mode == LockMode::Shared && held == LockMode::Shared)
         })
     }
 
+    /// The mode `txn` holds the key in, if any.
+    fn mode_of(&self, txn: TxnId) -> Option<LockMode> {
+        self.holders
+            .iter()
+            .find(|&&(holder, _)| holder == txn)
+            .map(|&(_, mode)| mode)
+    }
+
+    /// Records that `txn` holds the key in `mode` (replacing a weaker mode it held).
+    fn grant(&mut self, txn: TxnId, mode: LockMode) {
+        match self.holders.iter_mut().find(|(holder, _)| *holder == txn) {
+            Some((_, held)) => *held = mode,
+            None => self.holders.push((txn, mode)),
+        }
+    }
+
     /// The holders `txn` would wait for.
     fn blockers(&self, txn: TxnId, mode: LockMode) -> impl Iterator<Item = TxnId> + '_ {
-        self.holders.iter().filter_map(move |(&holder, &held)| {
+        self.holders.iter().filter_map(move |&(holder, held)| {
             let conflicts =
                 holder != txn && (mode == LockMode::Exclusive || held == LockMode::Exclusive);
             conflicts.then_some(holder)
@@ -93,11 +112,15 @@ impl LockManager {
     pub fn acquire(&self, txn: TxnId, key: &[u8], mode: LockMode) -> Result<()> {
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let lock = table.keys.entry(key.to_vec()).or_default();
+            // The key is copied only when its lock is made.
+            let lock = match table.keys.get_mut(key) {
+                Some(lock) => lock,
+                None => table.keys.entry(key.to_vec()).or_default(),
+            };
             if lock.grantable(txn, mode) {
-                let previous = lock.holders.get(&txn).copied();
+                let previous = lock.mode_of(txn);
                 if previous != Some(LockMode::Exclusive) {
-                    lock.holders.insert(txn, mode);
+                    lock.grant(txn, mode);
                 }
                 if previous.is_none() {
                     table.held.entry(txn).or_default().push(key.to_vec());
@@ -141,7 +164,7 @@ impl LockManager {
             .filter(|(_, lock)| {
                 lock.holders
                     .iter()
-                    .any(|(&holder, &mode)| holder != txn && mode == LockMode::Exclusive)
+                    .any(|&(holder, mode)| holder != txn && mode == LockMode::Exclusive)
             })
             .map(|(key, _)| key.clone())
             .collect()
@@ -152,7 +175,7 @@ impl LockManager {
         let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let mut by_txn: HashMap<TxnId, Vec<Vec<u8>>> = HashMap::new();
         for (key, lock) in &table.keys {
-            for (&holder, &mode) in &lock.holders {
+            for &(holder, mode) in &lock.holders {
                 if mode == LockMode::Exclusive {
                     by_txn.entry(holder).or_default().push(key.clone());
                 }
@@ -167,7 +190,7 @@ impl LockManager {
         table
             .keys
             .get(key)
-            .is_some_and(|lock| lock.holders.contains_key(&txn))
+            .is_some_and(|lock| lock.mode_of(txn).is_some())
     }
 
     /// Releases every lock of `txn` (its end) and wakes the waiters.
@@ -176,14 +199,20 @@ impl LockManager {
         table.waiting.remove(&txn);
         for key in table.held.remove(&txn).unwrap_or_default() {
             if let Some(lock) = table.keys.get_mut(&key) {
-                lock.holders.remove(&txn);
+                lock.holders.retain(|&(holder, _)| holder != txn);
                 if lock.holders.is_empty() {
                     table.keys.remove(&key);
                 }
             }
         }
+        // Waiters register in `waiting` under the table's mutex before they sleep on the
+        // condition variable (which releases it atomically), so with nobody in it there is
+        // nobody to wake, and every commit is spared a futex call.
+        let anyone_waits = !table.waiting.is_empty();
         drop(table);
-        self.released.notify_all();
+        if anyone_waits {
+            self.released.notify_all();
+        }
     }
 }
 
@@ -212,5 +241,76 @@ mod tests {
             .is_empty());
         locks.release_all(1);
         assert!(locks.table.lock().unwrap().keys.is_empty());
+    }
+
+    /// `txn` acquires `key` on a thread of its own; the answer comes back on the receiver. A
+    /// test waits for it with a bound (a lost wake-up would otherwise hang it, not fail it).
+    fn acquire_aside(
+        locks: &std::sync::Arc<LockManager>,
+        txn: TxnId,
+        key: &'static [u8],
+        mode: LockMode,
+    ) -> std::sync::mpsc::Receiver<Result<()>> {
+        let (answer, answered) = std::sync::mpsc::channel();
+        let aside = std::sync::Arc::clone(locks);
+        std::thread::spawn(move || answer.send(aside.acquire(txn, key, mode)));
+        // Until it waits, what the test does next could come first, and test nothing.
+        while !locks_waiting(locks, txn) {
+            std::thread::yield_now();
+        }
+        answered
+    }
+
+    fn locks_waiting(locks: &LockManager, txn: TxnId) -> bool {
+        locks.table.lock().unwrap().waiting.contains_key(&txn)
+    }
+
+    fn granted(answered: &std::sync::mpsc::Receiver<Result<()>>) -> Result<()> {
+        answered
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the waiter was never woken")
+    }
+
+    #[test]
+    fn a_waiter_is_woken_when_the_holder_ends() {
+        let locks = std::sync::Arc::new(LockManager::default());
+        locks.acquire(1, b"k", LockMode::Exclusive).unwrap();
+        let waiter = acquire_aside(&locks, 2, b"k", LockMode::Shared);
+        locks.release_all(1);
+        granted(&waiter).unwrap();
+        assert!(locks.holds(2, b"k"));
+        assert!(!locks.holds(1, b"k"));
+    }
+
+    #[test]
+    fn the_transaction_that_closes_a_cycle_is_the_victim() {
+        let locks = std::sync::Arc::new(LockManager::default());
+        locks.acquire(1, b"a", LockMode::Exclusive).unwrap();
+        locks.acquire(2, b"b", LockMode::Exclusive).unwrap();
+        let first = acquire_aside(&locks, 1, b"b", LockMode::Exclusive);
+        assert!(matches!(
+            locks.acquire(2, b"a", LockMode::Shared),
+            Err(Error::Deadlock { txn: 2 })
+        ));
+        // The victim still holds what it held; once it ends, the other proceeds.
+        assert!(locks.holds(2, b"b"));
+        locks.release_all(2);
+        granted(&first).unwrap();
+        assert!(locks.holds(1, b"a") && locks.holds(1, b"b"));
+    }
+
+    #[test]
+    fn an_upgrade_waits_for_the_other_readers() {
+        let locks = std::sync::Arc::new(LockManager::default());
+        locks.acquire(1, b"k", LockMode::Shared).unwrap();
+        locks.acquire(2, b"k", LockMode::Shared).unwrap();
+        let upgrade = acquire_aside(&locks, 1, b"k", LockMode::Exclusive);
+        locks.release_all(2);
+        granted(&upgrade).unwrap();
+        assert_eq!(
+            locks.exclusive_keys_in(2, (Bound::Unbounded, Bound::Unbounded)),
+            vec![b"k".to_vec()]
+        );
+        assert_eq!(locks.table.lock().unwrap().keys[&b"k"[..]].holders.len(), 1);
     }
 }
