@@ -204,38 +204,47 @@ impl Decoupled {
     /// The tables for the begin record at `begin`: analysis of the records after the last one
     /// analysed, up to and including `begin` (appended; it need not be durable yet).
     pub fn tables_at(&mut self, log: &LogTail, begin: Lsn) -> Result<(CheckpointTables, u64)> {
+        let analysed = self.analyse_to(log, begin)?;
+        if self.analysis.applied_to < begin {
+            return Err(Error::BadLogRecord {
+                lsn: begin,
+                source: crate::format::RecordError::Invalid(
+                    "the checkpoint's begin record could not be read back",
+                ),
+            });
+        }
+        Ok((self.analysis.tables(), analysed))
+    }
+
+    /// Analyses the records after the last one analysed, up to `to` or the last one the log
+    /// holds now if that is sooner; returns how many. Between checkpoints this keeps the
+    /// analysis (and the log tail it reads, which it then releases) close to the log's end, so
+    /// the records of a long interval are not all held in memory until its checkpoint.
+    pub fn analyse_to(&mut self, log: &LogTail, to: Lsn) -> Result<u64> {
         let from = Lsn::new(self.analysis.applied_to.get() + 1);
         let mut analysed = 0;
-        if from <= begin {
-            // Applied in place: if reading fails half way, the tables are still those of every
-            // record up to `applied_to`, and the next checkpoint continues from there.
-            let analysis = &mut self.analysis;
-            for item in log.records_from(from)? {
-                let (lsn, record) = item?;
-                if analysed == 0 && lsn != from {
-                    // The log was truncated past this analysis (it was not the store's kind).
-                    return Err(Error::BadLogRecord {
-                        lsn: from,
-                        source: crate::format::RecordError::Invalid(
-                            "the log no longer holds the records after the last analysis",
-                        ),
-                    });
-                }
-                if lsn > begin {
-                    break;
-                }
-                analysis.apply(lsn, &record);
-                analysed += 1;
-            }
-            if analysis.applied_to < begin {
+        if from > to {
+            return Ok(0);
+        }
+        // Applied in place: if reading fails half way, the tables are still those of every
+        // record up to `applied_to`, and the next call continues from there.
+        for item in log.records_from(from)? {
+            let (lsn, record) = item?;
+            if analysed == 0 && lsn != from {
+                // The log was truncated past this analysis (it was not the store's kind).
                 return Err(Error::BadLogRecord {
-                    lsn: begin,
+                    lsn: from,
                     source: crate::format::RecordError::Invalid(
-                        "the checkpoint's begin record could not be read back",
+                        "the log no longer holds the records after the last analysis",
                     ),
                 });
             }
+            if lsn > to {
+                break;
+            }
+            self.analysis.apply(lsn, &record);
+            analysed += 1;
         }
-        Ok((self.analysis.tables(), analysed))
+        Ok(analysed)
     }
 }

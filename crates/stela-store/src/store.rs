@@ -17,8 +17,10 @@
 //!   checkpoint copying it under the latch sees it agree with the pool and the lock table.
 //! - Persistence services (checkpoints, page cleaning) run on background threads when an
 //!   interval is set, and on request ([`Store::checkpoint`], [`Store::clean`]). Their kind is
-//!   chosen at open; the decoupled ones take no engine latch. Dropping the store stops them
-//!   (and is a crash); [`Store::close`] stops them, then writes every page and checkpoints.
+//!   chosen at open; the decoupled ones take no engine latch. Between decoupled checkpoints
+//!   their analysis catches up with the log every `ANALYSIS_STEP`, so the in-memory log tail
+//!   never holds a whole interval's records. Dropping the store stops them (and is a crash);
+//!   [`Store::close`] stops them, then writes every page and checkpoints.
 //! - With a log archive (`StoreOptions::archive`), an archiving step ([`Store::archive`], or its
 //!   thread) archives the durable log, merges runs, and truncates the log below what
 //!   `retention` says every reader still needs; it holds the checkpoint mutex meanwhile, so the
@@ -205,6 +207,9 @@ impl RecoveryPending {
 /// Pages the background restart thread redoes per hold of the engine latch: small enough that
 /// a transaction waits at most a few page reads for the latch.
 const DRAIN_BATCH: usize = 16;
+
+/// How often decoupled checkpoints' analysis catches up with the log between checkpoints.
+const ANALYSIS_STEP: Duration = Duration::from_millis(10);
 
 /// Most records the in-memory log tail holds for the decoupled services (about 200 bytes
 /// each); past it they read the log files.
@@ -412,12 +417,26 @@ impl Store {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let mut services = Vec::new();
         if let Some(interval) = options.checkpoint_interval {
+            // Decoupled checkpoints keep their analysis up with the log between checkpoints
+            // (every `ANALYSIS_STEP`), so the tail does not hold a whole interval of records.
+            let step = match options.checkpoints {
+                CheckpointKind::Decoupled => interval.min(ANALYSIS_STEP),
+                CheckpointKind::Classical => interval,
+            };
+            let mut due = std::time::Instant::now() + interval;
             services.push(spawn_service(
                 "stela-store-checkpoint",
                 &shared,
                 &stop,
-                interval,
-                |s| s.checkpoint().map(|_| ()),
+                step,
+                move |s| {
+                    let now = std::time::Instant::now();
+                    if now < due {
+                        return s.analyse_ahead();
+                    }
+                    due = now + interval;
+                    s.checkpoint().map(|_| ())
+                },
             )?);
         }
         if let Some(interval) = options.clean_interval {
@@ -615,7 +634,7 @@ fn spawn_service(
     shared: &Arc<Shared>,
     stop: &Arc<(Mutex<bool>, Condvar)>,
     interval: Duration,
-    work: fn(&Shared) -> Result<()>,
+    mut work: impl FnMut(&Shared) -> Result<()> + Send + 'static,
 ) -> Result<JoinHandle<()>> {
     let (shared, stop) = (Arc::clone(shared), Arc::clone(stop));
     let name_for_log = name.to_owned();
@@ -719,6 +738,20 @@ impl Shared {
             )
         })();
         self.check(result)
+    }
+
+    /// Between decoupled checkpoints: analyses the records appended since the last analysis
+    /// and releases them from the log tail (the next checkpoint then analyses only what came
+    /// after). Nothing is logged.
+    fn analyse_ahead(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        let mut decoupled = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let result = decoupled.analyse_to(&self.log, self.log.last_lsn());
+        self.log
+            .release(Consumer::Checkpoint, decoupled.analysis.applied_to.next());
+        self.check(result.map(drop))
     }
 
     /// The classical checkpoint's tables, copied under the engine latch (and, inside it, the
@@ -1185,4 +1218,43 @@ fn check_key(key: &[u8]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decoupled_checkpoints_release_the_log_tail_between_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        // A checkpoint that never comes during the test: only the analysis between
+        // checkpoints can release what the tail holds for it.
+        let options = StoreOptions::default()
+            .checkpoints(CheckpointKind::Decoupled)
+            .checkpoint_interval(Some(Duration::from_secs(3600)));
+        let store = Store::open(dir.path(), options).unwrap();
+        for i in 0..200u32 {
+            let mut txn = store.begin();
+            txn.put(&i.to_be_bytes(), b"value").unwrap();
+            txn.commit().unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while store.shared.log.held() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the tail still holds {} records an hour's checkpoint interval would keep",
+                store.shared.log.held()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The analysis is where those records went: a checkpoint now analyses none of them.
+        let analysed_before = store
+            .shared
+            .checkpointer
+            .lock()
+            .unwrap()
+            .analysis
+            .applied_to;
+        assert!(analysed_before.get() >= 200);
+    }
 }
