@@ -419,9 +419,11 @@ impl Store {
         if let Some(interval) = options.checkpoint_interval {
             // Decoupled checkpoints keep their analysis up with the log between checkpoints
             // (every `ANALYSIS_STEP`), so the tail does not hold a whole interval of records.
-            let step = match options.checkpoints {
-                CheckpointKind::Decoupled => interval.min(ANALYSIS_STEP),
-                CheckpointKind::Classical => interval,
+            let decoupled = options.checkpoints == CheckpointKind::Decoupled;
+            let step = if decoupled {
+                interval.min(ANALYSIS_STEP)
+            } else {
+                interval
             };
             let mut due = std::time::Instant::now() + interval;
             services.push(spawn_service(
@@ -431,7 +433,7 @@ impl Store {
                 step,
                 move |s| {
                     let now = std::time::Instant::now();
-                    if now < due {
+                    if decoupled && now < due {
                         return s.analyse_ahead();
                     }
                     due = now + interval;
