@@ -44,11 +44,20 @@ impl KeyLock {
             .map(|&(_, mode)| mode)
     }
 
-    /// Records that `txn` holds the key in `mode` (replacing a weaker mode it held).
-    fn grant(&mut self, txn: TxnId, mode: LockMode) {
+    /// Records that `txn` holds the key in `mode`, or in the mode it held if that is stronger
+    /// (exclusive is never weakened). `true`: `txn` did not hold the key before.
+    fn grant(&mut self, txn: TxnId, mode: LockMode) -> bool {
         match self.holders.iter_mut().find(|(holder, _)| *holder == txn) {
-            Some((_, held)) => *held = mode,
-            None => self.holders.push((txn, mode)),
+            Some((_, held)) => {
+                if *held != LockMode::Exclusive {
+                    *held = mode;
+                }
+                false
+            }
+            None => {
+                self.holders.push((txn, mode));
+                true
+            }
         }
     }
 
@@ -118,11 +127,7 @@ impl LockManager {
                 None => table.keys.entry(key.to_vec()).or_default(),
             };
             if lock.grantable(txn, mode) {
-                let previous = lock.mode_of(txn);
-                if previous != Some(LockMode::Exclusive) {
-                    lock.grant(txn, mode);
-                }
-                if previous.is_none() {
+                if lock.grant(txn, mode) {
                     table.held.entry(txn).or_default().push(key.to_vec());
                 }
                 table.waiting.remove(&txn);
