@@ -21,7 +21,7 @@ use crate::analysis::Analysis;
 use crate::error::{Error, Result};
 use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, SYSTEM_TXN};
 use crate::log::LogDevice;
-use crate::tail::LogTail;
+use crate::tail::{Consumer, LogTail};
 use std::path::Path;
 use stela_format::Lsn;
 use stela_wal::storage::{OpenMode, Storage};
@@ -217,10 +217,17 @@ impl Decoupled {
     }
 
     /// Analyses the records after the last one analysed, up to `to` or the last one the log
-    /// holds now if that is sooner; returns how many. Between checkpoints this keeps the
-    /// analysis (and the log tail it reads, which it then releases) close to the log's end, so
-    /// the records of a long interval are not all held in memory until its checkpoint.
+    /// holds now if that is sooner, and releases from the log tail every record analysed (also
+    /// when reading fails part way); returns how many. Between checkpoints this keeps the
+    /// analysis, and the tail it reads, close to the log's end, so the records of a long
+    /// interval are not all held in memory until its checkpoint.
     pub fn analyse_to(&mut self, log: &LogTail, to: Lsn) -> Result<u64> {
+        let analysed = self.apply_to(log, to);
+        log.release(Consumer::Checkpoint, self.analysis.applied_to.next());
+        analysed
+    }
+
+    fn apply_to(&mut self, log: &LogTail, to: Lsn) -> Result<u64> {
         let from = Lsn::new(self.analysis.applied_to.get() + 1);
         let mut analysed = 0;
         if from > to {
