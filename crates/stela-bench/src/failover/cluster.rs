@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use stela_proto::{ReplicaStatus, RequestBody, ResponseBody, StatusReport};
+use stela_proto::{Positions, ReplicaStatus, RequestBody, ResponseBody, StatusReport};
 
 /// Ports, the same on every host (each has its own address).
 pub const CLIENT_PORT: u16 = 7000;
@@ -302,6 +302,15 @@ pub fn status_of(socket: &Path, within: Duration) -> Option<StatusReport> {
         let _ = tx.send(report);
     });
     rx.recv_timeout(within).ok().flatten()
+}
+
+/// Where the client's log stands on a node (appended, written, durable).
+pub fn log_positions(report: &StatusReport) -> Option<&Positions> {
+    report
+        .logs
+        .iter()
+        .find(|l| l.name == LOG)
+        .map(|l| &l.positions)
 }
 
 /// The replication state of the client's log on a node.

@@ -30,7 +30,9 @@ pub mod verify;
 use crate::netns::{pause, poll_within, sibling, wait_within};
 use analysis::FaultWindow;
 use anyhow::Context;
-use cluster::{epoch, protected, role, shipped_since, tail, Client, Cluster, Role, Timing};
+use cluster::{
+    epoch, log_positions, protected, role, shipped_since, tail, Client, Cluster, Role, Timing,
+};
 use events::{mono_ms, LOG};
 use rustix::process::Signal;
 use serde::Serialize;
@@ -593,11 +595,7 @@ fn inject(
     let (primary, report) = wait_protected(cluster)?;
     client.wait_for_ack(FAILOVER_WAIT)?;
     let recovered_ms = mono_ms();
-    let log_lsn = report
-        .logs
-        .iter()
-        .find(|l| l.name == LOG)
-        .map_or(0, |l| l.positions.last_lsn);
+    let log_lsn = log_positions(&report).map_or(0, |p| p.last_lsn);
     let reprotect_need = match standby_had {
         Some(standby_had) if primary == shipping => {
             // The primary's files lag its pool by up to the write threshold (the flush interval
@@ -608,9 +606,7 @@ fn inject(
                 FAILOVER_WAIT,
                 || {
                     cluster.nodes[primary].status().is_some_and(|s| {
-                        s.logs
-                            .iter()
-                            .any(|l| l.name == LOG && l.positions.written_lsn >= log_lsn)
+                        log_positions(&s).is_some_and(|p| p.written_lsn >= log_lsn)
                     })
                 },
             )?;
