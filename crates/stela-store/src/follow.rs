@@ -37,7 +37,7 @@
 //!   (after a promotion). It refuses a directory that has a master record or pages but no
 //!   progress file: that is a store's directory, whose images it cannot vouch for.
 
-use crate::checkpoint::{Master, Sealed};
+use crate::checkpoint::{Master, MasterSlots, Sealed};
 use crate::cleaner::Replay;
 use crate::error::{Error, Result};
 use crate::format::{LogBody, LogRecord, RecordError};
@@ -101,8 +101,8 @@ pub struct Follower {
     /// Images with every change up to `applied` (or newer), kept between rounds.
     cache: HashMap<PageId, Page>,
     applied: Lsn,
-    /// The checkpoint the master record names.
-    checkpoint: Option<Master>,
+    /// The master record's slots; the newest names the last checkpoint passed.
+    master: MasterSlots,
     /// Where the last read stopped, so the next one does not re-read its segment.
     point: Option<ReadPoint>,
     round_records: usize,
@@ -136,7 +136,7 @@ impl Follower {
         let (dir, log_dir) = (dir.as_ref(), log_dir.as_ref());
         storage.create_dir_all(dir)?;
         let applied = read_progress(storage.as_ref(), dir)?;
-        let master = Master::read(storage.as_ref(), dir)?;
+        let (master_slots, master) = MasterSlots::open(storage.as_ref(), dir)?;
         let file = crate::pagefile::open_in(storage.as_ref(), dir)?;
         let applied = match applied {
             Some(applied) => applied,
@@ -177,7 +177,7 @@ impl Follower {
             file: PageFile::new(file, true),
             cache: HashMap::new(),
             applied,
-            checkpoint: master,
+            master: master_slots,
             point: None,
             round_records: ROUND_RECORDS,
         })
@@ -203,7 +203,7 @@ impl Follower {
     pub fn step(&mut self) -> Result<FollowReport> {
         let mut report = FollowReport {
             applied: self.applied,
-            checkpoint: self.checkpoint.map(|m| m.begin),
+            checkpoint: self.master.newest().map(|m| m.begin),
             ..FollowReport::default()
         };
         let agreed = self.agreed_lsn();
@@ -247,7 +247,7 @@ impl Follower {
         }
         let mut replay = Replay::new(&self.file, self.applied, &mut self.cache, None);
         let mut expected = from;
-        let mut checkpoint = self.checkpoint;
+        let mut checkpoint = self.master.newest();
         for (lsn, payload) in &available.records {
             if *lsn != expected {
                 return Err(Error::Follow(format!(
@@ -278,17 +278,16 @@ impl Follower {
         write_progress(self.storage.as_ref(), &self.dir, to)?;
         self.applied = to;
         self.point = available.next;
-        if checkpoint != self.checkpoint {
+        if checkpoint != self.master.newest() {
             if let Some(master) = checkpoint {
                 // After the progress that covers its end is durable (see the invariants).
-                master.write(self.storage.as_ref(), &self.dir)?;
+                self.master.write(self.storage.as_ref(), master)?;
             }
-            self.checkpoint = checkpoint;
         }
         report.replayed = round.replayed;
         report.written = round.written;
         report.applied = to;
-        report.checkpoint = self.checkpoint.map(|m| m.begin);
+        report.checkpoint = self.master.newest().map(|m| m.begin);
         Ok(report)
     }
 

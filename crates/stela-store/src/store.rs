@@ -37,7 +37,7 @@
 
 use crate::archive::{ArchiveReport, LogArchive};
 use crate::btree::Engine;
-use crate::checkpoint::{self, CheckpointReport, Decoupled, Master};
+use crate::checkpoint::{self, CheckpointReport, Checkpointer, Decoupled, Master, MasterSlots};
 use crate::cleaner::{self, CleanReport, CleanerKind};
 use crate::error::{Error, Result};
 use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, TxnId};
@@ -52,7 +52,7 @@ use crate::retention::LogNeeds;
 use crate::tail::{Consumer, LogTail};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -229,10 +229,10 @@ struct Shared {
     file: Arc<PageFile>,
     /// The decoupled cleaner's clean LSN (stays zero with the classical cleaner).
     clean_lsn: Arc<crate::sync::AtomicU64>,
-    dir: PathBuf,
     options: StoreOptions,
-    /// Serialises checkpoints; the decoupled checkpoint's tables between them.
-    checkpointer: Mutex<Decoupled>,
+    /// Serialises checkpoints and the log's truncation; the master record's slots, and the
+    /// decoupled checkpoint's tables between checkpoints.
+    checkpointer: Mutex<Checkpointer>,
     /// Serialises cleaning rounds; the decoupled cleaner's images between rounds.
     cleaning: Mutex<HashMap<crate::page::PageId, crate::page::Page>>,
     /// The log archive, if the store keeps one.
@@ -358,7 +358,7 @@ impl Store {
                 .pool
                 .attach_repair(PageRepair::new(Arc::clone(archive), options.elide_writes));
         }
-        let master = Master::read(storage.as_ref(), dir)?;
+        let (master_slots, master) = MasterSlots::open(storage.as_ref(), dir)?;
         let followed_to = match followed_to(storage.as_ref(), dir, master, log.as_ref())? {
             // An empty page file without a checkpoint, on a log that has records: the log's
             // `PagesWritten` records are about another page file (a directory new to an
@@ -391,9 +391,11 @@ impl Store {
             log,
             file,
             clean_lsn,
-            dir: dir.to_path_buf(),
             options: options.clone(),
-            checkpointer: Mutex::new(Decoupled { analysis }),
+            checkpointer: Mutex::new(Checkpointer {
+                master: master_slots,
+                decoupled: Decoupled { analysis },
+            }),
             cleaning: Mutex::new(HashMap::new()),
             archive,
             losers_left: AtomicUsize::new(restarted.losers.len()),
@@ -711,7 +713,8 @@ impl Shared {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
-        let mut decoupled = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut checkpointer = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let Checkpointer { master, decoupled } = &mut *checkpointer;
         let log: &dyn LogDevice = self.log.as_ref();
         let result = (|| {
             // Report the pool's eviction writes, so analysis sees those pages become clean.
@@ -729,7 +732,7 @@ impl Shared {
             checkpoint::end(
                 log,
                 self.options.wal.storage.as_ref(),
-                &self.dir,
+                master,
                 begin,
                 kind,
                 tables,
@@ -746,8 +749,10 @@ impl Shared {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
-        let mut decoupled = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
-        let result = decoupled.analyse_to(&self.log, self.log.last_lsn());
+        let mut checkpointer = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let result = checkpointer
+            .decoupled
+            .analyse_to(&self.log, self.log.last_lsn());
         self.check(result.map(drop))
     }
 
@@ -803,22 +808,19 @@ impl Shared {
     }
 
     /// Truncates the log below what its readers need (see `retention`). Holds the checkpoint
-    /// mutex, so the master record synced here names the checkpoint the bound comes from.
+    /// mutex, so the master record pinned here names the checkpoint the bound comes from.
     fn truncate_log(&self, archive: &LogArchive) -> Result<usize> {
-        let decoupled = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut checkpointer = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
         let log: &dyn LogDevice = self.log.as_ref();
-        let checkpoint = match Master::read(self.options.wal.storage.as_ref(), &self.dir)? {
+        let checkpoint = match checkpointer.master.pin(self.options.wal.storage.as_ref())? {
             None => None,
-            Some(master) => {
-                Master::sync(self.options.wal.storage.as_ref(), &self.dir)?;
-                match crate::log::read_one(log, master.end)?.body {
-                    LogBody::CheckpointEnd { tables, .. } => Some((
-                        master.begin,
-                        tables.dirty_pages.iter().map(|d| d.rec_lsn).min(),
-                    )),
-                    _ => None,
-                }
-            }
+            Some(master) => match crate::log::read_one(log, master.end)?.body {
+                LogBody::CheckpointEnd { tables, .. } => Some((
+                    master.begin,
+                    tables.dirty_pages.iter().map(|d| d.rec_lsn).min(),
+                )),
+                _ => None,
+            },
         };
         // Under the engine latch: a write appends its record and enters the table together.
         let oldest_running = {
@@ -833,12 +835,12 @@ impl Shared {
             // Only the configured kind runs on its own; a decoupled checkpoint asked for anyway
             // after the log moved on finds the gap and fails (`checkpoint`).
             analysis_next: (self.options.checkpoints == CheckpointKind::Decoupled)
-                .then(|| decoupled.analysis.applied_to.next()),
+                .then(|| checkpointer.decoupled.analysis.applied_to.next()),
             cleaner_next: (self.options.cleaner == CleanerKind::Decoupled)
                 .then(|| Lsn::new(self.clean_lsn.load(Ordering::Acquire)).next()),
         };
         let removed = log.truncate_before(needs.keep_from())?;
-        drop(decoupled);
+        drop(checkpointer);
         Ok(removed)
     }
 
@@ -1250,6 +1252,7 @@ mod tests {
             .checkpointer
             .lock()
             .unwrap()
+            .decoupled
             .analysis
             .applied_to;
         assert!(applied_to.get() >= 200);

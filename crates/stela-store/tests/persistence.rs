@@ -430,8 +430,8 @@ fn a_crash_while_background_services_run_keeps_the_committed_state() {
     );
 }
 
-/// The master record is written without a sync; after a machine crash it may be empty. Restart
-/// must then analyse the whole log (no checkpoint), not fail or trust the bytes.
+/// Master records are written without a sync; after a machine crash both slots may be empty.
+/// Restart must then analyse the whole log (no checkpoint), not fail or trust the bytes.
 #[test]
 fn a_damaged_master_record_means_restart_from_the_whole_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -444,7 +444,9 @@ fn a_damaged_master_record_means_restart_from_the_whole_log() {
     txn.commit().unwrap();
     store.checkpoint().unwrap();
     drop(store);
-    std::fs::write(dir.path().join("checkpoint"), b"\0\0\0").unwrap();
+    for slot in ["checkpoint", "checkpoint.1"] {
+        std::fs::write(dir.path().join(slot), b"\0\0\0").unwrap();
+    }
     let store = Store::open(dir.path(), options()).unwrap();
     assert_eq!(store.restart_report().checkpoint, None);
     assert!(store.restart_report().records_analyzed > 30);
