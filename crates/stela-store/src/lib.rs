@@ -89,6 +89,7 @@
 pub mod analysis;
 pub mod archive;
 pub mod archive_format;
+mod background;
 pub mod btree;
 pub mod checkpoint;
 pub mod cleaner;

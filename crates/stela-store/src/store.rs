@@ -99,6 +99,11 @@ pub struct StoreOptions {
     /// [`Store::close`] or [`Store::finish_recovery`]; tests use that to see the on-demand
     /// paths at work.
     pub recover_in_background: bool,
+    /// Run the background threads (persistence services, instant restart's redo and undo)
+    /// under `SCHED_BATCH`, so that their wake-ups never preempt a transaction holding the
+    /// engine latch (see `background`). On by default; a machine with idle CPUs loses nothing
+    /// either way.
+    pub batch_services: bool,
 }
 
 impl Default for StoreOptions {
@@ -123,6 +128,7 @@ impl Default for StoreOptions {
             elide_writes: false,
             restart: RestartMode::Instant,
             recover_in_background: true,
+            batch_services: true,
         }
     }
 }
@@ -185,6 +191,11 @@ impl StoreOptions {
 
     pub fn recover_in_background(mut self, background: bool) -> Self {
         self.recover_in_background = background;
+        self
+    }
+
+    pub fn batch_services(mut self, batch: bool) -> Self {
+        self.batch_services = batch;
         self
     }
 }
@@ -644,22 +655,27 @@ fn spawn_service(
     let name_for_log = name.to_owned();
     Ok(std::thread::Builder::new()
         .name(name.to_owned())
-        .spawn(move || loop {
-            {
-                let (stopped, wake) = &*stop;
-                let guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
-                let (guard, _) = wake
-                    .wait_timeout_while(guard, interval, |stopped| !*stopped)
-                    .unwrap_or_else(|p| p.into_inner());
-                if *guard {
-                    return;
-                }
+        .spawn(move || {
+            if shared.options.batch_services {
+                crate::background::yield_to_transactions(&name_for_log);
             }
-            if let Err(error) = work(&shared) {
-                if matches!(error, Error::Poisoned) {
-                    return;
+            loop {
+                {
+                    let (stopped, wake) = &*stop;
+                    let guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
+                    let (guard, _) = wake
+                        .wait_timeout_while(guard, interval, |stopped| !*stopped)
+                        .unwrap_or_else(|p| p.into_inner());
+                    if *guard {
+                        return;
+                    }
                 }
-                tracing::warn!(service = %name_for_log, %error, "persistence service failed");
+                if let Err(error) = work(&shared) {
+                    if matches!(error, Error::Poisoned) {
+                        return;
+                    }
+                    tracing::warn!(service = %name_for_log, %error, "persistence service failed");
+                }
             }
         })?)
 }
@@ -674,16 +690,21 @@ fn spawn_restart_worker(
     let (shared, stop) = (Arc::clone(shared), Arc::clone(stop));
     Ok(std::thread::Builder::new()
         .name("stela-store-restart".to_owned())
-        .spawn(move || loop {
-            if *stop.0.lock().unwrap_or_else(|p| p.into_inner()) {
-                return;
+        .spawn(move || {
+            if shared.options.batch_services {
+                crate::background::yield_to_transactions("stela-store-restart");
             }
-            match shared.recovery_step() {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(error) => {
-                    tracing::warn!(%error, "background restart failed");
+            loop {
+                if *stop.0.lock().unwrap_or_else(|p| p.into_inner()) {
                     return;
+                }
+                match shared.recovery_step() {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(error) => {
+                        tracing::warn!(%error, "background restart failed");
+                        return;
+                    }
                 }
             }
         })?)
@@ -1222,6 +1243,55 @@ fn check_key(key: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scheduling policy (`/proc`'s field 41: 0 normal, 3 batch) of this process's threads
+    /// named `name`.
+    fn policies_of_threads_named(name: &str) -> Vec<u32> {
+        let mut policies = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let task = task.unwrap().path();
+            let Ok(comm) = std::fs::read_to_string(task.join("comm")) else {
+                continue; // the thread ended meanwhile
+            };
+            if comm.trim_end() != name {
+                continue;
+            }
+            let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+            // After the command in parentheses, fields 3.. are space-separated.
+            let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+            let policy = after_comm.split(' ').nth(41 - 3).unwrap();
+            policies.push(policy.parse().unwrap());
+        }
+        policies
+    }
+
+    #[test]
+    fn the_services_threads_run_under_sched_batch_unless_told_not_to() {
+        for (batch, policy) in [
+            (true, libc::SCHED_BATCH as u32),
+            (false, libc::SCHED_OTHER as u32),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let options = StoreOptions::default()
+                .checkpoint_interval(Some(Duration::from_millis(1)))
+                .batch_services(batch);
+            let store = Store::open(dir.path(), options).unwrap();
+            // The thread sets its policy first thing; wait (bounded) until it has.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let policies = policies_of_threads_named("stela-store-che");
+                if policies == [policy] {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "batch_services({batch}): checkpoint thread policies {policies:?}, want {policy}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            store.close().unwrap();
+        }
+    }
 
     #[test]
     fn decoupled_checkpoints_release_the_log_tail_between_checkpoints() {
