@@ -156,21 +156,24 @@ fn read_slots(storage: &dyn Storage, dir: &Path) -> Result<Option<(usize, Master
 /// Callers serialise every call (the store holds its checkpoint mutex).
 pub(crate) struct MasterSlots {
     dir: std::path::PathBuf,
-    /// The slot whose record is durable and which the log's truncation may rely on. Never
-    /// written to: records go to the other one.
+    /// The slot whose record the log's truncation may rely on. Never written to: records go
+    /// to the other one.
     pinned: usize,
+    /// Whether the pinned slot's record is known durable. At open it may not be (written
+    /// without a sync before a clean stop or a process crash): it is synced before the first
+    /// write to the other slot, rather than at open, where the sync would wait for the
+    /// device's queue and delay restart.
+    pinned_synced: bool,
     /// The newest record, and the slot holding it.
     newest: Option<(usize, Master)>,
     /// Each slot's file, once opened.
     files: [Option<Box<dyn StorageFile>>; 2],
-    /// Each slot whose file was created since its directory was last synced.
-    created: [bool; 2],
 }
 
 impl MasterSlots {
-    /// Reads the slots in `dir`, makes the one naming the newest checkpoint durable (it may
-    /// have been written without a sync before a clean stop or a process crash) and pins it;
-    /// returns the slots and that checkpoint. Without an intact slot, records go to the first.
+    /// Reads the slots in `dir` and pins the one naming the newest checkpoint (made durable
+    /// before the other is first written); returns the slots and that checkpoint. Without an
+    /// intact slot, records go to the first.
     ///
     /// # Errors
     /// I/O errors.
@@ -180,20 +183,14 @@ impl MasterSlots {
             _ => {}
         }
         let newest = read_slots(storage, dir)?;
-        let mut slots = MasterSlots {
+        let slots = MasterSlots {
             dir: dir.to_path_buf(),
-            pinned: 1,
+            pinned: newest.map_or(1, |(slot, _)| slot),
+            pinned_synced: newest.is_none(),
             newest,
             files: [None, None],
-            created: [false; 2],
         };
-        if let Some((slot, master)) = newest {
-            slots.pinned = slot;
-            slots.file(storage, slot)?.sync_data()?;
-            storage.sync_dir(dir)?;
-            return Ok((slots, Some(master)));
-        }
-        Ok((slots, None))
+        Ok((slots, newest.map(|(_, master)| master)))
     }
 
     /// The newest master record written or found at open.
@@ -207,6 +204,10 @@ impl MasterSlots {
     /// # Errors
     /// I/O errors.
     pub fn write(&mut self, storage: &dyn Storage, master: Master) -> Result<()> {
+        if !self.pinned_synced {
+            self.sync(storage, self.pinned)?;
+            self.pinned_synced = true;
+        }
         let slot = 1 - self.pinned;
         self.file(storage, slot)?
             .write_all_at(&master.encode(), 0)?;
@@ -223,15 +224,19 @@ impl MasterSlots {
         let Some((slot, master)) = self.newest else {
             return Ok(None);
         };
-        if slot != self.pinned {
-            self.file(storage, slot)?.sync_data()?;
-            if self.created[slot] {
-                storage.sync_dir(&self.dir)?;
-                self.created[slot] = false;
-            }
+        if slot != self.pinned || !self.pinned_synced {
+            self.sync(storage, slot)?;
             self.pinned = slot;
+            self.pinned_synced = true;
         }
         Ok(Some(master))
+    }
+
+    /// Makes the slot's record durable, and its name (it may be new, or never synced).
+    fn sync(&mut self, storage: &dyn Storage, slot: usize) -> Result<()> {
+        self.file(storage, slot)?.sync_data()?;
+        storage.sync_dir(&self.dir)?;
+        Ok(())
     }
 
     fn file(&mut self, storage: &dyn Storage, slot: usize) -> Result<&dyn StorageFile> {
@@ -239,7 +244,6 @@ impl MasterSlots {
             let path = self.dir.join(SLOT_FILES[slot]);
             let file = match storage.open(&path, OpenMode::ReadWrite) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    self.created[slot] = true;
                     storage.open(&path, OpenMode::CreateNew)?
                 }
                 opened => opened?,
@@ -431,14 +435,21 @@ mod tests {
             let mut pinned = None;
             // A seeded run of writes and pins, then the cut.
             let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let steps = 1 + seed % 12;
-            for n in 1..=steps {
-                slots.write(&storage, master(n)).unwrap();
+            let mut written = 0;
+            for _ in 0..1 + seed % 16 {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                if state % 3 == 0 {
-                    pinned = slots.pin(&storage).unwrap();
+                match state % 5 {
+                    0 => pinned = slots.pin(&storage).unwrap(),
+                    // A process restart, without a crash: the newest record, perhaps unsynced,
+                    // is pinned, and must be made durable before the truncation relies on it
+                    // or the other slot is overwritten.
+                    1 => slots = MasterSlots::open(&storage, dir).unwrap().0,
+                    _ => {
+                        written += 1;
+                        slots.write(&storage, master(written)).unwrap();
+                    }
                 }
             }
             let plan = match seed % 3 {
@@ -457,7 +468,7 @@ mod tests {
             }
             if let Some(found) = found {
                 assert!(
-                    (1..=steps).any(|n| master(n) == found),
+                    (1..=written).any(|n| master(n) == found),
                     "seed {seed}: {found:?} was never written"
                 );
             }
