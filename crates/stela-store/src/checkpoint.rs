@@ -248,6 +248,12 @@ impl MasterSlots {
                 }
                 opened => opened?,
             };
+            // A slot of another length is damaged (an intact one is exactly a record long,
+            // and the pinned slot is intact): cut it, or a record written over its start
+            // would still read as damaged.
+            if file.len()? > MASTER_LEN as u64 {
+                file.set_len(MASTER_LEN as u64)?;
+            }
             self.files[slot] = Some(file);
         }
         Ok(self.files[slot].as_deref().expect("opened above"))
@@ -406,7 +412,7 @@ mod tests {
             &master(1).encode()[..]
         );
         // A damaged newest record: restart falls back to the pinned one.
-        std::fs::write(&unpinned, b"torn").unwrap();
+        std::fs::write(&unpinned, [0xa5; 100]).unwrap();
         assert_eq!(Master::read(&storage, dir.path()).unwrap(), Some(master(1)));
         // Reopening pins what it found, and writes go to the other slot.
         let (mut slots, found) = MasterSlots::open(&storage, dir.path()).unwrap();
