@@ -56,7 +56,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use stela_format::Lsn;
 use stela_wal::{SyncMode, Wal, WalOptions};
 
@@ -278,7 +278,7 @@ impl Store {
     pub fn open(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let dir = dir.as_ref();
         options.wal.storage.create_dir_all(dir)?;
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let wal: Wal<LogRecord> = Wal::open(dir.join("log"), options.wal.clone())?;
         tracing::debug!(elapsed = ?started.elapsed(), "log opened");
         let options = if options.wal.sync == SyncMode::None {
@@ -438,14 +438,14 @@ impl Store {
             } else {
                 interval
             };
-            let mut due = std::time::Instant::now() + interval;
+            let mut due = Instant::now() + interval;
             services.push(spawn_service(
                 "stela-store-checkpoint",
                 &shared,
                 &stop,
                 step,
                 move |s| {
-                    let now = std::time::Instant::now();
+                    let now = Instant::now();
                     if decoupled && now < due {
                         return s.analyse_ahead();
                     }
@@ -1277,14 +1277,14 @@ mod tests {
                 .batch_services(batch);
             let store = Store::open(dir.path(), options).unwrap();
             // The thread sets its policy first thing; wait (bounded) until it has.
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 let policies = policies_of_threads_named("stela-store-che");
                 if policies == [policy] {
                     break;
                 }
                 assert!(
-                    std::time::Instant::now() < deadline,
+                    Instant::now() < deadline,
                     "batch_services({batch}): checkpoint thread policies {policies:?}, want {policy}"
                 );
                 std::thread::sleep(Duration::from_millis(5));
@@ -1307,10 +1307,10 @@ mod tests {
             txn.put(&i.to_be_bytes(), b"value").unwrap();
             txn.commit().unwrap();
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while store.shared.log.held() > 0 {
             assert!(
-                std::time::Instant::now() < deadline,
+                Instant::now() < deadline,
                 "the tail still holds {} records an hour's checkpoint interval would keep",
                 store.shared.log.held()
             );
