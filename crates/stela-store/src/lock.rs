@@ -266,6 +266,15 @@ mod tests {
         answered
     }
 
+    /// A lock table in which each `(txn, key, mode)` was granted, in order.
+    fn holding(grants: &[(TxnId, &[u8], LockMode)]) -> std::sync::Arc<LockManager> {
+        let locks = std::sync::Arc::new(LockManager::default());
+        for &(txn, key, mode) in grants {
+            locks.acquire(txn, key, mode).unwrap();
+        }
+        locks
+    }
+
     fn locks_waiting(locks: &LockManager, txn: TxnId) -> bool {
         locks.table.lock().unwrap().waiting.contains_key(&txn)
     }
@@ -278,8 +287,7 @@ mod tests {
 
     #[test]
     fn a_waiter_is_woken_when_the_holder_ends() {
-        let locks = std::sync::Arc::new(LockManager::default());
-        locks.acquire(1, b"k", LockMode::Exclusive).unwrap();
+        let locks = holding(&[(1, b"k", LockMode::Exclusive)]);
         let waiter = acquire_aside(&locks, 2, b"k", LockMode::Shared);
         locks.release_all(1);
         granted(&waiter).unwrap();
@@ -289,9 +297,10 @@ mod tests {
 
     #[test]
     fn the_transaction_that_closes_a_cycle_is_the_victim() {
-        let locks = std::sync::Arc::new(LockManager::default());
-        locks.acquire(1, b"a", LockMode::Exclusive).unwrap();
-        locks.acquire(2, b"b", LockMode::Exclusive).unwrap();
+        let locks = holding(&[
+            (1, b"a", LockMode::Exclusive),
+            (2, b"b", LockMode::Exclusive),
+        ]);
         let first = acquire_aside(&locks, 1, b"b", LockMode::Exclusive);
         assert!(matches!(
             locks.acquire(2, b"a", LockMode::Shared),
@@ -306,9 +315,7 @@ mod tests {
 
     #[test]
     fn an_upgrade_waits_for_the_other_readers() {
-        let locks = std::sync::Arc::new(LockManager::default());
-        locks.acquire(1, b"k", LockMode::Shared).unwrap();
-        locks.acquire(2, b"k", LockMode::Shared).unwrap();
+        let locks = holding(&[(1, b"k", LockMode::Shared), (2, b"k", LockMode::Shared)]);
         let upgrade = acquire_aside(&locks, 1, b"k", LockMode::Exclusive);
         locks.release_all(2);
         granted(&upgrade).unwrap();
