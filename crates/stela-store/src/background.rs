@@ -12,7 +12,7 @@
 //! them needs to avoid (RocksDB can lower its background threads' priority for the same
 //! reason). Measured on this project's 2-vCPU machine, TPC-B
 //! with 2 clients at `buffered` and both services every millisecond, builds taking turns: p99
-//! 105-127 us against 173-297 us with the decoupled cleaner, throughput 2-16 % higher in each
+//! 105-127 us against 225-297 us with the decoupled cleaner, throughput 2-16 % higher in each
 //! of the four configurations (`bench/results/tpcb.txt`).
 
 use std::io;
