@@ -58,7 +58,9 @@ pub struct TpcbArgs {
     /// Page cleaners to run.
     #[arg(long, value_delimiter = ',', default_value = "classical,decoupled")]
     pub cleaner: Vec<Kind>,
-    /// Intervals between checkpoints, and between cleaning rounds, in milliseconds.
+    /// Intervals between checkpoints, and between cleaning rounds, in milliseconds: the pause
+    /// after one before the next starts, so a service that takes longer (a classical checkpoint
+    /// at 1 ms) runs less often than one that is quick.
     #[arg(
         long = "interval-ms",
         value_delimiter = ',',

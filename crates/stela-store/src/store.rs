@@ -74,9 +74,11 @@ pub struct StoreOptions {
     pub checkpoints: CheckpointKind,
     /// Which page cleaner runs.
     pub cleaner: CleanerKind,
-    /// Take a checkpoint this often on a background thread (`None`: only on request).
+    /// Take checkpoints on a background thread, pausing this long after each before the next
+    /// (`None`: only on request). A pause, not a period: a slower checkpoint runs less often.
     pub checkpoint_interval: Option<Duration>,
-    /// Run a cleaning round this often on a background thread (`None`: only on request).
+    /// Run cleaning rounds on a background thread, pausing this long after each (`None`: only
+    /// on request).
     pub clean_interval: Option<Duration>,
     /// fdatasync the page file before reporting page writes to the log. Needed for the store
     /// to survive the machine's crash; `Store::open` turns it off when the log is not synced
@@ -85,8 +87,8 @@ pub struct StoreOptions {
     /// Keep a log archive in `dir/archive`: pages that fail their checks are rebuilt from it
     /// (single-page recovery), and the log is truncated behind it.
     pub archive: bool,
-    /// Run an archiving step (archive, merge, truncate the log) this often on a background
-    /// thread (`None`: only on request). Needs `archive`.
+    /// Run archiving steps (archive, merge, truncate the log) on a background thread, pausing
+    /// this long after each (`None`: only on request). Needs `archive`.
     pub archive_interval: Option<Duration>,
     /// Evict a dirty page whose records are durable without writing it; its next read
     /// rebuilds it from the archive and the log. Needs `archive`.
