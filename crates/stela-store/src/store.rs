@@ -653,33 +653,26 @@ fn spawn_service(
     interval: Duration,
     mut work: impl FnMut(&Shared) -> Result<()> + Send + 'static,
 ) -> Result<JoinHandle<()>> {
-    let (shared, stop) = (Arc::clone(shared), Arc::clone(stop));
+    let stop = Arc::clone(stop);
     let name_for_log = name.to_owned();
-    Ok(std::thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(move || {
-            if shared.options.batch_services {
-                crate::background::yield_to_transactions(&name_for_log);
+    spawn_background(name, shared, move |shared| loop {
+        {
+            let (stopped, wake) = &*stop;
+            let guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
+            let (guard, _) = wake
+                .wait_timeout_while(guard, interval, |stopped| !*stopped)
+                .unwrap_or_else(|p| p.into_inner());
+            if *guard {
+                return;
             }
-            loop {
-                {
-                    let (stopped, wake) = &*stop;
-                    let guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
-                    let (guard, _) = wake
-                        .wait_timeout_while(guard, interval, |stopped| !*stopped)
-                        .unwrap_or_else(|p| p.into_inner());
-                    if *guard {
-                        return;
-                    }
-                }
-                if let Err(error) = work(&shared) {
-                    if matches!(error, Error::Poisoned) {
-                        return;
-                    }
-                    tracing::warn!(service = %name_for_log, %error, "persistence service failed");
-                }
+        }
+        if let Err(error) = work(shared) {
+            if matches!(error, Error::Poisoned) {
+                return;
             }
-        })?)
+            tracing::warn!(service = %name_for_log, %error, "persistence service failed");
+        }
+    })
 }
 
 /// The background thread of an instant restart: rolls back the losers, then redoes the pending
@@ -689,26 +682,38 @@ fn spawn_restart_worker(
     shared: &Arc<Shared>,
     stop: &Arc<(Mutex<bool>, Condvar)>,
 ) -> Result<JoinHandle<()>> {
-    let (shared, stop) = (Arc::clone(shared), Arc::clone(stop));
+    let stop = Arc::clone(stop);
+    spawn_background("stela-store-restart", shared, move |shared| loop {
+        if *stop.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            return;
+        }
+        match shared.recovery_step() {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                tracing::warn!(%error, "background restart failed");
+                return;
+            }
+        }
+    })
+}
+
+/// Starts one of the store's background threads, named `name`, running `body`; under
+/// `SCHED_BATCH` when the store's options ask for it (see `background`).
+fn spawn_background(
+    name: &str,
+    shared: &Arc<Shared>,
+    body: impl FnOnce(&Shared) + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let shared = Arc::clone(shared);
+    let thread_name = name.to_owned();
     Ok(std::thread::Builder::new()
-        .name("stela-store-restart".to_owned())
+        .name(name.to_owned())
         .spawn(move || {
             if shared.options.batch_services {
-                crate::background::yield_to_transactions("stela-store-restart");
+                crate::background::yield_to_transactions(&thread_name);
             }
-            loop {
-                if *stop.0.lock().unwrap_or_else(|p| p.into_inner()) {
-                    return;
-                }
-                match shared.recovery_step() {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(error) => {
-                        tracing::warn!(%error, "background restart failed");
-                        return;
-                    }
-                }
-            }
+            body(&shared)
         })?)
 }
 
