@@ -22,14 +22,27 @@ fn config(dir: &Path) -> DaemonConfig {
     config
 }
 
+/// The standby's durable LSN for the log once it has synced everything it received (its writer
+/// syncs a quiet stream within about a millisecond).
 fn standby_durable(socket: &Path) -> u64 {
-    let mut connection = Connection::connect_admin(&Address::from(socket)).unwrap();
-    match connection.request(RequestBody::Status) {
-        Ok(ResponseBody::Status(report)) => report
-            .replication
-            .and_then(|r| r.logs.into_iter().find(|l| l.log == LOG))
-            .map_or(0, |l| l.durable_lsn),
-        other => panic!("status: {other:?}"),
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut connection = Connection::connect_admin(&Address::from(socket)).unwrap();
+        let (received, durable) = match connection.request(RequestBody::Status) {
+            Ok(ResponseBody::Status(report)) => report
+                .replication
+                .and_then(|r| r.logs.into_iter().find(|l| l.log == LOG))
+                .map_or((0, 0), |l| (l.received_lsn, l.durable_lsn)),
+            other => panic!("status: {other:?}"),
+        };
+        if durable > 0 && durable == received {
+            return durable;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby never synced what it received ({durable} of {received})"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -147,12 +147,20 @@ fn a_promoted_standby_opens_the_followers_pages_with_every_commit_and_little_to_
     bank.transfers(&store, &mut rng, 1200);
     // The follower keeps up while the primary runs: it applies what the standby reports
     // durable (a standby that reported nothing would leave it all to after the promotion).
-    let durable = replication(b.socket_path())
-        .logs
-        .iter()
-        .find(|log| log.log == LOG)
-        .map_or(0, |log| log.durable_lsn);
-    assert!(durable > 0, "the standby reports its copy of the log");
+    // (Its writer syncs every 256 KiB, and a quiet stream within about a millisecond.)
+    let mut durable = 0;
+    wait_until(
+        "the standby to report its copy of the log",
+        Duration::from_secs(10),
+        || {
+            durable = replication(b.socket_path())
+                .logs
+                .iter()
+                .find(|log| log.log == LOG)
+                .map_or(0, |log| log.durable_lsn);
+            durable > 0
+        },
+    );
     wait_until("the follower to keep up", Duration::from_secs(20), || {
         applied.load(Ordering::Acquire) >= durable
     });

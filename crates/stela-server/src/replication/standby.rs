@@ -9,8 +9,10 @@
 //! - **Acknowledged means held.** `received_lsn` is sent only once the chunk is checked (it
 //!   continues the copy: offsets, CRCs, LSNs) and held in the standby's memory, from where a
 //!   writer thread writes it behind (RapiLog's buffers, on the standby: a sync never holds up the
-//!   next chunk); `durable_lsn` only after an fdatasync covered it. The writer syncs whenever it
-//!   has caught up, so syncs batch under load, like a group commit. At most 64 MiB are held;
+//!   next chunk); `durable_lsn` only after an fdatasync covered it. The writer writes what is
+//!   held in one go and syncs every `SYNC_BYTES` (the primary's write threshold), when idle,
+//!   when a `Fetch` needs it and before it stops, so under load the standby syncs about as often
+//!   as the primary rather than once per chunk. At most 64 MiB are held;
 //!   beyond that the standby stops reading and TCP slows the primary.
 //! - **One primary per log at a time**: a second stream for a log already being mirrored is
 //!   refused.
@@ -535,6 +537,9 @@ struct PipeState {
     failed: Option<String>,
     /// The writer sleeps until told (nothing came for a whole `WRITE_EVERY`).
     writer_idle: bool,
+    /// Someone needs everything held synced (a `Fetch` reads back only synced records); the
+    /// writer clears it after that sync.
+    sync_asked: bool,
 }
 
 /// How often a busy writer looks for chunks: it is not woken for each one (a wake-up per chunk
@@ -542,6 +547,11 @@ struct PipeState {
 /// or when `WRITE_BATCH` bytes are held.
 const WRITE_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 const WRITE_BATCH: usize = 4 << 20;
+
+/// Bytes written unsynced after which a busy writer syncs: the primary's own write threshold, so
+/// under load the standby syncs about as often as the primary does (the frames' sync bases make
+/// it sync at least that often anyway). `replicated` acknowledgements never wait for it.
+const SYNC_BYTES: usize = crate::config::WRITE_THRESHOLD;
 
 /// Most bytes held in memory before the receiver stops reading (and TCP slows the primary).
 const HELD_BYTES: usize = 64 << 20;
@@ -704,10 +714,12 @@ fn send_back(
         offset,
         next_lsn: stela_format::Lsn::new(next_lsn.max(1)),
     };
-    // Only what the writer has synced is read back from the files.
+    // Only what the writer has synced is read back from the files: have it sync all it holds.
     let durable = {
         let mut state = lock(&pipe.state);
-        while !state.chunks.is_empty() && state.failed.is_none() {
+        state.sync_asked = true;
+        pipe.changed.notify_all();
+        while state.sync_asked && state.failed.is_none() {
             state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
         }
         state.durable
@@ -763,25 +775,31 @@ fn position_message(
     }
 }
 
-/// The writer: applies held chunks in order, syncs whenever it has caught up, says what is
-/// durable. A failure stops it and the stream.
+/// The writer: takes every chunk held at once, writes those that continue each other as one
+/// write, syncs when `SYNC_BYTES` are written unsynced, after a burst that woke it from idle,
+/// when nothing more came for a whole `WRITE_EVERY`, when asked (a `Fetch`) and before it stops,
+/// and says what is durable. A failure stops it and the stream.
 fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
+    let mut unsynced = 0usize;
     loop {
-        let next = {
+        // Woken from idle: a lone burst, synced at once (under load the writer never idles).
+        let mut was_idle = false;
+        let (held, closed, sync_asked) = {
             let mut state = lock(&pipe.state);
             let mut waited_empty = false;
             loop {
-                if let Some(chunk) = state.chunks.pop_front() {
-                    state.bytes -= chunk.2.len();
-                    break Some(chunk);
+                if !state.chunks.is_empty() || state.closed || state.sync_asked {
+                    break;
                 }
-                if state.closed {
-                    break None;
+                if waited_empty && unsynced > 0 {
+                    // Idle: what is written becomes durable now, not at the next burst.
+                    break;
                 }
                 if waited_empty {
                     state.writer_idle = true;
                     state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
                     state.writer_idle = false;
+                    was_idle = true;
                 } else {
                     state = pipe
                         .changed
@@ -791,55 +809,118 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
                     waited_empty = state.chunks.is_empty();
                 }
             }
+            state.bytes = 0;
+            (
+                std::mem::take(&mut state.chunks),
+                state.closed,
+                state.sync_asked,
+            )
         };
+        // The receiver may be waiting for room.
         pipe.changed.notify_all();
-        let result = match &next {
-            Some((segment_start, offset, bytes)) => mirror
-                .apply(Chunk {
-                    segment_start: *segment_start,
-                    offset: *offset,
-                    bytes,
-                })
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            None => Ok(()),
-        };
-        // Caught up (or closing): sync, and say so.
-        let caught_up = lock(&pipe.state).chunks.is_empty();
-        let result = result.and_then(|()| {
-            if caught_up {
-                mirror.sync().map(drop).map_err(|e| e.to_string())
-            } else {
-                Ok(())
-            }
-        });
-        match result {
-            Ok(()) => {
-                if caught_up {
-                    lock(&pipe.state).durable = mirror.durable_lsn();
-                    let _ = pipe.ack(pipe.term);
+        // Nothing new: the stream went quiet with bytes unsynced (or a sync was asked for).
+        let quiet = held.is_empty();
+        let durable_before = mirror.durable_lsn();
+        let result = contiguous_runs(held)
+            .into_iter()
+            .try_for_each(|(segment_start, offset, bytes)| {
+                unsynced += bytes.len();
+                mirror
+                    .apply(Chunk {
+                        segment_start,
+                        offset,
+                        bytes: &bytes,
+                    })
+                    .map(drop)
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                if quiet || was_idle || closed || sync_asked || unsynced >= SYNC_BYTES {
+                    unsynced = 0;
+                    mirror.sync().map(drop).map_err(|e| e.to_string())
+                } else {
+                    Ok(())
                 }
-            }
-            Err(why) => {
-                tracing::error!(
-                    log,
-                    why,
-                    "standby: writing the mirror failed; it is stopped"
-                );
-                lock(&pipe.state).failed = Some(why);
-                pipe.changed.notify_all();
-                return;
-            }
+            });
+        if let Err(why) = result {
+            tracing::error!(
+                log,
+                why,
+                "standby: writing the mirror failed; it is stopped"
+            );
+            lock(&pipe.state).failed = Some(why);
+            pipe.changed.notify_all();
+            return;
         }
-        if next.is_none() {
+        // A sync here, or one the mirror made before a frame that needed it, moved what is
+        // durable: say so (the primary's status and the standby's followers read it).
+        if mirror.durable_lsn() > durable_before || sync_asked {
+            {
+                let mut state = lock(&pipe.state);
+                state.durable = mirror.durable_lsn();
+                state.sync_asked = false;
+            }
+            pipe.changed.notify_all();
+            let _ = pipe.ack(pipe.term);
+        }
+        if closed {
             return;
         }
     }
 }
 
+/// Chunks in order, those that continue each other (same segment, next offset) joined into one,
+/// so that a burst of small chunks costs one write.
+fn contiguous_runs(
+    chunks: VecDeque<(stela_format::Lsn, u64, Vec<u8>)>,
+) -> Vec<(stela_format::Lsn, u64, Vec<u8>)> {
+    let mut runs: Vec<(stela_format::Lsn, u64, Vec<u8>)> = Vec::new();
+    for (segment_start, offset, bytes) in chunks {
+        match runs.last_mut() {
+            Some((start, at, run))
+                if *start == segment_start && *at + run.len() as u64 == offset =>
+            {
+                run.extend_from_slice(&bytes);
+            }
+            _ => runs.push((segment_start, offset, bytes)),
+        }
+    }
+    runs
+}
+
 #[cfg(test)]
 mod tests {
-    use super::whole_frame_buffered;
+    use super::{contiguous_runs, whole_frame_buffered};
+    use stela_format::Lsn;
+
+    #[test]
+    fn chunks_that_continue_each_other_are_written_as_one() {
+        let chunk = |segment: u64, offset: u64, len: usize| {
+            (Lsn::new(segment), offset, vec![offset as u8; len])
+        };
+        let runs = contiguous_runs(
+            [
+                chunk(1, 0, 40),
+                chunk(1, 40, 10),
+                chunk(1, 50, 5),
+                // A new segment, the same empty segment shipped again, and a gap: each its own.
+                chunk(9, 0, 40),
+                chunk(9, 0, 40),
+                chunk(9, 60, 8),
+                chunk(9, 68, 2),
+            ]
+            .into(),
+        );
+        let shape: Vec<(u64, u64, usize)> = runs
+            .iter()
+            .map(|(segment, offset, bytes)| (segment.get(), *offset, bytes.len()))
+            .collect();
+        assert_eq!(shape, [(1, 0, 55), (9, 0, 40), (9, 0, 40), (9, 60, 10)]);
+        let mut joined = vec![0u8; 40];
+        joined.extend([40; 10]);
+        joined.extend([50; 5]);
+        assert_eq!(runs[0].2, joined, "bytes kept in order");
+    }
     use stela_proto::repl::ReplMessage;
 
     #[test]
