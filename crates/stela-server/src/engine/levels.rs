@@ -185,16 +185,25 @@ impl Engine {
 
     /// The event loop ends its turn: what it appended is shipped (from the loop itself when a
     /// `replicated` commit waits for it, see [`Replication::ship_unsent`]), and acknowledgements
-    /// already arrived for waiting commits are taken ([`Replication::take_acks`]).
+    /// already arrived for waiting commits are taken ([`Replication::take_acks`]); `spinning`:
+    /// the loop turns again without sleeping, so it takes the reading over.
     ///
     /// `true`: commits still wait for the standby's acknowledgement.
-    pub fn end_turn(&self) -> bool {
+    pub fn end_turn(&self, spinning: bool) -> bool {
         match &self.ha.replication {
             Some(replication) => {
                 replication.ship_unsent(&self.pool);
-                replication.take_acks()
+                replication.take_acks(spinning)
             }
             None => false,
+        }
+    }
+
+    /// The event loop is about to sleep: the standby's acknowledgements are read by their own
+    /// threads until it turns again.
+    pub fn loop_sleeps(&self) {
+        if let Some(replication) = &self.ha.replication {
+            replication.loop_sleeps();
         }
     }
 

@@ -323,6 +323,7 @@ impl EventLoop {
                     Some(Some(Duration::ZERO))
                 }
             } else if self.prepare_sleep() {
+                self.engine.loop_sleeps();
                 sleeping = true;
                 Some(Some(SWEEP_EVERY))
             } else {
@@ -377,7 +378,7 @@ impl EventLoop {
             }
             active |= self.run_ready();
             // Appends of this turn go to the standby now, one send for all of them.
-            standby_owed = self.engine.end_turn();
+            standby_owed = self.engine.end_turn(spinning);
             if active {
                 let now = Instant::now();
                 if (idle_turn || sleeping) && speculative {

@@ -35,7 +35,7 @@ mod ship;
 #[cfg(not(stela_loom))]
 pub mod standby;
 
-use acks::{fence, read_acks, read_acks_polled, release, AckInbox};
+use acks::{fence, read_acks, read_acks_polled, release, AckInbox, AckReading};
 use protection::{Protection, Registered};
 use ship::{header_for, ship_inline, ship_next, Live, Source, Step};
 
@@ -122,6 +122,10 @@ struct Link {
     /// The standby's acknowledgements on a plain TCP stream, read by whichever comes first: the
     /// event loop while `replicated` commits wait, or the acknowledgement thread.
     acks: Mutex<Option<AckInbox>>,
+    /// The event loop reads this link's acknowledgements every turn (commits wait and it is not
+    /// sleeping): the acknowledgement thread stays parked meanwhile rather than being woken by
+    /// each one only to find the loop took it (see [`AckReading`]).
+    acks_reading: AckReading,
 }
 
 #[derive(Default)]
@@ -268,6 +272,7 @@ impl Replication {
             live: Mutex::new(None),
             segments: Arc::clone(&log.segments),
             acks: Mutex::new(None),
+            acks_reading: AckReading::default(),
         });
         links.insert(log.id, Arc::clone(&link));
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
@@ -515,11 +520,21 @@ impl Replication {
     /// The event loop's turn is over and `replicated` commits wait: reads whatever the standby
     /// has acknowledged, without blocking, and releases those waiters here rather than after
     /// the acknowledgement thread is woken and scheduled (the loop publishes those it released
-    /// on its next turn). `true`: commits still wait for the standby, so the loop keeps polling.
-    pub fn take_acks(&self) -> bool {
+    /// on its next turn). While the loop spins it takes the reading over from the
+    /// acknowledgement thread, which stays parked until the loop hands it back
+    /// ([`acks::AckReading`]). `true`: commits still wait for the standby, so the loop keeps
+    /// polling.
+    pub fn take_acks(&self, loop_spins: bool) -> bool {
         let mut still_waiting = false;
         // No lock is taken under a link's `acks` that is held here (`links`).
         for link in lock(&self.links).values() {
+            // Kept between commits while the loop spins, so that a lone committer does not
+            // wake the thread after every acknowledgement.
+            if loop_spins {
+                link.acks_reading.take_over();
+            } else {
+                link.acks_reading.hand_back();
+            }
             if link.protection.waiting() == 0 {
                 continue;
             }
@@ -533,11 +548,22 @@ impl Replication {
             };
             if let Some(inbox) = guard.as_mut().filter(|inbox| !inbox.ended) {
                 inbox.take(link, &self.node, &*self.released);
+                if inbox.ended {
+                    // The thread ends the session: let it see that now.
+                    link.acks_reading.hand_back();
+                }
             }
             drop(guard);
             still_waiting |= link.protection.waiting() > 0;
         }
         still_waiting
+    }
+
+    /// The event loop is about to sleep: the acknowledgement threads read again.
+    pub fn loop_sleeps(&self) {
+        for link in lock(&self.links).values() {
+            link.acks_reading.hand_back();
+        }
     }
 
     /// Where each log's standby stands, for `stela status`; `end` gives a log's newest LSN and
