@@ -679,7 +679,7 @@ pub fn power_restore(target: TargetArgs, out: &mut dyn Write) -> anyhow::Result<
 fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{} (pid {}), dir {}, up {:.1} s, {} thread(s), event loop {}",
+        "{} (pid {}), dir {}, up {:.1} s, {} thread(s), event loop {}, {}",
         report.server,
         report.pid,
         report.dir,
@@ -689,6 +689,11 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             "realtime (SCHED_FIFO 1)"
         } else {
             "normal scheduling"
+        },
+        if report.loop_spins {
+            "spinning after work"
+        } else {
+            "sleeping after work"
         }
     )?;
     writeln!(
@@ -860,7 +865,7 @@ fn status_json(report: &StatusReport) -> serde_json::Value {
         "connections": report.connections, "max_connections": report.max_connections,
         "file_limit": report.file_limit, "rings": report.rings,
         "refused_connections": report.refused_connections, "threads": report.threads,
-        "realtime_loop": report.realtime_loop,
+        "realtime_loop": report.realtime_loop, "loop_spins": report.loop_spins,
         "partial_frame_bytes": report.partial_frame_bytes, "partial_frame_cap": report.partial_frame_cap,
         "power": report.power,
         "buffers": report.buffers, "buffer_bytes": report.buffer_bytes, "free_buffers": report.free_buffers,

@@ -226,3 +226,65 @@ fn the_event_loop_gives_up_realtime_while_commits_wait_for_the_disk() {
     });
     server.shutdown().unwrap();
 }
+
+/// The event loop spins after a turn with work only while that has paid lately (`--spin-us`,
+/// `stela_server::net::spin`): `stela status` shows which, and follows it both ways.
+#[test]
+fn stela_status_shows_whether_the_event_loop_spins_after_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let spins = || server.status().loop_spins;
+    let until = |wanted: bool, what: &str, work: &dyn Fn()| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while spins() != wanted {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            work();
+        }
+    };
+    let busy: Vec<Wal<Entry>> = (0..4)
+        .map(|i| {
+            Wal::open(
+                server.socket_path(),
+                &format!("busy-{i}"),
+                WalOptions::default(),
+            )
+        })
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // Four committers back to back: every gap is short, spinning pays.
+    let back_to_back = |what: &str| {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for wal in &busy {
+                let stop = &stop;
+                scope.spawn(move || {
+                    for i in 0.. {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                        wal.append(&entry(i)).unwrap();
+                    }
+                });
+            }
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                until(true, what, &|| std::thread::sleep(Duration::from_millis(5)))
+            }));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Err(panic) = caught {
+                std::panic::resume_unwind(panic);
+            }
+        });
+    };
+    back_to_back("back-to-back requests did not make the loop spin");
+    // A request every 5 ms: the loop spun up to 50 us after each and caught none.
+    let spaced: Wal<Entry> =
+        Wal::open(server.socket_path(), "spaced", WalOptions::default()).unwrap();
+    let next = std::cell::Cell::new(0);
+    until(false, "requests 5 ms apart never stopped the spin", &|| {
+        next.set(next.get() + 1);
+        spaced.append(&entry(next.get())).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    });
+    back_to_back("back-to-back requests never brought the spin back");
+    server.shutdown().unwrap();
+}

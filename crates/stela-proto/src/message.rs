@@ -360,6 +360,11 @@ pub struct StatusReport {
     /// The hot standby, if this daemon ships to one or is one.
     #[serde(default)]
     pub replication: Option<ReplicationStatus>,
+    /// Whether the event loop spins after a turn with work, nothing being owed (`--spin-us`;
+    /// it stops while spinning has not paid lately, `docs/DAEMON.md`). False from a daemon that
+    /// does not say.
+    #[serde(default)]
+    pub loop_spins: bool,
 }
 
 /// A daemon's part in log shipping.

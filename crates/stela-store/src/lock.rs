@@ -36,12 +36,9 @@ impl KeyLock {
         })
     }
 
-    /// The mode `txn` holds the key in, if any.
-    fn mode_of(&self, txn: TxnId) -> Option<LockMode> {
-        self.holders
-            .iter()
-            .find(|&&(holder, _)| holder == txn)
-            .map(|&(_, mode)| mode)
+    /// Whether `txn` holds the key, in either mode.
+    fn held_by(&self, txn: TxnId) -> bool {
+        self.holders.iter().any(|&(holder, _)| holder == txn)
     }
 
     /// Records that `txn` holds the key in `mode`, or in the mode it held if that is stronger
@@ -192,10 +189,7 @@ impl LockManager {
     /// Whether `txn` holds `key` in some mode.
     pub fn holds(&self, txn: TxnId, key: &[u8]) -> bool {
         let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        table
-            .keys
-            .get(key)
-            .is_some_and(|lock| lock.mode_of(txn).is_some())
+        table.keys.get(key).is_some_and(|lock| lock.held_by(txn))
     }
 
     /// Releases every lock of `txn` (its end) and wakes the waiters.

@@ -25,6 +25,7 @@ pub struct NetStats {
     pub partial_frame_bytes: u64,
     pub partial_frame_cap: u64,
     pub realtime_loop: bool,
+    pub loop_spins: bool,
 }
 
 /// How opens are kept apart, and which logs a primary holds open for shipping.
@@ -595,6 +596,7 @@ impl Engine {
             partial_frame_bytes: net.partial_frame_bytes,
             partial_frame_cap: net.partial_frame_cap,
             realtime_loop: net.realtime_loop,
+            loop_spins: net.loop_spins,
             threads: thread_count(),
             appends_waited: stats.appends_waited,
             bytes_written: stats.bytes_written,

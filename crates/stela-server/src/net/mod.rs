@@ -86,6 +86,9 @@ pub struct NetCounters {
     pub idle_timeout_ms: AtomicU64,
     /// The event loop got realtime scheduling.
     pub realtime: AtomicBool,
+    /// The event loop spins after a turn with work, nothing being owed (its spin policy finds
+    /// that it pays lately; [`spin::SpinPolicy`]).
+    pub spins_after_work: AtomicBool,
     pub file_limit: AtomicU64,
     pub partial_cap: AtomicU64,
 }
@@ -110,6 +113,7 @@ impl NetCounters {
             partial_frame_bytes: self.partial_bytes.load(Ordering::Relaxed),
             partial_frame_cap: self.partial_cap.load(Ordering::Relaxed),
             realtime_loop: self.realtime.load(Ordering::Relaxed),
+            loop_spins: self.spins_after_work.load(Ordering::Relaxed),
         }
     }
 }
@@ -295,6 +299,9 @@ impl EventLoop {
         let mut last_socket_poll = Instant::now();
         let mut last_sweep = Instant::now();
         let mut spin = spin::SpinPolicy::new(self.spin);
+        self.counters
+            .spins_after_work
+            .store(!spin.budget().is_zero(), Ordering::Relaxed);
         // Commits wait for a standby's acknowledgement (as of the end of the last turn).
         let mut standby_owed = false;
         // Since the last work: whether a turn found none, and whether nothing was owed when
@@ -308,7 +315,7 @@ impl EventLoop {
             // as the flusher settles it); otherwise it spins only while that has paid lately.
             let quiet = now.duration_since(last_activity);
             let realtime = priority.realtime();
-            let owed = standby_owed || self.disk_waits > 0;
+            let owed = self.answers_owed(standby_owed);
             let spinning = !self.spin.is_zero()
                 && (quiet < spin.budget()
                     || (owed && quiet < self.spin)
@@ -383,10 +390,13 @@ impl EventLoop {
                 let now = Instant::now();
                 if (idle_turn || sleeping) && speculative {
                     spin.gap(now.duration_since(last_activity), sleeping);
+                    self.counters
+                        .spins_after_work
+                        .store(!spin.budget().is_zero(), Ordering::Relaxed);
                 }
                 last_activity = now;
                 idle_turn = false;
-                speculative = !standby_owed && self.disk_waits == 0;
+                speculative = !self.answers_owed(standby_owed);
             } else {
                 idle_turn = true;
             }
@@ -399,6 +409,12 @@ impl EventLoop {
         // The jobs closing connections' logs finish before the daemon reports itself stopped,
         // so every log's files (and directory lock) are released by then.
         self.workers.stop();
+    }
+
+    /// Whether answers are owed to commits that wait: for the standby's acknowledgement
+    /// (`standby_owed`, as the last turn ended) or for the disk.
+    fn answers_owed(&self, standby_owed: bool) -> bool {
+        standby_owed || self.disk_waits > 0
     }
 
     /// Before sleeping: every ring's client must ring the doorbell from now on, and nothing
