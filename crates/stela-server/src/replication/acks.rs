@@ -20,6 +20,8 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use stela_proto::repl::ReplMessage;
+use stela_proto::{frame, MAX_FRAME_BYTES};
 
 /// Longest the acknowledgement thread stays parked while the loop reads, should a hand-back be
 /// missed.
@@ -55,8 +57,6 @@ impl AckReading {
         }
     }
 }
-use stela_proto::repl::ReplMessage;
-use stela_proto::{frame, MAX_FRAME_BYTES};
 
 /// The receiving end of a plain TCP stream: bytes read but not yet a whole message. Whoever
 /// holds the link's `acks` lock reads, so a message is never split between two readers.

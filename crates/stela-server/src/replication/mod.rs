@@ -122,9 +122,9 @@ struct Link {
     /// The standby's acknowledgements on a plain TCP stream, read by whichever comes first: the
     /// event loop while `replicated` commits wait, or the acknowledgement thread.
     acks: Mutex<Option<AckInbox>>,
-    /// The event loop reads this link's acknowledgements every turn (commits wait and it is not
-    /// sleeping): the acknowledgement thread stays parked meanwhile rather than being woken by
-    /// each one only to find the loop took it (see [`AckReading`]).
+    /// Whether the event loop has taken the reading of this link's acknowledgements over (it
+    /// spins): the acknowledgement thread then stays parked rather than being woken by each one
+    /// only to find the loop took it (see [`AckReading`]).
     acks_reading: AckReading,
 }
 
