@@ -853,14 +853,19 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
             return;
         }
         // A sync here, or one the mirror made before a frame that needed it, moved what is
-        // durable: say so (the primary's status and the standby's followers read it).
-        if mirror.durable_lsn() > durable_before || sync_asked {
+        // durable: say so (the primary's status and the standby's followers read it). A sync
+        // asked for by a `Fetch` moves nothing (that session receives no chunk) and is not
+        // acknowledged: the primary reading the records back takes only chunks.
+        let moved = mirror.durable_lsn() > durable_before;
+        if moved || sync_asked {
             {
                 let mut state = lock(&pipe.state);
                 state.durable = mirror.durable_lsn();
                 state.sync_asked = false;
             }
             pipe.changed.notify_all();
+        }
+        if moved {
             let _ = pipe.ack(pipe.term);
         }
         if closed {
