@@ -156,6 +156,48 @@ fn records_survive_a_restart_of_the_daemon() {
     assert_eq!(all, (0..=500).map(entry).collect::<Vec<_>>());
 }
 
+/// Does `work` until `shown` of the daemon's status is `wanted`; fails saying `what` after 20 s.
+fn until_status(
+    server: &Server,
+    shown: impl Fn(&stela_proto::StatusReport) -> bool,
+    wanted: bool,
+    what: &str,
+    work: &dyn Fn(),
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while shown(&server.status()) != wanted {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        work();
+    }
+}
+
+/// Runs `commit` back to back on each of `wals`, each on its own thread, while `check` runs;
+/// the committers stop however `check` ends (it may panic).
+fn while_committing(wals: &[Wal<Entry>], commit: fn(&Wal<Entry>, u32), check: impl FnOnce()) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|scope| {
+        let _stop = Stop(&stop);
+        for wal in wals {
+            let stop = &stop;
+            scope.spawn(move || {
+                for i in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    commit(wal, i);
+                }
+            });
+        }
+        check();
+    });
+}
+
 /// The event loop runs realtime while commits wait for it alone and gives the CPU back to the
 /// committers while several of them wait for the disk (`stela_server::sched`, docs/DAEMON.md):
 /// `stela status` follows it both ways. Needs realtime scheduling to be permitted (root or
@@ -164,19 +206,10 @@ fn records_survive_a_restart_of_the_daemon() {
 fn the_event_loop_gives_up_realtime_while_commits_wait_for_the_disk() {
     let dir = tempfile::tempdir().unwrap();
     let server = server(dir.path());
-    let realtime = || server.status().realtime_loop;
-    let wait_for = |wanted: bool, what: &str, work: &dyn Fn()| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while realtime() != wanted {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the event loop's scheduling did not become {} {what}",
-                if wanted { "realtime" } else { "normal" }
-            );
-            work();
-        }
-    };
-    wait_for(
+    let realtime = |status: &stela_proto::StatusReport| status.realtime_loop;
+    until_status(
+        &server,
+        realtime,
         true,
         "at start: realtime scheduling is not permitted here (run as root or with CAP_SYS_NICE)",
         &|| std::thread::sleep(Duration::from_millis(10)),
@@ -188,42 +221,38 @@ fn the_event_loop_gives_up_realtime_while_commits_wait_for_the_disk() {
             Wal::open(server.socket_path(), &format!("disk-{i}"), options).unwrap()
         })
         .collect();
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    // Set however the scope ends (the check below may panic): the committers then stop.
-    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-    std::thread::scope(|scope| {
-        let _stop = Stop(&stop);
-        for wal in &disk {
-            let stop = &stop;
-            scope.spawn(move || {
-                for i in 0.. {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    wal.append_durable(&entry(i)).unwrap();
-                }
-            });
-        }
-        wait_for(false, "under disk commits", &|| {
-            std::thread::sleep(Duration::from_millis(5))
-        });
-    });
+    while_committing(
+        &disk,
+        |wal, i| {
+            wal.append_durable(&entry(i)).unwrap();
+        },
+        || {
+            until_status(
+                &server,
+                realtime,
+                false,
+                "the event loop's scheduling did not become normal under disk commits",
+                &|| std::thread::sleep(Duration::from_millis(5)),
+            )
+        },
+    );
 
     let buffered: Wal<Entry> =
         Wal::open(server.socket_path(), "buffered", WalOptions::default()).unwrap();
     assert_eq!(buffered.transport(), "shm");
     let next = std::cell::Cell::new(0);
-    wait_for(true, "under buffered commits", &|| {
-        for _ in 0..1000 {
-            next.set(next.get() + 1);
-            buffered.append(&entry(next.get())).unwrap();
-        }
-    });
+    until_status(
+        &server,
+        realtime,
+        true,
+        "the event loop's scheduling did not become realtime under buffered commits",
+        &|| {
+            for _ in 0..1000 {
+                next.set(next.get() + 1);
+                buffered.append(&entry(next.get())).unwrap();
+            }
+        },
+    );
     server.shutdown().unwrap();
 }
 
@@ -233,14 +262,7 @@ fn the_event_loop_gives_up_realtime_while_commits_wait_for_the_disk() {
 fn stela_status_shows_whether_the_event_loop_spins_after_work() {
     let dir = tempfile::tempdir().unwrap();
     let server = server(dir.path());
-    let spins = || server.status().loop_spins;
-    let until = |wanted: bool, what: &str, work: &dyn Fn()| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while spins() != wanted {
-            assert!(std::time::Instant::now() < deadline, "{what}");
-            work();
-        }
-    };
+    let spins = |status: &stela_proto::StatusReport| status.loop_spins;
     let busy: Vec<Wal<Entry>> = (0..4)
         .map(|i| {
             Wal::open(
@@ -253,38 +275,34 @@ fn stela_status_shows_whether_the_event_loop_spins_after_work() {
         .unwrap();
     // Four committers back to back: every gap is short, spinning pays.
     let back_to_back = |what: &str| {
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            for wal in &busy {
-                let stop = &stop;
-                scope.spawn(move || {
-                    for i in 0.. {
-                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                            break;
-                        }
-                        wal.append(&entry(i)).unwrap();
-                    }
-                });
-            }
-            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                until(true, what, &|| std::thread::sleep(Duration::from_millis(5)))
-            }));
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            if let Err(panic) = caught {
-                std::panic::resume_unwind(panic);
-            }
-        });
+        while_committing(
+            &busy,
+            |wal, i| {
+                wal.append(&entry(i)).unwrap();
+            },
+            || {
+                until_status(&server, spins, true, what, &|| {
+                    std::thread::sleep(Duration::from_millis(5))
+                })
+            },
+        )
     };
     back_to_back("back-to-back requests did not make the loop spin");
     // A request every 5 ms: the loop spun up to 50 us after each and caught none.
     let spaced: Wal<Entry> =
         Wal::open(server.socket_path(), "spaced", WalOptions::default()).unwrap();
     let next = std::cell::Cell::new(0);
-    until(false, "requests 5 ms apart never stopped the spin", &|| {
-        next.set(next.get() + 1);
-        spaced.append(&entry(next.get())).unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-    });
+    until_status(
+        &server,
+        spins,
+        false,
+        "requests 5 ms apart never stopped the spin",
+        &|| {
+            next.set(next.get() + 1);
+            spaced.append(&entry(next.get())).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        },
+    );
     back_to_back("back-to-back requests never brought the spin back");
     server.shutdown().unwrap();
 }
