@@ -168,6 +168,9 @@ pub(crate) struct MasterSlots {
     newest: Option<(usize, Master)>,
     /// Each slot's file, once opened.
     files: [Option<Box<dyn StorageFile>>; 2],
+    /// Whether the directory was synced since open and since a slot file was last created, so
+    /// both slots' names are durable: a pin syncs the directory only when they may not be.
+    names_synced: bool,
 }
 
 impl MasterSlots {
@@ -189,6 +192,7 @@ impl MasterSlots {
             pinned_synced: newest.is_none(),
             newest,
             files: [None, None],
+            names_synced: false,
         };
         Ok((slots, newest.map(|(_, master)| master)))
     }
@@ -232,10 +236,14 @@ impl MasterSlots {
         Ok(Some(master))
     }
 
-    /// Makes the slot's record durable, and its name (it may be new, or never synced).
+    /// Makes the slot's record durable, and its name if that may not be (it is new, or the
+    /// directory was not synced since open).
     fn sync(&mut self, storage: &dyn Storage, slot: usize) -> Result<()> {
         self.file(storage, slot)?.sync_data()?;
-        storage.sync_dir(&self.dir)?;
+        if !self.names_synced {
+            storage.sync_dir(&self.dir)?;
+            self.names_synced = true;
+        }
         Ok(())
     }
 
@@ -244,6 +252,7 @@ impl MasterSlots {
             let path = self.dir.join(SLOT_FILES[slot]);
             let file = match storage.open(&path, OpenMode::ReadWrite) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.names_synced = false;
                     storage.open(&path, OpenMode::CreateNew)?
                 }
                 opened => opened?,
