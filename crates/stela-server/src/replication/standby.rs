@@ -10,10 +10,11 @@
 //!   continues the copy: offsets, CRCs, LSNs) and held in the standby's memory, from where a
 //!   writer thread writes it behind (RapiLog's buffers, on the standby: a sync never holds up the
 //!   next chunk); `durable_lsn` only after an fdatasync covered it. The writer writes what is
-//!   held in one go and syncs every `SYNC_BYTES` (the primary's write threshold), when idle,
-//!   when a `Fetch` needs it and before it stops, so under load the standby syncs about as often
-//!   as the primary rather than once per chunk. At most 64 MiB are held;
-//!   beyond that the standby stops reading and TCP slows the primary.
+//!   held, up to 4 MiB at a time, and syncs every `SYNC_BYTES` (the primary's write
+//!   threshold), when idle, when a `Fetch` needs it and before it stops, so under load the
+//!   standby syncs about as often as the primary rather than once per chunk. At most 64 MiB
+//!   are held, counting what the writer has taken and not yet written; beyond that the
+//!   standby stops reading and TCP slows the primary.
 //! - **One primary per log at a time**: a second stream for a log already being mirrored is
 //!   refused.
 //! - **Bad input stops the stream, not the daemon**: a malformed frame, a chunk that does not
@@ -775,8 +776,8 @@ fn position_message(
     }
 }
 
-/// The writer: takes every chunk held at once, writes those that continue each other as one
-/// write, syncs when `SYNC_BYTES` are written unsynced, after a burst that woke it from idle,
+/// The writer: takes the chunks held (up to `WRITE_BATCH` at a time), writes those that
+/// continue each other as one write, syncs when `SYNC_BYTES` are written unsynced, after a burst that woke it from idle,
 /// when nothing more came for a whole `WRITE_EVERY`, when asked (a `Fetch`) and before it stops,
 /// and says what is durable. A failure stops it and the stream.
 fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
@@ -784,7 +785,7 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
     loop {
         // Woken from idle: a lone burst, synced at once (under load the writer never idles).
         let mut was_idle = false;
-        let (held, closed, sync_asked) = {
+        let (held, held_bytes, closed, sync_asked) = {
             let mut state = lock(&pipe.state);
             let mut waited_empty = false;
             loop {
@@ -809,15 +810,27 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
                     waited_empty = state.chunks.is_empty();
                 }
             }
-            state.bytes = 0;
+            // At most `WRITE_BATCH` at a time (and at least a chunk): what is taken stays counted
+            // in `bytes` until it is written, so no more than `HELD_BYTES` are ever held, in the
+            // queue and in this thread together.
+            let mut held = VecDeque::new();
+            let mut held_bytes = 0;
+            while held_bytes < WRITE_BATCH {
+                let Some(chunk) = state.chunks.pop_front() else {
+                    break;
+                };
+                held_bytes += chunk.2.len();
+                held.push_back(chunk);
+            }
+            // Closing, and a `Fetch`'s sync, are acted on once nothing more is held.
+            let rest_held = !state.chunks.is_empty();
             (
-                std::mem::take(&mut state.chunks),
-                state.closed,
-                state.sync_asked,
+                held,
+                held_bytes,
+                state.closed && !rest_held,
+                state.sync_asked && !rest_held,
             )
         };
-        // The receiver may be waiting for room.
-        pipe.changed.notify_all();
         // Nothing new: the stream went quiet with bytes unsynced (or a sync was asked for).
         let quiet = held.is_empty();
         let durable_before = mirror.durable_lsn();
@@ -857,14 +870,16 @@ fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
         // asked for by a `Fetch` moves nothing (that session receives no chunk) and is not
         // acknowledged: the primary reading the records back takes only chunks.
         let moved = mirror.durable_lsn() > durable_before;
-        if moved || sync_asked {
-            {
-                let mut state = lock(&pipe.state);
+        {
+            let mut state = lock(&pipe.state);
+            state.bytes -= held_bytes;
+            if moved || sync_asked {
                 state.durable = mirror.durable_lsn();
                 state.sync_asked = false;
             }
-            pipe.changed.notify_all();
         }
+        // The receiver may be waiting for room, a `Fetch` for the sync.
+        pipe.changed.notify_all();
         if moved {
             let _ = pipe.ack(pipe.term);
         }
