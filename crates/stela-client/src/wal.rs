@@ -312,8 +312,13 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         })
     }
 
-    /// Opens the log on the primary: the address itself, or the first endpoint of a list
-    /// (from `preferred` on) that opens it; a standby answers `NotPrimary` and is passed over.
+    /// Opens the log on the primary: the address itself, or, for an endpoint list, the
+    /// endpoint that opens it. Every endpoint is asked at once, each on its own thread, so a
+    /// node that is stopped or cut off (its connection or answer waits out `ENDPOINT_WITHIN`)
+    /// delays nothing when another is the primary; a standby answers `NotPrimary` and is
+    /// passed over. The first endpoint to open the log wins, unless another has opened it by
+    /// then too: the one of the newer epoch, then the one nearest `preferred` in list order.
+    /// The threads that lose close what they opened and end within `ENDPOINT_WITHIN`.
     fn find_primary(
         address: &Address,
         preferred: usize,
@@ -325,25 +330,70 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         let Address::Cluster(endpoints) = address else {
             return Self::connect_session_within(address, name, type_tag, options, schema, None);
         };
-        let mut tried = Vec::new();
-        for i in 0..endpoints.len() {
-            let at = (preferred + i) % endpoints.len();
-            match Self::connect_session_within(
-                &endpoints[at],
-                name,
-                type_tag,
-                options,
-                schema,
-                Some(ENDPOINT_WITHIN),
-            ) {
-                Ok((mut session, positions, max)) => {
-                    session.endpoint = at;
-                    return Ok((session, positions, max));
-                }
-                Err(error) => tried.push((endpoints[at].to_string(), error.to_string())),
+        let (answers, answered) = std::sync::mpsc::channel();
+        for (at, endpoint) in endpoints.iter().enumerate() {
+            let (endpoint, name, type_tag) =
+                (endpoint.clone(), name.to_owned(), type_tag.to_owned());
+            let (options, schema) = (options.clone(), schema.map(str::to_owned));
+            let to_caller = answers.clone();
+            let spawned = std::thread::Builder::new()
+                .name("stela-client-find".into())
+                .spawn(move || {
+                    let opened = Self::connect_session_within(
+                        &endpoint,
+                        &name,
+                        &type_tag,
+                        &options,
+                        schema.as_deref(),
+                        Some(ENDPOINT_WITHIN),
+                    );
+                    // The caller may have taken another endpoint and gone: then this one's
+                    // session is dropped here, which closes it.
+                    let _ = to_caller.send((at, opened));
+                });
+            if let Err(error) = spawned {
+                let _ = answers.send((at, Err(Error::Io(error))));
             }
         }
-        Err(Error::NoPrimary { tried })
+        drop(answers);
+        let rank = |at: usize, session: &Session| {
+            let nearness = (at + endpoints.len() - preferred % endpoints.len()) % endpoints.len();
+            (session.term >> 32, std::cmp::Reverse(nearness))
+        };
+        let mut tried = Vec::new();
+        let mut best: Option<(usize, (Session, Positions, usize))> = None;
+        // Blocks until the first endpoint opens the log (or all have failed), then takes only
+        // the answers already in.
+        let mut next = answered.recv().ok();
+        while let Some((at, opened)) = next {
+            match opened {
+                Ok(opened) => {
+                    let better = best
+                        .as_ref()
+                        .is_none_or(|(was, kept)| rank(at, &opened.0) > rank(*was, &kept.0));
+                    if better {
+                        best = Some((at, opened));
+                    }
+                }
+                Err(error) => tried.push((at, endpoints[at].to_string(), error.to_string())),
+            }
+            next = if best.is_some() {
+                answered.try_recv().ok()
+            } else {
+                answered.recv().ok()
+            };
+        }
+        match best {
+            Some((at, (mut session, positions, max))) => {
+                session.endpoint = at;
+                Ok((session, positions, max))
+            }
+            None => {
+                tried.sort_by_key(|(at, _, _)| *at);
+                let tried = tried.into_iter().map(|(_, a, why)| (a, why)).collect();
+                Err(Error::NoPrimary { tried })
+            }
+        }
     }
 
     /// Connects, opens the log and maps the ring as `options` ask; with `within`, each step

@@ -136,6 +136,58 @@ fn replicated_is_refused_at_open_until_a_standby_exists() {
     by_text.append_durable(&1).unwrap();
 }
 
+/// An endpoint list whose first node is hung (it accepts connections and never answers, as a
+/// stopped or cut-off daemon does) opens on the second without waiting out the first: the
+/// endpoints are asked at once. Asked one after another, the open would return only after
+/// giving up on the hung node, which closes its connection first; here that connection is
+/// still open when the open returns.
+#[test]
+fn an_endpoint_list_opens_on_the_live_node_without_waiting_for_a_hung_one() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = DaemonConfig::new(dir.path());
+    config.assume_write_rate = Some(500 << 20);
+    config.tcp = Some("127.0.0.1:0".parse().unwrap());
+    config.tcp_insecure = true;
+    let server = Server::start(config).expect("daemon starts");
+    let live = server.tcp_addr().expect("listens on TCP");
+    // Never accepted while the open runs: the kernel completes the connection and queues the
+    // client's hello, and nothing ever answers.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoints = format!("tcp://{},tcp://{live}", hung.local_addr().unwrap());
+
+    let wal: Wal<u32> = Wal::open(endpoints.as_str(), "listed", WalOptions::default()).unwrap();
+    let (mut to_hung, _) = hung.accept().unwrap();
+    to_hung.set_nonblocking(true).unwrap();
+    let mut hello = [0u8; 4096];
+    let closed = loop {
+        match to_hung.read(&mut hello) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(e) => panic!("reading the hung node's connection: {e}"),
+        }
+    };
+    assert!(
+        !closed,
+        "the open gave up on the hung node before it opened the log on the live one"
+    );
+    let lsn = wal.append(&7).unwrap();
+    wal.commit_at(lsn, Durability::Disk).unwrap();
+
+    // With no node answering at all, the error names each endpoint with its reason.
+    drop(server);
+    let error = Wal::<u32>::open(endpoints.as_str(), "listed", WalOptions::default()).unwrap_err();
+    let text = error.to_string();
+    assert!(text.starts_with("no endpoint is the primary"), "{text}");
+    assert!(
+        text.contains(&hung.local_addr().unwrap().to_string()),
+        "{text}"
+    );
+    assert!(text.contains(&live.to_string()), "{text}");
+}
+
 #[test]
 fn records_survive_a_restart_of_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
