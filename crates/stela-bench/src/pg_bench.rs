@@ -387,6 +387,10 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
     }
     let bin = pg_bin(args)?;
     let stela = sibling("stela")?;
+    // SIGINT or SIGTERM ends the run at the next pgbench run (at most --duration away), and the
+    // guards below stop PostgreSQL, unmount and stop the daemons on the way out; the signals'
+    // default action would leave them all running.
+    crate::netns::stop_on_signals()?;
     let temp = tempfile::tempdir()?;
     let base = args.dir.clone().unwrap_or_else(|| temp.path().to_owned());
     std::fs::create_dir_all(&base)?;
@@ -500,6 +504,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
             .1
     };
     for (name, cluster) in &clusters {
+        crate::netns::check_interrupted()?;
         eprintln!(
             "stela-bench pgbench: pgbench -i -s {} on {name}",
             args.scale
@@ -519,6 +524,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
     for &clients in &args.clients {
         for repeat in 0..args.repeats {
             for mode in &args.modes {
+                crate::netns::check_interrupted()?;
                 let env: Vec<(&str, &str)> = if mode == "native-async" {
                     vec![("PGOPTIONS", "-c synchronous_commit=off")]
                 } else {

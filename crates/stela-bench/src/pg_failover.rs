@@ -414,6 +414,9 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse is missing: the data directory's mount cannot be made");
     }
+    // SIGINT or SIGTERM ends the run before its next fault; the nodes' guards then stop
+    // PostgreSQL, unmount and stop the daemons and the witness.
+    crate::netns::stop_on_signals()?;
     let stela = match &args.stela {
         Some(path) => path.clone(),
         None => sibling("stela")?,
@@ -578,6 +581,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     }
     let result = (|| -> anyhow::Result<()> {
         for fault in 1..=args.faults {
+            crate::netns::check_interrupted()?;
             let standby = 1 - primary;
             // The primary must be protected (its standby caught up) before it is killed:
             // otherwise a `replicated` commit waits and nothing is acknowledged unprotected.
