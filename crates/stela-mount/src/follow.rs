@@ -16,9 +16,11 @@
 //!   only after the cut), or once the daemon is itself the primary (its log is then the
 //!   history). It also fdatasyncs the segment files it read before applying from them.
 //! - **Never ahead of the log, never behind its start.** The follower applies records in log
-//!   order from its snapshot's LSN; a standby's copy is never truncated by the primary (the
-//!   mount's truncation is not shipped), so every record after the snapshot is there. A log
-//!   that no longer reaches back to the snapshot, or ends below it, is an error, never a gap.
+//!   order from its snapshot's LSN. The standby daemon follows the primary's truncation of its
+//!   copy, but never past a follower's hold (`stela_wal::holds`): the follower holds the record
+//!   after its snapshot before it reads anything, and moves the hold up after each checkpoint,
+//!   so every record after the snapshot is there. A log that no longer reaches back to the
+//!   snapshot, or ends below it, is an error, never a gap.
 //! - **One writer of the backing directory.** The follower must stop (SIGTERM: it applies what
 //!   is readable, checkpoints and exits) before the node mounts the same backing directory.
 
@@ -38,6 +40,8 @@ pub struct MirroredLog {
     name: String,
     /// The standby daemon, asked how far its copy agrees with the primary.
     daemon: Address,
+    /// The follower's backing directory, which names its hold on the copy.
+    holder: PathBuf,
     storage: Arc<dyn Storage>,
     /// Where the last read stopped, so the next one does not re-read its segment.
     point: Option<ReadPoint>,
@@ -46,8 +50,9 @@ pub struct MirroredLog {
 }
 
 impl MirroredLog {
-    /// The log in `dir` (a standby's `DIR/logs/NAME`), of the daemon at `daemon`.
-    pub fn new(dir: &Path, daemon: Address) -> MirroredLog {
+    /// The log in `dir` (a standby's `DIR/logs/NAME`), of the daemon at `daemon`, read for the
+    /// backing directory `holder`.
+    pub fn new(dir: &Path, daemon: Address, holder: &Path) -> MirroredLog {
         MirroredLog {
             dir: dir.to_owned(),
             name: dir
@@ -55,10 +60,29 @@ impl MirroredLog {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
             daemon,
+            holder: holder.to_owned(),
             storage: Arc::new(StdStorage),
             point: None,
             seen: false,
         }
+    }
+
+    /// Holds the copy from the record after `applied` on (see the module's invariants).
+    pub fn hold(&self, applied: u64) -> Result<(), String> {
+        stela_wal::holds::record(
+            self.storage.as_ref(),
+            &self.dir,
+            &self.holder,
+            Lsn::new(applied + 1),
+        )
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "recording the hold on {} for {}: {e}",
+                self.dir.display(),
+                self.holder.display()
+            )
+        })
     }
 }
 
@@ -128,9 +152,10 @@ impl Source for MirroredLog {
             .collect()
     }
 
-    fn checkpointed(&mut self, _applied: u64) -> Result<(), String> {
+    fn checkpointed(&mut self, applied: u64) -> Result<(), String> {
         // The standby's copy is the primary's byte for byte: nothing is logged or truncated
-        // here. (After a promotion the node's mount checkpoints and truncates its own log.)
-        Ok(())
+        // here, only the hold moved up. (After a promotion the node's mount checkpoints and
+        // truncates its own log.)
+        self.hold(applied)
     }
 }

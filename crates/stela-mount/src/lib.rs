@@ -355,10 +355,10 @@ pub fn run_follower(
             dir: backing.to_owned(),
             source,
         })?;
-    let materialiser = Materialiser::new(
-        follow::MirroredLog::new(log_dir, daemon),
-        Arc::new(opened),
-        tree,
-    );
+    let log = follow::MirroredLog::new(log_dir, daemon, backing);
+    // Held before anything is read: from here on the standby never truncates its copy past
+    // what this follower still needs.
+    log.hold(tree.applied).map_err(MountError::Follow)?;
+    let materialiser = Materialiser::new(log, Arc::new(opened), tree);
     materialiser.run(stop, progress).map_err(MountError::Follow)
 }

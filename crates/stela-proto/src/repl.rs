@@ -84,6 +84,12 @@ pub enum ReplMessage {
     /// there on). The standby keeps its records after `after_lsn` in a salvage folder, cuts its
     /// copy there, and answers with a `Position`.
     Cut { term: u64, after_lsn: u64 },
+    /// Primary → standby, while streaming: the primary's copy now begins at `first_lsn` (a
+    /// client truncated the log, or retention removed old segments). The standby removes its
+    /// own whole segments below it, never past what it holds durably nor past the lowest hold
+    /// of a follower reading its copy (`stela_wal::holds`). Sent when a stream starts and after
+    /// each truncation.
+    Truncated { term: u64, first_lsn: u64 },
     /// Either way: the other side's message was refused; the connection closes after it.
     Refuse { term: u64, message: String },
 }
@@ -99,6 +105,7 @@ impl ReplMessage {
             | ReplMessage::Heartbeat { term }
             | ReplMessage::Fetch { term, .. }
             | ReplMessage::Cut { term, .. }
+            | ReplMessage::Truncated { term, .. }
             | ReplMessage::Refuse { term, .. } => *term,
         }
     }
@@ -228,6 +235,10 @@ mod tests {
                 segment_start: 1,
                 offset: 300,
                 next_lsn: 4,
+            },
+            ReplMessage::Truncated {
+                term: 3,
+                first_lsn: 4096,
             },
             ReplMessage::Refuse {
                 term: 4,

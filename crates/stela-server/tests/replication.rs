@@ -519,3 +519,103 @@ fn a_standby_that_accepts_but_never_answers_is_given_up_on_so_degrade_after_work
     primary.shutdown().unwrap();
     drop(silent);
 }
+
+/// The first LSNs of the segment files in `dir`, in order.
+fn segment_starts(dir: &Path) -> Vec<u64> {
+    let mut starts: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            stela_format::segment_name::parse_segment_file_name(&name).map(|lsn| lsn.get())
+        })
+        .collect();
+    starts.sort_unstable();
+    starts
+}
+
+/// Waits up to 10 s for `done`; fails naming `what`.
+fn within_10_s(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "10 s and still not: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A client truncates the log on the primary: the standby's copy drops the same whole segments,
+/// but never one a follower's hold (`stela_wal::holds`) still needs; once the hold moves up (or
+/// goes), the copy catches up with the primary's.
+#[test]
+fn the_standby_follows_the_primarys_truncation_down_to_a_followers_hold() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    let standby = standby(&s_dir, 0);
+    let primary = primary(&p_dir, standby.repl_addr().expect("listening"));
+    let mut client = RawClient::connect(primary.socket_path());
+    let handle = client.open("ledger");
+    let mut last = 0;
+    for seq in 0..600u64 {
+        (_, last) = client
+            .append(handle, Durability::Replicated, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    // On the primary's disk too, so that its files are all there to compare.
+    client
+        .commit(handle, last, Durability::All)
+        .expect("commit at all");
+    let (p_log, s_log) = (log_dir(&p_dir, "ledger"), log_dir(&s_dir, "ledger"));
+    let starts = segment_starts(&p_log);
+    assert!(starts.len() >= 5, "the test spans segments: {starts:?}");
+    within_10_s("the standby's copy has every segment", || {
+        segment_starts(&s_log) == starts
+    });
+    // A follower on the standby still needs the third segment's second record on.
+    let follower = root.path().join("follower");
+    std::fs::create_dir_all(&follower).unwrap();
+    let held = starts[2] + 1;
+    assert!(
+        stela_wal::holds::record(&StdStorage, &s_log, &follower, stela_format::Lsn::new(held))
+            .unwrap()
+    );
+
+    match client.request(RequestBody::Truncate {
+        handle,
+        before: last,
+    }) {
+        Ok(ResponseBody::Truncated { segments }) => assert!(segments >= 4, "{segments}"),
+        other => panic!("truncate: {other:?}"),
+    }
+    let after = segment_starts(&p_log);
+    assert_eq!(
+        after,
+        starts[starts.len() - 1..],
+        "the primary keeps its newest segment"
+    );
+    within_10_s("the standby cuts its copy to the follower's hold", || {
+        segment_starts(&s_log) == starts[2..]
+    });
+    // Still held: another second changes nothing.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(segment_starts(&s_log), starts[2..]);
+
+    // The follower moves on: the copy follows the primary's all the way.
+    assert!(
+        stela_wal::holds::record(&StdStorage, &s_log, &follower, stela_format::Lsn::new(last))
+            .unwrap()
+    );
+    within_10_s("the standby's copy begins where the primary's does", || {
+        segment_starts(&s_log) == after
+    });
+    // What is left is still the primary's, byte for byte.
+    client
+        .commit(handle, last, Durability::Replicated)
+        .expect("replicated commit");
+    drop(client);
+    primary.shutdown().expect("primary stops cleanly");
+    std::thread::sleep(Duration::from_millis(300));
+    standby.shutdown().expect("standby stops cleanly");
+    assert_eq!(segment_files(&p_log), segment_files(&s_log));
+}

@@ -116,9 +116,9 @@ impl LogDevice for DaemonLog {
     }
 
     fn truncate_before(&self, lsn: Lsn) -> Result<usize> {
-        // The daemon releases whole segments below `lsn`. Truncation is not shipped: a
-        // standby's copy keeps them, which is what lets a warm standby's follower (`follow`)
-        // fall behind without losing its way.
+        // The daemon releases whole segments below `lsn`. A standby's copy follows, but never
+        // past a warm follower's hold (`follow`), so a follower may fall behind without
+        // losing its way.
         Ok(self.wal.truncate_before(lsn)?)
     }
 

@@ -31,8 +31,13 @@
 //!   before anything read from them is applied.
 //! - **Never a gap.** Records are applied in log order from `L + 1`; a log that no longer holds
 //!   `L + 1` (truncated past it) is [`Error::Follow`], and so is a read that skips an LSN. The
-//!   primary's truncation is not shipped (a standby keeps the whole log), so this happens only
-//!   to a directory pointed at another log, or a log truncated by hand.
+//!   standby daemon follows the primary's truncation of its copy, but never past a follower's
+//!   hold (`stela_wal::holds`): the follower holds the copy from the master record's begin
+//!   record, or `L + 1` if that is lower, when it opens and after each round, which is all a
+//!   store opened on the directory after a promotion reads (analysis from that begin record,
+//!   redo from `L + 1`, and the undo of transactions that were running, which the primary's
+//!   own truncation kept). So this happens only to a directory pointed at another log, or a
+//!   log truncated by hand.
 //! - **One writer of the directory.** The follower must stop before a store opens the directory
 //!   (after a promotion). It refuses a directory that has a master record or pages but no
 //!   progress file: that is a store's directory, whose images it cannot vouch for.
@@ -165,7 +170,7 @@ impl Follower {
                 )));
             }
         }
-        Ok(Follower {
+        let follower = Follower {
             dir: dir.to_path_buf(),
             log_dir: log_dir.to_path_buf(),
             log_name: log_dir
@@ -180,7 +185,32 @@ impl Follower {
             master: master_slots,
             point: None,
             round_records: ROUND_RECORDS,
-        })
+        };
+        follower.hold()?;
+        Ok(follower)
+    }
+
+    /// Holds the standby's copy from the first record a store opened on this directory would
+    /// read (see the module's invariants).
+    fn hold(&self) -> Result<()> {
+        let first_needed = self
+            .master
+            .newest()
+            .map_or(self.applied.next(), |m| m.begin.min(self.applied.next()));
+        stela_wal::holds::record(
+            self.storage.as_ref(),
+            &self.log_dir,
+            &self.dir,
+            first_needed,
+        )
+        .map_err(|e| {
+            Error::Follow(format!(
+                "recording the hold on {} for {}: {e}",
+                self.log_dir.display(),
+                self.dir.display()
+            ))
+        })?;
+        Ok(())
     }
 
     /// Reads and replays at most `records` records per round (at least one).
@@ -284,6 +314,7 @@ impl Follower {
                 self.master.write(self.storage.as_ref(), master)?;
             }
         }
+        self.hold()?;
         report.replayed = round.replayed;
         report.written = round.written;
         report.applied = to;

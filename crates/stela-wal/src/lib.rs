@@ -38,6 +38,7 @@
 
 pub mod error;
 pub mod files;
+pub mod holds;
 pub mod log;
 pub mod mirror;
 pub mod options;

@@ -783,6 +783,10 @@ impl Replication {
             header,
             unfinished: Vec::new(),
         });
+        // Where the standby last heard this copy begins: told once the stream starts, and again
+        // whenever truncation moves it, so the standby's copy does not keep what this one no
+        // longer has (`ReplMessage::Truncated`).
+        let mut told_first = 0;
         let result = loop {
             if link.stop.load(Ordering::SeqCst) {
                 break Ok(());
@@ -798,6 +802,17 @@ impl Replication {
                 Ok(Step::Shipped) => continue,
                 Ok(Step::Nothing | Step::LeftToShipper) => {}
                 Err(why) => break Err(why),
+            }
+            let first_lsn = link.segments.first_lsn().get();
+            if first_lsn > told_first {
+                let sent = match lock(&link.live).as_mut() {
+                    Some(live) => live.send(&ReplMessage::Truncated { term, first_lsn }),
+                    None => Err("the stream was taken".to_owned()),
+                };
+                if let Err(why) = sent {
+                    break Err(why);
+                }
+                told_first = first_lsn;
             }
             let mut state = lock(&link.state);
             if !state.dirty {

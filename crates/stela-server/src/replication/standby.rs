@@ -433,7 +433,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         &mut checker,
         (&mut terms, &primary_history),
         &pipe,
-        &segments,
+        (shared.storage.as_ref(), &segments),
         &shared.node,
     );
     if let Err(why) = &result {
@@ -582,13 +582,17 @@ fn receive_chunks(
     checker: &mut stela_wal::mirror::Checker,
     (terms, primary_history): (&mut TermStore, &[(u64, u64)]),
     pipe: &Pipe,
-    segments: &stela_wal::SegmentSet,
+    (storage, segments): (&dyn Storage, &stela_wal::SegmentSet),
     node: &crate::cluster::Node,
 ) -> Result<(), String> {
     // The term of chunks held but not yet acknowledged. Acknowledging is deferred only while
     // another whole frame is already buffered, that is, while this thread is behind the
     // primary: one acknowledgement then covers them all, and is sent before any wait for input.
     let mut owed_ack: Option<u64> = None;
+    // Where the primary's copy begins, once it has said, and when this copy was last cut to
+    // it: a follower's hold may move up later, so the cut is retried now and then.
+    let mut primary_first: Option<u64> = None;
+    let mut cut_at = std::time::Instant::now();
     loop {
         let message = match first.take() {
             Some(message) => message,
@@ -626,6 +630,19 @@ fn receive_chunks(
                 terms.current().0
             ));
         }
+        let told = match &message {
+            ReplMessage::Truncated { first_lsn, .. } => {
+                primary_first = Some(*first_lsn);
+                true
+            }
+            _ => false,
+        };
+        if let Some(first_lsn) = primary_first.filter(|&first| {
+            first > segments.first_lsn().get() && (told || cut_at.elapsed() >= RETRY_CUT_EVERY)
+        }) {
+            cut_at = std::time::Instant::now();
+            follow_truncation(storage, segments, first_lsn, lock(&pipe.state).durable);
+        }
         let ReplMessage::Chunk {
             term: chunk_term,
             segment_start,
@@ -635,7 +652,10 @@ fn receive_chunks(
             bytes,
         } = message
         else {
-            if matches!(message, ReplMessage::Heartbeat { .. }) {
+            if matches!(
+                message,
+                ReplMessage::Heartbeat { .. } | ReplMessage::Truncated { .. }
+            ) {
                 continue;
             }
             return Err(format!("unexpected {message:?}"));
@@ -687,6 +707,41 @@ fn receive_chunks(
         }
         if wake_writer {
             pipe.changed.notify_all();
+        }
+    }
+}
+
+/// How often the standby retries cutting its copy to where the primary's begins while a hold
+/// keeps it from getting there.
+const RETRY_CUT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The primary's copy now begins at `first_lsn`: removes this copy's whole segments below it,
+/// but never past `durable` (what this copy holds synced) nor past the lowest hold of a follower
+/// reading the copy (`stela_wal::holds`). A failure to remove is reported and the stream goes
+/// on: the copy keeps more than it must, which loses nothing.
+fn follow_truncation(
+    storage: &dyn Storage,
+    segments: &stela_wal::SegmentSet,
+    first_lsn: u64,
+    durable: u64,
+) {
+    let (held, unreadable) = stela_wal::holds::lowest(storage, segments.dir());
+    for why in &unreadable {
+        tracing::warn!(hold = %why, "standby: a follower's hold cannot be read; the copy keeps everything from LSN 1");
+    }
+    let held = held.map_or(u64::MAX, |lsn| lsn.get());
+    let cut = first_lsn.min(durable.saturating_add(1)).min(held);
+    match segments.truncate_before(stela_format::Lsn::new(cut)) {
+        Ok(0) => {}
+        Ok(removed) => tracing::info!(
+            dir = %segments.dir().display(),
+            removed,
+            before = cut,
+            primary_first = first_lsn,
+            "standby: removed the segments the primary truncated"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "standby: could not remove segments the primary truncated")
         }
     }
 }
