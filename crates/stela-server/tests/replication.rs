@@ -38,7 +38,9 @@ fn primary(dir: &Path, standby: SocketAddr) -> NoHang {
     NoHang::new(Server::start(config).expect("the primary starts"))
 }
 
-use stela_testkit::segment_files;
+use stela_testkit::{eventually, segment_files};
+
+const TEN_S: Duration = Duration::from_secs(10);
 
 fn log_dir(root: &Path, log: &str) -> PathBuf {
     root.join("logs").join(log)
@@ -533,18 +535,6 @@ fn segment_starts(dir: &Path) -> Vec<u64> {
     starts
 }
 
-/// Waits up to 10 s for `done`; fails naming `what`.
-fn within_10_s(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "10 s and still not: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A client truncates the log on the primary: the standby's copy drops the same whole segments,
 /// but never one a follower's hold (`stela_wal::holds`) still needs; once the hold moves up (or
 /// goes), the copy catches up with the primary's.
@@ -569,7 +559,7 @@ fn the_standby_follows_the_primarys_truncation_down_to_a_followers_hold() {
     let (p_log, s_log) = (log_dir(&p_dir, "ledger"), log_dir(&s_dir, "ledger"));
     let starts = segment_starts(&p_log);
     assert!(starts.len() >= 5, "the test spans segments: {starts:?}");
-    within_10_s("the standby's copy has every segment", || {
+    eventually("the standby's copy has every segment", TEN_S, || {
         segment_starts(&s_log) == starts
     });
     // A follower on the standby still needs the third segment's second record on.
@@ -594,9 +584,11 @@ fn the_standby_follows_the_primarys_truncation_down_to_a_followers_hold() {
         starts[starts.len() - 1..],
         "the primary keeps its newest segment"
     );
-    within_10_s("the standby cuts its copy to the follower's hold", || {
-        segment_starts(&s_log) == starts[2..]
-    });
+    eventually(
+        "the standby cuts its copy to the follower's hold",
+        TEN_S,
+        || segment_starts(&s_log) == starts[2..],
+    );
     // Still held: another second changes nothing.
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(segment_starts(&s_log), starts[2..]);
@@ -606,9 +598,11 @@ fn the_standby_follows_the_primarys_truncation_down_to_a_followers_hold() {
         stela_wal::holds::record(&StdStorage, &s_log, &follower, stela_format::Lsn::new(last))
             .unwrap()
     );
-    within_10_s("the standby's copy begins where the primary's does", || {
-        segment_starts(&s_log) == after
-    });
+    eventually(
+        "the standby's copy begins where the primary's does",
+        TEN_S,
+        || segment_starts(&s_log) == after,
+    );
     // What is left is still the primary's, byte for byte.
     client
         .commit(handle, last, Durability::Replicated)

@@ -16,8 +16,8 @@
 //!   LSN 1, and is reported.
 
 use crate::storage::{OpenMode, Storage};
-use crate::Lsn;
 use std::path::{Path, PathBuf};
+use stela_format::Lsn;
 
 /// Where the holds on the copy in `log_dir` (`DIR/logs/NAME`) live: `DIR/holds/NAME`. `None`
 /// for a directory that is not a daemon's `logs/NAME`, which no daemon truncates.
