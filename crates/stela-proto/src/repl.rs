@@ -87,8 +87,8 @@ pub enum ReplMessage {
     /// Primary → standby, while streaming: the primary's copy now begins at `first_lsn` (a
     /// client truncated the log, or retention removed old segments). The standby removes its
     /// own whole segments below it, never past what it holds durably nor past the lowest hold
-    /// of a follower reading its copy (`stela_wal::holds`). Sent when a stream starts and after
-    /// each truncation.
+    /// of a follower reading its copy (`stela_wal::holds`). Sent once a stream has caught up
+    /// after it starts, and after each truncation.
     Truncated { term: u64, first_lsn: u64 },
     /// Either way: the other side's message was refused; the connection closes after it.
     Refuse { term: u64, message: String },
