@@ -637,11 +637,15 @@ fn receive_chunks(
             }
             _ => false,
         };
-        if let Some(first_lsn) = primary_first.filter(|&first| {
-            first > segments.first_lsn().get() && (told || cut_at.elapsed() >= RETRY_CUT_EVERY)
-        }) {
+        // Looked at when told, else at most once a second: the segment list's lock is not
+        // taken for every chunk.
+        if let Some(first_lsn) =
+            primary_first.filter(|_| told || cut_at.elapsed() >= RETRY_CUT_EVERY)
+        {
             cut_at = std::time::Instant::now();
-            follow_truncation(storage, segments, first_lsn, lock(&pipe.state).durable);
+            if first_lsn > segments.first_lsn().get() {
+                follow_truncation(storage, segments, first_lsn, lock(&pipe.state).durable);
+            }
         }
         let ReplMessage::Chunk {
             term: chunk_term,
@@ -832,9 +836,10 @@ fn position_message(
 }
 
 /// The writer: takes the chunks held (up to `WRITE_BATCH` at a time), writes those that
-/// continue each other as one write, syncs when `SYNC_BYTES` are written unsynced, after a burst that woke it from idle,
-/// when nothing more came for a whole `WRITE_EVERY`, when asked (a `Fetch`) and before it stops,
-/// and says what is durable. A failure stops it and the stream.
+/// continue each other as one write, syncs when `SYNC_BYTES` are written unsynced, after a
+/// burst that woke it from idle, when nothing more came for a whole `WRITE_EVERY`, when asked
+/// (a `Fetch`) and before it stops, and says what is durable. A failure stops it and the
+/// stream.
 fn write_behind(mut mirror: Mirror, pipe: &Pipe, log: &str) {
     let mut unsynced = 0usize;
     loop {
