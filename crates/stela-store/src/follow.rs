@@ -111,6 +111,8 @@ pub struct Follower {
     /// Where the last read stopped, so the next one does not re-read its segment.
     point: Option<ReadPoint>,
     round_records: usize,
+    /// The hold last recorded on the standby's copy (see [`Follower::hold`]).
+    held: Option<Lsn>,
 }
 
 impl Follower {
@@ -170,7 +172,7 @@ impl Follower {
                 )));
             }
         }
-        let follower = Follower {
+        let mut follower = Follower {
             dir: dir.to_path_buf(),
             log_dir: log_dir.to_path_buf(),
             log_name: log_dir
@@ -185,18 +187,23 @@ impl Follower {
             master: master_slots,
             point: None,
             round_records: ROUND_RECORDS,
+            held: None,
         };
         follower.hold()?;
         Ok(follower)
     }
 
     /// Holds the standby's copy from the first record a store opened on this directory would
-    /// read (see the module's invariants).
-    fn hold(&self) -> Result<()> {
+    /// read (see the module's invariants); written only when that moves, which is seldom: it
+    /// is the master record's begin record while a checkpoint has been passed.
+    fn hold(&mut self) -> Result<()> {
         let first_needed = self
             .master
             .newest()
             .map_or(self.applied.next(), |m| m.begin.min(self.applied.next()));
+        if self.held == Some(first_needed) {
+            return Ok(());
+        }
         stela_wal::holds::record(
             self.storage.as_ref(),
             &self.log_dir,
@@ -210,6 +217,7 @@ impl Follower {
                 self.dir.display()
             ))
         })?;
+        self.held = Some(first_needed);
         Ok(())
     }
 
