@@ -20,11 +20,15 @@ fn entry(i: u32) -> Entry {
     }
 }
 
-fn server(dir: &std::path::Path) -> Server {
+fn config(dir: &std::path::Path) -> DaemonConfig {
     let mut config = DaemonConfig::new(dir);
     config.assume_write_rate = Some(500 << 20);
     config.flush_interval = Duration::from_millis(50);
-    Server::start(config).expect("daemon starts")
+    config
+}
+
+fn server(dir: &std::path::Path) -> Server {
+    Server::start(config(dir)).expect("daemon starts")
 }
 
 #[test]
@@ -145,8 +149,7 @@ fn replicated_is_refused_at_open_until_a_standby_exists() {
 fn an_endpoint_list_opens_on_the_live_node_without_waiting_for_a_hung_one() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = DaemonConfig::new(dir.path());
-    config.assume_write_rate = Some(500 << 20);
+    let mut config = config(dir.path());
     config.tcp = Some("127.0.0.1:0".parse().unwrap());
     config.tcp_insecure = true;
     let server = Server::start(config).expect("daemon starts");
