@@ -126,6 +126,7 @@ impl LogFiles {
             dir.join(segment_file_name(recovered.tail_header.start_lsn)),
             recovered.tail_header,
             options.segment_bytes,
+            options.zero_ahead_bytes,
         );
         Ok(LogFiles {
             writer,
