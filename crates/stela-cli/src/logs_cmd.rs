@@ -1,5 +1,7 @@
-//! `stela logs list|delete`: the logs a running daemon holds in its directory, and removing one
-//! that no client has open (an administrative request: over TCP only an administrator may).
+//! `stela logs list|delete|release-hold`: the logs a running daemon holds in its directory (on
+//! a standby, with the holds warm followers keep on its copies), removing one that no client has
+//! open, and releasing the hold of a follower retired for good (administrative requests: over
+//! TCP only an administrator may).
 
 use crate::service::TargetArgs;
 use anyhow::Context;
@@ -23,6 +25,17 @@ pub enum LogsCommand {
     Delete {
         /// The log's name.
         name: String,
+        #[command(flatten)]
+        target: TargetArgs,
+    },
+    /// Release the hold a warm follower (`stela mount-follow`, `stela store-follow`) keeps on
+    /// this standby's copy of a log, once that follower is retired for good: until then the
+    /// copy is never cut below it. A follower still running writes its hold again.
+    ReleaseHold {
+        /// The log's name.
+        name: String,
+        /// The follower's directory, as `stela logs list` shows it.
+        holder: String,
         #[command(flatten)]
         target: TargetArgs,
     },
@@ -66,6 +79,21 @@ pub fn run(command: LogsCommand, out: &mut dyn Write) -> anyhow::Result<()> {
                 "deleted log {log}: {segments} segment(s), {bytes} bytes"
             )?;
         }
+        LogsCommand::ReleaseHold {
+            name,
+            holder,
+            target,
+        } => {
+            let answer =
+                connect(&target)?.request(RequestBody::ReleaseHold { log: name, holder })?;
+            let ResponseBody::HoldReleased { log, holder, lsn } = answer else {
+                anyhow::bail!("unexpected answer to ReleaseHold: {answer:?}");
+            };
+            writeln!(
+                out,
+                "released the hold of {holder} on log {log} (it kept the copy from LSN {lsn} on)"
+            )?;
+        }
     }
     Ok(())
 }
@@ -88,6 +116,13 @@ fn print_listing(logs: &[LogListing], out: &mut dyn Write) -> std::io::Result<()
             log.last_lsn.map_or("-".to_owned(), |l| l.to_string()),
             log.state
         )?;
+        for hold in &log.holds {
+            let why = hold
+                .unreadable
+                .as_ref()
+                .map_or(String::new(), |why| format!(" (unreadable: {why})"));
+            writeln!(out, "  held from LSN {} by {}{why}", hold.lsn, hold.holder)?;
+        }
     }
     Ok(())
 }
@@ -100,6 +135,9 @@ fn listing_json(logs: &[LogListing]) -> serde_json::Value {
                     "name": l.name, "handles": l.handles, "segments": l.segments,
                     "bytes_on_disk": l.bytes_on_disk, "first_lsn": l.first_lsn,
                     "last_lsn": l.last_lsn, "state": l.state,
+                    "holds": l.holds.iter().map(|h| serde_json::json!({
+                        "lsn": h.lsn, "holder": h.holder, "unreadable": h.unreadable,
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect(),

@@ -1,6 +1,7 @@
-//! `stela logs list|delete` against a running daemon: every log of its directory with its
-//! state; a log a client has open cannot be deleted (exit 5, "locked"); a closed one is removed
-//! with its files and directory, and is gone from the list.
+//! `stela logs list|delete|release-hold` against a running daemon: every log of its directory
+//! with its state; a log a client has open cannot be deleted (exit 5, "locked"); a closed one is
+//! removed with its files and directory, and is gone from the list; a warm follower's hold on a
+//! copy is listed and released by the holder shown.
 
 mod common;
 
@@ -78,5 +79,65 @@ fn logs_are_listed_and_a_closed_one_deleted() {
     let read: Vec<String> = open.iter().unwrap().map(|r| r.unwrap().1).collect();
     assert_eq!(read.len(), 5);
     open.close().unwrap();
+    daemon.terminate();
+}
+
+/// A warm follower's hold on a copy is listed with its holder and LSN, and an administrator
+/// releases it by the holder the listing shows; a name nobody holds under is refused with the
+/// holds there are.
+#[test]
+fn a_followers_hold_is_listed_and_released() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let daemon = Daemon::start(&dir, &[]);
+    let log: Wal<String> = Wal::open(daemon.socket(), "copy", WalOptions::default()).unwrap();
+    log.append_durable(&"one".to_owned()).unwrap();
+    log.close().unwrap();
+    let d = daemon.dir_arg().to_owned();
+    let follower = base.path().join("follower");
+    std::fs::create_dir_all(&follower).unwrap();
+    let log_dir = dir.join("logs").join("copy");
+    let storage = stela_wal::storage::StdStorage;
+    stela_wal::holds::record(&storage, &log_dir, &follower, stela_format::Lsn::new(42)).unwrap();
+    let holder = std::fs::canonicalize(&follower)
+        .unwrap()
+        .display()
+        .to_string();
+
+    let human = text(&stela(&["logs", "list", "--dir", &d]));
+    assert!(
+        human.contains(&format!("held from LSN 42 by {holder}")),
+        "{human}"
+    );
+    let list = stela(&["logs", "list", "--dir", &d, "--json"]);
+    let logs: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let holds = &logs.as_array().unwrap()[0]["holds"];
+    assert_eq!(holds[0]["lsn"], 42, "{logs}");
+    assert_eq!(holds[0]["holder"], holder.as_str(), "{logs}");
+
+    let wrong = stela(&[
+        "logs",
+        "release-hold",
+        "copy",
+        "/not/a/follower",
+        "--dir",
+        &d,
+    ]);
+    assert_ne!(wrong.status.code(), Some(0), "{}", text(&wrong));
+    assert!(
+        text(&wrong).contains("no hold of") && text(&wrong).contains(&holder),
+        "{}",
+        text(&wrong)
+    );
+    let released = stela(&["logs", "release-hold", "copy", &holder, "--dir", &d]);
+    assert_eq!(released.status.code(), Some(0), "{}", text(&released));
+    assert!(
+        text(&released).contains("kept the copy from LSN 42"),
+        "{}",
+        text(&released)
+    );
+    let after = text(&stela(&["logs", "list", "--dir", &d]));
+    assert!(!after.contains("held from"), "{after}");
+    assert_eq!(stela_wal::holds::lowest(&storage, &log_dir), (None, vec![]));
     daemon.terminate();
 }

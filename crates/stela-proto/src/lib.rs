@@ -23,4 +23,4 @@ pub use message::*;
 
 /// The protocol revision this crate speaks. A client states it in its `Hello`; a daemon that
 /// speaks another revision answers with [`ErrorCode::UnsupportedVersion`] and closes.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -158,6 +158,13 @@ pub enum RequestBody {
     History {
         handle: u32,
     },
+    /// Releases the hold a warm follower keeps on this node's copy of `log` (`stela_wal::holds`),
+    /// named by the holder's directory as `ListLogs` shows it, or by its file's name
+    /// (administrative): for a follower retired for good.
+    ReleaseHold {
+        log: String,
+        holder: String,
+    },
 }
 
 /// One log of [`ResponseBody::Logs`].
@@ -174,6 +181,20 @@ pub struct LogListing {
     pub last_lsn: Option<u64>,
     /// `open`, `closed`, `stopped: ...` or `waiting for space: ...`.
     pub state: String,
+    /// Warm followers' holds on this copy (a standby's): it is never cut below the lowest.
+    #[serde(default)]
+    pub holds: Vec<HoldListing>,
+}
+
+/// One hold of [`LogListing::holds`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldListing {
+    /// The first LSN it keeps (1 for a hold whose file cannot be read: it keeps everything).
+    pub lsn: u64,
+    /// The follower's directory as it wrote it, else the hold file's name.
+    pub holder: String,
+    /// Why the hold's file could not be read, if it could not.
+    pub unreadable: Option<String>,
 }
 
 /// The daemon's answer to the request with the same id.
@@ -240,6 +261,12 @@ pub enum ResponseBody {
     Error {
         code: ErrorCode,
         message: String,
+    },
+    /// The hold `ReleaseHold` named is gone; it kept the copy from `lsn` on.
+    HoldReleased {
+        log: String,
+        holder: String,
+        lsn: u64,
     },
 }
 

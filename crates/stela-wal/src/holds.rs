@@ -6,7 +6,9 @@
 //! A copy's holds live beside it: for the log directory `DIR/logs/NAME`, in `DIR/holds/NAME/`,
 //! one file per holder, named by a hash of the holder's own directory, holding the LSN as text
 //! and the holder's path on a second line (for whoever lists them). A follower that is retired
-//! for good must have its file removed by hand, or the copy keeps everything from its LSN on.
+//! for good must have its hold released ([`release`]; `stela logs release-hold`), or the copy
+//! keeps everything from its LSN on: `stela logs list` shows every hold, so a forgotten one is
+//! seen before it fills the disk.
 //!
 //! Invariants:
 //! - **A hold that exists survives a crash.** Its file is created synced, with its directory
@@ -46,10 +48,7 @@ pub fn record(
         return Ok(false);
     };
     let holder = std::fs::canonicalize(holder).unwrap_or_else(|_| holder.to_owned());
-    let name = format!(
-        "{:08x}",
-        crc32c::crc32c(holder.as_os_str().as_encoded_bytes())
-    );
+    let name = file_name(&holder);
     let path = dir.join(&name);
     let text = format!("{}\n{}\n", first_needed.get(), holder.display());
     let new = !storage.list(&dir).is_ok_and(|names| names.contains(&name));
@@ -77,43 +76,122 @@ pub fn record(
     Ok(true)
 }
 
+/// The name of `holder`'s hold file: a hash of its (canonical) directory.
+fn file_name(holder: &Path) -> String {
+    format!(
+        "{:08x}",
+        crc32c::crc32c(holder.as_os_str().as_encoded_bytes())
+    )
+}
+
+/// One hold on a copy, as [`list`] read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// Its file.
+    pub file: PathBuf,
+    /// The first LSN it keeps (1 when the file cannot be read: it then keeps everything).
+    pub lsn: Lsn,
+    /// The holder's directory, as the holder wrote it (`None` if the file does not say).
+    pub holder: Option<String>,
+    /// Why the file could not be read, if it could not.
+    pub unreadable: Option<String>,
+}
+
+/// Every hold on the copy in `log_dir`, in file name order.
+///
+/// # Errors
+/// The error of listing the holds' directory (its absence is no error: no holds).
+pub fn list(storage: &dyn Storage, log_dir: &Path) -> Result<Vec<Hold>, String> {
+    let Some(dir) = holds_dir(log_dir) else {
+        return Ok(Vec::new());
+    };
+    let mut names = match storage.list(&dir) {
+        Ok(names) => names,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    };
+    names.sort();
+    // A hold being replaced (`.new`) is skipped: its final name follows.
+    let holds = names.iter().filter(|name| !name.ends_with(".new"));
+    Ok(holds
+        .map(|name| read_hold(storage, dir.join(name)))
+        .collect())
+}
+
+fn read_hold(storage: &dyn Storage, file: PathBuf) -> Hold {
+    let text = storage
+        .open(&file, OpenMode::Read)
+        .and_then(|file| file.read_to_vec())
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+    let (lsn, holder, unreadable) = match text {
+        Err(e) => (Lsn::new(1), None, Some(e.to_string())),
+        Ok(text) => {
+            let mut lines = text.lines();
+            let first = lines.next().unwrap_or_default().trim();
+            let holder = lines.next().map(str::to_owned);
+            match first.parse::<u64>() {
+                Ok(lsn) => (Lsn::new(lsn.max(1)), holder, None),
+                Err(_) => (
+                    Lsn::new(1),
+                    holder,
+                    Some(format!("{first:?} is not an LSN")),
+                ),
+            }
+        }
+    };
+    Hold {
+        file,
+        lsn,
+        holder,
+        unreadable,
+    }
+}
+
 /// The lowest hold on the copy in `log_dir`, if there is any. A hold that cannot be read
 /// counts as LSN 1 and is named in the second value.
 pub fn lowest(storage: &dyn Storage, log_dir: &Path) -> (Option<Lsn>, Vec<String>) {
-    let mut unreadable = Vec::new();
-    let Some(dir) = holds_dir(log_dir) else {
-        return (None, unreadable);
-    };
-    let names = match storage.list(&dir) {
-        Ok(names) => names,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (None, unreadable),
-        Err(e) => return (Some(Lsn::new(1)), vec![format!("{}: {e}", dir.display())]),
-    };
-    let mut lowest: Option<Lsn> = None;
-    // A hold being replaced (`.new`) is skipped: its final name follows.
-    for name in names.iter().filter(|name| !name.ends_with(".new")) {
-        let path = dir.join(name);
-        let held = storage
-            .open(&path, OpenMode::Read)
-            .and_then(|file| file.read_to_vec())
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| {
-                let text = String::from_utf8_lossy(&bytes);
-                let first = text.lines().next().unwrap_or_default().trim().to_owned();
-                first
-                    .parse::<u64>()
-                    .map_err(|_| format!("{first:?} is not an LSN"))
+    match list(storage, log_dir) {
+        Err(why) => (Some(Lsn::new(1)), vec![why]),
+        Ok(holds) => {
+            let unreadable = holds.iter().filter_map(|hold| {
+                let why = hold.unreadable.as_ref()?;
+                Some(format!("{}: {why}", hold.file.display()))
             });
-        let held = match held {
-            Ok(lsn) => Lsn::new(lsn.max(1)),
-            Err(why) => {
-                unreadable.push(format!("{}: {why}", path.display()));
-                Lsn::new(1)
-            }
-        };
-        lowest = Some(lowest.map_or(held, |was| was.min(held)));
+            let unreadable = unreadable.collect();
+            (holds.iter().map(|hold| hold.lsn).min(), unreadable)
+        }
     }
-    (lowest, unreadable)
+}
+
+/// Releases the hold of a follower retired for good, named by its directory as the listing
+/// shows it (or by the hold file's name), so the copy can again be cut behind its primary.
+/// Returns the hold released, `None` if there was none by that name.
+///
+/// # Errors
+/// The I/O error of listing the holds, or of removing the file and syncing its directory.
+pub fn release(
+    storage: &dyn Storage,
+    log_dir: &Path,
+    holder: &str,
+) -> std::io::Result<Option<Hold>> {
+    let holds = list(storage, log_dir).map_err(std::io::Error::other)?;
+    // The directory as written, as given, canonical if it still exists, or the file's name.
+    let canonical = std::fs::canonicalize(holder).ok();
+    let named = |hold: &&Hold| {
+        hold.holder.as_deref() == Some(holder)
+            || canonical
+                .as_ref()
+                .is_some_and(|c| hold.file.ends_with(file_name(c)))
+            || hold.file.file_name().is_some_and(|name| name == holder)
+    };
+    let Some(hold) = holds.iter().find(named).cloned() else {
+        return Ok(None);
+    };
+    storage.remove(&hold.file)?;
+    if let Some(dir) = hold.file.parent() {
+        storage.sync_dir(dir)?;
+    }
+    Ok(Some(hold))
 }
 
 #[cfg(test)]
@@ -141,6 +219,51 @@ mod tests {
         let loose = daemon.path().join("elsewhere");
         assert!(!record(&StdStorage, &loose, a.path(), Lsn::new(3)).unwrap());
         assert_eq!(lowest(&StdStorage, &loose), (None, vec![]));
+    }
+
+    #[test]
+    fn holds_are_listed_with_their_holders_and_released_by_name() {
+        let daemon = tempfile::tempdir().unwrap();
+        let log_dir = daemon.path().join("logs").join("orders");
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        record(&StdStorage, &log_dir, a.path(), Lsn::new(500)).unwrap();
+        record(&StdStorage, &log_dir, b.path(), Lsn::new(90)).unwrap();
+        let holds = list(&StdStorage, &log_dir).unwrap();
+        let mut shown: Vec<(u64, String)> = holds
+            .iter()
+            .map(|h| (h.lsn.get(), h.holder.clone().unwrap()))
+            .collect();
+        shown.sort();
+        let canonical = |p: &Path| std::fs::canonicalize(p).unwrap().display().to_string();
+        assert_eq!(
+            shown,
+            [(90, canonical(b.path())), (500, canonical(a.path()))]
+        );
+        assert!(holds.iter().all(|h| h.unreadable.is_none()));
+
+        // Nothing by a name nobody holds under.
+        assert_eq!(
+            release(&StdStorage, &log_dir, "/no/such/follower").unwrap(),
+            None
+        );
+        assert_eq!(list(&StdStorage, &log_dir).unwrap().len(), 2);
+        // A retired follower whose directory is gone is released by the path the listing shows.
+        let b_shown = canonical(b.path());
+        drop(b);
+        let released = release(&StdStorage, &log_dir, &b_shown).unwrap().unwrap();
+        assert_eq!(released.lsn, Lsn::new(90));
+        assert_eq!(lowest(&StdStorage, &log_dir), (Some(Lsn::new(500)), vec![]));
+        // A live one by its directory as given, then nothing is left to hold.
+        release(&StdStorage, &log_dir, a.path().to_str().unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(lowest(&StdStorage, &log_dir), (None, vec![]));
+        // By the file's name too (for a hold whose file no longer says whose it is).
+        record(&StdStorage, &log_dir, a.path(), Lsn::new(7)).unwrap();
+        let file = list(&StdStorage, &log_dir).unwrap()[0].file.clone();
+        let name = file.file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(release(&StdStorage, &log_dir, &name).unwrap().is_some());
+        assert!(list(&StdStorage, &log_dir).unwrap().is_empty());
     }
 
     #[test]

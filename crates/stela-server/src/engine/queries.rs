@@ -11,7 +11,9 @@ use crate::pool::{Admission, LogId, PoolRead};
 use crate::sync::lock;
 use std::sync::{Arc, Condvar, Mutex};
 use stela_proto::DirtyCap;
-use stela_proto::{LogListing, LogStatus, Payload, Positions, ResponseBody, StatusReport};
+use stela_proto::{
+    HoldListing, LogListing, LogStatus, Payload, Positions, ResponseBody, StatusReport,
+};
 use stela_wal::Lsn;
 
 /// What the connection layer knows that `stela status` shows.
@@ -459,6 +461,7 @@ impl Engine {
                     None if handles > 0 => "open".to_owned(),
                     None => "closed".to_owned(),
                 };
+                let holds = self.holds_on(&name);
                 LogListing {
                     name,
                     handles,
@@ -467,9 +470,68 @@ impl Engine {
                     first_lsn,
                     last_lsn,
                     state,
+                    holds,
                 }
             })
             .collect())
+    }
+
+    /// Warm followers' holds on this node's copy of `log` (a standby's; none elsewhere). Holds
+    /// that cannot be listed are shown as one unreadable hold, which keeps everything, as the
+    /// standby's truncation counts it.
+    fn holds_on(&self, log: &str) -> Vec<HoldListing> {
+        let storage = self.config.storage.as_ref();
+        match stela_wal::holds::list(storage, &self.logs.dir().join(log)) {
+            Ok(holds) => holds
+                .into_iter()
+                .map(|hold| HoldListing {
+                    lsn: hold.lsn.get(),
+                    holder: hold.holder.unwrap_or_else(|| {
+                        let name = hold.file.file_name().unwrap_or_default();
+                        name.to_string_lossy().into_owned()
+                    }),
+                    unreadable: hold.unreadable,
+                })
+                .collect(),
+            Err(why) => vec![HoldListing {
+                lsn: 1,
+                holder: String::new(),
+                unreadable: Some(why),
+            }],
+        }
+    }
+
+    /// Releases a warm follower's hold on this node's copy of `log` (`stela logs
+    /// release-hold`); returns the LSN it held from.
+    pub fn release_hold(&self, log: &str, holder: &str) -> Result<u64> {
+        if !crate::logs::valid_name(log) {
+            return Err(Error::BadLogName(log.to_owned()));
+        }
+        let storage = self.config.storage.as_ref();
+        let log_dir = self.logs.dir().join(log);
+        let released =
+            stela_wal::holds::release(storage, &log_dir, holder).map_err(|source| Error::Io {
+                what: format!("releasing the hold of {holder} on log {log}"),
+                source,
+            })?;
+        match released {
+            Some(hold) => {
+                tracing::info!(
+                    log,
+                    holder,
+                    lsn = hold.lsn.get(),
+                    "released a follower's hold"
+                );
+                Ok(hold.lsn.get())
+            }
+            None => {
+                let held_by: Vec<String> =
+                    self.holds_on(log).into_iter().map(|h| h.holder).collect();
+                Err(Error::BadRequest(format!(
+                    "no hold of {holder:?} on log {log:?} (its holds: {held_by:?})"
+                )))
+            }
+        }
     }
 
     /// Deletes a log no client has open (its files, durably).

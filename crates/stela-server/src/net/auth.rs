@@ -46,13 +46,14 @@ impl Identity {
 }
 
 /// The name of `request` if it is administrative: it halts or changes what other clients
-/// rely on (power-fail, power-restore, truncate, delete).
+/// rely on (power-fail, power-restore, truncate, delete, release-hold).
 pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
     match request {
         RequestBody::PowerFail => Some("power-fail"),
         RequestBody::PowerRestore => Some("power-restore"),
         RequestBody::Truncate { .. } => Some("truncate"),
         RequestBody::DeleteLog { .. } => Some("delete"),
+        RequestBody::ReleaseHold { .. } => Some("release-hold"),
         RequestBody::Hello { .. }
         | RequestBody::Open { .. }
         | RequestBody::Append { .. }

@@ -812,6 +812,14 @@ impl Conn {
                     (result, Effect::None)
                 });
             }
+            RequestBody::ReleaseHold { log, holder } => {
+                return self.hand_to_worker(ctx, id, move |engine| {
+                    let result = engine
+                        .release_hold(&log, &holder)
+                        .map(|lsn| ResponseBody::HoldReleased { log, holder, lsn });
+                    (result, Effect::None)
+                });
+            }
         };
         match result {
             Ok(body) => self.answer(id, body),
