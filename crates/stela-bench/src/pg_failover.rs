@@ -14,14 +14,17 @@
 //! new primary (on a connection opened after the fault); `acked`, rows acknowledged before the
 //! fault (since the run began); `lost`, those of them missing from the table on the new
 //! primary; and where the time went, each from the fault: `promoted_ms` (the standby's daemon
-//! answers as the primary) and `mounted_ms` (its mount is up).
+//! answers as the primary) and `mounted_ms` (its mount is up). Then reprotection:
+//! `reprotect_bytes`, the log the new primary shipped the returning old primary until it was
+//! caught up (records committed meanwhile included), `reprotect_ms`, and beside them
+//! `pgdata_bytes`, the size of the whole data directory's files, which a re-clone would copy.
 //!
 //! All processes run on this machine on loopback (each node has its own directories, ports,
 //! mount point and PostgreSQL socket directory; the client tries both nodes' sockets in turn,
 //! as a multi-host connection string does): a FUSE mount made under `ip netns exec` lives in that command's own mount
 //! namespace, where neither PostgreSQL nor this run could share it without more machinery.
 
-use crate::failover::cluster::{protected_log, role, status_of, tail};
+use crate::failover::cluster::{protected_log, role, shipped_since, status_of, tail};
 use crate::netns::{sibling, Killed};
 use crate::pg_bench::{as_postgres, chown_postgres, is_mounted, newest_pg_bin};
 use crate::pg_wire::PgSession;
@@ -78,6 +81,14 @@ pub struct FaultRow {
     pub promoted_ms: f64,
     /// From the fault to the new primary's mount being up (its follower stopped first).
     pub mounted_ms: f64,
+    /// Bytes of log the new primary shipped the returning old primary until it was caught up
+    /// (reprotection), records committed meanwhile included.
+    pub reprotect_bytes: u64,
+    /// From the old primary's daemon starting as the standby to it being caught up.
+    pub reprotect_ms: f64,
+    /// Bytes of the whole data directory's files on the new primary then: what a re-clone
+    /// would copy.
+    pub pgdata_bytes: u64,
 }
 
 /// The run's summary.
@@ -88,6 +99,8 @@ pub struct Summary {
     pub p50_ms: f64,
     pub max_ms: f64,
     pub lost: u64,
+    /// The largest `reprotect_bytes / pgdata_bytes` of any fault.
+    pub reprotect_of_pgdata_max: f64,
 }
 
 const LOG: &str = "pgdata";
@@ -404,6 +417,21 @@ fn client(
     })
 }
 
+/// Bytes of every file under `dir` (sizes as listed: what copying the directory would copy).
+fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            total += dir_bytes(&entry.path())?;
+        } else if kind.is_file() {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -576,7 +604,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     if !args.json {
         writeln!(
             out,
-            "fault  downtime_ms  promoted_ms  mounted_ms  acked  lost"
+            "fault  downtime_ms  promoted_ms  mounted_ms  acked  lost  reprotect_B   pgdata_B"
         )?;
     }
     let result = (|| -> anyhow::Result<()> {
@@ -650,6 +678,29 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                 .filter_map(|row| row.first()?.as_ref()?.parse().ok())
                 .collect();
             let lost = acked.iter().filter(|n| !present.contains(n)).count() as u64;
+            // Reprotection: the old primary's node comes back as the standby, and is caught
+            // up with what the new primary ships it, against the data directory's size.
+            let before = status_of(&nodes[standby].socket(), Duration::from_secs(1));
+            nodes[primary].reap();
+            nodes[primary].detach_mount();
+            let rejoined_at = Instant::now();
+            nodes[primary].start_daemon(&stela, "standby")?;
+            nodes[primary].start_follower(&stela)?;
+            let mut after = None;
+            wait_until(
+                "the old primary to catch up",
+                Duration::from_secs(60),
+                || {
+                    after = status_of(&nodes[standby].socket(), Duration::from_secs(1));
+                    after.as_ref().is_some_and(|r| protected_log(r, LOG))
+                },
+            )
+            .with_context(|| tail(&nodes[primary].log("daemon"), 20))?;
+            let reprotect_ms = rejoined_at.elapsed().as_secs_f64() * 1e3;
+            let reprotect_bytes = shipped_since(
+                &before.unwrap_or_default(),
+                &after.expect("waited for above"),
+            );
             let row = FaultRow {
                 fault,
                 downtime_ms: downtime.as_secs_f64() * 1e3,
@@ -657,28 +708,28 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                 lost,
                 promoted_ms: promoted.as_secs_f64() * 1e3,
                 mounted_ms: mounted.as_secs_f64() * 1e3,
+                reprotect_bytes,
+                reprotect_ms,
+                pgdata_bytes: dir_bytes(&nodes[standby].backing)?,
             };
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&row)?)?;
             } else {
                 writeln!(
                     out,
-                    "{:>5}  {:>11.0}  {:>11.0}  {:>10.0}  {:>5}  {:>4}",
+                    "{:>5}  {:>11.0}  {:>11.0}  {:>10.0}  {:>5}  {:>4}  {:>12}  {:>12}",
                     row.fault,
                     row.downtime_ms,
                     row.promoted_ms,
                     row.mounted_ms,
                     row.acked,
-                    row.lost
+                    row.lost,
+                    row.reprotect_bytes,
+                    row.pgdata_bytes
                 )?;
             }
             out.flush()?;
             rows.push(row);
-            // Reprotection: the old primary's node comes back as the standby.
-            nodes[primary].reap();
-            nodes[primary].detach_mount();
-            nodes[primary].start_daemon(&stela, "standby")?;
-            nodes[primary].start_follower(&stela)?;
             primary = standby;
         }
         Ok(())
@@ -701,14 +752,22 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
         },
         max_ms: downtimes.iter().copied().fold(0.0, f64::max),
         lost: rows.iter().map(|r| r.lost).max().unwrap_or(0),
+        reprotect_of_pgdata_max: rows
+            .iter()
+            .map(|r| r.reprotect_bytes as f64 / r.pgdata_bytes.max(1) as f64)
+            .fold(0.0, f64::max),
     };
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&summary)?)?;
     } else {
         writeln!(
             out,
-            "faults {}  p50 {:.0} ms  max {:.0} ms  lost {}",
-            summary.faults, summary.p50_ms, summary.max_ms, summary.lost
+            "faults {}  p50 {:.0} ms  max {:.0} ms  lost {}  reprotection at most {:.3}x the data directory",
+            summary.faults,
+            summary.p50_ms,
+            summary.max_ms,
+            summary.lost,
+            summary.reprotect_of_pgdata_max
         )?;
     }
     Ok((rows, summary))

@@ -3,7 +3,8 @@
 //! and two nodes; the primary node (daemon, mount, PostgreSQL) is SIGKILLed, the standby node
 //! promotes, mounts the files its follower kept current and starts PostgreSQL; the old primary
 //! rejoins as the standby, and the next fault hits the other node. Every row the client saw
-//! acknowledged must be in the table on the new primary. Nothing here asserts on timing.
+//! acknowledged must be in the table on the new primary, and reprotection must ship less than
+//! the whole data directory. Nothing here asserts on timing.
 //!
 //! Needs root, /dev/fuse, fusermount3 and PostgreSQL: without them the run fails naming what
 //! is missing, and so does the test. Needs the `stela` binary next to `stela-bench`
@@ -55,6 +56,16 @@ fn failovers(faults: u32, base_port: u16, limit: Duration) {
         );
         acked_before = acked;
         assert!(row["downtime_ms"].as_f64().unwrap() > 0.0, "{stdout}");
+        // Reprotection ships the log the old primary lacks, never the whole data directory.
+        let (shipped, whole) = (
+            row["reprotect_bytes"].as_u64(),
+            row["pgdata_bytes"].as_u64(),
+        );
+        assert!(
+            shipped.unwrap() < whole.unwrap(),
+            "reprotection after fault {} shipped as much as the data directory: {stdout}",
+            i + 1
+        );
     }
     let summary = &lines[faults as usize];
     assert_eq!(summary["summary"], true);
