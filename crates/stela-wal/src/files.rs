@@ -205,6 +205,19 @@ impl SegmentSet {
         self.lock().clone()
     }
 
+    /// The header of the segment file at `path`, read through the log's storage (its first
+    /// bytes only).
+    ///
+    /// # Errors
+    /// The I/O error of opening or reading it; [`Error::BadHeader`] if it does not decode.
+    pub fn read_header(&self, path: &Path) -> Result<stela_format::SegmentHeader> {
+        let file = self
+            .storage
+            .open(path, crate::storage::OpenMode::Read)
+            .map_err(|e| Error::io("open", path, e))?;
+        crate::segment::read_header(file.as_ref(), path)
+    }
+
     /// A reader of the records `from..end` (from is clamped to the first LSN present), checking
     /// every frame (see [`RawReader`]). The segment list is taken now: segments added later are
     /// not read, so `end` should be at most the first LSN not yet written.

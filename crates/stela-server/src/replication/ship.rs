@@ -220,17 +220,6 @@ impl Live {
     }
 }
 
-/// The header of the segment file at `path`: its first bytes only (reading the whole file, as
-/// this once did, cost a 64 MiB read for every segment shipped).
-fn read_header(path: &std::path::Path) -> Result<SegmentHeader, String> {
-    use std::io::Read;
-    let mut bytes = [0u8; HEADER_BYTES];
-    std::fs::File::open(path)
-        .and_then(|mut file| file.read_exact(&mut bytes))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    SegmentHeader::decode(&bytes).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 /// The header of segment `start`: read from its file if the flusher created it, else derived
 /// from `previous` (the next sequence number, the capacity new segments get) as the flusher will
 /// create it.
@@ -242,13 +231,16 @@ pub(super) fn header_for(
 ) -> Result<SegmentHeader, String> {
     let list = segments.list();
     if let Some(file) = list.iter().find(|s| s.start == start) {
-        return read_header(&file.path);
+        // Its first bytes only: this once read the whole 64 MiB file for them.
+        return segments.read_header(&file.path).map_err(|e| e.to_string());
     }
     let (seq, capacity) = match previous {
         Some((header, capacity)) => (header.segment_seq + 1, capacity),
         None => {
             let newest = list.last().ok_or("the log has no segment")?;
-            let header = read_header(&newest.path)?;
+            let header = segments
+                .read_header(&newest.path)
+                .map_err(|e| e.to_string())?;
             (header.segment_seq + 1, header.capacity)
         }
     };
