@@ -1,7 +1,7 @@
-//! `stela logs list|delete|release-hold`: the logs a running daemon holds in its directory (on
-//! a standby, with the holds warm followers keep on its copies), removing one that no client has
-//! open, and releasing the hold of a follower retired for good (administrative requests: over
-//! TCP only an administrator may).
+//! `stela logs list|delete|release-hold`: the logs a running daemon holds in its directory (with
+//! the holds on its copies: warm followers' on a standby, the standby's on a primary), removing
+//! one that no client has open, and releasing the hold of a follower or standby retired for good
+//! (administrative requests: over TCP only an administrator may).
 
 use crate::service::TargetArgs;
 use anyhow::Context;
@@ -28,13 +28,16 @@ pub enum LogsCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
-    /// Release the hold a warm follower (`stela mount-follow`, `stela store-follow`) keeps on
-    /// this standby's copy of a log, once that follower is retired for good: until then the
-    /// copy is never cut below it. A follower still running writes its hold again.
+    /// Release a hold on this node's copy of a log: a warm follower's (`stela mount-follow`,
+    /// `stela store-follow`) on a standby, or, on a primary, the one it keeps for a standby
+    /// (`standby at HOST:PORT`), once that follower or standby is retired for good: until then
+    /// the copy is never cut below it. A follower still running, or a standby still
+    /// connected, writes its hold again.
     ReleaseHold {
         /// The log's name.
         name: String,
-        /// The follower's directory, as `stela logs list` shows it.
+        /// The holder as `stela logs list` shows it: the follower's directory, or `standby at
+        /// HOST:PORT`.
         holder: String,
         #[command(flatten)]
         target: TargetArgs,

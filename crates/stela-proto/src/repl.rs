@@ -90,6 +90,17 @@ pub enum ReplMessage {
     /// of a follower reading its copy (`stela_wal::holds`). Sent once a stream has caught up
     /// after it starts, and after each truncation.
     Truncated { term: u64, first_lsn: u64 },
+    /// Primary → standby, before it ships anything: the standby's copy ends before the
+    /// primary's oldest segment (a new or long-absent standby, and the primary truncated what
+    /// lay between), so it cannot be continued. Every record the standby holds is one the
+    /// primary held and truncated. The standby removes its segments, begins its copy with an
+    /// empty segment of exactly this `header` (the primary's oldest), and answers with a
+    /// `Position`.
+    Reseed {
+        term: u64,
+        #[serde(with = "serde_bytes")]
+        header: Vec<u8>,
+    },
     /// Either way: the other side's message was refused; the connection closes after it.
     Refuse { term: u64, message: String },
 }
@@ -106,6 +117,7 @@ impl ReplMessage {
             | ReplMessage::Fetch { term, .. }
             | ReplMessage::Cut { term, .. }
             | ReplMessage::Truncated { term, .. }
+            | ReplMessage::Reseed { term, .. }
             | ReplMessage::Refuse { term, .. } => *term,
         }
     }
@@ -239,6 +251,14 @@ mod tests {
             ReplMessage::Truncated {
                 term: 3,
                 first_lsn: 4096,
+            },
+            ReplMessage::Cut {
+                term: 3,
+                after_lsn: 17,
+            },
+            ReplMessage::Reseed {
+                term: 3,
+                header: vec![9; 256],
             },
             ReplMessage::Refuse {
                 term: 4,

@@ -172,6 +172,20 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
     };
     assert_eq!(history.1, 250);
     assert_eq!(history.0.last(), Some(&(term, 201)));
+    // The new primary keeps its copy for the old one from where its term began (what the old
+    // primary can lack at most); the old primary's copy still has the hold it kept as primary.
+    let standby_holds = |i: usize| {
+        let holds = stela_wal::holds::list(&StdStorage, &pair.dirs[i].join("logs/ledger"));
+        let holds = holds.unwrap().into_iter().filter(|h| h.is_standby());
+        holds
+            .map(|h| (h.holder.unwrap(), h.lsn.get()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        standby_holds(1),
+        [(format!("standby at {}", pair.repl[0]), 201)]
+    );
+    assert_eq!(standby_holds(0).len(), 1, "{:?}", standby_holds(0));
 
     // The old primary comes back: the witness names b, so it is b's standby.
     let a = pair.start(0, NodeRole::Primary);
@@ -182,6 +196,8 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
     });
     let status = replication(b.socket_path());
     assert_eq!(status.unprotected_since_ms, 0, "protected again");
+    // Now a standby, the old primary dropped the hold it kept as a primary.
+    assert_eq!(standby_holds(0), []);
     // Only the 50 records it lacked were shipped (plus at most a segment header).
     let shipped = status.logs[0].shipped_bytes;
     assert!(

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{read_back, rec, NoHang, RawClient, Rec};
+use common::{read_back, read_back_from_first, rec, NoHang, RawClient, Rec};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -522,6 +522,16 @@ fn a_standby_that_accepts_but_never_answers_is_given_up_on_so_degrade_after_work
     drop(silent);
 }
 
+/// The last LSN the primary at `socket` says its standby received of its one log.
+fn standby_received(socket: &Path) -> u64 {
+    match RawClient::connect(socket).request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => {
+            report.replication.map_or(0, |r| r.logs[0].received_lsn)
+        }
+        other => panic!("status: {other:?}"),
+    }
+}
+
 /// The first LSNs of the segment files in `dir`, in order.
 fn segment_starts(dir: &Path) -> Vec<u64> {
     let mut starts: Vec<u64> = std::fs::read_dir(dir)
@@ -612,4 +622,192 @@ fn the_standby_follows_the_primarys_truncation_down_to_a_followers_hold() {
     std::thread::sleep(Duration::from_millis(300));
     standby.shutdown().expect("standby stops cleanly");
     assert_eq!(segment_files(&p_log), segment_files(&s_log));
+}
+
+/// The primary keeps, through a client's truncation and its own restart, every segment its
+/// standby has not stored yet: the standby was down while the log grew and was truncated, and
+/// when it comes back it catches up from the primary's files. Once it has, the hold moves up
+/// and the truncation goes through, on both copies.
+#[test]
+fn the_primary_keeps_what_an_absent_standby_still_needs_through_truncation_and_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    let standby_node = standby(&s_dir, 0);
+    let repl = standby_node.repl_addr().expect("listening");
+    let mut primary_node = primary(&p_dir, repl);
+    let mut client = RawClient::connect(primary_node.socket_path());
+    let mut handle = client.open("ledger");
+    let mut last = 0;
+    for seq in 0..50u64 {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client
+        .commit(handle, last, Durability::All)
+        .expect("replicated commit");
+    let standby_has = last;
+    std::thread::sleep(Duration::from_millis(300));
+    standby_node.shutdown().expect("the standby stops");
+
+    // The log grows and is truncated while the standby is away.
+    for seq in 50..700u64 {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client
+        .commit(handle, last, Durability::Disk)
+        .expect("commit");
+    let p_log = log_dir(&p_dir, "ledger");
+    let starts = segment_starts(&p_log);
+    assert!(starts.len() >= 6, "the test spans segments: {starts:?}");
+    let truncate = |client: &mut RawClient, handle| match client.request(RequestBody::Truncate {
+        handle,
+        before: last,
+    }) {
+        Ok(ResponseBody::Truncated { segments }) => segments,
+        other => panic!("truncate: {other:?}"),
+    };
+    truncate(&mut client, handle);
+    let kept = |dir: &Path| {
+        let starts = segment_starts(dir);
+        assert!(
+            starts[0] <= standby_has + 1,
+            "the primary's copy begins at LSN {} but its standby has only up to {standby_has}",
+            starts[0]
+        );
+        starts
+    };
+    let held = kept(&p_log);
+    // The hold is the primary's, for its standby, and `stela logs list` shows it.
+    let holds = stela_wal::holds::list(&StdStorage, &p_log).unwrap();
+    assert_eq!(holds.len(), 1, "{holds:?}");
+    assert!(holds[0].is_standby(), "{holds:?}");
+    assert!(holds[0].lsn.get() <= standby_has + 1, "{holds:?}");
+    match client.request(RequestBody::ListLogs) {
+        Ok(ResponseBody::Logs(listing)) => {
+            let ledger = listing.iter().find(|l| l.name == "ledger").unwrap();
+            assert_eq!(ledger.holds.len(), 1, "{ledger:?}");
+            assert_eq!(ledger.holds[0].holder, format!("standby at {repl}"));
+        }
+        other => panic!("list: {other:?}"),
+    }
+
+    // It survives the primary's restart.
+    drop(client);
+    primary_node.shutdown().expect("the primary stops");
+    primary_node = primary(&p_dir, repl);
+    client = RawClient::connect(primary_node.socket_path());
+    handle = client.open("ledger");
+    truncate(&mut client, handle);
+    assert_eq!(kept(&p_log), held);
+
+    // The standby comes back and catches up from the files the hold kept.
+    let standby_node = standby(&s_dir, repl.port());
+    let (_, newest) = client
+        .append(handle, Durability::Buffered, &[rec(1, 700, 600)])
+        .expect("append");
+    eventually("the standby catches up", TEN_S, || {
+        standby_received(primary_node.socket_path()) >= newest
+    });
+    client
+        .commit(handle, newest, Durability::Replicated)
+        .expect("the standby acknowledges");
+    // Then the hold moves up (within a second of the acknowledgements) and truncation goes
+    // through, here and, following it, on the standby.
+    let s_log = log_dir(&s_dir, "ledger");
+    eventually("the truncation goes through", TEN_S, || {
+        truncate(&mut client, handle);
+        segment_starts(&p_log)[0] > standby_has + 1
+    });
+    let after = segment_starts(&p_log);
+    eventually("the standby's copy follows", TEN_S, || {
+        segment_starts(&s_log) == after
+    });
+    drop(client);
+    primary_node.shutdown().expect("primary stops cleanly");
+    std::thread::sleep(Duration::from_millis(300));
+    standby_node.shutdown().expect("standby stops cleanly");
+    assert_eq!(segment_files(&p_log), segment_files(&s_log));
+}
+
+/// A standby whose copy ends before the primary's oldest segment (it was away, its hold was
+/// released, and the primary truncated what lay between) cannot be continued: the primary has
+/// it begin its copy again at that segment, and it then holds the primary's files byte for
+/// byte and acknowledges `replicated` commits again.
+#[test]
+fn a_standby_behind_the_primarys_oldest_segment_begins_its_copy_again_there() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    let standby_node = standby(&s_dir, 0);
+    let repl = standby_node.repl_addr().expect("listening");
+    let primary_node = primary(&p_dir, repl);
+    let mut client = RawClient::connect(primary_node.socket_path());
+    let handle = client.open("ledger");
+    let mut last = 0;
+    for seq in 0..20u64 {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client
+        .commit(handle, last, Durability::All)
+        .expect("commit");
+    std::thread::sleep(Duration::from_millis(300));
+    standby_node.shutdown().expect("the standby stops");
+    for seq in 20..700u64 {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client
+        .commit(handle, last, Durability::Disk)
+        .expect("commit");
+    // The standby is given up on: its hold is released, and truncation goes through.
+    let holder = format!("standby at {repl}");
+    match client.request(RequestBody::ReleaseHold {
+        log: "ledger".into(),
+        holder: holder.clone(),
+    }) {
+        Ok(ResponseBody::HoldReleased { holder: named, .. }) => assert_eq!(named, holder),
+        other => panic!("release: {other:?}"),
+    }
+    match client.request(RequestBody::Truncate {
+        handle,
+        before: last,
+    }) {
+        Ok(ResponseBody::Truncated { segments }) => assert!(segments >= 5, "{segments}"),
+        other => panic!("truncate: {other:?}"),
+    }
+    let p_log = log_dir(&p_dir, "ledger");
+    let oldest = segment_starts(&p_log)[0];
+    assert!(
+        oldest > 21,
+        "the standby's records are all truncated: {oldest}"
+    );
+
+    // It comes back: its copy begins again at the primary's oldest segment.
+    let standby_node = standby(&s_dir, repl.port());
+    let (_, newest) = client
+        .append(handle, Durability::Buffered, &[rec(1, 700, 600)])
+        .expect("append");
+    eventually("the standby catches up", TEN_S, || {
+        standby_received(primary_node.socket_path()) >= newest
+    });
+    client
+        .commit(handle, newest, Durability::Replicated)
+        .expect("the standby acknowledges again");
+    let s_log = log_dir(&s_dir, "ledger");
+    assert_eq!(segment_starts(&s_log)[0], oldest);
+    drop(client);
+    primary_node.shutdown().expect("primary stops cleanly");
+    std::thread::sleep(Duration::from_millis(300));
+    standby_node.shutdown().expect("standby stops cleanly");
+    assert_eq!(segment_files(&p_log), segment_files(&s_log));
+    let records = |dir: &Path| read_back_from_first(dir, std::sync::Arc::new(StdStorage));
+    let on_standby = records(&s_log);
+    assert_eq!(on_standby, records(&p_log));
+    assert_eq!(on_standby.0, oldest);
+    assert_eq!(on_standby.1.last(), Some(&rec(1, 700, 600)));
 }

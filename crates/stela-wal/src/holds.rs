@@ -10,6 +10,13 @@
 //! keeps everything from its LSN on: `stela logs list` shows every hold, so a forgotten one is
 //! seen before it fills the disk.
 //!
+//! A primary holds its own copy the same way for its standby (holder `standby at HOST:PORT`,
+//! [`record_standby`]): from the first LSN the standby has not stored yet, so that a client's
+//! truncation or `--retain-bytes` never removes what a lagging or absent standby still has to
+//! fetch. Such a hold is the primary's: a node that becomes a standby releases the ones it left
+//! ([`release_standby_holds`]), and a standby follows its primary's truncation past them
+//! ([`lowest_of_followers`]).
+//!
 //! Invariants:
 //! - **A hold that exists survives a crash.** Its file is created synced, with its directory
 //!   synced; later updates are renamed over it unsynced, so after a crash it says the new LSN
@@ -44,13 +51,48 @@ pub fn record(
     holder: &Path,
     first_needed: Lsn,
 ) -> std::io::Result<bool> {
+    let holder = std::fs::canonicalize(holder).unwrap_or_else(|_| holder.to_owned());
+    record_named(
+        storage,
+        log_dir,
+        &holder.display().to_string(),
+        first_needed,
+    )
+}
+
+/// The holder's name a primary records its standby at `standby` (`HOST:PORT`) under.
+pub fn standby_holder(standby: &str) -> String {
+    format!("{STANDBY_PREFIX}{standby}")
+}
+
+const STANDBY_PREFIX: &str = "standby at ";
+
+/// Records on `storage` that the standby at `standby` (`HOST:PORT`) has not stored the copy in
+/// `log_dir` from `first_needed` on; see [`record`].
+///
+/// # Errors
+/// The I/O error of creating, writing, syncing or renaming the hold's file.
+pub fn record_standby(
+    storage: &dyn Storage,
+    log_dir: &Path,
+    standby: &str,
+    first_needed: Lsn,
+) -> std::io::Result<bool> {
+    record_named(storage, log_dir, &standby_holder(standby), first_needed)
+}
+
+fn record_named(
+    storage: &dyn Storage,
+    log_dir: &Path,
+    holder: &str,
+    first_needed: Lsn,
+) -> std::io::Result<bool> {
     let Some(dir) = holds_dir(log_dir) else {
         return Ok(false);
     };
-    let holder = std::fs::canonicalize(holder).unwrap_or_else(|_| holder.to_owned());
-    let name = file_name(&holder);
+    let name = file_name(Path::new(holder));
     let path = dir.join(&name);
-    let text = format!("{}\n{}\n", first_needed.get(), holder.display());
+    let text = format!("{}\n{holder}\n", first_needed.get());
     let new = !storage.list(&dir).is_ok_and(|names| names.contains(&name));
     if new {
         storage.create_dir_all(&dir)?;
@@ -95,6 +137,15 @@ pub struct Hold {
     pub holder: Option<String>,
     /// Why the file could not be read, if it could not.
     pub unreadable: Option<String>,
+}
+
+impl Hold {
+    /// Whether a primary recorded this hold for its standby ([`record_standby`]).
+    pub fn is_standby(&self) -> bool {
+        self.holder
+            .as_deref()
+            .is_some_and(|holder| holder.starts_with(STANDBY_PREFIX))
+    }
 }
 
 /// Every hold on the copy in `log_dir`, in file name order.
@@ -150,9 +201,25 @@ fn read_hold(storage: &dyn Storage, file: PathBuf) -> Hold {
 /// The lowest hold on the copy in `log_dir`, if there is any. A hold that cannot be read
 /// counts as LSN 1 and is named in the second value.
 pub fn lowest(storage: &dyn Storage, log_dir: &Path) -> (Option<Lsn>, Vec<String>) {
+    lowest_where(storage, log_dir, |_| true)
+}
+
+/// [`lowest`] without the holds a primary recorded for its standby: what a standby's copy
+/// keeps when its primary truncates (a standby hold in it is left from when this node was the
+/// primary, and no longer stands for anyone it ships to).
+pub fn lowest_of_followers(storage: &dyn Storage, log_dir: &Path) -> (Option<Lsn>, Vec<String>) {
+    lowest_where(storage, log_dir, |hold| !hold.is_standby())
+}
+
+fn lowest_where(
+    storage: &dyn Storage,
+    log_dir: &Path,
+    counts: impl Fn(&Hold) -> bool,
+) -> (Option<Lsn>, Vec<String>) {
     match list(storage, log_dir) {
         Err(why) => (Some(Lsn::new(1)), vec![why]),
         Ok(holds) => {
+            let holds: Vec<&Hold> = holds.iter().filter(|hold| counts(hold)).collect();
             let unreadable = holds.iter().filter_map(|hold| {
                 let why = hold.unreadable.as_ref()?;
                 Some(format!("{}: {why}", hold.file.display()))
@@ -161,6 +228,26 @@ pub fn lowest(storage: &dyn Storage, log_dir: &Path) -> (Option<Lsn>, Vec<String
             (holds.iter().map(|hold| hold.lsn).min(), unreadable)
         }
     }
+}
+
+/// Releases every hold a primary recorded on the copy in `log_dir` for its standby: this node
+/// is now the standby, and whoever ships to it decides what it keeps. Returns how many.
+///
+/// # Errors
+/// The I/O error of listing the holds, or of removing a file and syncing the directory.
+pub fn release_standby_holds(storage: &dyn Storage, log_dir: &Path) -> std::io::Result<usize> {
+    let holds = list(storage, log_dir).map_err(std::io::Error::other)?;
+    let mut released = 0;
+    for hold in holds.iter().filter(|hold| hold.is_standby()) {
+        storage.remove(&hold.file)?;
+        released += 1;
+    }
+    if released > 0 {
+        if let Some(dir) = holds_dir(log_dir) {
+            storage.sync_dir(&dir)?;
+        }
+    }
+    Ok(released)
 }
 
 /// Releases the hold of a follower retired for good, named by its directory as the listing
@@ -264,6 +351,41 @@ mod tests {
         let name = file.file_name().unwrap().to_str().unwrap().to_owned();
         assert!(release(&StdStorage, &log_dir, &name).unwrap().is_some());
         assert!(list(&StdStorage, &log_dir).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_standby_hold_counts_on_the_primary_and_not_once_the_node_is_a_standby() {
+        let daemon = tempfile::tempdir().unwrap();
+        let log_dir = daemon.path().join("logs").join("orders");
+        let follower = tempfile::tempdir().unwrap();
+        record(&StdStorage, &log_dir, follower.path(), Lsn::new(500)).unwrap();
+        assert!(record_standby(&StdStorage, &log_dir, "10.0.0.2:7000", Lsn::new(90)).unwrap());
+        assert_eq!(lowest(&StdStorage, &log_dir), (Some(Lsn::new(90)), vec![]));
+        assert_eq!(
+            lowest_of_followers(&StdStorage, &log_dir),
+            (Some(Lsn::new(500)), vec![])
+        );
+        let holds = list(&StdStorage, &log_dir).unwrap();
+        let standby: Vec<_> = holds.iter().filter(|h| h.is_standby()).collect();
+        assert_eq!(standby.len(), 1);
+        assert_eq!(
+            standby[0].holder.as_deref(),
+            Some("standby at 10.0.0.2:7000")
+        );
+        // It moves up in place, and is released by the name the listing shows.
+        record_standby(&StdStorage, &log_dir, "10.0.0.2:7000", Lsn::new(700)).unwrap();
+        assert_eq!(lowest(&StdStorage, &log_dir), (Some(Lsn::new(500)), vec![]));
+        assert_eq!(list(&StdStorage, &log_dir).unwrap().len(), 2);
+        let released = release(&StdStorage, &log_dir, "standby at 10.0.0.2:7000").unwrap();
+        assert_eq!(released.map(|h| h.lsn), Some(Lsn::new(700)));
+        // A node turned standby drops the ones it left as a primary, and only those.
+        record_standby(&StdStorage, &log_dir, "10.0.0.2:7000", Lsn::new(9)).unwrap();
+        record_standby(&StdStorage, &log_dir, "10.0.0.3:7000", Lsn::new(8)).unwrap();
+        assert_eq!(release_standby_holds(&StdStorage, &log_dir).unwrap(), 2);
+        let left = list(&StdStorage, &log_dir).unwrap();
+        assert_eq!(left.len(), 1);
+        assert!(!left[0].is_standby());
+        assert_eq!(release_standby_holds(&StdStorage, &log_dir).unwrap(), 0);
     }
 
     #[test]

@@ -400,6 +400,59 @@ fn count_frames_before(frames: &[(usize, u32)], at: usize) -> u64 {
 /// the last record in it.
 pub type Shipped = (Lsn, u64, Vec<u8>, Lsn);
 
+/// Begins the copy in `dir` again with an empty segment of exactly `header`: the primary's
+/// oldest segment, when this copy ends before it (the primary truncated the records between,
+/// so nothing can continue this copy). Every record the copy holds is below `header`'s first
+/// LSN, and so one the primary held and truncated; they are removed, as truncation removes them
+/// (a caller that must keep them copies them first). Returns how many segments were removed.
+///
+/// Each step leaves a log that opens: the old segments are removed oldest first (a shorter log
+/// each time; once all are gone, an empty directory, which opens as a new log), and only then
+/// is the new segment created, durably.
+///
+/// # Errors
+/// [`MirrorError::Refused`] (nothing changed) if `header` is not of this log's codec and
+/// record type, or does not begin after everything the copy holds and past its newest
+/// segment's start; [`MirrorError::Wal`] for a failure to open, remove or create.
+pub fn restart_at(
+    dir: &Path,
+    options: WalOptions,
+    type_tag: &str,
+    header: &SegmentHeader,
+) -> std::result::Result<usize, MirrorError> {
+    let files = LogFiles::open(dir, options, type_tag)?;
+    let segments = files.segments.list();
+    let newest = segments.last().map_or(Lsn::FIRST, |s| s.start);
+    let type_tag = stela_format::TypeTag::new(type_tag);
+    if header.codec != files.codec() || !header.type_tag.same_as(&type_tag) {
+        return Err(MirrorError::Refused(format!(
+            "a segment of {} records in {}; this log holds {} records in {}",
+            header.type_tag.shown,
+            header.codec,
+            type_tag.shown,
+            files.codec()
+        )));
+    }
+    if header.start_lsn < files.next_lsn || header.start_lsn <= newest {
+        return Err(MirrorError::Refused(format!(
+            "a copy that ends before LSN {} and whose newest segment starts at {newest} cannot \
+             begin again at LSN {}",
+            files.next_lsn, header.start_lsn
+        )));
+    }
+    let storage = &files.segments.storage;
+    for segment in &segments {
+        storage
+            .remove(&segment.path)
+            .map_err(|e| Error::io("remove", &segment.path, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("fsync directory", dir, e))?;
+    }
+    crate::writer::create(storage.as_ref(), dir, header)?;
+    Ok(segments.len())
+}
+
 /// The next chunk to ship to a mirror standing at `from`, read from the primary's files: whole
 /// frames of the segment `from` names, from its offset on, at most `max_bytes` of them (at least
 /// one frame), and only records below `end` (the first LSN the primary has not made durable:

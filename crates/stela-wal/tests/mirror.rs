@@ -381,3 +381,69 @@ mod power_loss {
         }
     }
 }
+
+/// A copy that ends before the primary's oldest segment (the primary truncated what lay
+/// between) cannot be continued; begun again at that segment's header it becomes the primary's
+/// copy byte for byte. A header that would not begin after the copy is refused and changes
+/// nothing.
+#[test]
+fn a_copy_behind_a_truncated_primary_begins_again_at_its_oldest_segment() {
+    let root = tempfile::tempdir().unwrap();
+    let (p, m) = (root.path().join("primary"), root.path().join("mirror"));
+    let sizes: Vec<usize> = (0..300).map(|i| 1 + (i * 37) % 700).collect();
+    let last = write_log(&p, &sizes, 3, 4096);
+    let primary = LogFiles::open(&p, options(4096), TAG).unwrap();
+    // The copy takes the first 20 records, then the primary truncates past them.
+    let mut mirror = Mirror::open(&m, options(4096), TAG).unwrap();
+    while let Some((segment_start, offset, bytes, _)) =
+        read_chunk(&primary.segments, mirror.position(), Lsn::new(21), 4096).unwrap()
+    {
+        let chunk = Chunk {
+            segment_start,
+            offset,
+            bytes: &bytes,
+        };
+        mirror.apply(chunk).unwrap();
+    }
+    mirror.sync().unwrap();
+    assert_eq!(mirror.received_lsn(), 20);
+    assert!(primary.segments.truncate_before(Lsn::new(150)).unwrap() > 0);
+    let oldest = primary.segments.list()[0].clone();
+    assert!(oldest.start.get() > 21, "{oldest:?}");
+    let error = read_chunk(&primary.segments, mirror.position(), primary.next_lsn, 4096)
+        .expect_err("the copy's segment is gone on the primary");
+    assert!(error.to_string().contains("truncated"), "{error}");
+    let header = primary.segments.read_header(&oldest.path).unwrap();
+    drop(mirror);
+
+    // Refused, nothing changed: a header at or below what the copy holds, or of another log.
+    let before = segment_files(&m);
+    let mut low = header.clone();
+    low.start_lsn = Lsn::new(20);
+    let refused = stela_wal::mirror::restart_at(&m, options(4096), TAG, &low).unwrap_err();
+    assert!(matches!(refused, MirrorError::Refused(_)), "{refused}");
+    let refused = stela_wal::mirror::restart_at(&m, options(4096), "other::Type", &header);
+    assert!(refused.is_err());
+    let mut other = header.clone();
+    other.type_tag = stela_format::TypeTag::new("other::Type");
+    let refused = stela_wal::mirror::restart_at(&m, options(4096), TAG, &other).unwrap_err();
+    assert!(matches!(refused, MirrorError::Refused(_)), "{refused}");
+    assert_eq!(segment_files(&m), before);
+
+    let removed = stela_wal::mirror::restart_at(&m, options(4096), TAG, &header).unwrap();
+    assert_eq!(removed, before.len());
+    let mut mirror = Mirror::open(&m, options(1 << 20), TAG).unwrap();
+    assert_eq!(
+        mirror.position(),
+        Position {
+            segment_start: oldest.start,
+            offset: stela_format::header::HEADER_BYTES as u64,
+            next_lsn: oldest.start,
+        }
+    );
+    ship(&primary, &mut mirror, &[700, 4096], 2);
+    assert_eq!(mirror.received_lsn(), last);
+    drop(mirror);
+    drop(primary);
+    assert_identical(&p, &m);
+}

@@ -476,9 +476,9 @@ impl Engine {
             .collect())
     }
 
-    /// Warm followers' holds on this node's copy of `log` (a standby's; none elsewhere). Holds
-    /// that cannot be listed are shown as one unreadable hold, which keeps everything, as the
-    /// standby's truncation counts it.
+    /// The holds on this node's copy of `log`: warm followers' on a standby, the standby's on a
+    /// primary (`replication::hold`). Holds that cannot be listed are shown as one unreadable
+    /// hold, which keeps everything, as truncation counts it.
     fn holds_on(&self, log: &str) -> Vec<HoldListing> {
         let storage = self.config.storage.as_ref();
         match stela_wal::holds::list(storage, &self.logs.dir().join(log)) {
@@ -501,7 +501,7 @@ impl Engine {
         }
     }
 
-    /// Releases a warm follower's hold on this node's copy of `log` (`stela logs
+    /// Releases a warm follower's or a standby's hold on this node's copy of `log` (`stela logs
     /// release-hold`); returns the LSN it held from.
     pub fn release_hold(&self, log: &str, holder: &str) -> Result<u64> {
         if !crate::logs::valid_name(log) {
@@ -516,12 +516,7 @@ impl Engine {
             })?;
         match released {
             Some(hold) => {
-                tracing::info!(
-                    log,
-                    holder,
-                    lsn = hold.lsn.get(),
-                    "released a follower's hold"
-                );
+                tracing::info!(log, holder, lsn = hold.lsn.get(), "released a hold");
                 Ok(hold.lsn.get())
             }
             None => {
@@ -571,10 +566,12 @@ impl Engine {
             if first_kept == 0 || first_kept >= segments.len() {
                 continue;
             }
-            match entry.segments.truncate_before(segments[first_kept].start) {
+            let before = self.held_back(&entry, segments[first_kept].start.get());
+            match entry.segments.truncate_before(Lsn::new(before)) {
+                Ok(0) => {}
                 Ok(count) => {
                     removed += count;
-                    tracing::info!(log = %entry.name, segments = count, before = %segments[first_kept].start,
+                    tracing::info!(log = %entry.name, segments = count, before,
                         "retention: removed the oldest segments");
                 }
                 Err(error) => tracing::warn!(log = %entry.name, %error, "retention failed"),
@@ -583,8 +580,11 @@ impl Engine {
         removed
     }
 
+    /// A client's truncation of `log` below `before`: whole segments only, and none that a
+    /// hold still needs (see [`Engine::held_back`]). Returns the segments removed.
     pub fn truncate(&self, log: LogId, before: u64) -> Result<u64> {
         let entry = self.entry(log)?;
+        let before = self.held_back(&entry, before);
         let removed = entry
             .segments
             .truncate_before(Lsn::new(before))
@@ -593,6 +593,41 @@ impl Engine {
                 source,
             })?;
         Ok(removed as u64)
+    }
+
+    /// `before`, lowered to the lowest hold on `entry`'s copy: a standby's, which its primary
+    /// records from the first LSN the standby has not stored (`replication`), or a warm
+    /// follower's. A lagging or absent standby then finds every record it lacks when it comes
+    /// back, as PostgreSQL's replication slots keep WAL. A hold that cannot be read keeps
+    /// everything, and is reported.
+    fn held_back(&self, entry: &LogEntry, before: u64) -> u64 {
+        let storage = self.config.storage.as_ref();
+        let holds = match stela_wal::holds::list(storage, entry.segments.dir()) {
+            Ok(holds) => holds,
+            Err(why) => {
+                tracing::warn!(log = %entry.name, why, "the log's holds cannot be listed; it keeps everything");
+                return 1;
+            }
+        };
+        // The standby's hold as its acknowledgements stand now, not as its file last said.
+        let standby = (self.ha.replication.as_ref()).and_then(|r| r.standby_stored(entry.id));
+        let mut lowest = before;
+        for hold in &holds {
+            if let Some(why) = &hold.unreadable {
+                tracing::warn!(log = %entry.name, hold = %hold.file.display(), why, "a hold cannot be read; the log keeps everything from LSN 1");
+            }
+            let lsn = match &standby {
+                Some((holder, now)) if hold.holder.as_deref() == Some(holder) => {
+                    hold.lsn.get().max(*now)
+                }
+                _ => hold.lsn.get(),
+            };
+            if lsn < lowest {
+                tracing::debug!(log = %entry.name, before, held = lsn, holder = ?hold.holder, "truncation kept back by a hold");
+                lowest = lsn;
+            }
+        }
+        lowest
     }
 
     pub fn status(&self, net: &NetStats) -> StatusReport {

@@ -30,12 +30,14 @@
 
 // The standby's listener uses the event loop's authentication, which the loom build leaves out.
 mod acks;
+mod hold;
 pub mod protection;
 mod ship;
 #[cfg(not(stela_loom))]
 pub mod standby;
 
 use acks::{fence, read_acks, read_acks_polled, release, AckInbox, AckReading};
+use hold::StandbyHold;
 use protection::{Protection, Registered};
 use ship::{header_for, ship_inline, ship_next, Live, Source, Step};
 
@@ -275,11 +277,12 @@ impl Replication {
             acks_reading: AckReading::default(),
         });
         links.insert(log.id, Arc::clone(&link));
+        let mut hold = StandbyHold::open(storage, log.dir.clone(), self.standby.to_string(), first);
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
         let term = term.0;
         let spawned = std::thread::Builder::new()
             .name(format!("stela-ship-{}", log.id))
-            .spawn(move || me.ship_log(&pool, &link, &log, term));
+            .spawn(move || me.ship_log(&pool, &link, &log, term, &mut hold));
         match spawned {
             Ok(thread) => {
                 let mut shippers = lock(&self.shippers);
@@ -313,6 +316,17 @@ impl Replication {
         let link = lock(&self.links).get(&log).cloned()?;
         let state = lock(&link.state);
         Some((state.term, state.history.clone()))
+    }
+
+    /// The hold this primary keeps on `log` for its standby, as the standby's acknowledgements
+    /// stand now: its holder's name and the first LSN the standby has not stored. The hold's
+    /// file follows these at most once a second ([`hold::MOVE_EVERY`]); a truncation takes the
+    /// higher of the two. `None` before the standby has acknowledged anything durable.
+    pub fn standby_stored(&self, log: LogId) -> Option<(String, u64)> {
+        let link = lock(&self.links).get(&log).cloned()?;
+        let (_, durable) = link.protection.acknowledged_lsns();
+        let holder = stela_wal::holds::standby_holder(&self.standby.to_string());
+        (durable > 0).then_some((holder, durable + 1))
     }
 
     /// Stops shipping `log` (it was closed); its waiters are told.
@@ -628,10 +642,17 @@ impl Replication {
         }
     }
 
-    fn ship_log<W>(&self, pool: &Pool<W>, link: &Arc<Link>, log: &LogInfo, term: u64) {
+    fn ship_log<W>(
+        &self,
+        pool: &Pool<W>,
+        link: &Arc<Link>,
+        log: &LogInfo,
+        term: u64,
+        hold: &mut StandbyHold,
+    ) {
         let mut warned = false;
         while !link.stop.load(Ordering::SeqCst) {
-            match self.session(pool, link, log, term) {
+            match self.session(pool, link, log, term, hold) {
                 Ok(()) => return,
                 Err(why) => {
                     {
@@ -663,6 +684,7 @@ impl Replication {
         link: &Arc<Link>,
         log: &LogInfo,
         term: u64,
+        hold: &mut StandbyHold,
     ) -> Result<(), String> {
         // Cloned first: the link's lock must not be held across the connection's handshake
         // (a stopped standby would hold it, and every commit and `stela status` with it).
@@ -722,12 +744,45 @@ impl Replication {
                 Err(StreamError::Broken(why)) => return Err(why),
             };
         }
-        // Records the standby holds in this primary's own term came from it: they count.
-        if theirs.history.last_term() == Term(term)
+        // A copy that ends in a segment older than this copy's oldest cannot be continued:
+        // this node truncated the records between (a new standby, or one away while a hold
+        // for it was released). Every record it holds is one this node truncated (the copy
+        // agrees with this history, as settled above), so it begins again at the oldest
+        // segment here.
+        let oldest = link.segments.list().first().cloned();
+        let reseed = oldest.filter(|o| theirs.position.segment_start < o.start);
+        if let Some(oldest) = &reseed {
+            let header = link
+                .segments
+                .read_header(&oldest.path)
+                .map_err(|e| e.to_string())?;
+            tracing::warn!(log = %log.name, standby = %self.standby, their_end = theirs.end(), oldest = oldest.start.get(),
+                "the standby's copy ends before this copy's oldest segment: it begins again there");
+            send(
+                &mut writer,
+                &ReplMessage::Reseed {
+                    term,
+                    header: header.encode().to_vec(),
+                },
+            )?;
+            theirs = match read_position(&mut reader) {
+                Ok(position) => position,
+                Err(StreamError::Refused {
+                    term: theirs,
+                    message,
+                }) => return Err(self.fence(link, theirs, term, message)),
+                Err(StreamError::Broken(why)) => return Err(why),
+            };
+        }
+        // Records the standby holds in this primary's own term came from it: they count (not
+        // after a reseed: it holds none below where it began again).
+        if reseed.is_none()
+            && theirs.history.last_term() == Term(term)
             && release(link, theirs.end(), theirs.durable_lsn)
         {
             (self.released)();
         }
+        hold.standby_at(theirs.durable_lsn + 1);
         let at = theirs.position;
         {
             let mut state = lock(&link.state);
@@ -803,6 +858,7 @@ impl Replication {
                 Ok(Step::Nothing | Step::LeftToShipper) => {}
                 Err(why) => break Err(why),
             }
+            hold.acknowledged(|| link.protection.acknowledged_lsns().1 + 1);
             let first_lsn = link.segments.first_lsn().get();
             if first_lsn > told_first {
                 let sent = match lock(&link.live).as_mut() {

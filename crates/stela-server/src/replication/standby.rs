@@ -338,6 +338,21 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
     }
     terms.observe(Term(term)).map_err(|e| e.to_string())?;
+    // Holds this node recorded for its own standby while it was the primary stand for no one
+    // now: whoever ships to it decides what its copy keeps.
+    match stela_wal::holds::release_standby_holds(shared.storage.as_ref(), &dir) {
+        Ok(0) => {}
+        Ok(released) => {
+            tracing::info!(
+                log,
+                released,
+                "standby: released the holds this node kept for its own standby as a primary"
+            )
+        }
+        Err(error) => {
+            tracing::warn!(log, %error, "standby: could not release the holds this node kept as a primary")
+        }
+    }
     let options = WalOptions::default()
         .codec(codec)
         .segment_bytes(shared.segment_bytes)
@@ -360,31 +375,43 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
     )?;
     // Before anything is shipped the primary may ask this copy to cut what diverged (this node
-    // was the primary of an older epoch): the suffix goes to salvage, then where the copy
-    // stands now is sent again.
+    // was the primary of an older epoch: the suffix goes to salvage), or, when the copy ends
+    // before the primary's oldest segment, to begin it again there; then where the copy stands
+    // now is sent again.
     let mut first = receive(&mut reader)?;
-    while let ReplMessage::Cut {
-        term: cut_term,
-        after_lsn,
-    } = first
-    {
-        if cut_term != term {
+    loop {
+        let (asked_term, what) = match &first {
+            ReplMessage::Cut { term, .. } => (*term, "a cut"),
+            ReplMessage::Reseed { term, .. } => (*term, "a reseed"),
+            _ => break,
+        };
+        if asked_term != term {
             return refuse(
                 &mut writer,
                 terms.current().0,
-                format!("a cut in term {cut_term} on a stream of term {term}"),
+                format!("{what} in term {asked_term} on a stream of term {term}"),
             );
         }
         drop(mirror);
-        let salvaged = cut_after(
-            &dir,
-            options.clone(),
-            &type_tag,
-            after_lsn,
-            &shared.salvage,
-            &format!("diverged from the primary {node} of term {term}"),
-        )?;
-        tracing::warn!(log, after_lsn, salvaged, "standby: cut the copy after the point it shares with the new primary; the rest is kept in salvage");
+        match first {
+            ReplMessage::Cut { after_lsn, .. } => {
+                let salvaged = cut_after(
+                    &dir,
+                    options.clone(),
+                    &type_tag,
+                    after_lsn,
+                    &shared.salvage,
+                    &format!("diverged from the primary {node} of term {term}"),
+                )?;
+                tracing::warn!(log, after_lsn, salvaged, "standby: cut the copy after the point it shares with the new primary; the rest is kept in salvage");
+            }
+            ReplMessage::Reseed { header, .. } => {
+                if let Err(why) = reseed(shared, &dir, options.clone(), &type_tag, &header) {
+                    return refuse(&mut writer, terms.current().0, why);
+                }
+            }
+            _ => unreachable!("only a cut or a reseed comes here"),
+        }
         terms = TermStore::open(Arc::clone(&shared.storage), &dir).map_err(|e| e.to_string())?;
         terms.observe(Term(term)).map_err(|e| e.to_string())?;
         mirror = Mirror::open(&dir, options.clone(), &type_tag).map_err(|e| e.to_string())?;
@@ -517,6 +544,36 @@ fn cut_after(
     stela_wal::salvage::cut_after(dir, options, type_tag, after_lsn, salvage, reason)
         .map(|kept| kept.map_or(0, |kept| kept.records))
         .map_err(|e| format!("cutting {} after LSN {after_lsn}: {e}", dir.display()))
+}
+
+/// Begins the copy in `dir` again with the primary's oldest segment, `header` (a
+/// `ReplMessage::Reseed`): the copy ends before it, and the primary truncated every record this
+/// copy holds. A follower reading the copy from below it loses what it has not read: it is
+/// named in the log.
+fn reseed(
+    shared: &Shared,
+    dir: &Path,
+    options: WalOptions,
+    type_tag: &str,
+    header: &[u8],
+) -> Result<(), String> {
+    let header = stela_format::SegmentHeader::decode(header)
+        .map_err(|why| format!("a reseed with a bad segment header: {why}"))?;
+    let start = header.start_lsn.get();
+    if let Ok(holds) = stela_wal::holds::list(shared.storage.as_ref(), dir) {
+        for hold in holds
+            .iter()
+            .filter(|h| !h.is_standby() && h.lsn.get() < start)
+        {
+            tracing::warn!(dir = %dir.display(), holder = ?hold.holder, held = hold.lsn.get(), start,
+                "standby: the copy begins again at the primary's oldest segment, above a follower's hold: the follower cannot read the records between");
+        }
+    }
+    let removed = stela_wal::mirror::restart_at(dir, options, type_tag, &header)
+        .map_err(|e| format!("beginning {} again at LSN {start}: {e}", dir.display()))?;
+    tracing::warn!(dir = %dir.display(), removed, start,
+        "standby: this copy ended before the primary's oldest segment (the primary truncated the records between); it begins again there");
+    Ok(())
 }
 
 /// Chunks checked and held in memory, between the receiving thread and the writer.
@@ -729,7 +786,7 @@ fn follow_truncation(
     first_lsn: u64,
     durable: u64,
 ) {
-    let (held, unreadable) = stela_wal::holds::lowest(storage, segments.dir());
+    let (held, unreadable) = stela_wal::holds::lowest_of_followers(storage, segments.dir());
     for why in &unreadable {
         tracing::warn!(hold = %why, "standby: a follower's hold cannot be read; the copy keeps everything from LSN 1");
     }

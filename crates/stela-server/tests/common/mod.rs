@@ -171,6 +171,14 @@ impl RawClient {
 /// Every record of the log directory `dir`, read embedded (the daemon must be stopped), in LSN
 /// order, checking that the LSNs run from 1 without a gap.
 pub fn read_back(dir: &Path, storage: Arc<dyn Storage>) -> Vec<Rec> {
+    let (first, records) = read_back_from_first(dir, storage);
+    assert_eq!(first, 1, "LSNs are not contiguous from 1");
+    records
+}
+
+/// The first LSN of the log directory `dir` and every record from it on (a truncated log's),
+/// checking that the LSNs run without a gap.
+pub fn read_back_from_first(dir: &Path, storage: Arc<dyn Storage>) -> (u64, Vec<Rec>) {
     let wal: Wal<Rec> = Wal::open(
         dir,
         WalOptions::default()
@@ -181,16 +189,20 @@ pub fn read_back(dir: &Path, storage: Arc<dyn Storage>) -> Vec<Rec> {
     )
     .unwrap_or_else(|e| panic!("embedded open of {}: {e}", dir.display()));
     let mut out = Vec::new();
+    let mut first = 1;
     for item in wal.iter().unwrap() {
         let (lsn, record) = item.unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+        if out.is_empty() {
+            first = lsn.get();
+        }
         assert_eq!(
             lsn.get(),
-            out.len() as u64 + 1,
-            "LSNs are not contiguous from 1"
+            first + out.len() as u64,
+            "LSNs are not contiguous"
         );
         out.push(record);
     }
-    out
+    (first, out)
 }
 
 /// Checks the read-back log against acknowledgements `(first_lsn, records)`: every acknowledged
