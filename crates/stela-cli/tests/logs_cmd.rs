@@ -1,6 +1,6 @@
 //! `stela logs list|delete|release-hold` against a running daemon: every log of its directory
 //! with its state; a log a client has open cannot be deleted (exit 5, "locked"); a closed one is
-//! removed with its files and directory, and is gone from the list; a warm follower's hold on a
+//! removed with its files, directory and holds, and is gone from the list; a warm follower's hold on a
 //! copy is listed and released by the holder shown.
 
 mod common;
@@ -21,6 +21,12 @@ fn logs_are_listed_and_a_closed_one_deleted() {
     closed.append_durable(&"old".to_owned()).unwrap();
     closed.close().unwrap();
     let d = daemon.dir_arg().to_owned();
+    // A follower once read the closed log: its hold goes with the log.
+    let follower = base.path().join("follower");
+    std::fs::create_dir_all(&follower).unwrap();
+    let storage = stela_wal::storage::StdStorage;
+    let old_dir = dir.join("logs/old");
+    stela_wal::holds::record(&storage, &old_dir, &follower, stela_format::Lsn::new(1)).unwrap();
 
     let list = stela(&["logs", "list", "--dir", &d, "--json"]);
     assert_eq!(list.status.code(), Some(0), "{}", text(&list));
@@ -64,6 +70,9 @@ fn logs_are_listed_and_a_closed_one_deleted() {
         !dir.join("logs/old").exists(),
         "the log's directory is still there"
     );
+    assert!(stela_wal::holds::list(&storage, &old_dir)
+        .unwrap()
+        .is_empty());
     let after = text(&stela(&["logs", "list", "--dir", &d]));
     assert!(!after.contains("old"), "{after}");
 

@@ -149,7 +149,8 @@ pub enum RequestBody {
     PowerRestore,
     /// Every log in the daemon's directory, open or not.
     ListLogs,
-    /// Removes a log that no client has open: its files, then its directory (administrative).
+    /// Removes a log that no client has open: its files, then its directory and the holds on
+    /// it (administrative).
     DeleteLog {
         log: String,
     },

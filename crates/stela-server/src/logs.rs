@@ -326,7 +326,11 @@ impl Logs {
         self.storage
             .sync_dir(&self.dir)
             .map_err(io(format!("syncing {}", self.dir.display())))?;
-        tracing::warn!(log = name, segments, bytes, "log deleted");
+        // Holds on the deleted copy (a standby's, followers') would keep a log created later
+        // under the same name from being truncated.
+        let holds = stela_wal::holds::release_all(self.storage.as_ref(), &dir)
+            .map_err(io(format!("releasing the holds on {}", dir.display())))?;
+        tracing::warn!(log = name, segments, bytes, holds, "log deleted");
         Ok((segments, bytes))
     }
 

@@ -236,9 +236,26 @@ fn lowest_where(
 /// # Errors
 /// The I/O error of listing the holds, or of removing a file and syncing the directory.
 pub fn release_standby_holds(storage: &dyn Storage, log_dir: &Path) -> std::io::Result<usize> {
+    release_where(storage, log_dir, Hold::is_standby)
+}
+
+/// Releases every hold on the copy in `log_dir`: the log is deleted (a log created later under
+/// the same name must not inherit them). Returns how many.
+///
+/// # Errors
+/// As [`release_standby_holds`].
+pub fn release_all(storage: &dyn Storage, log_dir: &Path) -> std::io::Result<usize> {
+    release_where(storage, log_dir, |_| true)
+}
+
+fn release_where(
+    storage: &dyn Storage,
+    log_dir: &Path,
+    released_if: impl Fn(&Hold) -> bool,
+) -> std::io::Result<usize> {
     let holds = list(storage, log_dir).map_err(std::io::Error::other)?;
     let mut released = 0;
-    for hold in holds.iter().filter(|hold| hold.is_standby()) {
+    for hold in holds.iter().filter(|hold| released_if(hold)) {
         storage.remove(&hold.file)?;
         released += 1;
     }
@@ -386,6 +403,11 @@ mod tests {
         assert_eq!(left.len(), 1);
         assert!(!left[0].is_standby());
         assert_eq!(release_standby_holds(&StdStorage, &log_dir).unwrap(), 0);
+        // A deleted log's holds all go.
+        record_standby(&StdStorage, &log_dir, "10.0.0.2:7000", Lsn::new(9)).unwrap();
+        assert_eq!(release_all(&StdStorage, &log_dir).unwrap(), 2);
+        assert!(list(&StdStorage, &log_dir).unwrap().is_empty());
+        assert_eq!(release_all(&StdStorage, &log_dir).unwrap(), 0);
     }
 
     #[test]

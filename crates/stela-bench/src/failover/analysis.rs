@@ -11,8 +11,10 @@
 //!   command that makes it returned (the few milliseconds it runs, a commit can still complete
 //!   the old way);
 //! - **downtime** (faults that fail over): injection to the first acknowledgement of a commit
-//!   that *began* after the injection; a commit in flight at the injection does not count, as
-//!   its answer may have left the old primary before the fault;
+//!   that *began* after the injection, given by a primary of a newer epoch than the one before
+//!   the fault; a commit in flight at the injection does not count, as its answer may have left
+//!   the old primary before the fault, nor does one the old primary answered after the
+//!   injection began (a signal takes effect a little after it is sent);
 //! - **blocked** (faults that should not fail over): the longest wait of a commit that was
 //!   waiting at some moment between injection and restoration;
 //! - **double primary**: an acknowledgement in term t seen after one in a term above t.
@@ -31,6 +33,9 @@ pub struct FaultWindow {
     /// When the fault's condition ended (link up, process continued or restarted, ...).
     pub restore_ms: f64,
     pub expects_failover: bool,
+    /// The pair's epoch before the fault: a failover's downtime ends at the first
+    /// acknowledgement in a later one.
+    pub epoch_before: u64,
 }
 
 /// What the events say about one fault's period.
@@ -67,11 +72,17 @@ pub fn facts(events: &[Event], faults: &[FaultWindow]) -> Vec<FaultFacts> {
             let mut facts = FaultFacts::default();
             for event in events {
                 match event {
-                    Event::Ack { t_ms, wait_ms, .. } => {
+                    Event::Ack {
+                        t_ms,
+                        wait_ms,
+                        term,
+                        ..
+                    } => {
                         if inside(*t_ms) {
                             facts.acked += 1;
                             let began = t_ms - wait_ms;
                             if fault.expects_failover
+                                && term >> 32 > fault.epoch_before
                                 && began >= fault.inject_ms
                                 && facts.downtime_ms.is_none()
                             {
@@ -195,11 +206,13 @@ mod tests {
     }
 
     #[test]
-    fn downtime_counts_only_commits_begun_after_the_injection() {
+    fn downtime_counts_only_commits_begun_after_the_injection_and_answered_by_a_new_primary() {
         let events = vec![
             ack(1, T1, 100.0, 1.0),
             // In flight at the injection (1000): acknowledged after it, but begun before.
             ack(2, T1, 1000.5, 1.0),
+            // Begun after it, but answered by the old primary before the signal took effect.
+            ack(21, T1, 1000.8, 0.2),
             Event::InDoubt {
                 seq: 3,
                 term: T1,
@@ -216,10 +229,11 @@ mod tests {
             inject_ms: 1000.0,
             restore_ms: 1400.0,
             expects_failover: true,
+            epoch_before: 1,
         }];
         let facts = facts(&events, &faults);
         assert_eq!(facts[0].downtime_ms, Some(450.0));
-        assert_eq!((facts[0].acked, facts[0].in_doubt), (3, 1));
+        assert_eq!((facts[0].acked, facts[0].in_doubt), (4, 1));
         assert_eq!(facts[0].double_primary, 0);
     }
 
@@ -237,12 +251,14 @@ mod tests {
                 inject_ms: 1000.0,
                 restore_ms: 3000.0,
                 expects_failover: false,
+                epoch_before: 1,
             },
             FaultWindow {
                 start_ms: 4000.0,
                 inject_ms: 4000.0,
                 restore_ms: 4100.0,
                 expects_failover: false,
+                epoch_before: 1,
             },
         ];
         let facts = facts(&events, &faults);
@@ -268,12 +284,14 @@ mod tests {
                 inject_ms: 0.0,
                 restore_ms: 1.0,
                 expects_failover: true,
+                epoch_before: 1,
             },
             FaultWindow {
                 start_ms: 45.0,
                 inject_ms: 45.0,
                 restore_ms: 46.0,
                 expects_failover: true,
+                epoch_before: 1,
             },
         ];
         let facts = facts(&events, &faults);

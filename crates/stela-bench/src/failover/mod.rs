@@ -402,6 +402,7 @@ fn run_in(
             inject_ms: r.inject_ms,
             restore_ms: r.restore_ms,
             expects_failover: r.kind.expects_failover(),
+            epoch_before: r.epoch_before,
         })
         .collect();
     let facts = analysis::facts(&events, &windows);
@@ -778,7 +779,7 @@ fn print_table(
     }
     writeln!(
         out,
-        "# downtime: injection to the first acknowledgement of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
+        "# downtime: injection to the first acknowledgement, by a primary of a newer epoch, of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
     )?;
     Ok(())
 }
