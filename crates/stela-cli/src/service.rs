@@ -172,6 +172,12 @@ pub struct ServeArgs {
     /// in `stela status`, until it is back. Default: they wait for it.
     #[arg(long, value_name = "MS")]
     pub degrade_after: Option<u64>,
+    /// With --standby: the most bytes of a log the primary keeps for a standby that has not
+    /// stored them (bytes; K/M/G suffixes). Beyond it, truncation passes the standby's hold,
+    /// logged; the standby, back, begins its copy again at the oldest segment left. Default:
+    /// keep everything the standby needs.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub standby_keep_max: Option<usize>,
     /// Automatic failover: the coordinator that grants epochs, `tcp://HOST:PORT` (a
     /// `stela witness`) or `etcd://HOST:PORT`. Needs --peer and --repl-listen; the coordinator
     /// then says which node is the primary.
@@ -345,6 +351,7 @@ impl ServeArgs {
         config.repl_insecure = self.repl_insecure;
         config.node = self.node.clone();
         config.degrade_after = self.degrade_after.map(Duration::from_millis);
+        config.standby_keep_max = self.standby_keep_max.map(|b| b as u64);
         config.standby_tls = self
             .standby_ca
             .clone()

@@ -130,6 +130,12 @@ pub struct DaemonConfig {
     /// acknowledged without it (as `buffered` / `disk`), logged and counted, until it is back.
     /// `None`: they wait for it (the default).
     pub degrade_after: Option<Duration>,
+    /// With a standby: the most bytes of a log the hold kept for the standby may keep (the
+    /// segments from the one the standby needs next to the newest). A hold that would keep more
+    /// is passed over by truncation, logged; the standby, when it comes back, begins its copy
+    /// again at the oldest segment left (`Reseed`). `None`: the hold keeps everything it needs
+    /// (the default), as PostgreSQL's `max_slot_wal_keep_size = -1`.
+    pub standby_keep_max: Option<u64>,
     /// Automatic failover between this node and its peer (`--coordinator`); `None`: roles are
     /// fixed by `standby` / `repl_listen`.
     pub failover: Option<FailoverConfig>,
@@ -216,6 +222,7 @@ impl DaemonConfig {
             repl_insecure: false,
             node: "stela".to_owned(),
             degrade_after: None,
+            standby_keep_max: None,
             standby_tls: None,
             standby_name: None,
             standby_token_file: None,

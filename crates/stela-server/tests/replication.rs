@@ -811,3 +811,82 @@ fn a_standby_behind_the_primarys_oldest_segment_begins_its_copy_again_there() {
     assert_eq!(on_standby.0, oldest);
     assert_eq!(on_standby.1.last(), Some(&rec(1, 700, 600)));
 }
+
+/// With `standby_keep_max`, the primary's truncation passes over a hold for an absent standby
+/// that would keep more than that; the standby, back, begins its copy again at the oldest
+/// segment left and acknowledges again.
+#[test]
+fn a_standby_hold_beyond_the_keep_limit_is_passed_over_and_the_standby_begins_again() {
+    let root = tempfile::tempdir().unwrap();
+    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
+    let standby_node = standby(&s_dir, 0);
+    let repl = standby_node.repl_addr().expect("listening");
+    let mut p_config = config(&p_dir);
+    p_config.standby = Some(repl);
+    p_config.standby_keep_max = Some(3 * (64 << 10));
+    let primary_node = NoHang::new(Server::start(p_config).expect("the primary starts"));
+    let mut client = RawClient::connect(primary_node.socket_path());
+    let handle = client.open("ledger");
+    let mut last = 0;
+    for seq in 0..20u64 {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client
+        .commit(handle, last, Durability::All)
+        .expect("commit");
+    let standby_has = last;
+    std::thread::sleep(Duration::from_millis(300));
+    standby_node.shutdown().expect("the standby stops");
+    let truncate = |client: &mut RawClient, before| match client
+        .request(RequestBody::Truncate { handle, before })
+    {
+        Ok(ResponseBody::Truncated { segments }) => segments,
+        other => panic!("truncate: {other:?}"),
+    };
+    // Within the limit the hold is kept...
+    for seq in 20..200u64 {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client
+        .commit(handle, last, Durability::Disk)
+        .expect("commit");
+    let p_log = log_dir(&p_dir, "ledger");
+    assert!(
+        segment_starts(&p_log).len() <= 3,
+        "{:?}",
+        segment_starts(&p_log)
+    );
+    assert_eq!(truncate(&mut client, last), 0);
+    // ... beyond it, passed over.
+    for seq in 200..700u64 {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client
+        .commit(handle, last, Durability::Disk)
+        .expect("commit");
+    assert!(truncate(&mut client, last) >= 5);
+    let oldest = segment_starts(&p_log)[0];
+    assert!(oldest > standby_has + 1, "{oldest}");
+
+    let standby_node = standby(&s_dir, repl.port());
+    let (_, newest) = client
+        .append(handle, Durability::Buffered, &[rec(1, 700, 600)])
+        .expect("append");
+    eventually("the standby catches up", TEN_S, || {
+        standby_received(primary_node.socket_path()) >= newest
+    });
+    client
+        .commit(handle, newest, Durability::Replicated)
+        .expect("the standby acknowledges again");
+    assert_eq!(segment_starts(&log_dir(&s_dir, "ledger"))[0], oldest);
+    drop(client);
+    primary_node.shutdown().expect("primary stops cleanly");
+    std::thread::sleep(Duration::from_millis(300));
+    standby_node.shutdown().expect("standby stops cleanly");
+}

@@ -622,12 +622,41 @@ impl Engine {
                 }
                 _ => hold.lsn.get(),
             };
+            if hold.is_standby() && lsn < lowest {
+                if let Some(max) = self.config.standby_keep_max {
+                    let kept = self.bytes_from(entry, lsn);
+                    if kept > max {
+                        tracing::warn!(log = %entry.name, holder = ?hold.holder, held = lsn, kept, max,
+                            "the standby's hold would keep more than --standby-keep-max: passed over; the standby will begin its copy again at the oldest segment left");
+                        continue;
+                    }
+                }
+            }
             if lsn < lowest {
                 tracing::debug!(log = %entry.name, before, held = lsn, holder = ?hold.holder, "truncation kept back by a hold");
                 lowest = lsn;
             }
         }
         lowest
+    }
+
+    /// The bytes of `entry`'s segments that hold `lsn` or anything after it.
+    fn bytes_from(&self, entry: &LogEntry, lsn: u64) -> u64 {
+        let segments = entry.segments.list();
+        let storage = self.config.storage.as_ref();
+        let first = segments
+            .iter()
+            .rposition(|s| s.start.get() <= lsn)
+            .unwrap_or(0);
+        segments[first..]
+            .iter()
+            .filter_map(|s| {
+                storage
+                    .open(&s.path, stela_wal::storage::OpenMode::Read)
+                    .ok()
+            })
+            .map(|file| file.len().unwrap_or(0))
+            .sum()
     }
 
     pub fn status(&self, net: &NetStats) -> StatusReport {
