@@ -624,6 +624,37 @@ fn the_standby_follows_the_primarys_truncation_down_to_a_followers_hold() {
     assert_eq!(segment_files(&p_log), segment_files(&s_log));
 }
 
+/// Once the standby is back: one more record, which the standby receives (it catches up) and
+/// acknowledges at `replicated`.
+fn caught_up(client: &mut RawClient, handle: u32, primary: &Path) {
+    let (_, newest) = client
+        .append(handle, Durability::Buffered, &[rec(1, 700, 600)])
+        .expect("append");
+    eventually("the standby catches up", TEN_S, || {
+        standby_received(primary) >= newest
+    });
+    client
+        .commit(handle, newest, Durability::Replicated)
+        .expect("the standby acknowledges");
+}
+
+/// Appends records `seqs` of 600 bytes to `handle` and commits them at `level`; the last LSN.
+fn write_600(
+    client: &mut RawClient,
+    handle: u32,
+    seqs: std::ops::Range<u64>,
+    level: Durability,
+) -> u64 {
+    let mut last = 0;
+    for seq in seqs {
+        (_, last) = client
+            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
+            .expect("append");
+    }
+    client.commit(handle, last, level).expect("commit");
+    last
+}
+
 /// The primary keeps, through a client's truncation and its own restart, every segment its
 /// standby has not stored yet: the standby was down while the log grew and was truncated, and
 /// when it comes back it catches up from the primary's files. Once it has, the hold moves up
@@ -637,28 +668,13 @@ fn the_primary_keeps_what_an_absent_standby_still_needs_through_truncation_and_r
     let mut primary_node = primary(&p_dir, repl);
     let mut client = RawClient::connect(primary_node.socket_path());
     let mut handle = client.open("ledger");
-    let mut last = 0;
-    for seq in 0..50u64 {
-        (_, last) = client
-            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
-            .expect("append");
-    }
-    client
-        .commit(handle, last, Durability::All)
-        .expect("replicated commit");
+    let mut last = write_600(&mut client, handle, 0..50, Durability::All);
     let standby_has = last;
     std::thread::sleep(Duration::from_millis(300));
     standby_node.shutdown().expect("the standby stops");
 
     // The log grows and is truncated while the standby is away.
-    for seq in 50..700u64 {
-        (_, last) = client
-            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
-            .expect("append");
-    }
-    client
-        .commit(handle, last, Durability::Disk)
-        .expect("commit");
+    last = write_600(&mut client, handle, 50..700, Durability::Disk);
     let p_log = log_dir(&p_dir, "ledger");
     let starts = segment_starts(&p_log);
     assert!(starts.len() >= 6, "the test spans segments: {starts:?}");
@@ -705,15 +721,7 @@ fn the_primary_keeps_what_an_absent_standby_still_needs_through_truncation_and_r
 
     // The standby comes back and catches up from the files the hold kept.
     let standby_node = standby(&s_dir, repl.port());
-    let (_, newest) = client
-        .append(handle, Durability::Buffered, &[rec(1, 700, 600)])
-        .expect("append");
-    eventually("the standby catches up", TEN_S, || {
-        standby_received(primary_node.socket_path()) >= newest
-    });
-    client
-        .commit(handle, newest, Durability::Replicated)
-        .expect("the standby acknowledges");
+    caught_up(&mut client, handle, primary_node.socket_path());
     // Then the hold moves up (within a second of the acknowledgements) and truncation goes
     // through, here and, following it, on the standby.
     let s_log = log_dir(&s_dir, "ledger");
@@ -745,25 +753,10 @@ fn a_standby_behind_the_primarys_oldest_segment_begins_its_copy_again_there() {
     let primary_node = primary(&p_dir, repl);
     let mut client = RawClient::connect(primary_node.socket_path());
     let handle = client.open("ledger");
-    let mut last = 0;
-    for seq in 0..20u64 {
-        (_, last) = client
-            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
-            .expect("append");
-    }
-    client
-        .commit(handle, last, Durability::All)
-        .expect("commit");
+    write_600(&mut client, handle, 0..20, Durability::All);
     std::thread::sleep(Duration::from_millis(300));
     standby_node.shutdown().expect("the standby stops");
-    for seq in 20..700u64 {
-        (_, last) = client
-            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
-            .expect("append");
-    }
-    client
-        .commit(handle, last, Durability::Disk)
-        .expect("commit");
+    let last = write_600(&mut client, handle, 20..700, Durability::Disk);
     // The standby is given up on: its hold is released, and truncation goes through.
     let holder = format!("standby at {repl}");
     match client.request(RequestBody::ReleaseHold {
@@ -789,15 +782,7 @@ fn a_standby_behind_the_primarys_oldest_segment_begins_its_copy_again_there() {
 
     // It comes back: its copy begins again at the primary's oldest segment.
     let standby_node = standby(&s_dir, repl.port());
-    let (_, newest) = client
-        .append(handle, Durability::Buffered, &[rec(1, 700, 600)])
-        .expect("append");
-    eventually("the standby catches up", TEN_S, || {
-        standby_received(primary_node.socket_path()) >= newest
-    });
-    client
-        .commit(handle, newest, Durability::Replicated)
-        .expect("the standby acknowledges again");
+    caught_up(&mut client, handle, primary_node.socket_path());
     let s_log = log_dir(&s_dir, "ledger");
     assert_eq!(segment_starts(&s_log)[0], oldest);
     drop(client);
@@ -827,15 +812,7 @@ fn a_standby_hold_beyond_the_keep_limit_is_passed_over_and_the_standby_begins_ag
     let primary_node = NoHang::new(Server::start(p_config).expect("the primary starts"));
     let mut client = RawClient::connect(primary_node.socket_path());
     let handle = client.open("ledger");
-    let mut last = 0;
-    for seq in 0..20u64 {
-        (_, last) = client
-            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
-            .expect("append");
-    }
-    client
-        .commit(handle, last, Durability::All)
-        .expect("commit");
+    let mut last = write_600(&mut client, handle, 0..20, Durability::All);
     let standby_has = last;
     std::thread::sleep(Duration::from_millis(300));
     standby_node.shutdown().expect("the standby stops");
@@ -846,14 +823,7 @@ fn a_standby_hold_beyond_the_keep_limit_is_passed_over_and_the_standby_begins_ag
         other => panic!("truncate: {other:?}"),
     };
     // Within the limit the hold is kept...
-    for seq in 20..200u64 {
-        (_, last) = client
-            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
-            .expect("append");
-    }
-    client
-        .commit(handle, last, Durability::Disk)
-        .expect("commit");
+    last = write_600(&mut client, handle, 20..200, Durability::Disk);
     let p_log = log_dir(&p_dir, "ledger");
     assert!(
         segment_starts(&p_log).len() <= 3,
@@ -862,28 +832,13 @@ fn a_standby_hold_beyond_the_keep_limit_is_passed_over_and_the_standby_begins_ag
     );
     assert_eq!(truncate(&mut client, last), 0);
     // ... beyond it, passed over.
-    for seq in 200..700u64 {
-        (_, last) = client
-            .append(handle, Durability::Buffered, &[rec(1, seq, 600)])
-            .expect("append");
-    }
-    client
-        .commit(handle, last, Durability::Disk)
-        .expect("commit");
+    last = write_600(&mut client, handle, 200..700, Durability::Disk);
     assert!(truncate(&mut client, last) >= 5);
     let oldest = segment_starts(&p_log)[0];
     assert!(oldest > standby_has + 1, "{oldest}");
 
     let standby_node = standby(&s_dir, repl.port());
-    let (_, newest) = client
-        .append(handle, Durability::Buffered, &[rec(1, 700, 600)])
-        .expect("append");
-    eventually("the standby catches up", TEN_S, || {
-        standby_received(primary_node.socket_path()) >= newest
-    });
-    client
-        .commit(handle, newest, Durability::Replicated)
-        .expect("the standby acknowledges again");
+    caught_up(&mut client, handle, primary_node.socket_path());
     assert_eq!(segment_starts(&log_dir(&s_dir, "ledger"))[0], oldest);
     drop(client);
     primary_node.shutdown().expect("primary stops cleanly");

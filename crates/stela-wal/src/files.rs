@@ -283,6 +283,25 @@ impl SegmentSet {
         Ok(removable)
     }
 
+    /// Removes `segments` in the order given, syncing the directory after each, so that a crash
+    /// between two removals leaves the files the order promises (a log that opens, for an order
+    /// that keeps one).
+    pub(crate) fn remove_one_by_one<'a>(
+        storage: &dyn Storage,
+        dir: &Path,
+        segments: impl IntoIterator<Item = &'a SegmentFile>,
+    ) -> Result<()> {
+        for segment in segments {
+            storage
+                .remove(&segment.path)
+                .map_err(|e| Error::io("remove", &segment.path, e))?;
+            storage
+                .sync_dir(dir)
+                .map_err(|e| Error::io("fsync directory", dir, e))?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn push(&self, segment: SegmentFile) {
         self.lock().push(segment);
     }

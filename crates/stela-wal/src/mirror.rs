@@ -441,14 +441,7 @@ pub fn restart_at(
         )));
     }
     let storage = &files.segments.storage;
-    for segment in &segments {
-        storage
-            .remove(&segment.path)
-            .map_err(|e| Error::io("remove", &segment.path, e))?;
-        storage
-            .sync_dir(dir)
-            .map_err(|e| Error::io("fsync directory", dir, e))?;
-    }
+    SegmentSet::remove_one_by_one(storage.as_ref(), dir, &segments)?;
     crate::writer::create(storage.as_ref(), dir, header)?;
     Ok(segments.len())
 }

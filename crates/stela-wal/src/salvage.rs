@@ -214,14 +214,11 @@ pub fn cut_after(
         writer, segments, ..
     } = files;
     drop(writer);
-    for segment in removable.iter().rev() {
-        storage
-            .remove(&segment.path)
-            .map_err(|e| Error::io("remove", &segment.path, e))?;
-        storage
-            .sync_dir(dir)
-            .map_err(|e| Error::io("fsync directory", dir, e))?;
-    }
+    crate::files::SegmentSet::remove_one_by_one(
+        storage.as_ref(),
+        dir,
+        removable.iter().rev().copied(),
+    )?;
     if keep_first {
         let file = storage
             .open(&first_doomed.path, OpenMode::ReadWrite)

@@ -735,14 +735,7 @@ impl Replication {
                     after_lsn: agreed,
                 },
             )?;
-            theirs = match read_position(&mut reader) {
-                Ok(position) => position,
-                Err(StreamError::Refused {
-                    term: theirs,
-                    message,
-                }) => return Err(self.fence(link, theirs, term, message)),
-                Err(StreamError::Broken(why)) => return Err(why),
-            };
+            theirs = self.position_after(link, term, &mut reader)?;
         }
         // A copy that ends in a segment older than this copy's oldest cannot be continued:
         // this node truncated the records between (a new standby, or one away while a hold
@@ -765,14 +758,7 @@ impl Replication {
                     header: header.encode().to_vec(),
                 },
             )?;
-            theirs = match read_position(&mut reader) {
-                Ok(position) => position,
-                Err(StreamError::Refused {
-                    term: theirs,
-                    message,
-                }) => return Err(self.fence(link, theirs, term, message)),
-                Err(StreamError::Broken(why)) => return Err(why),
-            };
+            theirs = self.position_after(link, term, &mut reader)?;
         }
         // Records the standby holds in this primary's own term came from it: they count (not
         // after a reseed: it holds none below where it began again).
@@ -1001,6 +987,24 @@ impl Replication {
         if waiting > 0 {
             tracing::warn!(log = %link.name, standby = %self.standby, waiting,
                 "the standby left before confirming its rejoin: replicated commits acknowledged WITHOUT it (unprotected)");
+        }
+    }
+
+    /// The standby's `Position` after a `Cut` or a `Reseed`; a refusal fences as at the
+    /// handshake.
+    fn position_after(
+        &self,
+        link: &Link,
+        term: u64,
+        reader: &mut impl Read,
+    ) -> Result<TheirCopy, String> {
+        match read_position(reader) {
+            Ok(position) => Ok(position),
+            Err(StreamError::Refused {
+                term: theirs,
+                message,
+            }) => Err(self.fence(link, theirs, term, message)),
+            Err(StreamError::Broken(why)) => Err(why),
         }
     }
 
