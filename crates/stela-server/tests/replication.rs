@@ -845,3 +845,39 @@ fn a_standby_hold_beyond_the_keep_limit_is_passed_over_and_the_standby_begins_ag
     std::thread::sleep(Duration::from_millis(300));
     standby_node.shutdown().expect("standby stops cleanly");
 }
+
+/// A standby's hold stands only for the standby the daemon ships to: restarted without one,
+/// the daemon's truncation passes over the hold its primary days left (the listing still shows
+/// it, for `release-hold`).
+#[test]
+fn a_standby_hold_left_on_a_daemon_that_no_longer_ships_is_not_counted() {
+    let root = tempfile::tempdir().unwrap();
+    let p_dir = root.path().join("p");
+    let absent = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let primary_node = primary(&p_dir, absent);
+    let mut client = RawClient::connect(primary_node.socket_path());
+    let handle = client.open("ledger");
+    let last = write_600(&mut client, handle, 0..700, Durability::Disk);
+    let truncate = |client: &mut RawClient, handle| match client.request(RequestBody::Truncate {
+        handle,
+        before: last,
+    }) {
+        Ok(ResponseBody::Truncated { segments }) => segments,
+        other => panic!("truncate: {other:?}"),
+    };
+    assert_eq!(truncate(&mut client, handle), 0, "held for the standby");
+    drop(client);
+    primary_node.shutdown().expect("the primary stops");
+
+    let alone = NoHang::new(Server::start(config(&p_dir)).expect("the daemon starts"));
+    let mut client = RawClient::connect(alone.socket_path());
+    let handle = client.open("ledger");
+    assert!(truncate(&mut client, handle) >= 5);
+    let holds = stela_wal::holds::list(&StdStorage, &log_dir(&p_dir, "ledger")).unwrap();
+    assert!(holds.len() == 1 && holds[0].is_standby(), "{holds:?}");
+    drop(client);
+    alone.shutdown().expect("the daemon stops");
+}

@@ -609,19 +609,26 @@ impl Engine {
                 return 1;
             }
         };
+        let replication = self.ha.replication.as_ref();
+        let ours = replication.map(|r| r.standby_holder());
         // The standby's hold as its acknowledgements stand now, not as its file last said.
-        let standby = (self.ha.replication.as_ref()).and_then(|r| r.standby_stored(entry.id));
+        let stored = replication.and_then(|r| r.standby_stored(entry.id));
         let mut lowest = before;
         for hold in &holds {
             if let Some(why) = &hold.unreadable {
                 tracing::warn!(log = %entry.name, hold = %hold.file.display(), why, "a hold cannot be read; the log keeps everything from LSN 1");
             }
-            let lsn = match &standby {
-                Some((holder, now)) if hold.holder.as_deref() == Some(holder) => {
-                    hold.lsn.get().max(*now)
+            let mut lsn = hold.lsn.get();
+            if hold.is_standby() {
+                // Only this primary's standby's hold counts: one left for another address, or
+                // on a daemon that now has no standby, stands for no one (that standby, if it
+                // ever comes back, begins its copy again).
+                if hold.holder != ours {
+                    tracing::debug!(log = %entry.name, holder = ?hold.holder, "a hold left for a standby this daemon does not ship to: not counted");
+                    continue;
                 }
-                _ => hold.lsn.get(),
-            };
+                lsn = lsn.max(stored.unwrap_or(0));
+            }
             if hold.is_standby() && lsn < lowest {
                 if let Some(max) = self.config.standby_keep_max {
                     let kept = self.bytes_from(entry, lsn);

@@ -318,15 +318,19 @@ impl Replication {
         Some((state.term, state.history.clone()))
     }
 
-    /// The hold this primary keeps on `log` for its standby, as the standby's acknowledgements
-    /// stand now: its holder's name and the first LSN the standby has not stored. The hold's
-    /// file follows these at most once a second ([`hold::MOVE_EVERY`]); a truncation takes the
-    /// higher of the two. `None` before the standby has acknowledged anything durable.
-    pub fn standby_stored(&self, log: LogId) -> Option<(String, u64)> {
+    /// The holder's name of the hold this primary keeps for its standby (`standby at ADDR`).
+    pub fn standby_holder(&self) -> String {
+        stela_wal::holds::standby_holder(&self.standby.to_string())
+    }
+
+    /// The first LSN of `log` the standby has not stored, as its acknowledgements stand now.
+    /// The hold's file follows them at most once a second ([`hold::MOVE_EVERY`]); a truncation
+    /// takes the higher of the two. `None` before the standby has acknowledged anything
+    /// durable.
+    pub fn standby_stored(&self, log: LogId) -> Option<u64> {
         let link = lock(&self.links).get(&log).cloned()?;
         let (_, durable) = link.protection.acknowledged_lsns();
-        let holder = stela_wal::holds::standby_holder(&self.standby.to_string());
-        (durable > 0).then_some((holder, durable + 1))
+        (durable > 0).then_some(durable + 1)
     }
 
     /// Stops shipping `log` (it was closed); its waiters are told.
