@@ -722,8 +722,18 @@ fn the_primary_keeps_what_an_absent_standby_still_needs_through_truncation_and_r
     // The standby comes back and catches up from the files the hold kept.
     let standby_node = standby(&s_dir, repl.port());
     caught_up(&mut client, handle, primary_node.socket_path());
-    // Then the hold moves up (within a second of the acknowledgements) and truncation goes
-    // through, here and, following it, on the standby.
+    // Then the hold's file moves up (within a second of the acknowledgements: a primary
+    // restarted now would hold from there) and truncation goes through, here and, following
+    // it, on the standby.
+    let newest = client.positions(handle).last_lsn;
+    eventually(
+        "the hold's file follows the acknowledgements",
+        TEN_S,
+        || {
+            let holds = stela_wal::holds::list(&StdStorage, &p_log).unwrap();
+            holds[0].lsn.get() > newest
+        },
+    );
     let s_log = log_dir(&s_dir, "ledger");
     eventually("the truncation goes through", TEN_S, || {
         truncate(&mut client, handle);
