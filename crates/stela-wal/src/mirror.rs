@@ -286,18 +286,8 @@ impl Checker {
                     header.start_lsn, chunk.segment_start, here.next_lsn
                 ));
             }
-            if header.layout != Layout::CURRENT {
-                return refuse(format!(
-                    "a version {} segment; only version {} is shipped",
-                    header.layout.version(),
-                    Layout::CURRENT.version()
-                ));
-            }
-            if header.codec != current.codec || !header.type_tag.same_as(&current.type_tag) {
-                return refuse(format!(
-                    "a segment of {} records in {}; this log holds {} records in {}",
-                    header.type_tag.shown, header.codec, current.type_tag.shown, current.codec
-                ));
+            if let Err(why) = of_this_log(&header, current) {
+                return refuse(why);
             }
             let replaces = header.start_lsn == current.start_lsn;
             let expected_seq = current.segment_seq + u64::from(!replaces);
@@ -411,39 +401,50 @@ pub type Shipped = (Lsn, u64, Vec<u8>, Lsn);
 /// is the new segment created, durably.
 ///
 /// # Errors
-/// [`MirrorError::Refused`] (nothing changed) if `header` is not of this log's codec and
-/// record type, or does not begin after everything the copy holds and past its newest
-/// segment's start; [`MirrorError::Wal`] for a failure to open, remove or create.
+/// [`MirrorError::Refused`] (nothing changed) if `header` is not of the shipped layout and of
+/// this log's codec and record type, or does not begin after everything the copy holds and
+/// past its newest segment's start; [`MirrorError::Wal`] for a failure to open, remove or create.
 pub fn restart_at(
     dir: &Path,
     options: WalOptions,
     type_tag: &str,
     header: &SegmentHeader,
 ) -> std::result::Result<usize, MirrorError> {
-    let files = LogFiles::open(dir, options, type_tag)?;
-    let segments = files.segments.list();
+    let mirror = Mirror::open(dir, options, type_tag)?;
+    of_this_log(header, &mirror.checker.header).map_err(MirrorError::Refused)?;
+    let next_lsn = mirror.position().next_lsn;
+    let segments = mirror.segments.list();
     let newest = segments.last().map_or(Lsn::FIRST, |s| s.start);
-    let type_tag = stela_format::TypeTag::new(type_tag);
-    if header.codec != files.codec() || !header.type_tag.same_as(&type_tag) {
+    if header.start_lsn < next_lsn || header.start_lsn <= newest {
         return Err(MirrorError::Refused(format!(
-            "a segment of {} records in {}; this log holds {} records in {}",
-            header.type_tag.shown,
-            header.codec,
-            type_tag.shown,
-            files.codec()
+            "a copy that ends before LSN {next_lsn} and whose newest segment starts at {newest} \
+             cannot begin again at LSN {}",
+            header.start_lsn
         )));
     }
-    if header.start_lsn < files.next_lsn || header.start_lsn <= newest {
-        return Err(MirrorError::Refused(format!(
-            "a copy that ends before LSN {} and whose newest segment starts at {newest} cannot \
-             begin again at LSN {}",
-            files.next_lsn, header.start_lsn
-        )));
-    }
-    let storage = &files.segments.storage;
+    let storage = &mirror.segments.storage;
     SegmentSet::remove_one_by_one(storage.as_ref(), dir, &segments)?;
     crate::writer::create(storage.as_ref(), dir, header)?;
     Ok(segments.len())
+}
+
+/// Whether a copy whose newest segment has `current` for its header can take a segment of
+/// `header`: the layout that is shipped, and the same codec and record type; why not otherwise.
+fn of_this_log(header: &SegmentHeader, current: &SegmentHeader) -> std::result::Result<(), String> {
+    if header.layout != Layout::CURRENT {
+        return Err(format!(
+            "a version {} segment; only version {} is shipped",
+            header.layout.version(),
+            Layout::CURRENT.version()
+        ));
+    }
+    if header.codec != current.codec || !header.type_tag.same_as(&current.type_tag) {
+        return Err(format!(
+            "a segment of {} records in {}; this log holds {} records in {}",
+            header.type_tag.shown, header.codec, current.type_tag.shown, current.codec
+        ));
+    }
+    Ok(())
 }
 
 /// The next chunk to ship to a mirror standing at `from`, read from the primary's files: whole

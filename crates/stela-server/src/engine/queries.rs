@@ -560,7 +560,7 @@ impl Engine {
                 if kept_bytes >= keep {
                     break;
                 }
-                kept_bytes += std::fs::metadata(&segment.path).map_or(0, |m| m.len());
+                kept_bytes += self.file_bytes(&segment.path);
                 first_kept = index;
             }
             if first_kept == 0 || first_kept >= segments.len() {
@@ -628,9 +628,7 @@ impl Engine {
                     continue;
                 }
                 lsn = lsn.max(stored.unwrap_or(0));
-            }
-            if hold.is_standby() && lsn < lowest {
-                if let Some(max) = self.config.standby_keep_max {
+                if let Some(max) = self.config.standby_keep_max.filter(|_| lsn < lowest) {
                     let kept = self.bytes_from(entry, lsn);
                     if kept > max {
                         tracing::warn!(log = %entry.name, holder = ?hold.holder, held = lsn, kept, max,
@@ -650,20 +648,23 @@ impl Engine {
     /// The bytes of `entry`'s segments that hold `lsn` or anything after it.
     fn bytes_from(&self, entry: &LogEntry, lsn: u64) -> u64 {
         let segments = entry.segments.list();
-        let storage = self.config.storage.as_ref();
         let first = segments
             .iter()
             .rposition(|s| s.start.get() <= lsn)
             .unwrap_or(0);
         segments[first..]
             .iter()
-            .filter_map(|s| {
-                storage
-                    .open(&s.path, stela_wal::storage::OpenMode::Read)
-                    .ok()
-            })
-            .map(|file| file.len().unwrap_or(0))
+            .map(|s| self.file_bytes(&s.path))
             .sum()
+    }
+
+    /// The size of the file at `path` through the daemon's storage; 0 if it cannot be read.
+    fn file_bytes(&self, path: &std::path::Path) -> u64 {
+        let storage = self.config.storage.as_ref();
+        storage
+            .open(path, stela_wal::storage::OpenMode::Read)
+            .and_then(|file| file.len())
+            .unwrap_or(0)
     }
 
     pub fn status(&self, net: &NetStats) -> StatusReport {
