@@ -7,7 +7,9 @@
 //! balance, then filler). Each client works on a branch of its own, so transactions never
 //! conflict and what is measured is the engine and the persistence services, not lock waits.
 //! A transaction: add a random delta to a random account, to a random teller and to the branch
-//! (each a read and a write), insert the history row, commit.
+//! (each a read and a write: stela-store's `Transaction::update`, RocksDB's `get_for_update`
+//! then `put`, SQLite's `UPDATE ... SET balance = balance + ?`, each locking the row for
+//! writing from the read on), insert the history row, commit.
 //!
 //! The database is loaded once, closed cleanly (every page written, a checkpoint), and each run
 //! starts from a copy of it, so every configuration starts from the same bytes. The buffer pool
@@ -128,8 +130,9 @@ fn transaction(
     let teller = teller_key(b, rng.below(TELLERS_PER_BRANCH));
     let mut txn = store.begin();
     for key in [&account, &teller, &branch_key(b)] {
-        let old = txn.get(key)?.map_or(0, |r| balance(&r).unwrap_or(0));
-        txn.put(key, &row(old + delta))?;
+        txn.update(key, |old| {
+            Some(row(old.map_or(0, |r| balance(r).unwrap_or(0)) + delta))
+        })?;
     }
     txn.put(&history_key(b, seq), &row(delta))?;
     txn.commit()?;

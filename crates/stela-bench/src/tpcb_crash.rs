@@ -249,8 +249,9 @@ fn transfer(
 ) -> stela_store::Result<()> {
     let mut txn = store.begin();
     for key in [account, teller, &branch_key(b)] {
-        let old = txn.get(key)?.map_or(0, |r| balance(&r).unwrap_or(0));
-        txn.put(key, &row(old + delta))?;
+        txn.update(key, |old| {
+            Some(row(old.map_or(0, |r| balance(r).unwrap_or(0)) + delta))
+        })?;
     }
     txn.put(&history_key(b, seq), &row(delta))?;
     txn.commit()

@@ -1,8 +1,8 @@
 //! stela-store: a transactional key-value store on 8 KiB pages that logs through stela.
 //!
 //! A tour, from the top down:
-//! - [`store`]: [`Store`] and [`Transaction`] (`begin`, `get`, `put`, `delete`, `scan`,
-//!   `commit`, `abort`), and the order in which locks and the engine latch are taken.
+//! - [`store`]: [`Store`] and [`Transaction`] (`begin`, `get`, `put`, `update`, `delete`,
+//!   `scan`, `commit`, `abort`), and the order in which locks and the engine latch are taken.
 //! - [`lock`]: key locks for strict two-phase locking; deadlocks found on a waits-for graph.
 //! - [`btree`]: the B+tree over the buffer pool; splits as single logged structure changes.
 //! - [`checkpoint`]: classical and decoupled checkpoints, and the master record naming the

@@ -1068,6 +1068,39 @@ impl Transaction<'_> {
         store.check(written)
     }
 
+    /// Sets `key` to what `change` makes of its value (`None` for an absent key; `change`
+    /// returning `None` removes it) and returns the new value: a read and a write in one step.
+    /// The key is locked exclusively from the read on, so nobody changes it in between and two
+    /// transactions doing this to one key queue up rather than deadlock (as `get` then `put`
+    /// can, each holding the shared lock the other's write waits for). Read and write happen
+    /// under one hold of the engine latch, and that is where `change` runs: it must be quick and
+    /// must not use the store.
+    ///
+    /// # Errors
+    /// As [`Transaction::put`]; on an error nothing is written.
+    pub fn update(
+        &mut self,
+        key: &[u8],
+        change: impl FnOnce(Option<&[u8]>) -> Option<Vec<u8>>,
+    ) -> Result<Option<Vec<u8>>> {
+        check_key(key)?;
+        let store = &*self.store.shared;
+        store.lock(self.id, key, LockMode::Exclusive)?;
+        let mut engine = store.engine()?;
+        let updated = store.check(engine.get(key)).and_then(|old| {
+            let new = change(old.as_deref());
+            if let Some(value) = new.as_deref().filter(|v| v.len() > MAX_VALUE) {
+                return Err(Error::ValueTooLarge {
+                    len: value.len(),
+                    max: MAX_VALUE,
+                });
+            }
+            let written = self.write(&mut engine, key, new.as_deref());
+            store.check(written).map(|()| new)
+        });
+        updated
+    }
+
     /// Removes `key`; returns whether it was there.
     ///
     /// # Errors
@@ -1298,6 +1331,85 @@ mod tests {
             }
             store.close().unwrap();
         }
+    }
+
+    #[test]
+    fn an_update_holds_its_key_exclusively_from_the_read_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let mut writer = store.begin();
+        let new = writer
+            .update(b"k", |old| {
+                assert_eq!(old, None);
+                Some(b"1".to_vec())
+            })
+            .unwrap();
+        assert_eq!(new.as_deref(), Some(&b"1"[..]));
+        // A reader would wait for the writer: the update's read did not take a shared lock
+        // to be upgraded later, which two updaters could each hold (and then deadlock on).
+        let reader = store.begin();
+        assert_eq!(
+            store
+                .shared
+                .locks
+                .blockers(reader.id(), b"k", LockMode::Shared),
+            [writer.id()]
+        );
+        writer.commit().unwrap();
+        let mut reader = reader;
+        assert_eq!(reader.get(b"k").unwrap().as_deref(), Some(&b"1"[..]));
+        // `None` removes the key.
+        assert_eq!(reader.update(b"k", |_| None).unwrap(), None);
+        assert_eq!(reader.get(b"k").unwrap(), None);
+        reader.commit().unwrap();
+        store.close().unwrap();
+    }
+
+    #[test]
+    fn an_update_to_a_value_too_large_is_refused_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let mut txn = store.begin();
+        txn.put(b"k", b"before").unwrap();
+        let refused = txn.update(b"k", |_| Some(vec![0; MAX_VALUE + 1]));
+        assert!(
+            matches!(refused, Err(Error::ValueTooLarge { len, .. }) if len == MAX_VALUE + 1),
+            "{refused:?}"
+        );
+        assert_eq!(txn.get(b"k").unwrap().as_deref(), Some(&b"before"[..]));
+        txn.commit().unwrap();
+        store.close().unwrap();
+    }
+
+    #[test]
+    fn concurrent_updates_of_one_key_queue_up_and_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let increment = |old: Option<&[u8]>| {
+            let n = old.map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()));
+            Some((n + 1).to_be_bytes().to_vec())
+        };
+        let (threads, rounds) = (4, 50);
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    for _ in 0..rounds {
+                        let mut txn = store.begin();
+                        // No deadlock to retry: updaters of one key wait in line.
+                        txn.update(b"counter", increment).unwrap();
+                        txn.commit().unwrap();
+                    }
+                });
+            }
+        });
+        let mut txn = store.begin();
+        let counter = txn.get(b"counter").unwrap().unwrap();
+        assert_eq!(
+            u64::from_be_bytes(counter.try_into().unwrap()),
+            threads * rounds
+        );
+        txn.commit().unwrap();
+        store.close().unwrap();
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The B+tree and the whole store against a `BTreeMap` model, under random puts, deletes,
-//! gets, scans, commits, aborts, checkpoints, cleaning rounds and crashes, with each kind of
+//! updates, gets, scans, commits, aborts, checkpoints, cleaning rounds and crashes, with each kind of
 //! checkpoint and each page cleaner, and each restart mode (instant with and without its
 //! background thread: without it, redo and undo happen only on demand, so the operations after
 //! a restart, checkpoints and cleaning rounds included, run while most of it is pending, and a
@@ -32,6 +32,11 @@ enum Op {
     Delete {
         key: u16,
     },
+    /// `Transaction::update` with [`grown`]: a read and a write (or a removal) in one step.
+    Update {
+        key: u16,
+        fill: u8,
+    },
     Get {
         key: u16,
     },
@@ -52,6 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         40 => (0..300u16, 0..600u16, any::<u8>()).prop_map(|(key, len, fill)| Op::Put { key, len, fill }),
         15 => (0..300u16).prop_map(|key| Op::Delete { key }),
+        15 => (0..300u16, any::<u8>()).prop_map(|(key, fill)| Op::Update { key, fill }),
         12 => (0..300u16).prop_map(|key| Op::Get { key }),
         4 => (0..300u16, 0..300u16).prop_map(|(from, to)| Op::Scan { from, to }),
         10 => Just(Op::Commit),
@@ -60,6 +66,17 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Checkpoint),
         2 => Just(Op::Clean),
     ]
+}
+
+/// What `Op::Update` makes of a value: a new one for an absent key, a removal for a length
+/// divisible by 3, else the value one byte longer; so updates insert, grow (until a split) and
+/// remove.
+fn grown(old: Option<&[u8]>, fill: u8) -> Option<Vec<u8>> {
+    match old {
+        None => Some(vec![fill; 1 + usize::from(fill) * 2]),
+        Some(value) if value.len() % 3 == 0 => None,
+        Some(value) => Some([value, &[fill]].concat()),
+    }
 }
 
 /// Key `i`: its number first (so the order is the numbers'), padded to a length between 5 and
@@ -160,6 +177,17 @@ fn run_with(
                             visible(&committed, &pending).contains_key(&key(k))
                         );
                         pending.insert(key(k), None);
+                    }
+                    Op::Update { key: k, fill } => {
+                        let want = grown(
+                            visible(&committed, &pending)
+                                .get(&key(k))
+                                .map(Vec::as_slice),
+                            fill,
+                        );
+                        let got = t.update(&key(k), |old| grown(old, fill)).unwrap();
+                        prop_assert_eq!(&got, &want);
+                        pending.insert(key(k), want);
                     }
                     Op::Get { key: k } => {
                         let got = t.get(&key(k)).unwrap();
