@@ -1333,6 +1333,59 @@ mod tests {
         }
     }
 
+    /// The encoded sizes of the tree's leaves, in key order.
+    fn leaf_sizes(store: &Store) -> Vec<usize> {
+        let mut engine = store.shared.engine().unwrap();
+        let Engine { pool, log, .. } = &mut *engine;
+        let (mut sizes, mut stack) = (Vec::new(), vec![crate::page::ROOT]);
+        while let Some(id) = stack.pop() {
+            match &pool.page(id, log.as_ref()).unwrap().node {
+                crate::page::Node::Leaf(_) => {
+                    sizes.push(pool.page(id, log.as_ref()).unwrap().node.encoded_len());
+                }
+                crate::page::Node::Internal(internal) => {
+                    stack.extend(internal.children.iter().rev());
+                }
+            }
+        }
+        sizes
+    }
+
+    #[test]
+    fn keys_inserted_in_ascending_order_fill_their_leaves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        for batch in 0..30u64 {
+            let mut txn = store.begin();
+            for i in batch * 100..(batch + 1) * 100 {
+                txn.put(&[b"h".as_slice(), &i.to_be_bytes()].concat(), &[7; 100])
+                    .unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let sizes = leaf_sizes(&store);
+        let (last, full) = sizes.split_last().unwrap();
+        assert!(*last > 0);
+        // Each leaf but the last was filled until the next entry did not fit (an entry here
+        // takes ~115 bytes), not split in half.
+        for &size in full {
+            assert!(size > crate::page::PAGE_SIZE - 200, "leaf sizes {sizes:?}");
+        }
+        // Entries that do not arrive in order still split leaves in half: a key going
+        // before the last one of a full leaf.
+        let mut txn = store.begin();
+        txn.put(
+            &[b"h".as_slice(), &50u64.to_be_bytes(), b"x"].concat(),
+            &[7; 100],
+        )
+        .unwrap();
+        txn.commit().unwrap();
+        let after = leaf_sizes(&store);
+        assert_eq!(after.len(), sizes.len() + 1);
+        assert!(after[0] < crate::page::PAGE_SIZE / 2 + 200, "{after:?}");
+        store.close().unwrap();
+    }
+
     #[test]
     fn an_update_holds_its_key_exclusively_from_the_read_on() {
         let dir = tempfile::tempdir().unwrap();
