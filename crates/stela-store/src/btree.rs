@@ -134,8 +134,8 @@ impl Engine {
     /// A leaf is split in half by bytes, except when `key` goes after every key it holds: then
     /// the leaf keeps all its entries and `key` starts a new, empty right page. Keys that
     /// arrive in ascending order (a history, a log, a counter) then fill each leaf before
-    /// moving on, instead of leaving a trail of half-empty leaves, so they cost half the splits
-    /// and half the pages.
+    /// moving on, instead of leaving a trail of half-empty leaves, so they cost about half the
+    /// splits and half the pages.
     fn split(&mut self, path: &[PageId], key: &[u8]) -> Result<()> {
         let log = Arc::clone(&self.log);
         let mut nodes = Vec::with_capacity(path.len());

@@ -1089,6 +1089,9 @@ impl Transaction<'_> {
         let mut engine = store.engine()?;
         let updated = store.check(engine.get(key)).and_then(|old| {
             let new = change(old.as_deref());
+            if old.is_none() && new.is_none() {
+                return Ok(None); // nothing to remove: no record, as `delete` of an absent key
+            }
             if let Some(value) = new.as_deref().filter(|v| v.len() > MAX_VALUE) {
                 return Err(Error::ValueTooLarge {
                     len: value.len(),
@@ -1339,10 +1342,9 @@ mod tests {
         let Engine { pool, log, .. } = &mut *engine;
         let (mut sizes, mut stack) = (Vec::new(), vec![crate::page::ROOT]);
         while let Some(id) = stack.pop() {
-            match &pool.page(id, log.as_ref()).unwrap().node {
-                crate::page::Node::Leaf(_) => {
-                    sizes.push(pool.page(id, log.as_ref()).unwrap().node.encoded_len());
-                }
+            let node = &pool.page(id, log.as_ref()).unwrap().node;
+            match node {
+                crate::page::Node::Leaf(_) => sizes.push(node.encoded_len()),
                 crate::page::Node::Internal(internal) => {
                     stack.extend(internal.children.iter().rev());
                 }
@@ -1411,9 +1413,12 @@ mod tests {
         writer.commit().unwrap();
         let mut reader = reader;
         assert_eq!(reader.get(b"k").unwrap().as_deref(), Some(&b"1"[..]));
-        // `None` removes the key.
+        // `None` removes the key; for a key that is not there, it writes nothing.
         assert_eq!(reader.update(b"k", |_| None).unwrap(), None);
         assert_eq!(reader.get(b"k").unwrap(), None);
+        let logged = store.shared.log.last_lsn();
+        assert_eq!(reader.update(b"absent", |_| None).unwrap(), None);
+        assert_eq!(store.shared.log.last_lsn(), logged);
         reader.commit().unwrap();
         store.close().unwrap();
     }
