@@ -128,15 +128,28 @@ fn transaction(
     let (delta, account_branch, a) = delta_and_account(args, b, rng);
     let account = account_key(account_branch, a);
     let teller = teller_key(b, rng.below(TELLERS_PER_BRANCH));
+    transfer(store, b, seq, delta, &account, &teller)?;
+    Ok(delta)
+}
+
+/// The body of a TPC-B transaction on stela-store, its choices made (the crash test runs the
+/// same): `delta` added to the account, the teller and branch `b`, history row `seq`, commit.
+pub(crate) fn transfer(
+    store: &Store,
+    b: u32,
+    seq: u64,
+    delta: i64,
+    account: &[u8],
+    teller: &[u8],
+) -> stela_store::Result<()> {
     let mut txn = store.begin();
-    for key in [&account, &teller, &branch_key(b)] {
+    for key in [account, teller, &branch_key(b)] {
         txn.update(key, |old| {
             Some(row(old.map_or(0, |r| balance(r).unwrap_or(0)) + delta))
         })?;
     }
     txn.put(&history_key(b, seq), &row(delta))?;
-    txn.commit()?;
-    Ok(delta)
+    txn.commit()
 }
 
 fn run_one(

@@ -18,6 +18,7 @@
 //! losers to undo. Kill moments come from `--seed` (printed), so a failing round replays.
 //! Results: bench/results/tpcb-crash.txt.
 
+use crate::tpcb::transfer;
 use crate::tpcb_schema::{
     account_key, balance, branch_key, history_key, row, teller_key, Kind, Rng, TELLERS_PER_BRANCH,
 };
@@ -237,24 +238,6 @@ pub fn child(args: &TpcbCrashChildArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
-}
-
-fn transfer(
-    store: &Store,
-    b: u32,
-    seq: u64,
-    delta: i64,
-    account: &[u8],
-    teller: &[u8],
-) -> stela_store::Result<()> {
-    let mut txn = store.begin();
-    for key in [account, teller, &branch_key(b)] {
-        txn.update(key, |old| {
-            Some(row(old.map_or(0, |r| balance(r).unwrap_or(0)) + delta))
-        })?;
-    }
-    txn.put(&history_key(b, seq), &row(delta))?;
-    txn.commit()
 }
 
 fn load(dir: &Path, args: &TpcbCrashArgs, storage: &Arc<dyn Storage>) -> anyhow::Result<()> {
