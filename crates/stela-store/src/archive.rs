@@ -21,14 +21,16 @@
 //! Readers take a snapshot of the run list (each run keeps its file open), so a merge may
 //! remove files they are reading.
 
-use crate::archive_format::{self as run_format, Entry, RunError, RunIndex, RunRange};
+use crate::archive_format::{
+    self as run_format, Entry, IndexLayout, Pages, RunError, RunIndex, RunRange,
+};
 use crate::error::{Error, Result};
 use crate::format::LogRecord;
 use crate::log::LogDevice;
 use crate::page::PageId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use stela_format::Lsn;
 use stela_wal::storage::{OpenMode, Storage, StorageFile};
 
@@ -41,12 +43,65 @@ pub const MAX_RUNS: usize = 8;
 const MAX_RUN_ENTRIES: usize = 1 << 16;
 const PARTIAL: &str = ".partial";
 
-/// One run file, open for reading, with its index in memory.
+/// One run file, open for reading, with its summary in memory and its index blocks as they
+/// are first read.
 struct Run {
     index: RunIndex,
+    /// A version-2 run's index blocks, each read and checked the first time a page in it is
+    /// looked up, then kept (a run's index is a few bytes per page it holds).
+    blocks: Vec<OnceLock<Arc<Pages>>>,
     path: PathBuf,
     file: Box<dyn StorageFile>,
     len: u64,
+}
+
+impl Run {
+    fn new(index: RunIndex, path: PathBuf, file: Box<dyn StorageFile>, len: u64) -> Run {
+        Run {
+            blocks: (0..index.blocks()).map(|_| OnceLock::new()).collect(),
+            index,
+            path,
+            file,
+            len,
+        }
+    }
+
+    fn damaged(&self, source: RunError) -> Error {
+        Error::Archive {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// The byte range of `page`'s entries in this run and how many there are, or `None` if
+    /// the run holds none; reads the index block that would name it the first time.
+    fn locate(&self, page: PageId) -> Result<Option<(std::ops::Range<u64>, u32)>> {
+        match (&self.index.layout, self.index.block_for(page)) {
+            (IndexLayout::Whole(pages), _) => Ok(pages.locate(page)),
+            (IndexLayout::Blocked(_), Some(Some(block))) => Ok(self.block(block)?.locate(page)),
+            (IndexLayout::Blocked(_), _) => Ok(None),
+        }
+    }
+
+    fn block(&self, block: usize) -> Result<Arc<Pages>> {
+        let Some(cell) = self.blocks.get(block) else {
+            return Err(self.damaged(RunError::Malformed {
+                offset: self.index.index_offset,
+                what: "no such index block",
+            }));
+        };
+        if let Some(pages) = cell.get() {
+            return Ok(Arc::clone(pages));
+        }
+        // Two readers may both read a block the first time; the second one's copy is dropped.
+        let span = self.index.block_span(block);
+        let mut bytes = vec![0u8; (span.end - span.start) as usize];
+        self.file.read_exact_at(&mut bytes, span.start)?;
+        let pages = Arc::new(
+            run_format::decode_block(&self.index, block, &bytes).map_err(|e| self.damaged(e))?,
+        );
+        Ok(Arc::clone(cell.get_or_init(|| pages)))
+    }
 }
 
 /// What one archiving step did.
@@ -282,7 +337,7 @@ impl LogArchive {
         let archived = runs.last().map_or(Lsn::ZERO, |r| r.index.range.last);
         let mut history = Vec::new();
         for run in runs.iter().filter(|r| r.index.range.last > after) {
-            let Some((stretch, count)) = run.index.locate(page) else {
+            let Some((stretch, count)) = run.locate(page)? else {
                 continue;
             };
             let mut bytes = vec![0u8; (stretch.end - stretch.start) as usize];
@@ -329,10 +384,12 @@ impl LogArchive {
             .iter()
             .filter(|r| r.index.range.last >= from && r.index.range.first <= upto);
         for run in overlapping {
-            let located: Vec<_> = pages
-                .iter()
-                .filter_map(|&page| run.index.locate(page).map(|(at, count)| (page, at, count)))
-                .collect();
+            let mut located = Vec::with_capacity(pages.len());
+            for &page in pages {
+                if let Some((at, count)) = run.locate(page)? {
+                    located.push((page, at, count));
+                }
+            }
             let (Some((_, first, _)), Some((_, last, _))) = (located.first(), located.last())
             else {
                 continue;
@@ -389,13 +446,14 @@ impl LogArchive {
                 path: run.path.clone(),
                 source,
             };
-            // One sequential read of the whole run; its index was checked when it was opened,
-            // and every stretch it names is checked again as it is decoded.
+            // One sequential read of the whole run; its index blocks are checked as they are
+            // decoded from it, and so is every stretch they name.
             let mut bytes = vec![0u8; run.len as usize];
             run.file.read_exact_at(&mut bytes, 0)?;
             let index = &run.index;
-            for page in &index.pages {
-                let Some((stretch, count)) = index.locate(page.page) else {
+            let pages = run_format::pages_of(index, &bytes).map_err(damaged)?;
+            for page in &pages.pages {
+                let Some((stretch, count)) = pages.locate(page.page) else {
                     continue;
                 };
                 let Some(stretch_bytes) = bytes.get(stretch.start as usize..stretch.end as usize)
@@ -443,16 +501,12 @@ impl LogArchive {
         }
         self.storage.rename(&partial, &path)?;
         self.sync_dir()?;
-        let index = index_of(&bytes).map_err(|source| Error::Archive {
+        let index = run_format::decode_run_summary(&bytes).map_err(|source| Error::Archive {
             path: path.clone(),
             source,
         })?;
-        Ok(Arc::new(Run {
-            index,
-            file: self.storage.open(&path, OpenMode::Read)?,
-            path,
-            len: bytes.len() as u64,
-        }))
+        let file = self.storage.open(&path, OpenMode::Read)?;
+        Ok(Arc::new(Run::new(index, path, file, bytes.len() as u64)))
     }
 
     fn sync_dir(&self) -> Result<()> {
@@ -463,21 +517,8 @@ impl LogArchive {
     }
 }
 
-fn index_of(bytes: &[u8]) -> Result<RunIndex, RunError> {
-    let len = bytes.len() as u64;
-    if bytes.len() < run_format::HEADER_LEN + run_format::TRAILER_LEN {
-        return Err(RunError::TooShort { len });
-    }
-    let trailer = &bytes[bytes.len() - run_format::TRAILER_LEN..];
-    let span = run_format::index_span(len, trailer)?;
-    run_format::decode_index(
-        &bytes[..run_format::HEADER_LEN],
-        &bytes[span.start as usize..span.end as usize],
-        trailer,
-    )
-}
-
-/// Opens the run at `path` and reads its index (header, index, trailer; not the entries).
+/// Opens the run at `path` and reads its summary (header, trailer, and the fences of a
+/// version-2 run or the whole index of a version-1 run; not the entries).
 fn load_run(storage: &dyn Storage, path: &Path, named: RunRange) -> Result<Run> {
     let damaged = |source| Error::Archive {
         path: path.to_path_buf(),
@@ -492,29 +533,24 @@ fn load_run(storage: &dyn Storage, path: &Path, named: RunRange) -> Result<Run> 
     file.read_exact_at(&mut header, 0)?;
     let mut trailer = [0u8; run_format::TRAILER_LEN];
     file.read_exact_at(&mut trailer, len - run_format::TRAILER_LEN as u64)?;
-    let span = run_format::index_span(len, &trailer).map_err(damaged)?;
-    let mut index = vec![0u8; (span.end - span.start) as usize];
-    file.read_exact_at(&mut index, span.start)?;
-    let index = run_format::decode_index(&header, &index, &trailer).map_err(damaged)?;
+    let span = run_format::summary_span(len, &header, &trailer).map_err(damaged)?;
+    let mut summary = vec![0u8; (span.end - span.start) as usize];
+    file.read_exact_at(&mut summary, span.start)?;
+    let index = run_format::decode_summary(&header, &summary, &trailer).map_err(damaged)?;
     if index.range != named {
         return Err(damaged(RunError::Malformed {
             offset: 16,
             what: "the run's range is not the one its name says",
         }));
     }
-    Ok(Run {
-        index,
-        path: path.to_path_buf(),
-        file,
-        len,
-    })
+    Ok(Run::new(index, path.to_path_buf(), file, len))
 }
 
 /// Every entry of a run, read and checked whole.
 fn read_all(run: &Run) -> Result<Vec<Entry>> {
     let mut bytes = vec![0u8; run.len as usize];
     run.file.read_exact_at(&mut bytes, 0)?;
-    let (_, entries) = run_format::decode_run(&bytes).map_err(|source| Error::Archive {
+    let (_, _, entries) = run_format::decode_run(&bytes).map_err(|source| Error::Archive {
         path: run.path.clone(),
         source,
     })?;
@@ -618,6 +654,100 @@ mod tests {
                 prop_assert_eq!(changes.get(&page).cloned().unwrap_or_default(), expected);
             }
         }
+    }
+
+    /// A log of writes to `pages` pages, one each, then a few more: runs whose index has
+    /// several blocks.
+    fn many_pages_log(dir: &Path, pages: u64) -> stela_wal::Wal<LogRecord> {
+        let log = open_log(dir);
+        for page in 0..pages {
+            log.append(&write(page, page as u8)).unwrap();
+        }
+        for page in (0..pages).step_by(7) {
+            log.append(&write(page, 1)).unwrap();
+        }
+        log
+    }
+
+    fn version_of(path: &Path) -> u32 {
+        let bytes = std::fs::read(path).unwrap();
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap())
+    }
+
+    #[test]
+    fn runs_of_layout_version_1_open_read_and_merge_into_version_2() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = run_format::INDEX_BLOCK_PAGES as u64 * 3 + 5;
+        let log = many_pages_log(dir.path(), pages);
+        let at = dir.path().join("archive");
+        let archive = LogArchive::open(disk(), &at, false).unwrap();
+        for upto in [pages / 2, pages, log.last_lsn().get()] {
+            archive.archive_from(&log, Lsn::new(upto)).unwrap();
+        }
+        let paths: Vec<PathBuf> = archive.snapshot().iter().map(|r| r.path.clone()).collect();
+        assert_eq!(paths.len(), 3);
+        drop(archive);
+        // The runs as an older release wrote them.
+        for path in &paths {
+            assert_eq!(version_of(path), 2);
+            let old = run_format::to_version_1(&std::fs::read(path).unwrap());
+            std::fs::write(path, old).unwrap();
+            assert_eq!(version_of(path), 1);
+        }
+        let reopened = LogArchive::open(disk(), &at, false).unwrap();
+        for page in (0..pages).step_by(13).chain([pages - 1]) {
+            assert_eq!(
+                reopened.page_history(page, Lsn::ZERO).unwrap().0,
+                from_log(&log, page),
+                "page {page}"
+            );
+        }
+        reopened.merge_down_to(1).unwrap();
+        let merged = reopened.snapshot();
+        assert_eq!(merged.len(), 1);
+        assert_eq!(version_of(&merged[0].path), 2);
+        assert!(merged[0].index.blocks() > 1);
+        for page in (0..pages).step_by(11).chain([pages - 1]) {
+            assert_eq!(
+                reopened.page_history(page, Lsn::ZERO).unwrap().0,
+                from_log(&log, page),
+                "page {page}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_damaged_index_block_is_refused_when_first_read_and_names_its_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = run_format::INDEX_BLOCK_PAGES as u64 * 2 + 10;
+        let log = many_pages_log(dir.path(), pages);
+        let at = dir.path().join("archive");
+        let archive = LogArchive::open(disk(), &at, false).unwrap();
+        archive.archive_from(&log, log.last_lsn()).unwrap();
+        let run = Arc::clone(&archive.snapshot()[0]);
+        drop(archive);
+        // A flipped bit in the second index block: open reads only the summary, so it opens;
+        // the first reader of a page in that block gets the damage, never a wrong history.
+        let span = run.index.block_span(1);
+        let mut bytes = std::fs::read(&run.path).unwrap();
+        bytes[(span.start + 25) as usize] ^= 0x10;
+        std::fs::write(&run.path, &bytes).unwrap();
+        let reopened = LogArchive::open(disk(), &at, false).unwrap();
+        let in_first_block = 3;
+        assert_eq!(
+            reopened.page_history(in_first_block, Lsn::ZERO).unwrap().0,
+            from_log(&log, in_first_block)
+        );
+        let in_second_block = run_format::INDEX_BLOCK_PAGES as u64 + 3;
+        match reopened.page_history(in_second_block, Lsn::ZERO) {
+            Err(Error::Archive {
+                path,
+                source: RunError::Checksum { .. },
+            }) => assert_eq!(path, run.path),
+            other => panic!("expected the damaged block refused, got {other:?}"),
+        }
+        // And again: a damaged block is not cached as good.
+        assert!(reopened.page_history(in_second_block, Lsn::ZERO).is_err());
     }
 
     #[test]

@@ -357,6 +357,7 @@ impl Store {
             log: Arc::clone(&log) as Arc<dyn LogDevice>,
             next_page: file.pages()?.max(1),
         };
+        let opening = std::time::Instant::now();
         let archive = match options.archive {
             true => Some(Arc::new(LogArchive::open(
                 Arc::clone(&storage),
@@ -365,6 +366,7 @@ impl Store {
             )?)),
             false => None,
         };
+        tracing::debug!(elapsed = ?opening.elapsed(), "archive opened");
         if let Some(archive) = &archive {
             // Before restart: its redo may read a damaged page too.
             engine
