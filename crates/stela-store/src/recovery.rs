@@ -206,26 +206,23 @@ pub(crate) fn restart(
     let log = std::sync::Arc::clone(&engine.log);
     let started = std::time::Instant::now();
 
-    // Analysis: from the checkpoint's tables (or none), every record from its begin on.
-    let (mut analysis, start) = match master {
-        Some(master) => match read_one(log.as_ref(), master.end)? {
-            LogRecord {
-                body: LogBody::CheckpointEnd { begin, tables, .. },
-                ..
-            } if begin == master.begin => {
-                report.checkpoint = Some(begin);
-                (Analysis::from_tables(&tables), begin)
-            }
-            _ => {
-                return Err(Error::BadLogRecord {
-                    lsn: master.end,
-                    source: RecordError::Invalid(
-                        "the master record names no end of checkpoint there",
-                    ),
-                })
-            }
-        },
-        None => (Analysis::default(), Lsn::FIRST),
+    // Analysis: from the checkpoint's tables (or none), every record from its begin on. The
+    // end record, which carries the tables, is among those records: it is read once, in the
+    // same pass (a checkpoint of a 1 GB dirty set carries 131,072 dirty pages, and decoding
+    // them twice cost restart tens of milliseconds). The records between begin and end wait
+    // for the tables, then go through analysis in order.
+    let start = master.map_or(Lsn::FIRST, |master| master.begin);
+    let mut tables_pending = master.map(|master| master.end);
+    let mut waiting_for_tables: Vec<(Lsn, LogRecord)> = Vec::new();
+    let mut analysis = Analysis::default();
+    let analyse = |analysis: &mut Analysis, lsn: Lsn, record: &LogRecord| {
+        let foreign_write = matches!(record.body, LogBody::PagesWritten { .. })
+            && followed_to.is_some_and(|followed| lsn > followed);
+        if foreign_write {
+            analysis.applied_to = analysis.applied_to.max(lsn);
+        } else {
+            analysis.apply(lsn, record);
+        }
     };
     // The records of transactions still running, for undo without rereading them.
     let mut undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>> = HashMap::new();
@@ -233,7 +230,7 @@ pub(crate) fn restart(
     // does not read them again (which ones are pending is known only at the end).
     let mut analysed_changes: Vec<(Lsn, Arc<LogRecord>)> = Vec::new();
     for item in log.read_from(start)? {
-        let (lsn, record) = item?;
+        let (lsn, mut record) = item?;
         if report.records_analyzed == 0 && lsn != start {
             // The log was truncated behind a checkpoint whose master record is now lost:
             // analysis from a later record would miss pages and transactions.
@@ -243,12 +240,26 @@ pub(crate) fn restart(
             });
         }
         report.records_analyzed += 1;
-        let foreign_write = matches!(record.body, LogBody::PagesWritten { .. })
-            && followed_to.is_some_and(|followed| lsn > followed);
-        if foreign_write {
-            analysis.applied_to = analysis.applied_to.max(lsn);
-        } else {
-            analysis.apply(lsn, &record);
+        match tables_pending {
+            Some(end) if lsn < end => {
+                waiting_for_tables.push((lsn, record.clone()));
+            }
+            Some(end) => {
+                let LogBody::CheckpointEnd { begin, tables, .. } = &mut record.body else {
+                    return Err(no_checkpoint_end(end));
+                };
+                if lsn != end || Some(*begin) != master.map(|master| master.begin) {
+                    return Err(no_checkpoint_end(end));
+                }
+                report.checkpoint = Some(*begin);
+                analysis = Analysis::from_tables(&std::mem::take(tables));
+                tables_pending = None;
+                for (lsn, record) in waiting_for_tables.drain(..) {
+                    analyse(&mut analysis, lsn, &record);
+                }
+                analyse(&mut analysis, lsn, &record);
+            }
+            None => analyse(&mut analysis, lsn, &record),
         }
         match record.body {
             LogBody::Commit | LogBody::Aborted => {
@@ -268,6 +279,9 @@ pub(crate) fn restart(
             }
             _ => {}
         }
+    }
+    if let Some(end) = tables_pending {
+        return Err(no_checkpoint_end(end));
     }
     if let Some(followed) = followed_to {
         analysis.images_hold_up_to(followed);
@@ -320,6 +334,14 @@ pub(crate) fn restart(
                 losers,
             })
         }
+    }
+}
+
+/// The master record names a checkpoint whose end record is not where it says.
+fn no_checkpoint_end(end: Lsn) -> Error {
+    Error::BadLogRecord {
+        lsn: end,
+        source: RecordError::Invalid("the master record names no end of checkpoint there"),
     }
 }
 
