@@ -15,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use stela_format::Lsn;
 use stela_store::archive_format::{
     decode_block, decode_entries, decode_entries_within, decode_run, decode_run_summary,
-    encode_run, Pages,
+    encode_run, IndexLayout, Pages,
 };
 
 fuzz_target!(|bytes: &[u8]| {
@@ -23,10 +23,10 @@ fuzz_target!(|bytes: &[u8]| {
         return;
     };
     let summary = decode_run_summary(bytes).expect("a run that decodes has a summary");
-    let through_block = |page: u64| match summary.block_for(page) {
-        None => None,
-        Some(None) => pages.locate(page),
-        Some(Some(block)) => {
+    let through_block = |page: u64| match (&summary.layout, summary.block_for(page)) {
+        (IndexLayout::Whole(whole), _) => whole.locate(page),
+        (IndexLayout::Blocked(_), None) => None,
+        (IndexLayout::Blocked(_), Some(block)) => {
             let span = summary.block_span(block);
             let block: Pages = decode_block(
                 &summary,

@@ -76,10 +76,12 @@ impl Run {
     /// The byte range of `page`'s entries in this run and how many there are, or `None` if
     /// the run holds none; reads the index block that would name it the first time.
     fn locate(&self, page: PageId) -> Result<Option<(std::ops::Range<u64>, u32)>> {
-        match (&self.index.layout, self.index.block_for(page)) {
-            (IndexLayout::Whole(pages), _) => Ok(pages.locate(page)),
-            (IndexLayout::Blocked(_), Some(Some(block))) => Ok(self.block(block)?.locate(page)),
-            (IndexLayout::Blocked(_), _) => Ok(None),
+        match &self.index.layout {
+            IndexLayout::Whole(pages) => Ok(pages.locate(page)),
+            IndexLayout::Blocked(_) => match self.index.block_for(page) {
+                Some(block) => Ok(self.block(block)?.locate(page)),
+                None => Ok(None),
+            },
         }
     }
 

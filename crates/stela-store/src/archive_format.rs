@@ -148,15 +148,14 @@ pub struct RunIndex {
 }
 
 impl RunIndex {
-    /// Where `page` is looked up: `None` if no block can hold it (version 2), `Some(None)` for
-    /// a version-1 run (its index is in memory), `Some(Some(block))` for the block to read.
-    pub fn block_for(&self, page: PageId) -> Option<Option<usize>> {
+    /// The index block of a version-2 run that would name `page`: `None` if no block can
+    /// hold it, or for a version-1 run (its whole index is in the layout).
+    pub fn block_for(&self, page: PageId) -> Option<usize> {
         match &self.layout {
-            IndexLayout::Whole(_) => Some(None),
-            IndexLayout::Blocked(fences) => {
-                let after = fences.partition_point(|fence| fence.page <= page);
-                after.checked_sub(1).map(Some)
-            }
+            IndexLayout::Whole(_) => None,
+            IndexLayout::Blocked(fences) => fences
+                .partition_point(|fence| fence.page <= page)
+                .checked_sub(1),
         }
     }
 
@@ -634,9 +633,12 @@ pub fn decode_block(index: &RunIndex, block: usize, bytes: &[u8]) -> Result<Page
 ///
 /// # Errors
 /// [`RunError`]; never panics, whatever the bytes.
-pub fn pages_of(index: &RunIndex, run: &[u8]) -> Result<Pages, RunError> {
+pub fn pages_of<'a>(
+    index: &'a RunIndex,
+    run: &[u8],
+) -> Result<std::borrow::Cow<'a, Pages>, RunError> {
     match &index.layout {
-        IndexLayout::Whole(pages) => Ok(pages.clone()),
+        IndexLayout::Whole(pages) => Ok(std::borrow::Cow::Borrowed(pages)),
         IndexLayout::Blocked(_) => {
             let mut all = Vec::with_capacity(index.pages.min(run.len() as u64) as usize);
             for block in 0..index.blocks() {
@@ -648,10 +650,10 @@ pub fn pages_of(index: &RunIndex, run: &[u8]) -> Result<Pages, RunError> {
                 };
                 all.extend(decode_block(index, block, bytes)?.pages);
             }
-            Ok(Pages {
+            Ok(std::borrow::Cow::Owned(Pages {
                 pages: all,
                 end: index.index_offset,
-            })
+            }))
         }
     }
 }
@@ -751,7 +753,7 @@ pub fn decode_entries_within(
 /// [`RunError`]; never panics, whatever the bytes.
 pub fn decode_run(bytes: &[u8]) -> Result<(RunIndex, Pages, Vec<Entry>), RunError> {
     let index = decode_run_summary(bytes)?;
-    let pages = pages_of(&index, bytes)?;
+    let pages = pages_of(&index, bytes)?.into_owned();
     let len = bytes.len() as u64;
     let mut entries = Vec::with_capacity(index.entries.min(len / ENTRY_HEADER_LEN as u64) as usize);
     for page in &pages.pages {
@@ -969,8 +971,7 @@ mod tests {
             for page in 0..(INDEX_BLOCK_PAGES as u64 * 5 + 1) {
                 let found = match summary.block_for(page) {
                     None => None,
-                    Some(None) => unreachable!("a version-2 run"),
-                    Some(Some(block)) => {
+                    Some(block) => {
                         let span = summary.block_span(block);
                         let block_bytes = &bytes[span.start as usize..span.end as usize];
                         decode_block(&summary, block, block_bytes).unwrap().locate(page)
