@@ -6,7 +6,8 @@
 //! store's commit durability), know the durable LSN (for the write-ahead rule), and read records
 //! back in LSN order from a given LSN (restart; single-page recovery). A sixth is optional:
 //! dropping records below an LSN nobody needs any more (`retention` decides which); a log that
-//! cannot just keeps them. `stela_client::Wal` has the same calls, and
+//! cannot just keeps them. So is encoding a record apart from appending it, for a caller that
+//! appends under a lock of its own. `stela_client::Wal` has the same calls, and
 //! [`crate::daemon::DaemonLog`] implements this trait on it.
 //!
 //! Invariant the store relies on: LSNs are dense and increasing, and a record returned by
@@ -30,6 +31,25 @@ pub trait LogDevice: Send + Sync {
         self.append(record)
     }
     /// Returns once every record up to `lsn` is durable at the log's level.
+    /// `record` encoded as this device stores it, for [`LogDevice::append_encoded`], or
+    /// `None` from a device that encodes only in `append` (the default). It lets a caller that
+    /// appends under a lock of its own (the log tail) encode a large record (a checkpoint's
+    /// tables) before taking it.
+    ///
+    /// # Errors
+    /// The record cannot be encoded.
+    fn encode(&self, record: &LogRecord) -> Result<Option<Vec<u8>>> {
+        let _ = record;
+        Ok(None)
+    }
+
+    /// Appends `record`, given as `encoded` by [`LogDevice::encode`] of this device. The
+    /// default appends `record` itself.
+    fn append_encoded(&self, record: &LogRecord, encoded: &[u8]) -> Result<Lsn> {
+        let _ = encoded;
+        self.append(record)
+    }
+
     fn flush(&self, lsn: Lsn) -> Result<()>;
     /// Every record up to this LSN is durable.
     fn durable_lsn(&self) -> Lsn;
@@ -51,6 +71,16 @@ pub type RecordIter<'a> = Box<dyn Iterator<Item = Result<(Lsn, LogRecord)>> + 'a
 impl LogDevice for stela_wal::Wal<LogRecord> {
     fn append(&self, record: &LogRecord) -> Result<Lsn> {
         Ok(stela_wal::Wal::append(self, record)?)
+    }
+
+    fn encode(&self, record: &LogRecord) -> Result<Option<Vec<u8>>> {
+        let mut encoded = Vec::new();
+        stela_wal::Wal::encode(self, record, &mut encoded)?;
+        Ok(Some(encoded))
+    }
+
+    fn append_encoded(&self, _record: &LogRecord, encoded: &[u8]) -> Result<Lsn> {
+        Ok(self.log().append(encoded)?)
     }
 
     fn flush(&self, lsn: Lsn) -> Result<()> {

@@ -58,6 +58,8 @@ pub struct PoolStats {
     /// Dirty pages evicted without a write (write elision): the decoupled cleaner had made
     /// their stored image current, or, with elision on, single-page recovery will.
     pub elided: u64,
+    /// Pages evicted to make room, clean or dirty.
+    pub evictions: u64,
     /// Dirty pages the pool wrote to evict them.
     pub eviction_writes: u64,
     /// Pages single-page recovery rebuilt: damaged images (then written back) and images an
@@ -458,6 +460,7 @@ impl BufferPool {
             self.frames.len() - 1
         } else {
             let victim = self.clock_victim();
+            self.stats.evictions += 1;
             let (id, rec_lsn, page_lsn) = {
                 let frame = &self.frames[victim];
                 (frame.id, frame.rec_lsn, frame.page.lsn)

@@ -15,7 +15,7 @@
 //!   reads the log files instead). Without consumers nothing is kept.
 
 use crate::error::Result;
-use crate::format::LogRecord;
+use crate::format::{LogBody, LogRecord};
 use crate::log::{LogDevice, RecordIter};
 use crate::sync::Mutex;
 use std::collections::VecDeque;
@@ -102,10 +102,30 @@ impl LogTail {
         record: &LogRecord,
         keep: impl FnOnce() -> Arc<LogRecord>,
     ) -> Result<Lsn> {
+        // A bulky record (a checkpoint's tables: tens of kilobytes for a few thousand dirty
+        // pages; a cleaning round's page list) is encoded before the lock, which every append
+        // takes, the engine's under its latch: encoding it under the lock stalled transactions
+        // for the whole encoding at every checkpoint.
+        // Its copy for the tail is made there too (taken even if no consumer wants it then).
+        let mut keep = Some(keep);
+        let (encoded, kept) = if is_bulky(record) {
+            (self.inner.encode(record)?, keep.take().map(|keep| keep()))
+        } else {
+            (None, None)
+        };
         let mut copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
-        let lsn = self.inner.append(record)?;
+        let lsn = match &encoded {
+            Some(encoded) => self.inner.append_encoded(record, encoded)?,
+            None => self.inner.append(record)?,
+        };
         if copy.needs.iter().any(Option::is_some) {
-            copy.records.push_back((lsn, keep()));
+            // Exactly one of the two is there: the copy made before the lock, or its maker.
+            let kept = match (kept, keep) {
+                (Some(kept), _) => kept,
+                (None, Some(keep)) => keep(),
+                (None, None) => Arc::new(record.clone()),
+            };
+            copy.records.push_back((lsn, kept));
             if copy.records.len() > self.cap {
                 copy.records.pop_front();
                 copy.base = Lsn::new(copy.base.get() + 1);
@@ -115,6 +135,16 @@ impl LogTail {
         }
         Ok(lsn)
     }
+}
+
+/// Whether `record` may be large enough that encoding it is worth doing outside the lock: the
+/// system's records that carry tables or page lists. A transaction's records are small and
+/// encoded in the log's own scratch buffer.
+fn is_bulky(record: &LogRecord) -> bool {
+    matches!(
+        record.body,
+        LogBody::CheckpointEnd { .. } | LogBody::PagesWritten { .. }
+    )
 }
 
 impl LogDevice for LogTail {

@@ -186,7 +186,13 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         self.log.close()
     }
 
-    fn encode(&self, record: &T, out: &mut Vec<u8>) -> Result<()> {
+    /// Encodes `record` as [`Wal::append`] does, onto the end of `out`: a caller that must
+    /// append under a lock of its own can encode first and hand the bytes to
+    /// [`Log::append`] (through [`Wal::log`]) under the lock.
+    ///
+    /// # Errors
+    /// [`Error::Codec`] when the record cannot be encoded.
+    pub fn encode(&self, record: &T, out: &mut Vec<u8>) -> Result<()> {
         self.codec
             .encode_into_named(record, out, self.field_names)
             .map_err(|source| Error::Codec { lsn: None, source })
