@@ -13,12 +13,20 @@
 //!
 //! The database is loaded once, closed cleanly (every page written, a checkpoint), and each run
 //! starts from a copy of it, so every configuration starts from the same bytes. The buffer pool
-//! holds the whole database (the paper's in-memory setting) unless `--pool-mb` says otherwise.
+//! holds the whole database (the paper's in-memory setting) unless `--pool-mb` says otherwise;
+//! a run whose pool had to evict says so on stderr.
+//!
+//! `--interval-ms` paces checkpoints and cleaning rounds together, or with `--vary` one of them
+//! while the other runs every `--fixed-interval-ms`: the paper's Figure 4 varies checkpoints
+//! only, and a 1 ms cleaner costs far more than a 1 ms checkpoint, so varying both at once
+//! reads the cleaner's cost into the checkpoint lines. A run at an interval longer than
+//! `--duration` runs that service once at most: give runs at least the longest interval.
 //! After each run the TPC-B invariant is checked: the sum of the account balances, of the
 //! teller balances and of the branch balances each equal the sum of the history deltas.
 //!
 //! Peers, on the same transactions in the same run, each behind a feature: SQLite (`sqlite`,
-//! below) and RocksDB's TransactionDB (`rocksdb`, [`crate::tpcb_rocksdb`]); the clients of
+//! below) and RocksDB's TransactionDB (`rocksdb`, [`crate::tpcb_rocksdb`]), each with a cache
+//! as large as the store's pool (SQLite's page cache, RocksDB's block cache); the clients of
 //! every system are driven by [`drive_clients`].
 //!
 //! `--durability disk`: the embedded log fdatasyncs each commit (group commit across clients);
@@ -36,7 +44,7 @@ use crate::tpcb_schema::{
     account_key, balance, branch_key, delta_and_account, drive_clients, history_key, row,
     teller_key, Rng, TELLERS_PER_BRANCH,
 };
-pub use crate::tpcb_schema::{DurabilityArg, Kind, SystemArg, TpcbArgs, TpcbRun};
+pub use crate::tpcb_schema::{DurabilityArg, Kind, SystemArg, TpcbArgs, TpcbRun, Varied};
 
 /// Accounts per load transaction.
 const LOAD_BATCH: u32 = 2_000;
@@ -46,11 +54,8 @@ fn store_options(args: &TpcbArgs, checkpoints: Kind, cleaner: Kind, interval: u6
         DurabilityArg::Disk => SyncMode::Data,
         DurabilityArg::Buffered => SyncMode::None,
     };
-    // Accounts take about 125 bytes each in the leaves; history rows as many per transaction.
-    let pool_mb = args.pool_mb.unwrap_or_else(|| {
-        let accounts_mb = (args.clients as usize * args.accounts as usize * 125) >> 20;
-        accounts_mb * 2 + 64
-    });
+    let pool_mb = pool_mb(args);
+    let (checkpoint_ms, clean_ms) = args.vary.intervals(interval, args.fixed_interval_ms);
     let defaults = StoreOptions::default();
     let wal = defaults.wal.clone().sync(sync);
     defaults
@@ -64,8 +69,33 @@ fn store_options(args: &TpcbArgs, checkpoints: Kind, cleaner: Kind, interval: u6
             Kind::Classical => CleanerKind::Classical,
             Kind::Decoupled => CleanerKind::Decoupled,
         })
-        .checkpoint_interval(Some(Duration::from_millis(interval)))
-        .clean_interval(Some(Duration::from_millis(interval)))
+        .checkpoint_interval(Some(Duration::from_millis(checkpoint_ms)))
+        .clean_interval(Some(Duration::from_millis(clean_ms)))
+}
+
+/// The fastest the history is assumed to grow, in transactions per second over all clients:
+/// above every rate this benchmark has seen on any system (about 60,000 at one client).
+const HISTORY_ROOM_TPS: f64 = 150_000.0;
+
+/// A buffer pool with room for the whole database after a run, as in the paper's in-memory
+/// setting: the accounts (about 125 bytes each in the leaves, twice over for half-full leaves
+/// and the inner nodes) and the history a run can append at [`HISTORY_ROOM_TPS`] (as many bytes
+/// per transaction), plus a margin. The pool takes frames only as pages come in, so room that
+/// a run does not use costs nothing. A pool sized for the accounts alone filled up in runs of
+/// more than a few seconds: then every new history page evicted a dirty one, and with the
+/// services paused for 10 s that eviction wrote pages on the transactions' path, which made
+/// the longest interval read 25 % slow for a reason that is not the services'.
+/// The cache every system gets, in MiB: stela-store's buffer pool, SQLite's page cache (per
+/// connection) and RocksDB's block cache, so that no system reads rows through the OS's page
+/// cache while another has them in its own memory.
+pub(crate) fn pool_mb(args: &TpcbArgs) -> usize {
+    args.pool_mb.unwrap_or_else(|| default_pool_mb(args))
+}
+
+fn default_pool_mb(args: &TpcbArgs) -> usize {
+    let accounts_mb = (args.clients as usize * args.accounts as usize * 125) >> 20;
+    let history_mb = (args.duration.max(0.0) * HISTORY_ROOM_TPS * 125.0) as usize >> 20;
+    accounts_mb * 2 + history_mb + 64
 }
 
 /// Loads branches, tellers and accounts (all balances zero) and closes the store cleanly.
@@ -208,6 +238,15 @@ fn run_one(
         },
     )?;
     check_invariant(&store, args, driven.deltas)?;
+    let evictions = store.pool_stats().evictions;
+    if evictions > 0 {
+        // The paper's setting is a pool that holds the whole database: say when a run left it,
+        // since eviction on the transactions' path is then part of what was measured.
+        eprintln!(
+            "stela-bench tpcb: the buffer pool evicted {evictions} pages in run {repeat} of \
+             {checkpoints:?}/{cleaner:?} at {interval} ms: the database outgrew it (--pool-mb)"
+        );
+    }
     drop(store);
     if let Some(daemon) = daemon {
         daemon
@@ -270,13 +309,25 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
         writeln!(
             out,
             "TPC-B on stela-store: {} branches x {} accounts loaded in {:.1} s; {} s per run, \
-             durability {:?}, {} % remote accounts",
+             durability {:?}, {} % remote accounts, buffer pool (and peers' caches) {} MiB; the interval paces {}",
             args.clients,
             args.accounts,
             loading.elapsed().as_secs_f64(),
             args.duration,
             args.durability,
-            args.remote
+            args.remote,
+            pool_mb(args),
+            match args.vary {
+                Varied::Both => "checkpoints and cleaning rounds".to_string(),
+                Varied::Checkpoints => format!(
+                    "checkpoints (cleaning rounds every {} ms)",
+                    args.fixed_interval_ms
+                ),
+                Varied::Cleaner => format!(
+                    "cleaning rounds (checkpoints every {} ms)",
+                    args.fixed_interval_ms
+                ),
+            }
         )?;
         writeln!(
             out,
@@ -407,6 +458,8 @@ fn sqlite_run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<Tpc
         connection.busy_timeout(Duration::from_secs(10))?;
         connection.pragma_update(None, "journal_mode", "WAL")?;
         connection.pragma_update(None, "synchronous", synchronous)?;
+        // Negative: KiB. SQLite's default is 2 MiB; the store's pool holds the database.
+        connection.pragma_update(None, "cache_size", -((pool_mb(args) as i64) << 10))?;
         Ok(connection)
     };
     {
@@ -491,4 +544,55 @@ fn sqlite_run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<Tpc
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
     Ok(driven.into_run("sqlite", "wal-autocheckpoint", "none", 0, args, repeat))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        tpcb: TpcbArgs,
+    }
+
+    fn args(extra: &[&str]) -> TpcbArgs {
+        Cli::parse_from(std::iter::once("tpcb").chain(extra.iter().copied())).tpcb
+    }
+
+    fn intervals(options: &StoreOptions) -> (Option<Duration>, Option<Duration>) {
+        (options.checkpoint_interval, options.clean_interval)
+    }
+
+    #[test]
+    fn the_interval_paces_the_service_vary_names_and_the_other_keeps_the_fixed_one() {
+        let ms = |n| Some(Duration::from_millis(n));
+        let run = |extra: &[&str]| {
+            let args = args(extra);
+            intervals(&store_options(&args, Kind::Decoupled, Kind::Decoupled, 7))
+        };
+        assert_eq!(run(&[]), (ms(7), ms(7)));
+        assert_eq!(run(&["--vary", "checkpoints"]), (ms(7), ms(1000)));
+        assert_eq!(
+            run(&["--vary", "cleaner", "--fixed-interval-ms", "50"]),
+            (ms(50), ms(7))
+        );
+    }
+
+    #[test]
+    fn the_default_pool_has_room_for_the_history_a_longer_run_appends() {
+        let pages = |extra: &[&str]| {
+            let args = args(extra);
+            store_options(&args, Kind::Decoupled, Kind::Decoupled, 1).pool_pages
+        };
+        let (short, long) = (pages(&["--duration", "3"]), pages(&["--duration", "12"]));
+        // 9 s more at 150,000 transactions/s, about 125 bytes of history row each.
+        let history_pages = (9.0 * HISTORY_ROOM_TPS * 125.0) as usize / stela_store::PAGE_SIZE;
+        assert!(long - short >= history_pages - 128, "{short} -> {long}");
+        assert_eq!(
+            pages(&["--pool-mb", "64"]),
+            64 * 1024 * 1024 / stela_store::PAGE_SIZE
+        );
+    }
 }

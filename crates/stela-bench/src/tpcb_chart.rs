@@ -101,8 +101,19 @@ pub fn save_tpcb_chart(runs: &[TpcbRun], path: &Path) -> anyhow::Result<()> {
         anyhow::bail!("no stela-store runs to chart (the chart's axis is their intervals)");
     };
     let run = &runs[0];
+    let paced = match run.varied.as_str() {
+        "checkpoints" => format!(
+            "checkpoint interval (cleaning every {} ms)",
+            run.fixed_interval_ms
+        ),
+        "cleaner" => format!(
+            "cleaning interval (checkpoints every {} ms)",
+            run.fixed_interval_ms
+        ),
+        _ => "checkpoint and cleaning interval".to_string(),
+    };
     let caption = format!(
-        "TPC-B, {} clients, {} durability: tps by checkpoint and cleaning interval",
+        "TPC-B, {} clients, {} durability: tps by {paced}",
         run.clients, run.durability
     );
     draw(&lines, &intervals, (first, last), &caption, path)
@@ -137,7 +148,7 @@ fn draw(
         )?;
     chart
         .configure_mesh()
-        .x_desc("interval between checkpoints and cleaning rounds, ms (log scale)")
+        .x_desc("interval, ms (log scale)")
         .x_label_formatter(&|v| format!("{v:.0}"))
         .y_desc("transactions/s (median of repeats)")
         .y_label_formatter(&|v| format!("{v:.0}"))
@@ -191,6 +202,8 @@ mod tests {
             checkpoints: checkpoints.into(),
             cleaner: cleaner.into(),
             interval_ms,
+            varied: "both".into(),
+            fixed_interval_ms: 1000,
             clients: 2,
             durability: "disk".into(),
             repeat: 1,

@@ -37,8 +37,8 @@ mod with_rocksdb {
     };
     use anyhow::{bail, Context};
     use rocksdb::{
-        Direction, ErrorKind, IteratorMode, Options, TransactionDB, TransactionDBOptions,
-        TransactionOptions, WriteBatchWithTransaction, WriteOptions,
+        BlockBasedOptions, Cache, Direction, ErrorKind, IteratorMode, Options, TransactionDB,
+        TransactionDBOptions, TransactionOptions, WriteBatchWithTransaction, WriteOptions,
     };
     use std::path::Path;
 
@@ -52,6 +52,13 @@ mod with_rocksdb {
         // The background work (flushes, compactions) may use both CPUs, as the defaults of a
         // production setup would; stela-store's services run on threads of their own too.
         options.increase_parallelism(2);
+        // A block cache as large as stela-store's buffer pool (the default is 32 MiB), so that
+        // reads are served from RocksDB's memory as the store's are from its pool.
+        let mut table_options = BlockBasedOptions::default();
+        let cache = Cache::new_lru_cache(crate::tpcb::pool_mb(args) << 20)
+            .context("creating RocksDB's block cache")?;
+        table_options.set_block_cache(&cache);
+        options.set_block_based_table_factory(&table_options);
         let db: TransactionDB =
             TransactionDB::open(&options, &TransactionDBOptions::default(), &path)
                 .with_context(|| format!("opening RocksDB at {}", path.display()))?;

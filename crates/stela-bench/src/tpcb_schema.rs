@@ -17,6 +17,36 @@ pub enum Kind {
     Decoupled,
 }
 
+/// Which service's interval `--interval-ms` sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Varied {
+    /// Checkpoints and cleaning rounds together.
+    Both,
+    /// Checkpoints only (the paper's Figure 4); cleaning rounds at `--fixed-interval-ms`.
+    Checkpoints,
+    /// Cleaning rounds only; checkpoints at `--fixed-interval-ms`.
+    Cleaner,
+}
+
+impl Varied {
+    /// The checkpoint and cleaning intervals of a run at `interval`.
+    pub fn intervals(self, interval: u64, fixed: u64) -> (u64, u64) {
+        match self {
+            Varied::Both => (interval, interval),
+            Varied::Checkpoints => (interval, fixed),
+            Varied::Cleaner => (fixed, interval),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Varied::Both => "both",
+            Varied::Checkpoints => "checkpoints",
+            Varied::Cleaner => "cleaner",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DurabilityArg {
     Disk,
@@ -67,6 +97,15 @@ pub struct TpcbArgs {
         default_value = "1,10,100,1000,10000"
     )]
     pub interval_ms: Vec<u64>,
+    /// Which service `--interval-ms` paces: both (the default), or one of them, the other
+    /// then running every `--fixed-interval-ms`. Varying one at a time tells the two
+    /// services' costs apart: with both varied, a checkpoint line carries the cleaner's cost
+    /// at the same interval.
+    #[arg(long, default_value = "both")]
+    pub vary: Varied,
+    /// The interval of the service `--vary` leaves alone, in milliseconds.
+    #[arg(long = "fixed-interval-ms", default_value_t = 1000)]
+    pub fixed_interval_ms: u64,
     /// Commit durability.
     #[arg(long, default_value = "disk")]
     pub durability: DurabilityArg,
@@ -79,7 +118,8 @@ pub struct TpcbArgs {
     /// Accounts per branch (TPC-B: 100,000).
     #[arg(long, default_value_t = 100_000)]
     pub accounts: u32,
-    /// Buffer pool size in MiB (default: room for the whole database after the runs).
+    /// Buffer pool size in MiB (default: room for the whole database after a run, its history
+    /// grown at up to 150,000 transactions per second).
     #[arg(long)]
     pub pool_mb: Option<usize>,
     /// Directory for the databases (default: a temporary folder in the current directory).
@@ -104,7 +144,12 @@ pub struct TpcbRun {
     pub system: String,
     pub checkpoints: String,
     pub cleaner: String,
+    /// The interval `--vary` names (checkpoints, cleaning rounds, or both).
     pub interval_ms: u64,
+    /// Which service's interval `interval_ms` is: "both", "checkpoints" or "cleaner" (the
+    /// other then ran every `fixed_interval_ms`).
+    pub varied: String,
+    pub fixed_interval_ms: u64,
     pub clients: u32,
     pub durability: String,
     /// Which of the `--repeats` runs of this configuration (from 1).
@@ -227,6 +272,8 @@ impl Driven {
             checkpoints: checkpoints.into(),
             cleaner: cleaner.into(),
             interval_ms,
+            varied: args.vary.name().into(),
+            fixed_interval_ms: args.fixed_interval_ms,
             clients: args.clients,
             durability: format!("{:?}", args.durability).to_lowercase(),
             repeat,
