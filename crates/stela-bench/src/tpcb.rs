@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use stela_store::{CheckpointKind, CleanerKind, Store, StoreOptions};
 use stela_wal::SyncMode;
 
+use crate::tpcb_schema::pool_mb;
 use crate::tpcb_schema::{
     account_key, balance, branch_key, delta_and_account, drive_clients, history_key, row,
     teller_key, Rng, TELLERS_PER_BRANCH,
@@ -71,31 +72,6 @@ fn store_options(args: &TpcbArgs, checkpoints: Kind, cleaner: Kind, interval: u6
         })
         .checkpoint_interval(Some(Duration::from_millis(checkpoint_ms)))
         .clean_interval(Some(Duration::from_millis(clean_ms)))
-}
-
-/// The fastest the history is assumed to grow, in transactions per second over all clients:
-/// above every rate this benchmark has seen on any system (about 60,000 at one client).
-const HISTORY_ROOM_TPS: f64 = 150_000.0;
-
-/// A buffer pool with room for the whole database after a run, as in the paper's in-memory
-/// setting: the accounts (about 125 bytes each in the leaves, twice over for half-full leaves
-/// and the inner nodes) and the history a run can append at [`HISTORY_ROOM_TPS`] (as many bytes
-/// per transaction), plus a margin. The pool takes frames only as pages come in, so room that
-/// a run does not use costs nothing. A pool sized for the accounts alone filled up in runs of
-/// more than a few seconds: then every new history page evicted a dirty one, and with the
-/// services paused for 10 s that eviction wrote pages on the transactions' path, which made
-/// the longest interval read 25 % slow for a reason that is not the services'.
-/// The cache every system gets, in MiB: stela-store's buffer pool, SQLite's page cache (per
-/// connection) and RocksDB's block cache, so that no system reads rows through the OS's page
-/// cache while another has them in its own memory.
-pub(crate) fn pool_mb(args: &TpcbArgs) -> usize {
-    args.pool_mb.unwrap_or_else(|| default_pool_mb(args))
-}
-
-fn default_pool_mb(args: &TpcbArgs) -> usize {
-    let accounts_mb = (args.clients as usize * args.accounts as usize * 125) >> 20;
-    let history_mb = (args.duration.max(0.0) * HISTORY_ROOM_TPS * 125.0) as usize >> 20;
-    accounts_mb * 2 + history_mb + 64
 }
 
 /// Loads branches, tellers and accounts (all balances zero) and closes the store cleanly.
@@ -549,6 +525,7 @@ fn sqlite_run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<Tpc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tpcb_schema::HISTORY_ROOM_TPS;
     use clap::Parser;
 
     #[derive(Parser)]

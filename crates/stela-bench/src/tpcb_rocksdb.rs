@@ -55,7 +55,7 @@ mod with_rocksdb {
         // A block cache as large as stela-store's buffer pool (the default is 32 MiB), so that
         // reads are served from RocksDB's memory as the store's are from its pool.
         let mut table_options = BlockBasedOptions::default();
-        let cache = Cache::new_lru_cache(crate::tpcb::pool_mb(args) << 20)
+        let cache = Cache::new_lru_cache(crate::tpcb_schema::pool_mb(args) << 20)
             .context("creating RocksDB's block cache")?;
         table_options.set_block_cache(&cache);
         options.set_block_based_table_factory(&table_options);
