@@ -361,12 +361,14 @@ fn every_subcommand_has_help() {
 }
 
 /// The keys of every `stela-bench tpcb --json` line (issue 11's list, and which repeat).
-const TPCB_KEYS: [&str; 11] = [
+const TPCB_KEYS: [&str; 13] = [
     "repeat",
     "system",
     "checkpoints",
     "cleaner",
     "interval_ms",
+    "varied",
+    "fixed_interval_ms",
     "clients",
     "durability",
     "tps",

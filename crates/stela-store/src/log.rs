@@ -30,7 +30,6 @@ pub trait LogDevice: Send + Sync {
     fn append_shared(&self, record: &std::sync::Arc<LogRecord>) -> Result<Lsn> {
         self.append(record)
     }
-    /// Returns once every record up to `lsn` is durable at the log's level.
     /// `record` encoded as this device stores it, for [`LogDevice::append_encoded`], or
     /// `None` from a device that encodes only in `append` (the default). It lets a caller that
     /// appends under a lock of its own (the log tail) encode a large record (a checkpoint's
@@ -50,6 +49,7 @@ pub trait LogDevice: Send + Sync {
         self.append(record)
     }
 
+    /// Returns once every record up to `lsn` is durable at the log's level.
     fn flush(&self, lsn: Lsn) -> Result<()>;
     /// Every record up to this LSN is durable.
     fn durable_lsn(&self) -> Lsn;
