@@ -285,7 +285,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
         writeln!(
             out,
             "TPC-B on stela-store: {} branches x {} accounts loaded in {:.1} s; {} s per run, \
-             durability {:?}, {} % remote accounts, buffer pool (and peers' caches) {} MiB; the interval paces {}",
+             durability {:?}, {} % remote accounts, buffer pool (and peers' caches) {} MiB; interval: the {}",
             args.clients,
             args.accounts,
             loading.elapsed().as_secs_f64(),
@@ -293,17 +293,7 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
             args.durability,
             args.remote,
             pool_mb(args),
-            match args.vary {
-                Varied::Both => "checkpoints and cleaning rounds".to_string(),
-                Varied::Checkpoints => format!(
-                    "checkpoints (cleaning rounds every {} ms)",
-                    args.fixed_interval_ms
-                ),
-                Varied::Cleaner => format!(
-                    "cleaning rounds (checkpoints every {} ms)",
-                    args.fixed_interval_ms
-                ),
-            }
+            args.vary.pacing(args.fixed_interval_ms)
         )?;
         writeln!(
             out,

@@ -101,17 +101,7 @@ pub fn save_tpcb_chart(runs: &[TpcbRun], path: &Path) -> anyhow::Result<()> {
         anyhow::bail!("no stela-store runs to chart (the chart's axis is their intervals)");
     };
     let run = &runs[0];
-    let paced = match run.varied.as_str() {
-        "checkpoints" => format!(
-            "checkpoint interval (cleaning every {} ms)",
-            run.fixed_interval_ms
-        ),
-        "cleaner" => format!(
-            "cleaning interval (checkpoints every {} ms)",
-            run.fixed_interval_ms
-        ),
-        _ => "checkpoint and cleaning interval".to_string(),
-    };
+    let paced = run.varied.pacing(run.fixed_interval_ms);
     let caption = format!(
         "TPC-B, {} clients, {} durability: tps by {paced}",
         run.clients, run.durability
@@ -202,7 +192,7 @@ mod tests {
             checkpoints: checkpoints.into(),
             cleaner: cleaner.into(),
             interval_ms,
-            varied: "both".into(),
+            varied: crate::tpcb_schema::Varied::Both,
             fixed_interval_ms: 1000,
             clients: 2,
             durability: "disk".into(),

@@ -18,7 +18,8 @@ pub enum Kind {
 }
 
 /// Which service's interval `--interval-ms` sets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Varied {
     /// Checkpoints and cleaning rounds together.
     Both,
@@ -38,11 +39,12 @@ impl Varied {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    /// What the interval of a run is, in words (the header of a table, a chart's caption).
+    pub fn pacing(self, fixed: u64) -> String {
         match self {
-            Varied::Both => "both",
-            Varied::Checkpoints => "checkpoints",
-            Varied::Cleaner => "cleaner",
+            Varied::Both => "checkpoint and cleaning interval".to_string(),
+            Varied::Checkpoints => format!("checkpoint interval (cleaning every {fixed} ms)"),
+            Varied::Cleaner => format!("cleaning interval (checkpoints every {fixed} ms)"),
         }
     }
 }
@@ -148,7 +150,7 @@ pub struct TpcbRun {
     pub interval_ms: u64,
     /// Which service's interval `interval_ms` is: "both", "checkpoints" or "cleaner" (the
     /// other then ran every `fixed_interval_ms`).
-    pub varied: String,
+    pub varied: Varied,
     pub fixed_interval_ms: u64,
     pub clients: u32,
     pub durability: String,
@@ -165,6 +167,13 @@ pub struct TpcbRun {
 /// above every rate this benchmark has seen on any system (about 60,000 at one client).
 pub(crate) const HISTORY_ROOM_TPS: f64 = 150_000.0;
 
+/// The cache every system gets, in MiB: stela-store's buffer pool, SQLite's page cache (per
+/// connection) and RocksDB's block cache, so that no system reads rows through the OS's page
+/// cache while another has them in its own memory.
+pub(crate) fn pool_mb(args: &TpcbArgs) -> usize {
+    args.pool_mb.unwrap_or_else(|| default_pool_mb(args))
+}
+
 /// A buffer pool with room for the whole database after a run, as in the paper's in-memory
 /// setting: the accounts (about 125 bytes each in the leaves, twice over for half-full leaves
 /// and the inner nodes) and the history a run can append at [`HISTORY_ROOM_TPS`] (as many bytes
@@ -173,13 +182,6 @@ pub(crate) const HISTORY_ROOM_TPS: f64 = 150_000.0;
 /// more than a few seconds: then every new history page evicted a dirty one, and with the
 /// services paused for 10 s that eviction wrote pages on the transactions' path, which made
 /// the longest interval read 25 % slow for a reason that is not the services'.
-/// The cache every system gets, in MiB: stela-store's buffer pool, SQLite's page cache (per
-/// connection) and RocksDB's block cache, so that no system reads rows through the OS's page
-/// cache while another has them in its own memory.
-pub(crate) fn pool_mb(args: &TpcbArgs) -> usize {
-    args.pool_mb.unwrap_or_else(|| default_pool_mb(args))
-}
-
 fn default_pool_mb(args: &TpcbArgs) -> usize {
     let accounts_mb = (args.clients as usize * args.accounts as usize * 125) >> 20;
     let history_mb = (args.duration.max(0.0) * HISTORY_ROOM_TPS * 125.0) as usize >> 20;
@@ -297,7 +299,7 @@ impl Driven {
             checkpoints: checkpoints.into(),
             cleaner: cleaner.into(),
             interval_ms,
-            varied: args.vary.name().into(),
+            varied: args.vary,
             fixed_interval_ms: args.fixed_interval_ms,
             clients: args.clients,
             durability: format!("{:?}", args.durability).to_lowercase(),
