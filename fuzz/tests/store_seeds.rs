@@ -10,7 +10,9 @@ use stela_format::Lsn;
 use stela_store::archive_format::{encode_run, Entry, RunRange};
 use stela_store::format::{ActiveTxn, PageImage, SYSTEM_TXN};
 use stela_store::page::{self, Internal, Leaf, Node, Page};
-use stela_store::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord};
+use stela_store::{
+    CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges,
+};
 
 fn leaf(entries: &[(&str, &str)]) -> Node {
     let mut leaf = Leaf::default();
@@ -126,6 +128,29 @@ fn records() -> Vec<(&'static str, LogRecord)> {
                     }],
                     next_page: 10,
                     max_txn: 4,
+                },
+            }),
+        ),
+        (
+            "checkpoint-delta",
+            system(LogBody::CheckpointDelta {
+                begin: Lsn::new(20),
+                base: Lsn::new(15),
+                root: Lsn::new(11),
+                changes: TableChanges {
+                    dirty_pages: vec![DirtyPage {
+                        page: 3,
+                        rec_lsn: Lsn::new(16),
+                        page_lsn: Lsn::new(18),
+                    }],
+                    cleaned: vec![2],
+                    active: vec![ActiveTxn {
+                        txn: 5,
+                        last_lsn: Lsn::new(19),
+                        locks: vec![b"account-4".to_vec()],
+                    }],
+                    next_page: 10,
+                    max_txn: 5,
                 },
             }),
         ),

@@ -124,7 +124,8 @@ impl Analysis {
             }
             LogBody::Structure { .. }
             | LogBody::CheckpointBegin
-            | LogBody::CheckpointEnd { .. } => {}
+            | LogBody::CheckpointEnd { .. }
+            | LogBody::CheckpointDelta { .. } => {}
         }
     }
 

@@ -12,11 +12,17 @@
 //! - decoupled ([`Decoupled`]): log analysis from where the previous checkpoint's analysis
 //!   stopped to the new begin record, over tables kept in memory between checkpoints (the
 //!   previous checkpoint's, so the log before it is never read again). It takes no latch.
+//!   Taken soon after another, it logs its end record as a delta (`CheckpointDelta`: the
+//!   entries that changed since the previous checkpoint), so that checkpoints every
+//!   millisecond do not each log a table of thousands of pages; the deltas since the last full
+//!   end record form a chain, whose full record (its root) the master record names too.
 //!
 //! This module owns the master record's two files and the decoupled checkpoint's cached tables.
 //! Invariants:
 //! - Every intact master record names a begin and an end record that were durable when it was
-//!   written, and the end record's tables are correct for analysis starting at that begin.
+//!   written, and the end record's tables (for a delta: the root's, with every delta of the
+//!   chain up to the end record applied in order) are correct for analysis starting at that
+//!   begin. Each delta names the end record before it in its chain as its base, and the root.
 //! - The slot the log's truncation relies on ([`MasterSlots::pin`]) is durable and is not
 //!   overwritten until the other slot, naming a newer checkpoint, has been made durable in its
 //!   place; restart takes the intact slot naming the newest checkpoint, so whatever a crash
@@ -24,21 +30,28 @@
 
 use crate::analysis::Analysis;
 use crate::error::{Error, Result};
-use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, SYSTEM_TXN};
+use crate::format::{
+    CheckpointKind, CheckpointTables, LogBody, LogRecord, TableChanges, SYSTEM_TXN,
+};
 use crate::log::LogDevice;
 use crate::tail::{Consumer, LogTail};
 use std::path::Path;
 use stela_format::Lsn;
 use stela_wal::storage::{OpenMode, Storage, StorageFile};
 
-// A master record, 20 bytes, little-endian:
+// A master record, 28 bytes, little-endian:
 //   0   8   LSN of the checkpoint's begin record
 //   8   8   LSN of its end record
-//   16  4   CRC32C of bytes 0..16
-// It is kept in two files ("slots"), each overwritten in place; the first keeps the name a
-// single master file had, so a directory written before there were two still opens.
+//   16  8   LSN of the end record of the full checkpoint its chain of deltas starts from (the
+//           end record itself for a full checkpoint)
+//   24  4   CRC32C of bytes 0..24
+// A record of 20 bytes (no root, the CRC at 16) was written before there were deltas: its
+// checkpoint is full. It is kept in two files ("slots"), each overwritten in place; the first
+// keeps the name a single master file had, so a directory written before there were two still
+// opens.
 const SLOT_FILES: [&str; 2] = ["checkpoint", "checkpoint.1"];
-const MASTER_LEN: usize = 20;
+const MASTER_LEN: usize = 28;
+const OLD_MASTER_LEN: usize = 20;
 /// The temporary file of the single master file's replace-by-rename, removed if left behind.
 const OLD_TEMPORARY: &str = "checkpoint.new";
 
@@ -47,6 +60,10 @@ const OLD_TEMPORARY: &str = "checkpoint.new";
 pub struct Master {
     pub begin: Lsn,
     pub end: Lsn,
+    /// The end record of the full checkpoint (`CheckpointEnd`) whose tables, with the deltas
+    /// logged after it up to `end`, give this checkpoint's; `end` itself if that is full.
+    /// Restart reads the log from here.
+    pub root: Lsn,
 }
 
 /// A small file holding a payload followed by its CRC32C, little-endian (the master record,
@@ -100,21 +117,37 @@ impl Master {
         Ok(read_slots(storage, dir)?.map(|(_, master)| master))
     }
 
+    /// A full checkpoint's record.
+    pub fn full(begin: Lsn, end: Lsn) -> Master {
+        Master {
+            begin,
+            end,
+            root: end,
+        }
+    }
+
     fn encode(&self) -> [u8; MASTER_LEN] {
         let mut bytes = [0u8; MASTER_LEN];
         bytes[..8].copy_from_slice(&self.begin.get().to_le_bytes());
         bytes[8..16].copy_from_slice(&self.end.get().to_le_bytes());
-        let crc = crc32c::crc32c(&bytes[..16]);
-        bytes[16..].copy_from_slice(&crc.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.root.get().to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..24]);
+        bytes[24..].copy_from_slice(&crc.to_le_bytes());
         bytes
     }
 
+    /// A payload of 24 bytes, or of 16 (written before deltas: a full checkpoint).
     fn decode(payload: &[u8]) -> Master {
         let at = |i: usize| Lsn::new(u64::from_le_bytes(payload[i..i + 8].try_into().expect("8")));
-        Master {
-            begin: at(0),
-            end: at(8),
-        }
+        let (begin, end) = (at(0), at(8));
+        let root = if payload.len() >= 24 { at(16) } else { end };
+        Master { begin, end, root }
+    }
+
+    /// Whether the LSNs can name a checkpoint: the root's end at or before the end, which
+    /// follows the begin.
+    fn is_ordered(&self) -> bool {
+        self.root <= self.end && self.begin < self.end
     }
 }
 
@@ -124,9 +157,14 @@ fn read_slots(storage: &dyn Storage, dir: &Path) -> Result<Option<(usize, Master
     let mut damaged = Vec::new();
     for (slot, name) in SLOT_FILES.iter().enumerate() {
         let path = dir.join(name);
-        match read_sealed(storage, &path, MASTER_LEN - 4)? {
+        let sealed = match read_sealed(storage, &path, MASTER_LEN - 4)? {
+            Sealed::Damaged => read_sealed(storage, &path, OLD_MASTER_LEN - 4)?,
+            sealed => sealed,
+        };
+        match sealed {
             Sealed::Absent => {}
             Sealed::Damaged => damaged.push(path),
+            Sealed::Intact(bytes) if !Master::decode(&bytes).is_ordered() => damaged.push(path),
             Sealed::Intact(bytes) => {
                 let master = Master::decode(&bytes);
                 if newest
@@ -275,9 +313,12 @@ pub struct CheckpointReport {
     pub kind: CheckpointKind,
     pub begin: Lsn,
     pub end: Lsn,
+    /// The checkpoint's tables (whole, also when its record logged only their changes).
     pub tables: CheckpointTables,
     /// Log records the decoupled checkpoint analysed (0 for a classical one).
     pub records_analyzed: u64,
+    /// For a delta, the dirty-page entries it logged; `None` for a full checkpoint.
+    pub delta_entries: Option<usize>,
 }
 
 /// Appends a checkpoint's begin record.
@@ -316,14 +357,47 @@ pub(crate) fn end(
         unreachable!("built as a checkpoint's end record above")
     };
     log.flush(end)?;
-    master.write(storage, Master { begin, end })?;
+    master.write(storage, Master::full(begin, end))?;
     Ok(CheckpointReport {
         kind,
         begin,
         end,
         tables,
         records_analyzed,
+        delta_entries: None,
     })
+}
+
+/// Appends a decoupled checkpoint's end record as the changes from the checkpoint `last`
+/// recorded, waits until it is durable, then writes a master record naming it.
+fn end_delta(
+    log: &dyn LogDevice,
+    storage: &dyn Storage,
+    master: &mut MasterSlots,
+    begin: Lsn,
+    last: &LastCheckpoint,
+    changes: TableChanges,
+) -> Result<Lsn> {
+    let end = log.append(&LogRecord {
+        txn: SYSTEM_TXN,
+        prev_txn_lsn: Lsn::ZERO,
+        body: LogBody::CheckpointDelta {
+            begin,
+            base: last.end,
+            root: last.root,
+            changes,
+        },
+    })?;
+    log.flush(end)?;
+    master.write(
+        storage,
+        Master {
+            begin,
+            end,
+            root: last.root,
+        },
+    )?;
+    Ok(end)
 }
 
 /// What a store's checkpoint mutex guards: the master record's slots, which checkpoints write
@@ -333,14 +407,105 @@ pub(crate) struct Checkpointer {
     pub decoupled: Decoupled,
 }
 
+/// Longest stretch of log, in records, from a chain's full checkpoint to the begin record of
+/// a delta on it: restart reads the log from the full checkpoint, so this bounds what a
+/// chain adds to restart's reading (a few milliseconds of decoding).
+pub(crate) const MAX_CHAIN_RECORDS: u64 = 16_384;
+
+/// The last checkpoint written, as the next decoupled one may log its changes from.
+pub(crate) struct LastCheckpoint {
+    /// Its end record.
+    end: Lsn,
+    /// The end record of the full checkpoint its chain starts from.
+    root: Lsn,
+    /// Its tables, whole.
+    tables: CheckpointTables,
+    /// Dirty-page entries of the full checkpoint at the root.
+    root_entries: usize,
+    /// Dirty-page entries the chain's deltas have logged so far.
+    chain_entries: usize,
+}
+
 /// The decoupled checkpoint's state: analysis tables for every record up to
 /// `analysis.applied_to`, carried from one checkpoint to the next (and, at open, from
-/// restart's analysis).
+/// restart's analysis), and the last checkpoint written, which the next may be a delta of.
 pub(crate) struct Decoupled {
     pub analysis: Analysis,
+    /// `None` after open and after a classical checkpoint: the next one is logged whole.
+    pub last: Option<LastCheckpoint>,
 }
 
 impl Decoupled {
+    /// A decoupled checkpoint at `begin` (appended): analysis up to it, then its end record,
+    /// logged as the changes since the last checkpoint when they are fewer than the table's
+    /// entries and the chain they extend stays within a full table's entries and
+    /// [`MAX_CHAIN_RECORDS`] of log (so a chain costs at most twice the log one full checkpoint
+    /// would, and restart reads little more), and whole otherwise.
+    pub fn checkpoint(
+        &mut self,
+        log: &LogTail,
+        storage: &dyn Storage,
+        master: &mut MasterSlots,
+        begin: Lsn,
+    ) -> Result<CheckpointReport> {
+        let (tables, analysed) = self.tables_at(log, begin)?;
+        let delta = self.last.as_ref().and_then(|last| {
+            let near = begin.get().saturating_sub(last.root.get()) <= MAX_CHAIN_RECORDS;
+            let changes = tables.changes_since(&last.tables);
+            // Smaller than the table itself (an empty table is logged whole: a chain would
+            // only hold the log back), and the chain within a full table's entries.
+            let small = changes.entries() < tables.dirty_pages.len()
+                && last.chain_entries + changes.entries() <= last.root_entries;
+            (near && small).then_some((last, changes))
+        });
+        let report = match delta {
+            Some((last, changes)) => {
+                let entries = changes.entries();
+                let end = end_delta(log, storage, master, begin, last, changes)?;
+                CheckpointReport {
+                    kind: CheckpointKind::Decoupled,
+                    begin,
+                    end,
+                    tables,
+                    records_analyzed: analysed,
+                    delta_entries: Some(entries),
+                }
+            }
+            None => end(
+                log,
+                storage,
+                master,
+                begin,
+                CheckpointKind::Decoupled,
+                tables,
+                analysed,
+            )?,
+        };
+        self.written(&report);
+        Ok(report)
+    }
+
+    /// Remembers the checkpoint `report` describes as the one the next may be a delta of.
+    fn written(&mut self, report: &CheckpointReport) {
+        let previous = self.last.take();
+        self.last = Some(match (report.delta_entries, previous) {
+            (Some(entries), Some(previous)) => LastCheckpoint {
+                end: report.end,
+                root: previous.root,
+                tables: report.tables.clone(),
+                root_entries: previous.root_entries,
+                chain_entries: previous.chain_entries + entries,
+            },
+            _ => LastCheckpoint {
+                end: report.end,
+                root: report.end,
+                tables: report.tables.clone(),
+                root_entries: report.tables.dirty_pages.len(),
+                chain_entries: 0,
+            },
+        });
+    }
+
     /// The tables for the begin record at `begin`: analysis of the records after the last one
     /// analysed, up to and including `begin` (appended; it need not be durable yet).
     pub fn tables_at(&mut self, log: &LogTail, begin: Lsn) -> Result<(CheckpointTables, u64)> {
@@ -402,10 +567,44 @@ mod tests {
     use stela_wal::storage::{CrashPlan, FaultStorage};
 
     fn master(n: u64) -> Master {
-        Master {
-            begin: Lsn::new(10 * n),
-            end: Lsn::new(10 * n + 5),
-        }
+        Master::full(Lsn::new(10 * n), Lsn::new(10 * n + 5))
+    }
+
+    /// A delta's record names its chain's root; a record of the 20 bytes written before there
+    /// were deltas reads as a full checkpoint; one whose LSNs cannot name a checkpoint is
+    /// damaged, and restart falls back to the other slot.
+    #[test]
+    fn a_master_record_names_its_root_and_an_older_shorter_one_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = stela_wal::storage::StdStorage;
+        let (mut slots, _) = MasterSlots::open(&storage, dir.path()).unwrap();
+        let delta = Master {
+            begin: Lsn::new(40),
+            end: Lsn::new(45),
+            root: Lsn::new(12),
+        };
+        slots.write(&storage, master(1)).unwrap();
+        slots.pin(&storage).unwrap();
+        slots.write(&storage, delta).unwrap();
+        assert_eq!(Master::read(&storage, dir.path()).unwrap(), Some(delta));
+
+        let mut old = Vec::new();
+        old.extend_from_slice(&70u64.to_le_bytes());
+        old.extend_from_slice(&75u64.to_le_bytes());
+        old.extend_from_slice(&crc32c::crc32c(&old).to_le_bytes());
+        std::fs::write(dir.path().join(SLOT_FILES[1]), &old).unwrap();
+        assert_eq!(
+            Master::read(&storage, dir.path()).unwrap(),
+            Some(Master::full(Lsn::new(70), Lsn::new(75)))
+        );
+
+        let backwards = Master {
+            begin: Lsn::new(90),
+            end: Lsn::new(95),
+            root: Lsn::new(99),
+        };
+        std::fs::write(dir.path().join(SLOT_FILES[1]), backwards.encode()).unwrap();
+        assert_eq!(Master::read(&storage, dir.path()).unwrap(), Some(master(1)));
     }
 
     #[test]

@@ -33,7 +33,8 @@
 //!   `L + 1` (truncated past it) is [`Error::Follow`], and so is a read that skips an LSN. The
 //!   standby daemon follows the primary's truncation of its copy, but never past a follower's
 //!   hold (`stela_wal::holds`): the follower holds the copy from the master record's begin
-//!   record, or `L + 1` if that is lower, when it opens and after each round, which is all a
+//!   record (or the end record of its chain's full checkpoint, for a delta: restart reads from
+//!   there), or `L + 1` if that is lower, when it opens and after each round, which is all a
 //!   store opened on the directory after a promotion reads (analysis from that begin record,
 //!   redo from `L + 1`, and the undo of transactions that were running, which the primary's
 //!   own truncation kept). So this happens only to a directory pointed at another log, or a
@@ -197,10 +198,9 @@ impl Follower {
     /// read (see the module's invariants); written only when that moves, which is seldom: it
     /// is the master record's begin record while a checkpoint has been passed.
     fn hold(&mut self) -> Result<()> {
-        let first_needed = self
-            .master
-            .newest()
-            .map_or(self.applied.next(), |m| m.begin.min(self.applied.next()));
+        let first_needed = self.master.newest().map_or(self.applied.next(), |m| {
+            m.begin.min(m.root).min(self.applied.next())
+        });
         if self.held == Some(first_needed) {
             return Ok(());
         }
@@ -305,8 +305,18 @@ impl Follower {
                 .validate()
                 .map_err(|source| Error::BadLogRecord { lsn: *lsn, source })?;
             replay.apply(*lsn, &record)?;
-            if let LogBody::CheckpointEnd { begin, .. } = record.body {
-                checkpoint = Some(Master { begin, end: *lsn });
+            match record.body {
+                LogBody::CheckpointEnd { begin, .. } => {
+                    checkpoint = Some(Master::full(begin, *lsn));
+                }
+                LogBody::CheckpointDelta { begin, root, .. } => {
+                    checkpoint = Some(Master {
+                        begin,
+                        end: *lsn,
+                        root,
+                    });
+                }
+                _ => {}
             }
             expected = expected.next();
         }

@@ -116,7 +116,9 @@ pub use cleaner::{CleanReport, CleanerKind};
 pub use daemon::DaemonLog;
 pub use error::{Error, Result};
 pub use follow::{Agreement, FollowReport, Follower};
-pub use format::{CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TxnId};
+pub use format::{
+    CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges, TxnId,
+};
 pub use log::LogDevice;
 pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
 pub use pool::PoolStats;

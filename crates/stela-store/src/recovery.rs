@@ -45,7 +45,7 @@ use crate::analysis::Analysis;
 use crate::btree::Engine;
 use crate::checkpoint::Master;
 use crate::error::{Error, Result};
-use crate::format::{LogBody, LogRecord, RecordError, TxnId};
+use crate::format::{CheckpointTables, LogBody, LogRecord, RecordError, TableChanges, TxnId};
 use crate::log::read_one;
 use crate::redo::{redo, PendingRedo};
 use std::collections::HashMap;
@@ -55,7 +55,8 @@ use stela_format::Lsn;
 /// What a restart found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RestartReport {
-    /// Records read by analysis.
+    /// Records restart read before it opened: those analysed, and, when the checkpoint was
+    /// logged as a delta, those from its chain's full checkpoint on.
     pub records_analyzed: u64,
     /// (record, page) pairs redo applied because the page lacked them.
     pub redo_applied: u64,
@@ -211,8 +212,15 @@ pub(crate) fn restart(
     // same pass (a checkpoint of a 1 GB dirty set carries 131,072 dirty pages, and decoding
     // them twice cost restart tens of milliseconds). The records between begin and end wait
     // for the tables, then go through analysis in order.
-    let start = master.map_or(Lsn::FIRST, |master| master.begin);
+    //
+    // A checkpoint logged as a delta (`CheckpointDelta`) has its tables composed first: the
+    // log is read from its chain's full checkpoint (`Master::root`), whose tables each delta
+    // of the chain then changes in LSN order. Other records before the begin record are read
+    // but not analysed (the tables at the begin record already account for them); undo and
+    // instant redo keep them as they keep the analysed ones.
+    let start = master.map_or(Lsn::FIRST, |master| master.begin.min(master.root));
     let mut tables_pending = master.map(|master| master.end);
+    let mut chain = ChainTables::default();
     let mut waiting_for_tables: Vec<(Lsn, LogRecord)> = Vec::new();
     let mut analysis = Analysis::default();
     let analyse = |analysis: &mut Analysis, lsn: Lsn, record: &LogRecord| {
@@ -240,26 +248,48 @@ pub(crate) fn restart(
             });
         }
         report.records_analyzed += 1;
-        match tables_pending {
-            Some(end) if lsn < end => {
-                waiting_for_tables.push((lsn, record.clone()));
-            }
-            Some(end) => {
-                let LogBody::CheckpointEnd { begin, tables, .. } = &mut record.body else {
-                    return Err(no_checkpoint_end(end));
-                };
-                if lsn != end || Some(*begin) != master.map(|master| master.begin) {
-                    return Err(no_checkpoint_end(end));
+        if let Some(master) = master.filter(|master| lsn < master.begin) {
+            // Before the begin record of a delta: its chain. The record is kept for undo and
+            // instant redo below, like those analysed.
+            chain.read(master, lsn, &mut record)?;
+        } else {
+            match tables_pending {
+                Some(end) if lsn < end => {
+                    waiting_for_tables.push((lsn, record.clone()));
                 }
-                report.checkpoint = Some(*begin);
-                analysis = Analysis::from_tables(&std::mem::take(tables));
-                tables_pending = None;
-                for (lsn, record) in waiting_for_tables.drain(..) {
+                Some(end) => {
+                    let master = master.expect("tables are pending only with a master record");
+                    if lsn != end {
+                        return Err(no_checkpoint_end(end));
+                    }
+                    let tables = match &mut record.body {
+                        LogBody::CheckpointEnd { begin, tables, .. } if *begin == master.begin => {
+                            std::mem::take(tables)
+                        }
+                        LogBody::CheckpointDelta {
+                            begin,
+                            base,
+                            root,
+                            changes,
+                        } if *begin == master.begin && *root == master.root => {
+                            chain.extend(lsn, *base, changes)?;
+                            chain
+                                .composed
+                                .take()
+                                .ok_or_else(|| no_checkpoint_end(master.root))?
+                        }
+                        _ => return Err(no_checkpoint_end(end)),
+                    };
+                    report.checkpoint = Some(master.begin);
+                    analysis = Analysis::from_tables(&tables);
+                    tables_pending = None;
+                    for (lsn, record) in waiting_for_tables.drain(..) {
+                        analyse(&mut analysis, lsn, &record);
+                    }
                     analyse(&mut analysis, lsn, &record);
                 }
-                analyse(&mut analysis, lsn, &record);
+                None => analyse(&mut analysis, lsn, &record),
             }
-            None => analyse(&mut analysis, lsn, &record),
         }
         match record.body {
             LogBody::Commit | LogBody::Aborted => {
@@ -334,6 +364,54 @@ pub(crate) fn restart(
                 losers,
             })
         }
+    }
+}
+
+/// The tables of a delta's chain, composed as restart reads it before the delta's begin record.
+#[derive(Default)]
+struct ChainTables {
+    /// The tables at the last end record of the chain read (`None` before its root).
+    composed: Option<CheckpointTables>,
+    /// That end record.
+    last_end: Lsn,
+}
+
+impl ChainTables {
+    /// Takes in the record at `lsn`, before the begin record of `master`'s checkpoint: the
+    /// chain's full checkpoint at its root, or a delta of the chain. Others are not needed.
+    fn read(&mut self, master: Master, lsn: Lsn, record: &mut LogRecord) -> Result<()> {
+        match &mut record.body {
+            _ if lsn == master.root => {
+                let LogBody::CheckpointEnd { tables, .. } = &mut record.body else {
+                    return Err(no_checkpoint_end(master.root));
+                };
+                self.composed = Some(std::mem::take(tables));
+                self.last_end = lsn;
+            }
+            LogBody::CheckpointDelta {
+                base,
+                root,
+                changes,
+                ..
+            } if *root == master.root && lsn > master.root => self.extend(lsn, *base, changes)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Applies the delta at `lsn`, on the checkpoint ending at `base`.
+    fn extend(&mut self, lsn: Lsn, base: Lsn, changes: &TableChanges) -> Result<()> {
+        let Some(composed) = self.composed.as_mut().filter(|_| base == self.last_end) else {
+            return Err(Error::BadLogRecord {
+                lsn,
+                source: RecordError::Invalid(
+                    "a checkpoint delta's base is not the checkpoint before it in its chain",
+                ),
+            });
+        };
+        composed.apply(changes);
+        self.last_end = lsn;
+        Ok(())
     }
 }
 

@@ -47,7 +47,8 @@ pub fn redo(id: PageId, page: &mut Page, lsn: Lsn, record: &LogRecord) -> Result
         | LogBody::Aborted
         | LogBody::PagesWritten { .. }
         | LogBody::CheckpointBegin
-        | LogBody::CheckpointEnd { .. } => return Ok(false),
+        | LogBody::CheckpointEnd { .. }
+        | LogBody::CheckpointDelta { .. } => return Ok(false),
     }
     page.lsn = lsn;
     Ok(true)

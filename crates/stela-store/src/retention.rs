@@ -5,7 +5,9 @@
 //! Who reads the log, and from where:
 //! - restart's analysis, from the begin record of the checkpoint the master record names (which
 //!   must therefore be synced before the log is cut: a master record lost to a crash would send
-//!   restart to an older checkpoint, or to LSN 1);
+//!   restart to an older checkpoint, or to LSN 1), or, for a checkpoint logged as a delta, from
+//!   the full checkpoint its chain starts from (the store passes that one's begin record and
+//!   table: no page in a later table of the chain is dirty from before both);
 //! - restart's redo, from the oldest `rec_lsn` of that checkpoint's dirty-page table (a page
 //!   dirtied later has its first change after the begin record);
 //! - restart's undo, from the first record of any transaction running now (one that starts
@@ -25,8 +27,9 @@ use stela_format::Lsn;
 pub struct LogNeeds {
     /// The last LSN the archive holds.
     pub archived: Lsn,
-    /// The synced master record's checkpoint: its begin record and the oldest `rec_lsn` of
-    /// its dirty-page table (`None` if it has no dirty page). `None`: no checkpoint.
+    /// The synced master record's checkpoint (for a delta, its chain's full checkpoint): its
+    /// begin record and the oldest `rec_lsn` of its dirty-page table (`None` if it has no
+    /// dirty page). `None`: no checkpoint.
     pub checkpoint: Option<(Lsn, Option<Lsn>)>,
     /// The first record of the oldest running transaction that has written.
     pub oldest_running: Option<Lsn>,

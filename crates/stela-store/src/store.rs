@@ -409,7 +409,10 @@ impl Store {
             options: options.clone(),
             checkpointer: Mutex::new(Checkpointer {
                 master: master_slots,
-                decoupled: Decoupled { analysis },
+                decoupled: Decoupled {
+                    analysis,
+                    last: None,
+                },
             }),
             cleaning: Mutex::new(HashMap::new()),
             archive,
@@ -750,24 +753,22 @@ impl Shared {
             // Report the pool's eviction writes, so analysis sees those pages become clean.
             self.file.log_writes(log)?;
             let begin = checkpoint::begin(log)?;
-            let (tables, analysed) = match kind {
-                CheckpointKind::Classical => (self.copy_tables()?, 0),
-                CheckpointKind::Decoupled => {
-                    // No flush of the begin record first: analysis reads it from the tail (or
-                    // the log hands it to the OS before reading), and the end record's flush
-                    // makes it durable with everything before it.
-                    decoupled.tables_at(&self.log, begin)?
+            let storage = self.options.wal.storage.as_ref();
+            match kind {
+                CheckpointKind::Classical => {
+                    // The next decoupled checkpoint starts a chain of its own: its analysis
+                    // has not seen these tables, and the log may be cut behind this one.
+                    decoupled.last = None;
+                    let tables = self.copy_tables()?;
+                    checkpoint::end(log, storage, master, begin, kind, tables, 0)
                 }
-            };
-            checkpoint::end(
-                log,
-                self.options.wal.storage.as_ref(),
-                master,
-                begin,
-                kind,
-                tables,
-                analysed,
-            )
+                // No flush of the begin record first: analysis reads it from the tail (or the
+                // log hands it to the OS before reading), and the end record's flush makes it
+                // durable with everything before it.
+                CheckpointKind::Decoupled => {
+                    decoupled.checkpoint(&self.log, storage, master, begin)
+                }
+            }
         })();
         self.check(result)
     }
@@ -842,13 +843,16 @@ impl Shared {
     fn truncate_log(&self, archive: &LogArchive) -> Result<usize> {
         let mut checkpointer = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
         let log: &dyn LogDevice = self.log.as_ref();
+        // For a delta, the chain's full checkpoint bounds both: restart reads from its end
+        // record, and no page dirty in the delta's tables has a `rec_lsn` below both the full
+        // checkpoint's begin and its table's oldest (a page first dirtied later was changed
+        // after that begin; an entry's `rec_lsn` never moves back).
         let checkpoint = match checkpointer.master.pin(self.options.wal.storage.as_ref())? {
             None => None,
-            Some(master) => match crate::log::read_one(log, master.end)?.body {
-                LogBody::CheckpointEnd { tables, .. } => Some((
-                    master.begin,
-                    tables.dirty_pages.iter().map(|d| d.rec_lsn).min(),
-                )),
+            Some(master) => match crate::log::read_one(log, master.root)?.body {
+                LogBody::CheckpointEnd { begin, tables, .. } => {
+                    Some((begin, tables.dirty_pages.iter().map(|d| d.rec_lsn).min()))
+                }
                 _ => None,
             },
         };
