@@ -64,6 +64,11 @@ pub struct TpcbCrashArgs {
     /// Interval of the checkpoint and cleaner threads.
     #[arg(long, default_value_t = 50)]
     pub interval_ms: u64,
+    /// Paces the checkpoint thread apart from the cleaner (default: `--interval-ms`). A
+    /// short one (1 ms) makes most decoupled checkpoints deltas on a chain, so the faults
+    /// land on chains of every length.
+    #[arg(long)]
+    pub checkpoint_interval_ms: Option<u64>,
     /// Buffer pool pages (8 KiB): small, so dirty pages are stolen before their commit.
     #[arg(long, default_value_t = 48)]
     pub pool_pages: usize,
@@ -103,6 +108,8 @@ pub struct TpcbCrashChildArgs {
     pub cleaner: Kind,
     #[arg(long)]
     pub interval_ms: u64,
+    #[arg(long)]
+    pub checkpoint_interval_ms: Option<u64>,
     #[arg(long)]
     pub pool_pages: usize,
     #[arg(long)]
@@ -160,6 +167,7 @@ fn options(
     checkpoints: Kind,
     cleaner: Kind,
     interval_ms: u64,
+    checkpoint_interval_ms: Option<u64>,
     pool_pages: usize,
 ) -> StoreOptions {
     let defaults = StoreOptions::default();
@@ -169,6 +177,8 @@ fn options(
         .sync(SyncMode::Data)
         .storage(Arc::clone(storage));
     let interval = Some(Duration::from_millis(interval_ms.max(1)));
+    let checkpoint_interval =
+        checkpoint_interval_ms.map_or(interval, |ms| Some(Duration::from_millis(ms.max(1))));
     defaults
         .wal(wal)
         .pool_pages(pool_pages)
@@ -180,7 +190,7 @@ fn options(
             Kind::Classical => CleanerKind::Classical,
             Kind::Decoupled => CleanerKind::Decoupled,
         })
-        .checkpoint_interval(interval)
+        .checkpoint_interval(checkpoint_interval)
         .clean_interval(interval)
         // The archive holds every page's history, so a page torn by a power cut is rebuilt;
         // the log is truncated behind it.
@@ -201,6 +211,7 @@ pub fn child(args: &TpcbCrashChildArgs) -> anyhow::Result<()> {
             args.checkpoints,
             args.cleaner,
             args.interval_ms,
+            args.checkpoint_interval_ms,
             args.pool_pages,
         ),
     )?;
@@ -243,7 +254,7 @@ pub fn child(args: &TpcbCrashChildArgs) -> anyhow::Result<()> {
 fn load(dir: &Path, args: &TpcbCrashArgs, storage: &Arc<dyn Storage>) -> anyhow::Result<()> {
     let store = Store::open(
         dir,
-        options(storage, args.checkpoints, args.cleaner, 0, 1024)
+        options(storage, args.checkpoints, args.cleaner, 0, None, 1024)
             .checkpoint_interval(None)
             .clean_interval(None)
             .archive_interval(None),
@@ -315,6 +326,7 @@ impl Tally {
                 args.checkpoints,
                 args.cleaner,
                 args.interval_ms,
+                args.checkpoint_interval_ms,
                 args.pool_pages,
             )
             .checkpoint_interval(None)
@@ -421,14 +433,15 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
         writeln!(
             out,
             "tpcb-crash: {} SIGKILLs of a child, then {} power cuts ({:?}), under TPC-B ({} \
-             clients x {} accounts, {:?} checkpoints, {:?} cleaner every {} ms, {} pool pages); \
-             seed {seed}",
+             clients x {} accounts, {:?} checkpoints every {} ms, {:?} cleaner every {} ms, {} \
+             pool pages); seed {seed}",
             args.kills,
             args.power_cuts,
             args.plans,
             args.clients,
             args.accounts,
             args.checkpoints,
+            args.checkpoint_interval_ms.unwrap_or(args.interval_ms),
             args.cleaner,
             args.interval_ms,
             args.pool_pages
@@ -586,6 +599,12 @@ fn kill_child_once(
         ])
         .args(["--cleaner", &format!("{:?}", args.cleaner).to_lowercase()])
         .args(["--interval-ms", &args.interval_ms.to_string()])
+        .args(
+            args.checkpoint_interval_ms
+                .map(|ms| ["--checkpoint-interval-ms".to_string(), ms.to_string()])
+                .into_iter()
+                .flatten(),
+        )
         .args(["--pool-pages", &args.pool_pages.to_string()])
         .args(["--round", &round.to_string()])
         .args(["--seed", &seed.to_string()])
@@ -719,6 +738,7 @@ fn cut_power_once(
             args.checkpoints,
             args.cleaner,
             args.interval_ms,
+            args.checkpoint_interval_ms,
             args.pool_pages,
         ),
     )

@@ -439,6 +439,9 @@ fn tpcb_crash_kills_the_store_and_cuts_its_power_and_finds_every_acknowledged_tr
         "2",
         "--accounts",
         "300",
+        // Checkpoints every millisecond: most are deltas, so faults land on chains.
+        "--checkpoint-interval-ms",
+        "1",
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
