@@ -418,15 +418,32 @@ fn client(
 }
 
 /// Bytes of every file under `dir` (sizes as listed: what copying the directory would copy).
+/// The directory is a live node's backing directory, whose mount applies logged unlinks and
+/// renames in the background while this walks it: a file or directory gone between its
+/// listing and its reading is skipped (it is not there to copy), any other error is one.
 fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let mut total = 0;
     for entry in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
         let entry = entry?;
-        let kind = entry.file_type()?;
+        let path = entry.path();
+        let kind = match entry.file_type() {
+            Ok(kind) => kind,
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(e).with_context(|| path.display().to_string()),
+        };
         if kind.is_dir() {
-            total += dir_bytes(&entry.path())?;
+            match dir_bytes(&path) {
+                Ok(bytes) => total += bytes,
+                Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(gone) => {}
+                Err(e) => return Err(e),
+            }
         } else if kind.is_file() {
-            total += entry.metadata()?.len();
+            match entry.metadata() {
+                Ok(metadata) => total += metadata.len(),
+                Err(e) if gone(&e) => {}
+                Err(e) => return Err(e).with_context(|| path.display().to_string()),
+            }
         }
     }
     Ok(total)
