@@ -86,6 +86,13 @@ pub struct TpcbCrashArgs {
     pub json: bool,
 }
 
+impl TpcbCrashArgs {
+    /// The checkpoint thread's interval: `--checkpoint-interval-ms`, else `--interval-ms`.
+    fn checkpoint_interval_ms(&self) -> u64 {
+        self.checkpoint_interval_ms.unwrap_or(self.interval_ms)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanArg {
     Lose,
@@ -109,7 +116,7 @@ pub struct TpcbCrashChildArgs {
     #[arg(long)]
     pub interval_ms: u64,
     #[arg(long)]
-    pub checkpoint_interval_ms: Option<u64>,
+    pub checkpoint_interval_ms: u64,
     #[arg(long)]
     pub pool_pages: usize,
     #[arg(long)]
@@ -167,7 +174,7 @@ fn options(
     checkpoints: Kind,
     cleaner: Kind,
     interval_ms: u64,
-    checkpoint_interval_ms: Option<u64>,
+    checkpoint_interval_ms: u64,
     pool_pages: usize,
 ) -> StoreOptions {
     let defaults = StoreOptions::default();
@@ -177,8 +184,7 @@ fn options(
         .sync(SyncMode::Data)
         .storage(Arc::clone(storage));
     let interval = Some(Duration::from_millis(interval_ms.max(1)));
-    let checkpoint_interval =
-        checkpoint_interval_ms.map_or(interval, |ms| Some(Duration::from_millis(ms.max(1))));
+    let checkpoint_interval = Some(Duration::from_millis(checkpoint_interval_ms.max(1)));
     defaults
         .wal(wal)
         .pool_pages(pool_pages)
@@ -254,7 +260,7 @@ pub fn child(args: &TpcbCrashChildArgs) -> anyhow::Result<()> {
 fn load(dir: &Path, args: &TpcbCrashArgs, storage: &Arc<dyn Storage>) -> anyhow::Result<()> {
     let store = Store::open(
         dir,
-        options(storage, args.checkpoints, args.cleaner, 0, None, 1024)
+        options(storage, args.checkpoints, args.cleaner, 0, 0, 1024)
             .checkpoint_interval(None)
             .clean_interval(None)
             .archive_interval(None),
@@ -326,7 +332,7 @@ impl Tally {
                 args.checkpoints,
                 args.cleaner,
                 args.interval_ms,
-                args.checkpoint_interval_ms,
+                args.checkpoint_interval_ms(),
                 args.pool_pages,
             )
             .checkpoint_interval(None)
@@ -441,7 +447,7 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
             args.clients,
             args.accounts,
             args.checkpoints,
-            args.checkpoint_interval_ms.unwrap_or(args.interval_ms),
+            args.checkpoint_interval_ms(),
             args.cleaner,
             args.interval_ms,
             args.pool_pages
@@ -599,12 +605,10 @@ fn kill_child_once(
         ])
         .args(["--cleaner", &format!("{:?}", args.cleaner).to_lowercase()])
         .args(["--interval-ms", &args.interval_ms.to_string()])
-        .args(
-            args.checkpoint_interval_ms
-                .map(|ms| ["--checkpoint-interval-ms".to_string(), ms.to_string()])
-                .into_iter()
-                .flatten(),
-        )
+        .args([
+            "--checkpoint-interval-ms",
+            &args.checkpoint_interval_ms().to_string(),
+        ])
         .args(["--pool-pages", &args.pool_pages.to_string()])
         .args(["--round", &round.to_string()])
         .args(["--seed", &seed.to_string()])
@@ -738,7 +742,7 @@ fn cut_power_once(
             args.checkpoints,
             args.cleaner,
             args.interval_ms,
-            args.checkpoint_interval_ms,
+            args.checkpoint_interval_ms(),
             args.pool_pages,
         ),
     )
