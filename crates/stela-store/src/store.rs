@@ -620,8 +620,6 @@ impl Drop for Store {
     }
 }
 
-/// Runs `work` every `interval` on a thread of its own until the store stops. Errors are
-/// logged (and have poisoned the store where they must), not fatal to the thread.
 /// A standby follower's progress in `dir` (`follow`), while it still speaks for the directory:
 /// until the store has completed a checkpoint of its own there (the master record then names
 /// a begin record past the progress, and restart needs nothing else).
@@ -651,6 +649,8 @@ fn followed_to(
     Ok(Some(followed))
 }
 
+/// Runs `work` every `interval` on a thread of its own until the store stops. Errors are
+/// logged (and have poisoned the store where they must), not fatal to the thread.
 fn spawn_service(
     name: &str,
     shared: &Arc<Shared>,
