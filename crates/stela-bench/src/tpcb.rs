@@ -467,8 +467,17 @@ fn sqlite_run(base: &Path, args: &TpcbArgs, repeat: usize) -> anyhow::Result<Tpc
             let (delta, account_branch, a) = delta_and_account(args, b, rng);
             let aid = u64::from(account_branch) * u64::from(args.accounts) + u64::from(a);
             let tid = b * TELLERS_PER_BRANCH + rng.below(TELLERS_PER_BRANCH);
-            let txn =
-                connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            // SQLite's busy handler is not fair: under 16 writers one connection can wait
+            // out its whole timeout for the write lock (a 30 s run failed so). Nothing is
+            // done before the lock is held, so wait on: a retry, as an application would.
+            let txn = loop {
+                match connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                {
+                    Err(rusqlite::Error::SqliteFailure(error, _))
+                        if error.code == rusqlite::ErrorCode::DatabaseBusy => {}
+                    begun => break begun?,
+                }
+            };
             txn.prepare_cached("UPDATE accounts SET balance = balance + ?1 WHERE aid = ?2")?
                 .execute(params![delta, aid])?;
             let _balance: i64 = txn
