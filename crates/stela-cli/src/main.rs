@@ -26,7 +26,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// the tables they build); purged, each reuse faults the memory back in and the kernel zeroes
 /// it, a 2 MiB huge page at a time, on the thread that touches it first, often a
 /// transaction's. `stela-bench tpcb` at `buffered` with 2 clients and checkpoints every
-/// millisecond, purging against not, taking turns: 5-8 % more transactions a second without
+/// millisecond, purging against not, taking turns: 3-10 % more transactions a second without
 /// it (`bench/results/tpcb.txt`). The cost: the process stays at its peak footprint.
 fn keep_freed_memory() {
     // SAFETY: sets one of mimalloc's options, a plain store of an integer that mimalloc reads
