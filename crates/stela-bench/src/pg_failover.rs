@@ -712,7 +712,14 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                     after.as_ref().is_some_and(|r| protected_log(r, LOG))
                 },
             )
-            .with_context(|| tail(&nodes[primary].log("daemon"), 20))?;
+            .with_context(|| {
+                format!(
+                    "after fault {fault}; the new primary's last status: {}\n{}\n{}",
+                    serde_json::to_string(&after).unwrap_or_default(),
+                    tail(&nodes[standby].log("daemon"), 20),
+                    tail(&nodes[primary].log("daemon"), 20)
+                )
+            })?;
             let reprotect_ms = rejoined_at.elapsed().as_secs_f64() * 1e3;
             let reprotect_bytes = shipped_since(
                 &before.unwrap_or_default(),

@@ -315,10 +315,21 @@ impl Node {
         match coordinator.current() {
             Ok(holder) => {
                 self.answered(&describe, holder.epoch, holder.holder.clone());
-                let _ = self.observe_epoch(holder.epoch);
                 match holder.holder.as_deref() {
-                    Some(name) if name == self.name => self.role.store(PRIMARY, Ordering::SeqCst),
+                    Some(name) if name == self.name => {
+                        let _ = self.observe_epoch(holder.epoch);
+                        self.role.store(PRIMARY, Ordering::SeqCst);
+                    }
                     Some(other) => {
+                        // A standby's epoch is the newest it followed or held, never one it
+                        // only heard of: it is what it shows the coordinator when it asks to be
+                        // promoted, and an epoch it missed may hold records it lacks (the
+                        // coordinator refuses it then). Adopting the holder's epoch here made
+                        // an old primary, restarted and not yet caught up, a candidate: a new
+                        // primary that was slow to renew for one lease lost its place to it, and
+                        // its whole epoch went to salvage (`tests/failover.rs`; the likely
+                        // reading of a CI failure on 2026-11-28). The epoch is taken up when the
+                        // holder's stream arrives (`standby::check_epoch`).
                         tracing::info!(
                             primary = other,
                             epoch = holder.epoch,

@@ -312,6 +312,80 @@ fn a_broken_link_between_primary_and_standby_alone_causes_no_failover() {
     b.shutdown().unwrap();
 }
 
+/// An old primary that comes back while the new primary is silent is no candidate: it missed
+/// the new primary's epoch, so its copy lacks what was acknowledged in it. It stays the
+/// standby until the new primary's stream reaches it, and only then may it take over. (Before,
+/// it adopted the epoch from the coordinator at start and was promoted over a new primary that
+/// was only slow to renew; the new primary's epoch went to salvage.)
+#[test]
+fn an_old_primary_that_missed_an_epoch_is_promoted_only_after_following_it() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = witness(&root.path().join("w"));
+    let pair = Pair::new(root.path(), witness.addr());
+    let a = pair.start(0, NodeRole::Primary);
+    let b = pair.start(1, NodeRole::Standby);
+    wait_until("a to be the primary", Duration::from_secs(5), || {
+        replication(a.socket_path()).role == "primary"
+    });
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let mut acked = write(&mut client, handle, 0, 20);
+    drop(client);
+    a.shutdown().unwrap();
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+    // Acknowledged by b alone (unprotected), in epoch 2.
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    acked.extend(write(&mut client, handle, 100, 10));
+    drop(client);
+    // b goes silent; a comes back, named b's standby, and hears nothing from it.
+    b.shutdown().unwrap();
+    let a = pair.start(0, NodeRole::Primary);
+    std::thread::sleep(Duration::from_millis(2000));
+    let status = replication(a.socket_path());
+    assert_eq!(status.role, "standby", "not promoted over epoch 2");
+    assert_eq!(status.epoch, 1, "it has followed no primary of epoch 2 yet");
+    let coordinator = status.coordinator.expect("the witness is shown");
+    assert_eq!(
+        (coordinator.epoch, coordinator.holder.as_deref()),
+        (2, Some("b"))
+    );
+    // b comes back as the primary and, once the log is opened, ships to a, which takes
+    // epoch 2 up from its stream, and both of b's terms a missed (the one b began at its
+    // promotion and the one at its restart: entering the older after the stream's own was
+    // refused, and a never caught up).
+    let b = pair.start(1, NodeRole::Standby);
+    wait_until("b to be the primary", Duration::from_secs(5), || {
+        replication(b.socket_path()).role == "primary"
+    });
+    let mut client = RawClient::connect(b.socket_path());
+    open(&mut client, "ledger").unwrap();
+    wait_until("a to follow b", Duration::from_secs(10), || {
+        let status = replication(b.socket_path());
+        status.role == "primary"
+            && status
+                .logs
+                .first()
+                .is_some_and(|l| l.connected && l.received_lsn == 30)
+    });
+    assert_eq!(replication(a.socket_path()).epoch, 2);
+    // Now b's silence makes a the primary, with every acknowledged record.
+    drop(client);
+    b.shutdown().unwrap();
+    wait_until("a to be promoted", Duration::from_secs(10), || {
+        replication(a.socket_path()).role == "primary"
+    });
+    assert_eq!(replication(a.socket_path()).epoch, 3);
+    a.shutdown().unwrap();
+    let log = read_back(
+        &pair.dirs[0].join("logs/ledger"),
+        std::sync::Arc::new(StdStorage),
+    );
+    assert_eq!(log, acked, "every acknowledged record, in order");
+}
+
 #[test]
 fn losing_the_witness_leaves_a_healthy_pair_running() {
     let root = tempfile::tempdir().unwrap();

@@ -113,6 +113,26 @@ impl TermStore {
         self.save(term, history)
     }
 
+    /// Enters `term` from LSN `first` in the history as the primary's own history has it (a
+    /// standby taking up the terms its primary began while it was away), durably. Unlike
+    /// [`TermStore::begin`] the term may be below the current one: a standby has already seen
+    /// the primary's newest term in its `Open`, and the terms it missed before that are older.
+    /// The current term becomes the higher of the two.
+    ///
+    /// # Errors
+    /// [`Error::TermRefused`] for a term not above the history's last, term 0, LSN 0 or an LSN
+    /// below the last entry's; a failed write.
+    pub fn adopt(&mut self, term: Term, first: u64) -> Result<()> {
+        let mut history = self.history.clone();
+        history
+            .push(term, first)
+            .map_err(|source| Error::TermRefused {
+                path: self.dir.join(FILE),
+                source,
+            })?;
+        self.save(self.current.max(term), history)
+    }
+
     /// Forgets the history after `lsn` (the log was cut back to it), durably.
     ///
     /// # Errors
@@ -261,6 +281,34 @@ mod tests {
         assert_eq!(state(&store(&fs).unwrap()), (Term(5), vec![(Term(2), 10)]));
         // The current term itself may begin (a standby adopts it, then its first record comes).
         s.begin(Term(5), 30).unwrap();
+    }
+
+    #[test]
+    fn a_standby_adopts_terms_below_the_one_it_has_seen() {
+        let fs = FaultStorage::new();
+        fs.create_dir_all(Path::new("/log")).unwrap();
+        let mut s = store(&fs).unwrap();
+        s.begin(Term(1), 1).unwrap();
+        // The primary's Open names its newest term; the two before it are entered after.
+        s.observe(Term(7)).unwrap();
+        assert!(
+            s.begin(Term(5), 21).is_err(),
+            "a primary never begins below"
+        );
+        s.adopt(Term(5), 21).unwrap();
+        s.adopt(Term(7), 31).unwrap();
+        // Below the history's last, or going back in LSNs: refused, nothing written.
+        assert!(s.adopt(Term(6), 40).is_err());
+        assert!(s.adopt(Term(9), 30).is_err());
+        s.adopt(Term(9), 40).unwrap();
+        fs.crash(CrashPlan::LoseUnsynced);
+        assert_eq!(
+            state(&store(&fs).unwrap()),
+            (
+                Term(9),
+                vec![(Term(1), 1), (Term(5), 21), (Term(7), 31), (Term(9), 40)]
+            )
+        );
     }
 
     #[test]

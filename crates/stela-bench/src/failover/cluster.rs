@@ -586,10 +586,19 @@ impl Client {
     }
 }
 
-/// The last `lines` lines of a file, for error messages.
+/// The last `lines` lines of a file, for error messages (a daemon's per-connection lines left
+/// out).
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("({e})"));
-    let all: Vec<&str> = text.lines().collect();
+    // A daemon logs every connection; those of the harness's and the followers' status polls
+    // (one every few tens of milliseconds) would fill any tail.
+    let all: Vec<&str> = text
+        .lines()
+        .filter(|line| {
+            !line.contains("stela_server::net: connection accepted")
+                && !line.contains("stela_server::net: connection closed")
+        })
+        .collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 

@@ -654,7 +654,9 @@ impl Replication {
         term: u64,
         hold: &mut StandbyHold,
     ) {
-        let mut warned = false;
+        // The last failure logged: a retry that fails the same way is not logged again, one
+        // that fails differently is (the first reason can hide the one that persists).
+        let mut warned: Option<String> = None;
         while !link.stop.load(Ordering::SeqCst) {
             match self.session(pool, link, log, term, hold) {
                 Ok(()) => return,
@@ -667,9 +669,9 @@ impl Replication {
                             .get_or_insert_with(std::time::Instant::now);
                     }
                     self.answer_unprotected(link);
-                    if !warned {
+                    if warned.as_deref() != Some(why.as_str()) {
                         tracing::warn!(log = %log.name, standby = %self.standby, why, "standby unreachable; replicated commits wait; retrying");
-                        warned = true;
+                        warned = Some(why);
                     }
                     if link.protection.fenced().is_some() {
                         return;

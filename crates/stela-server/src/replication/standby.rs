@@ -378,7 +378,14 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     // was the primary of an older epoch: the suffix goes to salvage), or, when the copy ends
     // before the primary's oldest segment, to begin it again there; then where the copy stands
     // now is sent again.
+    //
+    // Through the handshake, the suspicion clock restarts before each wait for the primary and
+    // after each answer: the time this node takes (opening its copy, cutting it) is not the
+    // primary's silence. Counted as silence, it once made a restarted old primary ask for a
+    // promotion in the middle of its own handshake.
+    shared.node.heard_from_primary();
     let mut first = receive(&mut reader)?;
+    shared.node.heard_from_primary();
     loop {
         let (asked_term, what) = match &first {
             ReplMessage::Cut { term, .. } => (*term, "a cut"),
@@ -419,7 +426,9 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             &mut writer,
             &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
         )?;
+        shared.node.heard_from_primary();
         first = receive(&mut reader)?;
+        shared.node.heard_from_primary();
     }
     // Terms the primary began at or before the next record this copy takes are this copy's
     // too, at the LSNs the primary gives them.
@@ -489,12 +498,11 @@ fn adopt_terms(terms: &mut TermStore, primary: &[(u64, u64)], next: u64) -> Resu
             // then begins at that entry (a history never goes back).
             let last_first = terms.history().entries().last().map_or(1, |e| e.1);
             let first = first.max(last_first);
-            terms
-                .observe(Term(term))
-                .and_then(|()| terms.begin(Term(term), first))
-                .map_err(|e| {
-                    format!("recording the primary's term {term} from LSN {first}: {e}")
-                })?;
+            // Adopted, not begun: the stream's own term, already observed, may be newer
+            // (the primary began more than one term while this copy was away).
+            terms.adopt(Term(term), first).map_err(|e| {
+                format!("recording the primary's term {term} from LSN {first}: {e}")
+            })?;
         }
     }
     Ok(())
