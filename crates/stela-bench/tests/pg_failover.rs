@@ -79,15 +79,15 @@ fn failovers(faults: u32, base_port: u16, limit: Duration) {
 // acknowledgement (2b8dfe2, a fix for a hang with the same trigger) and the harness stopped
 // tripping over a zombie postmaster's socket lock: 24 runs by hand (48 failovers, debug build)
 // and a 10-fault release run passed. The cause of the old symptom was not pinned down.
-// It came back once in CI on 2026-11-28 (fault 1; not reproduced here in 17 runs of 4 faults
-// under load). The likely reading, from those runs' logs, where such a request shows at nearly every
+// It came back once in CI on 2026-11-28 (fault 1; not reproduced here in 17 runs of 4 faults under
+// load). The likely reading, from those runs' logs, where such a request shows at nearly every
 // rejoin: the old primary, restarted as the standby, took the new primary's epoch from the
-// coordinator at start, counted its own handshake (opening and cutting its copy) as the
-// primary's silence and asked to be promoted; it was refused because the new primary had just
-// renewed, but one late renewal would have let it take over, and the harness then waits for a
-// primary that stepped down. Since then a standby takes an epoch up only from its primary's
-// stream and its handshake is not silence (tests/failover.rs in stela-server). The failure
-// message now carries both daemons' logs and the new primary's status.
+// coordinator at start, counted its own handshake (opening and cutting its copy) as the primary's
+// silence and asked to be promoted; it was refused because the new primary had just renewed, but
+// one late renewal would have let it take over, and the harness then waits for a primary that
+// stepped down. Since then a standby takes an epoch up only from its primary's stream and its
+// handshake is not silence (tests/failover.rs in stela-server). The failure message now carries
+// both daemons' logs and the new primary's status.
 #[test]
 fn two_failovers_lose_no_acknowledged_row() {
     failovers(2, 17520, Duration::from_secs(240));
