@@ -41,6 +41,16 @@ pub type PromoteHook = Box<dyn Fn(u64) + Send + Sync>;
 /// What happens when this primary learns of a newer epoch: stop and exit.
 pub type StepDownHook = Box<dyn Fn(String) + Send + Sync>;
 
+/// A step of a stream's handshake in progress ([`Node::handshake_step`]).
+pub struct HandshakeStep<'a>(&'a Node);
+
+impl Drop for HandshakeStep<'_> {
+    fn drop(&mut self) {
+        self.0.heard_from_primary();
+        self.0.handshake_steps.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// This node's place in the pair. Shared by the engine (which refuses writes unless primary),
 /// the replication (terms, fencing) and the standby listener (epochs of streams).
 pub struct Node {
@@ -53,6 +63,9 @@ pub struct Node {
     store: Mutex<Option<TermStore>>,
     /// The standby's last message from its primary.
     heard: Mutex<Instant>,
+    /// Steps of a stream's handshake this standby is working on now (opening its copy,
+    /// cutting it): the primary is waiting for this node then, so it is not silent.
+    handshake_steps: AtomicU64,
     /// Unix ms since when a promoted primary acknowledges `replicated` without a standby; 0
     /// while protected.
     unprotected_since_ms: AtomicU64,
@@ -147,6 +160,7 @@ impl Node {
             clustered,
             store: Mutex::new(store),
             heard: Mutex::new(Instant::now()),
+            handshake_steps: AtomicU64::new(0),
             unprotected_since_ms: AtomicU64::new(0),
             after_failover_blocks,
             last_failover: Mutex::new(None),
@@ -211,6 +225,16 @@ impl Node {
     /// A message from the primary arrived (the standby's suspicion clock restarts).
     pub fn heard_from_primary(&self) {
         *lock(&self.heard) = Instant::now();
+    }
+
+    /// The standby works on a step of a stream's handshake until the guard is dropped: the
+    /// suspicion clock stands still meanwhile and restarts at the end (the primary waits for
+    /// this node; the time it takes, opening or cutting a large copy, is not the primary's
+    /// silence). Only this node's own work is covered, never a wait for the primary.
+    pub fn handshake_step(&self) -> HandshakeStep<'_> {
+        self.handshake_steps.fetch_add(1, Ordering::SeqCst);
+        self.heard_from_primary();
+        HandshakeStep(self)
     }
 
     /// Whether a promoted primary acknowledges `replicated` without a standby now; counts it.
@@ -378,7 +402,11 @@ impl Node {
                     Err(error) => self.unreachable(&describe, &error),
                 },
                 STANDBY => {
-                    let silent = lock(&self.heard).elapsed();
+                    let silent = if self.handshake_steps.load(Ordering::SeqCst) > 0 {
+                        Duration::ZERO
+                    } else {
+                        lock(&self.heard).elapsed()
+                    };
                     if silent < config.suspect_after {
                         // A healthy standby still looks at the coordinator now and then, so
                         // that `stela status` says whether failover is available.

@@ -378,6 +378,11 @@ fn an_old_primary_that_missed_an_epoch_is_promoted_only_after_following_it() {
         replication(a.socket_path()).role == "primary"
     });
     assert_eq!(replication(a.socket_path()).epoch, 3);
+    // Once promoted, a opens every log for shipping on a thread of its own; shut down before
+    // that, the log could still be opening (and locked) when `read_back` opens it.
+    wait_until("a to ship the log", Duration::from_secs(10), || {
+        !replication(a.socket_path()).logs.is_empty()
+    });
     a.shutdown().unwrap();
     let log = read_back(
         &pair.dirs[0].join("logs/ledger"),

@@ -313,6 +313,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     if let Err(why) = check_epoch(&shared.node, term, &node) {
         return refuse(&mut writer, shared.node.epoch() << 32, why);
     }
+    // From here until the copy's position is sent, the primary waits for this node.
+    let step = shared.node.handshake_step();
     if !lock(&shared.busy).insert(log.clone()) {
         return refuse(
             &mut writer,
@@ -379,13 +381,12 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     // before the primary's oldest segment, to begin it again there; then where the copy stands
     // now is sent again.
     //
-    // Through the handshake, the suspicion clock restarts before each wait for the primary and
-    // after each answer: the time this node takes (opening its copy, cutting it) is not the
-    // primary's silence. Counted as silence, it once made a restarted old primary ask for a
-    // promotion in the middle of its own handshake.
-    shared.node.heard_from_primary();
+    // The suspicion clock stands still while this node works on a step (opening its copy,
+    // cutting it: the primary waits), never while it waits for the primary. Counted as the
+    // primary's silence, opening a large copy made a restarted old primary ask to be promoted
+    // in the middle of its own handshake.
+    drop(step);
     let mut first = receive(&mut reader)?;
-    shared.node.heard_from_primary();
     loop {
         let (asked_term, what) = match &first {
             ReplMessage::Cut { term, .. } => (*term, "a cut"),
@@ -399,6 +400,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
                 format!("{what} in term {asked_term} on a stream of term {term}"),
             );
         }
+        let step = shared.node.handshake_step();
         drop(mirror);
         match first {
             ReplMessage::Cut { after_lsn, .. } => {
@@ -426,9 +428,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             &mut writer,
             &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
         )?;
-        shared.node.heard_from_primary();
+        drop(step);
         first = receive(&mut reader)?;
-        shared.node.heard_from_primary();
     }
     // Terms the primary began at or before the next record this copy takes are this copy's
     // too, at the LSNs the primary gives them.
