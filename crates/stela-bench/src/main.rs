@@ -3,20 +3,14 @@
 
 use std::process::ExitCode;
 
-/// mimalloc, the allocator of the `stela` command, set up as it is there (freed memory kept
-/// for reuse, not purged: see `keep_freed_memory` in the `stela` crate's main.rs), so the
-/// numbers here match the product's. The Rust peers (okaywal, raft-engine) allocate from it
-/// too; RocksDB and SQLite allocate with their own C and C++ allocators.
+/// mimalloc, the allocator of the `stela` command, set up as it is there
+/// ([`stela::alloc::keep_freed_memory`]), so the numbers here match the product's. The Rust
+/// peers (okaywal, raft-engine) allocate from it too; RocksDB and SQLite allocate with their
+/// own C and C++ allocators.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_purge_delay` (the `stela` command's main.rs says why by number, and
-/// tests it).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
 fn main() -> ExitCode {
-    // SAFETY: sets one of mimalloc's options, a plain store of an integer; valid from any
-    // thread at any time.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    stela::alloc::keep_freed_memory();
     stela_bench::cli::run(std::env::args_os())
 }

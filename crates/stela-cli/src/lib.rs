@@ -15,6 +15,7 @@
 //! damaged, 2 bad arguments or another failure, 3 the daemon is unhealthy, 4 not a log,
 //! 5 the log is locked by another process, 6 no daemon answers.
 
+pub mod alloc;
 pub mod demo;
 pub mod drive;
 pub mod exit;

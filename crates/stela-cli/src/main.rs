@@ -5,43 +5,12 @@ use std::process::ExitCode;
 
 /// mimalloc rather than the system allocator: replay decodes records on worker threads and the
 /// caller frees them, and glibc's per-thread arenas make such cross-thread frees slow.
-/// `stela-bench` uses the same allocator, set up the same way, so its numbers match the
+/// `stela-bench` uses the same allocator, set up by the same call, so its numbers match the
 /// product's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    keep_freed_memory();
+    stela::alloc::keep_freed_memory();
     stela::run(std::env::args_os())
-}
-
-/// mimalloc's `mi_option_purge_delay`, by its number in mimalloc's header: libmimalloc-sys
-/// names no constant for it, and mimalloc keeps the numbers of retired options so that the
-/// others never move. A test checks it by its default.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Has mimalloc keep the memory this process frees for its own reuse instead of handing it
-/// back to the OS a second later ("purging"). The store's services free and allocate again
-/// tens of MiB every round (the log records they release, the page images they replay onto,
-/// the tables they build); purged, each reuse faults the memory back in and the kernel zeroes
-/// it, a 2 MiB huge page at a time, on the thread that touches it first, often a
-/// transaction's. `stela-bench tpcb` at `buffered` with 2 clients and checkpoints every
-/// millisecond, purging against not, taking turns: 3-10 % more transactions a second without
-/// it (`bench/results/tpcb.txt`). The cost: the process stays at its peak footprint.
-fn keep_freed_memory() {
-    // SAFETY: sets one of mimalloc's options, a plain store of an integer that mimalloc reads
-    // when it next decides whether to purge; valid from any thread at any time.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_option_set_is_mimallocs_purge_delay() {
-        // Its default, 1000 ms in mimalloc 3, is no other option's (the main above, which sets
-        // it, does not run in tests).
-        // SAFETY: reads one of mimalloc's options.
-        let value = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
-        assert_eq!(value, 1000, "option 15 is not mimalloc's purge delay");
-    }
 }
