@@ -280,6 +280,11 @@ impl Node {
         self.stopping.store(true, Ordering::SeqCst);
     }
 
+    /// Whether the daemon is shutting down ([`Node::stop`]).
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
     /// Status fields of this node.
     pub fn status(
         &self,

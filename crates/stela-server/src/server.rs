@@ -38,6 +38,9 @@ pub struct Server {
     standby: Option<Arc<crate::replication::standby::Standby>>,
     /// Set when this node stepped down (a newer epoch exists): why.
     stepped_down: Arc<OnceLock<String>>,
+    /// The thread a promotion starts to open every log for shipping: joined at shutdown, so
+    /// that no log is still being opened (and locked) once `shutdown` returns.
+    ship_all: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl Server {
@@ -157,11 +160,13 @@ impl Server {
         }
         let stop_requested = Arc::new((Mutex::new(false), Condvar::new()));
         let stepped_down = Arc::new(OnceLock::new());
+        let ship_all: Arc<Mutex<Option<JoinHandle<()>>>> = Arc::default();
         if let (Some(coordinator), Some(failover)) = (coordinator, config.failover.clone()) {
             let node = Arc::clone(engine.node());
-            let (standby_ref, engine_ref) = (
+            let (standby_ref, engine_ref, ship_all_ref) = (
                 standby.as_ref().map(Arc::downgrade),
                 Arc::downgrade(&engine),
+                Arc::clone(&ship_all),
             );
             node.on_promote(Box::new(move |_epoch| {
                 if let Some(standby) = standby_ref.as_ref().and_then(std::sync::Weak::upgrade) {
@@ -170,13 +175,16 @@ impl Server {
                 // Once serving, every log is opened for shipping, so the old primary is
                 // reprotected on all of them when it returns.
                 let engine = engine_ref.clone();
-                let _ = std::thread::Builder::new()
+                let spawned = std::thread::Builder::new()
                     .name("stela-ship-all".into())
                     .spawn(move || {
                         let Some(engine) = engine.upgrade() else {
                             return;
                         };
                         for _ in 0..1000 {
+                            if engine.node().stopping() {
+                                return;
+                            }
                             if engine.node().is_primary() {
                                 engine.ship_every_log();
                                 return;
@@ -184,6 +192,12 @@ impl Server {
                             std::thread::sleep(std::time::Duration::from_millis(1));
                         }
                     });
+                match spawned {
+                    Ok(thread) => *crate::sync::lock(&*ship_all_ref) = Some(thread),
+                    Err(error) => {
+                        tracing::error!(%error, "could not start the thread that opens every log for shipping; each is shipped when a client opens it")
+                    }
+                }
             }));
             {
                 let (engine, stop, stepped_down) = (
@@ -244,6 +258,7 @@ impl Server {
             signals,
             standby,
             stepped_down,
+            ship_all,
         })
     }
 
@@ -334,6 +349,11 @@ impl Server {
             return Ok(());
         };
         self.engine.node().stop();
+        // A promotion's opening of every log stops between logs once the node stops.
+        let ship_all = crate::sync::lock(&*self.ship_all).take();
+        if let Some(thread) = ship_all {
+            let _ = thread.join();
+        }
         // Drain while the loop still runs, so `disk` waiters released by the drain are answered.
         let drained = self.engine.shutdown();
         // Whatever was shipped by now is the standby's; its streams end here.

@@ -166,6 +166,9 @@ impl Engine {
             }
         };
         for name in names.collect::<Vec<_>>() {
+            if self.ha.node.stopping() {
+                return;
+            }
             if self.logs.is_open(&name) {
                 continue;
             }
