@@ -66,6 +66,8 @@ const HANDSHAKE: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(100);
 /// Most chunks the event loop sends in one turn before leaving the rest to the shipper.
 const INLINE_CHUNKS: usize = 4;
+/// Most distinct reasons a shipper logs while its standby stays unreachable.
+const WARNED_REASONS: usize = 8;
 
 /// The primary's replication: one [`Link`] per open log.
 pub struct Replication {
@@ -654,24 +656,28 @@ impl Replication {
         term: u64,
         hold: &mut StandbyHold,
     ) {
-        // The last failure logged: a retry that fails the same way is not logged again, one
-        // that fails differently is (the first reason can hide the one that persists).
-        let mut warned: Option<String> = None;
+        // The reasons logged since the stream was last up: each is logged once, so a retry
+        // that fails the same way adds nothing and one that fails differently is seen (the
+        // first reason can hide the one that persists, and two that alternate are not logged
+        // every 100 ms). Forgotten once a session gets through its handshake.
+        let mut warned: Vec<String> = Vec::new();
         while !link.stop.load(Ordering::SeqCst) {
             match self.session(pool, link, log, term, hold) {
                 Ok(()) => return,
                 Err(why) => {
                     {
                         let mut state = lock(&link.state);
-                        state.connected = false;
+                        if std::mem::take(&mut state.connected) {
+                            warned.clear();
+                        }
                         state
                             .unreachable_since
                             .get_or_insert_with(std::time::Instant::now);
                     }
                     self.answer_unprotected(link);
-                    if warned.as_deref() != Some(why.as_str()) {
+                    if !warned.contains(&why) && warned.len() < WARNED_REASONS {
                         tracing::warn!(log = %log.name, standby = %self.standby, why, "standby unreachable; replicated commits wait; retrying");
-                        warned = Some(why);
+                        warned.push(why);
                     }
                     if link.protection.fenced().is_some() {
                         return;
