@@ -105,6 +105,19 @@ fn witness(dir: &Path) -> stela_coord::witness::Witness {
     .expect("the witness starts")
 }
 
+/// A witness and a pair under `root`: a started as the primary, b as its standby, and a
+/// answering as the primary.
+fn running_pair(root: &Path) -> (stela_coord::witness::Witness, Pair, NoHang, NoHang) {
+    let witness = witness(&root.join("w"));
+    let pair = Pair::new(root, witness.addr());
+    let a = pair.start(0, NodeRole::Primary);
+    let b = pair.start(1, NodeRole::Standby);
+    wait_until("a to be the primary", Duration::from_secs(5), || {
+        replication(a.socket_path()).role == "primary"
+    });
+    (witness, pair, a, b)
+}
+
 /// Writes `n` records at `replicated` from `seq`; returns them.
 fn write(client: &mut RawClient, handle: u32, seq: u64, n: u64) -> Vec<Rec> {
     let records: Vec<Rec> = (seq..seq + n).map(|s| rec(1, s, 40)).collect();
@@ -119,13 +132,7 @@ fn write(client: &mut RawClient, handle: u32, seq: u64, n: u64) -> Vec<Rec> {
 #[test]
 fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it_lacks() {
     let root = tempfile::tempdir().unwrap();
-    let witness = witness(&root.path().join("w"));
-    let pair = Pair::new(root.path(), witness.addr());
-    let a = pair.start(0, NodeRole::Primary);
-    let b = pair.start(1, NodeRole::Standby);
-    wait_until("a to be the primary", Duration::from_secs(5), || {
-        replication(a.socket_path()).role == "primary"
-    });
+    let (_witness, pair, a, b) = running_pair(root.path());
     // The standby refuses clients.
     let refused = open(&mut RawClient::connect(b.socket_path()), "ledger").unwrap_err();
     assert_eq!(refused.code, ErrorCode::NotPrimary, "{refused:?}");
@@ -223,13 +230,7 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
 #[test]
 fn a_diverged_suffix_of_the_old_primary_is_cut_into_salvage() {
     let root = tempfile::tempdir().unwrap();
-    let witness = witness(&root.path().join("w"));
-    let pair = Pair::new(root.path(), witness.addr());
-    let a = pair.start(0, NodeRole::Primary);
-    let b = pair.start(1, NodeRole::Standby);
-    wait_until("a to be the primary", Duration::from_secs(5), || {
-        replication(a.socket_path()).role == "primary"
-    });
+    let (_witness, pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
     let (handle, _) = open(&mut client, "ledger").unwrap();
     let mut acked = write(&mut client, handle, 0, 100);
@@ -320,13 +321,7 @@ fn a_broken_link_between_primary_and_standby_alone_causes_no_failover() {
 #[test]
 fn an_old_primary_that_missed_an_epoch_is_promoted_only_after_following_it() {
     let root = tempfile::tempdir().unwrap();
-    let witness = witness(&root.path().join("w"));
-    let pair = Pair::new(root.path(), witness.addr());
-    let a = pair.start(0, NodeRole::Primary);
-    let b = pair.start(1, NodeRole::Standby);
-    wait_until("a to be the primary", Duration::from_secs(5), || {
-        replication(a.socket_path()).role == "primary"
-    });
+    let (_witness, pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
     let (handle, _) = open(&mut client, "ledger").unwrap();
     let mut acked = write(&mut client, handle, 0, 20);
@@ -392,10 +387,7 @@ fn an_old_primary_that_missed_an_epoch_is_promoted_only_after_following_it() {
 #[test]
 fn losing_the_witness_leaves_a_healthy_pair_running() {
     let root = tempfile::tempdir().unwrap();
-    let witness = witness(&root.path().join("w"));
-    let pair = Pair::new(root.path(), witness.addr());
-    let a = pair.start(0, NodeRole::Primary);
-    let b = pair.start(1, NodeRole::Standby);
+    let (witness, _pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
     let (handle, _) = open(&mut client, "ledger").unwrap();
     write(&mut client, handle, 0, 10);
