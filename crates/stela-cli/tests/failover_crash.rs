@@ -28,8 +28,7 @@ fn rec(seq: u64) -> Rec {
 }
 
 fn free_port() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+    format!("127.0.0.1:{}", stela_testkit::free_port())
 }
 
 struct Witness(Child);

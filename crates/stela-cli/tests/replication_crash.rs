@@ -97,19 +97,11 @@ fn seed() -> u64 {
     seed
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One round: returns how many records were acknowledged at `replicated`.
 fn round(seed: u64, restart: bool) -> usize {
     let root = tempfile::tempdir().unwrap();
     let (p_dir, s_dir) = (root.path().join("primary"), root.path().join("standby"));
-    let port = free_port().to_string();
+    let port = stela_testkit::free_port().to_string();
     let standby = Daemon::start(
         &s_dir,
         &[
@@ -330,7 +322,7 @@ fn a_primary_sigkill_loses_no_replicated_acknowledgement_20_rounds() {
 fn status_shows_the_standby_and_is_unhealthy_without_it() {
     let root = tempfile::tempdir().unwrap();
     let (p_dir, s_dir) = (root.path().join("primary"), root.path().join("standby"));
-    let port = free_port();
+    let port = stela_testkit::free_port();
     let peer = format!("127.0.0.1:{port}");
     let standby = Daemon::start(&s_dir, &["--repl-listen", &peer]);
     let primary = Daemon::start(&p_dir, &["--standby", &peer, "--metrics", "127.0.0.1:0"]);

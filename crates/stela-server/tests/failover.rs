@@ -9,7 +9,7 @@
 mod common;
 
 use common::{read_back, rec, NoHang, RawClient, Rec};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use stela_proto::{Durability, ErrorCode, RequestBody, ResponseBody};
@@ -17,20 +17,8 @@ use stela_server::config::{AfterFailover, FailoverConfig, NodeRole};
 use stela_server::{DaemonConfig, Server};
 use stela_wal::storage::StdStorage;
 
-/// A loopback address free now, with its port below the kernel's ephemeral range (32768 up):
-/// nodes here restart on their addresses seconds after they were picked, and a port the kernel
-/// handed out for `:0` could meanwhile be the source port of one of the many connections the
-/// tests make (CI once failed a restart on "Address already in use" that way).
 fn free_port() -> SocketAddr {
-    use std::hash::{BuildHasher, Hasher};
-    loop {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u32(std::process::id());
-        let port = 20_000 + (hasher.finish() % 12_000) as u16;
-        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
-            return listener.local_addr().unwrap();
-        }
-    }
+    SocketAddr::from(([127, 0, 0, 1], stela_testkit::free_port()))
 }
 
 /// The pair's shape: the coordinator and each node's replication address.

@@ -15,7 +15,7 @@
 mod bank;
 
 use bank::{Bank, Rng};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,10 +30,7 @@ use stela_store::{Agreement, Follower, Store, StoreOptions};
 const LOG: &str = "ledger";
 
 fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    SocketAddr::from(([127, 0, 0, 1], stela_testkit::free_port()))
 }
 
 fn config(dir: &Path, node: &str) -> DaemonConfig {

@@ -1,6 +1,6 @@
-//! Helpers that tests of several crates share: a self-signed certificate written to files, and
-//! a log directory's segment files read whole (to compare a standby's copy with its primary's
-//! byte for byte). Only ever a dev-dependency; it depends on no stela crate, so any of them may
+//! Helpers that tests of several crates share: a self-signed certificate written to files, a
+//! log directory's segment files read whole (to compare a standby's copy with its primary's
+//! byte for byte), and free loopback ports. Only ever a dev-dependency; it depends on no stela crate, so any of them may
 //! use it.
 
 use std::path::{Path, PathBuf};
@@ -87,12 +87,6 @@ impl Etcd {
                 panic!("no etcd binary: install Debian's etcd-server (apt-get install etcd-server)")
             });
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port()
-        };
         let (client, peer) = (free_port(), free_port());
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
@@ -129,6 +123,39 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A loopback TCP port that is free now, below the kernel's ephemeral range (32768 and up by
+/// default) and different from every other this process was given. Tests start daemons on
+/// such ports, and restart them on the same ones seconds later: a port the kernel handed out
+/// for `127.0.0.1:0` could meanwhile be the source port of one of the many connections the
+/// tests make (CI once failed a daemon's restart on "Address already in use" that way), and two
+/// picks of `:0` in a row could in principle get the same port.
+///
+/// # Panics
+/// No port in the range can be bound.
+pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    // Each test process starts at a random place in the range, so that processes running at
+    // the same time rarely try the same ports; within one, the ports are handed out in turn.
+    static START: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = *START.get_or_init(|| {
+        let hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        (hasher.finish() % u64::from(COUNT)) as u32
+    });
+    for _ in 0..COUNT {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (start + n) % COUNT) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + COUNT);
 }
 
 /// Polls `condition` every millisecond until it holds; panics naming `what` if it does not
