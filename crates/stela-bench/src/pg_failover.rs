@@ -454,6 +454,31 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
+/// Waits up to 60 s until `nodes[primary]` says the mount's log is protected (its standby
+/// connected and caught up) and returns that status; otherwise fails with `what` and `when`,
+/// the primary's last status and both daemons' logs.
+fn wait_protected(
+    nodes: &[Node; 2],
+    primary: usize,
+    what: &str,
+    when: &str,
+) -> anyhow::Result<stela_proto::StatusReport> {
+    let mut last = None;
+    wait_until(what, Duration::from_secs(60), || {
+        last = status_of(&nodes[primary].socket(), Duration::from_secs(1));
+        last.as_ref().is_some_and(|r| protected_log(r, LOG))
+    })
+    .with_context(|| {
+        format!(
+            "{when}; the primary's last status: {}\n{}\n{}",
+            serde_json::to_string(&last).unwrap_or_default(),
+            tail(&nodes[primary].log("daemon"), 20),
+            tail(&nodes[1 - primary].log("daemon"), 20)
+        )
+    })?;
+    Ok(last.expect("waited for above"))
+}
+
 /// Runs the benchmark; prints a table (or JSON lines) and returns the rows and summary.
 pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<FaultRow>, Summary)> {
     if !Path::new("/dev/fuse").exists() {
@@ -630,19 +655,12 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
             let standby = 1 - primary;
             // The primary must be protected (its standby caught up) before it is killed:
             // otherwise a `replicated` commit waits and nothing is acknowledged unprotected.
-            let mut last_report = None;
-            wait_until("the standby to catch up", Duration::from_secs(60), || {
-                last_report = status_of(&nodes[primary].socket(), Duration::from_secs(1));
-                last_report.as_ref().is_some_and(|r| protected_log(r, LOG))
-            })
-            .with_context(|| {
-                format!(
-                    "before fault {fault}; the primary's last status: {}\n{}\n{}",
-                    serde_json::to_string(&last_report).unwrap_or_default(),
-                    tail(&nodes[primary].log("daemon"), 20),
-                    tail(&nodes[standby].log("daemon"), 20)
-                )
-            })?;
+            wait_protected(
+                &nodes,
+                primary,
+                "the standby to catch up",
+                &format!("before fault {fault}"),
+            )?;
             std::thread::sleep(Duration::from_millis(args.commit_ms));
             let acked_before = acks.lock().unwrap().rows.len();
             if acked_before == 0 {
@@ -703,28 +721,14 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
             let rejoined_at = Instant::now();
             nodes[primary].start_daemon(&stela, "standby")?;
             nodes[primary].start_follower(&stela)?;
-            let mut after = None;
-            wait_until(
+            let after = wait_protected(
+                &nodes,
+                standby,
                 "the old primary to catch up",
-                Duration::from_secs(60),
-                || {
-                    after = status_of(&nodes[standby].socket(), Duration::from_secs(1));
-                    after.as_ref().is_some_and(|r| protected_log(r, LOG))
-                },
-            )
-            .with_context(|| {
-                format!(
-                    "after fault {fault}; the new primary's last status: {}\n{}\n{}",
-                    serde_json::to_string(&after).unwrap_or_default(),
-                    tail(&nodes[standby].log("daemon"), 20),
-                    tail(&nodes[primary].log("daemon"), 20)
-                )
-            })?;
+                &format!("after fault {fault}"),
+            )?;
             let reprotect_ms = rejoined_at.elapsed().as_secs_f64() * 1e3;
-            let reprotect_bytes = shipped_since(
-                &before.unwrap_or_default(),
-                &after.expect("waited for above"),
-            );
+            let reprotect_bytes = shipped_since(&before.unwrap_or_default(), &after);
             let row = FaultRow {
                 fault,
                 downtime_ms: downtime.as_secs_f64() * 1e3,

@@ -233,7 +233,6 @@ impl Node {
     /// silence). Only this node's own work is covered, never a wait for the primary.
     pub fn handshake_step(&self) -> HandshakeStep<'_> {
         self.handshake_steps.fetch_add(1, Ordering::SeqCst);
-        self.heard_from_primary();
         HandshakeStep(self)
     }
 
