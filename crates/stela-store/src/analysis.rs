@@ -15,9 +15,13 @@
 //! - Applying a record twice, or records from before the tables' own point again (a classical
 //!   checkpoint's tables are copied after its begin record), leaves the tables conservative:
 //!   older `rec_lsn`s, never a missing page or transaction.
+//! - Since the last [`Analysis::mark`] (a decoupled checkpoint took the tables), every
+//!   dirty-page entry inserted or changed is in `changed`, and every entry present at the mark
+//!   and removed since is in `cleaned`; so [`Analysis::changes`] costs what changed, not the
+//!   table, and gives exactly what `CheckpointTables::changes_since` would of the two tables.
 
 use crate::format::{
-    ActiveTxn, CheckpointTables, DirtyPage, LogBody, LogRecord, TxnId, SYSTEM_TXN,
+    ActiveTxn, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges, TxnId, SYSTEM_TXN,
 };
 use crate::page::PageId;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -32,6 +36,11 @@ struct DirtyEntry {
     known_after: Lsn,
     /// The LSNs of the changes seen above `known_after`, ascending.
     later: VecDeque<Lsn>,
+    /// The mark (see [`Analysis::mark`]) in force when the entry was inserted: an entry
+    /// inserted before the last mark was in the tables the last checkpoint took.
+    inserted_at: u64,
+    /// The mark in force when the entry was last listed in `changed`.
+    listed_at: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -49,6 +58,13 @@ pub struct Analysis {
     max_txn: TxnId,
     /// The last LSN applied.
     pub applied_to: Lsn,
+    /// How many times the tables were marked as taken by a checkpoint.
+    marks: u64,
+    /// Pages whose entry was inserted or changed since the last mark (a page may appear more
+    /// than once: removed and inserted again).
+    changed: Vec<PageId>,
+    /// Pages whose entry, present at the last mark, was removed since.
+    cleaned: Vec<PageId>,
 }
 
 impl Analysis {
@@ -64,6 +80,9 @@ impl Analysis {
                         page_lsn: d.page_lsn,
                         known_after: d.page_lsn,
                         later: VecDeque::new(),
+                        // Present at the mark these tables stand for (see `marks` below).
+                        inserted_at: 0,
+                        listed_at: 0,
                     };
                     (d.page, entry)
                 })
@@ -81,7 +100,9 @@ impl Analysis {
                 .collect(),
             next_page: tables.next_page,
             max_txn: tables.max_txn,
-            applied_to: Lsn::ZERO,
+            // The tables given count as taken: `changes` gives what changed from them.
+            marks: 1,
+            ..Analysis::default()
         }
     }
 
@@ -90,12 +111,20 @@ impl Analysis {
         self.applied_to = self.applied_to.max(lsn);
         for (page, _) in record.pages() {
             self.next_page = self.next_page.max(page.saturating_add(1));
+            let marks = self.marks;
             let entry = self.dirty.entry(page).or_insert_with(|| DirtyEntry {
                 rec_lsn: lsn,
+                inserted_at: marks,
+                // Listed just below, as changed.
+                listed_at: marks.wrapping_sub(1),
                 ..DirtyEntry::default()
             });
             if lsn > entry.page_lsn {
                 entry.page_lsn = lsn;
+                if entry.listed_at != marks {
+                    entry.listed_at = marks;
+                    self.changed.push(page);
+                }
             }
             if lsn > entry.known_after && entry.later.back().is_none_or(|&last| last < lsn) {
                 entry.later.push_back(lsn);
@@ -135,6 +164,9 @@ impl Analysis {
             return;
         };
         if entry.page_lsn <= written {
+            if entry.inserted_at != self.marks {
+                self.cleaned.push(page);
+            }
             self.dirty.remove(&page);
             return;
         }
@@ -145,9 +177,62 @@ impl Analysis {
         // it the first change the image lacks.
         if written >= entry.known_after {
             if let Some(&first) = entry.later.front() {
-                entry.rec_lsn = entry.rec_lsn.max(first);
+                if first > entry.rec_lsn {
+                    entry.rec_lsn = first;
+                    if entry.listed_at != self.marks {
+                        entry.listed_at = self.marks;
+                        self.changed.push(page);
+                    }
+                }
             }
         }
+    }
+
+    /// Marks the tables as taken by a checkpoint: [`Analysis::changes`] from now on gives the
+    /// changes since this point.
+    pub fn mark(&mut self) {
+        self.marks = self.marks.wrapping_add(1);
+        self.changed.clear();
+        self.cleaned.clear();
+    }
+
+    /// The changes since the last [`Analysis::mark`], as a delta checkpoint logs them: the
+    /// entries inserted or changed and the pages cleaned, each ascending, and the transaction
+    /// table whole. Costs what changed (and the transaction table), not the dirty-page table.
+    pub fn changes(&self) -> TableChanges {
+        let mut changed = self.changed.clone();
+        changed.sort_unstable();
+        changed.dedup();
+        // Each page is cleaned at most once per mark (an entry inserted again after is new),
+        // but one cleaned and dirty again is changed, not cleaned.
+        let mut cleaned: Vec<PageId> = self
+            .cleaned
+            .iter()
+            .copied()
+            .filter(|page| !self.dirty.contains_key(page))
+            .collect();
+        cleaned.sort_unstable();
+        TableChanges {
+            dirty_pages: changed
+                .into_iter()
+                .filter_map(|page| {
+                    self.dirty.get(&page).map(|e| DirtyPage {
+                        page,
+                        rec_lsn: e.rec_lsn,
+                        page_lsn: e.page_lsn,
+                    })
+                })
+                .collect(),
+            cleaned,
+            active: self.active_table(),
+            next_page: self.next_page,
+            max_txn: self.max_txn,
+        }
+    }
+
+    /// Entries in the dirty-page table.
+    pub fn dirty_len(&self) -> usize {
+        self.dirty.len()
     }
 
     /// Every stored image holds every change up to `lsn` (a standby follower's directory,
@@ -173,18 +258,21 @@ impl Analysis {
                     page_lsn: e.page_lsn,
                 })
                 .collect(),
-            active: self
-                .active
-                .iter()
-                .map(|(&txn, e)| ActiveTxn {
-                    txn,
-                    last_lsn: e.last_lsn,
-                    locks: e.locks.iter().cloned().collect(),
-                })
-                .collect(),
+            active: self.active_table(),
             next_page: self.next_page,
             max_txn: self.max_txn,
         }
+    }
+
+    fn active_table(&self) -> Vec<ActiveTxn> {
+        self.active
+            .iter()
+            .map(|(&txn, e)| ActiveTxn {
+                txn,
+                last_lsn: e.last_lsn,
+                locks: e.locks.iter().cloned().collect(),
+            })
+            .collect()
     }
 
     /// Where redo must start: the oldest `rec_lsn`, if any page is dirty.
@@ -278,5 +366,80 @@ mod tests {
             b.active().collect::<Vec<_>>(),
             vec![(1, Lsn::new(3)), (2, Lsn::new(7))]
         );
+    }
+
+    /// One step of the property below: a write of `page` by `txn`, its commit, a page write
+    /// at an LSN some way back, or a checkpoint taking the tables.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Write { txn: TxnId, page: PageId },
+        Commit { txn: TxnId },
+        Written { page: PageId, back: u64 },
+        Checkpoint,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (1u64..4, 0u64..12).prop_map(|(txn, page)| Step::Write { txn, page }),
+            1 => (1u64..4).prop_map(|txn| Step::Commit { txn }),
+            3 => (0u64..12, 0u64..6).prop_map(|(page, back)| Step::Written { page, back }),
+            1 => Just(Step::Checkpoint),
+        ]
+    }
+
+    proptest::proptest! {
+        /// What analysis lists as changed since the last checkpoint took its tables is
+        /// exactly the difference of the two whole tables, from empty tables or from a
+        /// checkpoint's (as after restart), with pages cleaned, dirtied again, and cleaned
+        /// again between checkpoints.
+        #[test]
+        fn the_changes_listed_are_the_difference_of_the_tables(
+            start in proptest::collection::btree_map(0u64..12, 1u64..20, 0..8),
+            steps in proptest::collection::vec(step(), 1..120),
+        ) {
+            let mut analysis = if start.is_empty() {
+                Analysis::default()
+            } else {
+                let mut tables = CheckpointTables::default();
+                for (&page, &lsn) in &start {
+                    tables.dirty_pages.push(DirtyPage {
+                        page,
+                        rec_lsn: Lsn::new(lsn),
+                        page_lsn: Lsn::new(lsn + 3),
+                    });
+                }
+                Analysis::from_tables(&tables)
+            };
+            let mut taken = analysis.tables();
+            let mut lsn = 30;
+            for step in steps {
+                lsn += 1;
+                let record = match step {
+                    Step::Write { txn, page } => write(txn, page),
+                    Step::Commit { txn } => LogRecord {
+                        txn,
+                        prev_txn_lsn: Lsn::ZERO,
+                        body: LogBody::Commit,
+                    },
+                    Step::Written { page, back } => written(&[(page, lsn - 1 - back)]),
+                    Step::Checkpoint => {
+                        let tables = analysis.tables();
+                        proptest::prop_assert_eq!(
+                            analysis.changes(),
+                            tables.changes_since(&taken)
+                        );
+                        analysis.mark();
+                        taken = tables;
+                        continue;
+                    }
+                };
+                analysis.apply(Lsn::new(lsn), &record);
+            }
+            proptest::prop_assert_eq!(
+                analysis.changes(),
+                analysis.tables().changes_since(&taken)
+            );
+        }
     }
 }

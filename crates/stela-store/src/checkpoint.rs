@@ -321,6 +321,34 @@ pub struct CheckpointReport {
     pub delta_entries: Option<usize>,
 }
 
+/// What a checkpoint wrote, before its report: a delta's whole tables are built only for a
+/// report that is asked for ([`Written::into_report`]); the background's checkpoints, every
+/// millisecond at the shortest interval, never build them.
+pub(crate) struct Written {
+    kind: CheckpointKind,
+    begin: Lsn,
+    end: Lsn,
+    /// The tables, when the checkpoint logged them whole.
+    tables: Option<CheckpointTables>,
+    records_analyzed: u64,
+    delta_entries: Option<usize>,
+}
+
+impl Written {
+    /// The report, with the tables whole. `decoupled` must not have analysed past the
+    /// checkpoint's begin record since it was written (the checkpoint mutex held throughout).
+    pub fn into_report(self, decoupled: &Decoupled) -> CheckpointReport {
+        CheckpointReport {
+            kind: self.kind,
+            begin: self.begin,
+            end: self.end,
+            tables: self.tables.unwrap_or_else(|| decoupled.analysis.tables()),
+            records_analyzed: self.records_analyzed,
+            delta_entries: self.delta_entries,
+        }
+    }
+}
+
 /// Appends a checkpoint's begin record.
 pub(crate) fn begin(log: &dyn LogDevice) -> Result<Lsn> {
     log.append(&LogRecord {
@@ -340,7 +368,7 @@ pub(crate) fn end(
     kind: CheckpointKind,
     tables: CheckpointTables,
     records_analyzed: u64,
-) -> Result<CheckpointReport> {
+) -> Result<Written> {
     let record = LogRecord {
         txn: SYSTEM_TXN,
         prev_txn_lsn: Lsn::ZERO,
@@ -358,11 +386,11 @@ pub(crate) fn end(
     };
     log.flush(end)?;
     master.write(storage, Master::full(begin, end))?;
-    Ok(CheckpointReport {
+    Ok(Written {
         kind,
         begin,
         end,
-        tables,
+        tables: Some(tables),
         records_analyzed,
         delta_entries: None,
     })
@@ -418,8 +446,6 @@ pub(crate) struct LastCheckpoint {
     end: Lsn,
     /// The end record of the full checkpoint its chain starts from.
     root: Lsn,
-    /// Its tables, whole.
-    tables: CheckpointTables,
     /// Dirty-page entries of the full checkpoint at the root.
     root_entries: usize,
     /// Dirty-page entries the chain's deltas have logged so far.
@@ -429,6 +455,8 @@ pub(crate) struct LastCheckpoint {
 /// The decoupled checkpoint's state: analysis tables for every record up to
 /// `analysis.applied_to`, carried from one checkpoint to the next (and, at open, from
 /// restart's analysis), and the last checkpoint written, which the next may be a delta of.
+/// The analysis is marked ([`Analysis::mark`]) at every decoupled checkpoint written, so that
+/// what it lists as changed is what changed since `last`.
 pub(crate) struct Decoupled {
     pub analysis: Analysis,
     /// `None` after open and after a classical checkpoint: the next one is logged whole.
@@ -447,68 +475,77 @@ impl Decoupled {
         storage: &dyn Storage,
         master: &mut MasterSlots,
         begin: Lsn,
-    ) -> Result<CheckpointReport> {
-        let (tables, analysed) = self.tables_at(log, begin)?;
+    ) -> Result<Written> {
+        let analysed = self.analyse_through(log, begin)?;
+        let dirty_entries = self.analysis.dirty_len();
         let delta = self.last.as_ref().and_then(|last| {
-            let near = begin.get().saturating_sub(last.root.get()) <= MAX_CHAIN_RECORDS;
-            let changes = tables.changes_since(&last.tables);
+            if begin.get().saturating_sub(last.root.get()) > MAX_CHAIN_RECORDS {
+                return None;
+            }
+            // Built from what analysis listed as changed since the last checkpoint, not by
+            // comparing two whole tables.
+            let changes = self.analysis.changes();
             // Smaller than the table itself (an empty table is logged whole: a chain would
             // only hold the log back), and the chain within a full table's entries.
-            let small = changes.entries() < tables.dirty_pages.len()
+            let small = changes.entries() < dirty_entries
                 && last.chain_entries + changes.entries() <= last.root_entries;
-            (near && small).then_some((last, changes))
+            small.then_some((last, changes))
         });
-        let report = match delta {
+        let written = match delta {
             Some((last, changes)) => {
                 let entries = changes.entries();
                 let end = end_delta(log, storage, master, begin, last, changes)?;
-                CheckpointReport {
+                Written {
                     kind: CheckpointKind::Decoupled,
                     begin,
                     end,
-                    tables,
+                    tables: None,
                     records_analyzed: analysed,
                     delta_entries: Some(entries),
                 }
             }
-            None => end(
-                log,
-                storage,
-                master,
-                begin,
-                CheckpointKind::Decoupled,
-                tables,
-                analysed,
-            )?,
+            None => {
+                // A checkpoint not written leaves `last` and the mark as they were: the next
+                // delta is still of the last one written.
+                end(
+                    log,
+                    storage,
+                    master,
+                    begin,
+                    CheckpointKind::Decoupled,
+                    self.analysis.tables(),
+                    analysed,
+                )?
+            }
         };
-        self.written(&report);
-        Ok(report)
+        self.wrote(&written, dirty_entries);
+        Ok(written)
     }
 
-    /// Remembers the checkpoint `report` describes as the one the next may be a delta of.
-    fn written(&mut self, report: &CheckpointReport) {
+    /// Remembers the checkpoint written as the one the next may be a delta of, and marks the
+    /// analysis there.
+    fn wrote(&mut self, written: &Written, dirty_entries: usize) {
         let previous = self.last.take();
-        self.last = Some(match (report.delta_entries, previous) {
+        self.last = Some(match (written.delta_entries, previous) {
             (Some(entries), Some(previous)) => LastCheckpoint {
-                end: report.end,
+                end: written.end,
                 root: previous.root,
-                tables: report.tables.clone(),
                 root_entries: previous.root_entries,
                 chain_entries: previous.chain_entries + entries,
             },
             _ => LastCheckpoint {
-                end: report.end,
-                root: report.end,
-                tables: report.tables.clone(),
-                root_entries: report.tables.dirty_pages.len(),
+                end: written.end,
+                root: written.end,
+                root_entries: dirty_entries,
                 chain_entries: 0,
             },
         });
+        self.analysis.mark();
     }
 
-    /// The tables for the begin record at `begin`: analysis of the records after the last one
-    /// analysed, up to and including `begin` (appended; it need not be durable yet).
-    pub fn tables_at(&mut self, log: &LogTail, begin: Lsn) -> Result<(CheckpointTables, u64)> {
+    /// Analysis of the records after the last one analysed, up to and including `begin`
+    /// (appended; it need not be durable yet); returns how many.
+    fn analyse_through(&mut self, log: &LogTail, begin: Lsn) -> Result<u64> {
         let analysed = self.analyse_to(log, begin)?;
         if self.analysis.applied_to < begin {
             return Err(Error::BadLogRecord {
@@ -518,7 +555,7 @@ impl Decoupled {
                 ),
             });
         }
-        Ok((self.analysis.tables(), analysed))
+        Ok(analysed)
     }
 
     /// Analyses the records after the last one analysed, up to `to` or the last one the log

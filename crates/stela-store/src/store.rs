@@ -37,7 +37,9 @@
 
 use crate::archive::{ArchiveReport, LogArchive};
 use crate::btree::Engine;
-use crate::checkpoint::{self, CheckpointReport, Checkpointer, Decoupled, Master, MasterSlots};
+use crate::checkpoint::{
+    self, CheckpointReport, Checkpointer, Decoupled, Master, MasterSlots, Written,
+};
 use crate::cleaner::{self, CleanReport, CleanerKind};
 use crate::error::{Error, Result};
 use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, TxnId};
@@ -457,7 +459,7 @@ impl Store {
                         return s.analyse_ahead();
                     }
                     due = now + interval;
-                    s.checkpoint().map(|_| ())
+                    s.checkpoint_unreported()
                 },
             )?);
         }
@@ -601,7 +603,7 @@ impl Store {
             }
             shared.check(engine.pool.flush_all(log.as_ref()))?;
         }
-        shared.checkpoint().map(|_| ())
+        shared.checkpoint_unreported()
     }
 
     fn stop_services(&mut self) {
@@ -743,6 +745,22 @@ impl Shared {
     }
 
     fn checkpoint_of(&self, kind: CheckpointKind) -> Result<CheckpointReport> {
+        self.take_checkpoint(kind, Written::into_report)
+    }
+
+    /// A checkpoint nobody reads the report of (the background's, and the one at close): a
+    /// decoupled one that logs a delta then costs what changed, not the whole tables.
+    fn checkpoint_unreported(&self) -> Result<()> {
+        self.take_checkpoint(self.options.checkpoints, |_, _| ())
+    }
+
+    /// Takes a checkpoint of `kind` and hands what it wrote to `finish`, with the checkpoint
+    /// mutex still held (so the decoupled analysis is still at its begin record).
+    fn take_checkpoint<R>(
+        &self,
+        kind: CheckpointKind,
+        finish: impl FnOnce(Written, &Decoupled) -> R,
+    ) -> Result<R> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
@@ -770,7 +788,8 @@ impl Shared {
                 }
             }
         })();
-        self.check(result)
+        let written = self.check(result)?;
+        Ok(finish(written, decoupled))
     }
 
     /// Between decoupled checkpoints: analyses the records appended since the last analysis
