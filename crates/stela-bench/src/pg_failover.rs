@@ -135,11 +135,21 @@ fn spawn_logged(program: &Path, args: &[String], log: &Path) -> anyhow::Result<C
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(log)?;
+        .open(log)
+        .with_context(|| {
+            format!(
+                "opening {} for {}'s output",
+                log.display(),
+                program.display()
+            )
+        })?;
+    let stdout = file
+        .try_clone()
+        .with_context(|| format!("sharing {} between stdout and stderr", log.display()))?;
     Command::new(program)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
+        .stdout(stdout)
         .stderr(file)
         .spawn()
         .with_context(|| format!("starting {}", program.display()))
@@ -236,7 +246,8 @@ impl Node {
     }
 
     fn start_mount(&mut self, stela: &Path) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.mountpoint)?;
+        std::fs::create_dir_all(&self.mountpoint)
+            .with_context(|| format!("creating {}", self.mountpoint.display()))?;
         let args = vec![
             "mount".to_owned(),
             self.mountpoint.display().to_string(),
@@ -298,7 +309,8 @@ impl Node {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log("postgres"))?;
+            .open(self.log("postgres"))
+            .with_context(|| format!("opening {}", self.log("postgres").display()))?;
         // Its own process group, so that a fault kills the postmaster and every backend at
         // once, as a crash of the node would.
         let child = Command::new("runuser")
@@ -498,7 +510,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     let temp;
     let base = match &args.dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             dir.clone()
         }
         None => {
@@ -509,7 +521,8 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
         }
     };
     // PostgreSQL (its own user) must reach the mount points and its socket directory.
-    std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .with_context(|| format!("opening {} to PostgreSQL's user", base.display()))?;
     let port = |n: u16| args.base_port + n;
     let witness_addr = format!("127.0.0.1:{}", port(0));
     let pg_port = port(5);
@@ -573,7 +586,8 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     };
     let mut nodes = [node("a", 1, 3), node("b", 3, 1)];
     for node in &nodes {
-        std::fs::create_dir_all(&node.sockets)?;
+        std::fs::create_dir_all(&node.sockets)
+            .with_context(|| format!("creating {}", node.sockets.display()))?;
         chown_postgres(&node.sockets)?;
     }
     let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.sockets.clone()).collect();
@@ -602,7 +616,8 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     {
         let mut conf = std::fs::OpenOptions::new()
             .append(true)
-            .open(data.join("postgresql.conf"))?;
+            .open(data.join("postgresql.conf"))
+            .with_context(|| format!("opening {}/postgresql.conf", data.display()))?;
         writeln!(
             conf,
             "\n# stela-bench pg-failover\nlisten_addresses = ''\nwal_init_zero = off\n\
