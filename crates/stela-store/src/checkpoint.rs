@@ -491,6 +491,8 @@ impl Decoupled {
                 && last.chain_entries + changes.entries() <= last.root_entries;
             small.then_some((last, changes))
         });
+        // A checkpoint that fails to be written returns here and leaves `last` and the mark as
+        // they were: the next delta is still of the last checkpoint written.
         let written = match delta {
             Some((last, changes)) => {
                 let entries = changes.entries();
@@ -504,19 +506,15 @@ impl Decoupled {
                     delta_entries: Some(entries),
                 }
             }
-            None => {
-                // A checkpoint not written leaves `last` and the mark as they were: the next
-                // delta is still of the last one written.
-                end(
-                    log,
-                    storage,
-                    master,
-                    begin,
-                    CheckpointKind::Decoupled,
-                    self.analysis.tables(),
-                    analysed,
-                )?
-            }
+            None => end(
+                log,
+                storage,
+                master,
+                begin,
+                CheckpointKind::Decoupled,
+                self.analysis.tables(),
+                analysed,
+            )?,
         };
         self.wrote(&written, dirty_entries);
         Ok(written)
