@@ -306,11 +306,12 @@ impl Node {
                 Err(e) => return Err(e).with_context(|| format!("removing {what}")),
             }
         }
+        let log = self.log("postgres");
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log("postgres"))
-            .with_context(|| format!("opening {}", self.log("postgres").display()))?;
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
         // Its own process group, so that a fault kills the postmaster and every backend at
         // once, as a crash of the node would.
         let child = Command::new("runuser")

@@ -28,7 +28,7 @@ fn rec(seq: u64) -> Rec {
 }
 
 fn free_port() -> String {
-    format!("127.0.0.1:{}", stela_testkit::free_port())
+    stela_testkit::free_addr().to_string()
 }
 
 struct Witness(Child);

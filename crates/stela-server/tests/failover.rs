@@ -15,11 +15,8 @@ use std::time::{Duration, Instant};
 use stela_proto::{Durability, ErrorCode, RequestBody, ResponseBody};
 use stela_server::config::{AfterFailover, FailoverConfig, NodeRole};
 use stela_server::{DaemonConfig, Server};
+use stela_testkit::free_addr;
 use stela_wal::storage::StdStorage;
-
-fn free_port() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], stela_testkit::free_port()))
-}
 
 /// The pair's shape: the coordinator and each node's replication address.
 struct Pair {
@@ -36,7 +33,7 @@ impl Pair {
     fn with(root: &Path, coordinator: String) -> Pair {
         Pair {
             coordinator,
-            repl: [free_port(), free_port()],
+            repl: [free_addr(), free_addr()],
             dirs: [root.join("a"), root.join("b")],
         }
     }
@@ -289,7 +286,7 @@ fn a_broken_link_between_primary_and_standby_alone_causes_no_failover() {
     // The primary ships to an address where nothing listens: the standby hears nothing, but
     // the primary keeps renewing with the witness.
     let real_b = pair.repl[1];
-    pair.repl[1] = free_port();
+    pair.repl[1] = free_addr();
     let a = pair.start(0, NodeRole::Primary);
     pair.repl[1] = real_b;
     let b = pair.start(1, NodeRole::Standby);

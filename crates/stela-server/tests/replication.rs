@@ -127,11 +127,7 @@ fn a_replicated_commit_waits_for_a_standby_that_is_down() {
     let root = tempfile::tempdir().unwrap();
     let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
     // Find a free port for the standby, then leave it closed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = stela_testkit::free_port();
     let primary = primary(&p_dir, SocketAddr::from(([127, 0, 0, 1], port)));
     let socket = primary.socket_path().to_path_buf();
     let (done, finished) = mpsc::channel();
@@ -201,11 +197,7 @@ fn a_replication_address_off_loopback_is_refused_until_tls() {
 fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_back() {
     let root = tempfile::tempdir().unwrap();
     let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = stela_testkit::free_port();
     let mut config = config(&p_dir);
     config.standby = Some(SocketAddr::from(([127, 0, 0, 1], port)));
     config.degrade_after = Some(Duration::from_millis(300));
@@ -863,10 +855,7 @@ fn a_standby_hold_beyond_the_keep_limit_is_passed_over_and_the_standby_begins_ag
 fn a_standby_hold_left_on_a_daemon_that_no_longer_ships_is_not_counted() {
     let root = tempfile::tempdir().unwrap();
     let p_dir = root.path().join("p");
-    let absent = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let absent = stela_testkit::free_addr();
     let primary_node = primary(&p_dir, absent);
     let mut client = RawClient::connect(primary_node.socket_path());
     let handle = client.open("ledger");

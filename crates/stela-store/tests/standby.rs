@@ -26,12 +26,9 @@ use stela_proto::{RequestBody, ResponseBody};
 use stela_server::config::{AfterFailover, FailoverConfig, NodeRole};
 use stela_server::{DaemonConfig, Server};
 use stela_store::{Agreement, Follower, Store, StoreOptions};
+use stela_testkit::free_addr;
 
 const LOG: &str = "ledger";
-
-fn free_port() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], stela_testkit::free_port()))
-}
 
 fn config(dir: &Path, node: &str) -> DaemonConfig {
     let mut config = DaemonConfig::new(dir);
@@ -99,7 +96,7 @@ fn a_promoted_standby_opens_the_followers_pages_with_every_commit_and_little_to_
         Duration::from_millis(300),
     )
     .unwrap();
-    let repl = [free_port(), free_port()];
+    let repl = [free_addr(), free_addr()];
     let dirs = [root.path().join("a"), root.path().join("b")];
     let node = |i: usize, role: NodeRole| {
         let mut config = config(&dirs[i], ["a", "b"][i]);

@@ -1,7 +1,7 @@
 //! Helpers that tests of several crates share: a self-signed certificate written to files, a
 //! log directory's segment files read whole (to compare a standby's copy with its primary's
-//! byte for byte), and free loopback ports. Only ever a dev-dependency; it depends on no stela crate, so any of them may
-//! use it.
+//! byte for byte), and free loopback ports. Only ever a dev-dependency; it depends on no stela
+//! crate, so any of them may use it.
 
 use std::path::{Path, PathBuf};
 
@@ -156,6 +156,11 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free loopback port in {FIRST}..{}", FIRST + COUNT);
+}
+
+/// `127.0.0.1` on a [`free_port`].
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// Polls `condition` every millisecond until it holds; panics naming `what` if it does not
