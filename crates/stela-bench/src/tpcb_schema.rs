@@ -127,8 +127,9 @@ pub struct TpcbArgs {
     /// Directory for the databases (default: a temporary folder in the current directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Runs per configuration; the configurations take turns, so a disturbance of the
-    /// machine spreads over all of them, and the summary gives each one's median.
+    /// Runs per configuration; the configurations take turns (every other repeat in reverse
+    /// order), so a disturbance or drift of the machine spreads over all of them, and the
+    /// summary gives each one's median.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
     /// One JSON object per run instead of a table.
