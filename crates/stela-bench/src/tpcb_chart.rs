@@ -5,6 +5,9 @@
 //! ones dashed; the peers, which have no such interval, as flat lines across the whole axis.
 //!
 //! Text is written as SVG `<text>` elements, so no font files or system libraries are needed.
+//!
+//! [`readings`] says what the same lines show in words: each line's spread across the intervals
+//! and, at the shortest interval, each decoupled service against its classical counterpart.
 
 use crate::tpcb_schema::TpcbRun;
 use anyhow::anyhow;
@@ -24,6 +27,8 @@ const COLORS: [RGBColor; 6] = [
 /// One line: a system and its configuration, with (interval, median tps) points.
 struct Line {
     label: String,
+    checkpoints: String,
+    cleaner: String,
     /// A peer: drawn flat across the axis.
     peer: bool,
     /// Classical checkpoints or cleaner: dashed.
@@ -78,10 +83,73 @@ fn lines(runs: &[TpcbRun]) -> Vec<Line> {
             },
             peer,
             classical: checkpoints == "classical" || cleaner == "classical",
+            checkpoints,
+            cleaner,
             points,
         });
     }
     lines
+}
+
+/// What the lines of `runs` show, a sentence each: for every stela-store pairing run at more
+/// than one interval, its spread (highest median less lowest, as a share of the highest: the
+/// flatness the paper's Figure 4 is about); and for every classical pairing, the pairing that
+/// differs from it only by being decoupled, against it at the shortest interval both ran.
+pub fn readings(runs: &[TpcbRun]) -> Vec<String> {
+    let lines = lines(runs);
+    let mut said = Vec::new();
+    for line in lines.iter().filter(|l| !l.peer && l.points.len() > 1) {
+        let by_tps = |a: &&(u64, f64), b: &&(u64, f64)| a.1.total_cmp(&b.1);
+        let (Some(low), Some(high)) = (
+            line.points.iter().min_by(by_tps),
+            line.points.iter().max_by(by_tps),
+        ) else {
+            continue;
+        };
+        said.push(format!(
+            "{}: spread {:.1} % (lowest {:.0} tps at {} ms, highest {:.0} at {} ms)",
+            line.label,
+            (high.1 - low.1) / high.1 * 100.0,
+            low.1,
+            low.0,
+            high.1,
+            high.0
+        ));
+    }
+    for classical in lines.iter().filter(|l| !l.peer && l.classical) {
+        let Some(decoupled) = lines.iter().find(|l| {
+            !l.peer
+                && !l.classical
+                && l.checkpoints == decoupled_of(&classical.checkpoints)
+                && l.cleaner == decoupled_of(&classical.cleaner)
+        }) else {
+            continue;
+        };
+        let shortest = classical
+            .points
+            .iter()
+            .filter_map(|&(interval, tps)| {
+                let theirs = decoupled.points.iter().find(|p| p.0 == interval)?;
+                Some((interval, theirs.1 / tps))
+            })
+            .next();
+        if let Some((interval, ratio)) = shortest {
+            said.push(format!(
+                "at {interval} ms: {} against {}: {ratio:.2}x",
+                decoupled.label, classical.label
+            ));
+        }
+    }
+    said
+}
+
+/// The kind a decoupled pairing has where `kind` is classical (any other kind stays).
+fn decoupled_of(kind: &str) -> &str {
+    if kind == "classical" {
+        "decoupled"
+    } else {
+        kind
+    }
 }
 
 /// Saves the chart of `runs` at `path`.
@@ -218,6 +286,30 @@ mod tests {
         assert_eq!(lines[0].points, vec![(1, 200.0), (10, 50.0)]);
         assert!(!lines[0].peer && !lines[0].classical);
         assert!(lines[1].peer);
+    }
+
+    #[test]
+    fn readings_give_each_lines_spread_and_decoupled_against_classical_at_the_shortest() {
+        let runs = [
+            run("stela-store", "classical", "decoupled", 1, 80.0),
+            run("stela-store", "classical", "decoupled", 1000, 100.0),
+            run("stela-store", "decoupled", "decoupled", 1, 96.0),
+            run("stela-store", "decoupled", "decoupled", 1, 90.0),
+            run("stela-store", "decoupled", "decoupled", 1, 99.0),
+            run("stela-store", "decoupled", "decoupled", 1000, 100.0),
+            run("rocksdb", "rocksdb-flush", "none", 0, 120.0),
+        ];
+        assert_eq!(
+            readings(&runs),
+            vec![
+                "checkpoints classical, cleaner decoupled: spread 20.0 % (lowest 80 tps at 1 ms, \
+                 highest 100 at 1000 ms)",
+                "checkpoints decoupled, cleaner decoupled: spread 4.0 % (lowest 96 tps at 1 ms, \
+                 highest 100 at 1000 ms)",
+                "at 1 ms: checkpoints decoupled, cleaner decoupled against checkpoints classical, \
+                 cleaner decoupled: 1.20x",
+            ]
+        );
     }
 
     #[test]
