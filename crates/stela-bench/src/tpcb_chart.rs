@@ -27,6 +27,7 @@ const COLORS: [RGBColor; 6] = [
 /// One line: a system and its configuration, with (interval, median tps) points.
 struct Line {
     label: String,
+    system: String,
     checkpoints: String,
     cleaner: String,
     /// A peer: drawn flat across the axis.
@@ -74,13 +75,17 @@ fn lines(runs: &[TpcbRun]) -> Vec<Line> {
                 (interval, tps[tps.len() / 2])
             })
             .collect();
-        let peer = system != "stela-store";
+        // stela-store on its embedded log or on a daemon's: both have the services' interval.
+        let peer = !system.starts_with("stela-store");
         lines.push(Line {
             label: if peer {
                 system.clone()
-            } else {
+            } else if system == "stela-store" {
                 format!("checkpoints {checkpoints}, cleaner {cleaner}")
+            } else {
+                format!("{system}, checkpoints {checkpoints}, cleaner {cleaner}")
             },
+            system: system.clone(),
             peer,
             classical: checkpoints == "classical" || cleaner == "classical",
             checkpoints,
@@ -106,6 +111,10 @@ pub fn readings(runs: &[TpcbRun]) -> Vec<String> {
         ) else {
             continue;
         };
+        if high.1 <= 0.0 {
+            said.push(format!("{}: no transactions at any interval", line.label));
+            continue;
+        }
         said.push(format!(
             "{}: spread {:.1} % (lowest {:.0} tps at {} ms, highest {:.0} at {} ms)",
             line.label,
@@ -120,6 +129,7 @@ pub fn readings(runs: &[TpcbRun]) -> Vec<String> {
         let Some(decoupled) = lines.iter().find(|l| {
             !l.peer
                 && !l.classical
+                && l.system == classical.system
                 && l.checkpoints == decoupled_of(&classical.checkpoints)
                 && l.cleaner == decoupled_of(&classical.cleaner)
         }) else {
@@ -309,6 +319,38 @@ mod tests {
                 "at 1 ms: checkpoints decoupled, cleaner decoupled against checkpoints classical, \
                  cleaner decoupled: 1.20x",
             ]
+        );
+    }
+
+    #[test]
+    fn the_store_on_a_daemon_has_lines_and_readings_of_its_own() {
+        let runs = [
+            run("stela-store", "classical", "decoupled", 1, 80.0),
+            run("stela-store", "decoupled", "decoupled", 1, 100.0),
+            run("stela-store-daemon", "classical", "decoupled", 1, 50.0),
+            run("stela-store-daemon", "classical", "decoupled", 10, 0.0),
+            run("stela-store-daemon", "decoupled", "decoupled", 1, 60.0),
+        ];
+        let lines = lines(&runs);
+        assert!(lines.iter().all(|l| !l.peer));
+        assert_eq!(
+            readings(&runs),
+            vec![
+                "stela-store-daemon, checkpoints classical, cleaner decoupled: spread 100.0 % \
+                 (lowest 0 tps at 10 ms, highest 50 at 1 ms)",
+                "at 1 ms: checkpoints decoupled, cleaner decoupled against checkpoints \
+                 classical, cleaner decoupled: 1.25x",
+                "at 1 ms: stela-store-daemon, checkpoints decoupled, cleaner decoupled against \
+                 stela-store-daemon, checkpoints classical, cleaner decoupled: 1.20x",
+            ]
+        );
+        let idle = [
+            run("stela-store", "decoupled", "decoupled", 1, 0.0),
+            run("stela-store", "decoupled", "decoupled", 10, 0.0),
+        ];
+        assert_eq!(
+            readings(&idle),
+            vec!["checkpoints decoupled, cleaner decoupled: no transactions at any interval"]
         );
     }
 
