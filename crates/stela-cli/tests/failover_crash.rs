@@ -27,7 +27,8 @@ fn rec(seq: u64) -> Rec {
     )
 }
 
-fn free_port() -> String {
+/// A free loopback address, as the text the processes' command lines take.
+fn free_addr() -> String {
     stela_testkit::free_addr().to_string()
 }
 
@@ -177,9 +178,9 @@ fn check(dir: &Path, acked: &BTreeMap<u64, Rec>, whose: &str) -> Vec<Rec> {
 #[test]
 fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowledgement() {
     let root = tempfile::tempdir().unwrap();
-    let witness_addr = free_port();
+    let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
-    let (repl_a, repl_b) = (free_port(), free_port());
+    let (repl_a, repl_b) = (free_addr(), free_addr());
     let a = Node {
         dir: root.path().join("a"),
         name: "a",
@@ -322,10 +323,10 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
 fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doubt() {
     use stela_client::{Lsn, Resolution, Wal, WalOptions as ClientOptions};
     let root = tempfile::tempdir().unwrap();
-    let witness_addr = free_port();
+    let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
-    let (repl_a, repl_b) = (free_port(), free_port());
-    let (tcp_a, tcp_b) = (free_port(), free_port());
+    let (repl_a, repl_b) = (free_addr(), free_addr());
+    let (tcp_a, tcp_b) = (free_addr(), free_addr());
     let a = Node {
         dir: root.path().join("a"),
         name: "a",

@@ -127,8 +127,8 @@ fn a_replicated_commit_waits_for_a_standby_that_is_down() {
     let root = tempfile::tempdir().unwrap();
     let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
     // Find a free port for the standby, then leave it closed.
-    let port = stela_testkit::free_port();
-    let primary = primary(&p_dir, SocketAddr::from(([127, 0, 0, 1], port)));
+    let absent = stela_testkit::free_addr();
+    let primary = primary(&p_dir, absent);
     let socket = primary.socket_path().to_path_buf();
     let (done, finished) = mpsc::channel();
     let writer = std::thread::spawn(move || {
@@ -155,7 +155,7 @@ fn a_replicated_commit_waits_for_a_standby_that_is_down() {
     assert!(!orders.connected);
     assert_eq!(orders.lag_records, 1);
     assert!(orders.lag_bytes > 100, "lag of {} bytes", orders.lag_bytes);
-    let standby = standby(&s_dir, port);
+    let standby = standby(&s_dir, absent.port());
     let result = finished
         .recv_timeout(Duration::from_secs(20))
         .expect("the commit completes once the standby is up");
@@ -197,9 +197,9 @@ fn a_replication_address_off_loopback_is_refused_until_tls() {
 fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_back() {
     let root = tempfile::tempdir().unwrap();
     let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
-    let port = stela_testkit::free_port();
+    let absent = stela_testkit::free_addr();
     let mut config = config(&p_dir);
-    config.standby = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    config.standby = Some(absent);
     config.degrade_after = Some(Duration::from_millis(300));
     let primary = NoHang::new(Server::start(config).unwrap());
     let mut client = RawClient::connect(primary.socket_path());
@@ -226,7 +226,7 @@ fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_
     assert_eq!(degraded.degraded_acks, 2, "{degraded:?}");
     // The standby comes up: shipping resumes, everything reaches it, and replicated commits
     // wait for it again.
-    let standby = standby(&s_dir, port);
+    let standby = standby(&s_dir, absent.port());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let now = status(&mut client);
