@@ -17,7 +17,9 @@
 //! it replays every record between the old and new `L` onto the image it reads, and the page
 //! file never lets an image go back in time. Records above the durable LSN are never replayed,
 //! so its writes keep the write-ahead rule.
-//! Both cleaners report their writes in a `PagesWritten` record after the sync (`pagefile`).
+//! Both cleaners report their writes in a `PagesWritten` record after the sync (`pagefile`),
+//! and start the writeback of their writes as they make them (`PageFile::write_batched`), so
+//! that the sync does not put a whole round on the disk at once, ahead of the log's syncs.
 //! With a log archive, the decoupled cleaner takes the records it lags behind the archive by
 //! from the archive's runs, page by page in page order (the paper's sequential read of a
 //! page-sorted archive), and only the rest from the log; a stored image it finds damaged is
@@ -84,7 +86,7 @@ pub(crate) fn classical_round(
     copies.sort_by_key(|(id, _)| *id);
     let mut report = CleanReport::default();
     for (id, page) in &copies {
-        report.written += u64::from(file.write(*id, page)?);
+        report.written += u64::from(file.write_batched(*id, page)?);
     }
     file.log_writes(log)?;
     let mut engine = engine.lock().unwrap_or_else(|p| p.into_inner());
@@ -267,7 +269,7 @@ impl<'a> Replay<'a> {
                 // Over the damaged image, even one of the same LSN.
                 report.written += u64::from(self.file.write_repaired(*id, image)?);
             } else if *changed {
-                report.written += u64::from(self.file.write(*id, image)?);
+                report.written += u64::from(self.file.write_batched(*id, image)?);
             } else if image.lsn > Lsn::ZERO {
                 // The stored image had every change replayed: say so (after the caller's
                 // sync), so that analysis drops the page from its dirty-page table.

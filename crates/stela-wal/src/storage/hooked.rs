@@ -280,6 +280,11 @@ impl<H: Hooks> StorageFile for HookedFile<H> {
         })
     }
 
+    /// Not a hooked call: it changes nothing a hook could observe (no data, no durability).
+    fn start_writeback(&self) -> io::Result<()> {
+        self.inner.start_writeback()
+    }
+
     fn len(&self) -> io::Result<u64> {
         let path = &self.path;
         run(&*self.hooks, Call::Len { path }, || self.inner.len())

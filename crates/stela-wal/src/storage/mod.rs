@@ -85,6 +85,15 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     }
     /// Makes this file's written data durable (fdatasync).
     fn sync_data(&self) -> io::Result<()>;
+    /// Starts writing this file's written data to the device and returns without waiting; it
+    /// makes nothing durable (only [`StorageFile::sync_data`] does, and must still be called).
+    /// A writer that syncs a large batch at the end calls it as it goes, so that the batch
+    /// does not reach the device all at once when it syncs, queued ahead of every other
+    /// file's small syncs (the log's). The default does nothing: a storage without a page
+    /// cache has nothing to start.
+    fn start_writeback(&self) -> io::Result<()> {
+        Ok(())
+    }
     fn len(&self) -> io::Result<u64>;
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
