@@ -259,47 +259,29 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
-    use stela_wal::storage::StdStorage;
+    use stela_wal::storage::{Call, Hooked, Hooks, StdStorage};
 
-    /// A real file that counts the writebacks started on it.
-    #[derive(Debug)]
-    struct Counting {
-        inner: Box<dyn StorageFile>,
-        started: Arc<AtomicUsize>,
-    }
+    /// Counts the writebacks started on the files it sees.
+    #[derive(Debug, Default)]
+    struct Writebacks(AtomicUsize);
 
-    impl StorageFile for Counting {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            self.inner.write_all_at(buf, offset)
-        }
-        fn sync_data(&self) -> std::io::Result<()> {
-            self.inner.sync_data()
-        }
-        fn start_writeback(&self) -> std::io::Result<()> {
-            self.started.fetch_add(1, Ordering::Relaxed);
-            self.inner.start_writeback()
-        }
-        fn len(&self) -> std::io::Result<u64> {
-            self.inner.len()
-        }
-        fn allocate(&self, len: u64) -> std::io::Result<()> {
-            self.inner.allocate(len)
-        }
-        fn set_len(&self, len: u64) -> std::io::Result<()> {
-            self.inner.set_len(len)
+    impl Hooks for Writebacks {
+        fn before(&self, call: &Call<'_>) -> std::io::Result<()> {
+            if matches!(call, Call::StartWriteback { .. }) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
         }
     }
 
-    fn page_file(dir: &Path, sync: bool) -> (PageFile, Arc<AtomicUsize>) {
-        let started = Arc::new(AtomicUsize::new(0));
-        let file = Counting {
-            inner: open_in(&StdStorage, dir).unwrap(),
-            started: Arc::clone(&started),
-        };
-        (PageFile::new(Box::new(file), sync), started)
+    fn page_file(dir: &Path, sync: bool) -> (PageFile, Hooked<Writebacks>) {
+        let storage = Hooked::wrap(Arc::new(StdStorage), Writebacks::default());
+        let file = PageFile::new(open_in(&storage, dir).unwrap(), sync);
+        (file, storage)
+    }
+
+    fn started(storage: &Hooked<Writebacks>) -> usize {
+        storage.hooks().0.load(Ordering::Relaxed)
     }
 
     fn page(lsn: u64) -> Page {
@@ -312,34 +294,30 @@ mod tests {
     fn a_cleaner_starts_writeback_every_half_mebibyte_of_a_synced_file_and_never_otherwise() {
         let per_start = (WRITEBACK_AFTER_BYTES / PAGE_SIZE as u64) as usize;
         let dir = tempfile::tempdir().unwrap();
-        let (file, started) = page_file(dir.path(), true);
+        let (file, storage) = page_file(dir.path(), true);
         for id in 0..(3 * per_start + 1) as u64 {
             assert!(file.write_batched(id, &page(1)).unwrap());
         }
-        assert_eq!(
-            started.load(Ordering::Relaxed),
-            3,
-            "one per {per_start} pages"
-        );
+        assert_eq!(started(&storage), 3, "one per {per_start} pages");
         // Writes skipped as stale write nothing, and count for nothing.
         for id in 0..per_start as u64 {
             assert!(!file.write_batched(id, &page(1)).unwrap());
         }
-        assert_eq!(started.load(Ordering::Relaxed), 3);
+        assert_eq!(started(&storage), 3);
         // The pool's writes (under the engine latch) never start one.
         for id in 0..(2 * per_start) as u64 {
             assert!(file.write(id, &page(2)).unwrap());
         }
-        assert_eq!(started.load(Ordering::Relaxed), 3);
+        assert_eq!(started(&storage), 3);
         file.sync().unwrap();
         assert_eq!(file.read(5).unwrap().unwrap().lsn, Lsn::new(2));
 
         // A file that is never synced (the `buffered` level) is left to the OS's writeback.
         let other = tempfile::tempdir().unwrap();
-        let (file, started) = page_file(other.path(), false);
+        let (file, storage) = page_file(other.path(), false);
         for id in 0..(2 * per_start) as u64 {
             file.write_batched(id, &page(1)).unwrap();
         }
-        assert_eq!(started.load(Ordering::Relaxed), 0);
+        assert_eq!(started(&storage), 0);
     }
 }

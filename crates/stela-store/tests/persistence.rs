@@ -632,81 +632,18 @@ fn a_lost_write_report_is_made_good(cleaner: CleanerKind, mode: stela_store::Res
     assert_eq!(common::contents(&store), committed);
 }
 
-/// The real file system, counting the writebacks started on the page file.
+/// Counts the writebacks started on the page file.
 #[derive(Debug, Default)]
-struct CountingWriteback {
-    started: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
+struct PageWritebacks(std::sync::atomic::AtomicUsize);
 
-#[derive(Debug)]
-struct CountedFile {
-    inner: Box<dyn stela_wal::storage::StorageFile>,
-    started: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
-}
-
-impl stela_wal::storage::StorageFile for CountedFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_all_at(buf, offset)
-    }
-    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> std::io::Result<()> {
-        self.inner.write_all_vectored_at(bufs, offset)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn start_writeback(&self) -> std::io::Result<()> {
-        if let Some(started) = &self.started {
-            started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+impl stela_wal::storage::Hooks for PageWritebacks {
+    fn before(&self, call: &stela_wal::storage::Call<'_>) -> std::io::Result<()> {
+        if let stela_wal::storage::Call::StartWriteback { path } = call {
+            if path.ends_with("pages") {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
-        self.inner.start_writeback()
-    }
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn allocate(&self, len: u64) -> std::io::Result<()> {
-        self.inner.allocate(len)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn data_regions(&self, from: u64) -> std::io::Result<Vec<std::ops::Range<u64>>> {
-        self.inner.data_regions(from)
-    }
-}
-
-impl stela_wal::storage::Storage for CountingWriteback {
-    fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
-        stela_wal::storage::StdStorage.create_dir_all(dir)
-    }
-    fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
-        stela_wal::storage::StdStorage.list(dir)
-    }
-    fn open(
-        &self,
-        path: &std::path::Path,
-        mode: stela_wal::storage::OpenMode,
-    ) -> std::io::Result<Box<dyn stela_wal::storage::StorageFile>> {
-        let inner = stela_wal::storage::StdStorage.open(path, mode)?;
-        let pages = path.file_name().is_some_and(|name| name == "pages");
-        Ok(Box::new(CountedFile {
-            inner,
-            started: pages.then(|| std::sync::Arc::clone(&self.started)),
-        }))
-    }
-    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-        stela_wal::storage::StdStorage.rename(from, to)
-    }
-    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
-        stela_wal::storage::StdStorage.remove(path)
-    }
-    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
-        stela_wal::storage::StdStorage.sync_dir(dir)
-    }
-    fn lock_dir(&self, dir: &std::path::Path) -> std::io::Result<Box<dyn Send + Sync>> {
-        stela_wal::storage::StdStorage.lock_dir(dir)
+        Ok(())
     }
 }
 
@@ -719,14 +656,20 @@ fn a_cleaning_round_starts_the_writeback_of_its_writes_on_a_synced_page_file() {
     for cleaner in [CleanerKind::Classical, CleanerKind::Decoupled] {
         for synced in [true, false] {
             let dir = tempfile::tempdir().unwrap();
-            let storage = std::sync::Arc::new(CountingWriteback::default());
-            let started = std::sync::Arc::clone(&storage.started);
+            let storage = stela_wal::storage::Hooked::wrap(
+                std::sync::Arc::new(stela_wal::storage::StdStorage),
+                PageWritebacks::default(),
+            );
             let sync = match synced {
                 true => stela_wal::SyncMode::Data,
                 false => stela_wal::SyncMode::None,
             };
             let defaults = StoreOptions::default();
-            let wal = defaults.wal.clone().sync(sync).storage(storage);
+            let wal = defaults
+                .wal
+                .clone()
+                .sync(sync)
+                .storage(std::sync::Arc::new(storage.clone()));
             let options = defaults
                 .wal(wal)
                 .pool_pages(2048)
@@ -745,7 +688,7 @@ fn a_cleaning_round_starts_the_writeback_of_its_writes_on_a_synced_page_file() {
             }
             let round = store.clean().unwrap();
             assert!(round.written >= 128, "{cleaner:?}: {round:?}");
-            let count = started.load(std::sync::atomic::Ordering::Relaxed);
+            let count = storage.hooks().0.load(std::sync::atomic::Ordering::Relaxed);
             if synced {
                 assert!(
                     count as u64 >= round.written / 64 - 1,

@@ -58,6 +58,10 @@ pub enum Call<'a> {
     SyncData {
         path: &'a Path,
     },
+    /// `start_writeback`: the file's written data on its way to the device, nothing more.
+    StartWriteback {
+        path: &'a Path,
+    },
     /// `len` or `is_empty`.
     Len {
         path: &'a Path,
@@ -92,6 +96,7 @@ impl Call<'_> {
             | Call::SetLen { .. } => true,
             Call::List { .. }
             | Call::LockDir { .. }
+            | Call::StartWriteback { .. }
             | Call::Read { .. }
             | Call::Len { .. }
             | Call::DataRegions { .. } => false,
@@ -111,6 +116,7 @@ impl Call<'_> {
             | Call::Read { path, .. }
             | Call::Write { path, .. }
             | Call::SyncData { path }
+            | Call::StartWriteback { path }
             | Call::Len { path }
             | Call::DataRegions { path, .. }
             | Call::Allocate { path, .. }
@@ -280,9 +286,11 @@ impl<H: Hooks> StorageFile for HookedFile<H> {
         })
     }
 
-    /// Not a hooked call: it changes nothing a hook could observe (no data, no durability).
     fn start_writeback(&self) -> io::Result<()> {
-        self.inner.start_writeback()
+        let path = &self.path;
+        run(&*self.hooks, Call::StartWriteback { path }, || {
+            self.inner.start_writeback()
+        })
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -372,6 +380,7 @@ mod tests {
         file.write_all_at(b"ab", 0).unwrap();
         file.write_all_vectored_at(&[b"cd", b"ef"], 2).unwrap();
         file.sync_data().unwrap();
+        file.start_writeback().unwrap();
         file.set_len(6).unwrap();
         assert_eq!(file.len().unwrap(), 6);
         assert!(!file.is_empty().unwrap());
@@ -403,6 +412,7 @@ mod tests {
                 "Write",
                 "Write",
                 "SyncData",
+                "StartWriteback",
                 "SetLen",
                 "Len",
                 "Len",
