@@ -114,9 +114,15 @@ impl StorageFile for StdFile {
         let started =
             unsafe { libc::sync_file_range(self.0.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
         if started == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            // A file the call does not apply to (not a regular file, a file system without
+            // it): a hint not taken, and the sync still does its work.
+            Some(libc::EINVAL | libc::ESPIPE | libc::ENOSYS | libc::EOPNOTSUPP) => Ok(()),
+            // EIO, ENOSPC and the rest: as a failed write, never passed over.
+            _ => Err(error),
         }
     }
 
@@ -223,6 +229,16 @@ mod tests {
         let mut head = [0u8; 5];
         read.read_exact_at(&mut head, 0).unwrap();
         assert_eq!(&head, b"after");
+
+        // On a file the call does not apply to (a FIFO: ESPIPE) the hint is not taken, and that
+        // is no error.
+        let fifo = dir.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path, which lives until the call returns.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        // Opened for reading and writing, a FIFO does not wait for a peer on Linux.
+        let fifo = StdStorage.open(&fifo, OpenMode::ReadWrite).unwrap();
+        fifo.start_writeback().unwrap();
     }
 
     /// A vectored write puts its buffers back to back, also past the kernel's per-call limit
