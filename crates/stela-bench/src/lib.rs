@@ -30,6 +30,7 @@
 //! - [`warm_standby`]: `stela-bench warm-standby`, promotion to a first transaction of
 //!   stela-store on a warm follower's directory against a cold one.
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
+//! - [`impair`]: a lossy, slow link by netfilter, for the failover run on kernels without netem.
 
 pub mod chart;
 pub mod cli;
@@ -37,6 +38,7 @@ pub mod commit_bench;
 pub mod commit_chart;
 pub mod failover;
 pub mod harness;
+pub mod impair;
 pub mod netns;
 pub mod peers;
 pub mod pg_bench;

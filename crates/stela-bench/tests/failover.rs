@@ -3,11 +3,12 @@
 //! than pass having tested nothing. Nothing here asserts on timing.
 //!
 //! - `the_network_and_its_faults_cut_exactly_what_they_name`: the run's topology, each network
-//!   fault checked by who can still open a TCP connection to whom, and nothing left behind.
+//!   fault checked by who can still open a TCP connection to whom (the lossy link by round
+//!   trips of at least twice its delay and, made by netfilter, by its drop counter), and
+//!   nothing left behind.
 //! - `two_faults_lose_nothing`: a smoke run (SIGKILL of the primary, then the pair cut off from
 //!   each other): no acknowledged record lost, no acknowledgement from a deposed primary.
-//! - `every_kind_twice` (ignored: about a minute): every kind but lossy-standby (netem is
-//!   missing from some kernels, this VM's among them), twice.
+//! - `every_kind_twice` (ignored: about a minute): every kind of fault twice.
 //!
 //! The run needs the `stela` binary next to `stela-bench` (`cargo test --workspace` builds it;
 //! after `cargo test -p stela-bench` alone, `cargo build -p stela` first).
@@ -18,10 +19,11 @@ mod common;
 
 use common::{stela_bench_within, text};
 use serde_json::Value;
+use std::io::{Read, Write};
 use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use stela_bench::failover::topology::{Host, Topology};
+use stela_bench::failover::topology::{Host, LossyMethod, Topology};
 use stela_bench::netns::Killed;
 
 /// Whether a TCP connection from `from`'s namespace to `addr:port` opens within a second
@@ -56,6 +58,54 @@ fn qdiscs(topology: &Topology, host: Host) -> String {
         .output()
         .expect("tc");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The filter table's rules in `host`'s namespace (`iptables -S`; empty without iptables).
+fn iptables_rules(topology: &Topology, host: Host) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", topology.namespace(host).name()])
+        .args(["iptables", "-w", "-S"])
+        .output()
+        .expect("ip netns exec");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `count` ping-pongs of 8 bytes over one TCP connection from `from`'s namespace to an echo at
+/// `addr:port`, each timed. A thread of this test enters the namespace (only that thread
+/// moves) and connects from there.
+fn round_trips_from(
+    topology: &Topology,
+    from: Host,
+    addr: Ipv4Addr,
+    port: u16,
+    count: u64,
+) -> Vec<Duration> {
+    let path = format!("/run/netns/{}", topology.namespace(from).name());
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&file),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .unwrap();
+        let target = std::net::SocketAddr::from((addr, port));
+        // Generous: a lost SYN is sent again after a second.
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(10)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut buf = [0u8; 8];
+        (0..count)
+            .map(|i| {
+                let start = Instant::now();
+                stream.write_all(&i.to_le_bytes()).unwrap();
+                stream.read_exact(&mut buf).unwrap();
+                assert_eq!(buf, i.to_le_bytes());
+                start.elapsed()
+            })
+            .collect()
+    })
+    .join()
+    .unwrap()
 }
 
 fn namespaces_of_this_process() -> Vec<String> {
@@ -153,23 +203,61 @@ fn the_network_and_its_faults_cut_exactly_what_they_name() {
     assert!(eventually_connects(&topology, Host::Client, p, 7602));
     assert!(eventually_connects(&topology, Host::Primary, w, 7602));
 
-    // netem on the standby's link, then gone again; or, on a kernel without netem, refused
-    // as `netem_available` says.
-    if topology.netem_available() {
-        topology.set_netem(Host::Standby, 20, 20, true).unwrap();
-        let shown = qdiscs(&topology, Host::Standby);
-        assert!(
-            shown.contains("netem") && shown.contains("loss 20%"),
-            "{shown}"
-        );
-        topology.set_netem(Host::Standby, 20, 20, false).unwrap();
-        assert!(!qdiscs(&topology, Host::Standby).contains("netem"));
-        assert!(eventually_connects(&topology, Host::Client, s, 7602));
-    } else {
-        eprintln!("this kernel has no netem: checking only that the fault is refused");
-        assert!(topology.set_netem(Host::Standby, 20, 20, true).is_err());
-        assert!(!qdiscs(&topology, Host::Standby).contains("netem"));
+    // The standby's link lossy and slow (netem, or netfilter on a kernel without it), then
+    // plain again. Every round trip from the client to the standby crosses the standby's link
+    // twice, so it takes at least twice the delay; loss only adds to that.
+    let method = topology.lossy_method();
+    topology.set_lossy(Host::Standby, 20, 20, true).unwrap();
+    match method {
+        LossyMethod::Netem => {
+            let shown = qdiscs(&topology, Host::Standby);
+            assert!(
+                shown.contains("netem") && shown.contains("loss 20%"),
+                "{shown}"
+            );
+        }
+        LossyMethod::Netfilter => {
+            assert!(iptables_rules(&topology, Host::Standby).contains("stela-lossy"));
+            // The other hosts are untouched.
+            assert!(!iptables_rules(&topology, Host::Primary).contains("stela-lossy"));
+        }
     }
+    let round_trips = round_trips_from(&topology, Host::Client, s, 7602, 40);
+    assert!(
+        round_trips
+            .iter()
+            .all(|rtt| *rtt >= Duration::from_millis(40)),
+        "{method:?}: a round trip across the lossy link took under twice its 20 ms delay: \
+         {round_trips:?}"
+    );
+    // Across the primary's plain link, no delay was added (loose bound: the delay is 40 ms).
+    let plain = round_trips_from(&topology, Host::Client, p, 7602, 20);
+    plain
+        .iter()
+        .min()
+        .filter(|rtt| **rtt < Duration::from_millis(40))
+        .unwrap_or_else(|| {
+            panic!("the primary's link, which is not lossy, was slowed too: {plain:?}")
+        });
+    if method == LossyMethod::Netfilter {
+        let (held, dropped) = topology
+            .with_lossy_link(Host::Standby, |link| (link.held(), link.dropped().unwrap()))
+            .unwrap();
+        // 40 ping-pongs are at least 80 packets across the link (each request in, each echo
+        // out; acks mostly ride on them), each dropped with probability 0.2: none dropped
+        // has a chance of 0.8^80, 2e-8.
+        assert!(held >= 80, "held {held}");
+        assert!(dropped > 0, "dropped {dropped}");
+    }
+    topology.set_lossy(Host::Standby, 20, 20, false).unwrap();
+    assert!(!qdiscs(&topology, Host::Standby).contains("netem"));
+    assert!(!iptables_rules(&topology, Host::Standby).contains("stela-lossy"));
+    assert!(topology.with_lossy_link(Host::Standby, |_| ()).is_none());
+    assert!(eventually_connects(&topology, Host::Client, s, 7602));
+    assert!(
+        topology.set_lossy(Host::Standby, 20, 20, false).is_err() || method == LossyMethod::Netem,
+        "removing a lossy link that is not there is an error"
+    );
 
     drop(echoes);
     drop(topology);
@@ -219,18 +307,22 @@ fn two_faults_lose_nothing() {
     assert_eq!(summary["double_primary"], 0, "{summary}");
 }
 
-/// Every kind but lossy-standby, which needs netem (a kernel without it refuses the run).
-const KINDS_WITHOUT_NETEM: &str =
-    "kill-primary,stop-primary,isolate-primary,partition-pair,kill-standby,kill-witness";
-
 #[test]
-#[ignore = "about a minute: every kind of fault but lossy-standby twice"]
+#[ignore = "about a minute and a half: every kind of fault twice"]
 fn every_kind_twice() {
-    let (faults, summary) = failover_run(
-        &["--faults", "12", "--kinds", KINDS_WITHOUT_NETEM],
-        Duration::from_secs(300),
+    let (faults, summary) = failover_run(&["--faults", "14"], Duration::from_secs(300));
+    assert_eq!(faults.len(), 14);
+    let lossy: Vec<_> = faults
+        .iter()
+        .filter(|f| f["fault"] == "lossy-standby")
+        .collect();
+    assert_eq!(lossy.len(), 2, "{faults:?}");
+    assert!(
+        lossy
+            .iter()
+            .all(|f| f["failovers"] == 0 && f["impairment"].is_string()),
+        "{lossy:?}"
     );
-    assert_eq!(faults.len(), 12);
     assert_eq!(summary["lost"], 0, "{summary}");
     assert_eq!(summary["double_primary"], 0, "{summary}");
     assert_eq!(summary["resolution_wrong"], 0, "{summary}");

@@ -56,7 +56,8 @@ pub enum FaultKind {
     /// Primary and standby cannot reach each other (blackhole routes both ways); both still
     /// reach the witness and the client. No failover.
     PartitionPair,
-    /// netem loss 20 % delay 20 ms on the standby's link, both directions. No failover.
+    /// Loss 20 % and delay 20 ms on the standby's link, both directions, by netem (or by
+    /// netfilter on a kernel without netem). No failover.
     LossyStandby,
     /// SIGKILL of the standby, restarted after the fault's length. No failover.
     KillStandby,
@@ -186,6 +187,10 @@ pub struct FaultRow {
     /// if it did not exit by itself within 10 s).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub old_primary_exit: Option<Option<i32>>,
+    /// lossy-standby: how the link was made lossy and slow, "netem" or, on a kernel without
+    /// it, "netfilter" (the same loss and delay by iptables and a netfilter queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub impairment: Option<&'static str>,
 }
 
 /// The closing line.
@@ -285,13 +290,6 @@ fn run_in(
 ) -> anyhow::Result<(Vec<FaultRow>, Summary)> {
     // Dropped in reverse: the client, the daemons, then the network.
     let topology = Topology::create()?;
-    let lossy =
-        (0..args.faults).any(|i| args.kinds[i % args.kinds.len()] == FaultKind::LossyStandby);
-    anyhow::ensure!(
-        !lossy || topology.netem_available(),
-        "lossy-standby needs netem, which this kernel lacks (CONFIG_NET_SCH_NETEM; `tc qdisc add \
-         ... netem` says the qdisc kind is unknown): leave it out of --kinds"
-    );
     let timing = Timing {
         heartbeat_ms: args.heartbeat_ms,
         suspect_after_ms: args.suspect_after_ms,
@@ -433,6 +431,8 @@ fn run_in(
             reprotect_need_bytes: run.reprotect_need,
             log_bytes: primary_copy.bytes_through(run.log_lsn),
             old_primary_exit: run.old_primary_exit,
+            impairment: (run.kind == FaultKind::LossyStandby)
+                .then(|| topology.lossy_method().name()),
         })
         .collect();
     let downtimes: Vec<f64> = rows
@@ -527,7 +527,7 @@ fn inject(
         FaultKind::StopPrimary => cluster.nodes[p].signal(Signal::STOP)?,
         FaultKind::IsolatePrimary => topology.set_link(p_host, false)?,
         FaultKind::PartitionPair => topology.set_blackhole(p_host, s_host, true)?,
-        FaultKind::LossyStandby => topology.set_netem(s_host, 20, 20, true)?,
+        FaultKind::LossyStandby => topology.set_lossy(s_host, 20, 20, true)?,
         FaultKind::KillStandby => cluster.nodes[s].kill(),
         FaultKind::KillWitness => cluster.witness.kill(),
     }
@@ -568,7 +568,7 @@ fn inject(
         }
         FaultKind::LossyStandby => {
             pause(hold)?;
-            topology.set_netem(s_host, 20, 20, false)?;
+            topology.set_lossy(s_host, 20, 20, false)?;
         }
         FaultKind::KillStandby => {
             pause(hold)?;
@@ -707,6 +707,18 @@ fn print_table(
         "# heartbeat {} ms, suspect after {} ms, lease {} ms; faults of {} ms; {} B records; one commit at a time",
         args.heartbeat_ms, args.suspect_after_ms, args.lease_ms, args.fault_ms, args.record_bytes
     )?;
+    if rows.iter().any(|r| r.impairment.is_some()) {
+        writeln!(
+            out,
+            "# lossy-standby: loss 20 % and delay 20 ms each way on the standby's link, by {}",
+            match topology.lossy_method() {
+                topology::LossyMethod::Netem => "netem on both ends of its veth pair",
+                topology::LossyMethod::Netfilter =>
+                    "netfilter in its namespace (this kernel has no netem): iptables's statistic \
+                     match drops, a netfilter queue holds the rest for the delay",
+            }
+        )?;
+    }
     writeln!(
         out,
         "{:>3} {:<16} {:>9} {:>10} {:>8} {:>6} {:>5} {:>6} {:>6} {:>9} {:>11} {:>11} {:>10} {:>5}",

@@ -13,12 +13,17 @@
 //! interface in them; nothing else is touched.
 //!
 //! The faults act on the hosts' own ends: `fo0` set down (a host cut off from everyone), a
-//! blackhole route to one peer (a pair cut off from each other, the rest still reachable), netem
-//! on both ends of a host's veth pair (netem shapes what leaves an interface, so both ends make
-//! the link lossy and slow in both directions).
+//! blackhole route to one peer (a pair cut off from each other, the rest still reachable), a
+//! lossy and slow link: netem on both ends of a host's veth pair (netem shapes what leaves an
+//! interface, so both ends make the link lossy and slow in both directions), or, on a kernel
+//! built without netem, the same loss and delay by netfilter in the host's namespace, on what
+//! leaves and what reaches `fo0` ([`crate::impair`]).
 
+use crate::impair::LossyLink;
 use crate::netns::{ip_output, Namespace};
 use std::net::Ipv4Addr;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
 /// A host of the run, by the role it starts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,10 +57,34 @@ pub const INTERFACE: &str = "fo0";
 /// The namespaces and the bridge; removed when dropped.
 pub struct Topology {
     subnet: u8,
+    /// The links made lossy by netfilter (none where netem does it), by host. Declared before
+    /// `hosts`, so taken away before the namespaces go.
+    lossy: Mutex<Vec<(Host, LossyLink)>>,
+    /// Found on first use (a netem qdisc tried on the bridge).
+    lossy_method: OnceLock<LossyMethod>,
     /// Indexed by [`Host::index`]. Declared before `bridge`, so dropped first: the veth ends
     /// in the bridge namespace go with their peers.
     hosts: Vec<Namespace>,
     bridge: Namespace,
+}
+
+/// How [`Topology::set_lossy`] makes a link lossy and slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossyMethod {
+    /// netem on both ends of the host's veth pair.
+    Netem,
+    /// iptables's statistic match and a netfilter queue in the host's namespace
+    /// ([`crate::impair`]): for kernels built without netem.
+    Netfilter,
+}
+
+impl LossyMethod {
+    pub fn name(self) -> &'static str {
+        match self {
+            LossyMethod::Netem => "netem",
+            LossyMethod::Netfilter => "netfilter",
+        }
+    }
 }
 
 impl Topology {
@@ -95,6 +124,8 @@ impl Topology {
         }
         Ok(Topology {
             subnet,
+            lossy: Mutex::new(Vec::new()),
+            lossy_method: OnceLock::new(),
             hosts,
             bridge,
         })
@@ -146,8 +177,70 @@ impl Topology {
         added
     }
 
+    /// How this kernel lets [`Topology::set_lossy`] work: netem where it has it, else
+    /// netfilter.
+    pub fn lossy_method(&self) -> LossyMethod {
+        *self.lossy_method.get_or_init(|| {
+            if self.netem_available() {
+                LossyMethod::Netem
+            } else {
+                LossyMethod::Netfilter
+            }
+        })
+    }
+
+    /// Makes `host`'s link drop `loss_percent` % of packets and delay the rest by `delay_ms`,
+    /// each way (`on`), or takes that away again, by [`Topology::lossy_method`].
+    ///
+    /// # Errors
+    /// The `tc` or `iptables` commands fail, or (netfilter) the thread that held packets
+    /// failed, so the link may have dropped what it should only have delayed.
+    pub fn set_lossy(
+        &self,
+        host: Host,
+        loss_percent: u32,
+        delay_ms: u32,
+        on: bool,
+    ) -> anyhow::Result<()> {
+        match self.lossy_method() {
+            LossyMethod::Netem => self.set_netem(host, loss_percent, delay_ms, on),
+            LossyMethod::Netfilter => {
+                let mut lossy = self.lossy.lock().unwrap_or_else(|p| p.into_inner());
+                let existing = lossy.iter().position(|(h, _)| *h == host);
+                match (on, existing) {
+                    (true, Some(_)) => anyhow::bail!("{} is lossy already", host.name()),
+                    (true, None) => {
+                        let link = LossyLink::add(
+                            self.namespace(host).name(),
+                            INTERFACE,
+                            loss_percent,
+                            Duration::from_millis(delay_ms.into()),
+                            LOSSY_QUEUE,
+                        )?;
+                        lossy.push((host, link));
+                    }
+                    (false, Some(at)) => {
+                        let (_, link) = lossy.swap_remove(at);
+                        link.remove()?;
+                    }
+                    (false, None) => anyhow::bail!("{} is not lossy", host.name()),
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The netfilter-made lossy link of `host` while there is one (for tests: its counters).
+    pub fn with_lossy_link<T>(&self, host: Host, look: impl FnOnce(&LossyLink) -> T) -> Option<T> {
+        let lossy = self.lossy.lock().unwrap_or_else(|p| p.into_inner());
+        lossy
+            .iter()
+            .find(|(h, _)| *h == host)
+            .map(|(_, link)| look(link))
+    }
+
     /// Puts (or removes) `netem loss <loss>% delay <delay_ms>ms` on both ends of `host`'s veth.
-    pub fn set_netem(
+    fn set_netem(
         &self,
         host: Host,
         loss_percent: u32,
@@ -180,6 +273,9 @@ impl Topology {
         Ok(())
     }
 }
+
+/// The netfilter queue the lossy links use (one per namespace; each host has its own).
+const LOSSY_QUEUE: u16 = 7;
 
 /// The bridge's port to `host` (in the bridge namespace).
 fn bridge_port(host: Host) -> String {
