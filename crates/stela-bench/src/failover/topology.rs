@@ -203,7 +203,7 @@ impl Topology {
         on: bool,
     ) -> anyhow::Result<()> {
         match self.lossy_method() {
-            LossyMethod::Netem => self.set_netem(host, loss_percent, delay_ms, on),
+            LossyMethod::Netem => self.set_netem(host, on.then_some((loss_percent, delay_ms))),
             LossyMethod::Netfilter => {
                 let mut lossy = self.lossy.lock().unwrap_or_else(|p| p.into_inner());
                 let existing = lossy.iter().position(|(h, _)| *h == host);
@@ -239,21 +239,16 @@ impl Topology {
             .map(|(_, link)| look(link))
     }
 
-    /// Puts (or removes) `netem loss <loss>% delay <delay_ms>ms` on both ends of `host`'s veth.
-    fn set_netem(
-        &self,
-        host: Host,
-        loss_percent: u32,
-        delay_ms: u32,
-        on: bool,
-    ) -> anyhow::Result<()> {
+    /// Puts `netem loss <loss>% delay <delay_ms>ms` on both ends of `host`'s veth (`Some((loss,
+    /// delay_ms))`), or removes it (`None`).
+    fn set_netem(&self, host: Host, netem: Option<(u32, u32)>) -> anyhow::Result<()> {
         let port = bridge_port(host);
         let ends = [
             (self.namespace(host), INTERFACE),
             (&self.bridge, port.as_str()),
         ];
         for (namespace, dev) in ends {
-            if on {
+            if let Some((loss_percent, delay_ms)) = netem {
                 namespace.tc(&[
                     "qdisc",
                     "add",
