@@ -12,7 +12,8 @@
 //!   missing from either);
 //! - records are dropped once every registered consumer has released them, or when the copy
 //!   exceeds its cap (a consumer that stopped must not make memory grow without bound; it then
-//!   reads the log files instead). Without consumers nothing is kept.
+//!   reads the log files instead), then [`OVER_CAP_BATCH`] at a time. Without consumers, or
+//!   below every consumer's release, nothing is kept.
 
 use crate::error::Result;
 use crate::format::{LogBody, LogRecord};
@@ -21,6 +22,9 @@ use crate::sync::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use stela_format::Lsn;
+
+/// Records dropped at once when the copy goes over its cap.
+pub const OVER_CAP_BATCH: usize = 256;
 
 /// Which decoupled service releases records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,12 +117,14 @@ impl LogTail {
         } else {
             (None, None)
         };
+        let mut over_cap = Vec::new();
         let mut copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
         let lsn = match &encoded {
             Some(encoded) => self.inner.append_encoded(record, encoded)?,
             None => self.inner.append(record)?,
         };
-        if copy.needs.iter().any(Option::is_some) {
+        let keep_from = copy.needs.iter().flatten().min().copied();
+        if keep_from.is_some_and(|keep_from| lsn >= keep_from) {
             // Exactly one of the two is there: the copy made before the lock, or its maker.
             let kept = match (kept, keep) {
                 (Some(kept), _) => kept,
@@ -127,12 +133,20 @@ impl LogTail {
             };
             copy.records.push_back((lsn, kept));
             if copy.records.len() > self.cap {
-                copy.records.pop_front();
-                copy.base = Lsn::new(copy.base.get() + 1);
+                // A batch at once, freed after the lock, as releases are: nothing is freed
+                // under the lock every append takes (one cold record per append, while the
+                // tail sat at its cap, before).
+                let count = OVER_CAP_BATCH.min(copy.records.len());
+                over_cap.extend(copy.records.drain(..count));
+                copy.base = Lsn::new(copy.base.get() + count as u64);
             }
         } else {
+            // No consumer, or every consumer released past this record already (then every
+            // record before it was released too, so the copy is empty).
             copy.base = Lsn::new(lsn.get() + 1);
         }
+        drop(copy);
+        drop(over_cap);
         Ok(lsn)
     }
 }
@@ -257,5 +271,87 @@ mod tests {
             "below the tail: the files"
         );
         assert_eq!(read(&tail, 10), read(wal.as_ref(), 10));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Append(u8),
+        Release(bool, u16),
+        Read(u16),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (1u8..=150).prop_map(Op::Append),
+            2 => (any::<bool>(), 0u16..1200).prop_map(|(c, l)| Op::Release(c, l)),
+            2 => (0u16..1200).prop_map(Op::Read),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Against the log it wraps, whatever the appends, releases and reads: every read
+        /// answers as the log would, and the copy holds no released record, never more than
+        /// its cap, and, of what its consumers still need, at least the cap less one batch.
+        #[test]
+        fn the_tail_reads_as_the_log_and_holds_what_it_must(
+            cap in 1usize..700,
+            before in 0u64..5,
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let wal: stela_wal::Wal<LogRecord> = stela_wal::Wal::open(
+                dir.path(),
+                stela_wal::WalOptions::default().sync(stela_wal::SyncMode::None),
+            )
+            .unwrap();
+            let wal: Arc<dyn LogDevice> = Arc::new(wal);
+            for i in 1..=before {
+                wal.append(&record(i)).unwrap();
+            }
+            let tail = LogTail::new(
+                Arc::clone(&wal),
+                &[Consumer::Checkpoint, Consumer::Cleaner],
+                cap,
+            );
+            let first = before + 1;
+            let mut needs = [0u64; 2];
+            for op in ops {
+                match op {
+                    Op::Append(n) => {
+                        for _ in 0..n {
+                            let next = tail.last_lsn().get() + 1;
+                            let lsn = if next.is_multiple_of(3) {
+                                tail.append_shared(&Arc::new(record(next))).unwrap()
+                            } else {
+                                tail.append(&record(next)).unwrap()
+                            };
+                            proptest::prop_assert_eq!(lsn.get(), next);
+                        }
+                    }
+                    Op::Release(cleaner, lsn) => {
+                        let consumer = if cleaner { Consumer::Cleaner } else { Consumer::Checkpoint };
+                        tail.release(consumer, Lsn::new(lsn.into()));
+                        let need = &mut needs[consumer as usize];
+                        *need = (*need).max(lsn.into());
+                    }
+                    Op::Read(from) => {
+                        let from = u64::from(from);
+                        proptest::prop_assert_eq!(read(&tail, from), read(wal.as_ref(), from));
+                    }
+                }
+                let last = tail.last_lsn().get();
+                let keep_from = needs[0].min(needs[1]).max(first);
+                let needed = (last + 1).saturating_sub(keep_from) as usize;
+                let held = tail.held();
+                proptest::prop_assert!(held <= cap, "held {} over the cap {}", held, cap);
+                proptest::prop_assert!(held <= needed, "held {} of {} needed", held, needed);
+                proptest::prop_assert!(
+                    held >= needed.min(cap.saturating_sub(OVER_CAP_BATCH)),
+                    "held {} of {} needed, cap {}", held, needed, cap
+                );
+            }
+        }
     }
 }
