@@ -237,18 +237,24 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn the_tail_answers_as_the_log_would_and_drops_only_what_every_consumer_released() {
-        let dir = tempfile::tempdir().unwrap();
+    /// An embedded log in `dir` (unsynced) holding records 1 to `records`.
+    fn log_holding(dir: &std::path::Path, records: u64) -> Arc<dyn LogDevice> {
         let wal: stela_wal::Wal<LogRecord> = stela_wal::Wal::open(
-            dir.path(),
+            dir,
             stela_wal::WalOptions::default().sync(stela_wal::SyncMode::None),
         )
         .unwrap();
         let wal: Arc<dyn LogDevice> = Arc::new(wal);
-        for i in 1..=5 {
+        for i in 1..=records {
             wal.append(&record(i)).unwrap();
         }
+        wal
+    }
+
+    #[test]
+    fn the_tail_answers_as_the_log_would_and_drops_only_what_every_consumer_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = log_holding(dir.path(), 5);
         // Records from before the tail existed come from the log files.
         let tail = LogTail::new(
             Arc::clone(&wal),
@@ -301,15 +307,7 @@ mod tests {
             ops in proptest::collection::vec(op(), 1..40),
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let wal: stela_wal::Wal<LogRecord> = stela_wal::Wal::open(
-                dir.path(),
-                stela_wal::WalOptions::default().sync(stela_wal::SyncMode::None),
-            )
-            .unwrap();
-            let wal: Arc<dyn LogDevice> = Arc::new(wal);
-            for i in 1..=before {
-                wal.append(&record(i)).unwrap();
-            }
+            let wal = log_holding(dir.path(), before);
             let tail = LogTail::new(
                 Arc::clone(&wal),
                 &[Consumer::Checkpoint, Consumer::Cleaner],
