@@ -27,7 +27,7 @@
 //!
 //! Needs root and the `iptables` command (Debian's iptables package).
 
-use crate::netns::run;
+use crate::netns::{enter_on_this_thread, run};
 use anyhow::Context;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,13 +41,6 @@ pub const POLL_STEP: Duration = Duration::from_micros(200);
 /// The chain that holds the rules, in the namespace's filter table.
 const CHAIN: &str = "stela-lossy";
 
-/// Packets this process held, and let through, since the link was made lossy.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct HeldCounts {
-    pub held: u64,
-    pub released: u64,
-}
-
 /// An interface of a network namespace made lossy and slow until [`LossyLink::remove`] (or
 /// drop).
 pub struct LossyLink {
@@ -56,7 +49,7 @@ pub struct LossyLink {
     queue: u16,
     stop: Arc<AtomicBool>,
     held: Arc<AtomicU64>,
-    holder: Option<JoinHandle<anyhow::Result<u64>>>,
+    holder: Option<JoinHandle<anyhow::Result<()>>>,
     rules_in: bool,
 }
 
@@ -168,13 +161,13 @@ impl LossyLink {
         self.rules_in = false;
     }
 
-    fn stop_holder(&mut self) -> anyhow::Result<u64> {
+    fn stop_holder(&mut self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::Release);
         match self.holder.take() {
             Some(holder) => holder
                 .join()
                 .map_err(|_| anyhow::anyhow!("the thread that delays packets panicked"))?,
-            None => Ok(0),
+            None => Ok(()),
         }
     }
 
@@ -203,13 +196,9 @@ impl LossyLink {
     /// # Errors
     /// The thread failed (a verdict the kernel refused): the link may have dropped packets it
     /// should have delayed.
-    pub fn remove(mut self) -> anyhow::Result<HeldCounts> {
+    pub fn remove(mut self) -> anyhow::Result<()> {
         self.remove_rules();
-        let released = self.stop_holder()?;
-        Ok(HeldCounts {
-            held: self.held(),
-            released,
-        })
+        self.stop_holder()
     }
 }
 
@@ -234,7 +223,7 @@ fn dropped_in_listing(listing: &str) -> u64 {
 }
 
 /// The holding thread: moves into the namespace, binds the queue, says so on `ready`, then
-/// holds each packet for `delay` until `stop`. Returns how many packets it let through.
+/// holds each packet for `delay` until `stop`.
 fn hold(
     namespace: &str,
     queue_num: u16,
@@ -242,17 +231,16 @@ fn hold(
     stop: &AtomicBool,
     held_count: &AtomicU64,
     ready: mpsc::Sender<anyhow::Result<()>>,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<()> {
     let mut queue = match bind(namespace, queue_num) {
         Ok(queue) => queue,
         Err(e) => {
             let _ = ready.send(Err(e));
-            return Ok(0);
+            return Ok(());
         }
     };
     let _ = ready.send(Ok(()));
     let mut held: VecDeque<(Instant, nfq::Message)> = VecDeque::new();
-    let mut released = 0u64;
     // Once `stop` is seen the rules are already gone (`remove` takes them away first), so
     // what is in the socket now is the last of it: one more pass takes it, then all is let go.
     let mut last_pass = false;
@@ -275,7 +263,6 @@ fn hold(
             queue
                 .verdict(message)
                 .context("give a held packet its verdict")?;
-            released += 1;
         }
         if stopping {
             if last_pass {
@@ -290,20 +277,14 @@ fn hold(
         std::thread::sleep(wait);
     }
     let _ = queue.unbind(queue_num);
-    Ok(released)
+    Ok(())
 }
 
 /// A queue bound to `queue_num` in the namespace, non-blocking, copying no packet bytes (a
 /// verdict needs only the packet's id).
 fn bind(namespace: &str, queue_num: u16) -> anyhow::Result<nfq::Queue> {
-    let path = format!("/run/netns/{namespace}");
-    let file = std::fs::File::open(&path).with_context(|| format!("open {path}"))?;
     // Only this thread moves: the netlink socket opened next is the namespace's.
-    rustix::thread::move_into_link_name_space(
-        std::os::fd::AsFd::as_fd(&file),
-        Some(rustix::thread::LinkNameSpaceType::Network),
-    )
-    .with_context(|| format!("enter the network namespace {namespace} (needs root)"))?;
+    enter_on_this_thread(namespace)?;
     let mut queue = nfq::Queue::open().context("open a netfilter queue socket")?;
     queue
         .bind(queue_num)

@@ -122,6 +122,21 @@ impl Drop for Namespace {
     }
 }
 
+/// Moves the calling thread (only it) into the network namespace `name`, made by `ip netns
+/// add`: sockets it opens from then on are the namespace's.
+///
+/// # Errors
+/// No such namespace, or not root.
+pub fn enter_on_this_thread(name: &str) -> anyhow::Result<()> {
+    let path = format!("/run/netns/{name}");
+    let file = std::fs::File::open(&path).with_context(|| format!("open {path}"))?;
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&file),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .with_context(|| format!("enter the network namespace {name} (needs root)"))
+}
+
 /// A child process killed (SIGKILL) and reaped when dropped.
 pub struct Killed(pub Child);
 

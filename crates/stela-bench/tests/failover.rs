@@ -24,7 +24,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use stela_bench::failover::topology::{Host, LossyMethod, Topology};
-use stela_bench::netns::Killed;
+use stela_bench::netns::{enter_on_this_thread, Killed};
 
 /// Whether a TCP connection from `from`'s namespace to `addr:port` opens within a second
 /// (bash's /dev/tcp, so no tool beyond bash and coreutils is needed in the namespace).
@@ -80,14 +80,9 @@ fn round_trips_from(
     port: u16,
     count: u64,
 ) -> Vec<Duration> {
-    let path = format!("/run/netns/{}", topology.namespace(from).name());
+    let namespace = topology.namespace(from).name().to_owned();
     std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap();
-        rustix::thread::move_into_link_name_space(
-            std::os::fd::AsFd::as_fd(&file),
-            Some(rustix::thread::LinkNameSpaceType::Network),
-        )
-        .unwrap();
+        enter_on_this_thread(&namespace).unwrap();
         let target = std::net::SocketAddr::from((addr, port));
         // Generous: a lost SYN is sent again after a second.
         let mut stream =

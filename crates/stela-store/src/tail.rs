@@ -44,6 +44,13 @@ struct Copy {
     needs: [Option<Lsn>; 2],
 }
 
+impl Copy {
+    /// The first LSN some registered consumer still needs; `None` without consumers.
+    fn keep_from(&self) -> Option<Lsn> {
+        self.needs.iter().flatten().min().copied()
+    }
+}
+
 pub struct LogTail {
     inner: Arc<dyn LogDevice>,
     copy: Mutex<Copy>,
@@ -76,7 +83,7 @@ impl LogTail {
         if let Some(need) = &mut copy.needs[consumer as usize] {
             *need = (*need).max(lsn);
         }
-        let keep_from = copy.needs.iter().flatten().min().copied();
+        let keep_from = copy.keep_from();
         let Some(keep_from) = keep_from else {
             return;
         };
@@ -123,7 +130,7 @@ impl LogTail {
             Some(encoded) => self.inner.append_encoded(record, encoded)?,
             None => self.inner.append(record)?,
         };
-        let keep_from = copy.needs.iter().flatten().min().copied();
+        let keep_from = copy.keep_from();
         if keep_from.is_some_and(|keep_from| lsn >= keep_from) {
             // Exactly one of the two is there: the copy made before the lock, or its maker.
             let kept = match (kept, keep) {

@@ -57,9 +57,9 @@ pub const INTERFACE: &str = "fo0";
 /// The namespaces and the bridge; removed when dropped.
 pub struct Topology {
     subnet: u8,
-    /// The links made lossy by netfilter (none where netem does it), by host. Declared before
-    /// `hosts`, so taken away before the namespaces go.
-    lossy: Mutex<Vec<(Host, LossyLink)>>,
+    /// The links made lossy by netfilter (none where netem does it), indexed by
+    /// [`Host::index`]. Declared before `hosts`, so taken away before the namespaces go.
+    lossy: Mutex<[Option<LossyLink>; 4]>,
     /// Found on first use (a netem qdisc tried on the bridge).
     lossy_method: OnceLock<LossyMethod>,
     /// Indexed by [`Host::index`]. Declared before `bridge`, so dropped first: the veth ends
@@ -124,7 +124,7 @@ impl Topology {
         }
         Ok(Topology {
             subnet,
-            lossy: Mutex::new(Vec::new()),
+            lossy: Mutex::new(Default::default()),
             lossy_method: OnceLock::new(),
             hosts,
             bridge,
@@ -206,24 +206,21 @@ impl Topology {
             LossyMethod::Netem => self.set_netem(host, on.then_some((loss_percent, delay_ms))),
             LossyMethod::Netfilter => {
                 let mut lossy = self.lossy.lock().unwrap_or_else(|p| p.into_inner());
-                let existing = lossy.iter().position(|(h, _)| *h == host);
-                match (on, existing) {
-                    (true, Some(_)) => anyhow::bail!("{} is lossy already", host.name()),
-                    (true, None) => {
-                        let link = LossyLink::add(
-                            self.namespace(host).name(),
-                            INTERFACE,
-                            loss_percent,
-                            Duration::from_millis(delay_ms.into()),
-                            LOSSY_QUEUE,
-                        )?;
-                        lossy.push((host, link));
-                    }
-                    (false, Some(at)) => {
-                        let (_, link) = lossy.swap_remove(at);
-                        link.remove()?;
-                    }
-                    (false, None) => anyhow::bail!("{} is not lossy", host.name()),
+                let slot = &mut lossy[host.index()];
+                if on {
+                    anyhow::ensure!(slot.is_none(), "{} is lossy already", host.name());
+                    *slot = Some(LossyLink::add(
+                        self.namespace(host).name(),
+                        INTERFACE,
+                        loss_percent,
+                        Duration::from_millis(delay_ms.into()),
+                        LOSSY_QUEUE,
+                    )?);
+                } else {
+                    let link = slot
+                        .take()
+                        .ok_or_else(|| anyhow::anyhow!("{} is not lossy", host.name()))?;
+                    link.remove()?;
                 }
                 Ok(())
             }
@@ -233,10 +230,7 @@ impl Topology {
     /// The netfilter-made lossy link of `host` while there is one (for tests: its counters).
     pub fn with_lossy_link<T>(&self, host: Host, look: impl FnOnce(&LossyLink) -> T) -> Option<T> {
         let lossy = self.lossy.lock().unwrap_or_else(|p| p.into_inner());
-        lossy
-            .iter()
-            .find(|(h, _)| *h == host)
-            .map(|(_, link)| look(link))
+        lossy[host.index()].as_ref().map(look)
     }
 
     /// Puts `netem loss <loss>% delay <delay_ms>ms` on both ends of `host`'s veth (`Some((loss,
