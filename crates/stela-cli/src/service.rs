@@ -615,7 +615,7 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
         }
         if replication.unprotected_since_ms > 0 {
             problems.push(
-                "unprotected: no standby since the failover (replicated commits are acknowledged without one)"
+                "unprotected: records acknowledged at replicated since the failover are on this node alone until a rejoined standby holds them"
                     .to_owned(),
             );
         }
@@ -807,7 +807,7 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
         if replication.unprotected_since_ms > 0 {
             writeln!(
                 out,
-                "  UNPROTECTED since {} (unix ms): no standby since the failover; replicated commits are acknowledged from this node's memory until the old primary rejoins",
+                "  UNPROTECTED since {} (unix ms): while no standby is connected, replicated commits are acknowledged from this node's memory; they are on this node alone until a rejoined standby has caught up to them",
                 replication.unprotected_since_ms
             )?;
         }

@@ -221,6 +221,64 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
     }
 }
 
+/// A promoted primary is protected again only once its rejoined standby holds every record
+/// it acknowledged at `replicated` without one, not at the standby's first acknowledgement:
+/// "protected" must mean that losing this node now loses no acknowledged record. The records
+/// acknowledged alone span many segments, so the standby catches up over many shipments and
+/// acknowledgements; every status read while it does must say unprotected.
+#[test]
+fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowledged_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let (_witness, pair, a, b) = running_pair(root.path());
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    write(&mut client, handle, 0, 10);
+    drop(client);
+    a.shutdown().expect("a stops");
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+
+    // About 4 MiB acknowledged by b alone: 64 KiB segments, so dozens of shipments to catch up.
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    for seq in 10..266 {
+        client
+            .append(handle, Durability::Replicated, &[rec(1, seq, 16 << 10)])
+            .expect("an unprotected replicated append");
+    }
+    let last = client.positions(handle).last_lsn;
+    assert_eq!(replication(b.socket_path()).logs[0].unprotected_acks, 256);
+
+    let _a = pair.start(0, NodeRole::Primary);
+    let (mut catching_up, mut protected_early) = (0, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = replication(b.socket_path());
+        let log = &status.logs[0];
+        if log.connected && log.received_lsn < last {
+            catching_up += 1;
+        }
+        // The node's state is read before the logs' (see `Replication::status`), so a node
+        // that reads as protected shows the acknowledgement that made it so.
+        if status.unprotected_since_ms == 0 && log.received_lsn < last {
+            protected_early.push(log.received_lsn);
+        }
+        if status.unprotected_since_ms == 0 || Instant::now() > deadline {
+            break;
+        }
+    }
+    eprintln!("status read {catching_up} times while the standby caught up");
+    assert_eq!(
+        protected_early,
+        Vec::<u64>::new(),
+        "protected again while the standby held only these LSNs of {last}"
+    );
+    let status = replication(b.socket_path());
+    assert_eq!(status.unprotected_since_ms, 0, "protected again in time");
+    assert_eq!(status.logs[0].received_lsn, last);
+}
+
 #[test]
 fn a_diverged_suffix_of_the_old_primary_is_cut_into_salvage() {
     let root = tempfile::tempdir().unwrap();

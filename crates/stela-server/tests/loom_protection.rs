@@ -194,7 +194,7 @@ fn a_wait_races_the_degrade_policy() {
             let (protection, degraded) = (Arc::clone(&protection), Arc::clone(&degraded));
             thread::spawn(move || {
                 degraded.store(true, Ordering::SeqCst);
-                for probe in protection.take_all() {
+                for (_, probe) in protection.take_all() {
                     probe.answer(Answer::Ok);
                 }
             })

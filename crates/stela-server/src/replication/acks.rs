@@ -100,10 +100,16 @@ pub(super) fn fence(
     why
 }
 
-/// The standby of this session acknowledged a shipment: if it rejoined while the node was
-/// unprotected, the node is protected again now (see `rejoin_unconfirmed`).
-pub(super) fn confirm_rejoin(link: &Link, node: &crate::cluster::Node) {
-    if std::mem::take(&mut lock(&link.state).rejoin_unconfirmed) {
+/// The standby of this session acknowledged holding `received`: if it rejoined while the node
+/// was unprotected and now holds every record acknowledged without it, the node is protected
+/// again (see `rejoin_unconfirmed`).
+pub(super) fn confirm_rejoin(link: &Link, node: &crate::cluster::Node, received: u64) {
+    let confirmed = {
+        let mut state = lock(&link.state);
+        let holds_all = received >= state.unprotected_through;
+        holds_all && std::mem::take(&mut state.rejoin_unconfirmed)
+    };
+    if confirmed {
         node.protected_again();
     }
 }
@@ -146,10 +152,12 @@ pub(super) fn read_acks(
                 received_lsn,
                 durable_lsn,
             }) if theirs == term => {
-                confirm_rejoin(link, node);
+                // Released first: once the node says it is protected, the standby's
+                // acknowledged LSN it shows already covers what was acknowledged without it.
                 if release(link, received_lsn, durable_lsn) {
                     released();
                 }
+                confirm_rejoin(link, node, received_lsn);
             }
             Ok(ReplMessage::Refuse {
                 term: theirs,
@@ -285,8 +293,8 @@ impl AckInbox {
                     received_lsn,
                     durable_lsn,
                 }) if theirs == self.term => {
-                    confirm_rejoin(link, node);
                     any |= release(link, received_lsn, durable_lsn);
+                    confirm_rejoin(link, node, received_lsn);
                 }
                 Ok(ReplMessage::Refuse {
                     term: theirs,

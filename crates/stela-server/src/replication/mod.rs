@@ -152,10 +152,15 @@ struct LinkState {
     degraded_acks: u64,
     /// `replicated` commits acknowledged by a promoted primary before a standby rejoined.
     unprotected_acks: u64,
+    /// The highest LSN acknowledged at `replicated` without a standby since the promotion
+    /// (the unprotected policy): those records were on this node alone.
+    unprotected_through: u64,
     /// A standby answered this session's handshake while the node was unprotected: the node
-    /// is protected again only at its first acknowledgement. An old primary that is stepping
-    /// down can answer the handshake and exit; ending unprotected mode on the handshake alone
-    /// then left every `replicated` commit waiting for a standby that was gone.
+    /// is protected again only once the standby acknowledges holding `unprotected_through`,
+    /// so that "protected" means a second failover now loses no acknowledged record. An old
+    /// primary that is stepping down can answer the handshake and exit; ending unprotected
+    /// mode on the handshake alone then left every `replicated` commit waiting for a standby
+    /// that was gone.
     rejoin_unconfirmed: bool,
     /// Chunks of this session not yet acknowledged: (last LSN, segment, offset after it), in
     /// order, at most `SENT_KEPT`; and where the standby's copy ends by its acknowledgements.
@@ -167,6 +172,27 @@ struct LinkState {
 /// Most chunk ends kept for the lag in bytes; when more are unacknowledged, the oldest are
 /// forgotten and the lag is counted from the oldest kept.
 const SENT_KEPT: usize = 4096;
+
+/// Sets the replication stream's TCP options (`stela_net::tcp`) on `stream`; says once per
+/// process which ones this kernel lacks (the stream then keeps those defaults).
+pub(crate) fn tune_stream(stream: &TcpStream) {
+    static TOLD: std::sync::Once = std::sync::Once::new();
+    let tuned = stela_net::tcp::tune_for_loss(stream);
+    if !tuned.all() {
+        TOLD.call_once(|| {
+            tracing::warn!(?tuned, "this kernel lacks some of the replication stream's TCP settings: a lost segment stalls replicated commits longer");
+        });
+    }
+}
+
+/// A policy that answers `replicated` waits without the standby.
+#[derive(Clone, Copy)]
+enum Policy {
+    /// `--degrade-after`: the standby has been unreachable too long.
+    Degraded,
+    /// A promoted primary before its old primary has rejoined.
+    Unprotected,
+}
 
 /// What the shipper needs of a log.
 pub struct LogInfo {
@@ -203,7 +229,7 @@ impl Replication {
     fn connect(&self) -> Result<(Reader, Writer, TcpStream), String> {
         let tcp = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1))
             .map_err(|e| format!("connect {}: {e}", self.standby))?;
-        let _ = tcp.set_nodelay(true);
+        tune_stream(&tcp);
         let socket = tcp.try_clone().map_err(|e| e.to_string())?;
         match &self.tls {
             None => {
@@ -340,7 +366,7 @@ impl Replication {
         if let Some(link) = lock(&self.links).remove(&log) {
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
-            for waiter in link.protection.take_all() {
+            for (_, waiter) in link.protection.take_all() {
                 waiter(Err(PoolError::Closed));
             }
             (self.released)();
@@ -426,6 +452,7 @@ impl Replication {
             }
             if self.node.unprotected() && !state.connected {
                 state.unprotected_acks += 1;
+                state.unprotected_through = state.unprotected_through.max(lsn);
                 return true;
             }
             false
@@ -592,6 +619,10 @@ impl Replication {
         &self,
         end: impl Fn(LogId) -> (u64, Option<(u64, u64, u64)>),
     ) -> stela_proto::ReplicationStatus {
+        // The node's state first: a node that reads as protected again already has each
+        // standby's acknowledgement of what it acknowledged without one, which the logs, read
+        // after, show.
+        let (epoch, coordinator, last_failover, unprotected_since_ms) = self.node.status();
         let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&self.links)
             .iter()
             .map(|(&id, link)| {
@@ -636,7 +667,6 @@ impl Replication {
             })
             .collect();
         logs.sort_by(|a, b| a.log.cmp(&b.log));
-        let (epoch, coordinator, last_failover, unprotected_since_ms) = self.node.status();
         stela_proto::ReplicationStatus {
             role: self.node.role_name().into(),
             peer: self.standby.to_string(),
@@ -960,23 +990,29 @@ impl Replication {
             state.degraded = true;
         }
         // Waits registered before the flag was set are answered here; later ones see it.
-        let waiting = self.answer_all_without_standby(link, |state| &mut state.degraded_acks);
+        let waiting = self.answer_all_without_standby(link, Policy::Degraded);
         tracing::error!(log = %link.name, standby = %self.standby, after_ms = after.as_millis() as u64, waiting,
             "standby unreachable too long: replicated commits are acknowledged WITHOUT it (as buffered) until it is back");
     }
 
-    /// Answers every registered wait of `link` `Ok` without the standby, as a policy that
-    /// acknowledges without it does (degraded, unprotected), and adds them to that policy's
-    /// counter (`acks`). Returns how many it answered.
-    fn answer_all_without_standby(
-        &self,
-        link: &Link,
-        acks: impl FnOnce(&mut LinkState) -> &mut u64,
-    ) -> usize {
+    /// Answers every registered wait of `link` `Ok` without the standby, as `policy` does, and
+    /// counts them as its acknowledgements. Returns how many it answered.
+    fn answer_all_without_standby(&self, link: &Link, policy: Policy) -> usize {
         let waiters = link.protection.take_all();
-        *acks(&mut lock(&link.state)) += waiters.len() as u64;
+        {
+            let mut state = lock(&link.state);
+            let answered = waiters.len() as u64;
+            match policy {
+                Policy::Degraded => state.degraded_acks += answered,
+                Policy::Unprotected => {
+                    state.unprotected_acks += answered;
+                    let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
+                    state.unprotected_through = state.unprotected_through.max(highest);
+                }
+            }
+        }
         let answered = waiters.len();
-        for waiter in waiters {
+        for (_, waiter) in waiters {
             waiter(Ok(()));
         }
         if answered > 0 {
@@ -995,7 +1031,7 @@ impl Replication {
         if !self.node.unprotected() {
             return;
         }
-        let waiting = self.answer_all_without_standby(link, |state| &mut state.unprotected_acks);
+        let waiting = self.answer_all_without_standby(link, Policy::Unprotected);
         if waiting > 0 {
             tracing::warn!(log = %link.name, standby = %self.standby, waiting,
                 "the standby left before confirming its rejoin: replicated commits acknowledged WITHOUT it (unprotected)");

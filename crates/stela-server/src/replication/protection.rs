@@ -101,13 +101,10 @@ impl<W> Protection<W> {
             .collect()
     }
 
-    /// Hands back every waiter without fencing (the degrade policy answers them, or the log
-    /// closed).
-    pub fn take_all(&self) -> Vec<W> {
+    /// Hands back every waiter, with the LSN it waits for, without fencing (a policy answers
+    /// them without the standby, or the log closed).
+    pub fn take_all(&self) -> Vec<(u64, W)> {
         std::mem::take(&mut lock(&self.state).waiters)
-            .into_iter()
-            .map(|(_, waiter)| waiter)
-            .collect()
     }
 
     /// What the standby acknowledged: (received, durable).

@@ -238,7 +238,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     if shared.node.realtime_threads() {
         crate::sched::become_realtime("standby receiver");
     }
-    let _ = stream.set_nodelay(true);
+    super::tune_stream(&stream);
     let socket = stream.try_clone().map_err(|e| e.to_string())?;
     // Over TLS when this daemon has a certificate; the primary then proves itself an
     // administrator (an admin token in `Open`, or a client certificate named by
