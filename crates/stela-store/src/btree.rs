@@ -138,14 +138,16 @@ impl Engine {
     /// splits and half the pages.
     fn split(&mut self, path: &[PageId], key: &[u8]) -> Result<()> {
         let log = Arc::clone(&self.log);
-        let mut nodes = Vec::with_capacity(path.len());
+        // Nothing else changes the path's pages meanwhile (the engine is borrowed mutably). A
+        // node is copied only when the split reaches its level: most splits end at the leaf's
+        // parent, so copying every upper page up front was wasted work in most splits.
+        let mut lsns = Vec::with_capacity(path.len());
         for &id in path {
-            let page = self.pool.page(id, log.as_ref())?;
-            nodes.push((page.lsn, page.node.clone()));
+            lsns.push(self.pool.page(id, log.as_ref())?.lsn);
         }
         let mut images: Vec<(PageId, Node)> = Vec::new();
         let mut level = path.len() - 1;
-        let mut overfull = nodes[level].1.clone();
+        let mut overfull = self.pool.page(path[level], log.as_ref())?.node.clone();
         loop {
             let (left, separator, right) = match overfull {
                 Node::Leaf(leaf)
@@ -179,7 +181,9 @@ impl Engine {
             let right_id = self.allocate();
             images.push((path[level], left));
             images.push((right_id, right));
-            let Node::Internal(mut parent) = nodes[level - 1].1.clone() else {
+            let Node::Internal(mut parent) =
+                self.pool.page(path[level - 1], log.as_ref())?.node.clone()
+            else {
                 unreachable!("a path's inner pages are internal nodes")
             };
             let at = parent
@@ -204,7 +208,7 @@ impl Engine {
                 prev_page_lsn: path
                     .iter()
                     .position(|&p| p == page)
-                    .map_or(Lsn::ZERO, |i| nodes[i].0),
+                    .map_or(Lsn::ZERO, |i| lsns[i]),
                 node,
             })
             .collect();
