@@ -62,16 +62,6 @@ pub fn tune_for_loss(stream: &TcpStream) -> TunedForLoss {
     }
 }
 
-/// What the kernel holds for the replication options on `stream`: the retransmission floor
-/// and the acknowledgement delay, each `None` where the kernel does not have the option.
-pub fn loss_settings(stream: &TcpStream) -> (Option<Duration>, Option<Duration>) {
-    let as_micros = |value: libc::c_int| Duration::from_micros(value.max(0) as u64);
-    (
-        get_tcp_option(stream, TCP_RTO_MIN_US).map(as_micros),
-        get_tcp_option(stream, TCP_DELACK_MAX_US).map(as_micros),
-    )
-}
-
 fn micros(duration: Duration) -> libc::c_int {
     libc::c_int::try_from(duration.as_micros()).unwrap_or(libc::c_int::MAX)
 }
@@ -92,27 +82,37 @@ fn set_tcp_option(stream: &TcpStream, option: libc::c_int, value: libc::c_int) -
     done == 0
 }
 
-fn get_tcp_option(stream: &TcpStream, option: libc::c_int) -> Option<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: as in `set_tcp_option`; the kernel writes at most `len` bytes into `value`, a
-    // live local of that size, and updates `len`, another live local.
-    let done = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            option,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    (done == 0).then_some(value)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    /// What the kernel holds on `stream`: the retransmission floor and the acknowledgement
+    /// delay, each `None` where the kernel does not have the option.
+    fn loss_settings(stream: &TcpStream) -> (Option<Duration>, Option<Duration>) {
+        let as_micros = |value: libc::c_int| Duration::from_micros(value.max(0) as u64);
+        (
+            get_tcp_option(stream, TCP_RTO_MIN_US).map(as_micros),
+            get_tcp_option(stream, TCP_DELACK_MAX_US).map(as_micros),
+        )
+    }
+
+    fn get_tcp_option(stream: &TcpStream, option: libc::c_int) -> Option<libc::c_int> {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: as in `set_tcp_option`; the kernel writes at most `len` bytes into `value`, a
+        // live local of that size, and updates `len`, another live local.
+        let done = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                option,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (done == 0).then_some(value)
+    }
 
     /// On this project's kernels (6.15 and later) every setting takes, and reads back as set
     /// (the kernel keeps the floor and the delay in jiffies, so they read back rounded up to

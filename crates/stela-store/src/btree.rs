@@ -139,15 +139,17 @@ impl Engine {
     fn split(&mut self, path: &[PageId], key: &[u8]) -> Result<()> {
         let log = Arc::clone(&self.log);
         // Nothing else changes the path's pages meanwhile (the engine is borrowed mutably). A
-        // node is copied only when the split reaches its level: most splits end at the leaf's
-        // parent, so copying every upper page up front was wasted work in most splits.
-        let mut lsns = Vec::with_capacity(path.len());
-        for &id in path {
-            lsns.push(self.pool.page(id, log.as_ref())?.lsn);
-        }
+        // node is copied only when the split reaches its level (most splits end at the leaf's
+        // parent), with the LSN it had: the prior LSN of its new image.
+        let mut copied: Vec<(PageId, Lsn)> = Vec::with_capacity(path.len());
+        let mut copy = |pool: &mut BufferPool, id: PageId| -> Result<Node> {
+            let page = pool.page(id, log.as_ref())?;
+            copied.push((id, page.lsn));
+            Ok(page.node.clone())
+        };
         let mut images: Vec<(PageId, Node)> = Vec::new();
         let mut level = path.len() - 1;
-        let mut overfull = self.pool.page(path[level], log.as_ref())?.node.clone();
+        let mut overfull = copy(&mut self.pool, path[level])?;
         loop {
             let (left, separator, right) = match overfull {
                 Node::Leaf(leaf)
@@ -181,9 +183,7 @@ impl Engine {
             let right_id = self.allocate();
             images.push((path[level], left));
             images.push((right_id, right));
-            let Node::Internal(mut parent) =
-                self.pool.page(path[level - 1], log.as_ref())?.node.clone()
-            else {
+            let Node::Internal(mut parent) = copy(&mut self.pool, path[level - 1])? else {
                 unreachable!("a path's inner pages are internal nodes")
             };
             let at = parent
@@ -205,10 +205,10 @@ impl Engine {
             .into_iter()
             .map(|(page, node)| PageImage {
                 page,
-                prev_page_lsn: path
+                prev_page_lsn: copied
                     .iter()
-                    .position(|&p| p == page)
-                    .map_or(Lsn::ZERO, |i| lsns[i]),
+                    .find(|&&(copied, _)| copied == page)
+                    .map_or(Lsn::ZERO, |&(_, lsn)| lsn),
                 node,
             })
             .collect();
