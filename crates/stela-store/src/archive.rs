@@ -604,7 +604,7 @@ mod tests {
         log.read_from(Lsn::FIRST)
             .unwrap()
             .map(|item| item.unwrap())
-            .filter(|(_, r)| r.pages().iter().any(|&(p, _)| p == page))
+            .filter(|(_, r)| r.pages().any(|(p, _)| p == page))
             .collect()
     }
 

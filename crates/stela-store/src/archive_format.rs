@@ -242,8 +242,7 @@ pub fn record_for_page(record: &LogRecord, page: PageId) -> Option<LogRecord> {
         }
         _ => record
             .pages()
-            .iter()
-            .any(|&(p, _)| p == page)
+            .any(|(p, _)| p == page)
             .then(|| record.clone()),
     }
 }
@@ -252,7 +251,6 @@ pub fn record_for_page(record: &LogRecord, page: PageId) -> Option<LogRecord> {
 pub fn entries_of(lsn: Lsn, record: &LogRecord) -> Vec<Entry> {
     record
         .pages()
-        .into_iter()
         .filter_map(|(page, _)| {
             record_for_page(record, page).map(|record| Entry { page, lsn, record })
         })
@@ -1011,8 +1009,14 @@ mod tests {
         let record = split(&[2, 4]);
         let entries = entries_of(Lsn::new(9), &record);
         assert_eq!(entries.len(), 2);
-        assert_eq!(entries[0].record.pages(), vec![(2, Lsn::ZERO)]);
-        assert_eq!(entries[1].record.pages(), vec![(4, Lsn::ZERO)]);
+        assert_eq!(
+            entries[0].record.pages().collect::<Vec<_>>(),
+            vec![(2, Lsn::ZERO)]
+        );
+        assert_eq!(
+            entries[1].record.pages().collect::<Vec<_>>(),
+            vec![(4, Lsn::ZERO)]
+        );
         assert!(record_for_page(&record, 3).is_none());
         let range = RunRange {
             first: Lsn::new(10),

@@ -111,7 +111,7 @@ impl Engine {
             let Node::Leaf(leaf) = &page.node else {
                 unreachable!("path_to ends at a leaf")
             };
-            if leaf.len_after_set(key, value) > page::PAGE_SIZE && leaf.entries.len() >= 2 {
+            if leaf.overflow_after_set(key, value).is_some() && leaf.entries.len() >= 2 {
                 self.split(&path, key)?;
                 continue;
             }

@@ -517,7 +517,7 @@ fn pending_redo(
                     .or_default()
                     .insert(lsn, record.clone());
             }
-            if !record.pages().is_empty() {
+            if record.pages().next().is_some() {
                 add(lsn, Arc::new(record));
             }
         }

@@ -21,7 +21,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{DirtyPage, LogBody, LogRecord};
-use crate::page::{self, Node, Page, PageError, PageId};
+use crate::page::{Node, Page, PageError, PageId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use stela_format::Lsn;
@@ -56,17 +56,12 @@ pub fn redo(id: PageId, page: &mut Page, lsn: Lsn, record: &LogRecord) -> Result
 
 fn set_on_leaf(id: PageId, page: &mut Page, key: &[u8], value: Option<&[u8]>) -> Result<()> {
     match &mut page.node {
-        Node::Leaf(leaf) => {
-            let after = leaf.len_after_set(key, value);
-            if after > page::PAGE_SIZE {
-                return Err(Error::Corrupt {
-                    page: id,
-                    source: PageError::TooLarge(after),
-                });
-            }
-            leaf.set(key, value);
-            Ok(())
-        }
+        Node::Leaf(leaf) => leaf
+            .set_within_page(key, value)
+            .map_err(|after| Error::Corrupt {
+                page: id,
+                source: PageError::TooLarge(after),
+            }),
         Node::Internal(_) => Err(Error::Corrupt {
             page: id,
             source: PageError::Malformed("the log writes a key to it, but it is an internal node"),

@@ -200,7 +200,7 @@ pub fn rebuild(
                 break;
             }
             first_seen.get_or_insert(lsn);
-            if record.pages().iter().any(|&(p, _)| p == id) {
+            if record.pages().any(|(p, _)| p == id) {
                 crate::redo::redo(id, &mut page, lsn, &record)?;
             }
         }

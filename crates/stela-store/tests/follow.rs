@@ -154,7 +154,7 @@ fn a_store_opened_on_the_followers_directory_has_every_commit_and_little_to_redo
         .iter()
         .map(|(_, payload)| {
             let record: LogRecord = unapplied.codec.decode(payload).unwrap();
-            record.pages().len()
+            record.pages().count()
         })
         .sum();
     assert!(
