@@ -241,7 +241,9 @@ impl Node {
         self.unprotected_since_ms.load(Ordering::SeqCst) != 0
     }
 
-    /// The old primary rejoined as this primary's standby.
+    /// The old primary rejoined as this primary's standby and holds, for every log, what the
+    /// log acknowledged without it: called only by the replication's registry of those logs
+    /// (`replication::reprotection`), never for one log alone.
     pub fn protected_again(&self) {
         if self.unprotected_since_ms.swap(0, Ordering::SeqCst) != 0 {
             tracing::warn!("a standby is back: replicated commits wait for it again");

@@ -279,6 +279,80 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     assert_eq!(status.logs[0].received_lsn, last);
 }
 
+/// With several logs, a promoted primary is protected again only once the standby of *each*
+/// log holds what that log acknowledged alone: one log's standby catching up says nothing of
+/// another's. "audit" acknowledges a few small records alone and catches up at once, "ledger"
+/// about 8 MiB over many segments; every status read while ledger's standby is behind must say
+/// unprotected, however far audit's is.
+#[test]
+fn with_several_logs_the_node_is_protected_again_only_once_every_logs_standby_caught_up() {
+    let root = tempfile::tempdir().unwrap();
+    let (_witness, pair, a, b) = running_pair(root.path());
+    let mut client = RawClient::connect(a.socket_path());
+    for log in ["ledger", "audit"] {
+        let (handle, _) = open(&mut client, log).unwrap();
+        write(&mut client, handle, 0, 5);
+    }
+    drop(client);
+    a.shutdown().expect("a stops");
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+
+    let mut client = RawClient::connect(b.socket_path());
+    let (ledger, _) = open(&mut client, "ledger").unwrap();
+    for seq in (5..517).step_by(8) {
+        let batch: Vec<Rec> = (seq..seq + 8).map(|s| rec(1, s, 16 << 10)).collect();
+        client
+            .append(ledger, Durability::Replicated, &batch)
+            .expect("an unprotected replicated append");
+    }
+    let (audit, _) = open(&mut client, "audit").unwrap();
+    write(&mut client, audit, 5, 3);
+    let last = |client: &mut RawClient, handle| client.positions(handle).last_lsn;
+    let (ledger_last, audit_last) = (last(&mut client, ledger), last(&mut client, audit));
+    assert!(replication(b.socket_path()).unprotected_since_ms > 0);
+
+    let _a = pair.start(0, NodeRole::Primary);
+    let (mut audit_ahead, mut protected_early) = (0, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // The node's state is read before the logs' (see `Replication::status`).
+        let status = replication(b.socket_path());
+        let received = |name: &str| {
+            let log = status.logs.iter().find(|log| log.log == name);
+            log.map_or(0, |log| log.received_lsn)
+        };
+        let (ledger_at, audit_at) = (received("ledger"), received("audit"));
+        if audit_at >= audit_last && ledger_at < ledger_last {
+            audit_ahead += 1;
+        }
+        let protected = status.unprotected_since_ms == 0;
+        if protected && (ledger_at < ledger_last || audit_at < audit_last) {
+            protected_early.push((ledger_at, audit_at));
+        }
+        if protected || Instant::now() > deadline {
+            break;
+        }
+    }
+    eprintln!(
+        "status read {audit_ahead} times while audit's standby had caught up and ledger's had not"
+    );
+    // Else the test proved nothing: ledger's 8 MiB take seconds to ship, audit's 3 records one
+    // chunk, and both streams open within a retry (100 ms) of each other.
+    assert!(
+        audit_ahead > 0,
+        "audit's standby never caught up before ledger's"
+    );
+    assert_eq!(
+        protected_early,
+        Vec::<(u64, u64)>::new(),
+        "protected again while the standby held only these (ledger, audit) LSNs of ({ledger_last}, {audit_last})"
+    );
+    let status = replication(b.socket_path());
+    assert_eq!(status.unprotected_since_ms, 0, "protected again in time");
+}
+
 #[test]
 fn a_diverged_suffix_of_the_old_primary_is_cut_into_salvage() {
     let root = tempfile::tempdir().unwrap();

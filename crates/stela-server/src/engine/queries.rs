@@ -541,7 +541,11 @@ impl Engine {
                 self.release(entry.id);
             }
         }
-        self.logs.delete(name)
+        let deleted = self.logs.delete(name)?;
+        if let Some(replication) = &self.ha.replication {
+            replication.forget(name);
+        }
+        Ok(deleted)
     }
 
     /// Whether the daemon has begun to shut down.

@@ -100,18 +100,13 @@ pub(super) fn fence(
     why
 }
 
-/// The standby of this session acknowledged holding `received`: if it rejoined while the node
-/// was unprotected and now holds every record acknowledged without it, the node is protected
-/// again (see `rejoin_unconfirmed`).
-pub(super) fn confirm_rejoin(link: &Link, node: &crate::cluster::Node, received: u64) {
-    let confirmed = {
-        let mut state = lock(&link.state);
-        let holds_all = received >= state.unprotected_through;
-        holds_all && std::mem::take(&mut state.rejoin_unconfirmed)
-    };
-    if confirmed {
-        node.protected_again();
-    }
+/// The standby of this session acknowledged holding `received`: while the node is
+/// unprotected, this log is confirmed once that covers what it acknowledged alone, and the
+/// node is protected again once every log is (`super::reprotection`). Called with no lock
+/// held but, from the event loop or the acknowledgement thread, the link's `acks` (and the
+/// links map): the registry's lock is taken under them, never the other way round.
+pub(super) fn confirm_rejoin(link: &Link, received: u64) {
+    link.reprotection.standby_acknowledged(&link.name, received);
 }
 
 /// Releases the waiters `received` satisfies; whether there were any.
@@ -157,7 +152,7 @@ pub(super) fn read_acks(
                 if release(link, received_lsn, durable_lsn) {
                     released();
                 }
-                confirm_rejoin(link, node, received_lsn);
+                confirm_rejoin(link, received_lsn);
             }
             Ok(ReplMessage::Refuse {
                 term: theirs,
@@ -294,7 +289,7 @@ impl AckInbox {
                     durable_lsn,
                 }) if theirs == self.term => {
                     any |= release(link, received_lsn, durable_lsn);
-                    confirm_rejoin(link, node, received_lsn);
+                    confirm_rejoin(link, received_lsn);
                 }
                 Ok(ReplMessage::Refuse {
                     term: theirs,

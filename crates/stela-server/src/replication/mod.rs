@@ -27,11 +27,15 @@
 //!   directory); a standby at a higher term refuses the stream and the primary stops shipping.
 //! - **Never silent.** While the standby is unreachable, `replicated` waits block (RemusDB's
 //!   choice: an acknowledgement is a promise); the shipper retries and says so in the log.
+//! - **Protected again for every log or none.** A promoted primary acknowledges alone while a
+//!   log's standby is away; it reads as protected again only once each log's standby holds
+//!   what that log acknowledged alone ([`reprotection`], which outlives the links).
 
 // The standby's listener uses the event loop's authentication, which the loom build leaves out.
 mod acks;
 mod hold;
 pub mod protection;
+mod reprotection;
 mod ship;
 #[cfg(not(stela_loom))]
 pub mod standby;
@@ -39,6 +43,7 @@ pub mod standby;
 use acks::{fence, read_acks, read_acks_polled, release, AckInbox, AckReading};
 use hold::StandbyHold;
 use protection::{Protection, Registered};
+use reprotection::Reprotection;
 use ship::{header_for, ship_inline, ship_next, Live, Source, Step};
 
 use crate::pool::{LogId, Pool, PoolError};
@@ -74,6 +79,10 @@ pub struct Replication {
     standby: SocketAddr,
     node: Arc<crate::cluster::Node>,
     links: Mutex<HashMap<LogId, Arc<Link>>>,
+    /// What each log acknowledged alone while the node is unprotected, kept apart from the
+    /// links so that a log closed and reopened does not forget it; it decides when the node is
+    /// protected again.
+    reprotection: Arc<Reprotection>,
     /// The shipper threads, joined at shutdown: each holds its log's files (and their lock).
     shippers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Called once after waiters were released (wakes the event loop once for all of them).
@@ -113,6 +122,8 @@ struct Link {
     name: String,
     /// The `replicated` waiters and what the standby acknowledged.
     protection: Protection<Waiter>,
+    /// The node's registry of what logs acknowledged alone (shared by every link).
+    reprotection: Arc<Reprotection>,
     state: Mutex<LinkState>,
     /// Signalled when the shipper has bytes to send, and on stop.
     appended: Condvar,
@@ -150,18 +161,10 @@ struct LinkState {
     /// `--degrade-after` passed while unreachable: `replicated` waits are answered at once.
     degraded: bool,
     degraded_acks: u64,
-    /// `replicated` commits acknowledged by a promoted primary before a standby rejoined.
+    /// `replicated` commits of this link acknowledged by a promoted primary before a standby
+    /// rejoined (shown; the LSNs they reached are kept by [`Reprotection`], which outlives the
+    /// link).
     unprotected_acks: u64,
-    /// The highest LSN acknowledged at `replicated` without a standby since the promotion
-    /// (the unprotected policy): those records were on this node alone.
-    unprotected_through: u64,
-    /// A standby answered this session's handshake while the node was unprotected: the node
-    /// is protected again only once the standby acknowledges holding `unprotected_through`,
-    /// so that "protected" means a second failover now loses no acknowledged record. An old
-    /// primary that is stepping down can answer the handshake and exit; ending unprotected
-    /// mode on the handshake alone then left every `replicated` commit waiting for a standby
-    /// that was gone.
-    rejoin_unconfirmed: bool,
     /// Chunks of this session not yet acknowledged: (last LSN, segment, offset after it), in
     /// order, at most `SENT_KEPT`; and where the standby's copy ends by its acknowledgements.
     /// Only for the lag in bytes that `stela status` shows.
@@ -214,6 +217,7 @@ impl Replication {
     ) -> Replication {
         Replication {
             standby,
+            reprotection: Arc::new(Reprotection::new(Arc::clone(&node))),
             node,
             links: Mutex::new(HashMap::new()),
             shippers: Mutex::new(Vec::new()),
@@ -291,6 +295,7 @@ impl Replication {
         let link = Arc::new(Link {
             name: log.name.clone(),
             protection: Protection::new(),
+            reprotection: Arc::clone(&self.reprotection),
             state: Mutex::new(LinkState {
                 term: term.0,
                 history: terms.history().clone(),
@@ -304,6 +309,9 @@ impl Replication {
             acks: Mutex::new(None),
             acks_reading: AckReading::default(),
         });
+        // Registered before the link can take a commit, and under the links' lock, so that a
+        // standby confirming another log meanwhile cannot end unprotected mode without it.
+        self.reprotection.log_opened(&log.name);
         links.insert(log.id, Arc::clone(&link));
         let mut hold = StandbyHold::open(storage, log.dir.clone(), self.standby.to_string(), first);
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
@@ -370,7 +378,14 @@ impl Replication {
                 waiter(Err(PoolError::Closed));
             }
             (self.released)();
+            self.reprotection.log_closed(&link.name);
         }
+    }
+
+    /// The log `name` was deleted (it was closed first): what it acknowledged alone while the
+    /// node is unprotected is gone with it, and no longer keeps the node unprotected.
+    pub fn forget(&self, name: &str) {
+        self.reprotection.log_deleted(name);
     }
 
     /// This node stepped down: every `replicated` waiter's commit is in doubt, and no log
@@ -444,15 +459,16 @@ impl Replication {
         // Policies that answer without the standby: `--degrade-after` while it is unreachable,
         // and a promoted primary whose old primary has not rejoined (unprotected). Asked under
         // the protection's lock, so a wait never slips past the moment a policy ends or begins.
+        // The unprotected policy is asked of `Reprotection`, which records the LSN under the
+        // same lock that ends unprotected mode.
         let answer_now = || {
             let mut state = lock(&link.state);
             if state.degraded {
                 state.degraded_acks += 1;
                 return true;
             }
-            if self.node.unprotected() && !state.connected {
+            if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
                 state.unprotected_acks += 1;
-                state.unprotected_through = state.unprotected_through.max(lsn);
                 return true;
             }
             false
@@ -818,11 +834,14 @@ impl Replication {
             state.acked_at = Some((at.segment_start.get(), at.offset));
             state.connected = true;
             state.unreachable_since = None;
-            state.rejoin_unconfirmed = self.node.unprotected();
             if std::mem::take(&mut state.degraded) {
                 tracing::warn!(log = %log.name, standby = %self.standby, degraded_acks = state.degraded_acks, "standby back: replicated commits wait for it again");
             }
         }
+        // After `connected` is set, so that no commit of this log is acknowledged alone past
+        // the handshake (until the session ends): a log that acknowledged nothing alone is
+        // confirmed here, one that did once the standby acknowledges its mark.
+        self.reprotection.standby_connected(&log.name);
         tracing::info!(log = %log.name, standby = %self.standby, from = at.next_lsn.get(), "shipping to the standby");
         // Acknowledgements arrive on their own thread, so shipping never waits for them; on a
         // plain TCP stream the event loop may take them first (see `Replication::take_acks`).
@@ -999,16 +1018,25 @@ impl Replication {
     /// counts them as its acknowledgements. Returns how many it answered.
     fn answer_all_without_standby(&self, link: &Link, policy: Policy) -> usize {
         let waiters = link.protection.take_all();
+        if waiters.is_empty() {
+            return 0;
+        }
+        if let Policy::Unprotected = policy {
+            let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
+            if !self.reprotection.acknowledge_alone(&link.name, highest) {
+                // The node was protected again since the caller looked (the other logs'
+                // standbys confirmed, and this log's had before its session ended): these
+                // commits wait for the standby, as every commit of a protected node does.
+                self.wait_again(link, waiters);
+                return 0;
+            }
+        }
         {
             let mut state = lock(&link.state);
             let answered = waiters.len() as u64;
             match policy {
                 Policy::Degraded => state.degraded_acks += answered,
-                Policy::Unprotected => {
-                    state.unprotected_acks += answered;
-                    let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
-                    state.unprotected_through = state.unprotected_through.max(highest);
-                }
+                Policy::Unprotected => state.unprotected_acks += answered,
             }
         }
         let answered = waiters.len();
@@ -1021,12 +1049,35 @@ impl Replication {
         answered
     }
 
-    /// The session ended while the node is unprotected (promoted, and no standby has confirmed
-    /// its rejoin by an acknowledgement): the waits registered while the standby was connected
-    /// are answered now, as the unprotected policy answers new ones (`when_received`). Without
-    /// this, an old primary that answered the handshake and then exited (stepping down) left
-    /// them waiting for a standby that was gone. `connected` is cleared before: a wait
-    /// registered from then on is answered at once, one registered before is taken here.
+    /// Registers `waiters`, taken from `link`, again: each waits for the standby (or is
+    /// answered now if it already holds the LSN, or the log was fenced meanwhile).
+    fn wait_again(&self, link: &Link, waiters: Vec<(u64, Waiter)>) {
+        let mut any = false;
+        for (lsn, waiter) in waiters {
+            match link.protection.wait(lsn, waiter, || false) {
+                Registered::Waiting => {}
+                Registered::Already(waiter) => {
+                    waiter(Ok(()));
+                    any = true;
+                }
+                Registered::Fenced(waiter, why) => {
+                    waiter(Err(PoolError::InDoubt(why)));
+                    any = true;
+                }
+            }
+        }
+        if any {
+            (self.released)();
+        }
+    }
+
+    /// The session ended while the node is unprotected (promoted, and not every log's standby
+    /// has confirmed holding what the log acknowledged alone): the waits registered while the
+    /// standby was connected are answered now, as the unprotected policy answers new ones
+    /// (`when_received`). Without this, an old primary that answered the handshake and then
+    /// exited (stepping down) left them waiting for a standby that was gone. `connected` is
+    /// cleared before: a wait registered from then on is answered at once, one registered
+    /// before is taken here.
     fn answer_unprotected(&self, link: &Link) {
         if !self.node.unprotected() {
             return;
