@@ -631,6 +631,12 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
                 "log {}: the standby is not connected (replicated commits wait)",
                 log.log
             ));
+        } else if log.degraded_through > log.received_lsn {
+            problems.push(format!(
+                "log {}: records acknowledged without the standby (--degrade-after, through LSN {}) \
+                 are on this node alone until it holds them (it holds {})",
+                log.log, log.degraded_through, log.received_lsn
+            ));
         }
     }
     problems
@@ -847,14 +853,20 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             if log.degraded || log.degraded_acks > 0 {
                 writeln!(
                     out,
-                    "  {:<20} {}{} replicated commit(s) acknowledged without the standby since start",
+                    "  {:<20} {}{} replicated commit(s) acknowledged without the standby since start, the last at LSN {}{}",
                     "",
                     if log.degraded {
                         "DEGRADED (--degrade-after): replicated commits acknowledged as buffered now; "
                     } else {
                         ""
                     },
-                    log.degraded_acks
+                    log.degraded_acks,
+                    log.degraded_through,
+                    if log.degraded_through > log.received_lsn {
+                        " (not on the standby yet)"
+                    } else {
+                        ""
+                    }
                 )?;
             }
         }
@@ -956,6 +968,48 @@ mod health_tests {
             problems[2].contains("log b waits for disk space"),
             "{problems:?}"
         );
+    }
+
+    /// A standby back after a `--degrade-after` spell: healthy only once it holds what was
+    /// acknowledged without it.
+    #[test]
+    fn records_acknowledged_without_the_standby_are_a_problem_until_it_holds_them() {
+        let with_standby_at = |received_lsn: u64| {
+            let mut report = report("normal", vec![]);
+            report.replication = Some(stela_proto::ReplicationStatus {
+                role: "primary".into(),
+                peer: "127.0.0.1:7000".into(),
+                logs: vec![stela_proto::ReplicaStatus {
+                    log: "orders".into(),
+                    connected: true,
+                    term: 1,
+                    received_lsn,
+                    durable_lsn: received_lsn,
+                    lag_records: 0,
+                    lag_ms: 0,
+                    lag_bytes: 0,
+                    stopped: None,
+                    shipped_bytes: 0,
+                    wire_bytes: 0,
+                    degraded: false,
+                    degraded_acks: 40,
+                    degraded_through: 120,
+                    unprotected_acks: 0,
+                }],
+                epoch: 0,
+                coordinator: None,
+                last_failover: None,
+                unprotected_since_ms: 0,
+            });
+            health_problems(&report)
+        };
+        let behind = with_standby_at(119);
+        assert_eq!(behind.len(), 1, "{behind:?}");
+        assert!(
+            behind[0].contains("log orders") && behind[0].contains("through LSN 120"),
+            "{behind:?}"
+        );
+        assert!(with_standby_at(120).is_empty());
     }
 
     #[test]

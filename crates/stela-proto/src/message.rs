@@ -473,6 +473,11 @@ pub struct ReplicaStatus {
     pub degraded: bool,
     #[serde(default)]
     pub degraded_acks: u64,
+    /// On the primary with `--degrade-after`: the highest LSN acknowledged without the standby
+    /// that way (0: none). Until `received_lsn` reaches it, those records are on the primary
+    /// alone, though the stream is back and new commits wait for the standby again.
+    #[serde(default)]
+    pub degraded_through: u64,
     /// On a promoted primary: `replicated` acknowledgements given without a standby.
     #[serde(default)]
     pub unprotected_acks: u64,

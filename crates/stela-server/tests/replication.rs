@@ -224,6 +224,7 @@ fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_
     let degraded = status(&mut client);
     assert!(degraded.degraded && !degraded.connected, "{degraded:?}");
     assert_eq!(degraded.degraded_acks, 2, "{degraded:?}");
+    assert_eq!(degraded.degraded_through, 2, "{degraded:?}");
     // The standby comes up: shipping resumes, everything reaches it, and replicated commits
     // wait for it again.
     let standby = standby(&s_dir, absent.port());
@@ -239,7 +240,13 @@ fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_
     client
         .append(handle, Durability::Replicated, &[rec(4, 3, 50)])
         .expect("replicated with the standby back");
-    assert_eq!(status(&mut client).degraded_acks, 2);
+    let back = status(&mut client);
+    assert_eq!(back.degraded_acks, 2, "{back:?}");
+    // What the policy acknowledged alone is still named, and the standby now holds it.
+    assert!(
+        back.degraded_through == 2 && back.received_lsn >= 2,
+        "{back:?}"
+    );
     drop(client);
     primary.shutdown().unwrap();
     std::thread::sleep(Duration::from_millis(300));

@@ -622,6 +622,7 @@ mod tests {
             wire_bytes: 1000,
             degraded: false,
             degraded_acks: 0,
+            degraded_through: 0,
             unprotected_acks: 0,
         }
     }

@@ -161,6 +161,9 @@ struct LinkState {
     /// `--degrade-after` passed while unreachable: `replicated` waits are answered at once.
     degraded: bool,
     degraded_acks: u64,
+    /// The highest LSN the degrade policy acknowledged without the standby: `stela status`
+    /// says so until the standby holds it (the handshake ends the policy, not the exposure).
+    degraded_through: u64,
     /// `replicated` commits of this link acknowledged by a promoted primary before a standby
     /// rejoined (shown; the LSNs they reached are kept by [`Reprotection`], which outlives the
     /// link).
@@ -465,6 +468,7 @@ impl Replication {
             let mut state = lock(&link.state);
             if state.degraded {
                 state.degraded_acks += 1;
+                state.degraded_through = state.degraded_through.max(lsn);
                 return true;
             }
             if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
@@ -678,6 +682,7 @@ impl Replication {
                     wire_bytes: s.wire_bytes,
                     degraded: s.degraded,
                     degraded_acks: s.degraded_acks,
+                    degraded_through: s.degraded_through,
                     unprotected_acks: s.unprotected_acks,
                 }
             })
@@ -1021,8 +1026,8 @@ impl Replication {
         if waiters.is_empty() {
             return 0;
         }
+        let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
         if let Policy::Unprotected = policy {
-            let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
             if !self.reprotection.acknowledge_alone(&link.name, highest) {
                 // The node was protected again since the caller looked (the other logs'
                 // standbys confirmed, and this log's had before its session ended): these
@@ -1035,7 +1040,10 @@ impl Replication {
             let mut state = lock(&link.state);
             let answered = waiters.len() as u64;
             match policy {
-                Policy::Degraded => state.degraded_acks += answered,
+                Policy::Degraded => {
+                    state.degraded_acks += answered;
+                    state.degraded_through = state.degraded_through.max(highest);
+                }
                 Policy::Unprotected => state.unprotected_acks += answered,
             }
         }

@@ -165,6 +165,7 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
                 wire_bytes: 0,
                 degraded: false,
                 degraded_acks: 0,
+                degraded_through: 0,
                 unprotected_acks: 0,
             })
         })
