@@ -384,6 +384,7 @@ fn status_shows_the_standby_and_is_unhealthy_without_it() {
         "stela_standby_received_lsn{log=\"ledger\"} 1",
         "stela_standby_lag_records{log=\"ledger\"} 0",
         "stela_replication_degraded{log=\"ledger\"} 0",
+        "stela_replication_degraded_through_lsn{log=\"ledger\"} 0",
         "stela_standby_lag_seconds{log=\"ledger\"} 0.0",
         "stela_epoch 0",
         "stela_primary 1",

@@ -43,6 +43,7 @@ struct StandbyGauges {
     wire_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
     degraded: Family<LogLabel, Gauge<u64, AtomicU64>>,
     degraded_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    degraded_through: Family<LogLabel, Gauge<u64, AtomicU64>>,
     unprotected_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
 }
 
@@ -227,6 +228,10 @@ impl Metrics {
                 "replication_degraded_acks",
                 "Replicated commits of a log acknowledged without the standby since start",
             ),
+            degraded_through: family(
+                "replication_degraded_through_lsn",
+                "The highest LSN of a log acknowledged without the standby (--degrade-after); on the primary alone until the standby's received LSN reaches it",
+            ),
             unprotected_acks: family(
                 "replication_unprotected_acks",
                 "Replicated commits of a log a promoted primary acknowledged before a standby rejoined",
@@ -333,6 +338,9 @@ impl Metrics {
                 .get_or_create(&label)
                 .set(u64::from(log.degraded));
             g.degraded_acks.get_or_create(&label).set(log.degraded_acks);
+            g.degraded_through
+                .get_or_create(&label)
+                .set(log.degraded_through);
             g.unprotected_acks
                 .get_or_create(&label)
                 .set(log.unprotected_acks);
