@@ -434,7 +434,7 @@ impl Leaf {
         if !grows {
             return None;
         }
-        let after = self.len_after_set(key, value);
+        let after = self.len_after_set_at(found, key, value);
         (after > PAGE_SIZE).then_some(after)
     }
 
@@ -456,13 +456,23 @@ impl Leaf {
 
     /// The encoded size of this leaf after `set(key, value)`, without doing it.
     pub fn len_after_set(&self, key: &[u8], value: Option<&[u8]>) -> usize {
+        self.len_after_set_at(self.search(key), key, value)
+    }
+
+    /// [`Leaf::len_after_set`] with the key's place already found.
+    fn len_after_set_at(
+        &self,
+        found: Result<usize, usize>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> usize {
         let now = HEADER_SIZE
             + self
                 .entries
                 .iter()
                 .map(|(k, v)| leaf_entry_len(k, v))
                 .sum::<usize>();
-        let old = self.get(key).map_or(0, |old| leaf_entry_len(key, old));
+        let old = found.map_or(0, |i| leaf_entry_len(key, &self.entries[i].1));
         let new = value.map_or(0, |value| leaf_entry_len(key, value));
         now - old + new
     }

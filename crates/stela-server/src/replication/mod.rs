@@ -175,6 +175,15 @@ struct LinkState {
     acked_at: Option<(u64, u64)>,
 }
 
+impl LinkState {
+    /// The degrade policy acknowledged `answered` commits without the standby, the highest at
+    /// `through`.
+    fn count_degraded(&mut self, answered: u64, through: u64) {
+        self.degraded_acks += answered;
+        self.degraded_through = self.degraded_through.max(through);
+    }
+}
+
 /// Most chunk ends kept for the lag in bytes; when more are unacknowledged, the oldest are
 /// forgotten and the lag is counted from the oldest kept.
 const SENT_KEPT: usize = 4096;
@@ -467,8 +476,7 @@ impl Replication {
         let answer_now = || {
             let mut state = lock(&link.state);
             if state.degraded {
-                state.degraded_acks += 1;
-                state.degraded_through = state.degraded_through.max(lsn);
+                state.count_degraded(1, lsn);
                 return true;
             }
             if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
@@ -1036,24 +1044,18 @@ impl Replication {
                 return 0;
             }
         }
+        let answered = waiters.len();
         {
             let mut state = lock(&link.state);
-            let answered = waiters.len() as u64;
             match policy {
-                Policy::Degraded => {
-                    state.degraded_acks += answered;
-                    state.degraded_through = state.degraded_through.max(highest);
-                }
-                Policy::Unprotected => state.unprotected_acks += answered,
+                Policy::Degraded => state.count_degraded(answered as u64, highest),
+                Policy::Unprotected => state.unprotected_acks += answered as u64,
             }
         }
-        let answered = waiters.len();
         for (_, waiter) in waiters {
             waiter(Ok(()));
         }
-        if answered > 0 {
-            (self.released)();
-        }
+        (self.released)();
         answered
     }
 
