@@ -279,6 +279,81 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     assert_eq!(status.logs[0].received_lsn, last);
 }
 
+/// A promoted primary owes its standby every record it held when a log was opened on it, not
+/// only what it acknowledged alone since: the old primary acknowledged those at `replicated`
+/// once this node held them, but it may come back without them (a power cut took what it had
+/// not synced, or its disk was restored from an older copy). Here the new primary acknowledges
+/// nothing alone; the old primary comes back lacking the newest three quarters of the log (its
+/// newest segment files removed while it was down). Every status read while it catches up must
+/// say unprotected.
+#[test]
+fn an_old_primary_back_without_its_newest_records_is_caught_up_before_protected() {
+    let root = tempfile::tempdir().unwrap();
+    let (_witness, pair, a, b) = running_pair(root.path());
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    for seq in (0..512).step_by(8) {
+        let batch: Vec<Rec> = (seq..seq + 8).map(|s| rec(1, s, 16 << 10)).collect();
+        client
+            .append(handle, Durability::Replicated, &batch)
+            .expect("a replicated append");
+    }
+    let last = client.positions(handle).last_lsn;
+    drop(client);
+    a.shutdown().expect("a stops");
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+    // Shipped again from the new primary, which appends nothing.
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    assert_eq!(client.positions(handle).last_lsn, last);
+
+    // The old primary loses the newest three quarters of its copy while it is down.
+    let copy = pair.dirs[0].join("logs/ledger");
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&copy)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+        .collect();
+    segments.sort();
+    let keep = segments.len() / 4;
+    assert!(keep >= 2, "{} segments", segments.len());
+    for segment in &segments[keep..] {
+        std::fs::remove_file(segment).unwrap();
+    }
+
+    let _a = pair.start(0, NodeRole::Primary);
+    let (mut catching_up, mut protected_early) = (0, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // The node's state is read before the logs' (see `Replication::status`).
+        let status = replication(b.socket_path());
+        let log = &status.logs[0];
+        if log.connected && log.received_lsn < last {
+            catching_up += 1;
+        }
+        let protected = status.unprotected_since_ms == 0;
+        if protected && log.received_lsn < last {
+            protected_early.push(log.received_lsn);
+        }
+        if protected || Instant::now() > deadline {
+            break;
+        }
+    }
+    eprintln!("status read {catching_up} times while the old primary caught up");
+    // Else the test proved nothing: ~6 MiB take many shipments to catch up.
+    assert!(catching_up > 0, "the catch-up was never seen");
+    assert_eq!(
+        protected_early,
+        Vec::<u64>::new(),
+        "protected again while the standby held only these LSNs of {last}"
+    );
+    let status = replication(b.socket_path());
+    assert_eq!(status.unprotected_since_ms, 0, "protected again in time");
+    assert_eq!(status.logs[0].received_lsn, last);
+}
+
 /// With several logs, a promoted primary is protected again only once the standby of *each*
 /// log holds what that log acknowledged alone: one log's standby catching up says nothing of
 /// another's. "audit" acknowledges a few small records alone and catches up at once, "ledger"

@@ -323,7 +323,8 @@ impl Replication {
         });
         // Registered before the link can take a commit, and under the links' lock, so that a
         // standby confirming another log meanwhile cannot end unprotected mode without it.
-        self.reprotection.log_opened(&log.name);
+        self.reprotection
+            .log_opened(&log.name, next.saturating_sub(1));
         links.insert(log.id, Arc::clone(&link));
         let mut hold = StandbyHold::open(storage, log.dir.clone(), self.standby.to_string(), first);
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
@@ -477,6 +478,8 @@ impl Replication {
             let mut state = lock(&link.state);
             if state.degraded {
                 state.count_degraded(1, lsn);
+                // On a promoted node not yet protected again this record is on it alone too.
+                self.reprotection.acknowledge_alone(&link.name, lsn);
                 return true;
             }
             if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
@@ -852,9 +855,13 @@ impl Replication {
             }
         }
         // After `connected` is set, so that no commit of this log is acknowledged alone past
-        // the handshake (until the session ends): a log that acknowledged nothing alone is
-        // confirmed here, one that did once the standby acknowledges its mark.
-        self.reprotection.standby_connected(&log.name);
+        // the handshake (until the session ends): a log whose standby already holds what it
+        // owes is confirmed here, another once the standby acknowledges it. What the standby
+        // holds agrees with this copy (what diverged was cut above); after a reseed it holds
+        // nothing yet.
+        let standby_holds = if reseed.is_none() { theirs.end() } else { 0 };
+        self.reprotection
+            .standby_connected(&log.name, standby_holds);
         tracing::info!(log = %log.name, standby = %self.standby, from = at.next_lsn.get(), "shipping to the standby");
         // Acknowledgements arrive on their own thread, so shipping never waits for them; on a
         // plain TCP stream the event loop may take them first (see `Replication::take_acks`).
@@ -1035,6 +1042,10 @@ impl Replication {
             return 0;
         }
         let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
+        if let Policy::Degraded = policy {
+            // Answered either way; on a promoted node not yet protected again, recorded.
+            self.reprotection.acknowledge_alone(&link.name, highest);
+        }
         if let Policy::Unprotected = policy {
             if !self.reprotection.acknowledge_alone(&link.name, highest) {
                 // The node was protected again since the caller looked (the other logs'

@@ -7,12 +7,18 @@
 //! mode ([`crate::cluster::Node::protected_again`]) when nothing is left unconfirmed.
 //!
 //! The rule. A log *counts* while it is open for shipping (it has a link) or once it has
-//! acknowledged anything alone (even closed: those records are still on this node alone). A log
-//! is *confirmed* once its standby has acknowledged, since the promotion, holding every LSN the
-//! log acknowledged alone; a log that acknowledged nothing alone is confirmed once its standby
-//! has answered a stream's handshake (an idle log ships nothing, so no acknowledgement ever
-//! comes for it). A log whose standby has not connected is
-//! not confirmed: its commits are acknowledged alone for as long as the node is unprotected.
+//! acknowledged anything alone (even closed: those records are still on this node alone). What
+//! a log *owes* its standby: every LSN it acknowledged alone and, while it is open, every record
+//! it held when it was opened on the unprotected node. Those may be on this node alone too: the
+//! old primary acknowledged them at `replicated` once this node held them, but it may come back
+//! without them (a power cut took what it had not synced, or its disk was restored from an older
+//! copy), and no other node has them. A log is *confirmed* once its standby holds what it owes:
+//! as the standby's position at a stream's handshake (an idle log ships nothing, so no
+//! acknowledgement ever comes for it) or as an acknowledgement since. A log whose standby has
+//! not connected is not confirmed: its commits are acknowledged alone for as long as the node is
+//! unprotected. What a log held at its opening is owed only while it is open: a closed log is
+//! not shipped, so its standby could never confirm it, and a log not opened since the promotion
+//! is not counted either (see docs/DAEMON.md: "protected" speaks for the logs being shipped).
 //! Acknowledging alone after a confirmation raises the log's mark above what its standby
 //! confirmed, so the log is unconfirmed again. The node is protected again once every log that
 //! counts is confirmed *and* some standby has acknowledged something since the promotion: a
@@ -53,9 +59,12 @@ impl Reprotection {
         }
     }
 
-    /// `log` is open for shipping (its link was created, again or for the first time).
-    pub(super) fn log_opened(&self, log: &str) {
-        lock(&self.ledger).opened(log);
+    /// `log` is open for shipping (its link was created, again or for the first time) and its
+    /// last record is `end`. On an unprotected node those records are owed to its standby.
+    pub(super) fn log_opened(&self, log: &str, end: u64) {
+        let mut ledger = lock(&self.ledger);
+        let held = if self.node.unprotected() { end } else { 0 };
+        ledger.opened(log, held);
     }
 
     /// `log` is no longer shipped (closed): what it acknowledged alone is kept.
@@ -73,8 +82,10 @@ impl Reprotection {
     }
 
     /// Whether a `replicated` commit of `log` at `lsn` is acknowledged without a standby (the
-    /// node is unprotected); if so, it is recorded. The caller knows the log's standby is not
-    /// connected. Protected, this costs one atomic load (a node is protected again for good).
+    /// node is unprotected); if so, it is recorded. The caller knows the log's standby does not
+    /// hold it: it is not connected, or `--degrade-after` answers for it (which answers either
+    /// way; recorded, the node stays unprotected until the standby holds it). Protected, this
+    /// costs one atomic load (a node is protected again for good).
     pub(super) fn acknowledge_alone(&self, log: &str, lsn: u64) -> bool {
         if !self.node.unprotected() {
             return false;
@@ -87,13 +98,14 @@ impl Reprotection {
         true
     }
 
-    /// `log`'s standby answered a stream's handshake.
-    pub(super) fn standby_connected(&self, log: &str) {
+    /// `log`'s standby answered a stream's handshake holding every record up to `holds` (as
+    /// this node has them: what diverged is cut first).
+    pub(super) fn standby_connected(&self, log: &str, holds: u64) {
         if !self.node.unprotected() {
             return;
         }
         let mut ledger = lock(&self.ledger);
-        ledger.standby_connected(log);
+        ledger.standby_connected(log, holds);
         self.end_if_confirmed(&ledger);
     }
 
@@ -133,6 +145,9 @@ struct Owed {
     open: bool,
     /// The highest LSN acknowledged at `replicated` without a standby (0: none).
     alone_through: u64,
+    /// The last LSN the log held when it was opened on the unprotected node (0: none, or
+    /// opened on a protected node); owed while the log is open.
+    held_at_open: u64,
     /// The highest LSN the log's standby has acknowledged holding: `Some(0)` once it answered
     /// a handshake, `None` while it never has.
     standby_holds: Option<u64>,
@@ -143,9 +158,18 @@ impl Owed {
         self.open || self.alone_through > 0
     }
 
+    /// The highest LSN the log's standby must hold.
+    fn owed_through(&self) -> u64 {
+        if self.open {
+            self.alone_through.max(self.held_at_open)
+        } else {
+            self.alone_through
+        }
+    }
+
     fn confirmed(&self) -> bool {
         self.standby_holds
-            .is_some_and(|held| held >= self.alone_through)
+            .is_some_and(|held| held >= self.owed_through())
     }
 }
 
@@ -154,13 +178,17 @@ impl Ledger {
         self.logs.entry(log.to_owned()).or_default()
     }
 
-    pub(super) fn opened(&mut self, log: &str) {
-        self.entry(log).open = true;
+    /// `held`: the log's last LSN if it is opened on the unprotected node, else 0.
+    pub(super) fn opened(&mut self, log: &str, held: u64) {
+        let owed = self.entry(log);
+        owed.open = true;
+        owed.held_at_open = owed.held_at_open.max(held);
     }
 
     pub(super) fn closed(&mut self, log: &str) {
         if let Some(owed) = self.logs.get_mut(log) {
             owed.open = false;
+            owed.held_at_open = 0;
             if !owed.counts() {
                 self.logs.remove(log);
             }
@@ -181,8 +209,9 @@ impl Ledger {
         owed.alone_through = owed.alone_through.max(lsn);
     }
 
-    pub(super) fn standby_connected(&mut self, log: &str) {
-        self.entry(log).standby_holds.get_or_insert(0);
+    pub(super) fn standby_connected(&mut self, log: &str, holds: u64) {
+        let held = self.entry(log).standby_holds.get_or_insert(0);
+        *held = (*held).max(holds);
     }
 
     pub(super) fn standby_acknowledged(&mut self, log: &str, received: u64) {
@@ -209,12 +238,12 @@ mod tests {
     #[test]
     fn every_log_that_acknowledged_alone_must_be_confirmed() {
         let mut ledger = Ledger::default();
-        ledger.opened("ledger");
-        ledger.opened("audit");
+        ledger.opened("ledger", 0);
+        ledger.opened("audit", 0);
         ledger.acknowledged_alone("ledger", 500);
         ledger.acknowledged_alone("audit", 20);
-        ledger.standby_connected("audit");
-        ledger.standby_connected("ledger");
+        ledger.standby_connected("audit", 0);
+        ledger.standby_connected("ledger", 0);
         ledger.standby_acknowledged("audit", 20);
         assert!(
             !ledger.all_confirmed(),
@@ -231,13 +260,13 @@ mod tests {
     #[test]
     fn an_idle_log_is_confirmed_by_its_standby_connecting_not_before() {
         let mut ledger = Ledger::default();
-        ledger.opened("ledger");
-        ledger.opened("idle");
+        ledger.opened("ledger", 0);
+        ledger.opened("idle", 0);
         ledger.acknowledged_alone("ledger", 10);
-        ledger.standby_connected("ledger");
+        ledger.standby_connected("ledger", 0);
         ledger.standby_acknowledged("ledger", 10);
         assert!(!ledger.all_confirmed(), "idle's standby never connected");
-        ledger.standby_connected("idle");
+        ledger.standby_connected("idle", 0);
         assert!(ledger.all_confirmed());
     }
 
@@ -245,8 +274,8 @@ mod tests {
     #[test]
     fn handshakes_alone_confirm_nothing() {
         let mut ledger = Ledger::default();
-        ledger.opened("idle");
-        ledger.standby_connected("idle");
+        ledger.opened("idle", 0);
+        ledger.standby_connected("idle", 0);
         assert!(!ledger.all_confirmed());
         ledger.standby_acknowledged("idle", 0);
         assert!(ledger.all_confirmed());
@@ -257,15 +286,15 @@ mod tests {
     #[test]
     fn a_reopened_log_keeps_what_it_acknowledged_alone() {
         let mut ledger = Ledger::default();
-        ledger.opened("ledger");
-        ledger.opened("other");
+        ledger.opened("ledger", 0);
+        ledger.opened("other", 0);
         ledger.acknowledged_alone("ledger", 300);
         ledger.closed("ledger");
-        ledger.standby_connected("other");
+        ledger.standby_connected("other", 0);
         ledger.standby_acknowledged("other", 0);
         assert!(!ledger.all_confirmed(), "closed, ledger still owes 300");
-        ledger.opened("ledger");
-        ledger.standby_connected("ledger");
+        ledger.opened("ledger", 0);
+        ledger.standby_connected("ledger", 0);
         ledger.standby_acknowledged("ledger", 1);
         assert!(!ledger.all_confirmed(), "reopened, ledger still owes 300");
         ledger.standby_acknowledged("ledger", 300);
@@ -276,12 +305,12 @@ mod tests {
     #[test]
     fn closing_an_idle_log_or_deleting_one_leaves_nothing_owed() {
         let mut ledger = Ledger::default();
-        ledger.opened("ledger");
-        ledger.opened("idle");
-        ledger.opened("gone");
+        ledger.opened("ledger", 0);
+        ledger.opened("idle", 0);
+        ledger.opened("gone", 0);
         ledger.acknowledged_alone("ledger", 5);
         ledger.acknowledged_alone("gone", 7);
-        ledger.standby_connected("ledger");
+        ledger.standby_connected("ledger", 0);
         ledger.standby_acknowledged("ledger", 5);
         assert!(!ledger.all_confirmed());
         ledger.closed("idle");
@@ -294,14 +323,53 @@ mod tests {
         assert!(ledger.all_confirmed());
     }
 
+    /// A log opened on the unprotected node owes what it held then, even if it acknowledges
+    /// nothing alone: a standby that comes back without those records (a power cut, an older
+    /// copy) confirms it only once it holds them; one that has them confirms it at its
+    /// handshake.
+    #[test]
+    fn a_log_owes_what_it_held_when_opened_on_the_unprotected_node() {
+        let mut ledger = Ledger::default();
+        ledger.opened("short", 400);
+        ledger.opened("whole", 90);
+        ledger.standby_connected("short", 250);
+        ledger.standby_connected("whole", 90);
+        ledger.standby_acknowledged("short", 399);
+        assert!(!ledger.all_confirmed(), "short's standby lacks LSN 400");
+        ledger.standby_acknowledged("short", 400);
+        assert!(ledger.all_confirmed());
+    }
+
+    /// What a log held at its opening is owed while it is open (shipped); closed, only what it
+    /// acknowledged alone is, and reopened it owes what it holds then.
+    #[test]
+    fn what_a_log_held_at_opening_is_owed_while_it_is_open() {
+        let mut ledger = Ledger::default();
+        ledger.opened("ledger", 40);
+        ledger.opened("other", 0);
+        ledger.standby_connected("other", 0);
+        ledger.standby_acknowledged("other", 0);
+        assert!(!ledger.all_confirmed(), "ledger's standby never connected");
+        ledger.closed("ledger");
+        assert!(
+            ledger.all_confirmed(),
+            "closed, ledger owes nothing it acknowledged alone"
+        );
+        ledger.opened("ledger", 55);
+        ledger.standby_connected("ledger", 40);
+        assert!(!ledger.all_confirmed(), "reopened, ledger owes 55");
+        ledger.standby_acknowledged("ledger", 55);
+        assert!(ledger.all_confirmed());
+    }
+
     /// The standby of a confirmed log leaves and the log acknowledges alone again: it is
     /// unconfirmed until its standby holds the new mark.
     #[test]
     fn acknowledging_alone_after_a_confirmation_unconfirms_the_log() {
         let mut ledger = Ledger::default();
-        ledger.opened("ledger");
+        ledger.opened("ledger", 0);
         ledger.acknowledged_alone("ledger", 10);
-        ledger.standby_connected("ledger");
+        ledger.standby_connected("ledger", 0);
         ledger.standby_acknowledged("ledger", 10);
         assert!(ledger.all_confirmed());
         ledger.acknowledged_alone("ledger", 11);
