@@ -587,6 +587,12 @@ pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Re
 
 /// What keeps the daemon from taking writes: a power-fail notice in force, a stopped log, a
 /// log waiting for space. (Shutting down is not a problem of health: the daemon is leaving.)
+/// Records `--degrade-after` acknowledged without the standby that it does not hold yet: they
+/// are on this node alone.
+fn degraded_not_on_standby(log: &stela_proto::ReplicaStatus) -> bool {
+    log.degraded_through > log.received_lsn
+}
+
 fn health_problems(report: &StatusReport) -> Vec<String> {
     let mut problems = Vec::new();
     if report.power != "normal" && !report.power.starts_with("shutting down") {
@@ -631,7 +637,7 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
                 "log {}: the standby is not connected (replicated commits wait)",
                 log.log
             ));
-        } else if log.degraded_through > log.received_lsn {
+        } else if degraded_not_on_standby(log) {
             problems.push(format!(
                 "log {}: records acknowledged without the standby (--degrade-after, through LSN {}) \
                  are on this node alone until it holds them (it holds {})",
@@ -862,7 +868,7 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
                     },
                     log.degraded_acks,
                     log.degraded_through,
-                    if log.degraded_through > log.received_lsn {
+                    if degraded_not_on_standby(log) {
                         " (not on the standby yet)"
                     } else {
                         ""

@@ -112,6 +112,15 @@ fn running_pair(root: &Path) -> (stela_coord::witness::Witness, Pair, NoHang, No
     (witness, pair, a, b)
 }
 
+/// Stops the primary `a` (it goes silent: no renewal, no heartbeat) and waits until `b` is
+/// promoted.
+fn stop_until_promoted(a: NoHang, b: &NoHang) {
+    a.shutdown().expect("a stops");
+    wait_until("b to be promoted", Duration::from_secs(10), || {
+        replication(b.socket_path()).role == "primary"
+    });
+}
+
 /// Writes `n` records at `replicated` from `seq`; returns them.
 fn write(client: &mut RawClient, handle: u32, seq: u64, n: u64) -> Vec<Rec> {
     let records: Vec<Rec> = (seq..seq + n).map(|s| rec(1, s, 40)).collect();
@@ -143,10 +152,7 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
 
     // The primary goes silent (it stops: no renewal, no heartbeat).
     let stopped = Instant::now();
-    a.shutdown().expect("a stops");
-    wait_until("b to be promoted", Duration::from_secs(10), || {
-        replication(b.socket_path()).role == "primary"
-    });
+    stop_until_promoted(a, &b);
     let status = replication(b.socket_path());
     assert_eq!(status.epoch, 2);
     let failover = status.last_failover.expect("the promotion is reported");
@@ -234,10 +240,7 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     let (handle, _) = open(&mut client, "ledger").unwrap();
     write(&mut client, handle, 0, 10);
     drop(client);
-    a.shutdown().expect("a stops");
-    wait_until("b to be promoted", Duration::from_secs(10), || {
-        replication(b.socket_path()).role == "primary"
-    });
+    stop_until_promoted(a, &b);
 
     // About 4 MiB acknowledged by b alone: 64 KiB segments, so dozens of shipments to catch up.
     let mut client = RawClient::connect(b.socket_path());
@@ -300,10 +303,7 @@ fn an_old_primary_back_without_its_newest_records_is_caught_up_before_protected(
     }
     let last = client.positions(handle).last_lsn;
     drop(client);
-    a.shutdown().expect("a stops");
-    wait_until("b to be promoted", Duration::from_secs(10), || {
-        replication(b.socket_path()).role == "primary"
-    });
+    stop_until_promoted(a, &b);
     // Shipped again from the new primary, which appends nothing.
     let mut client = RawClient::connect(b.socket_path());
     let (handle, _) = open(&mut client, "ledger").unwrap();
@@ -369,10 +369,7 @@ fn with_several_logs_the_node_is_protected_again_only_once_every_logs_standby_ca
         write(&mut client, handle, 0, 5);
     }
     drop(client);
-    a.shutdown().expect("a stops");
-    wait_until("b to be promoted", Duration::from_secs(10), || {
-        replication(b.socket_path()).role == "primary"
-    });
+    stop_until_promoted(a, &b);
 
     let mut client = RawClient::connect(b.socket_path());
     let (ledger, _) = open(&mut client, "ledger").unwrap();
