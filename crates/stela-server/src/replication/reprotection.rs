@@ -16,9 +16,11 @@
 //! as the standby's position at a stream's handshake (an idle log ships nothing, so no
 //! acknowledgement ever comes for it) or as an acknowledgement since. A log whose standby has
 //! not connected is not confirmed: its commits are acknowledged alone for as long as the node is
-//! unprotected. What a log held at its opening is owed only while it is open: a closed log is
-//! not shipped, so its standby could never confirm it, and a log not opened since the promotion
-//! is not counted either (see docs/DAEMON.md: "protected" speaks for the logs being shipped).
+//! unprotected. A promoted node opens every log of its directory for shipping
+//! (`Engine::ship_every_log`), so every log it holds owes its records; one that cannot be
+//! opened is logged and not counted. What a log held at its opening is owed only while it is
+//! open: a log closed (deleted, or it failed) is not shipped, so its standby could never
+//! confirm it.
 //! Acknowledging alone after a confirmation raises the log's mark above what its standby
 //! confirmed, so the log is unconfirmed again. The node is protected again once every log that
 //! counts is confirmed *and* some standby has acknowledged something since the promotion: a
