@@ -24,6 +24,13 @@ use stela_format::Lsn;
 /// Deeper than any tree of 8 KiB pages can be; a longer path means a cycle in corrupt pages.
 const MAX_DEPTH: usize = 48;
 
+/// What [`Engine::read_for_write`] found: the key's value and the pages from the root to its
+/// leaf.
+pub(crate) struct Read {
+    pub value: Option<Vec<u8>>,
+    path: Vec<PageId>,
+}
+
 pub(crate) struct Engine {
     pub pool: BufferPool,
     pub log: Arc<dyn LogDevice>,
@@ -53,9 +60,20 @@ impl Engine {
 
     /// The value of `key`.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let leaf = *self.path_to(key)?.last().expect("a path ends at a leaf");
+        self.read_for_write(key).map(|read| read.value)
+    }
+
+    /// The value of `key`, with where it was found, for a write of the same key that follows
+    /// under the same hold of the engine latch ([`Engine::set_after_read`]): a read-modify-write
+    /// then walks the tree and searches the leaf once, not twice.
+    pub fn read_for_write(&mut self, key: &[u8]) -> Result<Read> {
+        let path = self.path_to(key)?;
+        let leaf = *path.last().expect("a path ends at a leaf");
         match &self.pool.page(leaf, self.log.as_ref())?.node {
-            Node::Leaf(leaf) => Ok(leaf.get(key).map(<[u8]>::to_vec)),
+            Node::Leaf(leaf) => Ok(Read {
+                value: leaf.get(key).map(<[u8]>::to_vec),
+                path,
+            }),
             Node::Internal(_) => unreachable!("path_to ends at a leaf"),
         }
     }
@@ -104,8 +122,40 @@ impl Engine {
         value: Option<&[u8]>,
         make_record: impl Fn(PageId, Lsn, Option<Vec<u8>>) -> LogRecord,
     ) -> Result<(Lsn, Arc<LogRecord>)> {
+        self.set_from(None, key, value, make_record)
+    }
+
+    /// [`Engine::set`] of the key `read` was read for, with nothing done to the tree between
+    /// (the caller held the engine latch throughout): starts from the path the read found and
+    /// logs the value it read as the value before, instead of finding both again.
+    pub fn set_after_read(
+        &mut self,
+        read: Read,
+        key: &[u8],
+        value: Option<&[u8]>,
+        make_record: impl Fn(PageId, Lsn, Option<Vec<u8>>) -> LogRecord,
+    ) -> Result<(Lsn, Arc<LogRecord>)> {
+        self.set_from(Some(read), key, value, make_record)
+    }
+
+    fn set_from(
+        &mut self,
+        mut read: Option<Read>,
+        key: &[u8],
+        value: Option<&[u8]>,
+        make_record: impl Fn(PageId, Lsn, Option<Vec<u8>>) -> LogRecord,
+    ) -> Result<(Lsn, Arc<LogRecord>)> {
+        // What a read found holds until the tree changes: a split sends the loop round again
+        // with the path found anew, and the value, which no split changes.
+        let mut known_before: Option<Option<Vec<u8>>> = None;
         loop {
-            let path = self.path_to(key)?;
+            let path = match read.take() {
+                Some(read) => {
+                    known_before = Some(read.value);
+                    read.path
+                }
+                None => self.path_to(key)?,
+            };
             let leaf_id = *path.last().expect("a path ends at a leaf");
             let page = self.pool.page(leaf_id, self.log.as_ref())?;
             let Node::Leaf(leaf) = &page.node else {
@@ -115,7 +165,13 @@ impl Engine {
                 self.split(&path, key)?;
                 continue;
             }
-            let before = leaf.get(key).map(<[u8]>::to_vec);
+            let before = match known_before.take() {
+                Some(before) => {
+                    debug_assert_eq!(before.as_deref(), leaf.get(key), "the read is stale");
+                    before
+                }
+                None => leaf.get(key).map(<[u8]>::to_vec),
+            };
             // Shared with the log's in-memory tail and the transaction's undo list: no copies.
             let record = Arc::new(make_record(leaf_id, page.lsn, before));
             let lsn = self.log.append_shared(&record)?;

@@ -1089,7 +1089,7 @@ impl Transaction<'_> {
         let store = &*self.store.shared;
         store.lock(self.id, key, LockMode::Exclusive)?;
         let mut engine = store.engine()?;
-        let written = self.write(&mut engine, key, Some(value));
+        let written = self.write(&mut engine, None, key, Some(value));
         store.check(written)
     }
 
@@ -1112,9 +1112,10 @@ impl Transaction<'_> {
         let store = &*self.store.shared;
         store.lock(self.id, key, LockMode::Exclusive)?;
         let mut engine = store.engine()?;
-        let updated = store.check(engine.get(key)).and_then(|old| {
-            let new = change(old.as_deref());
-            if old.is_none() && new.is_none() {
+        // One walk down the tree for the read and the write (the latch is held throughout).
+        let updated = store.check(engine.read_for_write(key)).and_then(|read| {
+            let new = change(read.value.as_deref());
+            if read.value.is_none() && new.is_none() {
                 return Ok(None); // nothing to remove: no record, as `delete` of an absent key
             }
             if let Some(value) = new.as_deref().filter(|v| v.len() > MAX_VALUE) {
@@ -1123,7 +1124,7 @@ impl Transaction<'_> {
                     max: MAX_VALUE,
                 });
             }
-            let written = self.write(&mut engine, key, new.as_deref());
+            let written = self.write(&mut engine, Some(read), key, new.as_deref());
             store.check(written).map(|()| new)
         });
         updated
@@ -1138,9 +1139,11 @@ impl Transaction<'_> {
         let store = &*self.store.shared;
         store.lock(self.id, key, LockMode::Exclusive)?;
         let mut engine = store.engine()?;
-        let deleted = match engine.get(key) {
-            Ok(None) => Ok(false),
-            Ok(Some(_)) => self.write(&mut engine, key, None).map(|()| true),
+        let deleted = match engine.read_for_write(key) {
+            Ok(read) if read.value.is_none() => Ok(false),
+            Ok(read) => self
+                .write(&mut engine, Some(read), key, None)
+                .map(|()| true),
             Err(e) => Err(e),
         };
         store.check(deleted)
@@ -1260,9 +1263,17 @@ impl Transaction<'_> {
         store.check(result)
     }
 
-    fn write(&mut self, engine: &mut Engine, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    /// Logs and applies the write of `key`; `read`: what a read of it under the same hold of
+    /// the engine latch found (the write then starts from there).
+    fn write(
+        &mut self,
+        engine: &mut Engine,
+        read: Option<crate::btree::Read>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<()> {
         let (txn, prev_txn_lsn) = (self.id, self.last_lsn);
-        let (lsn, record) = engine.set(key, value, |page, prev_page_lsn, before| LogRecord {
+        let make_record = |page, prev_page_lsn, before| LogRecord {
             txn,
             prev_txn_lsn,
             body: LogBody::Write {
@@ -1272,7 +1283,11 @@ impl Transaction<'_> {
                 before,
                 after: value.map(<[u8]>::to_vec),
             },
-        })?;
+        };
+        let (lsn, record) = match read {
+            Some(read) => engine.set_after_read(read, key, value, make_record)?,
+            None => engine.set(key, value, make_record)?,
+        };
         self.last_lsn = lsn;
         self.writes.insert(lsn, record);
         // Under the engine latch, with the record: see the transaction table's rule.
