@@ -121,6 +121,30 @@ fn stop_until_promoted(a: NoHang, b: &NoHang) {
     });
 }
 
+/// Reads the promoted `b`'s status (one log) until it says protected again or `within` passes,
+/// while its standby catches up to `last`. Returns how many reads saw the standby connected
+/// and behind, and the standby's LSN in every read that said protected while behind.
+fn watch_catch_up(b: &NoHang, last: u64, within: Duration) -> (usize, Vec<u64>) {
+    let (mut catching_up, mut protected_early) = (0, Vec::new());
+    let deadline = Instant::now() + within;
+    loop {
+        // The node's state is read before the logs' (see `Replication::status`), so a node
+        // that reads as protected shows the acknowledgement that made it so.
+        let status = replication(b.socket_path());
+        let log = &status.logs[0];
+        if log.connected && log.received_lsn < last {
+            catching_up += 1;
+        }
+        let protected = status.unprotected_since_ms == 0;
+        if protected && log.received_lsn < last {
+            protected_early.push(log.received_lsn);
+        }
+        if protected || Instant::now() > deadline {
+            return (catching_up, protected_early);
+        }
+    }
+}
+
 /// Writes `n` records at `replicated` from `seq`; returns them.
 fn write(client: &mut RawClient, handle: u32, seq: u64, n: u64) -> Vec<Rec> {
     let records: Vec<Rec> = (seq..seq + n).map(|s| rec(1, s, 40)).collect();
@@ -254,23 +278,7 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     assert_eq!(replication(b.socket_path()).logs[0].unprotected_acks, 256);
 
     let _a = pair.start(0, NodeRole::Primary);
-    let (mut catching_up, mut protected_early) = (0, Vec::new());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let status = replication(b.socket_path());
-        let log = &status.logs[0];
-        if log.connected && log.received_lsn < last {
-            catching_up += 1;
-        }
-        // The node's state is read before the logs' (see `Replication::status`), so a node
-        // that reads as protected shows the acknowledgement that made it so.
-        if status.unprotected_since_ms == 0 && log.received_lsn < last {
-            protected_early.push(log.received_lsn);
-        }
-        if status.unprotected_since_ms == 0 || Instant::now() > deadline {
-            break;
-        }
-    }
+    let (catching_up, protected_early) = watch_catch_up(&b, last, Duration::from_secs(20));
     eprintln!("status read {catching_up} times while the standby caught up");
     assert_eq!(
         protected_early,
@@ -325,23 +333,7 @@ fn an_old_primary_back_without_its_newest_records_is_caught_up_before_protected(
     }
 
     let _a = pair.start(0, NodeRole::Primary);
-    let (mut catching_up, mut protected_early) = (0, Vec::new());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // The node's state is read before the logs' (see `Replication::status`).
-        let status = replication(b.socket_path());
-        let log = &status.logs[0];
-        if log.connected && log.received_lsn < last {
-            catching_up += 1;
-        }
-        let protected = status.unprotected_since_ms == 0;
-        if protected && log.received_lsn < last {
-            protected_early.push(log.received_lsn);
-        }
-        if protected || Instant::now() > deadline {
-            break;
-        }
-    }
+    let (catching_up, protected_early) = watch_catch_up(&b, last, Duration::from_secs(30));
     eprintln!("status read {catching_up} times while the old primary caught up");
     // Else the test proved nothing: ~6 MiB take many shipments to catch up.
     assert!(catching_up > 0, "the catch-up was never seen");
