@@ -150,8 +150,8 @@ struct Owed {
     /// The last LSN the log held when it was opened on the unprotected node (0: none, or
     /// opened on a protected node); owed while the log is open.
     held_at_open: u64,
-    /// The highest LSN the log's standby has acknowledged holding: `Some(0)` once it answered
-    /// a handshake, `None` while it never has.
+    /// The highest LSN the log's standby has shown it holds, at a handshake (its copy's end) or
+    /// in an acknowledgement; `None` while it never answered.
     standby_holds: Option<u64>,
 }
 
