@@ -585,14 +585,14 @@ pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Re
     Ok(problems)
 }
 
-/// What keeps the daemon from taking writes: a power-fail notice in force, a stopped log, a
-/// log waiting for space. (Shutting down is not a problem of health: the daemon is leaving.)
 /// Records `--degrade-after` acknowledged without the standby that it does not hold yet: they
 /// are on this node alone.
 fn degraded_not_on_standby(log: &stela_proto::ReplicaStatus) -> bool {
     log.degraded_through > log.received_lsn
 }
 
+/// What keeps the daemon from taking writes: a power-fail notice in force, a stopped log, a
+/// log waiting for space. (Shutting down is not a problem of health: the daemon is leaving.)
 fn health_problems(report: &StatusReport) -> Vec<String> {
     let mut problems = Vec::new();
     if report.power != "normal" && !report.power.starts_with("shutting down") {

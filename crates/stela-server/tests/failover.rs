@@ -121,10 +121,11 @@ fn stop_until_promoted(a: NoHang, b: &NoHang) {
     });
 }
 
-/// Reads the promoted `b`'s status (one log) until it says protected again or `within` passes,
-/// while its standby catches up to `last`. Returns how many reads saw the standby connected
-/// and behind, and the standby's LSN in every read that said protected while behind.
-fn watch_catch_up(b: &NoHang, last: u64, within: Duration) -> (usize, Vec<u64>) {
+/// Reads the promoted `b`'s status (one log) while its standby catches up to `last`, until it
+/// says protected again or `within` passes; asserts that no read said protected while the
+/// standby was behind, and that `b` is protected with the standby at `last` in the end.
+/// Returns how many reads saw the standby connected and behind.
+fn protected_only_once_caught_up(b: &NoHang, last: u64, within: Duration) -> usize {
     let (mut catching_up, mut protected_early) = (0, Vec::new());
     let deadline = Instant::now() + within;
     loop {
@@ -140,9 +141,18 @@ fn watch_catch_up(b: &NoHang, last: u64, within: Duration) -> (usize, Vec<u64>) 
             protected_early.push(log.received_lsn);
         }
         if protected || Instant::now() > deadline {
-            return (catching_up, protected_early);
+            break;
         }
     }
+    assert_eq!(
+        protected_early,
+        Vec::<u64>::new(),
+        "protected again while the standby held only these LSNs of {last}"
+    );
+    let status = replication(b.socket_path());
+    assert_eq!(status.unprotected_since_ms, 0, "protected again in time");
+    assert_eq!(status.logs[0].received_lsn, last);
+    catching_up
 }
 
 /// Writes `n` records at `replicated` from `seq`; returns them.
@@ -278,16 +288,8 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     assert_eq!(replication(b.socket_path()).logs[0].unprotected_acks, 256);
 
     let _a = pair.start(0, NodeRole::Primary);
-    let (catching_up, protected_early) = watch_catch_up(&b, last, Duration::from_secs(20));
+    let catching_up = protected_only_once_caught_up(&b, last, Duration::from_secs(20));
     eprintln!("status read {catching_up} times while the standby caught up");
-    assert_eq!(
-        protected_early,
-        Vec::<u64>::new(),
-        "protected again while the standby held only these LSNs of {last}"
-    );
-    let status = replication(b.socket_path());
-    assert_eq!(status.unprotected_since_ms, 0, "protected again in time");
-    assert_eq!(status.logs[0].received_lsn, last);
 }
 
 /// A promoted primary owes its standby every record it held when a log was opened on it, not
@@ -333,18 +335,10 @@ fn an_old_primary_back_without_its_newest_records_is_caught_up_before_protected(
     }
 
     let _a = pair.start(0, NodeRole::Primary);
-    let (catching_up, protected_early) = watch_catch_up(&b, last, Duration::from_secs(30));
+    let catching_up = protected_only_once_caught_up(&b, last, Duration::from_secs(30));
     eprintln!("status read {catching_up} times while the old primary caught up");
     // Else the test proved nothing: ~6 MiB take many shipments to catch up.
     assert!(catching_up > 0, "the catch-up was never seen");
-    assert_eq!(
-        protected_early,
-        Vec::<u64>::new(),
-        "protected again while the standby held only these LSNs of {last}"
-    );
-    let status = replication(b.socket_path());
-    assert_eq!(status.unprotected_since_ms, 0, "protected again in time");
-    assert_eq!(status.logs[0].received_lsn, last);
 }
 
 /// With several logs, a promoted primary is protected again only once the standby of *each*

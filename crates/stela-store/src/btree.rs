@@ -64,7 +64,7 @@ impl Engine {
     }
 
     /// The value of `key`, with where it was found, for a write of the same key that follows
-    /// under the same hold of the engine latch ([`Engine::set_after_read`]): a read-modify-write
+    /// under the same hold of the engine latch ([`Engine::set_from`]): a read-modify-write
     /// then walks the tree and searches the leaf once, not twice.
     pub fn read_for_write(&mut self, key: &[u8]) -> Result<Read> {
         let path = self.path_to(key)?;
@@ -125,20 +125,10 @@ impl Engine {
         self.set_from(None, key, value, make_record)
     }
 
-    /// [`Engine::set`] of the key `read` was read for, with nothing done to the tree between
-    /// (the caller held the engine latch throughout): starts from the path the read found and
-    /// logs the value it read as the value before, instead of finding both again.
-    pub fn set_after_read(
-        &mut self,
-        read: Read,
-        key: &[u8],
-        value: Option<&[u8]>,
-        make_record: impl Fn(PageId, Lsn, Option<Vec<u8>>) -> LogRecord,
-    ) -> Result<(Lsn, Arc<LogRecord>)> {
-        self.set_from(Some(read), key, value, make_record)
-    }
-
-    fn set_from(
+    /// [`Engine::set`]; with `read`, of the key it was read for, with nothing done to the tree
+    /// between (the caller held the engine latch throughout): starts from the path the read
+    /// found and logs the value it read as the value before, instead of finding both again.
+    pub fn set_from(
         &mut self,
         mut read: Option<Read>,
         key: &[u8],

@@ -1273,21 +1273,18 @@ impl Transaction<'_> {
         value: Option<&[u8]>,
     ) -> Result<()> {
         let (txn, prev_txn_lsn) = (self.id, self.last_lsn);
-        let make_record = |page, prev_page_lsn, before| LogRecord {
-            txn,
-            prev_txn_lsn,
-            body: LogBody::Write {
-                page,
-                prev_page_lsn,
-                key: key.to_vec(),
-                before,
-                after: value.map(<[u8]>::to_vec),
-            },
-        };
-        let (lsn, record) = match read {
-            Some(read) => engine.set_after_read(read, key, value, make_record)?,
-            None => engine.set(key, value, make_record)?,
-        };
+        let (lsn, record) =
+            engine.set_from(read, key, value, |page, prev_page_lsn, before| LogRecord {
+                txn,
+                prev_txn_lsn,
+                body: LogBody::Write {
+                    page,
+                    prev_page_lsn,
+                    key: key.to_vec(),
+                    before,
+                    after: value.map(<[u8]>::to_vec),
+                },
+            })?;
         self.last_lsn = lsn;
         self.writes.insert(lsn, record);
         // Under the engine latch, with the record: see the transaction table's rule.

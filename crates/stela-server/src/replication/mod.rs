@@ -477,9 +477,7 @@ impl Replication {
         let answer_now = || {
             let mut state = lock(&link.state);
             if state.degraded {
-                state.count_degraded(1, lsn);
-                // On a promoted node not yet protected again this record is on it alone too.
-                self.reprotection.acknowledge_alone(&link.name, lsn);
+                self.count_degraded(&link, &mut state, 1, lsn);
                 return true;
             }
             if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
@@ -1034,6 +1032,15 @@ impl Replication {
             "standby unreachable too long: replicated commits are acknowledged WITHOUT it (as buffered) until it is back");
     }
 
+    /// The degrade policy acknowledged `answered` commits of `link` without the standby, the
+    /// highest at `through`: counted for `stela status`, and on a promoted node not yet
+    /// protected again also recorded as acknowledged alone (the policy answers either way).
+    /// Called under the link's state lock, which is taken before the registry's.
+    fn count_degraded(&self, link: &Link, state: &mut LinkState, answered: u64, through: u64) {
+        state.count_degraded(answered, through);
+        self.reprotection.acknowledge_alone(&link.name, through);
+    }
+
     /// Answers every registered wait of `link` `Ok` without the standby, as `policy` does, and
     /// counts them as its acknowledgements. Returns how many it answered.
     fn answer_all_without_standby(&self, link: &Link, policy: Policy) -> usize {
@@ -1042,10 +1049,6 @@ impl Replication {
             return 0;
         }
         let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
-        if let Policy::Degraded = policy {
-            // Answered either way; on a promoted node not yet protected again, recorded.
-            self.reprotection.acknowledge_alone(&link.name, highest);
-        }
         if let Policy::Unprotected = policy {
             if !self.reprotection.acknowledge_alone(&link.name, highest) {
                 // The node was protected again since the caller looked (the other logs'
@@ -1059,7 +1062,7 @@ impl Replication {
         {
             let mut state = lock(&link.state);
             match policy {
-                Policy::Degraded => state.count_degraded(answered as u64, highest),
+                Policy::Degraded => self.count_degraded(link, &mut state, answered as u64, highest),
                 Policy::Unprotected => state.unprotected_acks += answered as u64,
             }
         }
