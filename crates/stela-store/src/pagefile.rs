@@ -26,6 +26,13 @@ use std::sync::atomic::Ordering;
 use stela_format::Lsn;
 use stela_wal::storage::{OpenMode, Storage, StorageFile};
 
+thread_local! {
+    /// The image a page write encodes into: one buffer per writing thread, not an allocation
+    /// per page (the decoupled cleaner writes about one page per transaction at 1 ms rounds).
+    static ENCODED: std::cell::RefCell<Box<[u8; PAGE_SIZE]>> =
+        std::cell::RefCell::new(Box::new([0; PAGE_SIZE]));
+}
+
 /// Bytes a cleaner writes before it starts their writeback ([`PageFile::write_batched`]):
 /// PostgreSQL's checkpointer starts writeback every 256 KiB (`checkpoint_flush_after`), RocksDB
 /// every `bytes_per_sync` (1 MiB is its suggested value); this is between the two.
@@ -166,14 +173,18 @@ impl PageFile {
     }
 
     fn write_unless_newer(&self, id: PageId, page: &Page, same_lsn_too: bool) -> Result<bool> {
-        let image =
-            page::encode(id, page).map_err(|source| crate::Error::Corrupt { page: id, source })?;
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         let stale = |stored: Lsn| stored > page.lsn || (stored == page.lsn && !same_lsn_too);
         if written.get(&id).is_some_and(|&stored| stale(stored)) {
             return Ok(false);
         }
-        self.file.write_all_at(&image[..], id * PAGE_SIZE as u64)?;
+        // Encoded and written in one borrow of this thread's buffer, with no lock taken in
+        // between (loom's threads may share a thread-local).
+        ENCODED.with_borrow_mut(|image| -> Result<()> {
+            page::encode_into(id, page, image)
+                .map_err(|source| crate::Error::Corrupt { page: id, source })?;
+            Ok(self.file.write_all_at(&image[..], id * PAGE_SIZE as u64)?)
+        })?;
         written.insert(id, page.lsn);
         self.write_seq.fetch_add(1, Ordering::AcqRel);
         drop(written);
