@@ -11,7 +11,9 @@
 //! two levels taking turns, medians of `--repeats`. The round trip is measured by 2,000 TCP
 //! ping-pongs of 8 bytes between the two namespaces (TCP_NODELAY) before the runs and 2,000
 //! after, through a small echo server that this binary runs in the standby's namespace
-//! (`stela-bench netecho`, hidden); the target uses the shorter of the two medians.
+//! (`stela-bench netecho`, hidden); the target uses the shorter of the two medians. A third
+//! measurement, a diagnostic beside the target, is taken while one client commits at
+//! `buffered` (`rtt_loaded_us`).
 //!
 //! Targets (issue 9): `replicated` p50 <= `buffered` p50 + one round trip + 10 %, and `replicated`
 //! commits/s at 16 clients >= 0.8 x `buffered`. Needs root (network namespaces).
@@ -77,6 +79,12 @@ pub struct ReplRow {
     pub rtt_us: f64,
     pub rtt_before_us: f64,
     pub rtt_after_us: f64,
+    /// A diagnostic, not the target's: the median of 2,000 round trips measured while one
+    /// client commits at `buffered` as fast as it can, so that the client and the primary's
+    /// event loop keep the CPUs busy as they do during a one-client `replicated` run. On a
+    /// host with few CPUs, where the standby shares them, it tells what a round trip costs
+    /// under that load.
+    pub rtt_loaded_us: f64,
     pub buffered_commits_per_s: f64,
     pub replicated_commits_per_s: f64,
 }
@@ -177,6 +185,30 @@ fn measure_rtt(addr: SocketAddr) -> anyhow::Result<Vec<f64>> {
     }
     samples.sort_by(f64::total_cmp);
     Ok(samples)
+}
+
+/// [`measure_rtt`] while one client commits at `buffered` through `cfg`'s daemon (after its
+/// warm-up, within its window).
+fn measure_rtt_under_load(addr: SocketAddr, cfg: &CommitBenchConfig) -> anyhow::Result<Vec<f64>> {
+    let load = CommitBenchConfig {
+        modes: vec![Mode::ServiceBuffered],
+        clients: vec![1],
+        timing: Timing {
+            warmup: WARMUP,
+            window: Duration::from_secs(2),
+        },
+        repeats: 1,
+        ..cfg.clone()
+    };
+    std::thread::scope(|scope| {
+        let committing = scope.spawn(|| commit_bench::run(&load, &mut std::io::sink()));
+        std::thread::sleep(WARMUP + Duration::from_millis(200));
+        let samples = measure_rtt(addr);
+        committing
+            .join()
+            .map_err(|_| anyhow::anyhow!("the loading client panicked"))??;
+        samples
+    })
 }
 
 fn median_of_sorted(samples: &[f64]) -> f64 {
@@ -303,6 +335,7 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     };
     let rows = commit_bench::run(&cfg, &mut std::io::sink())?;
     let rtt_after = measure_rtt(echo)?;
+    let rtt_loaded_us = median_of_sorted(&measure_rtt_under_load(echo, &cfg)?);
     let (rtt_before_us, rtt_after_us) =
         (median_of_sorted(&rtt_before), median_of_sorted(&rtt_after));
     let rtt_us = rtt_before_us.min(rtt_after_us);
@@ -314,6 +347,7 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     let mut out_rows = Vec::new();
     if !args.json {
         writeln!(out, "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}), round trip {rtt_us:.1} us (the shorter median of 2000 TCP ping-pongs before the runs, {rtt_before_us:.1} us, and 2000 after, {rtt_after_us:.1} us); stream over {}", net.here, net.there, if args.tls { "TLS" } else { "plain TCP" })?;
+        writeln!(out, "# diagnostic: the same round trip while one client commits at buffered as fast as it can (the CPUs as busy as in a one-client replicated run): median {rtt_loaded_us:.1} us")?;
         writeln!(
             out,
             "# {} B records, {} transport, {:.1} s runs, median of {} with the levels taking turns",
@@ -342,6 +376,7 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
             rtt_us,
             rtt_before_us,
             rtt_after_us,
+            rtt_loaded_us,
             buffered_commits_per_s: b.commits_per_s,
             replicated_commits_per_s: r.commits_per_s,
         };

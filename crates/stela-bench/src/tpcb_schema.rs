@@ -135,6 +135,13 @@ pub struct TpcbArgs {
     /// One JSON object per run instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// A diagnostic, not how the must-reach lines are measured: client N runs on the N-th CPU
+    /// the process may use, and every other thread (loading, the store's services, the peers'
+    /// background threads) on the CPUs after the clients'. It takes from a line what the
+    /// services cost the clients by sharing their CPUs, leaving what they cost otherwise
+    /// (latches, memory, the disk). Needs more CPUs than clients.
+    #[arg(long)]
+    pub pin_clients: bool,
     /// Save an SVG chart at PATH: tps by interval, one line per checkpoint kind and cleaner,
     /// the peers flat beside them (the paper's Figure 4).
     #[arg(long, value_name = "PATH")]
@@ -325,6 +332,7 @@ pub(crate) fn drive_clients<C>(
     transaction: impl Fn(&mut C, u32, &mut Rng) -> anyhow::Result<i64> + Sync,
 ) -> anyhow::Result<Driven> {
     let stop = AtomicBool::new(false);
+    let pinned = args.pin_clients.then(ClientCpus::of_process).transpose()?;
     let started = Instant::now();
     let cpu_before = process_cpu_seconds()?;
     let results: Vec<anyhow::Result<(Vec<u32>, i64)>> = std::thread::scope(|scope| {
@@ -332,6 +340,9 @@ pub(crate) fn drive_clients<C>(
             .map(|b| {
                 let (stop, open, transaction) = (&stop, &open, &transaction);
                 scope.spawn(move || -> anyhow::Result<(Vec<u32>, i64)> {
+                    if let Some(cpus) = pinned {
+                        cpus.pin_client(b)?;
+                    }
                     let mut connection = open(b)?;
                     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(b) + 1) * 7919));
                     let (mut latencies, mut deltas) = (Vec::with_capacity(1 << 16), 0i64);
@@ -365,4 +376,53 @@ pub(crate) fn drive_clients<C>(
         elapsed,
         cpu_s,
     })
+}
+
+/// `--pin-clients`: the CPUs this process may use, the first ones for the clients. Created on
+/// the benchmark's main thread, which [`ClientCpus::keep_others_off`] moves to the rest, so
+/// that every thread it starts afterwards (the store's services, a peer's background threads)
+/// stays off the clients' CPUs.
+pub(crate) struct ClientCpus {
+    cpus: Vec<usize>,
+}
+
+impl ClientCpus {
+    /// The CPUs the process could use before the first `keep_others_off` (read once: the
+    /// main thread's own set is narrower after it).
+    pub(crate) fn of_process() -> anyhow::Result<&'static ClientCpus> {
+        static FIRST_READ: std::sync::OnceLock<ClientCpus> = std::sync::OnceLock::new();
+        if let Some(cpus) = FIRST_READ.get() {
+            return Ok(cpus);
+        }
+        let allowed = rustix::thread::sched_getaffinity(None)?;
+        let cpus = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&cpu| allowed.is_set(cpu))
+            .collect();
+        Ok(FIRST_READ.get_or_init(|| ClientCpus { cpus }))
+    }
+
+    /// Moves the calling thread (and what it starts from now on) off the first `clients` CPUs.
+    pub(crate) fn keep_others_off(&self, clients: u32) -> anyhow::Result<()> {
+        let clients = clients as usize;
+        if self.cpus.len() <= clients {
+            bail!(
+                "--pin-clients needs more CPUs than clients: {} CPUs, {clients} clients",
+                self.cpus.len()
+            );
+        }
+        let mut others = rustix::thread::CpuSet::new();
+        for &cpu in &self.cpus[clients..] {
+            others.set(cpu);
+        }
+        rustix::thread::sched_setaffinity(None, &others)?;
+        Ok(())
+    }
+
+    /// Moves the calling thread onto client `client`'s CPU alone.
+    fn pin_client(&self, client: u32) -> anyhow::Result<()> {
+        let mut own = rustix::thread::CpuSet::new();
+        own.set(self.cpus[client as usize]);
+        rustix::thread::sched_setaffinity(None, &own)?;
+        Ok(())
+    }
 }
