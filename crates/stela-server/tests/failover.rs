@@ -41,6 +41,16 @@ impl Pair {
     /// Starts node `i` ("a" or "b"), `role` being the one it takes if the witness names no
     /// primary yet.
     fn start(&self, i: usize, role: NodeRole) -> NoHang {
+        self.start_with(i, role, |_| {})
+    }
+
+    /// [`Pair::start`], with `adjust` changing the node's configuration last.
+    fn start_with(
+        &self,
+        i: usize,
+        role: NodeRole,
+        adjust: impl FnOnce(&mut DaemonConfig),
+    ) -> NoHang {
         let mut config = DaemonConfig::new(&self.dirs[i]);
         config.assume_write_rate = Some(100 << 20);
         config.segment_bytes = 64 << 10;
@@ -56,6 +66,7 @@ impl Pair {
             suspect_after: Duration::from_millis(300),
             after_failover: AfterFailover::Unprotected,
         });
+        adjust(&mut config);
         NoHang::new(Server::start(config).expect("a node starts"))
     }
 }
@@ -290,6 +301,56 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     let _a = pair.start(0, NodeRole::Primary);
     let catching_up = protected_only_once_caught_up(&b, last, Duration::from_secs(20));
     eprintln!("status read {catching_up} times while the standby caught up");
+}
+
+/// `--degrade-after` on a promoted primary that is not protected again yet: once its standby
+/// has been unreachable that long, `replicated` commits are answered by the degrade policy
+/// (checked before the unprotected one), and what it answers is owed to the standby too. Here
+/// the old primary stays down until b has degraded and acknowledged about 4 MiB that way; b
+/// may say protected only once the old primary, back, holds all of it.
+#[test]
+fn commits_a_degraded_unprotected_primary_acknowledges_are_caught_up_before_protected() {
+    let root = tempfile::tempdir().unwrap();
+    let witness = witness(&root.path().join("w"));
+    let pair = Pair::new(root.path(), witness.addr());
+    let a = pair.start(0, NodeRole::Primary);
+    let degrade = |config: &mut DaemonConfig| {
+        config.degrade_after = Some(Duration::from_millis(200));
+    };
+    let b = pair.start_with(1, NodeRole::Standby, degrade);
+    wait_until("a to be the primary", Duration::from_secs(5), || {
+        replication(a.socket_path()).role == "primary"
+    });
+    let mut client = RawClient::connect(a.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    write(&mut client, handle, 0, 10);
+    drop(client);
+    stop_until_promoted(a, &b);
+    wait_until("b to degrade", Duration::from_secs(10), || {
+        replication(b.socket_path())
+            .logs
+            .first()
+            .is_some_and(|log| log.degraded)
+    });
+
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    for seq in 10..266 {
+        client
+            .append(handle, Durability::Replicated, &[rec(1, seq, 16 << 10)])
+            .expect("a degraded replicated append");
+    }
+    let last = client.positions(handle).last_lsn;
+    let status = replication(b.socket_path());
+    assert!(status.unprotected_since_ms > 0, "b is not protected yet");
+    // Answered by the degrade policy, not the unprotected one: this is the path under test.
+    assert_eq!(status.logs[0].degraded_acks, 256);
+    assert_eq!(status.logs[0].unprotected_acks, 0);
+
+    let _a = pair.start(0, NodeRole::Primary);
+    let catching_up = protected_only_once_caught_up(&b, last, Duration::from_secs(30));
+    eprintln!("status read {catching_up} times while the old primary caught up");
+    assert!(catching_up > 0, "the catch-up was never seen");
 }
 
 /// A promoted primary owes its standby every record it held when a log was opened on it, not
