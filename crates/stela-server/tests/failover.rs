@@ -113,10 +113,18 @@ fn witness(dir: &Path) -> stela_coord::witness::Witness {
 /// A witness and a pair under `root`: a started as the primary, b as its standby, and a
 /// answering as the primary.
 fn running_pair(root: &Path) -> (stela_coord::witness::Witness, Pair, NoHang, NoHang) {
+    running_pair_with(root, |_| {})
+}
+
+/// [`running_pair`], with `adjust_b` changing b's configuration last.
+fn running_pair_with(
+    root: &Path,
+    adjust_b: impl FnOnce(&mut DaemonConfig),
+) -> (stela_coord::witness::Witness, Pair, NoHang, NoHang) {
     let witness = witness(&root.join("w"));
     let pair = Pair::new(root, witness.addr());
     let a = pair.start(0, NodeRole::Primary);
-    let b = pair.start(1, NodeRole::Standby);
+    let b = pair.start_with(1, NodeRole::Standby, adjust_b);
     wait_until("a to be the primary", Duration::from_secs(5), || {
         replication(a.socket_path()).role == "primary"
     });
@@ -164,6 +172,22 @@ fn protected_only_once_caught_up(b: &NoHang, last: u64, within: Duration) -> usi
     assert_eq!(status.unprotected_since_ms, 0, "protected again in time");
     assert_eq!(status.logs[0].received_lsn, last);
     catching_up
+}
+
+/// On the promoted `b`, with its standby away: appends records 10..266 of "ledger", 16 KiB
+/// each (about 4 MiB: 64 KiB segments, so dozens of shipments to catch up), each at
+/// `replicated` and answered by whichever policy answers without the standby. Returns the
+/// client (the log stays open) and the last LSN.
+fn append_alone(b: &NoHang) -> (RawClient, u64) {
+    let mut client = RawClient::connect(b.socket_path());
+    let (handle, _) = open(&mut client, "ledger").unwrap();
+    for seq in 10..266 {
+        client
+            .append(handle, Durability::Replicated, &[rec(1, seq, 16 << 10)])
+            .expect("a replicated append answered without the standby");
+    }
+    let last = client.positions(handle).last_lsn;
+    (client, last)
 }
 
 /// Writes `n` records at `replicated` from `seq`; returns them.
@@ -287,15 +311,8 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     drop(client);
     stop_until_promoted(a, &b);
 
-    // About 4 MiB acknowledged by b alone: 64 KiB segments, so dozens of shipments to catch up.
-    let mut client = RawClient::connect(b.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
-    for seq in 10..266 {
-        client
-            .append(handle, Durability::Replicated, &[rec(1, seq, 16 << 10)])
-            .expect("an unprotected replicated append");
-    }
-    let last = client.positions(handle).last_lsn;
+    // About 4 MiB acknowledged by b alone.
+    let (_client, last) = append_alone(&b);
     assert_eq!(replication(b.socket_path()).logs[0].unprotected_acks, 256);
 
     let _a = pair.start(0, NodeRole::Primary);
@@ -311,15 +328,8 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
 #[test]
 fn commits_a_degraded_unprotected_primary_acknowledges_are_caught_up_before_protected() {
     let root = tempfile::tempdir().unwrap();
-    let witness = witness(&root.path().join("w"));
-    let pair = Pair::new(root.path(), witness.addr());
-    let a = pair.start(0, NodeRole::Primary);
-    let degrade = |config: &mut DaemonConfig| {
+    let (_witness, pair, a, b) = running_pair_with(root.path(), |config| {
         config.degrade_after = Some(Duration::from_millis(200));
-    };
-    let b = pair.start_with(1, NodeRole::Standby, degrade);
-    wait_until("a to be the primary", Duration::from_secs(5), || {
-        replication(a.socket_path()).role == "primary"
     });
     let mut client = RawClient::connect(a.socket_path());
     let (handle, _) = open(&mut client, "ledger").unwrap();
@@ -333,14 +343,7 @@ fn commits_a_degraded_unprotected_primary_acknowledges_are_caught_up_before_prot
             .is_some_and(|log| log.degraded)
     });
 
-    let mut client = RawClient::connect(b.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
-    for seq in 10..266 {
-        client
-            .append(handle, Durability::Replicated, &[rec(1, seq, 16 << 10)])
-            .expect("a degraded replicated append");
-    }
-    let last = client.positions(handle).last_lsn;
+    let (_client, last) = append_alone(&b);
     let status = replication(b.socket_path());
     assert!(status.unprotected_since_ms > 0, "b is not protected yet");
     // Answered by the degrade policy, not the unprotected one: this is the path under test.
