@@ -39,6 +39,7 @@ pub mod commit_chart;
 pub mod failover;
 pub mod harness;
 pub mod impair;
+pub mod neighbour;
 pub mod netns;
 pub mod peers;
 pub mod pg_bench;

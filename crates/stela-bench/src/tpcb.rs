@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 use stela_store::{CheckpointKind, CleanerKind, Store, StoreOptions};
 use stela_wal::SyncMode;
 
+use crate::neighbour::{Neighbour, NeighbourKind};
 use crate::tpcb_schema::pool_mb;
 use crate::tpcb_schema::{
     account_key, balance, branch_key, delta_and_account, drive_clients, history_key, row,
@@ -117,12 +118,41 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
         if entry.file_type()?.is_dir() {
             copy_dir(&entry.path(), &target)?;
         } else {
-            std::fs::copy(entry.path(), &target)?;
-            // Synced now, so that writing the copy back does not compete with the run's
-            // commits for the disk.
-            std::fs::File::open(&target)?.sync_all()?;
+            copy_file_by_pages(&entry.path(), &target)?;
         }
     }
+    Ok(())
+}
+
+/// Copies the file `from` to the new file `to` in writes of one page each, and syncs it, so
+/// that writing the copy back does not compete with the run's commits for the disk.
+///
+/// Why page by page: the copy's pages stay in the OS's cache for the run, and should sit there
+/// as the store's own 8 KiB writes would have left them. After `std::fs::copy`, the kernel's
+/// `ext4_block_write_begin` (which walks every block of the large folio a write lands in) took
+/// 12 % of the decoupled cleaner's thread at 1 ms rounds, and dropping the copy's cache before
+/// the run made it vanish from the profile (perf, ext4 on Linux 6.18). An 8 KiB write into a
+/// file written in one 12 MiB write took 3.6-3.8 us, into one written 8 KiB at a time 1.2 us.
+/// A cost of how the benchmark copied its files, not of the store.
+fn copy_file_by_pages(from: &Path, to: &Path) -> anyhow::Result<()> {
+    use std::io::Read;
+    let mut source = std::fs::File::open(from)?;
+    let mut copy = std::fs::File::create_new(to)?;
+    let mut page = vec![0u8; stela_store::PAGE_SIZE];
+    loop {
+        let mut filled = 0;
+        while filled < page.len() {
+            match source.read(&mut page[filled..])? {
+                0 => break,
+                read => filled += read,
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        copy.write_all(&page[..filled])?;
+    }
+    copy.sync_all()?;
     Ok(())
 }
 
@@ -168,9 +198,11 @@ fn run_one(
     (checkpoints, cleaner, interval): (Kind, Kind, u64),
     repeat: usize,
     on_daemon: bool,
+    neighbour_kind: Option<NeighbourKind>,
 ) -> anyhow::Result<TpcbRun> {
+    let beside = neighbour_kind.map_or("alone", NeighbourKind::label);
     let dir = base.join(format!(
-        "run-{checkpoints:?}-{cleaner:?}-{interval}-{repeat}"
+        "run-{checkpoints:?}-{cleaner:?}-{interval}-{repeat}-{beside}"
     ));
     copy_dir(template, &dir)?;
     let options = store_options(args, checkpoints, cleaner, interval);
@@ -201,6 +233,10 @@ fn run_one(
         )?,
         None => Store::open(&dir, options)?,
     };
+    // Beside the clients only, not the store's opening and closing.
+    let neighbour = neighbour_kind
+        .map(|kind| Neighbour::start(kind, args.neighbour_busy_percent))
+        .transpose()?;
     let driven = drive_clients(
         args,
         |_| Ok(0u64),
@@ -216,6 +252,7 @@ fn run_one(
             }
         },
     )?;
+    drop(neighbour);
     check_invariant(&store, args, driven.deltas)?;
     let evictions = store.pool_stats().evictions;
     if evictions > 0 {
@@ -233,12 +270,17 @@ fn run_one(
             .map_err(|e| anyhow::anyhow!("stopping the daemon: {e}"))?;
     }
     std::fs::remove_dir_all(&dir)?;
+    let system = if on_daemon {
+        "stela-store-daemon"
+    } else {
+        "stela-store"
+    };
+    let system = match neighbour_kind {
+        Some(kind) => format!("{system}+{}", kind.label()),
+        None => system.to_string(),
+    };
     Ok(driven.into_run(
-        if on_daemon {
-            "stela-store-daemon"
-        } else {
-            "stela-store"
-        },
+        &system,
         &format!("{checkpoints:?}").to_lowercase(),
         &format!("{cleaner:?}").to_lowercase(),
         interval,
@@ -308,6 +350,15 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
                  (a diagnostic: the must-reach lines run unpinned)"
             )?;
         }
+        if let Some(kind) = args.neighbour {
+            writeln!(
+                out,
+                "--neighbour {}: each configuration also runs beside a thread that shares \
+                 nothing with the store, busy {} % of each 10 ms (a diagnostic)",
+                kind.label(),
+                args.neighbour_busy_percent
+            )?;
+        }
         writeln!(
             out,
             "{:<18} {:<10} {:<10} {:>8} {:>10} {:>8} {:>8} {:>7}",
@@ -358,14 +409,23 @@ pub fn run(args: &TpcbArgs, out: &mut impl Write) -> anyhow::Result<Vec<TpcbRun>
                 order.reverse();
             }
             for &config in &order {
-                report(run_one(
-                    &template,
-                    base.path(),
-                    args,
-                    config,
-                    repeat,
-                    on_daemon,
-                )?)?;
+                // With a neighbour, each configuration runs beside it and alone, the two
+                // taking turns (which goes first alternates with the repeats).
+                let mut beside = vec![None];
+                if let Some(kind) = args.neighbour {
+                    beside.insert(repeat % 2, Some(kind));
+                }
+                for neighbour in beside {
+                    report(run_one(
+                        &template,
+                        base.path(),
+                        args,
+                        config,
+                        repeat,
+                        on_daemon,
+                        neighbour,
+                    )?)?;
+                }
             }
         }
     }

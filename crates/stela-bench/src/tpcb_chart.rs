@@ -150,6 +150,31 @@ pub fn readings(runs: &[TpcbRun]) -> Vec<String> {
             ));
         }
     }
+    for beside in lines.iter().filter(|l| !l.peer && l.system.contains('+')) {
+        let alone_system = beside.system.split('+').next().unwrap_or_default();
+        let Some(alone) = lines.iter().find(|l| {
+            l.system == alone_system
+                && l.checkpoints == beside.checkpoints
+                && l.cleaner == beside.cleaner
+        }) else {
+            continue;
+        };
+        let ratios: Vec<String> = beside
+            .points
+            .iter()
+            .filter_map(|&(interval, tps)| {
+                let theirs = alone.points.iter().find(|p| p.0 == interval)?;
+                Some(format!("{:.2}x at {interval} ms", tps / theirs.1))
+            })
+            .collect();
+        if !ratios.is_empty() {
+            said.push(format!(
+                "{} against {alone_system}: {}",
+                beside.label,
+                ratios.join(", ")
+            ));
+        }
+    }
     said
 }
 
@@ -318,6 +343,39 @@ mod tests {
                  highest 100 at 1000 ms)",
                 "at 1 ms: checkpoints decoupled, cleaner decoupled against checkpoints classical, \
                  cleaner decoupled: 1.20x",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_neighbours_runs_are_a_line_of_their_own_compared_with_the_runs_alone() {
+        let runs = [
+            run("stela-store", "decoupled", "decoupled", 1, 90.0),
+            run("stela-store", "decoupled", "decoupled", 10, 100.0),
+            run(
+                "stela-store+memory-neighbour",
+                "decoupled",
+                "decoupled",
+                1,
+                81.0,
+            ),
+            run(
+                "stela-store+memory-neighbour",
+                "decoupled",
+                "decoupled",
+                10,
+                95.0,
+            ),
+        ];
+        assert_eq!(
+            readings(&runs),
+            vec![
+                "checkpoints decoupled, cleaner decoupled: spread 10.0 % (lowest 90 tps at 1 ms, \
+                 highest 100 at 10 ms)",
+                "stela-store+memory-neighbour, checkpoints decoupled, cleaner decoupled: spread \
+                 14.7 % (lowest 81 tps at 1 ms, highest 95 at 10 ms)",
+                "stela-store+memory-neighbour, checkpoints decoupled, cleaner decoupled against \
+                 stela-store: 0.90x at 1 ms, 0.95x at 10 ms",
             ]
         );
     }

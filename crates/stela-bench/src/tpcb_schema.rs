@@ -142,6 +142,18 @@ pub struct TpcbArgs {
     /// (latches, memory, the disk). Needs more CPUs than clients.
     #[arg(long)]
     pub pin_clients: bool,
+    /// A diagnostic: every stela-store configuration also runs beside a neighbour, a thread
+    /// that shares nothing with the store and keeps a CPU busy `--neighbour-busy-percent` of
+    /// each 10 ms, streaming through memory or computing in registers
+    /// ([`crate::neighbour`]). Those runs are labelled `stela-store+memory-neighbour` (or
+    /// `+compute-neighbour`), take turns with the runs without it, and are compared with
+    /// them interval by interval. Their `cpu s` includes the neighbour's.
+    #[arg(long)]
+    pub neighbour: Option<crate::neighbour::NeighbourKind>,
+    /// The share of each 10 ms the neighbour is busy, in percent (the default is about what
+    /// the decoupled cleaner's thread takes at 1 ms rounds with one client).
+    #[arg(long, default_value_t = 55, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub neighbour_busy_percent: u32,
     /// Save an SVG chart at PATH: tps by interval, one line per checkpoint kind and cleaner,
     /// the peers flat beside them (the paper's Figure 4).
     #[arg(long, value_name = "PATH")]

@@ -424,6 +424,46 @@ fn tpcb_runs_the_store_embedded_and_on_a_daemon_and_checks_the_invariant() {
 }
 
 #[test]
+fn tpcb_with_a_neighbour_runs_each_configuration_beside_it_and_alone_taking_turns() {
+    let args = [
+        "tpcb",
+        "--clients",
+        "1",
+        "--accounts",
+        "500",
+        "--checkpoints",
+        "decoupled",
+        "--cleaner",
+        "decoupled",
+        "--interval-ms",
+        "10",
+        "--durability",
+        "buffered",
+        "--repeats",
+        "2",
+        "--neighbour",
+        "memory",
+        "--json",
+    ];
+    let (lines, _, out) = lines_with_work(&args, &TPCB_KEYS, "tps");
+    let systems: Vec<(&str, u64)> = lines
+        .iter()
+        .map(|l| (l["system"].as_str().unwrap(), l["repeat"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        systems,
+        [
+            ("stela-store", 1),
+            ("stela-store+memory-neighbour", 1),
+            ("stela-store+memory-neighbour", 2),
+            ("stela-store", 2),
+        ],
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
 fn tpcb_crash_kills_the_store_and_cuts_its_power_and_finds_every_acknowledged_transaction() {
     // A lost acknowledged row, a visible partial or uncommitted transaction, or a restart that
     // fails makes the run exit non-zero; the long run is the benchmark (1,000 kills).
