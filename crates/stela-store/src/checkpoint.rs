@@ -34,7 +34,7 @@ use crate::format::{
     CheckpointKind, CheckpointTables, LogBody, LogRecord, TableChanges, SYSTEM_TXN,
 };
 use crate::log::LogDevice;
-use crate::tail::{Consumer, LogTail};
+use crate::tail::{Consumer, LogTail, RecordBuffer};
 use std::path::Path;
 use stela_format::Lsn;
 use stela_wal::storage::{OpenMode, Storage, StorageFile};
@@ -461,6 +461,8 @@ pub(crate) struct Decoupled {
     pub analysis: Analysis,
     /// `None` after open and after a classical checkpoint: the next one is logged whole.
     pub last: Option<LastCheckpoint>,
+    /// The analysis's reads of the log tail, reused from one checkpoint to the next.
+    pub records: RecordBuffer,
 }
 
 impl Decoupled {
@@ -575,7 +577,7 @@ impl Decoupled {
         }
         // Applied in place: if reading fails half way, the tables are still those of every
         // record up to `applied_to`, and the next call continues from there.
-        for item in log.records_from(from)? {
+        for item in log.records_reusing(from, &mut self.records)? {
             let (lsn, record) = item?;
             if analysed == 0 && lsn != from {
                 // The log was truncated past this analysis (it was not the store's kind).

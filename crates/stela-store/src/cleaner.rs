@@ -35,7 +35,7 @@ use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
 use crate::redo::redo;
 use crate::sync::AtomicU64;
-use crate::tail::LogTail;
+use crate::tail::{LogTail, RecordBuffer};
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -104,11 +104,13 @@ const CACHE_PAGES: usize = 8192;
 /// each with every change of its page up to the clean LSN, so a page changed again is not read
 /// back from the file (it may be older there, if the pool wrote a newer image meanwhile: the
 /// page file refuses writes that would go back in time, and the replay makes it current anyway).
+/// `records` is the round's buffer for its reads of the log tail, kept between rounds.
 pub(crate) fn decoupled_round(
     log: &LogTail,
     file: &PageFile,
     clean_lsn: &AtomicU64,
     cache: &mut HashMap<PageId, Page>,
+    records: &mut RecordBuffer,
     archive: Option<&LogArchive>,
 ) -> Result<CleanReport> {
     let started = std::time::Instant::now();
@@ -139,7 +141,7 @@ pub(crate) fn decoupled_round(
             log_from = archived.next();
         }
     }
-    for item in log.records_from(log_from)? {
+    for item in log.records_reusing(log_from, records)? {
         let (lsn, record) = item?;
         if lsn > target {
             break;
@@ -179,7 +181,7 @@ pub fn decoupled_round_for_model(
     clean_lsn: &AtomicU64,
     cache: &mut HashMap<PageId, Page>,
 ) -> Result<CleanReport> {
-    decoupled_round(log, file, clean_lsn, cache, None)
+    decoupled_round(log, file, clean_lsn, cache, &mut RecordBuffer::new(), None)
 }
 
 /// Log records replayed onto stored page images, the one way the decoupled cleaner and the

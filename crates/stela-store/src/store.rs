@@ -248,8 +248,12 @@ struct Shared {
     /// Serialises checkpoints and the log's truncation; the master record's slots, and the
     /// decoupled checkpoint's tables between checkpoints.
     checkpointer: Mutex<Checkpointer>,
-    /// Serialises cleaning rounds; the decoupled cleaner's images between rounds.
-    cleaning: Mutex<HashMap<crate::page::PageId, crate::page::Page>>,
+    /// Serialises cleaning rounds; the decoupled cleaner's images, and its buffer for reading
+    /// the log tail, between rounds.
+    cleaning: Mutex<(
+        HashMap<crate::page::PageId, crate::page::Page>,
+        crate::tail::RecordBuffer,
+    )>,
     /// The log archive, if the store keeps one.
     archive: Option<Arc<LogArchive>>,
     /// Losers of an instant restart not yet being rolled back. One is taken out of the map by
@@ -414,9 +418,10 @@ impl Store {
                 decoupled: Decoupled {
                     analysis,
                     last: None,
+                    records: Vec::new(),
                 },
             }),
-            cleaning: Mutex::new(HashMap::new()),
+            cleaning: Mutex::new((HashMap::new(), Vec::new())),
             archive,
             losers_left: AtomicUsize::new(restarted.losers.len()),
             losers: Mutex::new(BTreeMap::new()),
@@ -1021,7 +1026,8 @@ impl Shared {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
-        let mut cache = self.cleaning.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cleaning = self.cleaning.lock().unwrap_or_else(|p| p.into_inner());
+        let (cache, records) = &mut *cleaning;
         let result = match self.options.cleaner {
             // The classical cleaner writes only what the pool holds: pages with redo pending
             // stay as they are stored (and dirty in the tables) until read.
@@ -1033,7 +1039,8 @@ impl Shared {
                     &self.log,
                     &self.file,
                     &self.clean_lsn,
-                    &mut cache,
+                    cache,
+                    records,
                     self.archive.as_deref(),
                 );
                 if let Ok(round) = &round {
