@@ -200,9 +200,21 @@ fn run_one(
     on_daemon: bool,
     neighbour_kind: Option<NeighbourKind>,
 ) -> anyhow::Result<TpcbRun> {
-    let beside = neighbour_kind.map_or("alone", NeighbourKind::label);
+    // Short: the daemon's socket goes in it, and a Unix socket's path has room for about a
+    // hundred bytes (a test's temporary directory in a deep checkout came within six).
+    let kind = |kind: Kind| match kind {
+        Kind::Classical => 'c',
+        Kind::Decoupled => 'd',
+    };
+    let beside = match neighbour_kind {
+        None => "",
+        Some(NeighbourKind::Memory) => "-m",
+        Some(NeighbourKind::Compute) => "-c",
+    };
     let dir = base.join(format!(
-        "run-{checkpoints:?}-{cleaner:?}-{interval}-{repeat}-{beside}"
+        "run-{}{}-{interval}-{repeat}{beside}",
+        kind(checkpoints),
+        kind(cleaner)
     ));
     copy_dir(template, &dir)?;
     let options = store_options(args, checkpoints, cleaner, interval);
