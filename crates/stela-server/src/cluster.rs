@@ -470,13 +470,9 @@ impl Node {
         if !self.after_failover_blocks {
             self.unprotected_since_ms.store(now_ms, Ordering::SeqCst);
         }
-        self.role.store(PRIMARY, Ordering::SeqCst);
         let took = silent + started.elapsed();
-        tracing::warn!(
-            epoch,
-            took_ms = took.as_millis() as u64,
-            "promoted: this node is the primary"
-        );
+        // The report before the role: a status that says primary also says how it became one
+        // (read between the two, it said primary with no failover, and a test failed so).
         *lock(&self.last_failover) = Some(stela_proto::FailoverReport {
             at_unix_ms: now_ms,
             epoch,
@@ -486,5 +482,11 @@ impl Node {
             ),
             took_ms: took.as_millis() as u64,
         });
+        self.role.store(PRIMARY, Ordering::SeqCst);
+        tracing::warn!(
+            epoch,
+            took_ms = took.as_millis() as u64,
+            "promoted: this node is the primary"
+        );
     }
 }

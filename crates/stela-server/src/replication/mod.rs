@@ -650,7 +650,9 @@ impl Replication {
     ) -> stela_proto::ReplicationStatus {
         // The node's state first: a node that reads as protected again already has each
         // standby's acknowledgement of what it acknowledged without one, which the logs, read
-        // after, show.
+        // after, show. Its role before the rest: a promotion records its report, then the role
+        // (`Node::promote`), so a status that says primary has the failover too.
+        let role = self.node.role_name();
         let (epoch, coordinator, last_failover, unprotected_since_ms) = self.node.status();
         let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&self.links)
             .iter()
@@ -698,7 +700,7 @@ impl Replication {
             .collect();
         logs.sort_by(|a, b| a.log.cmp(&b.log));
         stela_proto::ReplicationStatus {
-            role: self.node.role_name().into(),
+            role: role.into(),
             peer: self.standby.to_string(),
             logs,
             epoch,
