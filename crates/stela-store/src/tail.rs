@@ -228,8 +228,9 @@ impl LogTail {
     /// checkpoint's analysis and the decoupled cleaner): the pointers are copied into `buffer`,
     /// emptied first, whose allocation the reader keeps. Why: a fresh vector each round came
     /// from memory the thread had not touched, and the kernel's zeroing of it (`clear_page`)
-    /// took 5-15 % of those threads at 1 ms rounds (perf). Records the iterator is dropped
-    /// before reaching are released with it; the buffer keeps no record after that.
+    /// took 5.4 % of the checkpoint thread and 3.5 % of the cleaner's at 1 ms rounds (perf).
+    /// Records the iterator is dropped before reaching are released with it; the buffer keeps
+    /// no record after that.
     pub fn records_reusing<'a>(
         &'a self,
         lsn: Lsn,
