@@ -286,21 +286,26 @@ impl Node {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Status fields of this node.
+    /// Status fields of this node: its role, epoch, view of the coordinator, last failover and
+    /// since when it is unprotected. The role is read first: a promotion records its report
+    /// before its role ([`Node::promote`]), so a status that says primary has the report too.
     pub fn status(
         &self,
     ) -> (
+        &'static str,
         u64,
         Option<stela_proto::CoordinatorStatus>,
         Option<stela_proto::FailoverReport>,
         u64,
     ) {
+        let role = self.role_name();
         let view = lock(&self.coordinator_view).clone().map(|mut view| {
             view.last_answer_ms =
                 lock(&self.last_answer).map_or(u64::MAX, |at| at.elapsed().as_millis() as u64);
             view
         });
         (
+            role,
             self.epoch(),
             view,
             lock(&self.last_failover).clone(),

@@ -650,10 +650,8 @@ impl Replication {
     ) -> stela_proto::ReplicationStatus {
         // The node's state first: a node that reads as protected again already has each
         // standby's acknowledgement of what it acknowledged without one, which the logs, read
-        // after, show. Its role before the rest: a promotion records its report, then the role
-        // (`Node::promote`), so a status that says primary has the failover too.
-        let role = self.node.role_name();
-        let (epoch, coordinator, last_failover, unprotected_since_ms) = self.node.status();
+        // after, show.
+        let (role, epoch, coordinator, last_failover, unprotected_since_ms) = self.node.status();
         let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&self.links)
             .iter()
             .map(|(&id, link)| {

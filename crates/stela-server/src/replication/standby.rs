@@ -171,9 +171,7 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
         })
         .collect();
     logs.sort_by(|a, b| a.log.cmp(&b.log));
-    // The role first: a promotion records its report before its role (`Node::promote`).
-    let role = shared.node.role_name();
-    let (epoch, coordinator, last_failover, unprotected_since_ms) = shared.node.status();
+    let (role, epoch, coordinator, last_failover, unprotected_since_ms) = shared.node.status();
     stela_proto::ReplicationStatus {
         role: role.into(),
         peer: addr.to_string(),
