@@ -211,16 +211,10 @@ impl LogTail {
     /// when the tail holds `lsn` (the lock is held only to copy the pointers), else read from
     /// the log.
     pub fn records_from(&self, lsn: Lsn) -> Result<SharedRecords<'_>> {
-        let copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
-        if lsn < copy.base {
-            drop(copy);
-            let records = self.inner.read_from(lsn)?;
-            return Ok(Box::new(
-                records.map(|item| item.map(|(lsn, record)| (lsn, Arc::new(record)))),
-            ));
+        let mut records = Vec::new();
+        if !self.copy_held_from(lsn, &mut records) {
+            return self.read_log_from(lsn);
         }
-        let skip = ((lsn.get() - copy.base.get()) as usize).min(copy.records.len());
-        let records: Vec<(Lsn, Arc<LogRecord>)> = copy.records.range(skip..).cloned().collect();
         Ok(Box::new(records.into_iter().map(Ok)))
     }
 
@@ -237,15 +231,30 @@ impl LogTail {
         buffer: &'a mut RecordBuffer,
     ) -> Result<SharedRecords<'a>> {
         buffer.clear();
+        if !self.copy_held_from(lsn, buffer) {
+            return self.read_log_from(lsn);
+        }
+        Ok(Box::new(buffer.drain(..).map(Ok)))
+    }
+
+    /// Appends to `into` the copy's records from `lsn` on, under the lock; `false` (nothing
+    /// appended) when `lsn` is below the copy, whose reader must read the log instead.
+    fn copy_held_from(&self, lsn: Lsn, into: &mut RecordBuffer) -> bool {
         let copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
         if lsn < copy.base {
-            drop(copy);
-            return self.records_from(lsn);
+            return false;
         }
         let skip = ((lsn.get() - copy.base.get()) as usize).min(copy.records.len());
-        buffer.extend(copy.records.range(skip..).cloned());
-        drop(copy);
-        Ok(Box::new(buffer.drain(..).map(Ok)))
+        into.extend(copy.records.range(skip..).cloned());
+        true
+    }
+
+    /// The real log's records from `lsn` on, shared.
+    fn read_log_from(&self, lsn: Lsn) -> Result<SharedRecords<'_>> {
+        let records = self.inner.read_from(lsn)?;
+        Ok(Box::new(records.map(|item| {
+            item.map(|(lsn, record)| (lsn, Arc::new(record)))
+        })))
     }
 }
 
