@@ -30,6 +30,7 @@ use crate::archive::LogArchive;
 use crate::btree::Engine;
 use crate::error::{Error, Result};
 use crate::format::LogRecord;
+use crate::image_cache::{ImageCache, Taken};
 use crate::log::LogDevice;
 use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
@@ -37,7 +38,7 @@ use crate::redo::redo;
 use crate::sync::AtomicU64;
 use crate::tail::{LogTail, RecordBuffer};
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use stela_format::Lsn;
@@ -58,6 +59,9 @@ pub struct CleanReport {
     pub replayed: u64,
     /// Page changes replayed from the log archive's runs (decoupled).
     pub from_archive: u64,
+    /// Stored images read from the page file (decoupled); the others replayed onto came from
+    /// the images the cleaner keeps between rounds.
+    pub read: u64,
     /// The clean LSN after the round (decoupled; zero for classical).
     pub clean_lsn: Lsn,
 }
@@ -96,9 +100,6 @@ pub(crate) fn classical_round(
     Ok(report)
 }
 
-/// Most page images the decoupled cleaner keeps between rounds (its own memory, not the pool).
-const CACHE_PAGES: usize = 8192;
-
 /// One round of the decoupled cleaner: replays the durable log after `clean_lsn` onto the
 /// stored images and publishes the new clean LSN. `cache` holds images from earlier rounds,
 /// each with every change of its page up to the clean LSN, so a page changed again is not read
@@ -109,7 +110,7 @@ pub(crate) fn decoupled_round(
     log: &LogTail,
     file: &PageFile,
     clean_lsn: &AtomicU64,
-    cache: &mut HashMap<PageId, Page>,
+    cache: &mut ImageCache,
     records: &mut RecordBuffer,
     archive: Option<&LogArchive>,
 ) -> Result<CleanReport> {
@@ -179,7 +180,7 @@ pub fn decoupled_round_for_model(
     log: &LogTail,
     file: &PageFile,
     clean_lsn: &AtomicU64,
-    cache: &mut HashMap<PageId, Page>,
+    cache: &mut ImageCache,
 ) -> Result<CleanReport> {
     decoupled_round(log, file, clean_lsn, cache, &mut RecordBuffer::new(), None)
 }
@@ -192,10 +193,11 @@ pub fn decoupled_round_for_model(
 pub(crate) struct Replay<'a> {
     file: &'a PageFile,
     clean: Lsn,
-    cache: &'a mut HashMap<PageId, Page>,
+    cache: &'a mut ImageCache,
     /// With an archive, damaged images are rebuilt from it (and the log) up to `clean`.
     archive: Option<(&'a LogArchive, &'a LogTail)>,
-    images: BTreeMap<PageId, (Page, bool)>,
+    /// The round's images, each with whether the round changed it.
+    images: BTreeMap<PageId, (Taken, bool)>,
     repaired: BTreeSet<PageId>,
     report: CleanReport,
 }
@@ -204,7 +206,7 @@ impl<'a> Replay<'a> {
     pub(crate) fn new(
         file: &'a PageFile,
         clean: Lsn,
-        cache: &'a mut HashMap<PageId, Page>,
+        cache: &'a mut ImageCache,
         archive: Option<(&'a LogArchive, &'a LogTail)>,
     ) -> Replay<'a> {
         Replay {
@@ -221,25 +223,28 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// The image of page `id` being replayed onto, read (or taken from the cache) on first use.
-    fn image(&mut self, id: PageId) -> Result<&mut (Page, bool)> {
-        match self.images.entry(id) {
-            Entry::Occupied(entry) => Ok(entry.into_mut()),
+    /// The image of page `id` being replayed onto, read (or taken from the cache) on first use,
+    /// and whether the round changed it.
+    fn image(&mut self, id: PageId) -> Result<(&mut Page, &mut bool)> {
+        let (taken, changed) = match self.images.entry(id) {
+            Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => {
-                let image = match self.cache.remove(&id) {
-                    Some(image) => image,
+                let taken = match self.cache.take(id) {
+                    Some(taken) => taken,
                     None => {
                         let (image, rebuilt) =
                             stored_image(id, self.file, self.clean, self.archive)?;
+                        self.report.read += 1;
                         if rebuilt {
                             self.repaired.insert(id);
                         }
-                        image
+                        Taken::read(image)
                     }
                 };
-                Ok(entry.insert((image, false)))
+                entry.insert((taken, false))
             }
-        }
+        };
+        Ok((&mut taken.page, changed))
     }
 
     /// Replays the log record at `lsn` onto every page it changes.
@@ -266,7 +271,8 @@ impl<'a> Replay<'a> {
     /// round. The report's `clean_lsn` is still the starting one.
     pub(crate) fn write(self) -> Result<CleanReport> {
         let mut report = self.report;
-        for (id, (image, changed)) in &self.images {
+        for (id, (taken, changed)) in &self.images {
+            let image = &taken.page;
             if self.repaired.contains(id) {
                 // Over the damaged image, even one of the same LSN.
                 report.written += u64::from(self.file.write_repaired(*id, image)?);
@@ -278,11 +284,8 @@ impl<'a> Replay<'a> {
                 self.file.confirm(*id, image.lsn);
             }
         }
-        if self.cache.len() + self.images.len() > CACHE_PAGES {
-            self.cache.clear();
-        }
         self.cache
-            .extend(self.images.into_iter().map(|(id, (image, _))| (id, image)));
+            .put_round(self.images.into_iter().map(|(id, (taken, _))| (id, taken)));
         Ok(report)
     }
 }

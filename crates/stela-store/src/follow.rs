@@ -47,9 +47,7 @@ use crate::checkpoint::{Master, MasterSlots, Sealed};
 use crate::cleaner::Replay;
 use crate::error::{Error, Result};
 use crate::format::{LogBody, LogRecord, RecordError};
-use crate::page::{Page, PageId};
 use crate::pagefile::PageFile;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -105,7 +103,7 @@ pub struct Follower {
     storage: Arc<dyn Storage>,
     file: PageFile,
     /// Images with every change up to `applied` (or newer), kept between rounds.
-    cache: HashMap<PageId, Page>,
+    cache: crate::image_cache::ImageCache,
     applied: Lsn,
     /// The master record's slots; the newest names the last checkpoint passed.
     master: MasterSlots,
@@ -183,7 +181,7 @@ impl Follower {
             agreement,
             storage,
             file: PageFile::new(file, true),
-            cache: HashMap::new(),
+            cache: crate::image_cache::ImageCache::default(),
             applied,
             master: master_slots,
             point: None,

@@ -97,6 +97,7 @@ pub mod daemon;
 pub mod error;
 pub mod follow;
 pub mod format;
+pub mod image_cache;
 pub mod lock;
 pub mod log;
 pub mod page;

@@ -250,10 +250,7 @@ struct Shared {
     checkpointer: Mutex<Checkpointer>,
     /// Serialises cleaning rounds; the decoupled cleaner's images, and its buffer for reading
     /// the log tail, between rounds.
-    cleaning: Mutex<(
-        HashMap<crate::page::PageId, crate::page::Page>,
-        crate::tail::RecordBuffer,
-    )>,
+    cleaning: Mutex<(crate::image_cache::ImageCache, crate::tail::RecordBuffer)>,
     /// The log archive, if the store keeps one.
     archive: Option<Arc<LogArchive>>,
     /// Losers of an instant restart not yet being rolled back. One is taken out of the map by
@@ -421,7 +418,7 @@ impl Store {
                     records: Vec::new(),
                 },
             }),
-            cleaning: Mutex::new((HashMap::new(), Vec::new())),
+            cleaning: Mutex::new((crate::image_cache::ImageCache::default(), Vec::new())),
             archive,
             losers_left: AtomicUsize::new(restarted.losers.len()),
             losers: Mutex::new(BTreeMap::new()),

@@ -71,13 +71,14 @@
 use loom::sync::atomic::AtomicU64;
 use loom::sync::Mutex;
 use loom::thread;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use stela_format::Lsn;
 use stela_store::cleaner::decoupled_round_for_model;
 use stela_store::format::{LogBody, LogRecord};
+use stela_store::image_cache::ImageCache;
 use stela_store::log::RecordIter;
 use stela_store::page::{self, Node, Page, PageId, PAGE_SIZE};
 use stela_store::pagefile::PageFile;
@@ -381,7 +382,7 @@ fn clean_round(
     log: &LogTail,
     file: &PageFile,
     clean: &AtomicU64,
-    cache: &mut HashMap<PageId, Page>,
+    cache: &mut ImageCache,
     mem: &MemLog,
 ) {
     let report = decoupled_round_for_model(log, file, clean, cache).expect("cleaner round");
@@ -453,7 +454,7 @@ fn model(scenario: &'static Scenario, preemptions: usize) {
                 Arc::clone(&mem),
             );
             thread::spawn(move || {
-                let mut cache = HashMap::new();
+                let mut cache = ImageCache::default();
                 for _ in 0..scenario.rounds {
                     clean_round(&log, &file, &clean, &mut cache, &mem);
                 }

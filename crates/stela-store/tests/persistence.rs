@@ -432,6 +432,40 @@ fn after_a_decoupled_cleaning_round_eviction_drops_dirty_pages_without_writing()
 }
 
 #[test]
+fn the_decoupled_cleaner_replays_onto_the_images_it_kept_instead_of_reading_them_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        options(CheckpointKind::Decoupled, CleanerKind::Decoupled),
+    )
+    .unwrap();
+    let update = |value: u8| {
+        let mut txn = store.begin();
+        for i in 0..400 {
+            txn.put(&key(i), &[value; 200]).unwrap();
+        }
+        txn.commit().unwrap();
+    };
+    update(1);
+    let first = store.clean().unwrap();
+    assert!(first.read > 0 && first.written > 0, "{first:?}");
+    // The same pages changed again: replayed onto the kept images, none read back.
+    update(2);
+    let second = store.clean().unwrap();
+    assert_eq!(second.read, 0, "{second:?}");
+    assert!(second.written > 0, "{second:?}");
+    drop(store);
+    let store = Store::open(
+        dir.path(),
+        options(CheckpointKind::Decoupled, CleanerKind::Decoupled),
+    )
+    .unwrap();
+    let contents = common::contents(&store);
+    assert_eq!(contents.len(), 400);
+    assert!(contents.iter().all(|(_, value)| value == &vec![2; 200]));
+}
+
+#[test]
 fn the_classical_cleaner_leaves_the_pool_clean_and_the_checkpoint_empty() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(
