@@ -8,12 +8,24 @@
 //! (`stela serve --standby`, the `stela` binary next to this one) runs in this namespace, the
 //! standby (`stela serve --repl-listen`) in the new one; the clients are the commit benchmark's
 //! (`stela-bench commit --socket`, over the shared-memory ring unless `--transport socket`), the
-//! two levels taking turns, medians of `--repeats`. The round trip is measured by 2,000 TCP
-//! ping-pongs of 8 bytes between the two namespaces (TCP_NODELAY) before the runs and 2,000
-//! after, through a small echo server that this binary runs in the standby's namespace
-//! (`stela-bench netecho`, hidden); the target uses the shorter of the two medians. A third
-//! measurement, a diagnostic beside the target, is taken while one client commits at
-//! `buffered` (`rtt_loaded_us`).
+//! two levels taking turns, medians of `--repeats`.
+//!
+//! The round trip is measured by 2,000 TCP ping-pongs of 8 bytes between the two namespaces
+//! (TCP_NODELAY), through a small echo server that this binary runs in the standby's namespace
+//! (`stela-bench netecho`, hidden), pinned to one CPU, with the pinging thread pinned to another.
+//! Two hosts' round trip always wakes a thread on another processor; on one machine that is a
+//! wake-up across CPUs, which costs far more than one on the same CPU. Left unpinned, the two
+//! ends of a ping-pong can settle on one CPU, where a round trip wakes nothing remote: on this
+//! project's 2-vCPU VM that read 12 us, against 27-30 us across its two CPUs while they are
+//! busy and about 52 us while they are idle (a halted vCPU takes that long to wake), which is
+//! why earlier versions of this benchmark, which did not pin, saw the round trip "drift" between
+//! about 14 and 57 us. The target's round trip is the shortest median across CPUs: before the
+//! runs, after them, and while a spinning thread keeps each of the two CPUs busy (at normal
+//! priority, as a one-client `replicated` run keeps them: its client spins for its answer, the
+//! primary's loop for the standby's, so no CPU sits idle and the standby's wake-up must preempt
+//! one). The round trip within one CPU is shown beside it (`rtt_same_cpu_us`), not used.
+//! (Measuring under a `buffered` client instead, as an earlier version did, pinned the pinging
+//! thread behind the primary's realtime loop whenever the loop ran on its CPU: 142 us.)
 //!
 //! Targets (issue 9): `replicated` p50 <= `buffered` p50 + one round trip + 10 %, and `replicated`
 //! commits/s at 16 clients >= 0.8 x `buffered`. Needs root (network namespaces).
@@ -67,6 +79,9 @@ pub struct ReplBenchArgs {
 pub struct NetEchoArgs {
     #[arg(long)]
     pub listen: SocketAddr,
+    /// Run on this CPU only.
+    #[arg(long)]
+    pub cpu: Option<usize>,
 }
 
 /// One line of results.
@@ -75,22 +90,29 @@ pub struct ReplRow {
     pub clients: usize,
     pub buffered_p50_us: f64,
     pub replicated_p50_us: f64,
-    /// The shorter of the two median round trips below (the one the target uses).
+    /// The shortest of the three median round trips across CPUs below (the one the target
+    /// uses; see the module documentation).
     pub rtt_us: f64,
+    /// Across CPUs, before the runs.
     pub rtt_before_us: f64,
+    /// Across CPUs, after the runs.
     pub rtt_after_us: f64,
-    /// A diagnostic, not the target's: the median of 2,000 round trips measured while one
-    /// client commits at `buffered` as fast as it can, so that the client and the primary's
-    /// event loop keep the CPUs busy as they do during a one-client `replicated` run. On a
-    /// host with few CPUs, where the standby shares them, it tells what a round trip costs
-    /// under that load.
-    pub rtt_loaded_us: f64,
+    /// Across CPUs, while a spinning thread keeps each CPU busy (see the module documentation).
+    pub rtt_busy_us: f64,
+    /// A diagnostic, not the target's: both ends on one CPU, after the runs (no wake-up
+    /// crosses CPUs, which no two hosts can do). `None` where this process may use one CPU
+    /// only; then every round trip above is within that CPU.
+    pub rtt_same_cpu_us: Option<f64>,
     pub buffered_commits_per_s: f64,
     pub replicated_commits_per_s: f64,
 }
 
 /// Runs the echo server until killed.
 pub fn net_echo(args: &NetEchoArgs) -> anyhow::Result<()> {
+    if let Some(cpu) = args.cpu {
+        // Before any thread is started: the echoing threads inherit it.
+        pin_to(cpu)?;
+    }
     let listener =
         TcpListener::bind(args.listen).with_context(|| format!("bind {}", args.listen))?;
     for stream in listener.incoming() {
@@ -169,6 +191,59 @@ impl Drop for Network {
     }
 }
 
+/// The CPUs the round trips are measured between: the echo server's, and the pinging
+/// thread's for a round trip across CPUs (`None` on a process allowed one CPU only).
+#[derive(Clone, Copy, Debug)]
+struct RttCpus {
+    echo: usize,
+    across: Option<usize>,
+}
+
+impl RttCpus {
+    /// The first two CPUs this process may run on.
+    fn pick() -> anyhow::Result<RttCpus> {
+        let allowed = rustix::thread::sched_getaffinity(None)?;
+        let mut cpus = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&cpu| allowed.is_set(cpu));
+        let first = cpus.next().context("no CPU in this process's affinity")?;
+        Ok(match cpus.next() {
+            Some(second) => RttCpus {
+                echo: second,
+                across: Some(first),
+            },
+            None => RttCpus {
+                echo: first,
+                across: None,
+            },
+        })
+    }
+
+    /// The pinging thread's CPU for a round trip across CPUs (within one, if there is one only).
+    fn across(&self) -> usize {
+        self.across.unwrap_or(self.echo)
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) -> anyhow::Result<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).with_context(|| format!("pin to CPU {cpu}"))
+}
+
+/// [`measure_rtt`] from a thread pinned to `cpu`; the median, in microseconds.
+fn median_rtt_from(addr: SocketAddr, cpu: usize) -> anyhow::Result<f64> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                pin_to(cpu)?;
+                measure_rtt(addr)
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the round-trip thread panicked"))?
+    })
+    .map(|samples| median_of_sorted(&samples))
+}
+
 /// 2,000 TCP round trips to `addr` (after 200 to warm up), in microseconds, sorted.
 fn measure_rtt(addr: SocketAddr) -> anyhow::Result<Vec<f64>> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
@@ -187,27 +262,34 @@ fn measure_rtt(addr: SocketAddr) -> anyhow::Result<Vec<f64>> {
     Ok(samples)
 }
 
-/// [`measure_rtt`] while one client commits at `buffered` through `cfg`'s daemon (after its
-/// warm-up, within its window).
-fn measure_rtt_under_load(addr: SocketAddr, cfg: &CommitBenchConfig) -> anyhow::Result<Vec<f64>> {
-    let load = CommitBenchConfig {
-        modes: vec![Mode::ServiceBuffered],
-        clients: vec![1],
-        timing: Timing {
-            warmup: WARMUP,
-            window: Duration::from_secs(2),
-        },
-        repeats: 1,
-        ..cfg.clone()
-    };
+/// [`median_rtt_from`] `cpus.across()` while a thread spins on each of the two CPUs.
+fn median_rtt_busy(addr: SocketAddr, cpus: RttCpus) -> anyhow::Result<f64> {
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let committing = scope.spawn(|| commit_bench::run(&load, &mut std::io::sink()));
-        std::thread::sleep(WARMUP + Duration::from_millis(200));
-        let samples = measure_rtt(addr);
-        committing
-            .join()
-            .map_err(|_| anyhow::anyhow!("the loading client panicked"))??;
-        samples
+        let spinners: Vec<_> = [Some(cpus.echo), cpus.across]
+            .into_iter()
+            .flatten()
+            .map(|cpu| {
+                let stop = &stop;
+                scope.spawn(move || {
+                    pin_to(cpu)?;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                    anyhow::Ok(())
+                })
+            })
+            .collect();
+        // Let the spinners take their CPUs before the first ping.
+        std::thread::sleep(Duration::from_millis(50));
+        let median = median_rtt_from(addr, cpus.across());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for spinner in spinners {
+            spinner
+                .join()
+                .map_err(|_| anyhow::anyhow!("a spinning thread panicked"))??;
+        }
+        median
     })
 }
 
@@ -227,9 +309,16 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     let net = Network::create()?;
     let repl: SocketAddr = format!("{}:7601", net.there).parse()?;
     let echo: SocketAddr = format!("{}:7602", net.there).parse()?;
+    let cpus = RttCpus::pick()?;
     let _echo = Killed(net.spawn(
         &me,
-        &["netecho".into(), "--listen".into(), echo.to_string()],
+        &[
+            "netecho".into(),
+            "--listen".into(),
+            echo.to_string(),
+            "--cpu".into(),
+            cpus.echo.to_string(),
+        ],
         &base.join("echo.log"),
     )?);
     let standby_dir = base.join("standby");
@@ -313,10 +402,7 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     wait_for("the primary", || {
         socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok()
     })?;
-    // Measured before and after the runs: this host's round trip drifts between two states
-    // (about 14 and 57 us seen minutes apart), so both medians are shown and the target uses
-    // the shorter, so that a "met" never leans on a slow moment of the host.
-    let rtt_before = measure_rtt(echo)?;
+    let rtt_before_us = median_rtt_from(echo, cpus.across())?;
     let cfg = CommitBenchConfig {
         modes: vec![Mode::ServiceBuffered, Mode::ServiceReplicated],
         clients: args.clients.clone(),
@@ -334,11 +420,13 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
         repeats: args.repeats.max(1),
     };
     let rows = commit_bench::run(&cfg, &mut std::io::sink())?;
-    let rtt_after = measure_rtt(echo)?;
-    let rtt_loaded_us = median_of_sorted(&measure_rtt_under_load(echo, &cfg)?);
-    let (rtt_before_us, rtt_after_us) =
-        (median_of_sorted(&rtt_before), median_of_sorted(&rtt_after));
-    let rtt_us = rtt_before_us.min(rtt_after_us);
+    let rtt_after_us = median_rtt_from(echo, cpus.across())?;
+    let rtt_busy_us = median_rtt_busy(echo, cpus)?;
+    let rtt_same_cpu_us = match cpus.across {
+        Some(_) => Some(median_rtt_from(echo, cpus.echo)?),
+        None => None,
+    };
+    let rtt_us = rtt_before_us.min(rtt_after_us).min(rtt_busy_us);
     let pick = |mode: &str, clients: usize| -> anyhow::Result<&CommitRow> {
         rows.iter()
             .find(|r| r.mode == mode && r.clients == clients)
@@ -346,8 +434,14 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     };
     let mut out_rows = Vec::new();
     if !args.json {
-        writeln!(out, "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}), round trip {rtt_us:.1} us (the shorter median of 2000 TCP ping-pongs before the runs, {rtt_before_us:.1} us, and 2000 after, {rtt_after_us:.1} us); stream over {}", net.here, net.there, if args.tls { "TLS" } else { "plain TCP" })?;
-        writeln!(out, "# diagnostic: the same round trip while one client commits at buffered as fast as it can (the CPUs as busy as in a one-client replicated run): median {rtt_loaded_us:.1} us")?;
+        writeln!(out, "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}); stream over {}", net.here, net.there, if args.tls { "TLS" } else { "plain TCP" })?;
+        match cpus.across {
+            Some(across) => writeln!(out, "# round trip {rtt_us:.1} us: the shortest median of 2000 TCP ping-pongs from CPU {across} to an echo on CPU {} before the runs ({rtt_before_us:.1} us), after them ({rtt_after_us:.1} us) and with both CPUs kept busy by spinning threads ({rtt_busy_us:.1} us)", cpus.echo)?,
+            None => writeln!(out, "# round trip {rtt_us:.1} us: the shortest median of 2000 TCP ping-pongs before the runs ({rtt_before_us:.1} us), after them ({rtt_after_us:.1} us) and with the CPU kept busy by a spinning thread ({rtt_busy_us:.1} us), all within CPU {}: this process may use no other, so no round trip crosses CPUs as two hosts' would", cpus.echo)?,
+        }
+        if let Some(same) = rtt_same_cpu_us {
+            writeln!(out, "# diagnostic, not the target's: with both ends on CPU {} (no wake-up crosses CPUs, which no two hosts can do) the median is {same:.1} us", cpus.echo)?;
+        }
         writeln!(
             out,
             "# {} B records, {} transport, {:.1} s runs, median of {} with the levels taking turns",
@@ -376,7 +470,8 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
             rtt_us,
             rtt_before_us,
             rtt_after_us,
-            rtt_loaded_us,
+            rtt_busy_us,
+            rtt_same_cpu_us,
             buffered_commits_per_s: b.commits_per_s,
             replicated_commits_per_s: r.commits_per_s,
         };
@@ -410,4 +505,55 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
         out_rows.push(row);
     }
     Ok(out_rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_round_trip_is_measured_between_two_cpus_when_there_are_two() {
+        let cpus = RttCpus::pick().unwrap();
+        let allowed = rustix::thread::sched_getaffinity(None).unwrap();
+        assert!(allowed.is_set(cpus.echo));
+        match cpus.across {
+            Some(across) => {
+                assert_ne!(across, cpus.echo);
+                assert!(allowed.is_set(across));
+            }
+            None => assert_eq!(allowed.count(), 1),
+        }
+        // A pinned thread runs on its CPU only.
+        std::thread::spawn(move || {
+            pin_to(cpus.echo).unwrap();
+            let now = rustix::thread::sched_getaffinity(None).unwrap();
+            assert_eq!(now.count(), 1);
+            assert!(now.is_set(cpus.echo));
+        })
+        .join()
+        .unwrap();
+        // Ping-pongs over loopback, from the other CPU and with both kept busy: each a median
+        // of real round trips.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            pin_to(cpus.echo).unwrap();
+            for stream in listener.incoming() {
+                let mut stream = stream.unwrap();
+                stream.set_nodelay(true).unwrap();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = stream.read(&mut buf) {
+                        if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let idle = median_rtt_from(addr, cpus.across()).unwrap();
+        let busy = median_rtt_busy(addr, cpus).unwrap();
+        assert!(idle > 0.0 && idle.is_finite(), "{idle}");
+        assert!(busy > 0.0 && busy.is_finite(), "{busy}");
+    }
 }
