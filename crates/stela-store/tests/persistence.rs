@@ -421,14 +421,19 @@ fn after_a_decoupled_cleaning_round_eviction_drops_dirty_pages_without_writing()
     assert!(after.elided > before.elided, "{after:?}");
     assert_eq!(after.eviction_writes, before.eviction_writes, "{after:?}");
     drop(store);
+    let contents = reopened_contents(dir.path());
+    assert_eq!(contents.len(), 400);
+    assert_eq!(contents[3].1, vec![2; 200]);
+}
+
+/// Everything a store with decoupled services holds, reopened from `dir`.
+fn reopened_contents(dir: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
     let store = Store::open(
-        dir.path(),
+        dir,
         options(CheckpointKind::Decoupled, CleanerKind::Decoupled),
     )
     .unwrap();
-    let contents = common::contents(&store);
-    assert_eq!(contents.len(), 400);
-    assert_eq!(contents[3].1, vec![2; 200]);
+    common::contents(&store)
 }
 
 #[test]
@@ -455,12 +460,7 @@ fn the_decoupled_cleaner_replays_onto_the_images_it_kept_instead_of_reading_them
     assert_eq!(second.read, 0, "{second:?}");
     assert!(second.written > 0, "{second:?}");
     drop(store);
-    let store = Store::open(
-        dir.path(),
-        options(CheckpointKind::Decoupled, CleanerKind::Decoupled),
-    )
-    .unwrap();
-    let contents = common::contents(&store);
+    let contents = reopened_contents(dir.path());
     assert_eq!(contents.len(), 400);
     assert!(contents.iter().all(|(_, value)| value == &vec![2; 200]));
 }
