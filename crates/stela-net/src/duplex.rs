@@ -10,8 +10,10 @@
 //!   once the bytes before it are read.
 //! - A write returns once its bytes are queued; the I/O thread sends them as the socket takes
 //!   them. Bytes queued beyond [`MAX_QUEUED`] make writers wait (backpressure, bounded memory).
-//! - Dropping the writer closes the TLS session (close_notify) after what was queued; dropping
-//!   both ends stops the I/O thread.
+//! - Dropping the writer closes this side's direction (close_notify) after what was queued; the
+//!   other direction stays open. A peer that closes its direction ends this reader's stream and
+//!   leaves this writer free to finish: the session ends once both directions are closed (or
+//!   both ends dropped), or at the first error.
 
 use rustls::Connection;
 use std::collections::VecDeque;
@@ -49,8 +51,10 @@ struct State {
     outgoing: Vec<u8>,
     handshaken: bool,
     peer_certificates: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
-    /// The peer closed cleanly (end of stream after `incoming`).
+    /// The peer closed its direction cleanly (end of stream after `incoming`).
     eof: bool,
+    /// The I/O thread ended without an error: nothing more is sent.
+    done: bool,
     /// The connection failed; readers and writers get this once `incoming` is drained.
     failed: Option<(io::ErrorKind, String)>,
     writer_gone: bool,
@@ -95,6 +99,7 @@ pub fn duplex(
                         .get_or_insert((error.kind(), error.to_string()));
                 } else {
                     state.eof = true;
+                    state.done = true;
                 }
                 drop(state);
                 shared.changed.notify_all();
@@ -143,15 +148,22 @@ fn run(
 ) -> io::Result<()> {
     let mut sock = tcp;
     let mut closing = false;
+    // The peer closed its direction (close_notify, or the socket's end): nothing more to read.
+    let mut peer_closed = false;
     loop {
         // Plaintext to send goes into rustls (whole, as far as it takes it).
-        {
+        let plaintext_left = {
             let mut state = lock(shared);
             if state.reader_gone && state.writer_gone {
                 return Ok(());
             }
+            if peer_closed && closing && !connection.wants_write() {
+                // Both directions closed, and this side's close_notify sent.
+                return Ok(());
+            }
+            let mut taken = 0;
             if !state.outgoing.is_empty() && !connection.is_handshaking() {
-                let taken = connection.writer().write(&state.outgoing)?;
+                taken = connection.writer().write(&state.outgoing)?;
                 state.outgoing.drain(..taken);
                 shared.changed.notify_all();
             }
@@ -159,7 +171,8 @@ fn run(
                 connection.send_close_notify();
                 closing = true;
             }
-        }
+            taken > 0 && !state.outgoing.is_empty()
+        };
         // Ciphertext out, as far as the socket takes it.
         while connection.wants_write() {
             match connection.write_tls(&mut sock) {
@@ -167,6 +180,11 @@ fn run(
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
             }
+        }
+        if plaintext_left && !connection.wants_write() {
+            // rustls took only part of what is queued and the socket took all it gave: feed it
+            // the rest now rather than sleep until the next wake-up.
+            continue;
         }
         if !connection.is_handshaking() {
             let mut state = lock(shared);
@@ -182,7 +200,7 @@ fn run(
         let mut fds = [
             libc::pollfd {
                 fd: tcp.as_raw_fd(),
-                events: libc::POLLIN
+                events: if peer_closed { 0 } else { libc::POLLIN }
                     | if connection.wants_write() {
                         libc::POLLOUT
                     } else {
@@ -210,25 +228,40 @@ fn run(
             let mut drain = [0u8; 64];
             while matches!((&*wake).read(&mut drain), Ok(n) if n > 0) {}
         }
+        if peer_closed {
+            if fds[0].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                // The socket is gone both ways while this side still had a direction open.
+                return Err(socket_error(tcp));
+            }
+            continue;
+        }
         if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             match connection.read_tls(&mut sock) {
-                Ok(0) => {
-                    // The peer closed the socket: what rustls holds is the rest.
+                Ok(read) => {
+                    // At the socket's end (0), what rustls holds is the rest.
                     let state = connection.process_new_packets().map_err(io::Error::other)?;
                     deliver(connection, shared, state.plaintext_bytes_to_read())?;
-                    return Ok(());
-                }
-                Ok(_) => {
-                    let state = connection.process_new_packets().map_err(io::Error::other)?;
-                    deliver(connection, shared, state.plaintext_bytes_to_read())?;
-                    if state.peer_has_closed() {
-                        return Ok(());
+                    if read == 0 || state.peer_has_closed() {
+                        peer_closed = true;
+                        lock(shared).eof = true;
+                        shared.changed.notify_all();
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Why a socket that polled as hung up or in error is: its pending error, else a broken pipe.
+fn socket_error(tcp: &TcpStream) -> io::Error {
+    match tcp.take_error() {
+        Ok(Some(error)) => error,
+        _ => io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "the peer closed the connection before this side's stream ended",
+        ),
     }
 }
 
@@ -266,11 +299,12 @@ impl Read for DuplexReader {
                 }
                 return Ok(n);
             }
-            if let Some((kind, message)) = &state.failed {
-                return Err(io::Error::new(*kind, message.clone()));
-            }
+            // The peer's direction ended cleanly: a later failure is of this side's.
             if state.eof {
                 return Ok(0);
+            }
+            if let Some((kind, message)) = &state.failed {
+                return Err(io::Error::new(*kind, message.clone()));
             }
             state = self
                 .shared
@@ -288,7 +322,7 @@ impl Write for DuplexWriter {
             if let Some((kind, message)) = &state.failed {
                 return Err(io::Error::new(*kind, message.clone()));
             }
-            if state.eof {
+            if state.done {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
             if state.outgoing.len() < MAX_QUEUED {

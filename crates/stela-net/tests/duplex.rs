@@ -1,12 +1,13 @@
 //! `stela_net::duplex`: a TLS connection read by one thread while another writes, over
 //! loopback with a certificate made here: every byte arrives in order both ways while both
 //! directions run at once, a client that does not trust the server's certificate gets the
-//! handshake's error, and closing one end is end of stream at the other.
+//! handshake's error, and closing one direction is end of stream at the other end while the
+//! other direction goes on.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
-use stela_net::duplex::duplex;
+use stela_net::duplex::{duplex, DuplexReader, DuplexWriter};
 use stela_net::tls::{self, rustls, ClientTlsFiles, ServerTlsFiles};
 
 fn certificate(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
@@ -120,4 +121,68 @@ fn an_untrusted_certificate_fails_the_handshake() {
         server.join().unwrap().is_some(),
         "the server sees it fail too"
     );
+}
+
+/// A TLS connection over loopback with a certificate made in `dir`: the server's two ends (from
+/// its thread) and the client's.
+fn connected(
+    dir: &std::path::Path,
+) -> (
+    std::thread::JoinHandle<(DuplexReader, DuplexWriter)>,
+    (DuplexReader, DuplexWriter),
+) {
+    let (cert, key) = certificate(dir, "server");
+    let server_config = tls::server_config(
+        &ServerTlsFiles {
+            cert: cert.clone(),
+            key,
+            client_ca: None,
+        },
+        false,
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (tcp, _) = listener.accept().unwrap();
+        let connection = rustls::ServerConnection::new(server_config).unwrap();
+        duplex(tcp, connection, Duration::from_secs(10)).unwrap()
+    });
+    let client_config = tls::client_config(&ClientTlsFiles {
+        ca: cert,
+        identity: None,
+    })
+    .unwrap();
+    let connection =
+        rustls::ClientConnection::new(client_config, tls::server_name("localhost").unwrap())
+            .unwrap();
+    let client = duplex(
+        TcpStream::connect(addr).unwrap(),
+        connection,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    (server, client)
+}
+
+#[test]
+fn a_side_that_closed_its_direction_still_reads_all_the_other_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, (mut client_reader, mut client_writer)) = connected(dir.path());
+    let (mut server_reader, mut server_writer) = server.join().unwrap();
+    // The client says all it has to say and closes its direction first.
+    client_writer.write_all(b"request").unwrap();
+    drop(client_writer);
+    let mut request = Vec::new();
+    server_reader.read_to_end(&mut request).unwrap();
+    assert_eq!(request, b"request");
+    // Only then does the server answer, at length: its direction is still open.
+    const LEN: usize = 1 << 20;
+    for chunk in pattern(LEN, 5).chunks(60_000) {
+        server_writer.write_all(chunk).unwrap();
+    }
+    drop(server_writer);
+    let mut answer = Vec::new();
+    client_reader.read_to_end(&mut answer).unwrap();
+    assert!(answer == pattern(LEN, 5), "{} bytes of {LEN}", answer.len());
 }
