@@ -21,115 +21,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn both_directions_at_once_arrive_whole_and_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate(dir.path(), "server");
-    let server_config = tls::server_config(
-        &ServerTlsFiles {
-            cert: cert.clone(),
-            key,
-            client_ca: None,
-        },
-        false,
-    )
-    .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    const LEN: usize = 3 << 20;
-    let server = std::thread::spawn(move || {
-        let (tcp, _) = listener.accept().unwrap();
-        let connection = rustls::ServerConnection::new(server_config).unwrap();
-        let (mut reader, mut writer) = duplex(tcp, connection, Duration::from_secs(10)).unwrap();
-        let sender = std::thread::spawn(move || {
-            for chunk in pattern(LEN, 7).chunks(70_000) {
-                writer.write_all(chunk).unwrap();
-            }
-        });
-        let mut got = Vec::new();
-        reader.read_to_end(&mut got).unwrap();
-        sender.join().unwrap();
-        got
-    });
-    let client_config = tls::client_config(&ClientTlsFiles {
-        ca: cert,
-        identity: None,
-    })
-    .unwrap();
-    let connection =
-        rustls::ClientConnection::new(client_config, tls::server_name("localhost").unwrap())
-            .unwrap();
-    let (mut reader, mut writer) = duplex(
-        TcpStream::connect(addr).unwrap(),
-        connection,
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let sender = std::thread::spawn(move || {
-        for chunk in pattern(LEN, 3).chunks(50_000) {
-            writer.write_all(chunk).unwrap();
-        }
-        // Dropping the writer closes the session: end of stream at the server.
-    });
-    let mut got = vec![0u8; LEN];
-    reader.read_exact(&mut got).unwrap();
-    assert!(got == pattern(LEN, 7), "server to client");
-    sender.join().unwrap();
-    assert!(
-        server.join().unwrap() == pattern(LEN, 3),
-        "client to server"
-    );
-}
-
-#[test]
-fn an_untrusted_certificate_fails_the_handshake() {
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate(dir.path(), "server");
-    let (other, _) = certificate(dir.path(), "other");
-    let server_config = tls::server_config(
-        &ServerTlsFiles {
-            cert,
-            key,
-            client_ca: None,
-        },
-        false,
-    )
-    .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
-        let (tcp, _) = listener.accept().unwrap();
-        let connection = rustls::ServerConnection::new(server_config).unwrap();
-        duplex(tcp, connection, Duration::from_secs(10)).err()
-    });
-    let client_config = tls::client_config(&ClientTlsFiles {
-        ca: other,
-        identity: None,
-    })
-    .unwrap();
-    let connection =
-        rustls::ClientConnection::new(client_config, tls::server_name("localhost").unwrap())
-            .unwrap();
-    let result = duplex(
-        TcpStream::connect(addr).unwrap(),
-        connection,
-        Duration::from_secs(10),
-    );
-    let error = result.err().expect("the handshake fails").to_string();
-    assert!(error.to_lowercase().contains("certificate"), "{error}");
-    assert!(
-        server.join().unwrap().is_some(),
-        "the server sees it fail too"
-    );
-}
-
-/// A TLS connection over loopback with a certificate made in `dir`: the server's two ends (from
-/// its thread) and the client's.
-fn connected(
+/// A TLS server on loopback with a certificate made in `dir`: its address, its certificate, and
+/// the thread that accepts one connection and returns its two ends (or the handshake's error).
+fn serve(
     dir: &std::path::Path,
 ) -> (
-    std::thread::JoinHandle<(DuplexReader, DuplexWriter)>,
-    (DuplexReader, DuplexWriter),
+    std::net::SocketAddr,
+    std::path::PathBuf,
+    std::thread::JoinHandle<std::io::Result<(DuplexReader, DuplexWriter)>>,
 ) {
     let (cert, key) = certificate(dir, "server");
     let server_config = tls::server_config(
@@ -146,30 +45,83 @@ fn connected(
     let server = std::thread::spawn(move || {
         let (tcp, _) = listener.accept().unwrap();
         let connection = rustls::ServerConnection::new(server_config).unwrap();
-        duplex(tcp, connection, Duration::from_secs(10)).unwrap()
+        duplex(tcp, connection, Duration::from_secs(10))
     });
-    let client_config = tls::client_config(&ClientTlsFiles {
-        ca: cert,
-        identity: None,
-    })
-    .unwrap();
+    (addr, cert, server)
+}
+
+/// A TLS client of `addr` that trusts `ca`: its two ends, or the handshake's error.
+fn connect(
+    addr: std::net::SocketAddr,
+    ca: std::path::PathBuf,
+) -> std::io::Result<(DuplexReader, DuplexWriter)> {
+    let client_config = tls::client_config(&ClientTlsFiles { ca, identity: None }).unwrap();
     let connection =
         rustls::ClientConnection::new(client_config, tls::server_name("localhost").unwrap())
             .unwrap();
-    let client = duplex(
+    duplex(
         TcpStream::connect(addr).unwrap(),
         connection,
         Duration::from_secs(10),
     )
-    .unwrap();
-    (server, client)
+}
+
+#[test]
+fn both_directions_at_once_arrive_whole_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, cert, server) = serve(dir.path());
+    let (mut reader, mut writer) = connect(addr, cert).unwrap();
+    let (mut server_reader, mut server_writer) = server.join().unwrap().unwrap();
+    const LEN: usize = 3 << 20;
+    let server_sender = std::thread::spawn(move || {
+        for chunk in pattern(LEN, 7).chunks(70_000) {
+            server_writer.write_all(chunk).unwrap();
+        }
+    });
+    let server_receiver = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        server_reader.read_to_end(&mut got).unwrap();
+        got
+    });
+    let sender = std::thread::spawn(move || {
+        for chunk in pattern(LEN, 3).chunks(50_000) {
+            writer.write_all(chunk).unwrap();
+        }
+        // Dropping the writer closes this direction: end of stream at the server.
+    });
+    let mut got = vec![0u8; LEN];
+    reader.read_exact(&mut got).unwrap();
+    assert!(got == pattern(LEN, 7), "server to client");
+    sender.join().unwrap();
+    server_sender.join().unwrap();
+    assert!(
+        server_receiver.join().unwrap() == pattern(LEN, 3),
+        "client to server"
+    );
+}
+
+#[test]
+fn an_untrusted_certificate_fails_the_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _, server) = serve(dir.path());
+    let (other, _) = certificate(dir.path(), "other");
+    let error = connect(addr, other)
+        .err()
+        .expect("the handshake fails")
+        .to_string();
+    assert!(error.to_lowercase().contains("certificate"), "{error}");
+    assert!(
+        server.join().unwrap().is_err(),
+        "the server sees it fail too"
+    );
 }
 
 #[test]
 fn a_side_that_closed_its_direction_still_reads_all_the_other_sends() {
     let dir = tempfile::tempdir().unwrap();
-    let (server, (mut client_reader, mut client_writer)) = connected(dir.path());
-    let (mut server_reader, mut server_writer) = server.join().unwrap();
+    let (addr, cert, server) = serve(dir.path());
+    let (mut client_reader, mut client_writer) = connect(addr, cert).unwrap();
+    let (mut server_reader, mut server_writer) = server.join().unwrap().unwrap();
     // The client says all it has to say and closes its direction first.
     client_writer.write_all(b"request").unwrap();
     drop(client_writer);
