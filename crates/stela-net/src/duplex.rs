@@ -12,8 +12,9 @@
 //!   them. Bytes queued beyond [`MAX_QUEUED`] make writers wait (backpressure, bounded memory).
 //! - Dropping the writer closes this side's direction (close_notify) after what was queued; the
 //!   other direction stays open. A peer that closes its direction ends this reader's stream and
-//!   leaves this writer free to finish: the session ends once both directions are closed (or
-//!   both ends dropped), or at the first error.
+//!   leaves this writer free to finish: the session ends once both directions are closed, or
+//!   this one is and the reader is dropped, or at the first error. Dropping both ends still
+//!   sends what was queued first.
 
 use rustls::Connection;
 use std::collections::VecDeque;
@@ -154,11 +155,9 @@ fn run(
         // Plaintext to send goes into rustls (whole, as far as it takes it).
         let plaintext_left = {
             let mut state = lock(shared);
-            if state.reader_gone && state.writer_gone {
-                return Ok(());
-            }
-            if peer_closed && closing && !connection.wants_write() {
-                // Both directions closed, and this side's close_notify sent.
+            if closing && !connection.wants_write() && (peer_closed || state.reader_gone) {
+                // This side's direction closed (what was queued, then close_notify, all sent),
+                // and the peer's closed too or no one is left to read it.
                 return Ok(());
             }
             let mut taken = 0;
@@ -265,15 +264,19 @@ fn socket_error(tcp: &TcpStream) -> io::Error {
     }
 }
 
-/// Moves `bytes` of plaintext from rustls to the readers' buffer.
+/// Moves `bytes` of plaintext from rustls to the readers' buffer (or drops them, once no reader
+/// is left to take them: the thread may outlive both ends while it sends what was queued).
 fn deliver(connection: &mut Connection, shared: &Shared, bytes: usize) -> io::Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     let mut buf = vec![0u8; bytes];
     connection.reader().read_exact(&mut buf)?;
-    lock(shared).incoming.extend(buf);
-    shared.changed.notify_all();
+    let mut state = lock(shared);
+    if !state.reader_gone {
+        state.incoming.extend(buf);
+        shared.changed.notify_all();
+    }
     Ok(())
 }
 

@@ -1,8 +1,8 @@
 //! `stela_net::duplex`: a TLS connection read by one thread while another writes, over
 //! loopback with a certificate made here: every byte arrives in order both ways while both
 //! directions run at once, a client that does not trust the server's certificate gets the
-//! handshake's error, and closing one direction is end of stream at the other end while the
-//! other direction goes on.
+//! handshake's error, closing one direction is end of stream at the other end while the other
+//! direction goes on, and dropping both ends still sends what was queued.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -137,4 +137,20 @@ fn a_side_that_closed_its_direction_still_reads_all_the_other_sends() {
     let mut answer = Vec::new();
     client_reader.read_to_end(&mut answer).unwrap();
     assert!(answer == pattern(LEN, 5), "{} bytes of {LEN}", answer.len());
+}
+
+#[test]
+fn dropping_both_ends_still_sends_what_was_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, cert, server) = serve(dir.path());
+    let (mut client_reader, _client_writer) = connect(addr, cert).unwrap();
+    let (server_reader, mut server_writer) = server.join().unwrap().unwrap();
+    // Queued (a write returns once its bytes are), then both ends dropped at once.
+    const LEN: usize = 3 << 20;
+    server_writer.write_all(&pattern(LEN, 9)).unwrap();
+    drop(server_writer);
+    drop(server_reader);
+    let mut answer = Vec::new();
+    client_reader.read_to_end(&mut answer).unwrap();
+    assert!(answer == pattern(LEN, 9), "{} bytes of {LEN}", answer.len());
 }
