@@ -14,7 +14,8 @@
 //!   other direction stays open. A peer that closes its direction ends this reader's stream and
 //!   leaves this writer free to finish: the session ends once both directions are closed, or
 //!   this one is and the reader is dropped, or at the first error. Dropping both ends still
-//!   sends what was queued first.
+//!   sends what was queued first, for at most `LINGER` (a peer that stopped reading does not
+//!   keep the thread and the socket).
 
 use rustls::Connection;
 use std::collections::VecDeque;
@@ -28,6 +29,9 @@ use std::time::Duration;
 pub const MAX_QUEUED: usize = 8 << 20;
 /// How long the I/O thread sleeps in poll at most (it is woken by writes through a pipe).
 const POLL_MS: i32 = 100;
+/// How long the I/O thread goes on sending what was queued after both ends were dropped, before
+/// it gives up and closes the socket (a peer that stopped reading, an unreachable one).
+const LINGER: Duration = Duration::from_secs(5);
 
 /// The reading end.
 pub struct DuplexReader {
@@ -151,6 +155,8 @@ fn run(
     let mut closing = false;
     // The peer closed its direction (close_notify, or the socket's end): nothing more to read.
     let mut peer_closed = false;
+    // When both ends were found dropped: the thread lingers at most `LINGER` after it.
+    let mut abandoned: Option<std::time::Instant> = None;
     loop {
         // Plaintext to send goes into rustls (whole, as far as it takes it).
         let plaintext_left = {
@@ -159,6 +165,12 @@ fn run(
                 // This side's direction closed (what was queued, then close_notify, all sent),
                 // and the peer's closed too or no one is left to read it.
                 return Ok(());
+            }
+            if state.reader_gone && state.writer_gone {
+                let since = *abandoned.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= LINGER {
+                    return Ok(());
+                }
             }
             let mut taken = 0;
             if !state.outgoing.is_empty() && !connection.is_handshaking() {
