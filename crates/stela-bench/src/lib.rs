@@ -32,6 +32,7 @@
 //! - [`netns`]: what the two share: namespaces, `ip`/`tc`, child processes, waiting.
 //! - [`impair`]: a lossy, slow link by netfilter, for the failover run on kernels without netem.
 
+mod affinity;
 pub mod chart;
 pub mod cli;
 pub mod commit_bench;

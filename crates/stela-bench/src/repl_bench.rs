@@ -202,8 +202,7 @@ struct RttCpus {
 impl RttCpus {
     /// The first two CPUs this process may run on.
     fn pick() -> anyhow::Result<RttCpus> {
-        let allowed = rustix::thread::sched_getaffinity(None)?;
-        let mut cpus = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&cpu| allowed.is_set(cpu));
+        let mut cpus = crate::affinity::allowed_cpus()?.into_iter();
         let first = cpus.next().context("no CPU in this process's affinity")?;
         Ok(match cpus.next() {
             Some(second) => RttCpus {
@@ -225,9 +224,7 @@ impl RttCpus {
 
 /// Pins the calling thread to `cpu`.
 fn pin_to(cpu: usize) -> anyhow::Result<()> {
-    let mut set = rustix::thread::CpuSet::new();
-    set.set(cpu);
-    rustix::thread::sched_setaffinity(None, &set).with_context(|| format!("pin to CPU {cpu}"))
+    crate::affinity::run_on(&[cpu])
 }
 
 /// [`measure_rtt`] from a thread pinned to `cpu`; the median, in microseconds.

@@ -406,10 +406,7 @@ impl ClientCpus {
         if let Some(cpus) = FIRST_READ.get() {
             return Ok(cpus);
         }
-        let allowed = rustix::thread::sched_getaffinity(None)?;
-        let cpus = (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&cpu| allowed.is_set(cpu))
-            .collect();
+        let cpus = crate::affinity::allowed_cpus()?;
         Ok(FIRST_READ.get_or_init(|| ClientCpus { cpus }))
     }
 
@@ -422,19 +419,11 @@ impl ClientCpus {
                 self.cpus.len()
             );
         }
-        let mut others = rustix::thread::CpuSet::new();
-        for &cpu in &self.cpus[clients..] {
-            others.set(cpu);
-        }
-        rustix::thread::sched_setaffinity(None, &others)?;
-        Ok(())
+        crate::affinity::run_on(&self.cpus[clients..])
     }
 
     /// Moves the calling thread onto client `client`'s CPU alone.
     fn pin_client(&self, client: u32) -> anyhow::Result<()> {
-        let mut own = rustix::thread::CpuSet::new();
-        own.set(self.cpus[client as usize]);
-        rustix::thread::sched_setaffinity(None, &own)?;
-        Ok(())
+        crate::affinity::run_on(&[self.cpus[client as usize]])
     }
 }
