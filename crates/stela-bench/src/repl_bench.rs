@@ -115,6 +115,12 @@ pub fn net_echo(args: &NetEchoArgs) -> anyhow::Result<()> {
     }
     let listener =
         TcpListener::bind(args.listen).with_context(|| format!("bind {}", args.listen))?;
+    echo_every_connection(listener)
+}
+
+/// Echoes every byte back on each connection `listener` takes, a thread per connection, until
+/// the listener fails.
+fn echo_every_connection(listener: TcpListener) -> anyhow::Result<()> {
     for stream in listener.incoming() {
         let mut stream = stream?;
         let _ = stream.set_nodelay(true);
@@ -535,18 +541,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || {
             pin_to(cpus.echo).unwrap();
-            for stream in listener.incoming() {
-                let mut stream = stream.unwrap();
-                stream.set_nodelay(true).unwrap();
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 64];
-                    while let Ok(n) = stream.read(&mut buf) {
-                        if n == 0 || stream.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
+            echo_every_connection(listener).unwrap();
         });
         let idle = median_rtt_from(addr, cpus.across()).unwrap();
         let busy = median_rtt_busy(addr, cpus).unwrap();
