@@ -66,12 +66,19 @@ fn connect(
     )
 }
 
+/// Both ends of a TLS connection over loopback, the client's and the server's, handshaken.
+fn connected(
+    dir: &std::path::Path,
+) -> ((DuplexReader, DuplexWriter), (DuplexReader, DuplexWriter)) {
+    let (addr, cert, server) = serve(dir);
+    let client = connect(addr, cert).unwrap();
+    (client, server.join().unwrap().unwrap())
+}
+
 #[test]
 fn both_directions_at_once_arrive_whole_and_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let (addr, cert, server) = serve(dir.path());
-    let (mut reader, mut writer) = connect(addr, cert).unwrap();
-    let (mut server_reader, mut server_writer) = server.join().unwrap().unwrap();
+    let ((mut reader, mut writer), (mut server_reader, mut server_writer)) = connected(dir.path());
     const LEN: usize = 3 << 20;
     let server_sender = std::thread::spawn(move || {
         for chunk in pattern(LEN, 7).chunks(70_000) {
@@ -119,9 +126,8 @@ fn an_untrusted_certificate_fails_the_handshake() {
 #[test]
 fn a_side_that_closed_its_direction_still_reads_all_the_other_sends() {
     let dir = tempfile::tempdir().unwrap();
-    let (addr, cert, server) = serve(dir.path());
-    let (mut client_reader, mut client_writer) = connect(addr, cert).unwrap();
-    let (mut server_reader, mut server_writer) = server.join().unwrap().unwrap();
+    let ((mut client_reader, mut client_writer), (mut server_reader, mut server_writer)) =
+        connected(dir.path());
     // The client says all it has to say and closes its direction first.
     client_writer.write_all(b"request").unwrap();
     drop(client_writer);
@@ -142,9 +148,8 @@ fn a_side_that_closed_its_direction_still_reads_all_the_other_sends() {
 #[test]
 fn dropping_both_ends_still_sends_what_was_queued() {
     let dir = tempfile::tempdir().unwrap();
-    let (addr, cert, server) = serve(dir.path());
-    let (mut client_reader, _client_writer) = connect(addr, cert).unwrap();
-    let (server_reader, mut server_writer) = server.join().unwrap().unwrap();
+    let ((mut client_reader, _client_writer), (server_reader, mut server_writer)) =
+        connected(dir.path());
     // Queued (a write returns once its bytes are), then both ends dropped at once.
     const LEN: usize = 3 << 20;
     server_writer.write_all(&pattern(LEN, 9)).unwrap();
