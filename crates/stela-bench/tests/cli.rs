@@ -214,18 +214,16 @@ fn commit_against_a_running_daemon_writes_only_logs_of_its_own() {
 
 #[test]
 fn commit_with_idle_connections_reports_the_daemons_memory_and_threads() {
-    let args = [
+    let idle_runs = [
         "commit",
-        "--clients",
-        "1,3",
         "--modes",
         "service-buffered",
         "--idle-connections",
         "0,50",
         "--record-bytes",
         "100",
-        "--json",
     ];
+    let args = [&idle_runs[..], &["--clients", "1,3", "--json"]].concat();
     let (rows, _, out) = lines_with_work(&args, &COMMIT_KEYS, "commits");
     assert_eq!(rows.len(), 4, "{}", text(&out));
     let mut threads = Vec::new();
@@ -245,17 +243,7 @@ fn commit_with_idle_connections_reports_the_daemons_memory_and_threads() {
 
     // The ratio line is printed only when both runs committed something.
     let stdout = text_with_work(
-        &[
-            "commit",
-            "--clients",
-            "1",
-            "--modes",
-            "service-buffered",
-            "--idle-connections",
-            "0,50",
-            "--record-bytes",
-            "100",
-        ],
+        &[&idle_runs[..], &["--clients", "1"]].concat(),
         "shm: buffered commits/s with 50 idle / with 0",
     );
     assert_eq!(stdout.matches("  daemon: RSS ").count(), 2, "{stdout}");
