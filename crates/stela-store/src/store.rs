@@ -87,7 +87,10 @@ pub struct StoreOptions {
     /// either (`SyncMode::None`), whose commits survive only the process.
     pub sync_pages: bool,
     /// Keep a log archive in `dir/archive`: pages that fail their checks are rebuilt from it
-    /// (single-page recovery), and the log is truncated behind it.
+    /// (single-page recovery), and the log is truncated behind it. The archive keeps every page
+    /// change since the store was made (a page is rebuilt from its whole history, there being
+    /// no backup to start from), so it grows with everything the store has logged: nothing
+    /// prunes it yet.
     pub archive: bool,
     /// Run archiving steps (archive, merge, truncate the log) on a background thread, pausing
     /// this long after each (`None`: only on request). Needs `archive`.
