@@ -29,52 +29,59 @@ fn json_lines(out: &std::process::Output, want: &[&str]) -> Vec<Map<String, Valu
         .collect()
 }
 
-/// Runs `stela-bench` with `args` followed by `--duration` and a window, and returns its JSON
-/// lines (each with exactly the keys `want`) and how many runs it took: a short window first,
-/// then longer ones, until every line's `counted` field is above zero. Right after a build the
-/// machine may be flushing gigabytes, and one fdatasync, or a daemon's start, can outlast a
-/// 0.2 s window (CI was red so, idle otherwise); these tests check that work gets done and
-/// what is reported, not how fast.
-fn lines_with_work(
+/// Runs `stela-bench` with `args` followed by `--duration` and a window: a short window first,
+/// then longer ones (0.2, 1, 5 s), until `accept` finds what it wants in a run's output; returns
+/// that, how many runs it took and the output, or the last run's output if none had it. Right
+/// after a build the machine may be flushing gigabytes, and one fdatasync, or a daemon's start,
+/// can outlast a 0.2 s window (CI was red so, idle otherwise; and once beside this file's crash
+/// and neighbour tests); these tests check that work gets done and what is reported, not how
+/// fast.
+fn in_growing_windows<T>(
     args: &[&str],
-    want: &[&str],
-    counted: &str,
-) -> (Vec<Map<String, Value>>, usize, std::process::Output) {
+    mut accept: impl FnMut(&std::process::Output) -> Option<T>,
+) -> Result<(T, usize, std::process::Output), String> {
     let mut last = String::new();
     for (run, window) in ["0.2", "1", "5"].into_iter().enumerate() {
         let mut full = args.to_vec();
         full.extend(["--duration", window]);
         let out = stela_bench(&full);
-        let lines = json_lines(&out, want);
-        if !lines.is_empty()
-            && lines
-                .iter()
-                .all(|l| l[counted].as_f64().unwrap_or(0.0) > 0.0)
-        {
-            return (lines, run + 1, out);
+        if let Some(found) = accept(&out) {
+            return Ok((found, run + 1, out));
         }
         last = text(&out);
     }
-    panic!("a run reported no {counted} even in a 5 s window: {last}");
+    Err(last)
 }
 
-/// Runs `stela-bench` with `args` (text output) in windows of 0.2, 1 and 5 s until its output
-/// holds `line`, which it prints only once every run did work; fails with the last output.
-/// Why: as `lines_with_work`.
+/// The JSON lines (each with exactly the keys `want`) of the first run in
+/// [`in_growing_windows`] whose every line's `counted` field is above zero, and how many runs it
+/// took.
+fn lines_with_work(
+    args: &[&str],
+    want: &[&str],
+    counted: &str,
+) -> (Vec<Map<String, Value>>, usize, std::process::Output) {
+    in_growing_windows(args, |out| {
+        let lines = json_lines(out, want);
+        let worked = !lines.is_empty()
+            && lines
+                .iter()
+                .all(|l| l[counted].as_f64().unwrap_or(0.0) > 0.0);
+        worked.then_some(lines)
+    })
+    .unwrap_or_else(|last| panic!("a run reported no {counted} even in a 5 s window: {last}"))
+}
+
+/// The text output of the first run in [`in_growing_windows`] that holds `line`, which it prints
+/// only once every run did work.
 fn text_with_work(args: &[&str], line: &str) -> String {
-    let mut last = String::new();
-    for window in ["0.2", "1", "5"] {
-        let mut full = args.to_vec();
-        full.extend(["--duration", window]);
-        let out = stela_bench(&full);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    in_growing_windows(args, |out| {
+        assert_eq!(out.status.code(), Some(0), "{}", text(out));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if stdout.contains(line) {
-            return stdout;
-        }
-        last = stdout;
-    }
-    panic!("no run printed {line:?}, even in a 5 s window: {last}");
+        stdout.contains(line).then_some(stdout)
+    })
+    .map(|(stdout, _, _)| stdout)
+    .unwrap_or_else(|last| panic!("no run printed {line:?}, even in a 5 s window: {last}"))
 }
 
 /// The keys of every `stela-bench commit --json` line.
