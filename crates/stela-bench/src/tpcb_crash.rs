@@ -78,6 +78,12 @@ pub struct TpcbCrashArgs {
     /// Seed of the kill moments and the transactions (default: from the clock; printed).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Prune the store's log archive behind a page backup once the runs its log truncation
+    /// passed hold this many bytes and as many as the page file
+    /// (`StoreOptions::archive_prune_after`; default: the store's, 64 MiB; 0: never). A small
+    /// value makes the faults land around backups and pruning.
+    #[arg(long)]
+    pub archive_prune_after: Option<u64>,
     /// Directory for the store (default: a temporary one here, removed after a clean run).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -120,6 +126,8 @@ pub struct TpcbCrashChildArgs {
     #[arg(long)]
     pub pool_pages: usize,
     #[arg(long)]
+    pub archive_prune_after: Option<u64>,
+    #[arg(long)]
     pub round: u64,
     #[arg(long)]
     pub seed: u64,
@@ -146,6 +154,10 @@ struct Restarted {
     in_flight_visible: u64,
     losers_rolled_back: u64,
     restart_ms: f64,
+    /// The archive's page backup after the check's archiving step (its LSN; 0: none yet),
+    /// and whether that step took a new one.
+    archive_floor: u64,
+    backup_taken: bool,
     /// What the restart read: records analysed, where redo started (0: no page was dirty)
     /// and the (record, page) pairs it left pending (instant restart).
     analyzed: u64,
@@ -164,6 +176,8 @@ struct Summary {
     lost: u64,
     uncommitted_visible: u64,
     losers_rolled_back: u64,
+    /// Page backups the archive took (the archive pruned behind each), counted at the checks.
+    backups: u64,
     restart_p50_ms: f64,
     restart_max_ms: f64,
     seed: u64,
@@ -176,8 +190,14 @@ fn options(
     interval_ms: u64,
     checkpoint_interval_ms: u64,
     pool_pages: usize,
+    archive_prune_after: Option<u64>,
 ) -> StoreOptions {
     let defaults = StoreOptions::default();
+    let prune_after = match archive_prune_after {
+        None => defaults.archive_prune_after,
+        Some(0) => None,
+        Some(bytes) => Some(bytes),
+    };
     let wal = defaults
         .wal
         .clone()
@@ -201,6 +221,7 @@ fn options(
         // The archive holds every page's history, so a page torn by a power cut is rebuilt;
         // the log is truncated behind it.
         .archive(true)
+        .archive_prune_after(prune_after)
         .archive_interval(interval.map(|i| i * 4))
 }
 
@@ -219,6 +240,7 @@ pub fn child(args: &TpcbCrashChildArgs) -> anyhow::Result<()> {
             args.interval_ms,
             args.checkpoint_interval_ms,
             args.pool_pages,
+            args.archive_prune_after,
         ),
     )?;
     let stdout = std::sync::Mutex::new(std::io::stdout());
@@ -260,10 +282,18 @@ pub fn child(args: &TpcbCrashChildArgs) -> anyhow::Result<()> {
 fn load(dir: &Path, args: &TpcbCrashArgs, storage: &Arc<dyn Storage>) -> anyhow::Result<()> {
     let store = Store::open(
         dir,
-        options(storage, args.checkpoints, args.cleaner, 0, 0, 1024)
-            .checkpoint_interval(None)
-            .clean_interval(None)
-            .archive_interval(None),
+        options(
+            storage,
+            args.checkpoints,
+            args.cleaner,
+            0,
+            0,
+            1024,
+            args.archive_prune_after,
+        )
+        .checkpoint_interval(None)
+        .clean_interval(None)
+        .archive_interval(None),
     )?;
     for b in 0..args.clients {
         let mut txn = store.begin();
@@ -303,6 +333,7 @@ struct Tally {
     restarts_ms: Vec<f64>,
     losers: u64,
     in_flight_kept: u64,
+    backups: u64,
 }
 
 impl Tally {
@@ -334,6 +365,7 @@ impl Tally {
                 args.interval_ms,
                 args.checkpoint_interval_ms(),
                 args.pool_pages,
+                args.archive_prune_after,
             )
             .checkpoint_interval(None)
             .clean_interval(None)
@@ -407,8 +439,10 @@ impl Tally {
             .context("finishing recovery after the check")?;
         store.clean().context("cleaning after the check")?;
         store.checkpoint().context("checkpoint after the check")?;
-        store.archive().context("archiving after the check")?;
+        let archived = store.archive().context("archiving after the check")?;
+        let archive_floor = store.log_archive().map_or(0, |a| a.floor().get());
         drop(store); // a crash at rest: the next round restarts again
+        self.backups += u64::from(archived.backup.is_some());
         self.restarts_ms.push(restart_ms);
         self.losers += losers;
         self.in_flight_kept += in_flight;
@@ -416,6 +450,8 @@ impl Tally {
             in_flight_visible: in_flight,
             losers_rolled_back: losers,
             restart_ms,
+            archive_floor,
+            backup_taken: archived.backup.is_some(),
             analyzed,
             redo_start,
             pending_records,
@@ -477,6 +513,7 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
         restarts_ms: Vec::new(),
         losers: 0,
         in_flight_kept: 0,
+        backups: 0,
     };
 
     // SIGKILLs of a child process on the real disk.
@@ -560,6 +597,7 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
         lost: 0,
         uncommitted_visible: 0,
         losers_rolled_back: tally.losers,
+        backups: tally.backups,
         restart_p50_ms: tally.restarts_ms[tally.restarts_ms.len() / 2],
         restart_max_ms: tally.restarts_ms.last().copied().unwrap_or(0.0),
         seed,
@@ -571,11 +609,13 @@ pub fn run(args: &TpcbCrashArgs, out: &mut impl Write) -> anyhow::Result<()> {
             out,
             "{} SIGKILLs and {} power cuts: 0 acknowledged transactions lost, 0 uncommitted \
              visible, TPC-B sums equal after every fault; {} in flight at a fault kept (their \
-             commit record was durable); {} losers rolled back; restart p50 {:.1} ms, max {:.1} ms",
+             commit record was durable); {} losers rolled back; {} page backups taken (the \
+             archive pruned behind each); restart p50 {:.1} ms, max {:.1} ms",
             summary.kills,
             summary.power_cuts,
             tally.in_flight_kept,
             tally.losers,
+            summary.backups,
             summary.restart_p50_ms,
             summary.restart_max_ms
         )?;
@@ -610,6 +650,12 @@ fn kill_child_once(
             &args.checkpoint_interval_ms().to_string(),
         ])
         .args(["--pool-pages", &args.pool_pages.to_string()])
+        .args(
+            args.archive_prune_after
+                .map(|bytes| ["--archive-prune-after".to_string(), bytes.to_string()])
+                .into_iter()
+                .flatten(),
+        )
         .args(["--round", &round.to_string()])
         .args(["--seed", &seed.to_string()])
         .stdin(Stdio::null())
@@ -744,6 +790,7 @@ fn cut_power_once(
             args.interval_ms,
             args.checkpoint_interval_ms(),
             args.pool_pages,
+            args.archive_prune_after,
         ),
     )
     .context("opening the store")?;

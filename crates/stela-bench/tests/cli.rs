@@ -492,6 +492,10 @@ fn tpcb_crash_kills_the_store_and_cuts_its_power_and_finds_every_acknowledged_tr
         // Checkpoints every millisecond: most are deltas, so faults land on chains.
         "--checkpoint-interval-ms",
         "1",
+        // A page backup, and the archive pruned behind it, whenever the runs allow: the
+        // faults then land before and after them, and restart rebuilds torn pages from them.
+        "--archive-prune-after",
+        "1",
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -501,6 +505,7 @@ fn tpcb_crash_kills_the_store_and_cuts_its_power_and_finds_every_acknowledged_tr
     assert_eq!(summary["power_cuts"], 2, "{stdout}");
     assert_eq!(summary["lost"], 0, "{stdout}");
     assert_eq!(summary["uncommitted_visible"], 0, "{stdout}");
+    assert!(summary["backups"].as_u64() > Some(0), "{stdout}");
 }
 
 #[test]

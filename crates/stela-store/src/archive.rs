@@ -20,6 +20,22 @@
 //!
 //! Readers take a snapshot of the run list (each run keeps its file open), so a merge may
 //! remove files they are reading.
+//!
+//! Pruning ([`LogArchive::backup_and_prune`]): without it the archive would hold every page
+//! change since the store was made, because a page is rebuilt from its whole history. A *page
+//! backup* `backup-<lsn>` gives that history a later start: a copy of every page, each holding
+//! all of its changes up to `lsn` (the backup's LSN; pages past its end had none). Once the
+//! backup is synced and named, the runs that end at or below `lsn` are removed, except the
+//! newest (whose end says how far the archive goes). Invariants, with `floor` the newest
+//! named backup's LSN (zero without one):
+//! - the runs cover `first..=archived` without a gap, with `first <= floor + 1`: every page
+//!   change after `floor` is in a run or still in the log;
+//! - [`LogArchive::base_image`] is each page as of `floor`, so base image plus runs plus log
+//!   is the page's whole history;
+//! - a backup is written to `<name>.partial`, synced, renamed, and the directory synced before
+//!   any run it allows to go is removed; the older backup goes after it is named. A crash
+//!   leaves runs a backup covers (removed at open) or an older backup (removed at open), never
+//!   a run removed that no named backup covers.
 
 use crate::archive_format::{
     self as run_format, Entry, IndexLayout, Pages, RunError, RunIndex, RunRange,
@@ -27,7 +43,7 @@ use crate::archive_format::{
 use crate::error::{Error, Result};
 use crate::format::LogRecord;
 use crate::log::LogDevice;
-use crate::page::PageId;
+use crate::page::{Page, PageError, PageId, PAGE_SIZE};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -42,6 +58,8 @@ pub const MAX_RUNS: usize = 8;
 /// Most entries one archiving step puts in a run (bounds its memory).
 const MAX_RUN_ENTRIES: usize = 1 << 16;
 const PARTIAL: &str = ".partial";
+/// Bytes a backup writes at once (and between the starts of their writeback).
+const BACKUP_CHUNK: usize = 1 << 20;
 
 /// One run file, open for reading, with its summary in memory and its index blocks as they
 /// are first read.
@@ -121,6 +139,42 @@ pub struct ArchiveReport {
     pub runs: usize,
     /// Log segments removed by the truncation that followed.
     pub log_segments_removed: usize,
+    /// A page backup the step took, and the runs it let go (see [`LogArchive::backup_and_prune`]).
+    pub backup: Option<BackupReport>,
+}
+
+/// What taking a page backup and pruning behind it did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackupReport {
+    /// The backup's LSN: every page in it holds its changes up to here.
+    pub lsn: Lsn,
+    /// Pages copied.
+    pub pages: u64,
+    /// Pages that failed their checks in the page file and were rebuilt for the copy.
+    pub rebuilt: u64,
+    /// Runs removed, and their bytes.
+    pub runs_removed: u64,
+    pub bytes_removed: u64,
+}
+
+/// The newest named page backup: page images as of its LSN.
+struct Backup {
+    lsn: Lsn,
+    pages: u64,
+    path: PathBuf,
+    file: Box<dyn StorageFile>,
+}
+
+fn backup_name(lsn: Lsn) -> String {
+    format!("backup-{:020}", lsn.get())
+}
+
+fn parse_backup_name(name: &str) -> Option<Lsn> {
+    let digits = name.strip_prefix("backup-")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(Lsn::new(digits.parse().ok()?))
 }
 
 /// The log archive of one store. See the module documentation.
@@ -131,9 +185,11 @@ pub struct LogArchive {
     dir: PathBuf,
     /// Whether run files and the directory are fsynced (off where nothing survives the machine).
     sync: bool,
-    /// Ascending and contiguous from LSN 1.
+    /// Ascending and contiguous, from at or below the backup's LSN + 1.
     runs: Mutex<Vec<Arc<Run>>>,
-    /// Held by whoever writes runs (archiving, merging): one writer at a time.
+    /// The newest named backup (`None`: the runs start at LSN 1).
+    backup: Mutex<Option<Arc<Backup>>>,
+    /// Held by whoever writes runs or backups (archiving, merging, pruning): one at a time.
     writer: Mutex<()>,
 }
 
@@ -155,12 +211,14 @@ fn parse_run_name(name: &str) -> Option<RunRange> {
 }
 
 impl LogArchive {
-    /// Opens (or creates) the archive in `dir`: removes what a crash left behind (partial runs,
-    /// merge inputs whose merged run is complete), reads every run's index, and checks that the
-    /// runs cover the log from LSN 1 without a gap.
+    /// Opens (or creates) the archive in `dir`: removes what a crash left behind (partial runs
+    /// and backups, merge inputs whose merged run is complete, runs and backups a newer backup
+    /// covers), reads every run's index, and checks that the runs cover the log from the
+    /// backup's LSN (or LSN 1) without a gap.
     ///
     /// # Errors
-    /// [`Error::Archive`] for a damaged run or a gap between runs; I/O errors.
+    /// [`Error::Archive`] for a damaged run or a gap between runs or after the backup; I/O
+    /// errors.
     pub fn open(
         storage: Arc<dyn Storage>,
         dir: impl AsRef<Path>,
@@ -170,33 +228,65 @@ impl LogArchive {
         storage.create_dir_all(&dir)?;
         let mut removed = false;
         let mut runs = Vec::new();
+        let mut backups = Vec::new();
         for name in storage.list(&dir)? {
             let path = dir.join(&name);
             if name.ends_with(PARTIAL) {
-                tracing::info!(path = %path.display(), "removing a run a crash left unfinished");
+                tracing::info!(path = %path.display(), "removing a file a crash left unfinished");
                 storage.remove(&path)?;
                 removed = true;
             } else if let Some(range) = parse_run_name(&name) {
                 runs.push(load_run(storage.as_ref(), &path, range)?);
+            } else if let Some(lsn) = parse_backup_name(&name) {
+                backups.push((lsn, path));
             }
         }
+        // The newest backup is the one pruning relied on; an older one a crash left goes.
+        backups.sort();
+        let backup = match backups.pop() {
+            None => None,
+            Some((lsn, path)) => {
+                let file = storage.open(&path, OpenMode::Read)?;
+                let pages = file.len()? / PAGE_SIZE as u64;
+                Some(Arc::new(Backup {
+                    lsn,
+                    pages,
+                    path,
+                    file,
+                }))
+            }
+        };
+        for (_, older) in backups {
+            storage.remove(&older)?;
+            removed = true;
+        }
+        let floor = backup.as_ref().map_or(Lsn::ZERO, |b| b.lsn);
+        let newest = runs.iter().map(|r| r.index.range.last).max();
         // Widest first among runs that start together, so a merged run precedes its inputs.
         runs.sort_by_key(|r: &Run| (r.index.range.first, std::cmp::Reverse(r.index.range.last)));
         let mut kept: Vec<Arc<Run>> = Vec::with_capacity(runs.len());
         for run in runs {
             let range = run.index.range;
-            let archived = kept.last().map_or(Lsn::ZERO, |k| k.index.range.last);
-            if range.last <= archived {
+            let archived = kept.last().map(|k| k.index.range.last);
+            let covered = match archived {
                 // Inside a run already kept: the input of a merge that completed.
+                Some(archived) => range.last <= archived,
+                // Wholly covered by the backup, and not the newest: pruning removed it, or
+                // would have but for a crash.
+                None => range.last <= floor && Some(range.last) != newest,
+            };
+            if covered {
                 storage.remove(&run.path)?;
                 removed = true;
-            } else if range.first == archived.next() {
+            } else if range.first <= archived.unwrap_or(floor).next()
+                && archived.is_none_or(|a| range.first == a.next())
+            {
                 kept.push(Arc::new(run));
             } else {
                 return Err(Error::Archive {
                     path: run.path,
                     source: RunError::Gap {
-                        archived,
+                        archived: archived.unwrap_or(floor),
                         next: range.first,
                     },
                 });
@@ -207,6 +297,7 @@ impl LogArchive {
             dir,
             sync,
             runs: Mutex::new(kept),
+            backup: Mutex::new(backup),
             writer: Mutex::new(()),
         };
         if removed {
@@ -237,6 +328,165 @@ impl LogArchive {
 
     fn snapshot(&self) -> Vec<Arc<Run>> {
         self.runs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn backup(&self) -> Option<Arc<Backup>> {
+        self.backup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The LSN of the newest page backup (zero without one): every page change after it is in
+    /// the runs or still in the log; [`LogArchive::base_image`] holds those before it.
+    pub fn floor(&self) -> Lsn {
+        self.backup().map_or(Lsn::ZERO, |b| b.lsn)
+    }
+
+    /// Page `id` as of [`LogArchive::floor`], where its history in the archive begins: its
+    /// image in the page backup, or the empty page every page is before its first record
+    /// (without a backup, or past the backup's end).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when the backup's image fails its checks too (the page cannot be
+    /// rebuilt); I/O errors.
+    pub fn base_image(&self, id: PageId) -> Result<Page> {
+        let Some(backup) = self.backup() else {
+            return Ok(Page::empty());
+        };
+        if id >= backup.pages {
+            return Ok(Page::empty());
+        }
+        let mut image = vec![0u8; PAGE_SIZE];
+        backup
+            .file
+            .read_exact_at(&mut image, id * PAGE_SIZE as u64)?;
+        crate::page::decode(id, &image).map_err(|damage| {
+            tracing::error!(page = id, backup = %backup.path.display(), %damage,
+                "the page backup's image is damaged too");
+            Error::Corrupt {
+                page: id,
+                source: PageError::Malformed(
+                    "its stored image and its image in the page backup both fail their checks",
+                ),
+            }
+        })
+    }
+
+    /// Bytes of the runs a backup at `through` would let go: those ending at or below it,
+    /// except the newest.
+    pub fn prunable_bytes(&self, through: Lsn) -> u64 {
+        let runs = self.snapshot();
+        let older = runs.len().saturating_sub(1);
+        runs[..older]
+            .iter()
+            .filter(|r| r.index.range.last <= through)
+            .map(|r| r.len)
+            .sum()
+    }
+
+    /// Bytes of all runs.
+    pub fn bytes(&self) -> u64 {
+        self.snapshot().iter().map(|r| r.len).sum()
+    }
+
+    /// Takes a page backup at `through` and removes the runs it covers (see the module
+    /// documentation). `read` gives page `id` holding every change up to `through` (the page
+    /// file's image, or one rebuilt from its history); pages `0..pages` are copied. The caller
+    /// guarantees that the page file holds every change up to `through` and that nobody will
+    /// read the archive's history of a page from below it, other than through
+    /// [`LogArchive::base_image`]: the store passes the LSN it truncates its log before.
+    ///
+    /// # Errors
+    /// What `read` returns; I/O errors. Nothing is removed unless the backup is named and
+    /// synced.
+    pub fn backup_and_prune(
+        &self,
+        through: Lsn,
+        pages: u64,
+        read: &mut dyn FnMut(PageId) -> Result<(Page, bool)>,
+    ) -> Result<BackupReport> {
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut report = BackupReport {
+            lsn: through,
+            pages,
+            ..BackupReport::default()
+        };
+        if through <= self.floor() {
+            return Ok(report);
+        }
+        let path = self.dir.join(backup_name(through));
+        let partial = self.dir.join(format!("{}{PARTIAL}", backup_name(through)));
+        match self.storage.remove(&partial) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        {
+            let file = self.storage.open(&partial, OpenMode::CreateNew)?;
+            let mut chunk = Vec::with_capacity(BACKUP_CHUNK);
+            let mut image = Box::new([0u8; PAGE_SIZE]);
+            let mut offset = 0u64;
+            for id in 0..pages {
+                let (page, rebuilt) = read(id)?;
+                report.rebuilt += u64::from(rebuilt);
+                crate::page::encode_into(id, &page, &mut image)
+                    .map_err(|source| Error::Corrupt { page: id, source })?;
+                chunk.extend_from_slice(&image[..]);
+                if chunk.len() >= BACKUP_CHUNK || id + 1 == pages {
+                    file.write_all_at(&chunk, offset)?;
+                    offset += chunk.len() as u64;
+                    chunk.clear();
+                    if self.sync {
+                        // A hint: the sync below then has little left to write.
+                        file.start_writeback()?;
+                    }
+                }
+            }
+            if self.sync {
+                file.sync_data()?;
+            }
+        }
+        self.storage.rename(&partial, &path)?;
+        self.sync_dir()?;
+        let file = self.storage.open(&path, OpenMode::Read)?;
+        let older = self
+            .backup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(Arc::new(Backup {
+                lsn: through,
+                pages,
+                path,
+                file,
+            }));
+        // Only now, with the new backup named and the directory synced, may the older backup
+        // and the runs it makes needless go.
+        let gone: Vec<Arc<Run>> = {
+            let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            let older_runs = runs.len().saturating_sub(1);
+            let cut = runs[..older_runs]
+                .iter()
+                .take_while(|r| r.index.range.last <= through)
+                .count();
+            runs.drain(..cut).collect()
+        };
+        if let Some(older) = older {
+            self.storage.remove(&older.path)?;
+        }
+        for run in &gone {
+            self.storage.remove(&run.path)?;
+            report.runs_removed += 1;
+            report.bytes_removed += run.len;
+        }
+        self.sync_dir()?;
+        tracing::info!(
+            lsn = through.get(),
+            pages,
+            runs_removed = report.runs_removed,
+            bytes_removed = report.bytes_removed,
+            "page backup taken, archive pruned behind it"
+        );
+        Ok(report)
     }
 
     /// Archives the log's records after the archive's end up to `upto` (which must be durable
@@ -831,6 +1081,177 @@ mod tests {
                 source: RunError::Gap { .. },
                 ..
             })
+        ));
+    }
+
+    /// Dies (fails every call from then on) after `budget` calls that reach the storage: the
+    /// process stops there, mid-operation.
+    #[derive(Debug)]
+    struct DieAfter(std::sync::atomic::AtomicU64);
+
+    impl stela_wal::storage::Hooks for DieAfter {
+        fn before(&self, _call: &stela_wal::storage::Call<'_>) -> std::io::Result<()> {
+            use std::sync::atomic::Ordering::SeqCst;
+            match self
+                .0
+                .fetch_update(SeqCst, SeqCst, |left| left.checked_sub(1))
+            {
+                Ok(_) => Ok(()),
+                Err(_) => Err(std::io::Error::other("simulated crash")),
+            }
+        }
+    }
+
+    /// Page `id` with every change of `log` up to `upto`, replayed from the empty page.
+    fn page_at(log: &stela_wal::Wal<LogRecord>, id: PageId, upto: Lsn) -> Page {
+        let mut page = Page::empty();
+        for (lsn, record) in from_log(log, id) {
+            if lsn <= upto {
+                crate::redo::redo(id, &mut page, lsn, &record).unwrap();
+            }
+        }
+        page
+    }
+
+    /// Page `id` as the archive rebuilds it: its base image, then its history after it.
+    fn rebuilt(archive: &LogArchive, id: PageId) -> Page {
+        let mut page = archive.base_image(id).unwrap();
+        for (lsn, record) in archive.page_history(id, page.lsn).unwrap().0 {
+            crate::redo::redo(id, &mut page, lsn, &record).unwrap();
+        }
+        page
+    }
+
+    /// A backup and the pruning behind it, stopped after every number of storage calls and
+    /// then cut by a power loss (unsynced writes lost or torn): the archive reopens, and every
+    /// page rebuilt from its base image and its history is the page with every archived
+    /// change. Failure this provokes: a run removed before the backup that replaces it is
+    /// durable, or a half-written backup taken for a whole one.
+    #[test]
+    fn a_crash_anywhere_in_a_backup_and_prune_leaves_every_page_rebuildable() {
+        use stela_wal::storage::{CrashPlan, FaultStorage, Hooked};
+        let dir = tempfile::tempdir().unwrap();
+        let log = open_log(dir.path());
+        let pages: u64 = 3;
+        for i in 0..45u8 {
+            log.append(&write(u64::from(i) % pages, i)).unwrap();
+        }
+        let at = Path::new("/store/archive");
+        let mut calls_of_a_whole_backup = None;
+        for budget in 0.. {
+            if calls_of_a_whole_backup.is_some_and(|whole| budget > whole) {
+                break;
+            }
+            for plan_seed in 0..3u64 {
+                let fault = FaultStorage::new();
+                let hooked = Arc::new(Hooked::wrap(
+                    Arc::new(fault.clone()),
+                    DieAfter(std::sync::atomic::AtomicU64::new(u64::MAX)),
+                ));
+                let archive = LogArchive::open(hooked.clone(), at, true).unwrap();
+                fault.sync_dir(Path::new("/")).unwrap();
+                fault.sync_dir(Path::new("/store")).unwrap();
+                for upto in [10, 20, 30, 45] {
+                    archive.archive_from(&log, Lsn::new(upto)).unwrap();
+                }
+                // An older backup first, so that replacing one is covered too.
+                let read = |through: Lsn| {
+                    let log = &log;
+                    move |id: PageId| Ok((page_at(log, id, through), false))
+                };
+                archive
+                    .backup_and_prune(Lsn::new(10), pages, &mut read(Lsn::new(10)))
+                    .unwrap();
+                assert_eq!(archive.runs().len(), 3);
+                hooked
+                    .hooks()
+                    .0
+                    .store(budget, std::sync::atomic::Ordering::SeqCst);
+                let outcome =
+                    archive.backup_and_prune(Lsn::new(30), pages, &mut read(Lsn::new(30)));
+                if outcome.is_ok() && calls_of_a_whole_backup.is_none() {
+                    calls_of_a_whole_backup = Some(budget);
+                }
+                drop(archive);
+                fault.crash(match plan_seed {
+                    0 => CrashPlan::LoseUnsynced,
+                    seed => CrashPlan::TearUnsynced { seed },
+                });
+                let reopened = LogArchive::open(Arc::new(fault.clone()), at, true)
+                    .unwrap_or_else(|e| panic!("budget {budget}, plan {plan_seed}: {e}"));
+                let floor = reopened.floor();
+                assert!(
+                    floor == Lsn::new(10) || floor == Lsn::new(30),
+                    "budget {budget}: floor {floor:?}"
+                );
+                if outcome.is_ok() {
+                    assert_eq!(floor, Lsn::new(30), "a completed backup survives");
+                    assert_eq!(reopened.runs(), vec![(Lsn::new(31), Lsn::new(45))]);
+                }
+                assert_eq!(reopened.archived_lsn(), Lsn::new(45));
+                for id in 0..pages {
+                    assert_eq!(
+                        rebuilt(&reopened, id),
+                        page_at(&log, id, Lsn::new(45)),
+                        "budget {budget}, plan {plan_seed}: page {id}"
+                    );
+                }
+            }
+        }
+        assert!(calls_of_a_whole_backup.is_some_and(|calls| calls > 5));
+    }
+
+    #[test]
+    fn without_a_backup_the_runs_must_start_at_lsn_1_and_with_one_at_or_below_its_lsn() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open_log(dir.path());
+        for i in 0..30u8 {
+            log.append(&write(u64::from(i % 2), i)).unwrap();
+        }
+        let at = dir.path().join("archive");
+        let archive = LogArchive::open(disk(), &at, false).unwrap();
+        for upto in [10, 20, 30] {
+            archive.archive_from(&log, Lsn::new(upto)).unwrap();
+        }
+        let mut read = |id: PageId| Ok((page_at(&log, id, Lsn::new(15)), false));
+        // Nothing ends at or below 15 but the first run; the newest is never removed.
+        let report = archive
+            .backup_and_prune(Lsn::new(15), 2, &mut read)
+            .unwrap();
+        assert_eq!((report.runs_removed, report.pages), (1, 2));
+        assert_eq!(
+            archive.runs(),
+            vec![(Lsn::new(11), Lsn::new(20)), (Lsn::new(21), Lsn::new(30))]
+        );
+        for id in 0..2 {
+            assert_eq!(rebuilt(&archive, id), page_at(&log, id, Lsn::new(30)));
+        }
+        assert_eq!(
+            archive.base_image(7).unwrap(),
+            Page::empty(),
+            "past the backup"
+        );
+        drop(archive);
+        // The backup gone: the runs no longer reach back to LSN 1, which open refuses.
+        let backup = at.join(backup_name(Lsn::new(15)));
+        let bytes = std::fs::read(&backup).unwrap();
+        std::fs::remove_file(&backup).unwrap();
+        assert!(matches!(
+            LogArchive::open(disk(), &at, false),
+            Err(Error::Archive {
+                source: RunError::Gap { .. },
+                ..
+            })
+        ));
+        // A damaged backup image is an error naming the page, not a wrong page.
+        let mut damaged = bytes.clone();
+        damaged[PAGE_SIZE + 100] ^= 0x10;
+        std::fs::write(&backup, &damaged).unwrap();
+        let reopened = LogArchive::open(disk(), &at, false).unwrap();
+        assert!(reopened.base_image(0).is_ok());
+        assert!(matches!(
+            reopened.base_image(1),
+            Err(Error::Corrupt { page: 1, .. })
         ));
     }
 }

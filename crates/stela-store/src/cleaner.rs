@@ -303,7 +303,8 @@ fn stored_image(
         (Ok(image), _) => Ok((image, false)),
         (Err(damage), Some((archive, log))) => {
             tracing::warn!(page = id, %damage, "the cleaner rebuilds a damaged page");
-            let image = crate::repair::rebuild(id, Page::empty(), clean, archive, log)?;
+            let base = archive.base_image(id)?;
+            let image = crate::repair::rebuild(id, base, clean, archive, log)?;
             Ok((image, true))
         }
         (Err(source), None) => Err(Error::Corrupt { page: id, source }),

@@ -111,7 +111,7 @@ pub mod store;
 mod sync;
 pub mod tail;
 
-pub use archive::{ArchiveReport, LogArchive};
+pub use archive::{ArchiveReport, BackupReport, LogArchive};
 pub use checkpoint::CheckpointReport;
 pub use cleaner::{CleanReport, CleanerKind};
 pub use daemon::DaemonLog;

@@ -17,7 +17,8 @@
 //! - the records of a pending page, with its archived stretch `rec_lsn..archived_below` if it
 //!   has one, are every change at or above its analysis `rec_lsn`, so they bring its stored
 //!   image up to the state at the crash. The archive keeps that stretch: it covers the log
-//!   from LSN 1 without a gap and only grows.
+//!   from its page backup's LSN (LSN 1 without one) without a gap, and the store takes no
+//!   backup, so prunes nothing, while any page is pending.
 
 use crate::error::{Error, Result};
 use crate::format::{DirtyPage, LogBody, LogRecord};

@@ -2,11 +2,12 @@
 //!
 //! A page image read from the page file may be unusable (it fails its checksum or layout
 //! checks) or stale (older than the page the pool evicted without writing). Either way the
-//! page is rebuilt from its history: start from the image if it is usable, else from the empty
-//! page every page is before its first record, and redo the page's records after the image's
-//! LSN, first from the log archive, then from the log after the archive's end. Every page's
-//! history is there: the archive covers the log from LSN 1, and the log is truncated only
-//! behind the archive (`retention`). A page rebuilt because its image was damaged is written
+//! page is rebuilt from its history: start from the image if it is usable, else from the
+//! archive's base image (the page in its page backup, or the empty page every page is before
+//! its first record), and redo the page's records after that image's LSN, first from the log
+//! archive, then from the log after the archive's end. Every page's history is there: the
+//! archive covers the log from its backup's LSN (LSN 1 without one), and the log is truncated
+//! only behind the archive (`retention`). A page rebuilt because its image was damaged is written
 //! back (log first) so the next read finds it intact.
 //!
 //! Write elision: when the pool must evict a dirty page whose records are all durable in the
@@ -94,7 +95,7 @@ impl PageRepair {
             Ok(page) => (page, false),
             Err(damage) => {
                 tracing::warn!(page = id, %damage, "rebuilding a damaged page from its history");
-                (Page::empty(), true)
+                (self.archive.base_image(id)?, true)
             }
         };
         let page = rebuild(id, base, Lsn::new(u64::MAX), &self.archive, log)?;

@@ -15,7 +15,9 @@
 //! - the decoupled checkpoint's analysis and the decoupled cleaner, from the record after the
 //!   last one they consumed;
 //! - the archiver and single-page recovery, from the record after the archive's end: below it,
-//!   the archive holds every page change the log held.
+//!   the archive holds every page change the log held (down to its page backup, which holds
+//!   every page as of the point the log was once truncated before: the store prunes the archive
+//!   only up to that point, `Shared::prune_archive`).
 //!
 //! Invariant: [`LogNeeds::keep_from`] is at or below each of these, so truncating the log
 //! before it drops nothing anyone will read; without a checkpoint it is LSN 1.

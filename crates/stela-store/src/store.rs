@@ -35,7 +35,7 @@
 //!   transaction table holds losers from open until then, so a classical checkpoint taken
 //!   meanwhile records them.
 
-use crate::archive::{ArchiveReport, LogArchive};
+use crate::archive::{ArchiveReport, BackupReport, LogArchive};
 use crate::btree::Engine;
 use crate::checkpoint::{
     self, CheckpointReport, Checkpointer, Decoupled, Master, MasterSlots, Written,
@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::format::{CheckpointKind, CheckpointTables, LogBody, LogRecord, TxnId};
 use crate::lock::{LockManager, LockMode};
 use crate::log::LogDevice;
-use crate::page::{MAX_KEY, MAX_VALUE};
+use crate::page::{Page, PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
 use crate::pagefile::PageFile;
 use crate::pool::{BufferPool, PoolStats};
 use crate::recovery::{self, Loser, RestartMode, RestartReport};
@@ -87,11 +87,16 @@ pub struct StoreOptions {
     /// either (`SyncMode::None`), whose commits survive only the process.
     pub sync_pages: bool,
     /// Keep a log archive in `dir/archive`: pages that fail their checks are rebuilt from it
-    /// (single-page recovery), and the log is truncated behind it. The archive keeps every page
-    /// change since the store was made (a page is rebuilt from its whole history, there being
-    /// no backup to start from), so it grows with everything the store has logged: nothing
-    /// prunes it yet.
+    /// (single-page recovery), and the log is truncated behind it. A page is rebuilt from a
+    /// page backup and the changes the archive holds after it (see `archive_prune_after`).
     pub archive: bool,
+    /// Prune the archive: when its runs that the log's truncation point has passed hold at
+    /// least this many bytes, and at least as many as the page file, an archiving step copies
+    /// the page file into a page backup and removes those runs. The archive then stays within
+    /// about the page file's size plus this, on top of the backup (the page file's size). The
+    /// copy reads the whole page file, hence the page file's size as a lower bound. `None`:
+    /// never prune, and the archive holds every page change since the store was made.
+    pub archive_prune_after: Option<u64>,
     /// Run archiving steps (archive, merge, truncate the log) on a background thread, pausing
     /// this long after each (`None`: only on request). Needs `archive`.
     pub archive_interval: Option<Duration>,
@@ -131,6 +136,7 @@ impl Default for StoreOptions {
             clean_interval: None,
             sync_pages: true,
             archive: false,
+            archive_prune_after: Some(64 << 20),
             archive_interval: None,
             elide_writes: false,
             restart: RestartMode::Instant,
@@ -178,6 +184,11 @@ impl StoreOptions {
 
     pub fn archive(mut self, archive: bool) -> Self {
         self.archive = archive;
+        self
+    }
+
+    pub fn archive_prune_after(mut self, bytes: Option<u64>) -> Self {
+        self.archive_prune_after = bytes;
         self
     }
 
@@ -849,7 +860,8 @@ impl Shared {
             let (runs_written, entries) =
                 archive.archive_from(self.log.as_ref(), self.log.durable_lsn())?;
             let merges = archive.merge()?;
-            let log_segments_removed = self.truncate_log(archive)?;
+            let (log_segments_removed, keep_from) = self.truncate_log(archive)?;
+            let backup = self.prune_archive(archive, keep_from)?;
             Ok(ArchiveReport {
                 runs_written,
                 entries,
@@ -857,14 +869,52 @@ impl Shared {
                 archived_lsn: archive.archived_lsn(),
                 runs: archive.runs().len(),
                 log_segments_removed,
+                backup,
             })
         })();
         self.check(result)
     }
 
-    /// Truncates the log below what its readers need (see `retention`). Holds the checkpoint
-    /// mutex, so the master record pinned here names the checkpoint the bound comes from.
-    fn truncate_log(&self, archive: &LogArchive) -> Result<usize> {
+    /// Takes a page backup and prunes the archive behind it when `archive_prune_after` says
+    /// so. The backup's LSN is the one the log was just truncated before, less one: below it,
+    /// every page change is in the page file (restart's redo starts after it) and no reader of
+    /// the log or the archive starts there (`retention`), so only single-page recovery still
+    /// wants those changes, and it starts from the backup. A page failing its checks in the
+    /// page file is rebuilt for the copy from its history up to the durable LSN (never a
+    /// change a crash may still lose).
+    fn prune_archive(&self, archive: &LogArchive, keep_from: Lsn) -> Result<Option<BackupReport>> {
+        let Some(after) = self.options.archive_prune_after else {
+            return Ok(None);
+        };
+        let through = Lsn::new(keep_from.get().saturating_sub(1));
+        // Instant restart's pending redo may still read a page's older changes from the runs.
+        if through <= archive.floor() || self.recovery_pending().pages > 0 {
+            return Ok(None);
+        }
+        let pages = self.file.pages()?;
+        let prunable = archive.prunable_bytes(through);
+        if prunable == 0 || prunable < after.max(pages * PAGE_SIZE as u64) {
+            return Ok(None);
+        }
+        let log: &dyn LogDevice = self.log.as_ref();
+        let mut read = |id: PageId| -> Result<(Page, bool)> {
+            match self.file.read(id)? {
+                Ok(page) => Ok((page, false)),
+                Err(damage) => {
+                    tracing::warn!(page = id, %damage, "rebuilding a damaged page for the backup");
+                    let base = archive.base_image(id)?;
+                    let page = crate::repair::rebuild(id, base, log.durable_lsn(), archive, log)?;
+                    Ok((page, true))
+                }
+            }
+        };
+        Ok(Some(archive.backup_and_prune(through, pages, &mut read)?))
+    }
+
+    /// Truncates the log below what its readers need (see `retention`), and returns that
+    /// bound. Holds the checkpoint mutex, so the master record pinned here names the
+    /// checkpoint the bound comes from.
+    fn truncate_log(&self, archive: &LogArchive) -> Result<(usize, Lsn)> {
         let mut checkpointer = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
         let log: &dyn LogDevice = self.log.as_ref();
         // For a delta, the chain's full checkpoint bounds both: restart reads from its end
@@ -897,9 +947,10 @@ impl Shared {
             cleaner_next: (self.options.cleaner == CleanerKind::Decoupled)
                 .then(|| Lsn::new(self.clean_lsn.load(Ordering::Acquire)).next()),
         };
-        let removed = log.truncate_before(needs.keep_from())?;
+        let keep_from = needs.keep_from();
+        let removed = log.truncate_before(keep_from)?;
         drop(checkpointer);
-        Ok(removed)
+        Ok((removed, keep_from))
     }
 
     fn recovery_pending(&self) -> RecoveryPending {

@@ -17,12 +17,19 @@
 //!   crash then redoes it. Failure this provokes: truncating at the checkpoint's begin record
 //!   (below which restart's analysis never reads) while redo must start earlier.
 //! - A crash at every few records of a workload with checkpoints, cleaning and archiving steps
-//!   (so truncation) between its transactions, with elision on, leaves exactly the committed
-//!   transactions after restart, for both kinds of services.
+//!   (so truncation, and page backups with pruning) between its transactions, with elision on,
+//!   leaves exactly the committed transactions after restart, for both kinds of services.
 //! - The decoupled cleaner, lagging behind the archive, takes those records from its runs and
 //!   the rest from the log: afterwards the stored images the pool falls back on (eviction
 //!   elides pages the clean LSN covers) hold every change. Failure this provokes: a change in
 //!   the archived part skipped, while the page is written with a later LSN.
+//! - Pruning: with a page backup taken whenever the runs the log's truncation passed outgrow
+//!   the page file, the archive stops growing with the log, and a page whose history before
+//!   the backup is gone (the root's starts at LSN 1) is still rebuilt, from its backup image
+//!   and the runs after it. A page damaged in the page file when the backup is taken is
+//!   rebuilt for the copy, and a page damaged in both is an error naming it. Failure this
+//!   provokes: a repair that starts from the empty page once the runs are pruned, or a backup
+//!   that copies a damaged image.
 //! - The decoupled cleaner, finding a stored image damaged, rebuilds it from the archive
 //!   instead of failing its round; the archiver on its own thread, beside the other services
 //!   and elision, leaves a state restart recovers.
@@ -453,9 +460,11 @@ fn a_crash_every_few_records_with_archiving_and_truncation_keeps_the_committed_s
         (CheckpointKind::Decoupled, CleanerKind::Decoupled),
         (CheckpointKind::Classical, CleanerKind::Classical),
     ] {
+        // Pruning behind a page backup at every step it can: a crash may land inside one.
         let options = options()
             .wal(wal.clone())
             .elide_writes(true)
+            .archive_prune_after(Some(1))
             .checkpoints(checkpoints)
             .cleaner(cleaner);
         let (length, first) = {
@@ -518,4 +527,141 @@ fn a_page_dirty_since_before_the_checkpoint_keeps_its_changes_in_the_log() {
     let restart = store.restart_report();
     assert!(restart.pending_from_archive > 0, "{restart:?}");
     assert_eq!(contents_map(&store), model);
+}
+
+fn archive_bytes(dir: &Path) -> (u64, u64) {
+    let mut runs = 0;
+    let mut backup = 0;
+    for entry in std::fs::read_dir(dir.join("archive")).unwrap() {
+        let entry = entry.unwrap();
+        let len = entry.metadata().unwrap().len();
+        if entry.file_name().to_string_lossy().starts_with("backup-") {
+            backup += len;
+        } else {
+            runs += len;
+        }
+    }
+    (runs, backup)
+}
+
+#[test]
+fn pruned_behind_page_backups_the_archive_stops_growing_and_pages_are_still_rebuilt() {
+    for (checkpoints, cleaner) in [
+        (CheckpointKind::Decoupled, CleanerKind::Decoupled),
+        (CheckpointKind::Classical, CleanerKind::Classical),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let unpruned = tempfile::tempdir().unwrap();
+        let options = options().checkpoints(checkpoints).cleaner(cleaner);
+        let pruning = options.clone().archive_prune_after(Some(1));
+        let mut model = BTreeMap::new();
+        let store = Store::open(dir.path(), pruning.clone()).unwrap();
+        let reference = Store::open(unpruned.path(), options.archive_prune_after(None)).unwrap();
+        let (mut backups, mut halfway) = (0, 0);
+        for round in 0..40 {
+            put_round(&store, 200, 25, round, &mut model);
+            put_round(&reference, 200, 25, round, &mut BTreeMap::new());
+            for store in [&store, &reference] {
+                store.clean().unwrap();
+                store.checkpoint().unwrap();
+            }
+            let report = store.archive().unwrap();
+            assert!(reference.archive().unwrap().backup.is_none());
+            if let Some(backup) = report.backup {
+                assert!(backup.runs_removed > 0, "{backup:?}");
+                assert_eq!(backup.rebuilt, 0);
+                backups += 1;
+            }
+            if round == 19 {
+                halfway = archive_bytes(dir.path()).0;
+            }
+        }
+        let (runs, backup) = archive_bytes(dir.path());
+        let (reference_runs, _) = archive_bytes(unpruned.path());
+        let page_file = std::fs::metadata(dir.path().join("pages")).unwrap().len();
+        let floor = store.log_archive().unwrap().floor();
+        println!(
+            "{checkpoints:?}/{cleaner:?}: {backups} backups, floor {floor:?}; runs {runs} bytes \
+             ({halfway} after 20 rounds), backup {backup}, page file {page_file}; unpruned runs \
+             {reference_runs} bytes"
+        );
+        assert!(backups >= 3, "{backups} backups");
+        assert_eq!(
+            backup,
+            page_file.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64
+        );
+        assert!(
+            runs * 3 < reference_runs,
+            "pruned runs {runs} bytes against {reference_runs} unpruned"
+        );
+        assert!(
+            runs <= halfway * 3 / 2,
+            "the runs grew from {halfway} to {runs} bytes"
+        );
+        drop(reference);
+        store.close().unwrap();
+
+        // The root's history starts at LSN 1, pruned long ago: rebuilt from its backup image.
+        flip_bit(dir.path(), 0);
+        let store = Store::open(dir.path(), pruning.clone()).unwrap();
+        assert_eq!(contents_map(&store), model, "{checkpoints:?}/{cleaner:?}");
+        assert_eq!(store.pool_stats().repaired, 1);
+        store.close().unwrap();
+
+        // Damaged in the page file and in the backup: an error naming the page.
+        flip_bit(dir.path(), 0);
+        let backup_path = std::fs::read_dir(dir.path().join("archive"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("backup-")
+            })
+            .unwrap();
+        let mut bytes = std::fs::read(&backup_path).unwrap();
+        bytes[100] ^= 0x10;
+        std::fs::write(&backup_path, bytes).unwrap();
+        let opened = Store::open(dir.path(), pruning.clone());
+        let read = opened.and_then(|store| {
+            let mut txn = store.begin();
+            txn.get(&key(3)).map(|_| ())
+        });
+        assert!(
+            matches!(read, Err(Error::Corrupt { page: 0, .. })),
+            "{checkpoints:?}/{cleaner:?}: {read:?}"
+        );
+    }
+}
+
+#[test]
+fn a_page_damaged_when_the_backup_is_taken_is_rebuilt_for_the_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = options()
+        .checkpoints(CheckpointKind::Decoupled)
+        .cleaner(CleanerKind::Decoupled);
+    let mut model = BTreeMap::new();
+    let store = Store::open(dir.path(), options.clone().archive_prune_after(None)).unwrap();
+    for round in 0..12 {
+        put_round(&store, 200, 25, round, &mut model);
+        store.clean().unwrap();
+        store.checkpoint().unwrap();
+        store.archive().unwrap();
+    }
+    store.close().unwrap();
+    let victim = leaf_holding(dir.path(), &key(150));
+    flip_bit(dir.path(), victim);
+    let store = Store::open(dir.path(), options.clone().archive_prune_after(Some(1))).unwrap();
+    let backup = store.archive().unwrap().backup.expect("a backup");
+    assert_eq!(backup.rebuilt, 1, "{backup:?}");
+    assert!(backup.runs_removed > 0);
+    assert_eq!(contents_map(&store), model);
+    store.close().unwrap();
+    // The copy holds the rebuilt page: damage it in the page file again, and it is rebuilt
+    // from the backup (its history before the backup is gone).
+    flip_bit(dir.path(), victim);
+    let store = Store::open(dir.path(), options).unwrap();
+    assert_eq!(contents_map(&store), model);
+    assert_eq!(store.pool_stats().repaired, 1);
 }
