@@ -421,7 +421,7 @@ impl LogArchive {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
             _ => {}
         }
-        {
+        let copied = (|| -> Result<()> {
             let file = self.storage.open(&partial, OpenMode::CreateNew)?;
             let mut chunk = Vec::with_capacity(BACKUP_CHUNK);
             let mut image = Box::new([0u8; PAGE_SIZE]);
@@ -445,8 +445,16 @@ impl LogArchive {
             if self.sync {
                 file.sync_data()?;
             }
+            Ok(self.storage.rename(&partial, &path)?)
+        })();
+        if let Err(error) = copied {
+            // Not left for the next open: failing again and again (a full disk), each attempt
+            // would leave a page file's worth behind.
+            if let Err(cleanup) = self.storage.remove(&partial) {
+                tracing::warn!(path = %partial.display(), %cleanup, "a failed backup's file stays");
+            }
+            return Err(error);
         }
-        self.storage.rename(&partial, &path)?;
         self.sync_dir()?;
         let file = self.storage.open(&path, OpenMode::Read)?;
         let older = self

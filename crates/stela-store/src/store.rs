@@ -861,18 +861,25 @@ impl Shared {
                 archive.archive_from(self.log.as_ref(), self.log.durable_lsn())?;
             let merges = archive.merge()?;
             let (log_segments_removed, keep_from) = self.truncate_log(archive)?;
-            let backup = self.prune_archive(archive, keep_from)?;
-            Ok(ArchiveReport {
+            let report = ArchiveReport {
                 runs_written,
                 entries,
                 merges,
                 archived_lsn: archive.archived_lsn(),
                 runs: archive.runs().len(),
                 log_segments_removed,
-                backup,
-            })
+                backup: None,
+            };
+            Ok((report, keep_from))
         })();
-        self.check(result)
+        let (mut report, keep_from) = self.check(result)?;
+        // Not through `check`: a backup that fails (a full disk, a failed fsync of its own
+        // file) has removed nothing, since the runs go only after it is named and synced, so
+        // the store is whole and goes on; the error is the caller's (the service logs it), and
+        // the next step tries again with a new file.
+        report.backup = self.prune_archive(archive, keep_from)?;
+        report.runs = archive.runs().len();
+        Ok(report)
     }
 
     /// Takes a page backup and prunes the archive behind it when `archive_prune_after` says

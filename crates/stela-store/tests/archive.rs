@@ -30,6 +30,9 @@
 //!   rebuilt for the copy, and a page damaged in both is an error naming it. Failure this
 //!   provokes: a repair that starts from the empty page once the runs are pruned, or a backup
 //!   that copies a damaged image.
+//! - A backup whose fsync fails removes nothing and leaves no file behind; the store is not
+//!   stopped (nothing it promised rests on the backup) and the next step takes one. Failure
+//!   this provokes: a failed backup poisoning the store, or its partial file piling up.
 //! - The decoupled cleaner, finding a stored image damaged, rebuilds it from the archive
 //!   instead of failing its round; the archiver on its own thread, beside the other services
 //!   and elision, leaves a state restart recovers.
@@ -664,4 +667,98 @@ fn a_page_damaged_when_the_backup_is_taken_is_rebuilt_for_the_copy() {
     let store = Store::open(dir.path(), options).unwrap();
     assert_eq!(contents_map(&store), model);
     assert_eq!(store.pool_stats().repaired, 1);
+}
+
+/// Fails the fdatasync of page backups while armed.
+#[derive(Debug, Default)]
+struct FailBackupSync(std::sync::atomic::AtomicBool);
+
+impl stela_wal::storage::Hooks for FailBackupSync {
+    fn before(&self, call: &stela_wal::storage::Call<'_>) -> std::io::Result<()> {
+        let backup = |path: &Path| {
+            path.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("backup-"))
+        };
+        match call {
+            stela_wal::storage::Call::SyncData { path }
+                if backup(path) && self.0.load(std::sync::atomic::Ordering::SeqCst) =>
+            {
+                Err(std::io::Error::other("injected fsync failure (EIO)"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[test]
+fn a_backup_whose_sync_fails_prunes_nothing_and_the_store_goes_on() {
+    use stela_wal::storage::{Hooked, StdStorage};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = std::sync::Arc::new(Hooked::wrap(
+        std::sync::Arc::new(StdStorage),
+        FailBackupSync::default(),
+    ));
+    let options = options()
+        .sync_pages(true)
+        .archive_prune_after(Some(1))
+        .checkpoints(CheckpointKind::Decoupled)
+        .cleaner(CleanerKind::Decoupled);
+    // Synced, or the store syncs nothing (and the hook sees no backup sync to fail).
+    let wal = options
+        .wal
+        .clone()
+        .sync(stela_wal::SyncMode::Data)
+        .storage(storage.clone());
+    let options = options.wal(wal);
+    let mut model = BTreeMap::new();
+    let store = Store::open(dir.path(), options.clone()).unwrap();
+    storage
+        .hooks()
+        .0
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut failed = 0;
+    for round in 0..6 {
+        put_round(&store, 200, 25, round, &mut model);
+        store.clean().unwrap();
+        store.checkpoint().unwrap();
+        let runs_before = store.log_archive().unwrap().runs();
+        match store.archive() {
+            Err(Error::Io(e)) => {
+                assert!(e.to_string().contains("injected"), "{e}");
+                failed += 1;
+                let archive = store.log_archive().unwrap();
+                assert_eq!(
+                    archive.floor().get(),
+                    0,
+                    "nothing relies on the failed backup"
+                );
+                assert!(archive.runs().len() >= runs_before.len().min(1));
+                assert_eq!(archive.runs()[0].0.get(), 1, "no run was removed");
+                let left: Vec<String> = std::fs::read_dir(dir.path().join("archive"))
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.starts_with("backup-"))
+                    .collect();
+                assert!(left.is_empty(), "the failed backup's file stays: {left:?}");
+            }
+            // Nothing to prune yet (the newest run always stays).
+            Ok(report) => assert!(report.backup.is_none(), "round {round}: {report:?}"),
+            Err(other) => panic!("round {round}: {other:?}"),
+        }
+    }
+    assert!(failed >= 4, "{failed} backups tried");
+    // The store was not stopped: it commits, and the next backup succeeds.
+    storage
+        .hooks()
+        .0
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    put_round(&store, 200, 25, 6, &mut model);
+    store.checkpoint().unwrap();
+    store.clean().unwrap();
+    let backup = store.archive().unwrap().backup.expect("a backup");
+    assert!(backup.runs_removed > 0, "{backup:?}");
+    assert_eq!(contents_map(&store), model);
+    drop(store);
+    let store = Store::open(dir.path(), options).unwrap();
+    assert_eq!(contents_map(&store), model);
 }
