@@ -385,11 +385,6 @@ impl LogArchive {
             .sum()
     }
 
-    /// Bytes of all runs.
-    pub fn bytes(&self) -> u64 {
-        self.snapshot().iter().map(|r| r.len).sum()
-    }
-
     /// Takes a page backup at `through` and removes the runs it covers (see the module
     /// documentation). `read` gives page `id` holding every change up to `through` (the page
     /// file's image, or one rebuilt from its history); pages `0..pages` are copied. The caller
