@@ -92,10 +92,12 @@ pub struct StoreOptions {
     pub archive: bool,
     /// Prune the archive: when its runs that the log's truncation point has passed hold at
     /// least this many bytes, and at least as many as the page file, an archiving step copies
-    /// the page file into a page backup and removes those runs. The archive then stays within
-    /// about the page file's size plus this, on top of the backup (the page file's size). The
-    /// copy reads the whole page file, hence the page file's size as a lower bound. `None`:
-    /// never prune, and the archive holds every page change since the store was made.
+    /// the page file into a page backup and removes those runs. The runs then stay within
+    /// about the larger of this and the page file's size, plus the runs the truncation point
+    /// has not passed yet, beside one backup of the page file's size. Each backup copies the
+    /// whole page file, hence the page file's size as a lower bound: a backup is taken only
+    /// when it frees at least as much as it writes. `None`: never prune, and the archive holds
+    /// every page change since the store was made.
     pub archive_prune_after: Option<u64>,
     /// Run archiving steps (archive, merge, truncate the log) on a background thread, pausing
     /// this long after each (`None`: only on request). Needs `archive`.
