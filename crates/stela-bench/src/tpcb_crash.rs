@@ -218,8 +218,8 @@ fn options(
         })
         .checkpoint_interval(checkpoint_interval)
         .clean_interval(interval)
-        // The archive holds every page's history, so a page torn by a power cut is rebuilt;
-        // the log is truncated behind it.
+        // The archive (its page backup, then its runs) holds every page's history, so a page
+        // torn by a power cut is rebuilt; the log is truncated behind it.
         .archive(true)
         .archive_prune_after(prune_after)
         .archive_interval(interval.map(|i| i * 4))
