@@ -303,8 +303,7 @@ fn stored_image(
         (Ok(image), _) => Ok((image, false)),
         (Err(damage), Some((archive, log))) => {
             tracing::warn!(page = id, %damage, "the cleaner rebuilds a damaged page");
-            let base = archive.base_image(id)?;
-            let image = crate::repair::rebuild(id, base, clean, archive, log)?;
+            let image = crate::repair::rebuild_damaged(id, clean, archive, log)?;
             Ok((image, true))
         }
         (Err(source), None) => Err(Error::Corrupt { page: id, source }),

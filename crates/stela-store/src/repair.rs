@@ -172,6 +172,21 @@ impl PageRepair {
     }
 }
 
+/// Page `id`, whose stored image is unusable, rebuilt up to `upto` from its whole history: the
+/// archive's base image ([`LogArchive::base_image`]: its page backup's image, or the empty page),
+/// then [`rebuild`]. What the decoupled cleaner and a page backup do with a damaged image.
+///
+/// # Errors
+/// As [`rebuild`], and [`LogArchive::base_image`]'s.
+pub fn rebuild_damaged(
+    id: PageId,
+    upto: Lsn,
+    archive: &LogArchive,
+    log: &dyn LogDevice,
+) -> Result<Page> {
+    rebuild(id, archive.base_image(id)?, upto, archive, log)
+}
+
 /// Page `id` brought up to `upto` from `base` (its last usable state) by redoing its history
 /// in `base.lsn+1..=upto`: from the archive, then from the log after the archive's end.
 ///

@@ -911,8 +911,8 @@ impl Shared {
                 Ok(page) => Ok((page, false)),
                 Err(damage) => {
                     tracing::warn!(page = id, %damage, "rebuilding a damaged page for the backup");
-                    let base = archive.base_image(id)?;
-                    let page = crate::repair::rebuild(id, base, log.durable_lsn(), archive, log)?;
+                    let durable = log.durable_lsn();
+                    let page = crate::repair::rebuild_damaged(id, durable, archive, log)?;
                     Ok((page, true))
                 }
             }
