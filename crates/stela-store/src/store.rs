@@ -863,25 +863,30 @@ impl Shared {
                 archive.archive_from(self.log.as_ref(), self.log.durable_lsn())?;
             let merges = archive.merge()?;
             let (log_segments_removed, keep_from) = self.truncate_log(archive)?;
-            let report = ArchiveReport {
+            Ok((
                 runs_written,
                 entries,
                 merges,
-                archived_lsn: archive.archived_lsn(),
-                runs: archive.runs().len(),
                 log_segments_removed,
-                backup: None,
-            };
-            Ok((report, keep_from))
+                keep_from,
+            ))
         })();
-        let (mut report, keep_from) = self.check(result)?;
+        let (runs_written, entries, merges, log_segments_removed, keep_from) =
+            self.check(result)?;
         // Not through `check`: a backup that fails (a full disk, a failed fsync of its own
         // file) has removed nothing, since the runs go only after it is named and synced, so
         // the store is whole and goes on; the error is the caller's (the service logs it), and
         // the next step tries again with a new file.
-        report.backup = self.prune_archive(archive, keep_from)?;
-        report.runs = archive.runs().len();
-        Ok(report)
+        let backup = self.prune_archive(archive, keep_from)?;
+        Ok(ArchiveReport {
+            runs_written,
+            entries,
+            merges,
+            archived_lsn: archive.archived_lsn(),
+            runs: archive.runs().len(),
+            log_segments_removed,
+            backup,
+        })
     }
 
     /// Takes a page backup and prunes the archive behind it when `archive_prune_after` says
@@ -896,13 +901,15 @@ impl Shared {
             return Ok(None);
         };
         let through = Lsn::new(keep_from.get().saturating_sub(1));
-        // Instant restart's pending redo may still read a page's older changes from the runs.
-        if through <= archive.floor() || self.recovery_pending().pages > 0 {
-            return Ok(None);
-        }
+        // Nothing to prune covers `through <= floor` too: the runs a backup there would
+        // remove are gone already.
         let pages = self.file.pages()?;
         let prunable = archive.prunable_bytes(through);
         if prunable == 0 || prunable < after.max(pages * PAGE_SIZE as u64) {
+            return Ok(None);
+        }
+        // Instant restart's pending redo may still read a page's older changes from the runs.
+        if self.recovery_pending().pages > 0 {
             return Ok(None);
         }
         let log: &dyn LogDevice = self.log.as_ref();
