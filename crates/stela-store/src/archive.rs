@@ -830,6 +830,26 @@ mod tests {
         .unwrap()
     }
 
+    /// A log of `records` writes, spread over pages `0..pages`, archived in runs ending at
+    /// each of `ends`, in `dir/archive` on the real disk, unsynced.
+    fn archived_in_runs(
+        dir: &Path,
+        records: u8,
+        pages: u64,
+        ends: &[u64],
+    ) -> (stela_wal::Wal<LogRecord>, PathBuf, LogArchive) {
+        let log = open_log(dir);
+        for i in 0..records {
+            log.append(&write(u64::from(i) % pages, i)).unwrap();
+        }
+        let at = dir.join("archive");
+        let archive = LogArchive::open(disk(), &at, false).unwrap();
+        for &end in ends {
+            archive.archive_from(&log, Lsn::new(end)).unwrap();
+        }
+        (log, at, archive)
+    }
+
     fn write(page: PageId, key: u8) -> LogRecord {
         LogRecord {
             txn: 1,
@@ -1008,15 +1028,7 @@ mod tests {
     #[test]
     fn a_crash_mid_write_or_mid_merge_leaves_an_archive_that_opens_consistent() {
         let dir = tempfile::tempdir().unwrap();
-        let log = open_log(dir.path());
-        for i in 0..30u8 {
-            log.append(&write(u64::from(i % 3), i)).unwrap();
-        }
-        let at = dir.path().join("archive");
-        let archive = LogArchive::open(disk(), &at, false).unwrap();
-        for upto in [10, 20, 30] {
-            archive.archive_from(&log, Lsn::new(upto)).unwrap();
-        }
+        let (_log, at, archive) = archived_in_runs(dir.path(), 30, 3, &[10, 20, 30]);
         let history = archive.page_history(1, Lsn::ZERO).unwrap().0;
         // A merge that crashed after naming its run, before removing the inputs: copy the
         // inputs back beside the merged run.
@@ -1207,15 +1219,7 @@ mod tests {
     #[test]
     fn without_a_backup_the_runs_must_start_at_lsn_1_and_with_one_at_or_below_its_lsn() {
         let dir = tempfile::tempdir().unwrap();
-        let log = open_log(dir.path());
-        for i in 0..30u8 {
-            log.append(&write(u64::from(i % 2), i)).unwrap();
-        }
-        let at = dir.path().join("archive");
-        let archive = LogArchive::open(disk(), &at, false).unwrap();
-        for upto in [10, 20, 30] {
-            archive.archive_from(&log, Lsn::new(upto)).unwrap();
-        }
+        let (log, at, archive) = archived_in_runs(dir.path(), 30, 2, &[10, 20, 30]);
         let mut read = |id: PageId| Ok((page_at(&log, id, Lsn::new(15)), false));
         // Nothing ends at or below 15 but the first run; the newest is never removed.
         let report = archive

@@ -89,6 +89,19 @@ fn put_round(
     }
 }
 
+/// One round of the workload most of these tests share (`put_round` of keys `0..200` in
+/// transactions of 25), then a cleaning round and a checkpoint, so that an archiving step after
+/// it can truncate the log.
+fn round_then_clean_and_checkpoint(
+    store: &Store,
+    round: usize,
+    model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+) {
+    put_round(store, 200, 25, round, model);
+    store.clean().unwrap();
+    store.checkpoint().unwrap();
+}
+
 fn contents_map(store: &Store) -> BTreeMap<Vec<u8>, Vec<u8>> {
     common::contents(store).into_iter().collect()
 }
@@ -181,9 +194,7 @@ fn the_log_stays_bounded_behind_the_archive_and_restart_after_truncation_recover
     let store = Store::open(dir.path(), options.clone()).unwrap();
     let (mut most_segments, mut removed, mut merges) = (0, 0, 0);
     for round in 0..30 {
-        put_round(&store, 200, 25, round, &mut model);
-        store.clean().unwrap();
-        store.checkpoint().unwrap();
+        round_then_clean_and_checkpoint(&store, round, &mut model);
         let report = store.archive().unwrap();
         assert!(report.runs <= stela_store::archive::MAX_RUNS, "{report:?}");
         removed += report.log_segments_removed;
@@ -562,12 +573,8 @@ fn pruned_behind_page_backups_the_archive_stops_growing_and_pages_are_still_rebu
         let reference = Store::open(unpruned.path(), options.archive_prune_after(None)).unwrap();
         let (mut backups, mut halfway) = (0, 0);
         for round in 0..40 {
-            put_round(&store, 200, 25, round, &mut model);
-            put_round(&reference, 200, 25, round, &mut BTreeMap::new());
-            for store in [&store, &reference] {
-                store.clean().unwrap();
-                store.checkpoint().unwrap();
-            }
+            round_then_clean_and_checkpoint(&store, round, &mut model);
+            round_then_clean_and_checkpoint(&reference, round, &mut BTreeMap::new());
             let report = store.archive().unwrap();
             assert!(reference.archive().unwrap().backup.is_none());
             if let Some(backup) = report.backup {
@@ -647,9 +654,7 @@ fn a_page_damaged_when_the_backup_is_taken_is_rebuilt_for_the_copy() {
     let mut model = BTreeMap::new();
     let store = Store::open(dir.path(), options.clone().archive_prune_after(None)).unwrap();
     for round in 0..12 {
-        put_round(&store, 200, 25, round, &mut model);
-        store.clean().unwrap();
-        store.checkpoint().unwrap();
+        round_then_clean_and_checkpoint(&store, round, &mut model);
         store.archive().unwrap();
     }
     store.close().unwrap();
@@ -718,9 +723,7 @@ fn a_backup_whose_sync_fails_prunes_nothing_and_the_store_goes_on() {
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let mut failed = 0;
     for round in 0..6 {
-        put_round(&store, 200, 25, round, &mut model);
-        store.clean().unwrap();
-        store.checkpoint().unwrap();
+        round_then_clean_and_checkpoint(&store, round, &mut model);
         let runs_before = store.log_archive().unwrap().runs();
         match store.archive() {
             Err(Error::Io(e)) => {
@@ -752,9 +755,7 @@ fn a_backup_whose_sync_fails_prunes_nothing_and_the_store_goes_on() {
         .hooks()
         .0
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    put_round(&store, 200, 25, 6, &mut model);
-    store.checkpoint().unwrap();
-    store.clean().unwrap();
+    round_then_clean_and_checkpoint(&store, 6, &mut model);
     let backup = store.archive().unwrap().backup.expect("a backup");
     assert!(backup.runs_removed > 0, "{backup:?}");
     assert_eq!(contents_map(&store), model);
