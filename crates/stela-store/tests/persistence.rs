@@ -498,74 +498,33 @@ fn the_classical_cleaner_leaves_the_pool_clean_and_the_checkpoint_empty() {
 /// checkpoint, a commit). Each client owns its keys, so its committed state is known exactly:
 /// a commit that returned is in the log (the stopping log makes each record durable as it is
 /// appended), one that failed is not.
+///
+/// The point is that the services run between the clients' records, so every run must log at
+/// least one checkpoint and one page-write record before its crash. On a loaded machine the
+/// clients can fill the log before the services' threads get a CPU; such a run is checked like
+/// any other, then repeated with a log twice as long, up to 16 times the first length. A run
+/// in which the services never ran by then fails the test.
 #[test]
 fn a_crash_while_background_services_run_keeps_the_committed_state() {
     let mut service_records = (0, 0);
     for (checkpoints, cleaner) in KINDS {
-        for limit in [400u64, 900, 1500] {
-            let dir = tempfile::tempdir().unwrap();
-            let log = common::StopAfter::open(dir.path(), limit);
-            let options = options(checkpoints, cleaner)
-                .pool_pages(12)
-                .checkpoint_interval(Some(std::time::Duration::from_millis(1)))
-                .clean_interval(Some(std::time::Duration::from_millis(1)));
-            let store = Store::open_with_log(dir.path(), log, options).unwrap();
-            let models: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = std::thread::scope(|scope| {
-                let clients: Vec<_> = (0..2usize)
-                    .map(|client| {
-                        let store = &store;
-                        scope.spawn(move || {
-                            let mut model = BTreeMap::new();
-                            for round in 0.. {
-                                let mut txn = store.begin();
-                                let writes: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
-                                    .map(|i| {
-                                        let k = client * 1000 + (round * 7 + i * 13) % 120;
-                                        (key(k), vec![(round % 251) as u8; 150 + k % 300])
-                                    })
-                                    .collect();
-                                let mut failed = false;
-                                for (k, v) in &writes {
-                                    if txn.put(k, v).is_err() {
-                                        failed = true;
-                                        break;
-                                    }
-                                }
-                                if failed {
-                                    common::crash(Some(txn));
-                                    return model;
-                                }
-                                if txn.commit().is_err() {
-                                    return model;
-                                }
-                                model.extend(writes);
-                            }
-                            model
-                        })
-                    })
-                    .collect();
-                clients.into_iter().map(|c| c.join().unwrap()).collect()
-            });
-            drop(store);
-            let store = Store::open(dir.path(), self::options(checkpoints, cleaner)).unwrap();
-            let mut expected: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-            for model in models {
-                expected.extend(model);
-            }
-            assert_eq!(
-                common::contents(&store),
-                expected.into_iter().collect::<Vec<_>>(),
-                "{checkpoints:?} checkpoints, {cleaner:?} cleaner, log stopped at {limit}"
-            );
-            drop(store);
-            let wal: stela_wal::Wal<stela_store::LogRecord> =
-                stela_wal::Wal::open(dir.path().join("log"), common::options().wal).unwrap();
-            for item in wal.iter().unwrap() {
-                match item.unwrap().1.body {
-                    LogBody::CheckpointEnd { .. } => service_records.0 += 1,
-                    LogBody::PagesWritten { .. } => service_records.1 += 1,
-                    _ => {}
+        for first_limit in [400u64, 900, 1500] {
+            let mut limit = first_limit;
+            loop {
+                let (checkpoints_logged, page_writes_logged) =
+                    crash_while_services_run(checkpoints, cleaner, limit);
+                service_records.0 += checkpoints_logged;
+                service_records.1 += page_writes_logged;
+                if checkpoints_logged > 0 && page_writes_logged > 0 {
+                    break;
                 }
+                assert!(
+                    limit < first_limit * 16,
+                    "{checkpoints:?} checkpoints, {cleaner:?} cleaner: the services logged \
+                     {checkpoints_logged} checkpoints and {page_writes_logged} page-write \
+                     records before a crash at record {limit}"
+                );
+                limit *= 2;
             }
         }
     }
@@ -574,6 +533,82 @@ fn a_crash_while_background_services_run_keeps_the_committed_state() {
         service_records.0 > 12 && service_records.1 > 12,
         "checkpoints, page-write records: {service_records:?}"
     );
+}
+
+/// One run of [`a_crash_while_background_services_run_keeps_the_committed_state`]: two clients
+/// commit until the log stops at record `limit`, the store reopens and must hold exactly their
+/// committed writes. Returns the checkpoints and page-write records the services logged.
+fn crash_while_services_run(
+    checkpoints: CheckpointKind,
+    cleaner: CleanerKind,
+    limit: u64,
+) -> (usize, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = common::StopAfter::open(dir.path(), limit);
+    let options = options(checkpoints, cleaner)
+        .pool_pages(12)
+        .checkpoint_interval(Some(std::time::Duration::from_millis(1)))
+        .clean_interval(Some(std::time::Duration::from_millis(1)));
+    let store = Store::open_with_log(dir.path(), log, options).unwrap();
+    let models: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..2usize)
+            .map(|client| {
+                let store = &store;
+                scope.spawn(move || {
+                    let mut model = BTreeMap::new();
+                    for round in 0.. {
+                        let mut txn = store.begin();
+                        let writes: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
+                            .map(|i| {
+                                let k = client * 1000 + (round * 7 + i * 13) % 120;
+                                (key(k), vec![(round % 251) as u8; 150 + k % 300])
+                            })
+                            .collect();
+                        let mut failed = false;
+                        for (k, v) in &writes {
+                            if txn.put(k, v).is_err() {
+                                failed = true;
+                                break;
+                            }
+                        }
+                        if failed {
+                            common::crash(Some(txn));
+                            return model;
+                        }
+                        if txn.commit().is_err() {
+                            return model;
+                        }
+                        model.extend(writes);
+                    }
+                    model
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    drop(store);
+    let store = Store::open(dir.path(), self::options(checkpoints, cleaner)).unwrap();
+    let mut expected: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for model in models {
+        expected.extend(model);
+    }
+    assert_eq!(
+        common::contents(&store),
+        expected.into_iter().collect::<Vec<_>>(),
+        "{checkpoints:?} checkpoints, {cleaner:?} cleaner, log stopped at {limit}"
+    );
+    drop(store);
+    let wal: stela_wal::Wal<stela_store::LogRecord> =
+        stela_wal::Wal::open(dir.path().join("log"), common::options().wal).unwrap();
+    let mut logged = (0, 0);
+    for item in wal.iter().unwrap() {
+        match item.unwrap().1.body {
+            LogBody::CheckpointEnd { .. } => logged.0 += 1,
+            LogBody::PagesWritten { .. } => logged.1 += 1,
+            _ => {}
+        }
+    }
+    logged
 }
 
 /// Master records are written without a sync; after a machine crash both slots may be empty.
