@@ -500,10 +500,11 @@ fn the_classical_cleaner_leaves_the_pool_clean_and_the_checkpoint_empty() {
 /// appended), one that failed is not.
 ///
 /// The point is that the services run between the clients' records, so every run must log at
-/// least one checkpoint and one page-write record before its crash. On a loaded machine the
-/// clients can fill the log before the services' threads get a CPU; such a run is checked like
-/// any other, then repeated with a log twice as long, up to 16 times the first length. A run
-/// in which the services never ran by then fails the test.
+/// least one checkpoint (only the checkpoint thread logs those) and one page-write record (the
+/// cleaner's, or an eviction's) before its crash. On a loaded machine the clients can fill the
+/// log before the services' threads get a CPU; such a run is checked like any other, then
+/// repeated with a log twice as long, up to 16 times the first length. A run in which the
+/// services never ran by then fails the test.
 #[test]
 fn a_crash_while_background_services_run_keeps_the_committed_state() {
     let mut service_records = (0, 0);
