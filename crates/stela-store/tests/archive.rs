@@ -755,7 +755,9 @@ fn a_backup_whose_sync_fails_prunes_nothing_and_the_store_goes_on() {
         .hooks()
         .0
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    round_then_clean_and_checkpoint(&store, 6, &mut model);
+    put_round(&store, 200, 25, 6, &mut model);
+    store.checkpoint().unwrap();
+    store.clean().unwrap();
     let backup = store.archive().unwrap().backup.expect("a backup");
     assert!(backup.runs_removed > 0, "{backup:?}");
     assert_eq!(contents_map(&store), model);
