@@ -901,10 +901,10 @@ impl Shared {
             return Ok(None);
         };
         let through = Lsn::new(keep_from.get().saturating_sub(1));
-        // Nothing to prune covers `through <= floor` too: the runs a backup there would
-        // remove are gone already.
         let pages = self.file.pages()?;
         let prunable = archive.prunable_bytes(through);
+        // Nothing to prune covers `through <= floor` too: the runs a backup there would
+        // remove are gone already.
         if prunable == 0 || prunable < after.max(pages * PAGE_SIZE as u64) {
             return Ok(None);
         }
