@@ -80,11 +80,12 @@
 //!
 //! Not yet here (issue 11): the decoupled cleaner reads runs that overlap its range whole
 //! (the index has no per-page LSN bounds to skip pages unchanged in it); runs are merged in
-//! memory (a merge holds both inputs), and the archive itself is never trimmed; restart's redo
-//! reads the log, not the archive, so the log is kept back to the oldest change a stored image
-//! lacks, and instant restart reads that stretch of log before open returns (to index the
-//! pending redo by page), so its open grows with it; page merges (deletes leave empty leaves),
-//! range locks (a scan can see phantoms).
+//! memory (a merge holds both inputs); classical restart's redo reads the log, not the archive
+//! (instant restart leaves a page's changes that the archive holds there, for the page's first
+//! read); a page the pool misses is read and decoded under the engine latch, so a cold pool
+//! holds up every transaction while it fills; page merges (deletes leave empty leaves), range
+//! locks (a scan can see phantoms). The archive is pruned behind page backups
+//! ([`LogArchive::backup_and_prune`](archive::LogArchive::backup_and_prune)).
 
 pub mod analysis;
 pub mod archive;
