@@ -2,6 +2,12 @@
 //! It follows the witness's rules ([`crate::rules`]) exactly; etcd only keeps the state and
 //! makes each change atomic.
 //!
+//! It speaks to etcd through etcd's JSON gateway (the v3 API as HTTP/1.1 POSTs of JSON under
+//! `/v3/`, served on the client port by every etcd since 3.4) with a small blocking HTTP
+//! client ([`gateway`]), not through gRPC: the gRPC client needs `protoc` and a whole async
+//! stack at build time, and the four calls used here (range, lease grant, transaction with
+//! puts) are one request and one answer each.
+//!
 //! Keys under `/stela/<cluster>/`:
 //! - `holder`: the epoch and its holder (JSON), changed only by a transaction that compares its
 //!   mod revision with the one the decision was made on, so two nodes can never both change it
@@ -20,9 +26,11 @@
 //! - **Bounded calls.** Every call gives up after the timeout with
 //!   [`CoordError::Unreachable`]: failover unavailable, never a reason to step down.
 
+mod gateway;
+
 use crate::rules::{self, Claim};
 use crate::{CoordError, Coordinator, Grant, Holder, Renewal};
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use gateway::{Compare, Gateway, GatewayError, Put};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -34,15 +42,13 @@ const LEASE_REFRESH: Duration = Duration::from_secs(2);
 
 /// A coordinator on an etcd cluster.
 pub struct EtcdCoordinator {
-    endpoint: String,
+    gateway: Gateway,
     cluster: String,
     lease: Duration,
-    runtime: tokio::runtime::Runtime,
     state: Mutex<State>,
 }
 
 struct State {
-    client: Option<Client>,
     /// `renew`'s mod revision as last seen, and since when (this process's clock).
     seen_renewal: Option<(i64, Instant)>,
     /// The etcd lease `renew` is attached to, and when it was granted.
@@ -60,19 +66,15 @@ impl EtcdCoordinator {
     /// Connects lazily: an unreachable etcd is an error of each call, not of construction.
     ///
     /// # Errors
-    /// The private runtime cannot be built.
+    /// `endpoint` is not an `http://HOST:PORT` URL.
     pub fn new(endpoint: &str, cluster: &str, lease: Duration) -> Result<Self, CoordError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CoordError::Other(format!("starting the etcd client's runtime: {e}")))?;
+        let gateway = Gateway::new(endpoint, TIMEOUT)
+            .map_err(|e| CoordError::Other(format!("etcd endpoint {endpoint:?}: {e}")))?;
         Ok(EtcdCoordinator {
-            endpoint: endpoint.to_owned(),
+            gateway,
             cluster: cluster.to_owned(),
             lease,
-            runtime,
             state: Mutex::new(State {
-                client: None,
                 seen_renewal: None,
                 etcd_lease: None,
             }),
@@ -83,54 +85,37 @@ impl EtcdCoordinator {
         format!("/stela/{}/{name}", self.cluster)
     }
 
-    /// Runs `work` with a connected client, bounded by the timeout; a failure drops the client
-    /// so that the next call connects again.
-    fn with_client<R>(
+    /// Runs `work` on this coordinator's state; a failed etcd call is `Unreachable`.
+    fn with_state<R>(
         &self,
-        work: impl AsyncFnOnce(&mut Client, &mut State) -> Result<R, etcd_client::Error>,
+        work: impl FnOnce(&Gateway, &mut State) -> Result<R, GatewayError>,
     ) -> Result<R, CoordError> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let unreachable =
-            |why: String| CoordError::Unreachable(format!("etcd {}: {why}", self.endpoint));
-        let result = self.runtime.block_on(async {
-            tokio::time::timeout(TIMEOUT, async {
-                let mut client = match state.client.take() {
-                    Some(client) => client,
-                    None => {
-                        Client::connect(
-                            [self.endpoint.as_str()],
-                            Some(
-                                ConnectOptions::new()
-                                    .with_connect_timeout(TIMEOUT)
-                                    .with_timeout(TIMEOUT),
-                            ),
-                        )
-                        .await?
-                    }
-                };
-                let result = work(&mut client, &mut state).await;
-                if result.is_ok() {
-                    state.client = Some(client);
-                }
-                result
-            })
-            .await
-        });
-        match result {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(unreachable(error.to_string())),
-            Err(_) => Err(unreachable(format!("no answer within {TIMEOUT:?}"))),
+        work(&self.gateway, &mut state).map_err(|error| {
+            CoordError::Unreachable(format!("etcd {}: {error}", self.gateway.endpoint()))
+        })
+    }
+
+    /// The etcd lease to attach `renew` to: the current one while it is fresh, else a new one.
+    fn lease_for_renewal(gateway: &Gateway, state: &mut State) -> Result<i64, GatewayError> {
+        match state.etcd_lease {
+            Some((id, at)) if at.elapsed() < LEASE_REFRESH => Ok(id),
+            _ => {
+                let id = gateway.lease_grant(LEASE_TTL_SECONDS)?;
+                state.etcd_lease = Some((id, Instant::now()));
+                Ok(id)
+            }
         }
     }
 }
 
-/// The claim in `holder` and its mod revision (0: no such key).
-async fn read_claim(client: &mut Client, key: &str) -> Result<(Claim, i64), etcd_client::Error> {
-    let response = client.get(key, None).await?;
-    let Some(kv) = response.kvs().first() else {
+/// The claim in `holder` and its mod revision (0: no such key). A value that is not a claim
+/// reads as no claim, as an absent key does.
+fn read_claim(gateway: &Gateway, key: &str) -> Result<(Claim, i64), GatewayError> {
+    let Some((value, revision)) = gateway.get(key)? else {
         return Ok((Claim::default(), 0));
     };
-    let stored: StoredClaim = serde_json::from_slice(kv.value()).unwrap_or(StoredClaim {
+    let stored: StoredClaim = serde_json::from_slice(&value).unwrap_or(StoredClaim {
         epoch: 0,
         holder: None,
     });
@@ -139,17 +124,13 @@ async fn read_claim(client: &mut Client, key: &str) -> Result<(Claim, i64), etcd
             epoch: stored.epoch,
             holder: stored.holder,
         },
-        kv.mod_revision(),
+        revision,
     ))
 }
 
-/// `key` is as it was at `revision` (0: absent).
-fn unchanged(key: &str, revision: i64) -> Compare {
-    if revision == 0 {
-        Compare::version(key, CompareOp::Equal, 0)
-    } else {
-        Compare::mod_revision(key, CompareOp::Equal, revision)
-    }
+/// `renew`'s mod revision (0: absent).
+fn renewal_revision(gateway: &Gateway, key: &str) -> Result<i64, GatewayError> {
+    Ok(gateway.get(key)?.map_or(0, |(_, revision)| revision))
 }
 
 fn encode(claim: &Claim) -> Vec<u8> {
@@ -163,10 +144,10 @@ fn encode(claim: &Claim) -> Vec<u8> {
 impl Coordinator for EtcdCoordinator {
     fn renew(&self, node: &str, epoch: u64) -> Result<Renewal, CoordError> {
         let (holder_key, renew_key) = (self.key("holder"), self.key("renew"));
-        let outcome = self.with_client(async |client, state| {
+        self.with_state(|gateway, state| {
             // At most two rounds: a transaction that lost a race decides again on fresh state.
             for _ in 0..2 {
-                let (claim, revision) = read_claim(client, &holder_key).await?;
+                let (claim, revision) = read_claim(gateway, &holder_key)?;
                 let (answer, new) = match rules::renew(&claim, node, epoch) {
                     Ok(decided) => decided,
                     Err(why) => return Ok(Err(CoordError::Other(why))),
@@ -174,47 +155,35 @@ impl Coordinator for EtcdCoordinator {
                 if matches!(answer, Renewal::Superseded { .. }) {
                     return Ok(Ok(answer));
                 }
-                let lease = match state.etcd_lease {
-                    Some((id, at)) if at.elapsed() < LEASE_REFRESH => id,
-                    _ => {
-                        let id = client.lease_grant(LEASE_TTL_SECONDS, None).await?.id();
-                        state.etcd_lease = Some((id, Instant::now()));
-                        id
-                    }
-                };
-                let mut writes = vec![TxnOp::put(
-                    renew_key.as_str(),
-                    format!("{epoch} {node}"),
-                    Some(PutOptions::new().with_lease(lease)),
-                )];
+                let lease = Self::lease_for_renewal(gateway, state)?;
+                let mut writes = vec![Put {
+                    key: &renew_key,
+                    value: format!("{epoch} {node}").into_bytes(),
+                    lease,
+                }];
                 if let Some(new) = &new {
-                    writes.push(TxnOp::put(holder_key.as_str(), encode(new), None));
+                    writes.push(Put {
+                        key: &holder_key,
+                        value: encode(new),
+                        lease: 0,
+                    });
                 }
-                let txn = Txn::new()
-                    .when([unchanged(&holder_key, revision)])
-                    .and_then(writes);
-                if client.txn(txn).await?.succeeded() {
+                if gateway.txn(&[Compare::unchanged(&holder_key, revision)], &writes)? {
                     return Ok(Ok(answer));
                 }
             }
             Ok(Err(CoordError::Other(
                 "the holder key kept changing during the renewal".into(),
             )))
-        })?;
-        outcome
+        })?
     }
 
     fn promote(&self, node: &str, seen_epoch: u64) -> Result<Grant, CoordError> {
         let (holder_key, renew_key) = (self.key("holder"), self.key("renew"));
         let lease = self.lease;
-        self.with_client(async |client, state| {
-            let (claim, revision) = read_claim(client, &holder_key).await?;
-            let renewed = client
-                .get(renew_key.as_str(), None)
-                .await?
-                .kvs()
-                .first()
-                .map_or(0, |kv| kv.mod_revision());
+        self.with_state(|gateway, state| {
+            let (claim, revision) = read_claim(gateway, &holder_key)?;
+            let renewed = renewal_revision(gateway, &renew_key)?;
             // How long `renew` has stood still, as this process saw it.
             let silent = match state.seen_renewal {
                 Some((seen, since)) if seen == renewed => since.elapsed(),
@@ -227,10 +196,16 @@ impl Coordinator for EtcdCoordinator {
             let Some(new) = new else {
                 return Ok(answer);
             };
-            let txn = Txn::new()
-                .when([unchanged(&holder_key, revision), unchanged(&renew_key, renewed)])
-                .and_then([TxnOp::put(holder_key.as_str(), encode(&new), None)]);
-            if client.txn(txn).await?.succeeded() {
+            let compares = [
+                Compare::unchanged(&holder_key, revision),
+                Compare::unchanged(&renew_key, renewed),
+            ];
+            let write = Put {
+                key: &holder_key,
+                value: encode(&new),
+                lease: 0,
+            };
+            if gateway.txn(&compares, &[write])? {
                 Ok(answer)
             } else {
                 Ok(Grant::Refused {
@@ -244,24 +219,23 @@ impl Coordinator for EtcdCoordinator {
 
     fn current(&self) -> Result<Holder, CoordError> {
         let (holder_key, renew_key) = (self.key("holder"), self.key("renew"));
-        let (claim, _) = self.with_client(async |client, state| {
+        let (claim, _) = self.with_state(|gateway, state| {
             // A healthy standby asks now and then: watching `renew` from here on lets a later
             // promotion judge the primary's silence without first waiting a whole lease.
-            let renewed = client
-                .get(renew_key.as_str(), None)
-                .await?
-                .kvs()
-                .first()
-                .map_or(0, |kv| kv.mod_revision());
+            let renewed = renewal_revision(gateway, &renew_key)?;
             if state.seen_renewal.is_none_or(|(seen, _)| seen != renewed) {
                 state.seen_renewal = Some((renewed, Instant::now()));
             }
-            read_claim(client, &holder_key).await
+            read_claim(gateway, &holder_key)
         })?;
         Ok(Holder::from(&claim))
     }
 
     fn describe(&self) -> String {
-        format!("etcd {} (cluster {})", self.endpoint, self.cluster)
+        format!(
+            "etcd {} (cluster {})",
+            self.gateway.endpoint(),
+            self.cluster
+        )
     }
 }
