@@ -117,12 +117,19 @@ pub struct ServeArgs {
     /// Seconds a new connection has to say Hello.
     #[arg(long, default_value_t = config::HANDSHAKE_TIMEOUT.as_secs())]
     pub handshake_timeout: u64,
+    /// Seconds a frame a connection has begun may take to arrive whole before the connection is
+    /// closed.
+    #[arg(long, default_value_t = config::FRAME_TIMEOUT.as_secs())]
+    pub frame_timeout: u64,
     /// Seconds a connection may stay without a request before it is closed (0: never).
     #[arg(long, default_value_t = config::IDLE_TIMEOUT.as_secs())]
     pub idle_timeout: u64,
     /// Bytes of partly received frames held for all connections together.
     #[arg(long, default_value_t = config::PARTIAL_FRAME_BYTES, value_parser = parse_size)]
     pub partial_frame_bytes: usize,
+    /// Bytes of unsent answers held for all connections together.
+    #[arg(long, default_value_t = config::OUTPUT_BYTES, value_parser = parse_size)]
+    pub output_bytes: usize,
     /// Data area of each shared-memory ring (a power of two).
     #[arg(long, default_value_t = config::RING_BYTES, value_parser = parse_size)]
     pub ring_size: usize,
@@ -324,8 +331,10 @@ impl ServeArgs {
         config.max_connections = self.max_connections;
         config.admin_connections = self.admin_connections;
         config.handshake_timeout = Duration::from_secs(self.handshake_timeout.max(1));
+        config.frame_timeout = Duration::from_secs(self.frame_timeout.max(1));
         config.idle_timeout = Duration::from_secs(self.idle_timeout);
         config.partial_frame_bytes = self.partial_frame_bytes;
+        config.output_bytes = self.output_bytes;
         config.ring_bytes = self.ring_size;
         config.spin = Duration::from_micros(self.spin_us);
         config.realtime_loop = !self.no_realtime;
@@ -729,6 +738,11 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
         "partly received frames: {} B of a cap of {} B",
         report.partial_frame_bytes, report.partial_frame_cap
     )?;
+    writeln!(
+        out,
+        "answers not yet sent: {} B of a cap of {} B",
+        report.output_bytes, report.output_cap
+    )?;
     writeln!(out, "power: {}", report.power)?;
     writeln!(
         out,
@@ -892,6 +906,7 @@ fn status_json(report: &StatusReport) -> serde_json::Value {
         "refused_connections": report.refused_connections, "threads": report.threads,
         "realtime_loop": report.realtime_loop, "loop_spins": report.loop_spins,
         "partial_frame_bytes": report.partial_frame_bytes, "partial_frame_cap": report.partial_frame_cap,
+        "output_bytes": report.output_bytes, "output_cap": report.output_cap,
         "power": report.power,
         "buffers": report.buffers, "buffer_bytes": report.buffer_bytes, "free_buffers": report.free_buffers,
         "flush_interval_ms": report.flush_interval_ms,

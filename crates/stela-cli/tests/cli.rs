@@ -195,11 +195,13 @@ fn the_settings_page_gives_the_defaults_the_daemon_has() {
             "handshake-timeout",
             config::HANDSHAKE_TIMEOUT.as_secs().to_string(),
         ),
+        ("frame-timeout", config::FRAME_TIMEOUT.as_secs().to_string()),
         ("idle-timeout", config::IDLE_TIMEOUT.as_secs().to_string()),
         (
             "partial-frame-bytes",
             config::PARTIAL_FRAME_BYTES.to_string(),
         ),
+        ("output-bytes", config::OUTPUT_BYTES.to_string()),
         ("ring-size", config::RING_BYTES.to_string()),
         ("spin-us", config::SPIN.as_micros().to_string()),
         (

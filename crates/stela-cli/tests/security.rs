@@ -852,3 +852,68 @@ fn the_async_client_speaks_tls() {
     });
     daemon.terminate();
 }
+
+/// A flood of connection attempts that send nothing, from the address real clients use too
+/// (loopback), must not keep real TLS logins out: the handshake slots they fill are given up
+/// first. On the daemon of 40e0404, which closed the oldest handshake whatever it was doing,
+/// 3 of 13 real logins got through such a flood.
+#[test]
+fn a_flood_of_silent_connections_lets_real_logins_through() {
+    let setup = setup();
+    let (cert, key) = &setup.server;
+    let mut daemon = Daemon::start(
+        &setup.dir,
+        &[
+            "--tcp",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(cert),
+            "--tls-key",
+            s(key),
+            "--token-file",
+            s(&setup.client_tokens),
+            "--admin-token-file",
+            s(&setup.admin_tokens),
+        ],
+    );
+    let addr = tcp_addr(&mut daemon);
+    let port = addr.rsplit_once(':').unwrap().1.to_owned();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (logins, flooded) = std::thread::scope(|scope| {
+        let flood = scope.spawn(|| {
+            // Keeps connecting, a few hundred sockets held at a time, none saying anything.
+            let mut held = std::collections::VecDeque::new();
+            let mut made = 0usize;
+            let target: std::net::SocketAddr = addr.parse().unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let attempt =
+                    std::net::TcpStream::connect_timeout(&target, Duration::from_millis(200));
+                if let Ok(socket) = attempt {
+                    held.push_back(socket);
+                    made += 1;
+                }
+                if held.len() > 400 {
+                    held.pop_front();
+                }
+            }
+            made
+        });
+        let client = TlsTarget::new(&format!("tls://localhost:{port}"), &setup.ca.cert)
+            .unwrap()
+            .token_file(&setup.client_tokens);
+        let mut logins = 0;
+        for _ in 0..13 {
+            let mut conn = Connection::connect(&Address::Tls(Box::new(client.clone())))
+                .expect("a real login during the flood");
+            let status = conn.request(RequestBody::Status);
+            assert!(status.is_ok(), "{status:?}");
+            logins += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (logins, flood.join().unwrap())
+    });
+    eprintln!("{logins} of 13 real logins through a flood of {flooded} silent connections");
+    assert!(flooded > 200, "the flood made only {flooded} connections");
+    daemon.assert_alive("after a flood of silent connections");
+    daemon.terminate();
+}

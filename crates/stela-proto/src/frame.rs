@@ -15,6 +15,11 @@ pub const FRAME_HEADER_BYTES: usize = 8;
 /// The hard upper bound on a frame body (64 MiB). Readers may pass a lower limit.
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
 
+/// The largest frame body a daemon reads from a connection before its Hello is handled (and
+/// the peer authenticated): a Hello's client name and token fit in it many times over, and a
+/// peer that has proved nothing cannot make the daemon hold more.
+pub const MAX_HELLO_FRAME_BYTES: usize = 4096;
+
 /// Why bytes are not a valid frame or message. Each of these closes the connection it came from:
 /// after a bad frame the reader cannot know where the next one starts.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

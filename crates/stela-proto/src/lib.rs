@@ -18,7 +18,7 @@ pub mod repl;
 pub mod ring;
 pub mod witness;
 
-pub use frame::{FrameError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
+pub use frame::{FrameError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES, MAX_HELLO_FRAME_BYTES};
 pub use message::*;
 
 /// The protocol revision this crate speaks. A client states it in its `Hello`; a daemon that

@@ -393,6 +393,11 @@ pub struct StatusReport {
     /// does not say.
     #[serde(default)]
     pub loop_spins: bool,
+    /// Bytes of answers not yet sent held now, and their cap (0 from a daemon that does not say).
+    #[serde(default)]
+    pub output_bytes: u64,
+    #[serde(default)]
+    pub output_cap: u64,
 }
 
 /// A daemon's part in log shipping.

@@ -37,10 +37,17 @@ pub const MAX_CONNECTIONS: usize = 10_000;
 pub const ADMIN_CONNECTIONS: usize = 8;
 /// A connection must complete its Hello within this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A frame a connection has begun must arrive whole within this; a connection holding part of
+/// one for longer (a slow or hostile peer keeping bytes the others need) is closed.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection with no request for this long is closed (zero: never).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Bytes of partly received frames held for all connections together.
 pub const PARTIAL_FRAME_BYTES: usize = 256 << 20;
+/// Bytes of answers not yet sent held for all connections together: past it, answers to reads
+/// shrink and a connection that already holds more than a small reserve waits for its answers to
+/// go out before another request of it is handled.
+pub const OUTPUT_BYTES: usize = 256 << 20;
 /// Size of the data area of a shared-memory ring.
 pub const RING_BYTES: usize = 1 << 20;
 /// How long the event loop keeps polling after its last event before it sleeps.
@@ -94,9 +101,12 @@ pub struct DaemonConfig {
     pub max_connections: usize,
     pub admin_connections: usize,
     pub handshake_timeout: Duration,
+    /// A frame begun must arrive whole within this.
+    pub frame_timeout: Duration,
     /// Zero: never.
     pub idle_timeout: Duration,
     pub partial_frame_bytes: usize,
+    pub output_bytes: usize,
     pub ring_bytes: usize,
     /// How long the event loop polls before sleeping; zero: never poll.
     pub spin: Duration,
@@ -210,8 +220,10 @@ impl DaemonConfig {
             max_connections: MAX_CONNECTIONS,
             admin_connections: ADMIN_CONNECTIONS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            frame_timeout: FRAME_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             partial_frame_bytes: PARTIAL_FRAME_BYTES,
+            output_bytes: OUTPUT_BYTES,
             ring_bytes: RING_BYTES,
             spin: SPIN,
             realtime_loop: REALTIME_LOOP,

@@ -491,10 +491,12 @@ impl Reloadable {
                 "handshake-timeout",
                 old.handshake_timeout != new.handshake_timeout,
             ),
+            ("frame-timeout", old.frame_timeout != new.frame_timeout),
             (
                 "partial-frame-bytes",
                 old.partial_frame_bytes != new.partial_frame_bytes,
             ),
+            ("output-bytes", old.output_bytes != new.output_bytes),
             ("ring-size", old.ring_bytes != new.ring_bytes),
             ("spin-us", old.spin != new.spin),
             ("no-realtime", old.realtime_loop != new.realtime_loop),

@@ -26,6 +26,8 @@ pub struct NetStats {
     pub refused_connections: u64,
     pub partial_frame_bytes: u64,
     pub partial_frame_cap: u64,
+    pub output_bytes: u64,
+    pub output_cap: u64,
     pub realtime_loop: bool,
     pub loop_spins: bool,
 }
@@ -736,6 +738,8 @@ impl Engine {
             refused_connections: net.refused_connections,
             partial_frame_bytes: net.partial_frame_bytes,
             partial_frame_cap: net.partial_frame_cap,
+            output_bytes: net.output_bytes,
+            output_cap: net.output_cap,
             realtime_loop: net.realtime_loop,
             loop_spins: net.loop_spins,
             threads: thread_count(),

@@ -45,6 +45,8 @@ pub(crate) struct TlsStream {
     tls: stela_net::tls::rustls::ServerConnection,
     /// The peer closed the TCP connection.
     eof: bool,
+    /// Ciphertext arrived from the peer (it is not a silent connection attempt).
+    heard: bool,
 }
 
 impl TlsStream {
@@ -53,6 +55,7 @@ impl TlsStream {
             tcp,
             tls,
             eof: false,
+            heard: false,
         }
     }
 
@@ -90,7 +93,7 @@ impl TlsStream {
             }
             match self.tls.read_tls(&mut self.tcp) {
                 Ok(0) => self.eof = true,
-                Ok(_) => {}
+                Ok(_) => self.heard = true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
@@ -186,6 +189,15 @@ impl Stream {
         }
     }
 
+    /// The IP address of a TCP peer.
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Stream::Unix(_) => None,
+            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Stream::Tls(s) => s.tcp.peer_addr().ok().map(|a| a.ip()),
+        }
+    }
+
     /// Who is on the other end, for the log: the process and user of a Unix peer, the
     /// address of a TCP one.
     pub fn peer(&self) -> String {
@@ -249,14 +261,24 @@ pub(crate) struct Ctx<'a> {
     pub workers: &'a Workers,
     pub me: ConnRef,
     pub max_frame: usize,
+    /// The most bytes of records one `Read` answer may carry now (less when the answers all
+    /// connections hold unsent are at their cap); at least one record is always sent.
+    pub read_answer_bytes: usize,
+    /// The unsent answers of all connections are at their cap: a connection holding more than
+    /// a small reserve of its own handles nothing until they are out.
+    pub output_at_cap: bool,
     pub ring_bytes: usize,
     pub net: &'a NetStats,
     pub boards: &'a super::ring_conn::Boards,
 }
 
 /// Most bytes of answers buffered for a connection before it stops handling requests (a client
-/// that pipelines and does not read its answers).
-const MAX_PENDING_OUTPUT: usize = 4 << 20;
+/// that pipelines and does not read its answers). One answer may take it past this by at most
+/// its own size, which `Read`'s clamp ([`Ctx::read_answer_bytes`]) bounds.
+pub(crate) const MAX_PENDING_OUTPUT: usize = 2 << 20;
+/// Unsent answer bytes a connection may hold and still be served while all connections' are at
+/// their cap (`--output-bytes`).
+pub(crate) const OUTPUT_RESERVE: usize = 64 << 10;
 
 pub(crate) struct Conn {
     pub serial: u64,
@@ -285,6 +307,18 @@ pub(crate) struct Conn {
     /// Handling stopped at [`MAX_PENDING_OUTPUT`]: once the answers are out, the loop must
     /// hand the connection its turn again (no new bytes may arrive to trigger it).
     pub output_full: bool,
+    /// Since when the bytes held are the beginning of a frame that has not arrived whole (the
+    /// loop closes a connection that keeps one past the frame timeout).
+    pub partial_since: Option<Instant>,
+    /// Bytes arrived from the peer (a connection attempt that sent nothing is evicted first
+    /// when handshake slots run out).
+    heard: bool,
+    /// Bytes of records a `Read` handed to a worker may answer with: counted as this
+    /// connection's output from the moment the read is handed out, so that reads queued behind
+    /// the workers cannot promise more than the output cap between them.
+    read_promised: usize,
+    /// The peer's IP address (TCP), for the per-address limit on handshakes.
+    pub peer_ip: Option<std::net::IpAddr>,
     pub accepted_at: Instant,
     pub last_request: Instant,
     pub ring: Option<RingConn>,
@@ -306,9 +340,11 @@ impl Conn {
         } else {
             Identity::Client
         };
+        let peer_ip = stream.peer_ip();
         Conn {
             serial,
             peer: stream.peer(),
+            peer_ip,
             stream,
             identity,
             phase: Phase::Handshake,
@@ -323,6 +359,9 @@ impl Conn {
             unread: false,
             peer_closed: false,
             output_full: false,
+            partial_since: None,
+            read_promised: 0,
+            heard: false,
             accepted_at: now,
             last_request: now,
             ring: None,
@@ -332,6 +371,22 @@ impl Conn {
     /// Received bytes not yet handled (counted against the loop's cap).
     pub fn held_bytes(&self) -> usize {
         self.rbuf.len() - self.rpos
+    }
+
+    /// Answer bytes not yet sent.
+    pub fn pending_output(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+
+    /// What this connection counts against the loop's output cap: its unsent answers and what
+    /// a read out at a worker may still add.
+    pub fn output_charge(&self) -> usize {
+        self.pending_output() + self.read_promised
+    }
+
+    /// Whether the peer has sent anything at all (TLS handshake bytes included).
+    pub fn heard_from(&self) -> bool {
+        self.heard || matches!(&self.stream, Stream::Tls(s) if s.heard)
     }
 
     /// Reads what the socket has, up to `budget` bytes, through `scratch`. Returns the bytes
@@ -349,6 +404,7 @@ impl Conn {
                         self.rpos = 0;
                     }
                     self.rbuf.extend_from_slice(&scratch[..n]);
+                    self.heard = true;
                     total += n;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
@@ -408,6 +464,7 @@ impl Conn {
     /// Answers a request whose answer arrived through the inbox, and lets the connection go on.
     pub fn finish(&mut self, id: u64, result: Result<ResponseBody, Error>) {
         self.waiting = None;
+        self.read_promised = 0;
         match result {
             Ok(body) => self.answer(id, body),
             Err(error) => self.answer(id, error_body(&error)),
@@ -452,11 +509,17 @@ impl Conn {
             if self.phase == Phase::Closing {
                 return Progress::Close;
             }
-            if self.wbuf.len() - self.wpos > MAX_PENDING_OUTPUT {
+            let pending = self.pending_output();
+            if pending > MAX_PENDING_OUTPUT || (ctx.output_at_cap && pending > OUTPUT_RESERVE) {
                 self.output_full = true;
                 return Progress::Idle;
             }
-            let request = match self.next_frame(ctx.max_frame) {
+            // Before its Hello a peer has proved nothing: it may not announce more than a Hello.
+            let limit = match self.phase {
+                Phase::Handshake => stela_proto::MAX_HELLO_FRAME_BYTES,
+                _ => ctx.max_frame,
+            };
+            let request = match self.next_frame(limit) {
                 None if self.peer_closed => {
                     if self.held_bytes() > 0 {
                         self.refuse(
@@ -469,9 +532,17 @@ impl Conn {
                 }
                 None => {
                     self.compact();
+                    if self.held_bytes() == 0 {
+                        self.partial_since = None;
+                    } else if self.partial_since.is_none() {
+                        self.partial_since = Some(Instant::now());
+                    }
                     return Progress::Idle;
                 }
-                Some(Ok(request)) => request,
+                Some(Ok(request)) => {
+                    self.partial_since = None;
+                    request
+                }
                 Some(Err(error)) => {
                     tracing::debug!(peer = %self.peer, %error, "bad frame; closing the connection");
                     self.refuse(
@@ -734,17 +805,18 @@ impl Conn {
                 max_bytes,
             } => {
                 let max_records = max_records.clamp(1, 1 << 20) as usize;
-                let max_bytes = (max_bytes as usize).clamp(1, 16 << 20);
+                let max_bytes = (max_bytes as usize).clamp(1, ctx.read_answer_bytes.max(1));
                 match self.log(handle) {
                     Ok(log) => match ctx.engine.read(log, from, max_records, max_bytes, false) {
                         Ok(Some(body)) => Ok(body),
                         Ok(None) => {
+                            self.read_promised = max_bytes;
                             return self.hand_to_worker(ctx, id, move |engine| {
                                 let result = engine
                                     .read(log, from, max_records, max_bytes, true)
                                     .map(|body| body.expect("a blocking read always answers"));
                                 (result, Effect::None)
-                            })
+                            });
                         }
                         Err(error) => Err(error),
                     },

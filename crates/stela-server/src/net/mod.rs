@@ -57,6 +57,21 @@ const CONN_BASE: usize = 16;
 
 /// Bytes read from one connection before the loop turns to the others.
 const READ_BUDGET: usize = 256 << 10;
+/// Bytes of a partly received frame any connection may hold even when all connections together
+/// hold the cap (`--partial-frame-bytes`): small requests (a Hello, `stela status`, a commit of
+/// small records) are read and answered whatever larger frames others leave unfinished. Only
+/// the connections holding more than this wait for room.
+const SMALL_FRAME_RESERVE: usize = 16 << 10;
+/// What a connection may hold before its Hello is handled: one Hello frame.
+const HANDSHAKE_HOLD: usize = stela_proto::FRAME_HEADER_BYTES + stela_proto::MAX_HELLO_FRAME_BYTES;
+/// The most one `Read` answer carries while the output is at its cap (at least one record):
+/// the reserve a connection may hold then ([`conn::OUTPUT_RESERVE`]).
+const OUTPUT_RESERVE: usize = conn::OUTPUT_RESERVE;
+/// The most one `Read` answer carries otherwise (at least one record).
+const READ_ANSWER_BYTES: usize = 1 << 20;
+/// Connections between accept and Hello from one address (TCP): past it, that address's own
+/// oldest handshake makes room, so one address cannot take the others' slots.
+const HANDSHAKES_PER_ADDRESS: usize = 32;
 /// While polling, sockets are asked for events at least this often (rings every turn).
 const SOCKET_POLL_EVERY: Duration = Duration::from_micros(20);
 /// How long the loop keeps polling while a ring waits for the disk (past it, it sleeps and the
@@ -91,6 +106,8 @@ pub struct NetCounters {
     pub spins_after_work: AtomicBool,
     pub file_limit: AtomicU64,
     pub partial_cap: AtomicU64,
+    pub output_bytes: AtomicU64,
+    pub output_cap: AtomicU64,
 }
 
 impl NetCounters {
@@ -112,6 +129,8 @@ impl NetCounters {
             refused_connections: self.refused.load(Ordering::Relaxed),
             partial_frame_bytes: self.partial_bytes.load(Ordering::Relaxed),
             partial_frame_cap: self.partial_cap.load(Ordering::Relaxed),
+            output_bytes: self.output_bytes.load(Ordering::Relaxed),
+            output_cap: self.output_cap.load(Ordering::Relaxed),
             realtime_loop: self.realtime.load(Ordering::Relaxed),
             loop_spins: self.spins_after_work.load(Ordering::Relaxed),
         }
@@ -167,7 +186,14 @@ pub(crate) struct EventLoop {
     disk_waits: usize,
     held: usize,
     held_cap: usize,
+    /// Unsent answer bytes of all connections together, and their cap (`--output-bytes`): past
+    /// it, `Read` answers shrink to [`OUTPUT_RESERVE`] and a connection holding more than that
+    /// waits for its answers to go out.
+    output: usize,
+    output_cap: usize,
     handshake_timeout: Duration,
+    /// A frame begun must arrive whole within this.
+    frame_timeout: Duration,
     spin: Duration,
     /// Realtime scheduling is asked for; [`crate::sched::LoopPriority`] decides when it is used.
     realtime: bool,
@@ -221,6 +247,9 @@ pub(crate) fn create(
     counters
         .partial_cap
         .store(config.partial_frame_bytes as u64, Ordering::Relaxed);
+    counters
+        .output_cap
+        .store(config.output_bytes as u64, Ordering::Relaxed);
     let inbox = Arc::new(Inbox::new(Arc::clone(&waker)));
     let workers =
         Arc::new(
@@ -273,7 +302,10 @@ pub(crate) fn create(
             disk_waits: 0,
             held: 0,
             held_cap: config.partial_frame_bytes.max(max_frame),
+            output: 0,
+            output_cap: config.output_bytes,
             handshake_timeout: config.handshake_timeout,
+            frame_timeout: config.frame_timeout,
             spin: config.spin,
             realtime: config.realtime_loop,
             max_frame,
@@ -368,6 +400,7 @@ impl EventLoop {
                             self.on_socket(
                                 slot,
                                 event.is_readable() || event.is_read_closed(),
+                                event.is_read_closed(),
                                 event.is_writable(),
                             );
                         }
@@ -527,21 +560,32 @@ impl EventLoop {
     }
 
     fn add_conn(&mut self, stream: Stream) {
-        // Handshake slots are few: the oldest connection still in its handshake makes room.
-        while self.live_handshakes() >= self.limits.handshakes {
-            let Some(oldest) = self.handshakes.pop_front() else {
+        let conns = &self.conns;
+        self.handshakes.retain(|c| {
+            conns
+                .get(c.slot)
+                .and_then(Option::as_ref)
+                .is_some_and(|conn| conn.serial == c.serial && conn.phase == Phase::Handshake)
+        });
+        // One address may not hold more than its share of the handshake slots: one of its own
+        // makes room. Then, while the slots are full, one of anybody's. Either way the oldest
+        // that has sent nothing goes first (or, when every one has spoken, the oldest).
+        let ip = stream.peer_ip();
+        if ip.is_some()
+            && self.handshakes_from(ip).count()
+                >= HANDSHAKES_PER_ADDRESS.min(self.limits.handshakes)
+        {
+            let evicted = self.oldest_handshake(self.handshakes_from(ip));
+            self.evict_handshake(
+                evicted,
+                "newer connections from the same address need the handshake slot",
+            );
+        }
+        while self.handshakes.len() >= self.limits.handshakes {
+            let Some(evicted) = self.oldest_handshake(self.handshakes.iter().copied()) else {
                 break;
             };
-            if self.is_current(oldest) {
-                if let Some(conn) = self.conn_mut(oldest.slot) {
-                    conn.refuse(
-                        ErrorCode::Timeout,
-                        "no Hello, and newer connections need the handshake slot".into(),
-                    );
-                }
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                self.close(oldest.slot);
-            }
+            self.evict_handshake(Some(evicted), "newer connections need the handshake slot");
         }
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.conns.push(None);
@@ -566,17 +610,40 @@ impl EventLoop {
         self.ready.push_back(slot);
     }
 
-    fn live_handshakes(&self) -> usize {
-        self.handshakes
-            .iter()
-            .filter(|c| {
-                self.is_current(**c)
-                    && matches!(
-                        self.conns[c.slot].as_ref().map(|c| c.phase),
-                        Some(Phase::Handshake)
-                    )
-            })
-            .count()
+    /// The connections in their handshake from `ip` (TCP), oldest first.
+    fn handshakes_from(&self, ip: Option<std::net::IpAddr>) -> impl Iterator<Item = ConnRef> + '_ {
+        self.handshakes.iter().copied().filter(move |c| {
+            self.conns[c.slot]
+                .as_ref()
+                .is_some_and(|conn| conn.peer_ip == ip)
+        })
+    }
+
+    /// Of `candidates` (oldest first), the oldest that has sent nothing, else the oldest.
+    fn oldest_handshake(&self, mut candidates: impl Iterator<Item = ConnRef>) -> Option<ConnRef> {
+        let first = candidates.next()?;
+        let silent = |c: &ConnRef| {
+            self.conns[c.slot]
+                .as_ref()
+                .is_some_and(|conn| !conn.heard_from())
+        };
+        if silent(&first) {
+            return Some(first);
+        }
+        Some(candidates.find(silent).unwrap_or(first))
+    }
+
+    /// Closes a connection still in its handshake to make room for a newer one.
+    fn evict_handshake(&mut self, victim: Option<ConnRef>, why: &str) {
+        let Some(victim) = victim else { return };
+        self.handshakes.retain(|&c| c != victim);
+        if let Some(conn) = self.conn_mut(victim.slot) {
+            debug_assert_eq!(conn.phase, Phase::Handshake);
+            conn.refuse(ErrorCode::Timeout, format!("no Hello, and {why}"));
+        }
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        self.flush(victim.slot);
+        self.close(victim.slot);
     }
 
     fn is_current(&self, conn: ConnRef) -> bool {
@@ -587,23 +654,51 @@ impl EventLoop {
         self.conns.get_mut(slot).and_then(Option::as_mut)
     }
 
-    fn on_socket(&mut self, slot: usize, readable: bool, writable: bool) {
+    fn on_socket(&mut self, slot: usize, readable: bool, read_closed: bool, writable: bool) {
         if writable {
             self.flush(slot);
+        }
+        if read_closed && self.throttled.contains(&slot) {
+            // The peer stopped sending while held back with an unfinished frame: that frame
+            // can never be handled, and its bytes must not stay counted against the others.
+            if let Some(conn) = self.conn_mut(slot) {
+                let held = conn.held_bytes();
+                tracing::info!(peer = %conn.peer, held, "closing a connection that ended inside a frame while held back");
+            }
+            self.close(slot);
+            return;
         }
         if readable {
             self.read(slot);
         }
     }
 
-    /// Reads what a connection sent, within the cap on held bytes.
+    /// How many bytes connection `conn` may read now. Below the cap on held bytes, up to the
+    /// read budget within the room left; at the cap, only a connection holding less than
+    /// [`SMALL_FRAME_RESERVE`] may read, up to it, so one connection's unfinished frames never
+    /// stop the others' small requests. Before its Hello, no more than one Hello frame.
+    fn read_allowance(&self, conn: &Conn) -> usize {
+        let own = conn.held_bytes();
+        let allowance = if self.held < self.held_cap {
+            READ_BUDGET.min(self.held_cap - self.held)
+        } else {
+            SMALL_FRAME_RESERVE.saturating_sub(own)
+        };
+        match conn.phase {
+            Phase::Handshake => allowance.min(HANDSHAKE_HOLD.saturating_sub(own)),
+            _ => allowance,
+        }
+    }
+
+    /// Reads what a connection sent, within what [`EventLoop::read_allowance`] allows.
     fn read(&mut self, slot: usize) {
-        let room = self.held_cap.saturating_sub(self.held);
         let mut scratch = std::mem::take(&mut self.scratch);
-        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+        let Some(conn) = self.conns.get(slot).and_then(Option::as_ref) else {
             self.scratch = scratch;
             return;
         };
+        let allowance = self.read_allowance(conn);
+        let conn = self.conns[slot].as_mut().expect("present");
         if conn.peer_closed {
             self.scratch = scratch;
             return;
@@ -613,20 +708,22 @@ impl EventLoop {
             self.scratch = scratch;
             return;
         }
-        if room == 0 {
+        if allowance == 0 {
             conn.unread = true;
-            self.throttled.push_back(slot);
+            if !self.throttled.contains(&slot) {
+                self.throttled.push_back(slot);
+            }
             self.scratch = scratch;
             return;
         }
-        let result = conn.read_some(&mut scratch, READ_BUDGET.min(room));
+        let result = conn.read_some(&mut scratch, allowance);
         self.scratch = scratch;
         match result {
             Ok(n) => {
                 self.held += n;
-                // Stopped at the cap: the rest waits until handled bytes make room. Stopped at
-                // the budget: `step` reads on once these bytes are handled.
-                if n == room {
+                // Stopped at the allowance: the rest waits until handled bytes make room (or,
+                // at the read budget, `step` reads on once these bytes are handled).
+                if n == allowance && !self.throttled.contains(&slot) {
                     self.throttled.push_back(slot);
                 }
                 self.ready.push_back(slot);
@@ -659,10 +756,13 @@ impl EventLoop {
     }
 
     fn flush(&mut self, slot: usize) {
-        let Some(conn) = self.conn_mut(slot) else {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        match conn.flush() {
+        let before = conn.output_charge();
+        let flushed = conn.flush();
+        self.output -= before.saturating_sub(conn.output_charge()).min(self.output);
+        match flushed {
             Ok(true) if conn.phase == Phase::Closing => self.close(slot),
             Ok(true) if conn.output_full => {
                 // A pipelining client's requests waited for its answers to go out.
@@ -699,6 +799,7 @@ impl EventLoop {
 
     fn step(&mut self, slot: usize) {
         let stats = self.counters.snapshot();
+        let output_at_cap = self.output >= self.output_cap;
         let (engine, inbox, workers) = (
             Arc::clone(&self.engine),
             Arc::clone(&self.inbox),
@@ -716,13 +817,20 @@ impl EventLoop {
                 serial: conn.serial,
             },
             max_frame: self.max_frame,
+            read_answer_bytes: if output_at_cap {
+                OUTPUT_RESERVE
+            } else {
+                READ_ANSWER_BYTES
+            },
+            output_at_cap,
             ring_bytes: self.ring_bytes,
             net: &stats,
             boards: &self.boards,
         };
-        let held_before = conn.held_bytes();
+        let (held_before, output_before) = (conn.held_bytes(), conn.output_charge());
         let progress = conn.process(&ctx);
         let held_after = conn.held_bytes();
+        self.output = (self.output + conn.output_charge()).saturating_sub(output_before);
         let had_ring = conn.ring.is_some();
         let unread = conn.unread && conn.waiting.is_none();
         self.held = (self.held + held_after).saturating_sub(held_before);
@@ -896,7 +1004,9 @@ impl EventLoop {
                         }
                         (result, _) => result,
                     };
+                    let before = c.output_charge();
                     c.finish(id, result);
+                    self.output = (self.output + c.output_charge()).saturating_sub(before);
                     self.ready.push_back(conn.slot);
                 }
             }
@@ -947,16 +1057,26 @@ impl EventLoop {
         let mut expired = Vec::new();
         for (slot, conn) in self.conns.iter().enumerate() {
             let Some(conn) = conn else { continue };
-            let late = match conn.phase {
-                Phase::Handshake => now.duration_since(conn.accepted_at) >= self.handshake_timeout,
-                Phase::Ready(_) => {
-                    !idle_timeout.is_zero()
-                        && conn.waiting.is_none()
-                        && conn.ring.as_ref().is_none_or(|r| r.idle())
-                        && now.duration_since(conn.last_request) >= idle_timeout
-                }
-                Phase::Closing => false,
-            };
+            // A frame begun and not finished, while nothing on our side holds the connection
+            // back but the cap (its peer may be slow, or hold bytes to starve the others).
+            let stalled_frame = conn.waiting.is_none()
+                && !conn.output_full
+                && conn
+                    .partial_since
+                    .is_some_and(|since| now.duration_since(since) >= self.frame_timeout);
+            let late = stalled_frame
+                || match conn.phase {
+                    Phase::Handshake => {
+                        now.duration_since(conn.accepted_at) >= self.handshake_timeout
+                    }
+                    Phase::Ready(_) => {
+                        !idle_timeout.is_zero()
+                            && conn.waiting.is_none()
+                            && conn.ring.as_ref().is_none_or(|r| r.idle())
+                            && now.duration_since(conn.last_request) >= idle_timeout
+                    }
+                    Phase::Closing => false,
+                };
             if late {
                 expired.push(slot);
             }
@@ -965,7 +1085,10 @@ impl EventLoop {
             let Some(conn) = self.conn_mut(slot) else {
                 continue;
             };
-            let why = if conn.phase == Phase::Handshake {
+            let stalled_frame = conn.partial_since.is_some();
+            let why = if stalled_frame {
+                "a frame did not arrive whole within the frame timeout"
+            } else if conn.phase == Phase::Handshake {
                 "no Hello within the handshake timeout"
             } else {
                 "idle for longer than the idle timeout"
@@ -988,6 +1111,9 @@ impl EventLoop {
         self.counters
             .partial_bytes
             .store(self.held as u64, Ordering::Relaxed);
+        self.counters
+            .output_bytes
+            .store(self.output as u64, Ordering::Relaxed);
     }
 
     /// Closes a connection: its handles are given back (on a worker: closing a log writes it).
@@ -1007,6 +1133,7 @@ impl EventLoop {
             self.rings.retain(|&s| s != slot);
         }
         self.held -= conn.held_bytes().min(self.held);
+        self.output -= conn.output_charge().min(self.output);
         match conn.admitted {
             Some(Role::Client) => self.clients -= 1,
             Some(Role::Admin) => self.admins -= 1,
