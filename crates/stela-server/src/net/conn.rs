@@ -384,9 +384,18 @@ impl Conn {
         self.pending_output() + self.read_promised
     }
 
-    /// Whether the peer has sent anything at all (TLS handshake bytes included).
-    pub fn heard_from(&self) -> bool {
-        self.heard || matches!(&self.stream, Stream::Tls(s) if s.heard)
+    /// Whether the peer has sent anything at all (TLS handshake bytes included), read yet or
+    /// still waiting in the socket (peeked at: a connection accepted in the same turn as the
+    /// ones it is weighed against has not been read yet).
+    pub fn has_spoken(&mut self) -> bool {
+        if self.heard || matches!(&self.stream, Stream::Tls(s) if s.heard) {
+            return true;
+        }
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+        let mut byte = [0u8; 1];
+        self.heard =
+            matches!(rustix::net::recv(self.stream.fd(), &mut byte, flags), Ok((n, _)) if n > 0);
+        self.heard
     }
 
     /// Reads what the socket has, up to `budget` bytes, through `scratch`. Returns the bytes

@@ -13,10 +13,13 @@
 pub const RESERVED_FDS: u64 = 128;
 /// Descriptors a connection may use.
 pub const FDS_PER_CONNECTION: u64 = 2;
-/// Connections accepted but not yet through their Hello. When more arrive, the oldest is
+/// Connections accepted but not yet through their Hello: an eighth of the connections the file
+/// limit allows, within these bounds. When more arrive, the oldest that has sent nothing is
 /// closed (with a `Timeout` answer), so idle connection attempts cannot crowd out the ones that
-/// speak, an administrator's `stela status` among them.
-pub const HANDSHAKE_SLOTS: usize = 64;
+/// speak, an administrator's `stela status` among them. Many slots make a flood turn them over
+/// slowly: a real client has sent its first bytes long before its slot would be its turn.
+pub const MIN_HANDSHAKE_SLOTS: usize = 64;
+pub const MAX_HANDSHAKE_SLOTS: usize = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -59,8 +62,10 @@ pub fn raise_file_limit() -> u64 {
 /// The limits for a file limit and the configured maxima.
 pub fn limits(file_limit: u64, max_connections: usize, admin_connections: usize) -> Limits {
     let admins = admin_connections.max(1);
-    let handshakes = HANDSHAKE_SLOTS;
     let for_connections = file_limit.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION;
+    let handshakes = usize::try_from(for_connections / 8)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_HANDSHAKE_SLOTS, MAX_HANDSHAKE_SLOTS);
     let clients = (for_connections.saturating_sub((admins + handshakes) as u64) as usize)
         .min(max_connections)
         .max(1);
@@ -84,5 +89,7 @@ mod tests {
         assert!(worst_fds + RESERVED_FDS <= 1024);
         assert_eq!(limits(1 << 20, 10_000, 8).clients, 10_000);
         assert_eq!(limits(10, 10_000, 8).clients, 1, "never zero");
+        assert_eq!(limits(1 << 20, 10_000, 8).handshakes, MAX_HANDSHAKE_SLOTS);
+        assert_eq!(limits(8192, 10_000, 8).handshakes, (8192 - 128) / 2 / 8);
     }
 }

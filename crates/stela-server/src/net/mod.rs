@@ -69,9 +69,9 @@ const HANDSHAKE_HOLD: usize = stela_proto::FRAME_HEADER_BYTES + stela_proto::MAX
 const OUTPUT_RESERVE: usize = conn::OUTPUT_RESERVE;
 /// The most one `Read` answer carries otherwise (at least one record).
 const READ_ANSWER_BYTES: usize = 1 << 20;
-/// Connections between accept and Hello from one address (TCP): past it, that address's own
-/// oldest handshake makes room, so one address cannot take the others' slots.
-const HANDSHAKES_PER_ADDRESS: usize = 32;
+/// The share of the handshake slots connections from one address (TCP) may hold: past it, one
+/// of that address's own makes room, so one address cannot take the others' slots.
+const HANDSHAKE_SHARE_PER_ADDRESS: usize = 2;
 /// While polling, sockets are asked for events at least this often (rings every turn).
 const SOCKET_POLL_EVERY: Duration = Duration::from_micros(20);
 /// How long the loop keeps polling while a ring waits for the disk (past it, it sleeps and the
@@ -573,16 +573,18 @@ impl EventLoop {
         let ip = stream.peer_ip();
         if ip.is_some()
             && self.handshakes_from(ip).count()
-                >= HANDSHAKES_PER_ADDRESS.min(self.limits.handshakes)
+                >= self.limits.handshakes / HANDSHAKE_SHARE_PER_ADDRESS
         {
-            let evicted = self.oldest_handshake(self.handshakes_from(ip));
+            let from_ip: Vec<ConnRef> = self.handshakes_from(ip).collect();
+            let evicted = self.oldest_handshake(&from_ip);
             self.evict_handshake(
                 evicted,
                 "newer connections from the same address need the handshake slot",
             );
         }
         while self.handshakes.len() >= self.limits.handshakes {
-            let Some(evicted) = self.oldest_handshake(self.handshakes.iter().copied()) else {
+            let all: Vec<ConnRef> = self.handshakes.iter().copied().collect();
+            let Some(evicted) = self.oldest_handshake(&all) else {
                 break;
             };
             self.evict_handshake(Some(evicted), "newer connections need the handshake slot");
@@ -620,17 +622,14 @@ impl EventLoop {
     }
 
     /// Of `candidates` (oldest first), the oldest that has sent nothing, else the oldest.
-    fn oldest_handshake(&self, mut candidates: impl Iterator<Item = ConnRef>) -> Option<ConnRef> {
-        let first = candidates.next()?;
-        let silent = |c: &ConnRef| {
+    fn oldest_handshake(&mut self, candidates: &[ConnRef]) -> Option<ConnRef> {
+        let first = *candidates.first()?;
+        let silent = candidates.iter().copied().find(|c| {
             self.conns[c.slot]
-                .as_ref()
-                .is_some_and(|conn| !conn.heard_from())
-        };
-        if silent(&first) {
-            return Some(first);
-        }
-        Some(candidates.find(silent).unwrap_or(first))
+                .as_mut()
+                .is_some_and(|conn| !conn.has_spoken())
+        });
+        Some(silent.unwrap_or(first))
     }
 
     /// Closes a connection still in its handshake to make room for a newer one.
