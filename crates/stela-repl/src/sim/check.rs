@@ -21,18 +21,27 @@ pub struct Checker {
     promised: HashMap<NodeId, Term>,
     /// The primary last checked against `must_hold`, and how far.
     checked: Option<(NodeId, Term, usize)>,
+    /// Every resolution given, to catch one record resolved both ways.
+    resolved: HashMap<Record, Answer>,
 }
 
 pub type Verdict = Result<(), String>;
 
 impl Checker {
-    pub fn answer(&mut self, answered: &Answered) {
+    pub fn answer(&mut self, answered: &Answered) -> Verdict {
         let record = Record { term: answered.term, lsn: answered.lsn, payload: answered.payload };
+        if matches!(answered.answer, Answer::Kept | Answer::Lost) {
+            let first = *self.resolved.entry(record).or_insert(answered.answer);
+            if first != answered.answer {
+                return Err(format!("{record:?} resolved {first:?}, then {:?}", answered.answer));
+            }
+        }
         match answered.answer {
             Answer::Ok | Answer::Kept => self.must_hold.push(record),
             Answer::Lost => self.must_not.push(record),
             Answer::Unprotected | Answer::InDoubt | Answer::Unknown => {}
         }
+        Ok(())
     }
 
     /// Checks one node's term and role.
@@ -89,6 +98,27 @@ impl Checker {
             }
         }
         Ok(())
+    }
+
+    /// A stream's first shipment starts where the standby's log stops agreeing with the
+    /// primary's, not before: what the standby holds is not copied again.
+    pub fn copy_from(after: Lsn, standby: &Log, primary: &Log) -> Verdict {
+        let common = standby.records().iter().zip(primary.records()).take_while(|(a, b)| a == b).count() as Lsn;
+        if after < common {
+            return Err(format!("a stream copies from LSN {} although the standby holds the primary's records up to {common}", after + 1));
+        }
+        Ok(())
+    }
+
+    /// The primary of the newest term holds every record answered `Ok` or `Kept`.
+    pub fn holds_all(&self, id: NodeId, term: Term, log: &Log) -> Verdict {
+        if term != self.newest {
+            return Err(format!("node {id}, primary of term {} at the end, is not the newest primary (term {})", term.0, self.newest.0));
+        }
+        match self.must_hold.iter().find(|r| log.get(r.lsn) != Some(r)) {
+            Some(r) => Err(format!("at the end, acknowledged {r:?} is not in the primary's log")),
+            None => Ok(()),
+        }
     }
 
     /// At the end: every live node's log is a prefix of the primary's.

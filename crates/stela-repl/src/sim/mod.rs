@@ -293,10 +293,7 @@ impl Sim {
                 }
                 Ok(())
             }
-            Event::TickClient(c) => {
-                self.tick_client(c);
-                Ok(())
-            }
+            Event::TickClient(c) => self.tick_client(c),
             Event::Synced { node, life, upto, generation } => self.synced(node, life, upto, generation),
             Event::Fault => {
                 self.fault();
@@ -399,7 +396,12 @@ impl Sim {
                 self.count("records cut into salvage");
                 self.check_cut(id, keep, &salvage)?;
             }
-            Action::Peer { to, msg } => self.send(Ep::Node(id), Ep::Node(to), Msg::Peer(msg)),
+            Action::Peer { to, msg } => {
+                if let Peer::Ship { cut: true, after, .. } = &msg {
+                    self.check_copy(id, to, *after)?;
+                }
+                self.send(Ep::Node(id), Ep::Node(to), Msg::Peer(msg));
+            }
             Action::Coordinator(msg) => self.send(Ep::Node(id), Ep::Coord, Msg::ToCoord(msg)),
             Action::Client { to, reply } => self.send(Ep::Node(id), Ep::Client(to), Msg::Reply(reply)),
         }
@@ -414,6 +416,14 @@ impl Sim {
         match primary {
             Some(primary) => Checker::cut(standby.log(), keep, salvage, primary.log()),
             None => Ok(()),
+        }
+    }
+
+    fn check_copy(&self, primary: NodeId, standby: NodeId, after: u64) -> check::Verdict {
+        let log = |id: NodeId| self.slots[usize::from(id)].node.as_ref().map(Node::log);
+        match (log(primary), log(standby)) {
+            (Some(primary), Some(standby)) => Checker::copy_from(after, standby, primary),
+            _ => Ok(()),
         }
     }
 
@@ -480,7 +490,7 @@ impl Sim {
             Ep::Client(c) => {
                 if let Msg::Reply(reply) = msg {
                     let answered = self.clients[usize::from(c)].reply(self.now, reply);
-                    self.record(answered);
+                    return self.record(answered);
                 }
                 Ok(())
             }
@@ -510,18 +520,18 @@ impl Sim {
         }
     }
 
-    fn tick_client(&mut self, c: ClientId) {
+    fn tick_client(&mut self, c: ClientId) -> check::Verdict {
         let committing = self.now < self.config.run_ms;
         let (request, answered) = self.clients[usize::from(c)].tick(self.now, committing, TIMES);
-        self.record(answered);
         if let Some((node, request)) = request {
             self.send(Ep::Client(c), Ep::Node(node), Msg::Request(request));
         }
         self.schedule(CLIENT_TICK, Event::TickClient(c));
+        self.record(answered)
     }
 
-    fn record(&mut self, answered: Option<Answered>) {
-        let Some(answered) = answered else { return };
+    fn record(&mut self, answered: Option<Answered>) -> check::Verdict {
+        let Some(answered) = answered else { return Ok(()) };
         self.note(|| format!("client {} told {:?}", answered.client, answered));
         let name = match answered.answer {
             Answer::Ok => "ok",
@@ -532,7 +542,7 @@ impl Sim {
             Answer::Lost => "lost",
         };
         self.count(name);
-        self.checker.answer(&answered);
+        self.checker.answer(&answered)
     }
 
     fn count(&mut self, what: &'static str) {
@@ -663,6 +673,8 @@ impl Sim {
         let Some(primary) = primary else {
             return Err(format!("no primary {} ms after every fault healed", self.config.heal_ms));
         };
+        let term = primary.primary_term().expect("a primary");
+        self.checker.holds_all(primary.id(), term, primary.log())?;
         for node in self.slots.iter().filter_map(|s| s.node.as_ref()) {
             Checker::converged(node.id(), node.log(), primary.log())?;
         }
