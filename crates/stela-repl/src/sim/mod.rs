@@ -561,10 +561,15 @@ impl Sim {
         let node = self.rng.below(n) as NodeId;
         let other = ((u64::from(node) + self.rng.between(1, n - 1)) % n) as NodeId;
         let lasting = self.rng.between(20, 1200);
-        let kind = self.rng.below(10);
+        let kind = self.rng.below(11);
         self.count("faults");
         match kind {
             0 | 1 => self.crash(node, lasting),
+            10 => {
+                // A power cut of two machines at once.
+                self.crash(node, lasting);
+                self.crash(other, lasting);
+            }
             2 => self.pause(node, lasting),
             3 => self.block(links_of(Ep::Node(node), n), lasting),
             4 => self.block(vec![(Ep::Node(node), Ep::Coord), (Ep::Coord, Ep::Node(node))], lasting),
