@@ -5,7 +5,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let first: u64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(0);
     let count: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1);
-    let mut config = if args.iter().any(|a| a == "two") { SimConfig::two_nodes() } else { SimConfig::three_nodes() };
+    let mut config = if args.iter().any(|a| a == "two") {
+        SimConfig::two_nodes()
+    } else {
+        SimConfig::three_nodes()
+    };
     config.trace = args.iter().any(|a| a == "trace");
     if let Some(i) = args.iter().position(|a| a == "bug") {
         match args.get(i + 1).map(String::as_str) {
@@ -21,13 +25,19 @@ fn main() {
     let mut counts = std::collections::BTreeMap::new();
     for seed in first..first + count {
         let outcome = run(seed, &config);
-        for (k, v) in &outcome.counts { *counts.entry(*k).or_insert(0u64) += v; }
+        for (k, v) in &outcome.counts {
+            *counts.entry(*k).or_insert(0u64) += v;
+        }
         if outcome.failure.is_some() || config.trace {
             failed += u64::from(outcome.failure.is_some());
             let keep = outcome.trace.len().saturating_sub(80);
-            let mut o = outcome; o.trace.drain(..keep);
+            let mut o = outcome;
+            o.trace.drain(..keep);
             println!("{}", o.report());
         }
     }
-    println!("{count} seeds, {failed} failed, {:?}; answers {counts:?}", started.elapsed());
+    println!(
+        "{count} seeds, {failed} failed, {:?}; answers {counts:?}",
+        started.elapsed()
+    );
 }

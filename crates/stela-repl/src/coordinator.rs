@@ -46,8 +46,14 @@ pub struct Durable {
 /// An input: a timer tick or a node's message.
 #[derive(Clone, Debug)]
 pub enum Input {
-    Tick { now: Time },
-    From { now: Time, node: NodeId, msg: ToCoordinator },
+    Tick {
+        now: Time,
+    },
+    From {
+        now: Time,
+        node: NodeId,
+        msg: ToCoordinator,
+    },
 }
 
 /// An output: a message to a node.
@@ -100,7 +106,10 @@ impl Coordinator {
             Input::Tick { now } => self.tick(now),
             Input::From { now, node, msg } => self.message(now, node, msg),
         };
-        debug_assert!(self.durable.epoch >= before.epoch, "the epoch never goes down");
+        debug_assert!(
+            self.durable.epoch >= before.epoch,
+            "the epoch never goes down"
+        );
         debug_assert!(
             self.durable.holder == before.holder
                 || self.durable.epoch > before.epoch
@@ -117,8 +126,20 @@ impl Coordinator {
             }
             election.sent = now;
             let epoch = self.durable.epoch;
-            let waiting: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| !election.promises.contains_key(n)).collect();
-            return waiting.into_iter().map(|to| Send { to, msg: FromCoordinator::Prepare { epoch } }).collect();
+            let waiting: Vec<NodeId> = self
+                .config
+                .nodes
+                .iter()
+                .copied()
+                .filter(|n| !election.promises.contains_key(n))
+                .collect();
+            return waiting
+                .into_iter()
+                .map(|to| Send {
+                    to,
+                    msg: FromCoordinator::Prepare { epoch },
+                })
+                .collect();
         }
         if let Some(holder) = self.durable.holder {
             if now.saturating_sub(self.last_renewal) < self.config.lease {
@@ -133,7 +154,12 @@ impl Coordinator {
             return Vec::new();
         }
         self.last_grant_sent = now;
-        vec![Send { to: holder, msg: FromCoordinator::Granted { epoch: self.durable.epoch } }]
+        vec![Send {
+            to: holder,
+            msg: FromCoordinator::Granted {
+                epoch: self.durable.epoch,
+            },
+        }]
     }
 
     fn begin_election(&mut self, now: Time) -> Vec<Send> {
@@ -146,7 +172,14 @@ impl Coordinator {
             promises: BTreeMap::new(),
         });
         let epoch = self.durable.epoch;
-        self.config.nodes.iter().map(|&to| Send { to, msg: FromCoordinator::Prepare { epoch } }).collect()
+        self.config
+            .nodes
+            .iter()
+            .map(|&to| Send {
+                to,
+                msg: FromCoordinator::Prepare { epoch },
+            })
+            .collect()
     }
 
     fn message(&mut self, now: Time, node: NodeId, msg: ToCoordinator) -> Vec<Send> {
@@ -160,20 +193,34 @@ impl Coordinator {
         match msg {
             ToCoordinator::Hello => vec![current],
             ToCoordinator::Renew { term } => {
-                if self.election.is_none() && self.durable.holder == Some(node) && term == self.durable.epoch {
+                if self.election.is_none()
+                    && self.durable.holder == Some(node)
+                    && term == self.durable.epoch
+                {
                     self.last_renewal = now;
                     self.confirmed = true;
-                    return vec![Send { to: node, msg: FromCoordinator::Renewed { term } }];
+                    return vec![Send {
+                        to: node,
+                        msg: FromCoordinator::Renewed { term },
+                    }];
                 }
                 vec![current]
             }
-            ToCoordinator::Promise { epoch, position, prefers_primary } => {
-                self.promise(now, node, epoch, (position, prefers_primary))
-            }
+            ToCoordinator::Promise {
+                epoch,
+                position,
+                prefers_primary,
+            } => self.promise(now, node, epoch, (position, prefers_primary)),
         }
     }
 
-    fn promise(&mut self, now: Time, node: NodeId, epoch: Term, report: (Position, bool)) -> Vec<Send> {
+    fn promise(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        epoch: Term,
+        report: (Position, bool),
+    ) -> Vec<Send> {
         let Some(election) = &mut self.election else {
             return Vec::new();
         };
@@ -190,13 +237,19 @@ impl Coordinator {
             .max_by_key(|&(&id, &(position, prefers))| (position, prefers, std::cmp::Reverse(id)))
             .map(|(&id, _)| id)
             .expect("enough promises");
-        debug_assert!(election.promises.values().all(|(p, _)| *p <= election.promises[&winner].0));
+        debug_assert!(election
+            .promises
+            .values()
+            .all(|(p, _)| *p <= election.promises[&winner].0));
         self.election = None;
         self.durable.holder = Some(winner);
         self.last_renewal = now;
         self.confirmed = false;
         self.last_grant_sent = now;
-        vec![Send { to: winner, msg: FromCoordinator::Granted { epoch } }]
+        vec![Send {
+            to: winner,
+            msg: FromCoordinator::Granted { epoch },
+        }]
     }
 }
 
@@ -216,7 +269,10 @@ mod tests {
     }
 
     fn position(term: u64, lsn: u64) -> Position {
-        Position { last_term: Term(term), last_lsn: lsn }
+        Position {
+            last_term: Term(term),
+            last_lsn: lsn,
+        }
     }
 
     #[test]
@@ -227,33 +283,96 @@ mod tests {
         let promise = |node, pos, pref| Input::From {
             now: 310,
             node,
-            msg: ToCoordinator::Promise { epoch: Term(1), position: pos, prefers_primary: pref },
+            msg: ToCoordinator::Promise {
+                epoch: Term(1),
+                position: pos,
+                prefers_primary: pref,
+            },
         };
         assert!(coord.step(promise(0, position(0, 0), true)).is_empty());
         let granted = coord.step(promise(1, position(0, 0), false));
-        assert_eq!(granted, vec![Send { to: 0, msg: FromCoordinator::Granted { epoch: Term(1) } }]);
+        assert_eq!(
+            granted,
+            vec![Send {
+                to: 0,
+                msg: FromCoordinator::Granted { epoch: Term(1) }
+            }]
+        );
 
         // Node 0 goes silent: epoch 2 goes to the node whose log reaches further, preferred or not.
         coord.step(Input::Tick { now: 700 });
         let mut coord2 = coord.clone();
-        coord.step(Input::From { now: 710, node: 0, msg: ToCoordinator::Promise { epoch: Term(2), position: position(1, 5), prefers_primary: true } });
-        let granted = coord.step(Input::From { now: 711, node: 2, msg: ToCoordinator::Promise { epoch: Term(2), position: position(1, 6), prefers_primary: false } });
+        coord.step(Input::From {
+            now: 710,
+            node: 0,
+            msg: ToCoordinator::Promise {
+                epoch: Term(2),
+                position: position(1, 5),
+                prefers_primary: true,
+            },
+        });
+        let granted = coord.step(Input::From {
+            now: 711,
+            node: 2,
+            msg: ToCoordinator::Promise {
+                epoch: Term(2),
+                position: position(1, 6),
+                prefers_primary: false,
+            },
+        });
         assert_eq!(granted[0].to, 2);
         // A promise for an epoch not being elected changes nothing.
-        assert!(coord2.step(Input::From { now: 711, node: 2, msg: ToCoordinator::Promise { epoch: Term(1), position: position(1, 6), prefers_primary: false } }).is_empty());
+        assert!(coord2
+            .step(Input::From {
+                now: 711,
+                node: 2,
+                msg: ToCoordinator::Promise {
+                    epoch: Term(1),
+                    position: position(1, 6),
+                    prefers_primary: false
+                }
+            })
+            .is_empty());
     }
 
     #[test]
     fn a_renewing_holder_keeps_its_epoch() {
-        let mut coord = Coordinator::start(config(), Durable { epoch: Term(3), holder: Some(1) }, 0);
+        let mut coord = Coordinator::start(
+            config(),
+            Durable {
+                epoch: Term(3),
+                holder: Some(1),
+            },
+            0,
+        );
         for now in (0..2000).step_by(100) {
-            let out = coord.step(Input::From { now, node: 1, msg: ToCoordinator::Renew { term: Term(3) } });
-            assert_eq!(out, vec![Send { to: 1, msg: FromCoordinator::Renewed { term: Term(3) } }]);
+            let out = coord.step(Input::From {
+                now,
+                node: 1,
+                msg: ToCoordinator::Renew { term: Term(3) },
+            });
+            assert_eq!(
+                out,
+                vec![Send {
+                    to: 1,
+                    msg: FromCoordinator::Renewed { term: Term(3) }
+                }]
+            );
             assert!(coord.step(Input::Tick { now }).is_empty());
         }
         // Another node renewing the epoch is told who holds it.
-        let out = coord.step(Input::From { now: 2000, node: 0, msg: ToCoordinator::Renew { term: Term(3) } });
-        assert_eq!(out[0].msg, FromCoordinator::Current { epoch: Term(3), holder: Some(1) });
+        let out = coord.step(Input::From {
+            now: 2000,
+            node: 0,
+            msg: ToCoordinator::Renew { term: Term(3) },
+        });
+        assert_eq!(
+            out[0].msg,
+            FromCoordinator::Current {
+                epoch: Term(3),
+                holder: Some(1)
+            }
+        );
     }
 
     #[derive(Debug, Clone)]
@@ -269,7 +388,8 @@ mod tests {
             prop_oneof![
                 (0u64..400).prop_map(Step::Tick),
                 (0u8..3, 0u64..5).prop_map(|(n, t)| Step::Renew(n, t)),
-                (0u8..3, 0u64..5, 0u64..4, 0u64..6, any::<bool>()).prop_map(|(n, e, t, l, p)| Step::Promise(n, e, t, l, p)),
+                (0u8..3, 0u64..5, 0u64..4, 0u64..6, any::<bool>())
+                    .prop_map(|(n, e, t, l, p)| Step::Promise(n, e, t, l, p)),
                 Just(Step::Restart),
             ],
             1..60,

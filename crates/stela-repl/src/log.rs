@@ -103,7 +103,12 @@ impl Log {
     /// Records `after + 1 ..= after + count` (fewer at the end of the log).
     pub fn slice_after(&self, after: Lsn, count: usize) -> Vec<Record> {
         let from = usize::try_from(after).unwrap_or(usize::MAX);
-        self.records.iter().skip(from).take(count).copied().collect()
+        self.records
+            .iter()
+            .skip(from)
+            .take(count)
+            .copied()
+            .collect()
     }
 
     pub fn history(&self) -> History {
@@ -159,7 +164,13 @@ pub enum Resolution {
 /// protected up to `protected`, or `None` while it cannot tell yet. Only a primary whose own
 /// term is protected (`protected >= start`) may ask: from then on every later primary holds
 /// this log up to `start`, and only this term's records after it.
-pub fn resolve(log: &Log, own: Term, start: Lsn, protected: Lsn, asked: (Term, Lsn)) -> Option<Resolution> {
+pub fn resolve(
+    log: &Log,
+    own: Term,
+    start: Lsn,
+    protected: Lsn,
+    asked: (Term, Lsn),
+) -> Option<Resolution> {
     debug_assert!(protected >= start && protected <= log.last_lsn());
     let (term, lsn) = asked;
     if term == own {

@@ -30,13 +30,22 @@ pub enum ToCoordinator {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FromCoordinator {
     /// The newest epoch the coordinator has started, and its holder if granted.
-    Current { epoch: Term, holder: Option<NodeId> },
-    Renewed { term: Term },
+    Current {
+        epoch: Term,
+        holder: Option<NodeId>,
+    },
+    Renewed {
+        term: Term,
+    },
     /// An election for `epoch` began: promise to take nothing older, and say how far your log
     /// reaches.
-    Prepare { epoch: Term },
+    Prepare {
+        epoch: Term,
+    },
     /// You are the primary of `epoch`.
-    Granted { epoch: Term },
+    Granted {
+        epoch: Term,
+    },
 }
 
 /// Between a primary and a standby; `stream` names one opening of a stream by the primary, so

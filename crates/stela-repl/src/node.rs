@@ -74,7 +74,9 @@ pub struct DiskImage {
 
 /// A synced record failed its checksum: the node stops rather than cut it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("record at LSN {lsn} is damaged although it was synced (synced up to {synced}): corruption")]
+#[error(
+    "record at LSN {lsn} is damaged although it was synced (synced up to {synced}): corruption"
+)]
 pub struct Corruption {
     pub lsn: Lsn,
     pub synced: Lsn,
@@ -90,7 +92,10 @@ pub fn recover(image: &DiskImage) -> Result<(Log, Lsn), Corruption> {
     for &(record, intact) in &image.records {
         if !intact {
             if record.lsn <= image.synced {
-                return Err(Corruption { lsn: record.lsn, synced: image.synced });
+                return Err(Corruption {
+                    lsn: record.lsn,
+                    synced: image.synced,
+                });
             }
             break;
         }
@@ -105,27 +110,52 @@ pub fn recover(image: &DiskImage) -> Result<(Log, Lsn), Corruption> {
 #[derive(Clone, Debug)]
 pub enum Input {
     Tick,
-    Peer { from: NodeId, msg: Peer },
+    Peer {
+        from: NodeId,
+        msg: Peer,
+    },
     Coordinator(FromCoordinator),
-    Client { from: ClientId, request: Request },
+    Client {
+        from: ClientId,
+        request: Request,
+    },
     /// The disk synced everything written up to `upto`, in cut `generation`.
-    Synced { upto: Lsn, generation: u64 },
+    Synced {
+        upto: Lsn,
+        generation: u64,
+    },
 }
 
 /// An output, to carry out in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Write `term` durably as the newest term seen (before what follows leaves the node).
-    PersistTerm { term: Term },
+    PersistTerm {
+        term: Term,
+    },
     /// Append these records to the log file (not synced).
-    Write { records: Vec<Record> },
+    Write {
+        records: Vec<Record>,
+    },
     /// Sync what was written; answer `Synced { upto, generation }`.
-    Sync { upto: Lsn, generation: u64 },
+    Sync {
+        upto: Lsn,
+        generation: u64,
+    },
     /// Cut every record after `keep` into salvage, durably, with everything before synced.
-    Cut { keep: Lsn, salvage: Vec<Record> },
-    Peer { to: NodeId, msg: Peer },
+    Cut {
+        keep: Lsn,
+        salvage: Vec<Record>,
+    },
+    Peer {
+        to: NodeId,
+        msg: Peer,
+    },
     Coordinator(ToCoordinator),
-    Client { to: ClientId, reply: Reply },
+    Client {
+        to: ClientId,
+        reply: Reply,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -196,7 +226,13 @@ pub struct Node {
 
 impl Node {
     /// A node starting at `now` on what [`recover`] read. It is a standby until granted.
-    pub fn start(config: NodeConfig, log: Log, synced: Lsn, promised: Term, now: Time) -> (Node, Vec<Action>) {
+    pub fn start(
+        config: NodeConfig,
+        log: Log,
+        synced: Lsn,
+        promised: Term,
+        now: Time,
+    ) -> (Node, Vec<Action>) {
         let promised = promised.max(log.last_term());
         let node = Node {
             config,
@@ -269,13 +305,20 @@ impl Node {
             self.last_hello = now;
             out.push(Action::Coordinator(ToCoordinator::Hello));
             let waited = now.saturating_sub(self.started) >= self.config.start_wait;
-            if waited && self.config.prefers_primary && self.config.bugs.configured_role_fallback && self.primary_term().is_none() {
+            if waited
+                && self.config.prefers_primary
+                && self.config.bugs.configured_role_fallback
+                && self.primary_term().is_none()
+            {
                 self.become_primary(now, self.promised.max(Term(1)), out);
             }
         }
         match &mut self.role {
             Role::Standby(follow) => {
-                if follow.as_ref().is_some_and(|f| now.saturating_sub(f.last_heard) >= self.config.deadline) {
+                if follow
+                    .as_ref()
+                    .is_some_and(|f| now.saturating_sub(f.last_heard) >= self.config.deadline)
+                {
                     *follow = None;
                 }
             }
@@ -286,12 +329,17 @@ impl Node {
     fn sync_if_behind(&mut self, out: &mut Vec<Action>) {
         if self.sync_asked < self.log.last_lsn() {
             self.sync_asked = self.log.last_lsn();
-            out.push(Action::Sync { upto: self.sync_asked, generation: self.generation });
+            out.push(Action::Sync {
+                upto: self.sync_asked,
+                generation: self.generation,
+            });
         }
     }
 
     fn primary_tick(&mut self, now: Time, out: &mut Vec<Action>) {
-        let Role::Primary(p) = &mut self.role else { return };
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
         if now.saturating_sub(p.last_renew) >= self.config.heartbeat {
             p.last_renew = now;
             out.push(Action::Coordinator(ToCoordinator::Renew { term: p.term }));
@@ -300,17 +348,29 @@ impl Node {
         for peer in peers {
             self.link_tick(now, peer, out);
         }
-        let Role::Primary(p) = &mut self.role else { return };
-        let (expired, waiting): (Vec<Waiter>, Vec<Waiter>) = p.waiters.drain(..).partition(|w| w.deadline <= now);
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
+        let (expired, waiting): (Vec<Waiter>, Vec<Waiter>) =
+            p.waiters.drain(..).partition(|w| w.deadline <= now);
         p.waiters = waiting;
         for w in expired {
-            out.push(Action::Client { to: w.client, reply: Reply::Unprotected { payload: w.payload, term: p.term, lsn: w.lsn } });
+            out.push(Action::Client {
+                to: w.client,
+                reply: Reply::Unprotected {
+                    payload: w.payload,
+                    term: p.term,
+                    lsn: w.lsn,
+                },
+            });
         }
     }
 
     fn link_tick(&mut self, now: Time, peer: NodeId, out: &mut Vec<Action>) {
         let (heartbeat, deadline) = (self.config.heartbeat, self.config.deadline);
-        let Role::Primary(p) = &mut self.role else { return };
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
         let link = p.links.get_mut(&peer).expect("a link per peer");
         let silent = match link.sent {
             None => now.saturating_sub(link.opened_at),
@@ -375,14 +435,23 @@ impl Node {
         out.push(Action::PersistTerm { term });
         if let Role::Primary(p) = &mut self.role {
             for w in p.waiters.drain(..) {
-                out.push(Action::Client { to: w.client, reply: Reply::InDoubt { payload: w.payload, term: p.term, lsn: w.lsn } });
+                out.push(Action::Client {
+                    to: w.client,
+                    reply: Reply::InDoubt {
+                        payload: w.payload,
+                        term: p.term,
+                        lsn: w.lsn,
+                    },
+                });
             }
             self.role = Role::Standby(None);
         }
     }
 
     fn send_promise(&mut self, out: &mut Vec<Action>) {
-        let Some(epoch) = self.promise_due else { return };
+        let Some(epoch) = self.promise_due else {
+            return;
+        };
         if self.synced < self.log.last_lsn() || epoch != self.promised {
             return;
         }
@@ -402,9 +471,15 @@ impl Node {
         }
         self.promise_due = None;
         let start = self.log.last_lsn() + 1;
-        let opening = Record { term, lsn: start, payload: 0 };
+        let opening = Record {
+            term,
+            lsn: start,
+            payload: 0,
+        };
         self.log.push(opening);
-        out.push(Action::Write { records: vec![opening] });
+        out.push(Action::Write {
+            records: vec![opening],
+        });
         self.sync_if_behind(out);
         self.role = Role::Primary(Primary {
             term,
@@ -423,7 +498,9 @@ impl Node {
     // ---- the primary's streams ----
 
     fn open_link(&mut self, now: Time, peer: NodeId, out: &mut Vec<Action>) {
-        let Role::Primary(p) = &mut self.role else { return };
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
         self.next_stream += 1;
         let link = Link {
             stream: self.next_stream,
@@ -435,14 +512,24 @@ impl Node {
             last_progress: now,
         };
         p.links.insert(peer, link);
-        out.push(Action::Peer { to: peer, msg: Peer::Open { term: p.term, stream: self.next_stream } });
+        out.push(Action::Peer {
+            to: peer,
+            msg: Peer::Open {
+                term: p.term,
+                stream: self.next_stream,
+            },
+        });
         self.recompute_protection(out);
     }
 
     /// Ships what `peer` lacks (or a heartbeat if `idle` and nothing is due).
     fn ship(&mut self, now: Time, peer: NodeId, idle: bool, out: &mut Vec<Action>) {
-        let Role::Primary(p) = &mut self.role else { return };
-        let Some(link) = p.links.get_mut(&peer) else { return };
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
+        let Some(link) = p.links.get_mut(&peer) else {
+            return;
+        };
         let Some(sent) = link.sent else { return };
         let records = self.log.slice_after(sent, self.config.chunk);
         if records.is_empty() && !idle {
@@ -450,14 +537,32 @@ impl Node {
         }
         link.sent = Some(sent + records.len() as Lsn);
         link.last_sent = now;
-        let msg = Peer::Ship { term: p.term, stream: link.stream, after: sent, cut: false, records };
+        let msg = Peer::Ship {
+            term: p.term,
+            stream: link.stream,
+            after: sent,
+            cut: false,
+            records,
+        };
         out.push(Action::Peer { to: peer, msg });
         self.recompute_protection(out);
     }
 
-    fn hello(&mut self, now: Time, from: NodeId, stream: u64, history: &crate::log::History, last: Lsn, out: &mut Vec<Action>) {
-        let Role::Primary(p) = &mut self.role else { return };
-        let Some(link) = p.links.get_mut(&from) else { return };
+    fn hello(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        stream: u64,
+        history: &crate::log::History,
+        last: Lsn,
+        out: &mut Vec<Action>,
+    ) {
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
+        let Some(link) = p.links.get_mut(&from) else {
+            return;
+        };
         if link.stream != stream || link.sent.is_some() {
             return;
         }
@@ -468,13 +573,23 @@ impl Node {
         link.last_heard = now;
         link.last_sent = now;
         link.last_progress = now;
-        let msg = Peer::Ship { term: p.term, stream, after: agreed, cut: true, records };
+        let msg = Peer::Ship {
+            term: p.term,
+            stream,
+            after: agreed,
+            cut: true,
+            records,
+        };
         out.push(Action::Peer { to: from, msg });
     }
 
     fn ack(&mut self, now: Time, from: NodeId, stream: u64, durable: Lsn, out: &mut Vec<Action>) {
-        let Role::Primary(p) = &mut self.role else { return };
-        let Some(link) = p.links.get_mut(&from) else { return };
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
+        let Some(link) = p.links.get_mut(&from) else {
+            return;
+        };
         if link.stream != stream || link.sent.is_none() {
             return;
         }
@@ -489,19 +604,39 @@ impl Node {
     /// Protected = the K-th highest LSN the standbys hold; releases the waiters it covers.
     fn recompute_protection(&mut self, out: &mut Vec<Action>) {
         let (k, early) = (self.config.k, self.config.bugs.ack_before_held);
-        let Role::Primary(p) = &mut self.role else { return };
+        let Role::Primary(p) = &mut self.role else {
+            return;
+        };
         let mut held: Vec<Lsn> = p
             .links
             .values()
-            .map(|l| if early { l.sent.unwrap_or(0) } else { l.durable })
+            .map(|l| {
+                if early {
+                    l.sent.unwrap_or(0)
+                } else {
+                    l.durable
+                }
+            })
             .collect();
         held.sort_unstable_by(|a, b| b.cmp(a));
-        let protected = if k == 0 { self.log.last_lsn() } else { held.get(k - 1).copied().unwrap_or(0) };
+        let protected = if k == 0 {
+            self.log.last_lsn()
+        } else {
+            held.get(k - 1).copied().unwrap_or(0)
+        };
         p.protected = p.protected.max(protected.min(self.log.last_lsn()));
-        let (done, waiting): (Vec<Waiter>, Vec<Waiter>) = p.waiters.drain(..).partition(|w| w.lsn <= p.protected);
+        let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
+            p.waiters.drain(..).partition(|w| w.lsn <= p.protected);
         p.waiters = waiting;
         for w in done {
-            out.push(Action::Client { to: w.client, reply: Reply::Ok { payload: w.payload, term: p.term, lsn: w.lsn } });
+            out.push(Action::Client {
+                to: w.client,
+                reply: Reply::Ok {
+                    payload: w.payload,
+                    term: p.term,
+                    lsn: w.lsn,
+                },
+            });
         }
     }
 
@@ -510,11 +645,26 @@ impl Node {
     fn peer(&mut self, now: Time, from: NodeId, msg: Peer, out: &mut Vec<Action>) {
         match msg {
             Peer::Open { term, stream } => self.open(now, from, term, stream, out),
-            Peer::Ship { term, stream, after, cut, records } => self.take(now, from, (term, stream), after, cut, records, out),
-            Peer::Hello { term, stream, history, last } if self.primary_term() == Some(term) => {
+            Peer::Ship {
+                term,
+                stream,
+                after,
+                cut,
+                records,
+            } => self.take(now, from, (term, stream), after, cut, records, out),
+            Peer::Hello {
+                term,
+                stream,
+                history,
+                last,
+            } if self.primary_term() == Some(term) => {
                 self.hello(now, from, stream, &history, last, out)
             }
-            Peer::Ack { term, stream, durable } if self.primary_term() == Some(term) => self.ack(now, from, stream, durable, out),
+            Peer::Ack {
+                term,
+                stream,
+                durable,
+            } if self.primary_term() == Some(term) => self.ack(now, from, stream, durable, out),
             Peer::Gap { term, stream } if self.primary_term() == Some(term) => {
                 let Role::Primary(p) = &self.role else { return };
                 if p.links.get(&from).is_some_and(|l| l.stream == stream) {
@@ -530,7 +680,12 @@ impl Node {
     fn admits(&mut self, now: Time, from: NodeId, term: Term, out: &mut Vec<Action>) -> bool {
         let stale = term < self.promised && !self.config.bugs.accept_stale_term;
         if stale || self.primary_term().is_some_and(|own| own >= term) {
-            out.push(Action::Peer { to: from, msg: Peer::Refuse { seen: self.promised } });
+            out.push(Action::Peer {
+                to: from,
+                msg: Peer::Refuse {
+                    seen: self.promised,
+                },
+            });
             return false;
         }
         self.see_term(now, term, out);
@@ -541,43 +696,84 @@ impl Node {
         if !self.admits(now, from, term, out) {
             return;
         }
-        self.role = Role::Standby(Some(Follow { primary: from, term, stream, cut_done: false, last_heard: now }));
-        let msg = Peer::Hello { term, stream, history: self.log.history(), last: self.log.last_lsn() };
+        self.role = Role::Standby(Some(Follow {
+            primary: from,
+            term,
+            stream,
+            cut_done: false,
+            last_heard: now,
+        }));
+        let msg = Peer::Hello {
+            term,
+            stream,
+            history: self.log.history(),
+            last: self.log.last_lsn(),
+        };
         out.push(Action::Peer { to: from, msg });
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn take(&mut self, now: Time, from: NodeId, (term, stream): (Term, u64), after: Lsn, cut: bool, records: Vec<Record>, out: &mut Vec<Action>) {
+    fn take(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        (term, stream): (Term, u64),
+        after: Lsn,
+        cut: bool,
+        records: Vec<Record>,
+        out: &mut Vec<Action>,
+    ) {
         if !self.admits(now, from, term, out) {
             return;
         }
         let Role::Standby(Some(follow)) = &mut self.role else {
-            out.push(Action::Peer { to: from, msg: Peer::Gap { term, stream } });
+            out.push(Action::Peer {
+                to: from,
+                msg: Peer::Gap { term, stream },
+            });
             return;
         };
         if (follow.primary, follow.term, follow.stream) != (from, term, stream) {
-            out.push(Action::Peer { to: from, msg: Peer::Gap { term, stream } });
+            out.push(Action::Peer {
+                to: from,
+                msg: Peer::Gap { term, stream },
+            });
             return;
         }
         follow.last_heard = now;
         if cut && !follow.cut_done {
             if after > self.log.last_lsn() {
-                out.push(Action::Peer { to: from, msg: Peer::Gap { term, stream } });
+                out.push(Action::Peer {
+                    to: from,
+                    msg: Peer::Gap { term, stream },
+                });
                 return;
             }
             follow.cut_done = true;
             self.cut(after, out);
         }
-        let Role::Standby(Some(follow)) = &self.role else { return };
+        let Role::Standby(Some(follow)) = &self.role else {
+            return;
+        };
         if !follow.cut_done || after > self.log.last_lsn() {
             return; // reordered ahead of what it continues: the primary sends it again
         }
         if !self.append(&records, out) {
-            out.push(Action::Peer { to: from, msg: Peer::Gap { term, stream } });
+            out.push(Action::Peer {
+                to: from,
+                msg: Peer::Gap { term, stream },
+            });
             return;
         }
         self.sync_if_behind(out);
-        out.push(Action::Peer { to: from, msg: Peer::Ack { term, stream, durable: self.synced } });
+        out.push(Action::Peer {
+            to: from,
+            msg: Peer::Ack {
+                term,
+                stream,
+                durable: self.synced,
+            },
+        });
     }
 
     /// Cuts what follows `keep` (the last LSN this log agrees on with its primary's).
@@ -621,7 +817,14 @@ impl Node {
         self.send_promise(out);
         if let Role::Standby(Some(f)) = &self.role {
             if f.cut_done {
-                out.push(Action::Peer { to: f.primary, msg: Peer::Ack { term: f.term, stream: f.stream, durable: self.synced } });
+                out.push(Action::Peer {
+                    to: f.primary,
+                    msg: Peer::Ack {
+                        term: f.term,
+                        stream: f.stream,
+                        durable: self.synced,
+                    },
+                });
             }
         }
     }
@@ -633,7 +836,11 @@ impl Node {
             Request::Commit { payload, deadline } => self.commit(now, from, payload, deadline, out),
             Request::Resolve { term, lsn } => {
                 let reply = match self.resolution(term, lsn) {
-                    Some(resolution) => Reply::Resolved { term, lsn, resolution },
+                    Some(resolution) => Reply::Resolved {
+                        term,
+                        lsn,
+                        resolution,
+                    },
                     None => Reply::CannotResolve { term, lsn },
                 };
                 out.push(Action::Client { to: from, reply });
@@ -641,16 +848,44 @@ impl Node {
         }
     }
 
-    fn commit(&mut self, now: Time, from: ClientId, payload: u64, deadline: Time, out: &mut Vec<Action>) {
+    fn commit(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        payload: u64,
+        deadline: Time,
+        out: &mut Vec<Action>,
+    ) {
         let Role::Primary(p) = &mut self.role else {
-            out.push(Action::Client { to: from, reply: Reply::NotPrimary { payload } });
+            out.push(Action::Client {
+                to: from,
+                reply: Reply::NotPrimary { payload },
+            });
             return;
         };
-        let record = Record { term: p.term, lsn: self.log.last_lsn() + 1, payload };
+        let record = Record {
+            term: p.term,
+            lsn: self.log.last_lsn() + 1,
+            payload,
+        };
         self.log.push(record);
-        p.waiters.push(Waiter { client: from, payload, lsn: record.lsn, deadline });
-        out.push(Action::Write { records: vec![record] });
-        out.push(Action::Client { to: from, reply: Reply::Appended { payload, term: p.term, lsn: record.lsn } });
+        p.waiters.push(Waiter {
+            client: from,
+            payload,
+            lsn: record.lsn,
+            deadline,
+        });
+        out.push(Action::Write {
+            records: vec![record],
+        });
+        out.push(Action::Client {
+            to: from,
+            reply: Reply::Appended {
+                payload,
+                term: p.term,
+                lsn: record.lsn,
+            },
+        });
         self.sync_if_behind(out);
         for peer in self.config.peers.clone() {
             self.ship(now, peer, false, out);
@@ -664,9 +899,15 @@ impl Node {
             Role::Standby(_) => false,
         };
         if !current {
-            return self.config.bugs.fenced_resolve.then(|| naive_resolution(&self.log, term, lsn));
+            return self
+                .config
+                .bugs
+                .fenced_resolve
+                .then(|| naive_resolution(&self.log, term, lsn));
         }
-        let Role::Primary(p) = &self.role else { return None };
+        let Role::Primary(p) = &self.role else {
+            return None;
+        };
         resolve(&self.log, p.term, p.start, p.protected, (term, lsn))
     }
 }

@@ -24,17 +24,27 @@ fn a_thousand_seeds_of_two_nodes_pass() {
 
 #[test]
 fn a_seed_replays_exactly() {
-    let config = SimConfig { trace: true, ..SimConfig::three_nodes() };
+    let config = SimConfig {
+        trace: true,
+        ..SimConfig::three_nodes()
+    };
     let (a, b) = (run(4242, &config), run(4242, &config));
     assert_eq!(a.steps, b.steps);
     assert_eq!(a.trace, b.trace);
-    assert!(a.trace.len() > 100, "a run does something: {} lines", a.trace.len());
+    assert!(
+        a.trace.len() > 100,
+        "a run does something: {} lines",
+        a.trace.len()
+    );
 }
 
 /// Searches seeds 0..10,000 for runs the planted bug breaks, stopping after `enough`
 /// failures; prints the first failing seed and the shortest failure found, with its trace.
 fn finds(bugs: Bugs, enough: usize) {
-    let config = SimConfig { bugs, ..SimConfig::three_nodes() };
+    let config = SimConfig {
+        bugs,
+        ..SimConfig::three_nodes()
+    };
     let mut failures = Vec::new();
     for seed in 0..10_000 {
         let outcome = run(seed, &config);
@@ -47,29 +57,61 @@ fn finds(bugs: Bugs, enough: usize) {
     }
     assert!(!failures.is_empty(), "{bugs:?} not found in 10,000 seeds");
     let first = failures[0].seed;
-    let shortest = failures.into_iter().min_by_key(|o| o.steps).expect("one failure");
-    eprintln!("{bugs:?}: first failing seed {first}; shortest failure: seed {}, {} steps, {} trace lines", shortest.seed, shortest.steps, shortest.trace.len());
+    let shortest = failures
+        .into_iter()
+        .min_by_key(|o| o.steps)
+        .expect("one failure");
+    eprintln!(
+        "{bugs:?}: first failing seed {first}; shortest failure: seed {}, {} steps, {} trace lines",
+        shortest.seed,
+        shortest.steps,
+        shortest.trace.len()
+    );
     eprintln!("{}", tail(shortest, 40).report());
 }
 
 #[test]
 fn planted_a_standby_that_accepts_a_stale_term_is_found() {
-    finds(Bugs { accept_stale_term: true, ..Bugs::default() }, 5);
+    finds(
+        Bugs {
+            accept_stale_term: true,
+            ..Bugs::default()
+        },
+        5,
+    );
 }
 
 #[test]
 fn planted_an_acknowledgement_before_a_standby_holds_the_record_is_found() {
-    finds(Bugs { ack_before_held: true, ..Bugs::default() }, 5);
+    finds(
+        Bugs {
+            ack_before_held: true,
+            ..Bugs::default()
+        },
+        5,
+    );
 }
 
 #[test]
 fn planted_a_fenced_node_answering_resolve_is_found() {
-    finds(Bugs { fenced_resolve: true, ..Bugs::default() }, 5);
+    finds(
+        Bugs {
+            fenced_resolve: true,
+            ..Bugs::default()
+        },
+        5,
+    );
 }
 
 #[test]
 fn planted_the_configured_role_fallback_is_found() {
-    finds(Bugs { configured_role_fallback: true, ..Bugs::default() }, 5);
+    finds(
+        Bugs {
+            configured_role_fallback: true,
+            ..Bugs::default()
+        },
+        5,
+    );
 }
 
 /// `cargo test --release -p stela-repl --test simulator -- --ignored --nocapture`:
@@ -93,5 +135,8 @@ fn a_million_seeds_of_three_nodes_pass() {
             }
         }
     });
-    eprintln!("1,000,000 seeds of three nodes passed in {:?}", started.elapsed());
+    eprintln!(
+        "1,000,000 seeds of three nodes passed in {:?}",
+        started.elapsed()
+    );
 }

@@ -19,7 +19,11 @@ fn config(id: NodeId, prefers_primary: bool) -> NodeConfig {
 }
 
 fn rec(term: u64, lsn: Lsn, payload: u64) -> Record {
-    Record { term: Term(term), lsn, payload }
+    Record {
+        term: Term(term),
+        lsn,
+        payload,
+    }
 }
 
 fn fresh(id: NodeId, prefers: bool) -> Node {
@@ -28,15 +32,24 @@ fn fresh(id: NodeId, prefers: bool) -> Node {
 
 /// Drives `node` through an election it wins for `epoch`; returns the stream ids it opened.
 fn elect(node: &mut Node, now: Time, epoch: u64) -> BTreeMap<NodeId, u64> {
-    node.step(now, Input::Coordinator(FromCoordinator::Prepare { epoch: Term(epoch) }));
-    let out = node.step(now, Input::Coordinator(FromCoordinator::Granted { epoch: Term(epoch) }));
+    node.step(
+        now,
+        Input::Coordinator(FromCoordinator::Prepare { epoch: Term(epoch) }),
+    );
+    let out = node.step(
+        now,
+        Input::Coordinator(FromCoordinator::Granted { epoch: Term(epoch) }),
+    );
     opened(&out)
 }
 
 fn opened(out: &[Action]) -> BTreeMap<NodeId, u64> {
     out.iter()
         .filter_map(|a| match a {
-            Action::Peer { to, msg: Peer::Open { stream, .. } } => Some((*to, *stream)),
+            Action::Peer {
+                to,
+                msg: Peer::Open { stream, .. },
+            } => Some((*to, *stream)),
             _ => None,
         })
         .collect()
@@ -58,10 +71,22 @@ fn a_configured_primary_starts_as_a_standby_and_waits_for_a_grant() {
         node.step(now, Input::Tick);
     }
     assert_eq!(node.primary_term(), None);
-    let out = node.step(1000, Input::Client { from: 1, request: Request::Commit { payload: 5, deadline: 2000 } });
+    let out = node.step(
+        1000,
+        Input::Client {
+            from: 1,
+            request: Request::Commit {
+                payload: 5,
+                deadline: 2000,
+            },
+        },
+    );
     assert_eq!(replies(&out), vec![Reply::NotPrimary { payload: 5 }]);
     // A grant for an epoch it did not promise is not taken either.
-    node.step(1000, Input::Coordinator(FromCoordinator::Granted { epoch: Term(1) }));
+    node.step(
+        1000,
+        Input::Coordinator(FromCoordinator::Granted { epoch: Term(1) }),
+    );
     assert_eq!(node.primary_term(), None);
 }
 
@@ -81,80 +106,304 @@ fn replicated_is_ok_only_once_a_standby_holds_it_and_unprotected_at_the_deadline
     let mut node = fresh(0, true);
     let streams = elect(&mut node, 0, 1);
     // Standby 1 answers the stream; standby 2 never does.
-    node.step(1, Input::Peer { from: 1, msg: Peer::Hello { term: Term(1), stream: streams[&1], history: vec![], last: 0 } });
-    let out = node.step(2, Input::Client { from: 9, request: Request::Commit { payload: 7, deadline: 60 } });
-    assert_eq!(replies(&out), vec![Reply::Appended { payload: 7, term: Term(1), lsn: 2 }]);
-    let out = node.step(3, Input::Peer { from: 1, msg: Peer::Ack { term: Term(1), stream: streams[&1], durable: 1 } });
+    node.step(
+        1,
+        Input::Peer {
+            from: 1,
+            msg: Peer::Hello {
+                term: Term(1),
+                stream: streams[&1],
+                history: vec![],
+                last: 0,
+            },
+        },
+    );
+    let out = node.step(
+        2,
+        Input::Client {
+            from: 9,
+            request: Request::Commit {
+                payload: 7,
+                deadline: 60,
+            },
+        },
+    );
+    assert_eq!(
+        replies(&out),
+        vec![Reply::Appended {
+            payload: 7,
+            term: Term(1),
+            lsn: 2
+        }]
+    );
+    let out = node.step(
+        3,
+        Input::Peer {
+            from: 1,
+            msg: Peer::Ack {
+                term: Term(1),
+                stream: streams[&1],
+                durable: 1,
+            },
+        },
+    );
     assert!(replies(&out).is_empty(), "the standby holds LSN 1 only");
-    let out = node.step(4, Input::Peer { from: 1, msg: Peer::Ack { term: Term(1), stream: streams[&1], durable: 2 } });
-    assert_eq!(replies(&out), vec![Reply::Ok { payload: 7, term: Term(1), lsn: 2 }]);
+    let out = node.step(
+        4,
+        Input::Peer {
+            from: 1,
+            msg: Peer::Ack {
+                term: Term(1),
+                stream: streams[&1],
+                durable: 2,
+            },
+        },
+    );
+    assert_eq!(
+        replies(&out),
+        vec![Reply::Ok {
+            payload: 7,
+            term: Term(1),
+            lsn: 2
+        }]
+    );
 
-    let out = node.step(5, Input::Client { from: 9, request: Request::Commit { payload: 8, deadline: 60 } });
+    let out = node.step(
+        5,
+        Input::Client {
+            from: 9,
+            request: Request::Commit {
+                payload: 8,
+                deadline: 60,
+            },
+        },
+    );
     assert_eq!(replies(&out).len(), 1);
     let out = node.step(60, Input::Tick);
-    assert_eq!(replies(&out), vec![Reply::Unprotected { payload: 8, term: Term(1), lsn: 3 }]);
+    assert_eq!(
+        replies(&out),
+        vec![Reply::Unprotected {
+            payload: 8,
+            term: Term(1),
+            lsn: 3
+        }]
+    );
 }
 
 #[test]
 fn a_newer_term_fences_the_primary_and_its_waiters_are_in_doubt() {
     let mut node = fresh(0, true);
     elect(&mut node, 0, 1);
-    node.step(1, Input::Client { from: 9, request: Request::Commit { payload: 7, deadline: 600 } });
-    let out = node.step(2, Input::Peer { from: 1, msg: Peer::Refuse { seen: Term(2) } });
-    assert_eq!(replies(&out), vec![Reply::InDoubt { payload: 7, term: Term(1), lsn: 2 }]);
+    node.step(
+        1,
+        Input::Client {
+            from: 9,
+            request: Request::Commit {
+                payload: 7,
+                deadline: 600,
+            },
+        },
+    );
+    let out = node.step(
+        2,
+        Input::Peer {
+            from: 1,
+            msg: Peer::Refuse { seen: Term(2) },
+        },
+    );
+    assert_eq!(
+        replies(&out),
+        vec![Reply::InDoubt {
+            payload: 7,
+            term: Term(1),
+            lsn: 2
+        }]
+    );
     assert!(out.contains(&Action::PersistTerm { term: Term(2) }));
     assert_eq!(node.primary_term(), None);
     // And it refuses a stream of its old term.
-    let out = node.step(3, Input::Peer { from: 2, msg: Peer::Open { term: Term(1), stream: 1 } });
-    assert_eq!(out, vec![Action::Peer { to: 2, msg: Peer::Refuse { seen: Term(2) } }]);
+    let out = node.step(
+        3,
+        Input::Peer {
+            from: 2,
+            msg: Peer::Open {
+                term: Term(1),
+                stream: 1,
+            },
+        },
+    );
+    assert_eq!(
+        out,
+        vec![Action::Peer {
+            to: 2,
+            msg: Peer::Refuse { seen: Term(2) }
+        }]
+    );
 }
 
 #[test]
 fn a_standby_cuts_only_what_diverged_into_salvage() {
     // The standby was primary of term 1 and wrote 1..=4; term 2's primary kept 1..=2.
-    let standby_log = Log::from_records(vec![rec(1, 1, 0), rec(1, 2, 10), rec(1, 3, 11), rec(1, 4, 12)]);
+    let standby_log = Log::from_records(vec![
+        rec(1, 1, 0),
+        rec(1, 2, 10),
+        rec(1, 3, 11),
+        rec(1, 4, 12),
+    ]);
     let (mut standby, _) = Node::start(config(1, false), standby_log, 4, Term(1), 0);
-    let out = standby.step(1, Input::Peer { from: 0, msg: Peer::Open { term: Term(2), stream: 9 } });
-    let Some(Action::Peer { msg: Peer::Hello { history, last, .. }, .. }) = out.iter().find(|a| matches!(a, Action::Peer { .. })) else {
+    let out = standby.step(
+        1,
+        Input::Peer {
+            from: 0,
+            msg: Peer::Open {
+                term: Term(2),
+                stream: 9,
+            },
+        },
+    );
+    let Some(Action::Peer {
+        msg: Peer::Hello { history, last, .. },
+        ..
+    }) = out.iter().find(|a| matches!(a, Action::Peer { .. }))
+    else {
         panic!("no hello: {out:?}")
     };
     let primary_log = Log::from_records(vec![rec(1, 1, 0), rec(1, 2, 10), rec(2, 3, 0)]);
-    let agreed = divergence((&primary_log.history(), primary_log.last_lsn()), (history, *last));
+    let agreed = divergence(
+        (&primary_log.history(), primary_log.last_lsn()),
+        (history, *last),
+    );
     assert_eq!(agreed, 2);
-    let out = standby.step(2, Input::Peer {
-        from: 0,
-        msg: Peer::Ship { term: Term(2), stream: 9, after: agreed, cut: true, records: primary_log.slice_after(agreed, 8) },
-    });
-    assert!(out.contains(&Action::Cut { keep: 2, salvage: vec![rec(1, 3, 11), rec(1, 4, 12)] }));
+    let out = standby.step(
+        2,
+        Input::Peer {
+            from: 0,
+            msg: Peer::Ship {
+                term: Term(2),
+                stream: 9,
+                after: agreed,
+                cut: true,
+                records: primary_log.slice_after(agreed, 8),
+            },
+        },
+    );
+    assert!(out.contains(&Action::Cut {
+        keep: 2,
+        salvage: vec![rec(1, 3, 11), rec(1, 4, 12)]
+    }));
     assert_eq!(standby.log(), &primary_log);
     // A duplicate of the first shipment cuts nothing more.
-    let out = standby.step(3, Input::Peer {
-        from: 0,
-        msg: Peer::Ship { term: Term(2), stream: 9, after: agreed, cut: true, records: vec![] },
-    });
+    let out = standby.step(
+        3,
+        Input::Peer {
+            from: 0,
+            msg: Peer::Ship {
+                term: Term(2),
+                stream: 9,
+                after: agreed,
+                cut: true,
+                records: vec![],
+            },
+        },
+    );
     assert!(!out.iter().any(|a| matches!(a, Action::Cut { .. })));
 }
 
 #[test]
 fn only_a_protected_current_primary_resolves() {
     let mut node = fresh(0, true);
-    let out = node.step(0, Input::Client { from: 9, request: Request::Resolve { term: Term(1), lsn: 1 } });
-    assert_eq!(replies(&out), vec![Reply::CannotResolve { term: Term(1), lsn: 1 }]);
+    let out = node.step(
+        0,
+        Input::Client {
+            from: 9,
+            request: Request::Resolve {
+                term: Term(1),
+                lsn: 1,
+            },
+        },
+    );
+    assert_eq!(
+        replies(&out),
+        vec![Reply::CannotResolve {
+            term: Term(1),
+            lsn: 1
+        }]
+    );
     let streams = elect(&mut node, 0, 1);
-    let ask = |node: &mut Node| replies(&node.step(5, Input::Client { from: 9, request: Request::Resolve { term: Term(1), lsn: 1 } }));
-    assert_eq!(ask(&mut node), vec![Reply::CannotResolve { term: Term(1), lsn: 1 }], "not protected yet");
-    node.step(1, Input::Peer { from: 1, msg: Peer::Hello { term: Term(1), stream: streams[&1], history: vec![], last: 0 } });
-    node.step(2, Input::Peer { from: 1, msg: Peer::Ack { term: Term(1), stream: streams[&1], durable: 1 } });
-    assert_eq!(ask(&mut node), vec![Reply::Resolved { term: Term(1), lsn: 1, resolution: Resolution::Kept }]);
+    let ask = |node: &mut Node| {
+        replies(&node.step(
+            5,
+            Input::Client {
+                from: 9,
+                request: Request::Resolve {
+                    term: Term(1),
+                    lsn: 1,
+                },
+            },
+        ))
+    };
+    assert_eq!(
+        ask(&mut node),
+        vec![Reply::CannotResolve {
+            term: Term(1),
+            lsn: 1
+        }],
+        "not protected yet"
+    );
+    node.step(
+        1,
+        Input::Peer {
+            from: 1,
+            msg: Peer::Hello {
+                term: Term(1),
+                stream: streams[&1],
+                history: vec![],
+                last: 0,
+            },
+        },
+    );
+    node.step(
+        2,
+        Input::Peer {
+            from: 1,
+            msg: Peer::Ack {
+                term: Term(1),
+                stream: streams[&1],
+                durable: 1,
+            },
+        },
+    );
+    assert_eq!(
+        ask(&mut node),
+        vec![Reply::Resolved {
+            term: Term(1),
+            lsn: 1,
+            resolution: Resolution::Kept
+        }]
+    );
 }
 
 #[test]
 fn a_torn_tail_is_cut_and_damage_below_the_synced_mark_is_corruption() {
-    let records = vec![(rec(1, 1, 0), true), (rec(1, 2, 5), true), (rec(1, 3, 6), false)];
-    let (log, synced) = recover(&DiskImage { records: records.clone(), synced: 2, promised: Term(1) }).unwrap();
+    let records = vec![
+        (rec(1, 1, 0), true),
+        (rec(1, 2, 5), true),
+        (rec(1, 3, 6), false),
+    ];
+    let (log, synced) = recover(&DiskImage {
+        records: records.clone(),
+        synced: 2,
+        promised: Term(1),
+    })
+    .unwrap();
     assert_eq!((log.last_lsn(), synced), (2, 2));
     assert_eq!(
-        recover(&DiskImage { records, synced: 3, promised: Term(1) }).unwrap_err(),
+        recover(&DiskImage {
+            records,
+            synced: 3,
+            promised: Term(1)
+        })
+        .unwrap_err(),
         Corruption { lsn: 3, synced: 3 }
     );
 }

@@ -29,11 +29,18 @@ pub type Verdict = Result<(), String>;
 
 impl Checker {
     pub fn answer(&mut self, answered: &Answered) -> Verdict {
-        let record = Record { term: answered.term, lsn: answered.lsn, payload: answered.payload };
+        let record = Record {
+            term: answered.term,
+            lsn: answered.lsn,
+            payload: answered.payload,
+        };
         if matches!(answered.answer, Answer::Kept | Answer::Lost) {
             let first = *self.resolved.entry(record).or_insert(answered.answer);
             if first != answered.answer {
-                return Err(format!("{record:?} resolved {first:?}, then {:?}", answered.answer));
+                return Err(format!(
+                    "{record:?} resolved {first:?}, then {:?}",
+                    answered.answer
+                ));
             }
         }
         match answered.answer {
@@ -48,13 +55,19 @@ impl Checker {
     pub fn node(&mut self, id: NodeId, promised: Term, primary: Option<Term>) -> Verdict {
         let before = self.promised.entry(id).or_default();
         if promised < *before {
-            return Err(format!("node {id}'s newest term went down from {} to {}", before.0, promised.0));
+            return Err(format!(
+                "node {id}'s newest term went down from {} to {}",
+                before.0, promised.0
+            ));
         }
         *before = promised;
         if let Some(term) = primary {
             let holder = *self.primaries.entry(term).or_insert(id);
             if holder != id {
-                return Err(format!("two primaries of term {}: nodes {holder} and {id}", term.0));
+                return Err(format!(
+                    "two primaries of term {}: nodes {holder} and {id}",
+                    term.0
+                ));
             }
             self.newest = self.newest.max(term);
         }
@@ -78,7 +91,10 @@ impl Checker {
         self.checked = Some((id, term, self.must_hold.len()));
         for record in &self.must_not {
             if log.get(record.lsn) == Some(record) {
-                return Err(format!("{record:?}, resolved Lost, is in the log of node {id}, primary of term {}", term.0));
+                return Err(format!(
+                    "{record:?}, resolved Lost, is in the log of node {id}, primary of term {}",
+                    term.0
+                ));
             }
         }
         Ok(())
@@ -89,7 +105,9 @@ impl Checker {
     pub fn cut(standby: &Log, keep: Lsn, salvage: &[Record], primary: &Log) -> Verdict {
         for record in standby.records().iter().take(keep as usize) {
             if primary.get(record.lsn) != Some(record) {
-                return Err(format!("a cut at {keep} kept {record:?}, which the primary does not hold"));
+                return Err(format!(
+                    "a cut at {keep} kept {record:?}, which the primary does not hold"
+                ));
             }
         }
         if let Some(first) = salvage.first() {
@@ -103,7 +121,12 @@ impl Checker {
     /// A stream's first shipment starts where the standby's log stops agreeing with the
     /// primary's, not before: what the standby holds is not copied again.
     pub fn copy_from(after: Lsn, standby: &Log, primary: &Log) -> Verdict {
-        let common = standby.records().iter().zip(primary.records()).take_while(|(a, b)| a == b).count() as Lsn;
+        let common = standby
+            .records()
+            .iter()
+            .zip(primary.records())
+            .take_while(|(a, b)| a == b)
+            .count() as Lsn;
         if after < common {
             return Err(format!("a stream copies from LSN {} although the standby holds the primary's records up to {common}", after + 1));
         }
@@ -113,10 +136,15 @@ impl Checker {
     /// The primary of the newest term holds every record answered `Ok` or `Kept`.
     pub fn holds_all(&self, id: NodeId, term: Term, log: &Log) -> Verdict {
         if term != self.newest {
-            return Err(format!("node {id}, primary of term {} at the end, is not the newest primary (term {})", term.0, self.newest.0));
+            return Err(format!(
+                "node {id}, primary of term {} at the end, is not the newest primary (term {})",
+                term.0, self.newest.0
+            ));
         }
         match self.must_hold.iter().find(|r| log.get(r.lsn) != Some(r)) {
-            Some(r) => Err(format!("at the end, acknowledged {r:?} is not in the primary's log")),
+            Some(r) => Err(format!(
+                "at the end, acknowledged {r:?} is not in the primary's log"
+            )),
             None => Ok(()),
         }
     }
@@ -125,7 +153,9 @@ impl Checker {
     pub fn converged(id: NodeId, log: &Log, primary: &Log) -> Verdict {
         for record in log.records() {
             if primary.get(record.lsn) != Some(record) {
-                return Err(format!("after healing, node {id} holds {record:?}, which the primary does not"));
+                return Err(format!(
+                    "after healing, node {id} holds {record:?}, which the primary does not"
+                ));
             }
         }
         Ok(())

@@ -30,9 +30,20 @@ pub struct Answered {
 
 #[derive(Clone, Debug)]
 enum State {
-    Idle { next_at: Time },
-    Committing { payload: u64, sent: Time, appended: Option<(Term, Lsn)> },
-    Resolving { payload: u64, term: Term, lsn: Lsn, asked: Time },
+    Idle {
+        next_at: Time,
+    },
+    Committing {
+        payload: u64,
+        sent: Time,
+        appended: Option<(Term, Lsn)>,
+    },
+    Resolving {
+        payload: u64,
+        term: Term,
+        lsn: Lsn,
+        asked: Time,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -54,7 +65,13 @@ pub struct ClientTimes {
 
 impl Client {
     pub fn new(id: ClientId, nodes: u8) -> Client {
-        Client { id, nodes, target: 0, seq: 0, state: State::Idle { next_at: 0 } }
+        Client {
+            id,
+            nodes,
+            target: 0,
+            seq: 0,
+            state: State::Idle { next_at: 0 },
+        }
     }
 
     fn rotate(&mut self) {
@@ -62,27 +79,68 @@ impl Client {
     }
 
     /// A tick: returns a request to send to a node, and an answer to record.
-    pub fn tick(&mut self, now: Time, committing: bool, times: ClientTimes) -> (Option<(NodeId, Request)>, Option<Answered>) {
+    pub fn tick(
+        &mut self,
+        now: Time,
+        committing: bool,
+        times: ClientTimes,
+    ) -> (Option<(NodeId, Request)>, Option<Answered>) {
         match self.state.clone() {
             State::Idle { next_at } if committing && now >= next_at => {
                 self.seq += 1;
                 let payload = (u64::from(self.id) + 1) << 32 | self.seq;
-                self.state = State::Committing { payload, sent: now, appended: None };
-                (Some((self.target, Request::Commit { payload, deadline: now + times.commit_deadline })), None)
+                self.state = State::Committing {
+                    payload,
+                    sent: now,
+                    appended: None,
+                };
+                (
+                    Some((
+                        self.target,
+                        Request::Commit {
+                            payload,
+                            deadline: now + times.commit_deadline,
+                        },
+                    )),
+                    None,
+                )
             }
-            State::Committing { payload, sent, appended } if now.saturating_sub(sent) >= times.timeout => {
+            State::Committing {
+                payload,
+                sent,
+                appended,
+            } if now.saturating_sub(sent) >= times.timeout => {
                 self.rotate();
                 let (term, lsn) = appended.unwrap_or_default();
-                let answer = if appended.is_some() { Answer::InDoubt } else { Answer::Unknown };
+                let answer = if appended.is_some() {
+                    Answer::InDoubt
+                } else {
+                    Answer::Unknown
+                };
                 self.state = match appended {
-                    Some(_) => State::Resolving { payload, term, lsn, asked: 0 },
+                    Some(_) => State::Resolving {
+                        payload,
+                        term,
+                        lsn,
+                        asked: 0,
+                    },
                     None => State::Idle { next_at: now },
                 };
                 (None, Some(self.answered(payload, term, lsn, answer, now)))
             }
-            State::Resolving { payload, term, lsn, asked } if now.saturating_sub(asked) >= times.retry => {
+            State::Resolving {
+                payload,
+                term,
+                lsn,
+                asked,
+            } if now.saturating_sub(asked) >= times.retry => {
                 self.rotate();
-                self.state = State::Resolving { payload, term, lsn, asked: now };
+                self.state = State::Resolving {
+                    payload,
+                    term,
+                    lsn,
+                    asked: now,
+                };
                 (Some((self.target, Request::Resolve { term, lsn })), None)
             }
             _ => (None, None),
@@ -90,28 +148,80 @@ impl Client {
     }
 
     fn answered(&self, payload: u64, term: Term, lsn: Lsn, answer: Answer, at: Time) -> Answered {
-        Answered { client: self.id, payload, term, lsn, answer, at }
+        Answered {
+            client: self.id,
+            payload,
+            term,
+            lsn,
+            answer,
+            at,
+        }
     }
 
     /// A node's reply: an answer to record, if it is one.
     pub fn reply(&mut self, now: Time, reply: Reply) -> Option<Answered> {
         let (payload, term, lsn, answer) = match (&self.state, reply) {
-            (State::Committing { payload, .. }, Reply::NotPrimary { payload: p }) if *payload == p => {
+            (State::Committing { payload, .. }, Reply::NotPrimary { payload: p })
+                if *payload == p =>
+            {
                 self.rotate();
                 self.state = State::Idle { next_at: now + 5 };
                 return None;
             }
-            (State::Committing { payload, sent, .. }, Reply::Appended { payload: p, term, lsn }) if *payload == p => {
-                self.state = State::Committing { payload: p, sent: *sent, appended: Some((term, lsn)) };
+            (
+                State::Committing { payload, sent, .. },
+                Reply::Appended {
+                    payload: p,
+                    term,
+                    lsn,
+                },
+            ) if *payload == p => {
+                self.state = State::Committing {
+                    payload: p,
+                    sent: *sent,
+                    appended: Some((term, lsn)),
+                };
                 return None;
             }
-            (State::Committing { payload, .. }, Reply::Ok { payload: p, term, lsn }) if *payload == p => (p, term, lsn, Answer::Ok),
-            (State::Committing { payload, .. }, Reply::Unprotected { payload: p, term, lsn }) if *payload == p => {
-                (p, term, lsn, Answer::Unprotected)
-            }
-            (State::Committing { payload, .. }, Reply::InDoubt { payload: p, term, lsn }) if *payload == p => (p, term, lsn, Answer::InDoubt),
-            (State::Resolving { payload, term, lsn, .. }, Reply::Resolved { term: t, lsn: l, resolution }) if (*term, *lsn) == (t, l) => {
-                let answer = if resolution == Resolution::Kept { Answer::Kept } else { Answer::Lost };
+            (
+                State::Committing { payload, .. },
+                Reply::Ok {
+                    payload: p,
+                    term,
+                    lsn,
+                },
+            ) if *payload == p => (p, term, lsn, Answer::Ok),
+            (
+                State::Committing { payload, .. },
+                Reply::Unprotected {
+                    payload: p,
+                    term,
+                    lsn,
+                },
+            ) if *payload == p => (p, term, lsn, Answer::Unprotected),
+            (
+                State::Committing { payload, .. },
+                Reply::InDoubt {
+                    payload: p,
+                    term,
+                    lsn,
+                },
+            ) if *payload == p => (p, term, lsn, Answer::InDoubt),
+            (
+                State::Resolving {
+                    payload, term, lsn, ..
+                },
+                Reply::Resolved {
+                    term: t,
+                    lsn: l,
+                    resolution,
+                },
+            ) if (*term, *lsn) == (t, l) => {
+                let answer = if resolution == Resolution::Kept {
+                    Answer::Kept
+                } else {
+                    Answer::Lost
+                };
                 (*payload, t, l, answer)
             }
             _ => return None,
@@ -119,7 +229,12 @@ impl Client {
         self.state = match answer {
             Answer::Unprotected | Answer::InDoubt => {
                 // The node that left it in doubt is not the one to ask: the next tick moves on.
-                State::Resolving { payload, term, lsn, asked: 0 }
+                State::Resolving {
+                    payload,
+                    term,
+                    lsn,
+                    asked: 0,
+                }
             }
             _ => State::Idle { next_at: now },
         };

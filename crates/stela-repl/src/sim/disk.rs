@@ -37,7 +37,8 @@ impl Disk {
 
     pub fn cut(&mut self, keep: Lsn, salvage: &[Record]) {
         self.sync();
-        self.file.truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+        self.file
+            .truncate(usize::try_from(keep).unwrap_or(usize::MAX));
         self.synced = self.file.len() as Lsn;
         self.salvage.extend_from_slice(salvage);
     }

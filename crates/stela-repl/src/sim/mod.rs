@@ -62,7 +62,10 @@ impl SimConfig {
     }
 
     pub fn two_nodes() -> SimConfig {
-        SimConfig { nodes: 2, ..SimConfig::three_nodes() }
+        SimConfig {
+            nodes: 2,
+            ..SimConfig::three_nodes()
+        }
     }
 }
 
@@ -97,7 +100,14 @@ impl Outcome {
 pub fn run(seed: u64, config: &SimConfig) -> Outcome {
     let outcome = Sim::new(seed, config.clone()).run();
     if outcome.failure.is_some() && !config.trace {
-        return Sim::new(seed, SimConfig { trace: true, ..config.clone() }).run();
+        return Sim::new(
+            seed,
+            SimConfig {
+                trace: true,
+                ..config.clone()
+            },
+        )
+        .run();
     }
     outcome
 }
@@ -121,11 +131,20 @@ enum Msg {
 
 #[derive(Clone, Debug)]
 enum Event {
-    Deliver { from: Ep, to: Ep, msg: Msg },
+    Deliver {
+        from: Ep,
+        to: Ep,
+        msg: Msg,
+    },
     TickNode(NodeId),
     TickCoord,
     TickClient(ClientId),
-    Synced { node: NodeId, life: u64, upto: u64, generation: u64 },
+    Synced {
+        node: NodeId,
+        life: u64,
+        upto: u64,
+        generation: u64,
+    },
     Fault,
     Unblock(Vec<(Ep, Ep)>),
     Restart(NodeId),
@@ -169,7 +188,11 @@ struct Slot {
 const NODE_TICK: Time = 5;
 const COORD_TICK: Time = 10;
 const CLIENT_TICK: Time = 5;
-const TIMES: ClientTimes = ClientTimes { commit_deadline: 400, timeout: 500, retry: 40 };
+const TIMES: ClientTimes = ClientTimes {
+    commit_deadline: 400,
+    timeout: 500,
+    retry: 40,
+};
 
 struct Sim {
     config: SimConfig,
@@ -196,14 +219,19 @@ struct Sim {
 impl Sim {
     fn new(seed: u64, config: SimConfig) -> Sim {
         let ids: Vec<NodeId> = (0..config.nodes).collect();
-        let slots = ids.iter().map(|&id| Slot::new(node_config(id, &ids, &config))).collect();
+        let slots = ids
+            .iter()
+            .map(|&id| Slot::new(node_config(id, &ids, &config)))
+            .collect();
         let coord_config = CoordinatorConfig {
             nodes: ids.clone(),
             reports_needed: ids.len() - config.k,
             lease: 150,
             retry: 40,
         };
-        let clients = (0..config.clients).map(|c| Client::new(c, config.nodes)).collect();
+        let clients = (0..config.clients)
+            .map(|c| Client::new(c, config.nodes))
+            .collect();
         Sim {
             seed,
             rng: Rng::new(seed),
@@ -230,7 +258,11 @@ impl Sim {
     fn schedule(&mut self, after: Time, event: Event) {
         self.seq += 1;
         let at = self.now + after;
-        self.queue.push(Reverse(Scheduled { at, seq: self.seq, event }));
+        self.queue.push(Reverse(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        }));
     }
 
     fn note(&mut self, line: impl FnOnce() -> String) {
@@ -254,7 +286,13 @@ impl Sim {
         self.schedule(self.config.run_ms, Event::Heal);
         let end = self.config.run_ms + self.config.heal_ms;
         let failure = self.drive(end).err().or_else(|| self.final_check().err());
-        Outcome { seed: self.seed, steps: self.steps, failure, trace: self.trace, counts: self.counts }
+        Outcome {
+            seed: self.seed,
+            steps: self.steps,
+            failure,
+            trace: self.trace,
+            counts: self.counts,
+        }
     }
 
     fn drive(&mut self, end: Time) -> check::Verdict {
@@ -274,7 +312,8 @@ impl Sim {
     fn check_nodes(&mut self) -> check::Verdict {
         for slot in &self.slots {
             let Some(node) = &slot.node else { continue };
-            self.checker.node(node.id(), node.promised(), node.primary_term())?;
+            self.checker
+                .node(node.id(), node.promised(), node.primary_term())?;
             if let Some(term) = node.primary_term() {
                 self.checker.primary_log(node.id(), term, node.log())?;
             }
@@ -294,7 +333,12 @@ impl Sim {
                 Ok(())
             }
             Event::TickClient(c) => self.tick_client(c),
-            Event::Synced { node, life, upto, generation } => self.synced(node, life, upto, generation),
+            Event::Synced {
+                node,
+                life,
+                upto,
+                generation,
+            } => self.synced(node, life, upto, generation),
             Event::Fault => {
                 self.fault();
                 Ok(())
@@ -334,12 +378,21 @@ impl Sim {
                 Ok(())
             }
             Ok((log, synced)) => {
-                let kept_synced = image.records.iter().take(image.synced as usize).all(|(r, _)| log.get(r.lsn) == Some(r));
+                let kept_synced = image
+                    .records
+                    .iter()
+                    .take(image.synced as usize)
+                    .all(|(r, _)| log.get(r.lsn) == Some(r));
                 if !kept_synced {
                     return Err(format!("node {id} restarted without a synced record"));
                 }
-                let (node, actions) = Node::start(slot.config.clone(), log, synced, image.promised, self.now);
-                let started = format!("node {id} starts: term {} log {:?}", node.promised().0, node.log().position());
+                let (node, actions) =
+                    Node::start(slot.config.clone(), log, synced, image.promised, self.now);
+                let started = format!(
+                    "node {id} starts: term {} log {:?}",
+                    node.promised().0,
+                    node.log().position()
+                );
                 slot.node = Some(node);
                 self.note(|| started);
                 self.schedule(1, Event::TickNode(id));
@@ -364,9 +417,12 @@ impl Sim {
 
     fn node_step(&mut self, id: NodeId, input: node::Input) -> check::Verdict {
         let now = self.now;
-        let Some(node) = self.slots[usize::from(id)].node.as_mut() else { return Ok(()) };
+        let Some(node) = self.slots[usize::from(id)].node.as_mut() else {
+            return Ok(());
+        };
         if self.config.trace && !matches!(input, node::Input::Tick) {
-            self.trace.push(format!("{now:>6} ms  node {id} <- {input:?}"));
+            self.trace
+                .push(format!("{now:>6} ms  node {id} <- {input:?}"));
         }
         let actions = node.step(now, input);
         self.carry_out(id, actions)
@@ -374,8 +430,11 @@ impl Sim {
 
     fn carry_out(&mut self, id: NodeId, actions: Vec<Action>) -> check::Verdict {
         for action in actions {
-            if self.config.trace && !matches!(action, Action::Coordinator(ToCoordinator::Renew { .. })) {
-                self.trace.push(format!("{:>6} ms  node {id} -> {action:?}", self.now));
+            if self.config.trace
+                && !matches!(action, Action::Coordinator(ToCoordinator::Renew { .. }))
+            {
+                self.trace
+                    .push(format!("{:>6} ms  node {id} -> {action:?}", self.now));
             }
             self.act(id, action)?;
         }
@@ -389,7 +448,15 @@ impl Sim {
             Action::Write { records } => slot.disk.write(&records),
             Action::Sync { upto, generation } => {
                 let (life, delay) = (slot.life, self.rng.between(1, 6));
-                self.schedule(delay, Event::Synced { node: id, life, upto, generation });
+                self.schedule(
+                    delay,
+                    Event::Synced {
+                        node: id,
+                        life,
+                        upto,
+                        generation,
+                    },
+                );
             }
             Action::Cut { keep, salvage } => {
                 slot.disk.cut(keep, &salvage);
@@ -397,22 +464,33 @@ impl Sim {
                 self.check_cut(id, keep, &salvage)?;
             }
             Action::Peer { to, msg } => {
-                if let Peer::Ship { cut: true, after, .. } = &msg {
+                if let Peer::Ship {
+                    cut: true, after, ..
+                } = &msg
+                {
                     self.check_copy(id, to, *after)?;
                 }
                 self.send(Ep::Node(id), Ep::Node(to), Msg::Peer(msg));
             }
             Action::Coordinator(msg) => self.send(Ep::Node(id), Ep::Coord, Msg::ToCoord(msg)),
-            Action::Client { to, reply } => self.send(Ep::Node(id), Ep::Client(to), Msg::Reply(reply)),
+            Action::Client { to, reply } => {
+                self.send(Ep::Node(id), Ep::Client(to), Msg::Reply(reply))
+            }
         }
         Ok(())
     }
 
     /// The primary a cut was ordered by is the live node primary of the standby's term.
     fn check_cut(&self, id: NodeId, keep: u64, salvage: &[crate::log::Record]) -> check::Verdict {
-        let Some(standby) = &self.slots[usize::from(id)].node else { return Ok(()) };
+        let Some(standby) = &self.slots[usize::from(id)].node else {
+            return Ok(());
+        };
         let term = standby.promised();
-        let primary = self.slots.iter().filter_map(|s| s.node.as_ref()).find(|n| n.primary_term() == Some(term));
+        let primary = self
+            .slots
+            .iter()
+            .filter_map(|s| s.node.as_ref())
+            .find(|n| n.primary_term() == Some(term));
         match primary {
             Some(primary) => Checker::cut(standby.log(), keep, salvage, primary.log()),
             None => Ok(()),
@@ -434,7 +512,15 @@ impl Sim {
         }
         if slot.paused_until > self.now {
             let wait = slot.paused_until - self.now;
-            self.schedule(wait, Event::Synced { node: id, life, upto, generation });
+            self.schedule(
+                wait,
+                Event::Synced {
+                    node: id,
+                    life,
+                    upto,
+                    generation,
+                },
+            );
             return Ok(());
         }
         slot.disk.sync();
@@ -450,14 +536,27 @@ impl Sim {
             self.schedule(delay, Event::Deliver { from, to, msg });
             return;
         }
-        if self.blocked.get(&(from, to)).is_some_and(|&n| n > 0) || self.rng.chance(self.drop_per_mille) {
+        if self.blocked.get(&(from, to)).is_some_and(|&n| n > 0)
+            || self.rng.chance(self.drop_per_mille)
+        {
             return;
         }
         let copies = if self.rng.chance(10) { 2 } else { 1 };
         for _ in 0..copies {
             let spike = self.rng.chance(50);
-            let delay = if spike { self.rng.between(10, 80) } else { self.rng.between(1, 8) };
-            self.schedule(delay, Event::Deliver { from, to, msg: msg.clone() });
+            let delay = if spike {
+                self.rng.between(10, 80)
+            } else {
+                self.rng.between(1, 8)
+            };
+            self.schedule(
+                delay,
+                Event::Deliver {
+                    from,
+                    to,
+                    msg: msg.clone(),
+                },
+            );
         }
     }
 
@@ -476,14 +575,20 @@ impl Sim {
                 let input = match (from, msg) {
                     (Ep::Node(peer), Msg::Peer(msg)) => node::Input::Peer { from: peer, msg },
                     (Ep::Coord, Msg::FromCoord(msg)) => node::Input::Coordinator(msg),
-                    (Ep::Client(c), Msg::Request(request)) => node::Input::Client { from: c, request },
+                    (Ep::Client(c), Msg::Request(request)) => {
+                        node::Input::Client { from: c, request }
+                    }
                     _ => unreachable!("no such route"),
                 };
                 self.node_step(id, input)
             }
             Ep::Coord => {
                 if let (Ep::Node(node), Msg::ToCoord(msg)) = (from, msg) {
-                    self.coord_step(coordinator::Input::From { now: self.now, node, msg });
+                    self.coord_step(coordinator::Input::From {
+                        now: self.now,
+                        node,
+                        msg,
+                    });
                 }
                 Ok(())
             }
@@ -504,17 +609,26 @@ impl Sim {
             return;
         }
         self.note(|| "coordinator starts".into());
-        self.coord = Some(Coordinator::start(self.coord_config.clone(), self.coord_durable, self.now));
+        self.coord = Some(Coordinator::start(
+            self.coord_config.clone(),
+            self.coord_durable,
+            self.now,
+        ));
         self.schedule(COORD_TICK, Event::TickCoord);
     }
 
     fn coord_step(&mut self, input: coordinator::Input) {
-        let Some(coord) = self.coord.as_mut() else { return };
+        let Some(coord) = self.coord.as_mut() else {
+            return;
+        };
         let sends = coord.step(input);
         self.coord_durable = coord.durable();
         for send in sends {
             if self.config.trace {
-                self.trace.push(format!("{:>6} ms  coordinator -> node {}: {:?}", self.now, send.to, send.msg));
+                self.trace.push(format!(
+                    "{:>6} ms  coordinator -> node {}: {:?}",
+                    self.now, send.to, send.msg
+                ));
             }
             self.send(Ep::Coord, Ep::Node(send.to), Msg::FromCoord(send.msg));
         }
@@ -531,7 +645,9 @@ impl Sim {
     }
 
     fn record(&mut self, answered: Option<Answered>) -> check::Verdict {
-        let Some(answered) = answered else { return Ok(()) };
+        let Some(answered) = answered else {
+            return Ok(());
+        };
         self.note(|| format!("client {} told {:?}", answered.client, answered));
         let name = match answered.answer {
             Answer::Ok => "ok",
@@ -572,9 +688,18 @@ impl Sim {
             }
             2 => self.pause(node, lasting),
             3 => self.block(links_of(Ep::Node(node), n), lasting),
-            4 => self.block(vec![(Ep::Node(node), Ep::Coord), (Ep::Coord, Ep::Node(node))], lasting),
+            4 => self.block(
+                vec![(Ep::Node(node), Ep::Coord), (Ep::Coord, Ep::Node(node))],
+                lasting,
+            ),
             5 => self.block(vec![(Ep::Node(node), Ep::Node(other))], lasting),
-            6 => self.block(vec![(Ep::Node(node), Ep::Node(other)), (Ep::Node(other), Ep::Node(node))], lasting),
+            6 => self.block(
+                vec![
+                    (Ep::Node(node), Ep::Node(other)),
+                    (Ep::Node(other), Ep::Node(node)),
+                ],
+                lasting,
+            ),
             7 => self.coord_down(lasting),
             8 => {
                 self.note(|| "the network drops a third of its messages".into());
@@ -676,7 +801,10 @@ impl Sim {
             .filter(|n| n.primary_term().is_some())
             .max_by_key(|n| n.primary_term());
         let Some(primary) = primary else {
-            return Err(format!("no primary {} ms after every fault healed", self.config.heal_ms));
+            return Err(format!(
+                "no primary {} ms after every fault healed",
+                self.config.heal_ms
+            ));
         };
         let term = primary.primary_term().expect("a primary");
         self.checker.holds_all(primary.id(), term, primary.log())?;
@@ -689,7 +817,14 @@ impl Sim {
 
 impl Slot {
     fn new(config: NodeConfig) -> Slot {
-        Slot { node: None, config, disk: Disk::default(), life: 0, paused_until: 0, corrupt: false }
+        Slot {
+            node: None,
+            config,
+            disk: Disk::default(),
+            life: 0,
+            paused_until: 0,
+            corrupt: false,
+        }
     }
 }
 
@@ -709,9 +844,15 @@ fn node_config(id: NodeId, ids: &[NodeId], config: &SimConfig) -> NodeConfig {
 
 /// Every link into and out of `ep` among `n` nodes and the coordinator.
 fn links_of(ep: Ep, n: u64) -> Vec<(Ep, Ep)> {
-    let mut others: Vec<Ep> = (0..n).map(|i| Ep::Node(i as NodeId)).filter(|&o| o != ep).collect();
+    let mut others: Vec<Ep> = (0..n)
+        .map(|i| Ep::Node(i as NodeId))
+        .filter(|&o| o != ep)
+        .collect();
     others.push(Ep::Coord);
-    others.into_iter().flat_map(|o| [(ep, o), (o, ep)]).collect()
+    others
+        .into_iter()
+        .flat_map(|o| [(ep, o), (o, ep)])
+        .collect()
 }
 
 /// The outcome of running `seeds`, stopping at the first failure.
@@ -733,4 +874,3 @@ pub fn tail(mut outcome: Outcome, lines: usize) -> Outcome {
     outcome.trace.drain(..skip);
     outcome
 }
-
