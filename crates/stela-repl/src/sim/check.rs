@@ -14,7 +14,8 @@ use std::collections::HashMap;
 
 #[derive(Debug, Default)]
 pub struct Checker {
-    must_hold: Vec<Record>,
+    /// Records answered `Ok` or `Kept`, with the answer.
+    must_hold: Vec<(Record, Answer)>,
     must_not: Vec<Record>,
     primaries: HashMap<Term, NodeId>,
     newest: Term,
@@ -44,7 +45,7 @@ impl Checker {
             }
         }
         match answered.answer {
-            Answer::Ok | Answer::Kept => self.must_hold.push(record),
+            Answer::Ok | Answer::Kept => self.must_hold.push((record, answered.answer)),
             Answer::Lost => self.must_not.push(record),
             Answer::Unprotected | Answer::InDoubt | Answer::Unknown => {}
         }
@@ -83,9 +84,9 @@ impl Checker {
             Some((node, t, upto)) if (node, t) == (id, term) => upto,
             _ => 0,
         };
-        for record in &self.must_hold[from..] {
+        for (record, answer) in &self.must_hold[from..] {
             if log.get(record.lsn) != Some(record) {
-                return Err(format!("acknowledged {record:?} is not in the log of node {id}, primary of term {}: found {:?}", term.0, log.get(record.lsn)));
+                return Err(format!("{record:?}, answered {answer:?}, is not in the log of node {id}, primary of term {}: found {:?}", term.0, log.get(record.lsn)));
             }
         }
         self.checked = Some((id, term, self.must_hold.len()));
@@ -141,9 +142,13 @@ impl Checker {
                 term.0, self.newest.0
             ));
         }
-        match self.must_hold.iter().find(|r| log.get(r.lsn) != Some(r)) {
-            Some(r) => Err(format!(
-                "at the end, acknowledged {r:?} is not in the primary's log"
+        match self
+            .must_hold
+            .iter()
+            .find(|(r, _)| log.get(r.lsn) != Some(r))
+        {
+            Some((r, answer)) => Err(format!(
+                "at the end, {r:?}, answered {answer:?}, is not in the primary's log"
             )),
             None => Ok(()),
         }
