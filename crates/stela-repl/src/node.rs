@@ -222,6 +222,10 @@ pub struct Node {
     heard_coordinator: bool,
     next_stream: u64,
     last_hello: Time,
+    /// The newest stream this standby took, as (primary, term, stream): an `Open` of it or
+    /// of an older one of that primary (a duplicate, or late) is ignored, so a stream's cut is
+    /// made once and what the standby acknowledged on it never goes back.
+    newest_stream: Option<(NodeId, Term, u64)>,
 }
 
 impl Node {
@@ -247,6 +251,7 @@ impl Node {
             started: now,
             heard_coordinator: false,
             next_stream: u64::from(now as u32) << 16,
+            newest_stream: None,
             last_hello: now,
         };
         (node, vec![Action::Coordinator(ToCoordinator::Hello)])
@@ -693,9 +698,13 @@ impl Node {
     }
 
     fn open(&mut self, now: Time, from: NodeId, term: Term, stream: u64, out: &mut Vec<Action>) {
-        if !self.admits(now, from, term, out) {
+        let seen = self
+            .newest_stream
+            .is_some_and(|(p, t, s)| (p, t) == (from, term) && stream <= s);
+        if seen || !self.admits(now, from, term, out) {
             return;
         }
+        self.newest_stream = Some((from, term, stream));
         self.role = Role::Standby(Some(Follow {
             primary: from,
             term,

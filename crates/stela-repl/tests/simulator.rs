@@ -22,6 +22,17 @@ fn a_thousand_seeds_of_two_nodes_pass() {
     must_pass(0..1000, &SimConfig::two_nodes());
 }
 
+/// Seeds that once failed, kept as regressions. 4683: a duplicated `Open` reset a stream
+/// the standby had already cut for, and a late duplicate of its first shipment cut records
+/// the standby had acknowledged (`node::tests::a_duplicate_open_or_first_shipment_never_cuts_again`).
+#[test]
+fn seeds_that_once_failed_pass() {
+    for seed in [4683] {
+        let outcome = run(seed, &SimConfig::three_nodes());
+        assert!(outcome.failure.is_none(), "{}", tail(outcome, 200).report());
+    }
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let config = SimConfig {

@@ -309,6 +309,62 @@ fn a_standby_cuts_only_what_diverged_into_salvage() {
     assert!(!out.iter().any(|a| matches!(a, Action::Cut { .. })));
 }
 
+/// Found by the simulator (seed 4683, before this rule): the network delivered a stream's
+/// `Open` twice and its first shipment twice, the copies late. The second `Open` reset the
+/// stream as if new, and the late first shipment then cut records the standby had already
+/// taken and acknowledged on that stream: the primary counted them held while they were gone.
+#[test]
+fn a_duplicate_open_or_first_shipment_never_cuts_again() {
+    let mut standby = fresh(1, false);
+    let open = Input::Peer {
+        from: 0,
+        msg: Peer::Open {
+            term: Term(1),
+            stream: 4,
+        },
+    };
+    standby.step(1, open.clone());
+    let first = Peer::Ship {
+        term: Term(1),
+        stream: 4,
+        after: 0,
+        cut: true,
+        records: vec![rec(1, 1, 0), rec(1, 2, 7)],
+    };
+    standby.step(
+        2,
+        Input::Peer {
+            from: 0,
+            msg: first.clone(),
+        },
+    );
+    let more = Peer::Ship {
+        term: Term(1),
+        stream: 4,
+        after: 2,
+        cut: false,
+        records: vec![rec(1, 3, 8)],
+    };
+    standby.step(3, Input::Peer { from: 0, msg: more });
+    assert_eq!(standby.log().last_lsn(), 3);
+    assert!(
+        standby.step(4, open).is_empty(),
+        "a duplicate open is ignored"
+    );
+    let out = standby.step(
+        5,
+        Input::Peer {
+            from: 0,
+            msg: first,
+        },
+    );
+    assert!(
+        !out.iter().any(|a| matches!(a, Action::Cut { .. })),
+        "{out:?}"
+    );
+    assert_eq!(standby.log().last_lsn(), 3);
+}
+
 #[test]
 fn only_a_protected_current_primary_resolves() {
     let mut node = fresh(0, true);
