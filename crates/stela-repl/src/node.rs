@@ -12,8 +12,9 @@
 //!   and becomes primary only with a `Granted` for the epoch it promised (the configured role
 //!   is sent with the promise, as a preference).
 //! - **K of N.** A primary ships to every standby; a `replicated` commit is answered `Ok` only
-//!   once K standbys acknowledged holding it synced; at its deadline without that, it is
-//!   answered `Unprotected`, never `Ok`.
+//!   once K standbys acknowledged holding it synced and the primary synced it too (K + 1
+//!   durable copies, which any N − K promises of an election meet); at its deadline without
+//!   that, it is answered `Unprotected`, never `Ok`.
 //! - **Cut only what diverged.** A stream opens with the standby's term history; the primary
 //!   finds the last LSN the two logs agree on and the standby cuts only what follows it (into
 //!   salvage), then takes the primary's records from there.
@@ -629,7 +630,10 @@ impl Node {
         } else {
             held.get(k - 1).copied().unwrap_or(0)
         };
-        p.protected = p.protected.max(protected.min(self.log.last_lsn()));
+        // The primary's own copy counts only once synced: a crash takes what it has not synced,
+        // and an election hears only N - K nodes, so the K standbys and the primary must all
+        // hold the record durably for one of those N - K to have it.
+        p.protected = p.protected.max(protected.min(self.synced));
         let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
             p.waiters.drain(..).partition(|w| w.lsn <= p.protected);
         p.waiters = waiting;
@@ -824,6 +828,7 @@ impl Node {
         }
         self.synced = self.synced.max(upto.min(self.log.last_lsn()));
         self.send_promise(out);
+        self.recompute_protection(out);
         if let Role::Standby(Some(f)) = &self.role {
             if f.cut_done {
                 out.push(Action::Peer {

@@ -22,12 +22,19 @@ fn a_thousand_seeds_of_two_nodes_pass() {
     must_pass(0..1000, &SimConfig::two_nodes());
 }
 
-/// Seeds that once failed, kept as regressions. 4683: a duplicated `Open` reset a stream
-/// the standby had already cut for, and a late duplicate of its first shipment cut records
-/// the standby had acknowledged (`node::tests::a_duplicate_open_or_first_shipment_never_cuts_again`).
+/// Seeds that once failed, kept as regressions.
+/// - 4683: a duplicated `Open` reset a stream the standby had already cut for, and a late
+///   duplicate of its first shipment cut records the standby had acknowledged
+///   (`node::tests::a_duplicate_open_or_first_shipment_never_cuts_again`).
+/// - 86526: the primary counted its own unsynced copy; a power cut of it and of the standby
+///   that held the record, then an election that heard the primary and the other standby,
+///   lost an `Ok` record.
+/// - 127423 (the simulator's own bug): recovery dropped a torn record from the node's log but
+///   left it in the simulated file, a later sync marked it synced, and the next restart took
+///   it for corruption: two nodes stopped, and no primary could be elected.
 #[test]
 fn seeds_that_once_failed_pass() {
-    for seed in [4683] {
+    for seed in [4683, 86526, 127423] {
         let outcome = run(seed, &SimConfig::three_nodes());
         assert!(outcome.failure.is_none(), "{}", tail(outcome, 200).report());
     }

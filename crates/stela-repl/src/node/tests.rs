@@ -159,6 +159,17 @@ fn replicated_is_ok_only_once_a_standby_holds_it_and_unprotected_at_the_deadline
             },
         },
     );
+    assert!(
+        replies(&out).is_empty(),
+        "the primary has not synced it yet"
+    );
+    let out = node.step(
+        4,
+        Input::Synced {
+            upto: 2,
+            generation: 0,
+        },
+    );
     assert_eq!(
         replies(&out),
         vec![Reply::Ok {
@@ -427,6 +438,13 @@ fn only_a_protected_current_primary_resolves() {
                 stream: streams[&1],
                 durable: 1,
             },
+        },
+    );
+    node.step(
+        3,
+        Input::Synced {
+            upto: 1,
+            generation: 0,
         },
     );
     assert_eq!(

@@ -4,7 +4,9 @@
 //! - the newest term seen by a node never goes down, across restarts too;
 //! - every record answered `Ok` or `Kept` is in the log of the primary of the newest term
 //!   (whenever that node is up as primary), and every record answered `Lost` is not;
-//! - a cut removes only records the primary does not hold there, and keeps all it does;
+//! - a cut removes only records the primary does not hold there, and keeps all it does (so a
+//!   stream's first shipment starts no lower than where the two logs part: one that started
+//!   lower would cut records the primary holds);
 //! - a restarted node keeps every synced record (damage is refused, never cut).
 
 use super::client::{Answer, Answered};
@@ -115,21 +117,6 @@ impl Checker {
             if primary.get(first.lsn) == Some(first) {
                 return Err(format!("a cut at {keep} removed {first:?}, which the primary holds: it had not diverged"));
             }
-        }
-        Ok(())
-    }
-
-    /// A stream's first shipment starts where the standby's log stops agreeing with the
-    /// primary's, not before: what the standby holds is not copied again.
-    pub fn copy_from(after: Lsn, standby: &Log, primary: &Log) -> Verdict {
-        let common = standby
-            .records()
-            .iter()
-            .zip(primary.records())
-            .take_while(|(a, b)| a == b)
-            .count() as Lsn;
-        if after < common {
-            return Err(format!("a stream copies from LSN {} although the standby holds the primary's records up to {common}", after + 1));
         }
         Ok(())
     }

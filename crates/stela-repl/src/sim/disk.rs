@@ -63,6 +63,14 @@ impl Disk {
         }
     }
 
+    /// Drops what recovery did not take (a torn record and what follows it, never synced):
+    /// recovery truncates the file there, so a later sync cannot mark that debris synced.
+    pub fn drop_after(&mut self, keep: Lsn) {
+        debug_assert!(keep >= self.synced, "recovery never drops a synced record");
+        self.file
+            .truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+    }
+
     /// Damages a synced record, if there is one; returns its LSN.
     pub fn flip(&mut self, rng: &mut Rng) -> Option<Lsn> {
         if self.synced == 0 {
