@@ -251,6 +251,8 @@ impl Node {
             role: Role::Standby(None),
             started: now,
             heard_coordinator: false,
+            // Stream numbers grow across this node's restarts too (they start from the time
+            // of the start), so a standby never takes a new stream for a duplicate of an old one.
             next_stream: u64::from(now as u32) << 16,
             newest_stream: None,
             last_hello: now,
