@@ -7,7 +7,7 @@ use stela_repl::sim::{run, sweep, tail, SimConfig};
 fn must_pass(seeds: std::ops::Range<u64>, config: &SimConfig) {
     let count = seeds.end - seeds.start;
     if let Err(failure) = sweep(seeds, config) {
-        panic!("{}", tail(failure, 200).report());
+        panic!("{}", tail(*failure, 200).report());
     }
     eprintln!("{count} seeds passed ({} nodes)", config.nodes);
 }
@@ -149,7 +149,7 @@ fn a_million_seeds_of_three_nodes_pass() {
         for handle in handles {
             match handle.join().expect("no panic") {
                 Ok(runs) => eprintln!("{runs} seeds passed"),
-                Err(failure) => panic!("{}", tail(failure, 200).report()),
+                Err(failure) => panic!("{}", tail(*failure, 200).report()),
             }
         }
     });

@@ -28,7 +28,56 @@ pub struct Checker {
     resolved: HashMap<Record, Answer>,
 }
 
-pub type Verdict = Result<(), String>;
+/// What a checker found wrong: the run fails with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    #[error("{record:?} resolved {first:?}, then {then:?}")]
+    ResolvedBothWays {
+        record: Record,
+        first: Answer,
+        then: Answer,
+    },
+    #[error("node {node}'s newest term went down from {from:?} to {to:?}")]
+    TermWentDown { node: NodeId, from: Term, to: Term },
+    #[error("two primaries of {term:?}: nodes {first} and {second}")]
+    TwoPrimaries {
+        term: Term,
+        first: NodeId,
+        second: NodeId,
+    },
+    #[error("{record:?}, answered {answer:?}, is not in the log of node {node}, primary of {term:?}: found {found:?}")]
+    Missing {
+        record: Record,
+        answer: Answer,
+        node: NodeId,
+        term: Term,
+        found: Option<Record>,
+    },
+    #[error("{record:?}, resolved Lost, is in the log of node {node}, primary of {term:?}")]
+    LostPresent {
+        record: Record,
+        node: NodeId,
+        term: Term,
+    },
+    #[error("a cut at {keep} kept {record:?}, which the primary does not hold")]
+    CutKeptForeign { keep: Lsn, record: Record },
+    #[error("a cut at {keep} removed {record:?}, which the primary holds: it had not diverged")]
+    CutAgreeing { keep: Lsn, record: Record },
+    #[error("node {node}, primary of {term:?} at the end, is not the newest primary ({newest:?})")]
+    StalePrimaryAtEnd {
+        node: NodeId,
+        term: Term,
+        newest: Term,
+    },
+    #[error("after healing, node {node} holds {record:?}, which the primary does not")]
+    NotConverged { node: NodeId, record: Record },
+    #[error("no primary {heal_ms} ms after every fault healed")]
+    NoPrimary { heal_ms: u64 },
+    #[error("node {node} restarted without its synced record {lsn}")]
+    SyncedRecordDropped { node: NodeId, lsn: Lsn },
+}
+
+pub type Verdict = Result<(), Violation>;
 
 impl Checker {
     pub fn answer(&mut self, answered: &Answered) -> Verdict {
@@ -40,10 +89,12 @@ impl Checker {
         if matches!(answered.answer, Answer::Kept | Answer::Lost) {
             let first = *self.resolved.entry(record).or_insert(answered.answer);
             if first != answered.answer {
-                return Err(format!(
-                    "{record:?} resolved {first:?}, then {:?}",
-                    answered.answer
-                ));
+                let then = answered.answer;
+                return Err(Violation::ResolvedBothWays {
+                    record,
+                    first,
+                    then,
+                });
             }
         }
         match answered.answer {
@@ -58,19 +109,18 @@ impl Checker {
     pub fn node(&mut self, id: NodeId, promised: Term, primary: Option<Term>) -> Verdict {
         let before = self.promised.entry(id).or_default();
         if promised < *before {
-            return Err(format!(
-                "node {id}'s newest term went down from {} to {}",
-                before.0, promised.0
-            ));
+            let (node, from, to) = (id, *before, promised);
+            return Err(Violation::TermWentDown { node, from, to });
         }
         *before = promised;
         if let Some(term) = primary {
             let holder = *self.primaries.entry(term).or_insert(id);
             if holder != id {
-                return Err(format!(
-                    "two primaries of term {}: nodes {holder} and {id}",
-                    term.0
-                ));
+                return Err(Violation::TwoPrimaries {
+                    term,
+                    first: holder,
+                    second: id,
+                });
             }
             self.newest = self.newest.max(term);
         }
@@ -88,16 +138,24 @@ impl Checker {
         };
         for (record, answer) in &self.must_hold[from..] {
             if log.get(record.lsn) != Some(record) {
-                return Err(format!("{record:?}, answered {answer:?}, is not in the log of node {id}, primary of term {}: found {:?}", term.0, log.get(record.lsn)));
+                let (record, answer, found) = (*record, *answer, log.get(record.lsn).copied());
+                return Err(Violation::Missing {
+                    record,
+                    answer,
+                    node: id,
+                    term,
+                    found,
+                });
             }
         }
         self.checked = Some((id, term, self.must_hold.len()));
         for record in &self.must_not {
             if log.get(record.lsn) == Some(record) {
-                return Err(format!(
-                    "{record:?}, resolved Lost, is in the log of node {id}, primary of term {}",
-                    term.0
-                ));
+                return Err(Violation::LostPresent {
+                    record: *record,
+                    node: id,
+                    term,
+                });
             }
         }
         Ok(())
@@ -108,14 +166,18 @@ impl Checker {
     pub fn cut(standby: &Log, keep: Lsn, salvage: &[Record], primary: &Log) -> Verdict {
         for record in standby.records().iter().take(keep as usize) {
             if primary.get(record.lsn) != Some(record) {
-                return Err(format!(
-                    "a cut at {keep} kept {record:?}, which the primary does not hold"
-                ));
+                return Err(Violation::CutKeptForeign {
+                    keep,
+                    record: *record,
+                });
             }
         }
         if let Some(first) = salvage.first() {
             if primary.get(first.lsn) == Some(first) {
-                return Err(format!("a cut at {keep} removed {first:?}, which the primary holds: it had not diverged"));
+                return Err(Violation::CutAgreeing {
+                    keep,
+                    record: *first,
+                });
             }
         }
         Ok(())
@@ -124,19 +186,28 @@ impl Checker {
     /// The primary of the newest term holds every record answered `Ok` or `Kept`.
     pub fn holds_all(&self, id: NodeId, term: Term, log: &Log) -> Verdict {
         if term != self.newest {
-            return Err(format!(
-                "node {id}, primary of term {} at the end, is not the newest primary (term {})",
-                term.0, self.newest.0
-            ));
+            let newest = self.newest;
+            return Err(Violation::StalePrimaryAtEnd {
+                node: id,
+                term,
+                newest,
+            });
         }
         match self
             .must_hold
             .iter()
             .find(|(r, _)| log.get(r.lsn) != Some(r))
         {
-            Some((r, answer)) => Err(format!(
-                "at the end, {r:?}, answered {answer:?}, is not in the primary's log"
-            )),
+            Some(&(record, answer)) => {
+                let found = log.get(record.lsn).copied();
+                Err(Violation::Missing {
+                    record,
+                    answer,
+                    node: id,
+                    term,
+                    found,
+                })
+            }
             None => Ok(()),
         }
     }
@@ -145,9 +216,10 @@ impl Checker {
     pub fn converged(id: NodeId, log: &Log, primary: &Log) -> Verdict {
         for record in log.records() {
             if primary.get(record.lsn) != Some(record) {
-                return Err(format!(
-                    "after healing, node {id} holds {record:?}, which the primary does not"
-                ));
+                return Err(Violation::NotConverged {
+                    node: id,
+                    record: *record,
+                });
             }
         }
         Ok(())

@@ -18,6 +18,7 @@ mod client;
 mod disk;
 mod rng;
 
+pub use check::Violation;
 pub use client::{Answer, Answered};
 
 use crate::coordinator::{self, Coordinator, CoordinatorConfig};
@@ -74,7 +75,7 @@ impl SimConfig {
 pub struct Outcome {
     pub seed: u64,
     pub steps: u64,
-    pub failure: Option<String>,
+    pub failure: Option<Violation>,
     pub trace: Vec<String>,
     pub counts: HashMap<&'static str, u64>,
 }
@@ -378,13 +379,16 @@ impl Sim {
                 Ok(())
             }
             Ok((log, synced)) => {
-                let kept_synced = image
+                let dropped = image
                     .records
                     .iter()
                     .take(image.synced as usize)
-                    .all(|(r, _)| log.get(r.lsn) == Some(r));
-                if !kept_synced {
-                    return Err(format!("node {id} restarted without a synced record"));
+                    .find(|(r, _)| log.get(r.lsn) != Some(r));
+                if let Some((record, _)) = dropped {
+                    return Err(Violation::SyncedRecordDropped {
+                        node: id,
+                        lsn: record.lsn,
+                    });
                 }
                 slot.disk.drop_after(log.last_lsn());
                 let (node, actions) =
@@ -786,10 +790,9 @@ impl Sim {
             .filter(|n| n.primary_term().is_some())
             .max_by_key(|n| n.primary_term());
         let Some(primary) = primary else {
-            return Err(format!(
-                "no primary {} ms after every fault healed",
-                self.config.heal_ms
-            ));
+            return Err(Violation::NoPrimary {
+                heal_ms: self.config.heal_ms,
+            });
         };
         let term = primary.primary_term().expect("a primary");
         self.checker.holds_all(primary.id(), term, primary.log())?;
@@ -840,13 +843,16 @@ fn links_of(ep: Ep, n: u64) -> Vec<(Ep, Ep)> {
         .collect()
 }
 
-/// The outcome of running `seeds`, stopping at the first failure.
-pub fn sweep(seeds: std::ops::Range<u64>, config: &SimConfig) -> Result<u64, Outcome> {
+/// Runs `seeds`: how many passed, or the first failure.
+///
+/// # Errors
+/// The first failing seed's outcome (boxed: it carries the trace).
+pub fn sweep(seeds: std::ops::Range<u64>, config: &SimConfig) -> Result<u64, Box<Outcome>> {
     let mut runs = 0;
     for seed in seeds {
         let outcome = run(seed, config);
         if outcome.failure.is_some() {
-            return Err(outcome);
+            return Err(Box::new(outcome));
         }
         runs += 1;
     }
