@@ -132,13 +132,9 @@ fn planted_the_configured_role_fallback_is_found() {
     );
 }
 
-/// `cargo test --release -p stela-repl --test simulator -- --ignored --nocapture`:
-/// a million seeds of three nodes (half a million on each of two threads).
-#[test]
-#[ignore]
-fn a_million_seeds_of_three_nodes_pass() {
+/// Runs a million seeds on two threads; a failure panics with its report.
+fn a_million(config: &SimConfig) {
     let started = std::time::Instant::now();
-    let config = SimConfig::three_nodes();
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..2u64)
             .map(|t| {
@@ -154,7 +150,22 @@ fn a_million_seeds_of_three_nodes_pass() {
         }
     });
     eprintln!(
-        "1,000,000 seeds of three nodes passed in {:?}",
+        "1,000,000 seeds of {} nodes passed in {:?}",
+        config.nodes,
         started.elapsed()
     );
+}
+
+/// `cargo test --release -p stela-repl --test simulator three -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn a_million_seeds_of_three_nodes_pass() {
+    a_million(&SimConfig::three_nodes());
+}
+
+/// `cargo test --release -p stela-repl --test simulator two -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn a_million_seeds_of_two_nodes_pass() {
+    a_million(&SimConfig::two_nodes());
 }
