@@ -23,8 +23,10 @@ fn main() {
     let started = std::time::Instant::now();
     let mut failed = 0;
     let mut counts = std::collections::BTreeMap::new();
+    let mut steps = 0u64;
     for seed in first..first + count {
         let outcome = run(seed, &config);
+        steps += outcome.steps;
         for (k, v) in &outcome.counts {
             *counts.entry(*k).or_insert(0u64) += v;
         }
@@ -37,7 +39,7 @@ fn main() {
         }
     }
     println!(
-        "{count} seeds, {failed} failed, {:?}; answers {counts:?}",
+        "{count} seeds, {failed} failed, {steps} steps, {:?}; answers {counts:?}",
         started.elapsed()
     );
 }
