@@ -190,8 +190,9 @@ pub struct ServeArgs {
     /// With --coordinator: the pair's name at the coordinator.
     #[arg(long, default_value = "stela")]
     pub cluster: String,
-    /// With --coordinator: the role taken when the coordinator names no primary yet or
-    /// cannot be reached at start.
+    /// With --coordinator: a preference, never a grant. `primary`: when the coordinator names
+    /// no primary yet, this node asks it for the first epoch. A node is primary only once the
+    /// coordinator grants it an epoch; one that cannot reach it at start is a standby.
     #[arg(long, value_enum, default_value_t = RoleArg::Standby)]
     pub role: RoleArg,
     /// With --coordinator: how often the primary renews with the coordinator and heartbeats

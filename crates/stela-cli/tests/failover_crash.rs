@@ -439,3 +439,106 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
         doubtful.len()
     );
 }
+
+/// Issue 52, failure 2: the old primary `a`, having followed `b`'s stream in epoch 2, is
+/// killed and started again while the witness is down. It used to take its configured role
+/// (`--role primary`) in the epoch it had followed, so two nodes were primaries of epoch 2.
+/// A node is primary only by a grant: `a` starts as a standby, refuses writes, goes back to
+/// following `b`, and stays `b`'s standby once the witness is back.
+#[test]
+fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primary() {
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_addr();
+    let witness_dir = root.path().join("w");
+    let the_witness = witness(&witness_dir, &witness_addr);
+    let (repl_a, repl_b) = (free_addr(), free_addr());
+    let a = Node {
+        dir: root.path().join("a"),
+        name: "a",
+        repl: repl_a.clone(),
+        peer: repl_b.clone(),
+    };
+    let b = Node {
+        dir: root.path().join("b"),
+        name: "b",
+        repl: repl_b,
+        peer: repl_a,
+    };
+    let daemon_a = a.start(&witness_addr, "primary");
+    let daemon_b = b.start(&witness_addr, "standby");
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let mut acked = BTreeMap::new();
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let (handle, _) = open(&mut client).unwrap();
+    append(&mut client, handle, 0..20, &mut acked).unwrap();
+    drop(client);
+    daemon_a.kill();
+    wait_for("b to be promoted", Duration::from_secs(10), || {
+        status(&daemon_b.socket()).role == "primary"
+    });
+    assert_eq!(status(&daemon_b.socket()).epoch, 2);
+
+    // a comes back as b's standby and takes up epoch 2 from b's stream.
+    let daemon_a = a.start(&witness_addr, "primary");
+    wait_for("a to follow b in epoch 2", Duration::from_secs(10), || {
+        let on_a = status(&daemon_a.socket());
+        on_a.role == "standby" && on_a.epoch == 2 && on_a.logs.iter().any(|l| l.connected)
+    });
+
+    // The witness goes down; a is killed and started again with --role primary.
+    drop(the_witness);
+    daemon_a.kill();
+    let daemon_a = a.start(&witness_addr, "primary");
+    let on_a = status(&daemon_a.socket());
+    assert_eq!(
+        (on_a.role.as_str(), on_a.epoch),
+        ("standby", 2),
+        "{}",
+        daemon_a.output()
+    );
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let refused = open(&mut client).expect_err("a standby refuses to open a log for writing");
+    assert_eq!(
+        refused.code(),
+        Some(stela_client::ErrorCode::NotPrimary),
+        "{refused}"
+    );
+    drop(client);
+    // For several suspicion periods, with b's stream coming back: a stays b's standby.
+    let mut client = Connection::connect(&Address::Unix(daemon_b.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 2);
+    let until = Instant::now() + Duration::from_millis(1500);
+    let mut seq = 1_000;
+    while Instant::now() < until {
+        let on_a = status(&daemon_a.socket());
+        assert_eq!(on_a.role, "standby", "{}", daemon_a.output());
+        assert_eq!(status(&daemon_b.socket()).role, "primary");
+        append(&mut client, handle, seq..seq + 5, &mut acked).unwrap();
+        seq += 5;
+    }
+    let _witness = witness(&witness_dir, &witness_addr);
+    std::thread::sleep(Duration::from_millis(1000));
+    append(&mut client, handle, seq..seq + 5, &mut acked).unwrap();
+    let (on_a, on_b) = (status(&daemon_a.socket()), status(&daemon_b.socket()));
+    assert_eq!((on_a.role.as_str(), on_a.epoch), ("standby", 2));
+    assert_eq!((on_b.role.as_str(), on_b.epoch), ("primary", 2));
+    let last = *acked.keys().last().unwrap();
+    wait_for(
+        "a to hold every acknowledged record",
+        Duration::from_secs(10),
+        || {
+            status(&daemon_b.socket())
+                .logs
+                .iter()
+                .any(|l| l.log == "ledger" && l.connected && l.received_lsn == last)
+        },
+    );
+    drop(client);
+    daemon_a.terminate();
+    daemon_b.terminate();
+    let (held_a, held_b) = (check(&a.dir, &acked, "a"), check(&b.dir, &acked, "b"));
+    assert_eq!(held_a, held_b, "the two copies differ");
+}

@@ -512,19 +512,15 @@ fn adopt_terms(terms: &mut TermStore, primary: &[(u64, u64)], next: u64) -> Resu
 
 /// Whether a stream of `term` from `primary` may be mirrored by this node: not while this
 /// node is the primary (a primary of a newer epoch makes it step down), not from an epoch older
-/// than this node's (a newer one is recorded first).
+/// than this node's, nor from a second node in one epoch (`Node::accept_stream`; a newer epoch
+/// is recorded first).
 fn check_epoch(node: &crate::cluster::Node, term: u64, primary: &str) -> Result<(), String> {
     if !node.clustered_node() {
         return Ok(());
     }
     let (theirs, ours) = (term >> 32, node.epoch());
     if !node.is_primary() {
-        if theirs < ours {
-            return Err(format!(
-                "stale epoch {theirs}: this standby is in epoch {ours}"
-            ));
-        }
-        node.observe_epoch(theirs)?;
+        node.accept_stream(theirs, primary)?;
         node.heard_from_primary();
         return Ok(());
     }
@@ -689,6 +685,15 @@ fn receive_chunks(
                 segments,
             )?;
             continue;
+        }
+        // A standby that has seen a newer epoch (another node's stream, a promotion) never
+        // acknowledges again in an older one.
+        if message.term() >> 32 < node.epoch() {
+            return Err(format!(
+                "epoch {} is over: this node is in epoch {}",
+                message.term() >> 32,
+                node.epoch()
+            ));
         }
         if message.term() < terms.current().0 {
             return Err(format!(
