@@ -820,7 +820,7 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
         if replication.unprotected_since_ms > 0 {
             writeln!(
                 out,
-                "  UNPROTECTED since {} (unix ms): while no standby is connected, replicated commits are acknowledged from this node's memory; they are on this node alone until a rejoined standby has caught up to them",
+                "  UNPROTECTED since {} (unix ms): while no standby is connected, replicated commits are answered Unprotected (appended, never Ok); they are on this node alone until a rejoined standby has caught up to them",
                 replication.unprotected_since_ms
             )?;
         }
@@ -860,10 +860,10 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             if log.degraded || log.degraded_acks > 0 {
                 writeln!(
                     out,
-                    "  {:<20} {}{} replicated commit(s) acknowledged without the standby since start, the last at LSN {}{}",
+                    "  {:<20} {}{} replicated commit(s) answered Unprotected without the standby since start, the last at LSN {}{}",
                     "",
                     if log.degraded {
-                        "DEGRADED (--degrade-after): replicated commits acknowledged as buffered now; "
+                        "DEGRADED (--degrade-after): replicated commits answered Unprotected (as buffered, never Ok) now; "
                     } else {
                         ""
                     },

@@ -241,13 +241,31 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
     assert_eq!(term >> 32, 2);
     let max_acked = *acked.keys().last().unwrap();
     let first_new = acked.len() as u64 + 1_000_000;
-    append(&mut client, handle, first_new..first_new + 50, &mut acked).unwrap();
+    // Unprotected, b answers `replicated` with `Unprotected`, never `Ok` (issue 52): each
+    // record is appended, on b alone.
+    for seq in first_new..first_new + 50 {
+        let payload = Codec::MessagePack.encode(&rec(seq)).unwrap();
+        let answer = client.request(RequestBody::Append {
+            handle,
+            durability: Durability::Replicated,
+            records: vec![Payload(payload)],
+        });
+        assert_eq!(
+            answer.as_ref().err().and_then(stela_client::Error::code),
+            Some(stela_client::ErrorCode::Unprotected),
+            "{answer:?}"
+        );
+    }
+    let alone_through = match client.request(RequestBody::Positions { handle }).unwrap() {
+        ResponseBody::Positions(positions) => positions.last_lsn,
+        other => panic!("positions: {other:?}"),
+    };
+    assert_eq!(alone_through, max_acked + 50);
 
     // a comes back: the witness names b, so a is b's standby and catches up.
     let daemon_a = a.start(&witness_addr, "primary");
     assert_eq!(status(&daemon_a.socket()).role, "standby");
-    let last = *acked.keys().last().unwrap();
-    assert!(last > max_acked);
+    let last = alone_through;
     wait_for("a to catch up", Duration::from_secs(10), || {
         let on_b = status(&daemon_b.socket());
         on_b.logs
@@ -255,6 +273,18 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
             .any(|l| l.log == "ledger" && l.connected && l.received_lsn == last)
     });
     assert_eq!(status(&daemon_b.socket()).unprotected_since_ms, 0);
+    // Protected again: the same commit is now answered `Ok`, and the records are acknowledged.
+    match client.request(RequestBody::Commit {
+        handle,
+        lsn: alone_through,
+        durability: Durability::Replicated,
+    }) {
+        Ok(ResponseBody::Committed { .. }) => {}
+        other => panic!("commit once protected: {other:?}"),
+    }
+    for (i, seq) in (first_new..first_new + 50).enumerate() {
+        acked.insert(max_acked + 1 + i as u64, rec(seq));
+    }
     drop(client);
 
     // b (now primary) is stopped: a is promoted; b, resumed, steps down and exits 75.
@@ -279,14 +309,37 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
         "{}",
         daemon_b.output()
     );
+    // b rejoins as a's standby; once it has acknowledged a record of a's (one appended at
+    // `buffered`), a is protected again and `replicated` is acknowledged.
+    let daemon_b = b.start(&witness_addr, "primary");
+    assert_eq!(status(&daemon_b.socket()).role, "standby");
     let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
     let (handle, term) = open(&mut client).unwrap();
     assert_eq!(term >> 32, 3);
     let first_new = first_new + 1_000;
-    append(&mut client, handle, first_new..first_new + 20, &mut acked).unwrap();
+    let payload = Codec::MessagePack.encode(&rec(first_new)).unwrap();
+    let ResponseBody::Appended { last_lsn, .. } = client
+        .request(RequestBody::Append {
+            handle,
+            durability: Durability::Buffered,
+            records: vec![Payload(payload)],
+        })
+        .unwrap()
+    else {
+        panic!("append at buffered")
+    };
+    wait_for("a to be protected again", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).unprotected_since_ms == 0
+    });
+    acked.insert(last_lsn, rec(first_new));
+    append(
+        &mut client,
+        handle,
+        first_new + 1..first_new + 20,
+        &mut acked,
+    )
+    .unwrap();
     drop(client);
-    let daemon_b = b.start(&witness_addr, "primary");
-    assert_eq!(status(&daemon_b.socket()).role, "standby");
     let last = *acked.keys().last().unwrap();
     let caught_up = Instant::now() + Duration::from_secs(10);
     while !status(&daemon_a.socket())
@@ -366,7 +419,7 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
     let committer = {
         let stop = std::sync::Arc::clone(&stop);
         std::thread::spawn(move || {
-            let (mut acked, mut doubtful) = (Vec::new(), Vec::new());
+            let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
             let mut seq = 0u64;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 seq += 1;
@@ -383,10 +436,20 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
                         lsn: Some(lsn),
                         ..
                     }) => doubtful.push((term, lsn, record)),
+                    // On the promoted node with its old primary stopped: on it alone, and
+                    // said so (issue 52), never a plain `Ok`.
+                    Err(stela_client::Error::Unprotected {
+                        term: t,
+                        lsn: Some(l),
+                        ..
+                    }) => {
+                        assert_eq!((t, l), (term, lsn.get()));
+                        alone.push((term, lsn.get(), record));
+                    }
                     Err(error) => panic!("a commit failed other than in doubt: {error}"),
                 }
             }
-            (wal, acked, doubtful)
+            (wal, acked, doubtful, alone)
         })
     };
     std::thread::sleep(Duration::from_millis(300));
@@ -400,10 +463,16 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (wal, acked, doubtful) = committer.join().unwrap();
+    let (wal, acked, doubtful, alone) = committer.join().unwrap();
     assert_eq!(wal.term() >> 32, 2, "the client follows to the new epoch");
+    // b has no standby (a is stopped): nothing of epoch 2 is acknowledged `replicated`, every
+    // commit there is answered `Unprotected`.
     assert!(
-        acked.iter().any(|(t, _, _)| t >> 32 == 2),
+        acked.iter().all(|(t, _, _)| t >> 32 == 1),
+        "an epoch-2 commit acknowledged with no standby"
+    );
+    assert!(
+        alone.iter().any(|(t, _, _)| t >> 32 == 2),
         "commits in the new epoch"
     );
     // Settle the doubtful commits on the new primary.

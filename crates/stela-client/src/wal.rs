@@ -241,9 +241,21 @@ impl<T> std::fmt::Debug for Wal<T> {
 
 /// A wait at `disk`, `replicated` or `all` on a replicated log (term above 0) that ended
 /// without an answer (the connection was lost or cut, or the daemon said the primary stepped
-/// down) is in doubt: reported with its term and LSN for [`Wal::resolve`]. Other errors are
-/// returned as they are.
-fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
+/// down) is in doubt: reported with its term and LSN for [`Wal::resolve`]. A commit the
+/// primary answered without a standby is [`Error::Unprotected`]. Other errors are returned as
+/// they are.
+pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
+    if let Error::Server {
+        code: crate::ErrorCode::Unprotected,
+        message,
+    } = error
+    {
+        return Error::Unprotected {
+            term,
+            lsn,
+            cause: message,
+        };
+    }
     let waits = matches!(
         durability,
         Durability::Disk | Durability::Replicated | Durability::All

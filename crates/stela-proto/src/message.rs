@@ -334,6 +334,14 @@ pub enum ErrorCode {
     /// The primary stepped down while this commit waited: whether the record survives depends
     /// on the new primary's history. Resolve it by its (term, LSN) there (`History`).
     InDoubt,
+    /// A `replicated` or `all` commit that no standby holds: the record is appended, on this
+    /// primary alone (in its memory; for `all`, on its disk too), and the commit is NOT at
+    /// the level asked. Answered instead of waiting while a policy lets the primary run
+    /// without a standby (a promoted primary whose old primary has not rejoined, the default
+    /// `--after-failover unprotected`; a standby unreachable past `--degrade-after`). The
+    /// record survives this primary's crash only as `buffered` (`disk` for `all`) does; the
+    /// message says which policy answered. Commit again later to learn when it is protected.
+    Unprotected,
 }
 
 /// Who a connection is, for the connection limit.

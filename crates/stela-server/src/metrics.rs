@@ -222,11 +222,11 @@ impl Metrics {
             ),
             degraded: family(
                 "replication_degraded",
-                "1 while replicated commits of a log are acknowledged without the standby (--degrade-after)",
+                "1 while replicated commits of a log are answered Unprotected without the standby (--degrade-after)",
             ),
             degraded_acks: family(
                 "replication_degraded_acks",
-                "Replicated commits of a log acknowledged without the standby since start",
+                "Replicated commits of a log answered Unprotected (never Ok) without the standby since start (--degrade-after)",
             ),
             degraded_through: family(
                 "replication_degraded_through_lsn",
@@ -234,7 +234,7 @@ impl Metrics {
             ),
             unprotected_acks: family(
                 "replication_unprotected_acks",
-                "Replicated commits of a log a promoted primary acknowledged before a standby rejoined",
+                "Replicated commits of a log a promoted primary answered Unprotected (never Ok) before a standby rejoined",
             ),
         };
         let mut gauge = |name: &str, help: &str| {

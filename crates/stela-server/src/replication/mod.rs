@@ -209,6 +209,21 @@ enum Policy {
     Unprotected,
 }
 
+impl Policy {
+    /// The answer a commit this policy takes gets: never `Ok`, which would say a standby holds
+    /// the record (`ErrorCode::Unprotected` on the wire).
+    fn answer(self, log: &str, lsn: u64) -> PoolError {
+        PoolError::Unprotected(match self {
+            Policy::Degraded => format!(
+                "log {log} LSN {lsn} is on this primary alone: its standby has been unreachable past --degrade-after"
+            ),
+            Policy::Unprotected => format!(
+                "log {log} LSN {lsn} is on this primary alone: it was promoted and no standby holds what it acknowledged since (--after-failover unprotected)"
+            ),
+        })
+    }
+}
+
 /// What the shipper needs of a log.
 pub struct LogInfo {
     pub id: LogId,
@@ -464,7 +479,8 @@ impl Replication {
     }
 
     /// Calls `waiter` once the standby holds `lsn` of `log`. `Ok(true)`: it already does (the
-    /// waiter is dropped uncalled).
+    /// waiter is dropped uncalled). [`PoolError::Unprotected`]: a policy answered without the
+    /// standby (the waiter is dropped uncalled; the record stays appended).
     pub fn when_received(&self, log: LogId, lsn: u64, waiter: Waiter) -> Result<bool, PoolError> {
         let Some(link) = lock(&self.links).get(&log).cloned() else {
             return Err(PoolError::Closed);
@@ -474,21 +490,27 @@ impl Replication {
         // the protection's lock, so a wait never slips past the moment a policy ends or begins.
         // The unprotected policy is asked of `Reprotection`, which records the LSN under the
         // same lock that ends unprotected mode.
+        let policy = std::cell::Cell::new(None);
         let answer_now = || {
             let mut state = lock(&link.state);
             if state.degraded {
                 self.count_degraded(&link, &mut state, 1, lsn);
+                policy.set(Some(Policy::Degraded));
                 return true;
             }
             if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
                 state.unprotected_acks += 1;
+                policy.set(Some(Policy::Unprotected));
                 return true;
             }
             false
         };
         match link.protection.wait(lsn, waiter, answer_now) {
             Registered::Waiting => Ok(false),
-            Registered::Already(_) => Ok(true),
+            Registered::Already(_) => match policy.get() {
+                Some(policy) => Err(policy.answer(&link.name, lsn)),
+                None => Ok(true),
+            },
             Registered::Fenced(_, why) => Err(PoolError::InDoubt(why)),
         }
     }
@@ -1041,8 +1063,9 @@ impl Replication {
         self.reprotection.acknowledge_alone(&link.name, through);
     }
 
-    /// Answers every registered wait of `link` `Ok` without the standby, as `policy` does, and
-    /// counts them as its acknowledgements. Returns how many it answered.
+    /// Answers every registered wait of `link` without the standby, as `policy` does
+    /// ([`PoolError::Unprotected`], never `Ok`), and counts them as its acknowledgements.
+    /// Returns how many it answered.
     fn answer_all_without_standby(&self, link: &Link, policy: Policy) -> usize {
         let waiters = link.protection.take_all();
         if waiters.is_empty() {
@@ -1066,8 +1089,8 @@ impl Replication {
                 Policy::Unprotected => state.unprotected_acks += answered as u64,
             }
         }
-        for (_, waiter) in waiters {
-            waiter(Ok(()));
+        for (lsn, waiter) in waiters {
+            waiter(Err(policy.answer(&link.name, lsn)));
         }
         (self.released)();
         answered
