@@ -260,7 +260,12 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
         ResponseBody::Positions(positions) => positions.last_lsn,
         other => panic!("positions: {other:?}"),
     };
-    assert_eq!(alone_through, max_acked + 50);
+    // (b may also hold a record a's last commit was waiting for: it received it, and the
+    // commit's answer was lost with a.)
+    assert!(
+        alone_through >= max_acked + 50,
+        "{alone_through} {max_acked}"
+    );
 
     // a comes back: the witness names b, so a is b's standby and catches up.
     let daemon_a = a.start(&witness_addr, "primary");
@@ -283,7 +288,7 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
         other => panic!("commit once protected: {other:?}"),
     }
     for (i, seq) in (first_new..first_new + 50).enumerate() {
-        acked.insert(max_acked + 1 + i as u64, rec(seq));
+        acked.insert(alone_through - 49 + i as u64, rec(seq));
     }
     drop(client);
 
@@ -555,6 +560,22 @@ fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primar
         let on_a = status(&daemon_a.socket());
         on_a.role == "standby" && on_a.epoch == 2 && on_a.logs.iter().any(|l| l.connected)
     });
+    // b is protected again once a acknowledges a record of b's (one at `buffered`).
+    let mut client = Connection::connect(&Address::Unix(daemon_b.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 2);
+    let payload = Codec::MessagePack.encode(&rec(500)).unwrap();
+    let Ok(ResponseBody::Appended { last_lsn, .. }) = client.request(RequestBody::Append {
+        handle,
+        durability: Durability::Buffered,
+        records: vec![Payload(payload)],
+    }) else {
+        panic!("append at buffered")
+    };
+    acked.insert(last_lsn, rec(500));
+    wait_for("b to be protected again", Duration::from_secs(10), || {
+        status(&daemon_b.socket()).unprotected_since_ms == 0
+    });
 
     // The witness goes down; a is killed and started again with --role primary.
     drop(the_witness);
@@ -567,18 +588,15 @@ fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primar
         "{}",
         daemon_a.output()
     );
-    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
-    let refused = open(&mut client).expect_err("a standby refuses to open a log for writing");
+    let mut on_a_client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let refused = open(&mut on_a_client).expect_err("a standby refuses to open a log for writing");
     assert_eq!(
         refused.code(),
         Some(stela_client::ErrorCode::NotPrimary),
         "{refused}"
     );
-    drop(client);
+    drop(on_a_client);
     // For several suspicion periods, with b's stream coming back: a stays b's standby.
-    let mut client = Connection::connect(&Address::Unix(daemon_b.socket())).unwrap();
-    let (handle, term) = open(&mut client).unwrap();
-    assert_eq!(term >> 32, 2);
     let until = Instant::now() + Duration::from_millis(1500);
     let mut seq = 1_000;
     while Instant::now() < until {
@@ -610,4 +628,95 @@ fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primar
     daemon_b.terminate();
     let (held_a, held_b) = (check(&a.dir, &acked, "a"), check(&b.dir, &acked, "b"));
     assert_eq!(held_a, held_b, "the two copies differ");
+}
+
+/// Issue 52, failure 3: a record the primary holds alone (its standby is stopped) used to
+/// resolve `Kept` from the primary's own history, although a failover then would lose it.
+/// `Kept` means protected: until the standby holds it, it resolves `NotYet`; once the standby
+/// is back and has it, `Kept`, and the log holds it.
+#[test]
+fn a_record_no_standby_holds_resolves_not_yet_and_kept_only_once_protected() {
+    use stela_client::{Resolution, Wal, WalOptions as ClientOptions};
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_addr();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let (repl_a, repl_b) = (free_addr(), free_addr());
+    let (tcp_a, tcp_b) = (free_addr(), free_addr());
+    let a = Node {
+        dir: root.path().join("a"),
+        name: "a",
+        repl: repl_a.clone(),
+        peer: repl_b.clone(),
+    };
+    let b = Node {
+        dir: root.path().join("b"),
+        name: "b",
+        repl: repl_b,
+        peer: repl_a,
+    };
+    // A long suspicion, so that b stopped for a while is not replaced meanwhile.
+    let slow = ["--tcp-insecure", "--suspect-after-ms", "5000"];
+    let daemon_a = a.start_with(
+        &witness_addr,
+        "primary",
+        &[&["--tcp", tcp_a.as_str()][..], &slow[..]].concat(),
+    );
+    let mut daemon_b = b.start_with(
+        &witness_addr,
+        "standby",
+        &[&["--tcp", tcp_b.as_str()][..], &slow[..]].concat(),
+    );
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let endpoints = format!("tcp://{tcp_a},tcp://{tcp_b}");
+    let wal: Wal<Rec> = Wal::open(
+        endpoints.as_str(),
+        "ledger",
+        ClientOptions::default()
+            .type_tag(TYPE_TAG)
+            .durability(Durability::Replicated),
+    )
+    .expect("opens on the primary");
+    for seq in 0..5 {
+        let lsn = wal.append(&rec(seq)).unwrap();
+        wal.commit(lsn).expect("replicated with the standby up");
+    }
+    let stopped = Command::new("kill")
+        .args(["-STOP", &daemon_b.pid()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    // SIGSTOP takes effect asynchronously: wait until every thread of b is stopped.
+    wait_for("b to be stopped", Duration::from_secs(10), || {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", daemon_b.pid())).unwrap();
+        tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    });
+    let lsn = wal.append(&rec(99)).expect("appended at buffered");
+    let term = wal.term();
+    assert_eq!(
+        wal.resolve(term, lsn).unwrap(),
+        Resolution::NotYet,
+        "a record on the primary alone resolved as kept"
+    );
+    let resumed = Command::new("kill")
+        .args(["-CONT", &daemon_b.pid()])
+        .status()
+        .unwrap();
+    assert!(resumed.success());
+    wait_for(
+        "the record to be protected",
+        Duration::from_secs(10),
+        || wal.resolve(term, lsn).unwrap() == Resolution::Kept,
+    );
+    drop(wal);
+    daemon_a.terminate();
+    let _ = daemon_b.signal_and_wait("TERM");
+    let held = check(&b.dir, &BTreeMap::new(), "b");
+    assert_eq!(held.get(lsn.get() as usize - 1), Some(&rec(99)));
 }

@@ -226,6 +226,28 @@ impl Node {
         ))
     }
 
+    /// Why this node must not say what became of a record (`History`, behind
+    /// `Wal::resolve`), or `None` if it may: only the primary of the newest epoch it knows the
+    /// coordinator granted answers. A standby, a primary that stepped down, or one whose
+    /// coordinator has named a newer epoch holds a history a newer primary may have replaced:
+    /// its `Kept` or `Lost` would not be final.
+    pub fn resolution_refusal(&self) -> Option<String> {
+        if !self.clustered {
+            return None;
+        }
+        if let Some(refusal) = self.refusal() {
+            return Some(refusal);
+        }
+        let granted = lock(&self.coordinator_view).as_ref().map_or(0, |v| v.epoch);
+        (granted > self.epoch()).then(|| {
+            format!(
+                "node {} is the primary of epoch {}, but the coordinator has granted epoch {granted}: ask the newer primary",
+                self.name,
+                self.epoch()
+            )
+        })
+    }
+
     /// Raises the epoch durably to `epoch` (no-op if not higher). Fails if the file cannot be
     /// written: the node must not act in an epoch it could forget.
     fn observe_epoch(&self, epoch: u64) -> Result<(), String> {
@@ -254,6 +276,12 @@ impl Node {
     pub fn handshake_step(&self) -> HandshakeStep<'_> {
         self.handshake_steps.fetch_add(1, Ordering::SeqCst);
         HandshakeStep(self)
+    }
+
+    /// Whether this node became the primary by a promotion in this process (its logs' current
+    /// terms began with records it received from the old primary's streams).
+    pub fn promoted_here(&self) -> bool {
+        lock(&self.last_failover).is_some()
     }
 
     /// Whether a promoted primary acknowledges `replicated` without a standby now; counts it.
@@ -607,6 +635,108 @@ impl Node {
             epoch,
             took_ms = took.as_millis() as u64,
             "promoted: this node is the primary"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AfterFailover;
+    use stela_coord::Holder;
+
+    /// A coordinator whose answers the test sets: `None` is unreachable.
+    struct Scripted {
+        holder: Mutex<Option<Holder>>,
+    }
+
+    impl Coordinator for Scripted {
+        fn renew(&self, _: &str, epoch: u64) -> Result<Renewal, CoordError> {
+            Ok(Renewal::Renewed { epoch })
+        }
+        fn promote(&self, node: &str, seen: u64) -> Result<Grant, CoordError> {
+            let mut holder = lock(&self.holder);
+            let Some(current) = holder.as_mut() else {
+                return Err(CoordError::Unreachable("scripted".into()));
+            };
+            let epoch = current.epoch.max(seen) + 1;
+            *current = Holder {
+                epoch,
+                holder: Some(node.to_owned()),
+            };
+            Ok(Grant::Granted { epoch })
+        }
+        fn current(&self) -> Result<Holder, CoordError> {
+            lock(&self.holder)
+                .clone()
+                .ok_or_else(|| CoordError::Unreachable("scripted".into()))
+        }
+        fn describe(&self) -> String {
+            "scripted".into()
+        }
+    }
+
+    fn node(dir: &Path, role: NodeRole) -> Node {
+        let config = FailoverConfig {
+            coordinator: "scripted".into(),
+            cluster: "test".into(),
+            initial_role: role,
+            heartbeat: Duration::from_millis(50),
+            suspect_after: Duration::from_millis(300),
+            after_failover: AfterFailover::Unprotected,
+        };
+        Node::clustered("a", dir, Arc::new(stela_wal::storage::StdStorage), &config).unwrap()
+    }
+
+    fn scripted(holder: Option<Holder>) -> Scripted {
+        Scripted {
+            holder: Mutex::new(holder),
+        }
+    }
+
+    #[test]
+    fn an_unreachable_coordinator_at_start_makes_a_standby_whatever_the_preference() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = node(dir.path(), NodeRole::Primary);
+        a.decide_role(&scripted(None));
+        assert_eq!(a.role_name(), "standby");
+        assert!(a.refusal().is_some() && a.resolution_refusal().is_some());
+    }
+
+    #[test]
+    fn a_node_never_resumes_an_epoch_it_followed_and_answers_resolutions_only_while_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        // A new pair: the preferred primary asks for the first grant and gets epoch 1.
+        let a = node(dir.path(), NodeRole::Primary);
+        a.decide_role(&scripted(Some(Holder {
+            epoch: 0,
+            holder: None,
+        })));
+        assert_eq!((a.role_name(), a.epoch()), ("primary", 1));
+        assert_eq!(a.resolution_refusal(), None);
+        // The coordinator has granted a newer epoch: this primary's history is not final.
+        a.answered("scripted", 2, Some("b".into()));
+        assert!(a.resolution_refusal().is_some());
+        drop(a);
+        // Restarted, it follows b's stream in epoch 2; restarted again, a coordinator that
+        // (wrongly) names it the holder of epoch 2 does not make it a second primary of 2.
+        let a = node(dir.path(), NodeRole::Primary);
+        a.accept_stream(2, "b").unwrap();
+        assert!(a.accept_stream(2, "c").is_err(), "a second node in epoch 2");
+        assert!(a.accept_stream(1, "b").is_err(), "an older epoch");
+        drop(a);
+        let a = node(dir.path(), NodeRole::Primary);
+        a.decide_role(&scripted(Some(Holder {
+            epoch: 2,
+            holder: Some("a".into()),
+        })));
+        assert_eq!((a.role_name(), a.epoch()), ("standby", 2));
+        // A grant of a newer epoch makes it primary.
+        a.promote(3, Duration::ZERO);
+        assert_eq!((a.role_name(), a.epoch()), ("primary", 3));
+        assert!(
+            a.accept_stream(3, "b").is_err(),
+            "its own epoch from another node"
         );
     }
 }

@@ -264,7 +264,9 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
         Ok(ResponseBody::History { entries, last_lsn }) => (entries, last_lsn),
         other => panic!("history: {other:?}"),
     };
-    assert_eq!(history.1, 250);
+    // The history ends at what a second node holds (issue 52: `Kept` means protected): the
+    // 50 records on b alone are not counted yet, so they resolve `NotYet`, not `Kept`.
+    assert_eq!(history.1, 200);
     assert_eq!(history.0.last(), Some(&(term, 201)));
     // The new primary keeps its copy for the old one from where its term began (what the old
     // primary can lack at most); the old primary's copy still has the hold it kept as primary.
@@ -290,6 +292,10 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
     });
     let status = replication(b.socket_path());
     assert_eq!(status.unprotected_since_ms, 0, "protected again");
+    match client.request(RequestBody::History { handle }) {
+        Ok(ResponseBody::History { last_lsn, .. }) => assert_eq!(last_lsn, 250),
+        other => panic!("history: {other:?}"),
+    }
     // Now a standby, the old primary dropped the hold it kept as a primary.
     assert_eq!(standby_holds(0), []);
     // Only the 50 records it lacked were shipped (plus at most a segment header).

@@ -382,6 +382,31 @@ impl Replication {
         Some((state.term, state.history.clone()))
     }
 
+    /// The last LSN of `log` held by a second node, as far as this primary knows: what its
+    /// standby has acknowledged receiving, and, on a node promoted in this process
+    /// (`promoted`), every record the log held when its current term began (they came from
+    /// the old primary's stream, which held them before this node did). `u64::MAX` for a log
+    /// this node does not ship.
+    pub fn protected_through(&self, log: LogId, promoted: bool) -> u64 {
+        let Some(link) = lock(&self.links).get(&log).cloned() else {
+            return u64::MAX;
+        };
+        let (received, _) = link.protection.acknowledged_lsns();
+        let state = lock(&link.state);
+        let term_began = promoted
+            .then(|| {
+                state
+                    .history
+                    .entries()
+                    .iter()
+                    .find(|&&(term, _)| term.0 == state.term)
+                    .map(|&(_, first)| first - 1)
+            })
+            .flatten()
+            .unwrap_or(0);
+        received.max(term_began)
+    }
+
     /// The holder's name of the hold this primary keeps for its standby (`standby at ADDR`).
     pub fn standby_holder(&self) -> String {
         stela_wal::holds::standby_holder(&self.standby.to_string())
