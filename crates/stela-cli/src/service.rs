@@ -638,6 +638,11 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
                 "log {}: the standby is not connected (replicated commits wait)",
                 log.log
             ));
+        } else if log.stalled {
+            problems.push(format!(
+                "log {}: the standby has acknowledged nothing for {} ms, past the link's deadline                  (a black-holed or one-way link, or a stopped standby): the stream is being opened                  again; replicated commits wait",
+                log.log, log.last_ack_ms
+            ));
         } else if degraded_not_on_standby(log) {
             problems.push(format!(
                 "log {}: records acknowledged without the standby (--degrade-after, through LSN {}) \
@@ -830,7 +835,9 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
                 "  {:<20} term {}, {}, standby holds up to LSN {} (durable {}){}{}",
                 log.log,
                 log.term,
-                if log.connected {
+                if log.stalled {
+                    "STALLED (no acknowledgement within the link's deadline)"
+                } else if log.connected {
                     "connected"
                 } else {
                     "NOT CONNECTED"
@@ -1002,6 +1009,8 @@ mod health_tests {
                     degraded_acks: 40,
                     degraded_through: 120,
                     unprotected_acks: 0,
+                    stalled: false,
+                    last_ack_ms: 0,
                 }],
                 epoch: 0,
                 coordinator: None,

@@ -489,6 +489,15 @@ pub struct ReplicaStatus {
     /// On a promoted primary: `replicated` acknowledgements given without a standby.
     #[serde(default)]
     pub unprotected_acks: u64,
+    /// On the primary: the stream is up but the standby has acknowledged nothing (not even a
+    /// heartbeat) for longer than the link's deadline: a black-holed or one-way link. The
+    /// stream is then torn down and opened again; `stela status` exits 3 meanwhile.
+    #[serde(default)]
+    pub stalled: bool,
+    /// On the primary: milliseconds since the standby's last acknowledgement of any kind
+    /// (0: none yet in this run).
+    #[serde(default)]
+    pub last_ack_ms: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -45,6 +45,7 @@ struct StandbyGauges {
     degraded_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
     degraded_through: Family<LogLabel, Gauge<u64, AtomicU64>>,
     unprotected_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    stalled: Family<LogLabel, Gauge<u64, AtomicU64>>,
 }
 
 /// The node's place in a failover pair, set from `stela status` at scrape time.
@@ -236,6 +237,10 @@ impl Metrics {
                 "replication_unprotected_acks",
                 "Replicated commits of a log a promoted primary answered Unprotected (never Ok) before a standby rejoined",
             ),
+            stalled: family(
+                "replication_stalled",
+                "1 while a log's stream is up but the standby has acknowledged nothing within the link's deadline (black-holed or one-way link); the stream is then opened again",
+            ),
         };
         let mut gauge = |name: &str, help: &str| {
             let gauge = Gauge::<u64, AtomicU64>::default();
@@ -325,7 +330,8 @@ impl Metrics {
             let g = &self.standby;
             g.connected
                 .get_or_create(&label)
-                .set(u64::from(log.connected));
+                .set(u64::from(log.connected && !log.stalled));
+            g.stalled.get_or_create(&label).set(u64::from(log.stalled));
             g.received_lsn.get_or_create(&label).set(log.received_lsn);
             g.lag_records.get_or_create(&label).set(log.lag_records);
             g.lag_bytes.get_or_create(&label).set(log.lag_bytes);

@@ -65,6 +65,13 @@ use stela_wal::{SegmentSet, TermStore};
 const CHUNK_BYTES: usize = 1 << 20;
 /// How long an idle shipper waits before a heartbeat.
 const HEARTBEAT: Duration = Duration::from_millis(50);
+/// How long a stream may carry nothing from the other end before it is torn down and opened
+/// again: the primary heartbeats an idle stream every `HEARTBEAT` and the standby acknowledges
+/// every chunk and every heartbeat, so silence this long is a black-holed or one-way link (or
+/// a stopped peer), which TCP's own retransmission backoff would take seconds to notice and
+/// recover from after it heals. Also the connection attempt's limit, so that attempts during
+/// the fault end quickly and one after it heals goes through at once.
+pub(crate) const LINK_DEADLINE: Duration = Duration::from_millis(500);
 /// How long a standby has to answer a stream's `Open` with its position.
 const HANDSHAKE: Duration = Duration::from_secs(2);
 /// How long a shipper waits before trying an unreachable standby again.
@@ -258,7 +265,7 @@ impl Replication {
 
     /// A connection to the standby: its reading and writing ends, and the socket (to cut it).
     fn connect(&self) -> Result<(Reader, Writer, TcpStream), String> {
-        let tcp = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1))
+        let tcp = TcpStream::connect_timeout(&self.standby, LINK_DEADLINE)
             .map_err(|e| format!("connect {}: {e}", self.standby))?;
         tune_stream(&tcp);
         let socket = tcp.try_clone().map_err(|e| e.to_string())?;
@@ -740,6 +747,9 @@ impl Replication {
                     degraded_acks: s.degraded_acks,
                     degraded_through: s.degraded_through,
                     unprotected_acks: s.unprotected_acks,
+                    stalled: s.connected
+                        && s.last_ack.is_some_and(|at| at.elapsed() > LINK_DEADLINE),
+                    last_ack_ms: s.last_ack.map_or(0, |at| at.elapsed().as_millis() as u64),
                 }
             })
             .collect();
@@ -895,6 +905,8 @@ impl Replication {
             state.acked_at = Some((at.segment_start.get(), at.offset));
             state.connected = true;
             state.unreachable_since = None;
+            // The link's deadline runs from the handshake.
+            state.last_ack = Some(std::time::Instant::now());
             if std::mem::take(&mut state.degraded) {
                 tracing::warn!(log = %log.name, standby = %self.standby, degraded_acks = state.degraded_acks, "standby back: replicated commits wait for it again");
             }
@@ -960,6 +972,14 @@ impl Replication {
             }
             if acks.is_finished() {
                 break Err("the standby closed the stream".to_owned());
+            }
+            let silent = lock(&link.state).last_ack.map(|at| at.elapsed());
+            if let Some(silent) = silent.filter(|&silent| silent > LINK_DEADLINE) {
+                break Err(format!(
+                    "nothing from the standby for {} ms (deadline {} ms): the stream is torn down and opened again",
+                    silent.as_millis(),
+                    LINK_DEADLINE.as_millis()
+                ));
             }
             let step = match lock(&link.live).as_mut() {
                 Some(live) => ship_next(pool, log.id, link, live, Source::MemoryOrFiles(log)),

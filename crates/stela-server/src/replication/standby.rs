@@ -167,6 +167,8 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
                 degraded_acks: 0,
                 degraded_through: 0,
                 unprotected_acks: 0,
+                stalled: false,
+                last_ack_ms: 0,
             })
         })
         .collect();
@@ -240,6 +242,12 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         crate::sched::become_realtime("standby receiver");
     }
     super::tune_stream(&stream);
+    // A primary heard from not even by a heartbeat for the link's deadline is behind a
+    // black-holed or one-way link, or stopped: the stream ends (every read fails after the
+    // deadline), and the primary opens a new one when it can.
+    stream
+        .set_read_timeout(Some(super::LINK_DEADLINE))
+        .map_err(|e| e.to_string())?;
     let socket = stream.try_clone().map_err(|e| e.to_string())?;
     // Over TLS when this daemon has a certificate; the primary then proves itself an
     // administrator (an admin token in `Open`, or a client certificate named by
@@ -617,6 +625,10 @@ const WRITE_BATCH: usize = 4 << 20;
 /// it sync at least that often anyway). `replicated` acknowledgements never wait for it.
 const SYNC_BYTES: usize = crate::config::WRITE_THRESHOLD;
 
+/// How often a standby that holds its limit and waits for its disk tells the primary it is
+/// alive (well within the link's deadline).
+const ALIVE_WHILE_FULL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Most bytes held in memory before the receiver stops reading (and TCP slows the primary).
 const HELD_BYTES: usize = 64 << 20;
 
@@ -728,10 +740,15 @@ fn receive_chunks(
             bytes,
         } = message
         else {
-            if matches!(
-                message,
-                ReplMessage::Heartbeat { .. } | ReplMessage::Truncated { .. }
-            ) {
+            if let ReplMessage::Heartbeat { term } = message {
+                // Answered, so that the primary hears from this standby on an idle stream too
+                // (links are checked both ways).
+                if owed_ack.is_none() {
+                    pipe.ack(term)?;
+                }
+                continue;
+            }
+            if matches!(message, ReplMessage::Truncated { .. }) {
                 continue;
             }
             return Err(format!("unexpected {message:?}"));
@@ -763,7 +780,18 @@ fn receive_chunks(
         let wake_writer = {
             let mut state = lock(&pipe.state);
             while state.bytes > HELD_BYTES && state.failed.is_none() {
-                state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                let (next, waited) = pipe
+                    .changed
+                    .wait_timeout(state, ALIVE_WHILE_FULL)
+                    .unwrap_or_else(|e| e.into_inner());
+                state = next;
+                if waited.timed_out() {
+                    // Still here, only waiting for this node's disk: the primary hears so
+                    // within its link deadline and keeps the stream.
+                    drop(state);
+                    pipe.ack(chunk_term)?;
+                    state = lock(&pipe.state);
+                }
             }
             if let Some(why) = &state.failed {
                 return Err(why.clone());
