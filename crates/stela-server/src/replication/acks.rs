@@ -209,9 +209,6 @@ pub(super) fn read_acks_polled(
         !ended
     };
     loop {
-        if past_deadline(link) {
-            return;
-        }
         if loop_reads() {
             std::thread::park_timeout(PARKED_AT_MOST);
             if loop_reads() {
@@ -227,13 +224,7 @@ pub(super) fn read_acks_polled(
             &watch,
             rustix::event::PollFlags::IN,
         )];
-        // Woken at least this often to check the link's deadline, even with nothing to read
-        // (a black-holed link: the shipper may be blocked in a send that never completes).
-        let check_every = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: (super::LINK_DEADLINE.as_nanos() / 4) as _,
-        };
-        match rustix::event::poll(&mut ready, Some(&check_every)) {
+        match rustix::event::poll(&mut ready, None) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(_) => return,
         }
@@ -245,23 +236,6 @@ pub(super) fn read_acks_polled(
             return;
         }
     }
-}
-
-/// Whether the standby has sent nothing (no acknowledgement, not even of a heartbeat) for
-/// longer than the link's deadline; if so the stream is cut here, which also ends a send the
-/// shipper is blocked in, and the shipper opens a new one.
-fn past_deadline(link: &Link) -> bool {
-    let silent = lock(&link.state).last_ack.map(|at| at.elapsed());
-    let Some(silent) = silent.filter(|&s| s > super::LINK_DEADLINE) else {
-        return false;
-    };
-    if let Some(inbox) = lock(&link.acks).as_mut() {
-        tracing::warn!(log = %link.name, silent_ms = silent.as_millis() as u64,
-            "nothing from the standby within the link's deadline: the stream is torn down and opened again");
-        inbox.ended = true;
-        let _ = inbox.socket.shutdown(std::net::Shutdown::Both);
-    }
-    true
 }
 
 impl AckInbox {

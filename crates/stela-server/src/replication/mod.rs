@@ -966,20 +966,17 @@ impl Replication {
         // whenever truncation moves it, so the standby's copy does not keep what this one no
         // longer has (`ReplMessage::Truncated`).
         let mut told_first = 0;
+        // The link's deadline is watched from a thread of its own as well: the shipper may be
+        // blocked in a send that a black-holed link never completes (its socket buffer full),
+        // and the acknowledgement reader in a read that never returns; cutting the socket ends
+        // both at once, TLS or not.
+        let watch = watch_deadline(Arc::clone(link), &socket)?;
         let result = loop {
             if link.stop.load(Ordering::SeqCst) {
                 break Ok(());
             }
             if acks.is_finished() {
                 break Err("the standby closed the stream".to_owned());
-            }
-            let silent = lock(&link.state).last_ack.map(|at| at.elapsed());
-            if let Some(silent) = silent.filter(|&silent| silent > LINK_DEADLINE) {
-                break Err(format!(
-                    "nothing from the standby for {} ms (deadline {} ms): the stream is torn down and opened again",
-                    silent.as_millis(),
-                    LINK_DEADLINE.as_millis()
-                ));
             }
             let step = match lock(&link.live).as_mut() {
                 Some(live) => ship_next(pool, log.id, link, live, Source::MemoryOrFiles(log)),
@@ -1026,6 +1023,7 @@ impl Replication {
         // Cutting the socket ends the acknowledgement reader's wait, TLS or not.
         drop(lock(&link.live).take());
         let _ = socket.shutdown(std::net::Shutdown::Both);
+        watch.finish();
         let _ = acks.join();
         drop(lock(&link.acks).take());
         result
@@ -1202,6 +1200,49 @@ impl Replication {
     fn fence(&self, link: &Link, theirs: u64, ours: u64, message: String) -> String {
         fence(link, &self.node, &*self.released, theirs, ours, message)
     }
+}
+
+/// A session's deadline watch ([`watch_deadline`]); finished when the session ends.
+struct DeadlineWatch {
+    over: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl DeadlineWatch {
+    fn finish(self) {
+        self.over.store(true, Ordering::SeqCst);
+        self.thread.thread().unpark();
+        let _ = self.thread.join();
+    }
+}
+
+/// Watches a session's link: once the standby has sent nothing for [`LINK_DEADLINE`] (no
+/// acknowledgement, not even of a heartbeat), cuts `socket`, which ends the session however
+/// its threads are blocked; the shipper then opens a new stream.
+fn watch_deadline(link: Arc<Link>, socket: &TcpStream) -> Result<DeadlineWatch, String> {
+    let socket = socket.try_clone().map_err(|e| e.to_string())?;
+    let over = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let over = Arc::clone(&over);
+        std::thread::Builder::new()
+            .name("stela-ship-watch".into())
+            .spawn(move || {
+                while !over.load(Ordering::SeqCst) {
+                    std::thread::park_timeout(LINK_DEADLINE / 4);
+                    let silent = lock(&link.state).last_ack.map(|at| at.elapsed());
+                    if let Some(silent) = silent.filter(|&s| s > LINK_DEADLINE) {
+                        if !over.load(Ordering::SeqCst) {
+                            tracing::warn!(log = %link.name, silent_ms = silent.as_millis() as u64,
+                                "nothing from the standby within the link's deadline: the stream is torn down and opened again");
+                            let _ = socket.shutdown(std::net::Shutdown::Both);
+                        }
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?
+    };
+    Ok(DeadlineWatch { over, thread })
 }
 
 /// Where the standby's copy of a log stands, as its `Position` says.
