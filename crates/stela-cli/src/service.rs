@@ -167,9 +167,10 @@ pub struct ServeArgs {
     /// The name the standby's certificate carries (default: its address).
     #[arg(long, value_name = "NAME")]
     pub standby_name: Option<String>,
-    /// With --standby: once the standby has been unreachable this many milliseconds, acknowledge
-    /// `replicated` commits without it (as `buffered`; `all` as `disk`), logged, counted and shown
-    /// in `stela status`, until it is back. Default: they wait for it.
+    /// With --standby: once the standby has been unreachable this many milliseconds, answer
+    /// `replicated` commits without it with the error `Unprotected` (never Ok: the record has
+    /// `buffered`'s promise, `all` `disk`'s), logged, counted and shown in `stela status`, until
+    /// it is back. Default: they wait for it.
     #[arg(long, value_name = "MS")]
     pub degrade_after: Option<u64>,
     /// With --standby: the most bytes of a log the primary keeps for a standby that has not
@@ -204,8 +205,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = config::SUSPECT_AFTER.as_millis() as u64)]
     pub suspect_after_ms: u64,
     /// With --coordinator: how a promoted primary answers `replicated` commits before its old
-    /// primary has rejoined as its standby: `unprotected` (from its own memory, logged, counted
-    /// and shown in `stela status`, as RemusDB runs after a failover) or `block` (wait).
+    /// primary has rejoined as its standby: `unprotected` (at once, with the error
+    /// `Unprotected`, never Ok: the record is on this node alone; logged, counted and shown in
+    /// `stela status`) or `block` (wait).
     #[arg(long, value_enum, default_value_t = AfterFailoverArg::Unprotected)]
     pub after_failover: AfterFailoverArg,
 }
