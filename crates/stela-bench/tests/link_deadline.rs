@@ -57,12 +57,17 @@ static NETWORK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Pair {
     fn start() -> Pair {
+        Pair::start_suspecting_after(300)
+    }
+
+    /// With the standby's suspicion (and the witness's lease) at `suspect_after_ms`.
+    fn start_suspecting_after(suspect_after_ms: u64) -> Pair {
         let base = tempfile::tempdir().unwrap();
         let topology = Topology::create().expect("network namespaces (run as root)");
         let timing = Timing {
             heartbeat_ms: 50,
-            suspect_after_ms: 300,
-            lease_ms: 300,
+            suspect_after_ms,
+            lease_ms: suspect_after_ms,
         };
         let security = cluster::Security::create(&base.path().join("tls")).unwrap();
         let stela = stela();
@@ -232,5 +237,33 @@ fn a_one_way_link_is_seen_torn_down_and_reopened_once_it_heals() {
     rule("-A");
     pair.sees_the_cut();
     rule("-D");
+    pair.recovers();
+}
+
+/// The standby's side of the deadline: the primary stops (SIGSTOP) and, with a suspicion long
+/// enough that no failover happens, the standby's stream from it ends within a few deadlines
+/// (over TLS, whose own I/O thread a socket read timeout does not reach), so the log is free
+/// for the primary's next stream once it resumes.
+#[test]
+fn a_silent_primary_is_seen_by_the_standby_which_ends_the_stream() {
+    let _one = NETWORK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut pair = Pair::start_suspecting_after(60_000);
+    let on_standby = |pair: &Pair| {
+        pair.cluster.nodes[1]
+            .status()
+            .and_then(|s| log_replica(&s).cloned())
+    };
+    assert!(on_standby(&pair).is_some_and(|r| r.connected));
+    pair.cluster.nodes[0]
+        .signal(rustix::process::Signal::STOP)
+        .unwrap();
+    wait(
+        "the standby to end the silent primary's stream",
+        Duration::from_secs(5),
+        || on_standby(&pair).is_none_or(|r| !r.connected),
+    );
+    pair.cluster.nodes[0]
+        .signal(rustix::process::Signal::CONT)
+        .unwrap();
     pair.recovers();
 }

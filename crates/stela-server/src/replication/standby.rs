@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use stela_format::term::Term;
@@ -332,6 +332,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
     }
     let _busy = Busy(shared, log.clone());
+    let watched = socket.try_clone().map_err(|e| e.to_string())?;
     lock(&shared.sockets).insert(log.clone(), socket);
     let dir = shared.dir.join(&log);
     shared
@@ -464,6 +465,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         changed: Condvar::new(),
         socket: Mutex::new(writer),
         term,
+        started: std::time::Instant::now(),
+        heard_ms: AtomicU64::new(0),
     });
     lock(&shared.views).insert(log.clone(), (node.clone(), term, Arc::downgrade(&pipe)));
     let written = {
@@ -473,6 +476,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             .spawn(move || write_behind(mirror, &pipe, &log))
             .map_err(|e| e.to_string())?
     };
+    let watch = watch_primary(Arc::clone(&pipe), watched, &log)?;
     let result = receive_chunks(
         &mut reader,
         Some(first),
@@ -493,8 +497,44 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     }
     lock(&pipe.state).closed = true;
     pipe.changed.notify_all();
+    watch.thread().unpark();
+    let _ = watch.join();
     let _ = written.join();
     result
+}
+
+/// Watches a stream's link from the standby's side: once the primary has sent nothing (no
+/// chunk, not even a heartbeat) for the link's deadline, cuts the socket, which ends the
+/// receiver's read whatever the transport (a socket read timeout does not reach the TLS
+/// layer's own I/O thread). The log is then free for the primary's next stream at once,
+/// rather than once TCP notices the dead connection. Ends when the stream closes.
+fn watch_primary(pipe: Arc<Pipe>, socket: TcpStream, log: &str) -> Result<JoinHandle<()>, String> {
+    let log = log.to_owned();
+    std::thread::Builder::new()
+        .name("stela-mirror-watch".into())
+        .spawn(move || loop {
+            std::thread::park_timeout(super::LINK_DEADLINE / 4);
+            let (closed, syncing_for_fetch) = {
+                let state = lock(&pipe.state);
+                (state.closed, state.sync_asked)
+            };
+            if closed {
+                return;
+            }
+            // A `Fetch` waits for this node's own sync, not for the primary.
+            if syncing_for_fetch {
+                pipe.heard();
+                continue;
+            }
+            let silent = pipe.silent();
+            if silent > super::LINK_DEADLINE {
+                tracing::warn!(log, silent_ms = silent.as_millis() as u64,
+                    "standby: nothing from the primary within the link's deadline; the stream is torn down");
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// Records the primary's terms that begin at or before `next` (the LSN after what this copy
@@ -597,6 +637,10 @@ struct Pipe {
     /// Acknowledgements go out from both threads.
     socket: Mutex<Writer>,
     term: u64,
+    /// When the stream began, and the last message from the primary since then (ms): the
+    /// link's deadline is measured from it (`watch_primary`).
+    started: std::time::Instant,
+    heard_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -633,6 +677,18 @@ const ALIVE_WHILE_FULL: std::time::Duration = std::time::Duration::from_millis(1
 const HELD_BYTES: usize = 64 << 20;
 
 impl Pipe {
+    /// A message from the primary arrived.
+    fn heard(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.heard_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// How long the primary has sent nothing.
+    fn silent(&self) -> std::time::Duration {
+        let heard = std::time::Duration::from_millis(self.heard_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(heard)
+    }
+
     fn ack(&self, term: u64) -> Result<(), String> {
         let (received, durable) = {
             let state = lock(&self.state);
@@ -681,6 +737,7 @@ fn receive_chunks(
             }
         };
         node.heard_from_primary();
+        pipe.heard();
         if let ReplMessage::Fetch {
             term,
             segment_start,
@@ -894,6 +951,9 @@ fn send_back(
             &mut *lock(&pipe.socket),
             &stela_proto::repl::chunk_message(term, segment.get(), offset, &bytes),
         )?;
+        // The primary waits for these and sends nothing meanwhile: the link's deadline runs
+        // from each chunk it takes (a send blocked on a dead link holds this up instead).
+        pipe.heard();
         at = stela_wal::mirror::Position {
             segment_start: segment,
             offset: offset + bytes.len() as u64,
@@ -910,7 +970,9 @@ fn send_back(
     send(
         &mut *lock(&pipe.socket),
         &position_message(term, position, durable, terms),
-    )
+    )?;
+    pipe.heard();
+    Ok(())
 }
 
 /// Where this copy stands, as the primary is told it (after `Open`, and after a `Fetch`).
