@@ -14,7 +14,10 @@
 //! new primary (on a connection opened after the fault); `acked`, rows acknowledged before the
 //! fault (since the run began); `lost`, those of them missing from the table on the new
 //! primary; and where the time went, each from the fault: `promoted_ms` (the standby's daemon
-//! answers as the primary) and `mounted_ms` (its mount is up). Then reprotection:
+//! answers as the primary), `rejoined_ms` (the old primary's daemon and follower are started
+//! again as the standby: with two nodes the new primary answers no `replicated` commit `Ok`
+//! before, and the mount's fsyncs wait for it, so the old node restarts at once, as its service
+//! manager would) and `mounted_ms` (its mount is up). Then reprotection:
 //! `reprotect_bytes`, the log the new primary shipped the returning old primary until it was
 //! caught up (records committed meanwhile included), `reprotect_ms`, and beside them
 //! `pgdata_bytes`, the size of the whole data directory's files, which a re-clone would copy.
@@ -79,6 +82,9 @@ pub struct FaultRow {
     pub lost: u64,
     /// From the fault to the standby's daemon answering as the primary.
     pub promoted_ms: f64,
+    /// From the fault to the old primary's daemon and follower being started again as the
+    /// standby (with two nodes, nothing is protected before).
+    pub rejoined_ms: f64,
     /// From the fault to the new primary's mount being up (its follower stopped first).
     pub mounted_ms: f64,
     /// Bytes of log the new primary shipped the returning old primary until it was caught up
@@ -662,7 +668,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
     if !args.json {
         writeln!(
             out,
-            "fault  downtime_ms  promoted_ms  mounted_ms  acked  lost  reprotect_B   pgdata_B"
+            "fault  downtime_ms  promoted_ms  rejoined_ms  mounted_ms  acked  lost  reprotect_B   pgdata_B"
         )?;
     }
     let result = (|| -> anyhow::Result<()> {
@@ -692,6 +698,18 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                 nodes[standby].role().as_deref() == Some("primary")
             })?;
             let promoted = fault_at.elapsed();
+            // The old primary's node comes back as the standby at once (as its service
+            // manager restarts it): with two nodes the new primary protects no commit until it
+            // is back (`replicated` is never answered `Ok` by a primary alone, and the mount
+            // waits for it), so its return is part of the downtime. Then reprotection: it is
+            // caught up with what the new primary ships it, against the data directory's size.
+            let before = status_of(&nodes[standby].socket(), Duration::from_secs(1));
+            nodes[primary].reap();
+            nodes[primary].detach_mount();
+            let rejoined_at = Instant::now();
+            nodes[primary].start_daemon(&stela, "standby")?;
+            nodes[primary].start_follower(&stela)?;
+            let rejoined = fault_at.elapsed();
             nodes[standby].stop_follower()?;
             nodes[standby].start_mount(&stela)?;
             let mounted = fault_at.elapsed();
@@ -729,14 +747,6 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                 .filter_map(|row| row.first()?.as_ref()?.parse().ok())
                 .collect();
             let lost = acked.iter().filter(|n| !present.contains(n)).count() as u64;
-            // Reprotection: the old primary's node comes back as the standby, and is caught
-            // up with what the new primary ships it, against the data directory's size.
-            let before = status_of(&nodes[standby].socket(), Duration::from_secs(1));
-            nodes[primary].reap();
-            nodes[primary].detach_mount();
-            let rejoined_at = Instant::now();
-            nodes[primary].start_daemon(&stela, "standby")?;
-            nodes[primary].start_follower(&stela)?;
             let after = wait_protected(
                 &nodes,
                 standby,
@@ -751,6 +761,7 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
                 acked: acked.len() as u64,
                 lost,
                 promoted_ms: promoted.as_secs_f64() * 1e3,
+                rejoined_ms: rejoined.as_secs_f64() * 1e3,
                 mounted_ms: mounted.as_secs_f64() * 1e3,
                 reprotect_bytes,
                 reprotect_ms,
@@ -761,10 +772,11 @@ pub fn run(args: &PgFailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Fa
             } else {
                 writeln!(
                     out,
-                    "{:>5}  {:>11.0}  {:>11.0}  {:>10.0}  {:>5}  {:>4}  {:>12}  {:>12}",
+                    "{:>5}  {:>11.0}  {:>11.0}  {:>11.0}  {:>10.0}  {:>5}  {:>4}  {:>12}  {:>12}",
                     row.fault,
                     row.downtime_ms,
                     row.promoted_ms,
+                    row.rejoined_ms,
                     row.mounted_ms,
                     row.acked,
                     row.lost,

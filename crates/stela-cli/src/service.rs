@@ -174,9 +174,10 @@ pub struct ServeArgs {
     /// The name the standby's certificate carries (default: its address).
     #[arg(long, value_name = "NAME")]
     pub standby_name: Option<String>,
-    /// With --standby: once the standby has been unreachable this many milliseconds, acknowledge
-    /// `replicated` commits without it (as `buffered`; `all` as `disk`), logged, counted and shown
-    /// in `stela status`, until it is back. Default: they wait for it.
+    /// With --standby: once the standby has been unreachable this many milliseconds, answer
+    /// `replicated` commits without it with the error `Unprotected` (never Ok: the record has
+    /// `buffered`'s promise, `all` `disk`'s), logged, counted and shown in `stela status`, until
+    /// it is back. Default: they wait for it.
     #[arg(long, value_name = "MS")]
     pub degrade_after: Option<u64>,
     /// With --standby: the most bytes of a log the primary keeps for a standby that has not
@@ -197,8 +198,9 @@ pub struct ServeArgs {
     /// With --coordinator: the pair's name at the coordinator.
     #[arg(long, default_value = "stela")]
     pub cluster: String,
-    /// With --coordinator: the role taken when the coordinator names no primary yet or
-    /// cannot be reached at start.
+    /// With --coordinator: a preference, never a grant. `primary`: when the coordinator names
+    /// no primary yet, this node asks it for the first epoch. A node is primary only once the
+    /// coordinator grants it an epoch; one that cannot reach it at start is a standby.
     #[arg(long, value_enum, default_value_t = RoleArg::Standby)]
     pub role: RoleArg,
     /// With --coordinator: how often the primary renews with the coordinator and heartbeats
@@ -210,8 +212,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = config::SUSPECT_AFTER.as_millis() as u64)]
     pub suspect_after_ms: u64,
     /// With --coordinator: how a promoted primary answers `replicated` commits before its old
-    /// primary has rejoined as its standby: `unprotected` (from its own memory, logged, counted
-    /// and shown in `stela status`, as RemusDB runs after a failover) or `block` (wait).
+    /// primary has rejoined as its standby: `unprotected` (at once, with the error
+    /// `Unprotected`, never Ok: the record is on this node alone; logged, counted and shown in
+    /// `stela status`) or `block` (wait).
     #[arg(long, value_enum, default_value_t = AfterFailoverArg::Unprotected)]
     pub after_failover: AfterFailoverArg,
 }
@@ -646,6 +649,11 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
                 "log {}: the standby is not connected (replicated commits wait)",
                 log.log
             ));
+        } else if log.stalled {
+            problems.push(format!(
+                "log {}: the standby has acknowledged nothing for {} ms, past the link's deadline                  (a black-holed or one-way link, or a stopped standby): the stream is being opened                  again; replicated commits wait",
+                log.log, log.last_ack_ms
+            ));
         } else if degraded_not_on_standby(log) {
             problems.push(format!(
                 "log {}: records acknowledged without the standby (--degrade-after, through LSN {}) \
@@ -833,7 +841,7 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
         if replication.unprotected_since_ms > 0 {
             writeln!(
                 out,
-                "  UNPROTECTED since {} (unix ms): while no standby is connected, replicated commits are acknowledged from this node's memory; they are on this node alone until a rejoined standby has caught up to them",
+                "  UNPROTECTED since {} (unix ms): while no standby is connected, replicated commits are answered Unprotected (appended, never Ok); they are on this node alone until a rejoined standby has caught up to them",
                 replication.unprotected_since_ms
             )?;
         }
@@ -843,7 +851,9 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
                 "  {:<20} term {}, {}, standby holds up to LSN {} (durable {}){}{}",
                 log.log,
                 log.term,
-                if log.connected {
+                if log.stalled {
+                    "STALLED (no acknowledgement within the link's deadline)"
+                } else if log.connected {
                     "connected"
                 } else {
                     "NOT CONNECTED"
@@ -873,10 +883,10 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             if log.degraded || log.degraded_acks > 0 {
                 writeln!(
                     out,
-                    "  {:<20} {}{} replicated commit(s) acknowledged without the standby since start, the last at LSN {}{}",
+                    "  {:<20} {}{} replicated commit(s) answered Unprotected without the standby since start, the last at LSN {}{}",
                     "",
                     if log.degraded {
-                        "DEGRADED (--degrade-after): replicated commits acknowledged as buffered now; "
+                        "DEGRADED (--degrade-after): replicated commits answered Unprotected (as buffered, never Ok) now; "
                     } else {
                         ""
                     },
@@ -1016,6 +1026,8 @@ mod health_tests {
                     degraded_acks: 40,
                     degraded_through: 120,
                     unprotected_acks: 0,
+                    stalled: false,
+                    last_ack_ms: 0,
                 }],
                 epoch: 0,
                 coordinator: None,

@@ -241,13 +241,36 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
     assert_eq!(term >> 32, 2);
     let max_acked = *acked.keys().last().unwrap();
     let first_new = acked.len() as u64 + 1_000_000;
-    append(&mut client, handle, first_new..first_new + 50, &mut acked).unwrap();
+    // Unprotected, b answers `replicated` with `Unprotected`, never `Ok` (issue 52): each
+    // record is appended, on b alone.
+    for seq in first_new..first_new + 50 {
+        let payload = Codec::MessagePack.encode(&rec(seq)).unwrap();
+        let answer = client.request(RequestBody::Append {
+            handle,
+            durability: Durability::Replicated,
+            records: vec![Payload(payload)],
+        });
+        assert_eq!(
+            answer.as_ref().err().and_then(stela_client::Error::code),
+            Some(stela_client::ErrorCode::Unprotected),
+            "{answer:?}"
+        );
+    }
+    let alone_through = match client.request(RequestBody::Positions { handle }).unwrap() {
+        ResponseBody::Positions(positions) => positions.last_lsn,
+        other => panic!("positions: {other:?}"),
+    };
+    // (b may also hold a record a's last commit was waiting for: it received it, and the
+    // commit's answer was lost with a.)
+    assert!(
+        alone_through >= max_acked + 50,
+        "{alone_through} {max_acked}"
+    );
 
     // a comes back: the witness names b, so a is b's standby and catches up.
     let daemon_a = a.start(&witness_addr, "primary");
     assert_eq!(status(&daemon_a.socket()).role, "standby");
-    let last = *acked.keys().last().unwrap();
-    assert!(last > max_acked);
+    let last = alone_through;
     wait_for("a to catch up", Duration::from_secs(10), || {
         let on_b = status(&daemon_b.socket());
         on_b.logs
@@ -255,6 +278,18 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
             .any(|l| l.log == "ledger" && l.connected && l.received_lsn == last)
     });
     assert_eq!(status(&daemon_b.socket()).unprotected_since_ms, 0);
+    // Protected again: the same commit is now answered `Ok`, and the records are acknowledged.
+    match client.request(RequestBody::Commit {
+        handle,
+        lsn: alone_through,
+        durability: Durability::Replicated,
+    }) {
+        Ok(ResponseBody::Committed { .. }) => {}
+        other => panic!("commit once protected: {other:?}"),
+    }
+    for (i, seq) in (first_new..first_new + 50).enumerate() {
+        acked.insert(alone_through - 49 + i as u64, rec(seq));
+    }
     drop(client);
 
     // b (now primary) is stopped: a is promoted; b, resumed, steps down and exits 75.
@@ -279,14 +314,37 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
         "{}",
         daemon_b.output()
     );
+    // b rejoins as a's standby; once it has acknowledged a record of a's (one appended at
+    // `buffered`), a is protected again and `replicated` is acknowledged.
+    let daemon_b = b.start(&witness_addr, "primary");
+    assert_eq!(status(&daemon_b.socket()).role, "standby");
     let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
     let (handle, term) = open(&mut client).unwrap();
     assert_eq!(term >> 32, 3);
     let first_new = first_new + 1_000;
-    append(&mut client, handle, first_new..first_new + 20, &mut acked).unwrap();
+    let payload = Codec::MessagePack.encode(&rec(first_new)).unwrap();
+    let ResponseBody::Appended { last_lsn, .. } = client
+        .request(RequestBody::Append {
+            handle,
+            durability: Durability::Buffered,
+            records: vec![Payload(payload)],
+        })
+        .unwrap()
+    else {
+        panic!("append at buffered")
+    };
+    wait_for("a to be protected again", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).unprotected_since_ms == 0
+    });
+    acked.insert(last_lsn, rec(first_new));
+    append(
+        &mut client,
+        handle,
+        first_new + 1..first_new + 20,
+        &mut acked,
+    )
+    .unwrap();
     drop(client);
-    let daemon_b = b.start(&witness_addr, "primary");
-    assert_eq!(status(&daemon_b.socket()).role, "standby");
     let last = *acked.keys().last().unwrap();
     let caught_up = Instant::now() + Duration::from_secs(10);
     while !status(&daemon_a.socket())
@@ -366,7 +424,7 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
     let committer = {
         let stop = std::sync::Arc::clone(&stop);
         std::thread::spawn(move || {
-            let (mut acked, mut doubtful) = (Vec::new(), Vec::new());
+            let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
             let mut seq = 0u64;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 seq += 1;
@@ -383,10 +441,20 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
                         lsn: Some(lsn),
                         ..
                     }) => doubtful.push((term, lsn, record)),
+                    // On the promoted node with its old primary stopped: on it alone, and
+                    // said so (issue 52), never a plain `Ok`.
+                    Err(stela_client::Error::Unprotected {
+                        term: t,
+                        lsn: Some(l),
+                        ..
+                    }) => {
+                        assert_eq!((t, l), (term, lsn.get()));
+                        alone.push((term, lsn.get(), record));
+                    }
                     Err(error) => panic!("a commit failed other than in doubt: {error}"),
                 }
             }
-            (wal, acked, doubtful)
+            (wal, acked, doubtful, alone)
         })
     };
     std::thread::sleep(Duration::from_millis(300));
@@ -400,10 +468,16 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (wal, acked, doubtful) = committer.join().unwrap();
+    let (wal, acked, doubtful, alone) = committer.join().unwrap();
     assert_eq!(wal.term() >> 32, 2, "the client follows to the new epoch");
+    // b has no standby (a is stopped): nothing of epoch 2 is acknowledged `replicated`, every
+    // commit there is answered `Unprotected`.
     assert!(
-        acked.iter().any(|(t, _, _)| t >> 32 == 2),
+        acked.iter().all(|(t, _, _)| t >> 32 == 1),
+        "an epoch-2 commit acknowledged with no standby"
+    );
+    assert!(
+        alone.iter().any(|(t, _, _)| t >> 32 == 2),
         "commits in the new epoch"
     );
     // Settle the doubtful commits on the new primary.
@@ -438,4 +512,211 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
         acked.len(),
         doubtful.len()
     );
+}
+
+/// Issue 52, failure 2: the old primary `a`, having followed `b`'s stream in epoch 2, is
+/// killed and started again while the witness is down. It used to take its configured role
+/// (`--role primary`) in the epoch it had followed, so two nodes were primaries of epoch 2.
+/// A node is primary only by a grant: `a` starts as a standby, refuses writes, goes back to
+/// following `b`, and stays `b`'s standby once the witness is back.
+#[test]
+fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primary() {
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_addr();
+    let witness_dir = root.path().join("w");
+    let the_witness = witness(&witness_dir, &witness_addr);
+    let (repl_a, repl_b) = (free_addr(), free_addr());
+    let a = Node {
+        dir: root.path().join("a"),
+        name: "a",
+        repl: repl_a.clone(),
+        peer: repl_b.clone(),
+    };
+    let b = Node {
+        dir: root.path().join("b"),
+        name: "b",
+        repl: repl_b,
+        peer: repl_a,
+    };
+    let daemon_a = a.start(&witness_addr, "primary");
+    let daemon_b = b.start(&witness_addr, "standby");
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let mut acked = BTreeMap::new();
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let (handle, _) = open(&mut client).unwrap();
+    append(&mut client, handle, 0..20, &mut acked).unwrap();
+    drop(client);
+    daemon_a.kill();
+    wait_for("b to be promoted", Duration::from_secs(10), || {
+        status(&daemon_b.socket()).role == "primary"
+    });
+    assert_eq!(status(&daemon_b.socket()).epoch, 2);
+
+    // a comes back as b's standby and takes up epoch 2 from b's stream.
+    let daemon_a = a.start(&witness_addr, "primary");
+    wait_for("a to follow b in epoch 2", Duration::from_secs(10), || {
+        let on_a = status(&daemon_a.socket());
+        on_a.role == "standby" && on_a.epoch == 2 && on_a.logs.iter().any(|l| l.connected)
+    });
+    // b is protected again once a acknowledges a record of b's (one at `buffered`).
+    let mut client = Connection::connect(&Address::Unix(daemon_b.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 2);
+    let payload = Codec::MessagePack.encode(&rec(500)).unwrap();
+    let Ok(ResponseBody::Appended { last_lsn, .. }) = client.request(RequestBody::Append {
+        handle,
+        durability: Durability::Buffered,
+        records: vec![Payload(payload)],
+    }) else {
+        panic!("append at buffered")
+    };
+    acked.insert(last_lsn, rec(500));
+    wait_for("b to be protected again", Duration::from_secs(10), || {
+        status(&daemon_b.socket()).unprotected_since_ms == 0
+    });
+
+    // The witness goes down; a is killed and started again with --role primary.
+    drop(the_witness);
+    daemon_a.kill();
+    let daemon_a = a.start(&witness_addr, "primary");
+    let on_a = status(&daemon_a.socket());
+    assert_eq!(
+        (on_a.role.as_str(), on_a.epoch),
+        ("standby", 2),
+        "{}",
+        daemon_a.output()
+    );
+    let mut on_a_client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let refused = open(&mut on_a_client).expect_err("a standby refuses to open a log for writing");
+    assert_eq!(
+        refused.code(),
+        Some(stela_client::ErrorCode::NotPrimary),
+        "{refused}"
+    );
+    drop(on_a_client);
+    // For several suspicion periods, with b's stream coming back: a stays b's standby.
+    let until = Instant::now() + Duration::from_millis(1500);
+    let mut seq = 1_000;
+    while Instant::now() < until {
+        let on_a = status(&daemon_a.socket());
+        assert_eq!(on_a.role, "standby", "{}", daemon_a.output());
+        assert_eq!(status(&daemon_b.socket()).role, "primary");
+        append(&mut client, handle, seq..seq + 5, &mut acked).unwrap();
+        seq += 5;
+    }
+    let _witness = witness(&witness_dir, &witness_addr);
+    std::thread::sleep(Duration::from_millis(1000));
+    append(&mut client, handle, seq..seq + 5, &mut acked).unwrap();
+    let (on_a, on_b) = (status(&daemon_a.socket()), status(&daemon_b.socket()));
+    assert_eq!((on_a.role.as_str(), on_a.epoch), ("standby", 2));
+    assert_eq!((on_b.role.as_str(), on_b.epoch), ("primary", 2));
+    let last = *acked.keys().last().unwrap();
+    wait_for(
+        "a to hold every acknowledged record",
+        Duration::from_secs(10),
+        || {
+            status(&daemon_b.socket())
+                .logs
+                .iter()
+                .any(|l| l.log == "ledger" && l.connected && l.received_lsn == last)
+        },
+    );
+    drop(client);
+    daemon_a.terminate();
+    daemon_b.terminate();
+    let (held_a, held_b) = (check(&a.dir, &acked, "a"), check(&b.dir, &acked, "b"));
+    assert_eq!(held_a, held_b, "the two copies differ");
+}
+
+/// Issue 52, failure 3: a record the primary holds alone (its standby is stopped) used to
+/// resolve `Kept` from the primary's own history, although a failover then would lose it.
+/// `Kept` means protected: until the standby holds it, it resolves `NotYet`; once the standby
+/// is back and has it, `Kept`, and the log holds it.
+#[test]
+fn a_record_no_standby_holds_resolves_not_yet_and_kept_only_once_protected() {
+    use stela_client::{Resolution, Wal, WalOptions as ClientOptions};
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_addr();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let (repl_a, repl_b) = (free_addr(), free_addr());
+    let (tcp_a, tcp_b) = (free_addr(), free_addr());
+    let a = Node {
+        dir: root.path().join("a"),
+        name: "a",
+        repl: repl_a.clone(),
+        peer: repl_b.clone(),
+    };
+    let b = Node {
+        dir: root.path().join("b"),
+        name: "b",
+        repl: repl_b,
+        peer: repl_a,
+    };
+    // A long suspicion, so that b stopped for a while is not replaced meanwhile.
+    let slow = ["--tcp-insecure", "--suspect-after-ms", "5000"];
+    let daemon_a = a.start_with(
+        &witness_addr,
+        "primary",
+        &[&["--tcp", tcp_a.as_str()][..], &slow[..]].concat(),
+    );
+    let mut daemon_b = b.start_with(
+        &witness_addr,
+        "standby",
+        &[&["--tcp", tcp_b.as_str()][..], &slow[..]].concat(),
+    );
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let endpoints = format!("tcp://{tcp_a},tcp://{tcp_b}");
+    let wal: Wal<Rec> = Wal::open(
+        endpoints.as_str(),
+        "ledger",
+        ClientOptions::default()
+            .type_tag(TYPE_TAG)
+            .durability(Durability::Replicated),
+    )
+    .expect("opens on the primary");
+    for seq in 0..5 {
+        let lsn = wal.append(&rec(seq)).unwrap();
+        wal.commit(lsn).expect("replicated with the standby up");
+    }
+    let stopped = Command::new("kill")
+        .args(["-STOP", &daemon_b.pid()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    // SIGSTOP takes effect asynchronously: wait until every thread of b is stopped.
+    wait_for("b to be stopped", Duration::from_secs(10), || {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", daemon_b.pid())).unwrap();
+        tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    });
+    let lsn = wal.append(&rec(99)).expect("appended at buffered");
+    let term = wal.term();
+    assert_eq!(
+        wal.resolve(term, lsn).unwrap(),
+        Resolution::NotYet,
+        "a record on the primary alone resolved as kept"
+    );
+    let resumed = Command::new("kill")
+        .args(["-CONT", &daemon_b.pid()])
+        .status()
+        .unwrap();
+    assert!(resumed.success());
+    wait_for(
+        "the record to be protected",
+        Duration::from_secs(10),
+        || wal.resolve(term, lsn).unwrap() == Resolution::Kept,
+    );
+    drop(wal);
+    daemon_a.terminate();
+    let _ = daemon_b.signal_and_wait("TERM");
+    let held = check(&b.dir, &BTreeMap::new(), "b");
+    assert_eq!(held.get(lsn.get() as usize - 1), Some(&rec(99)));
 }

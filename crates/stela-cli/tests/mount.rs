@@ -987,12 +987,17 @@ fn the_mounts_log_is_never_truncated_below_what_a_standby_away_still_lacks() {
         write_files(1);
         std::thread::sleep(Duration::from_millis(200));
     }
-    // The standby goes away; writes go on (degraded) and checkpoints with them.
+    // The standby goes away; writes go on (degraded), unsynced: an fsync at `replicated` now
+    // waits for a standby (the primary answers `Unprotected`, never `Ok`), and the mount
+    // applies nothing the standby does not hold, so no checkpoint passes it either.
     let (_, _, held, connected) = primary_view(&primary, "fs");
     assert!(connected && held > 0);
     drop(standby);
     for round in 2..8 {
-        write_files(round);
+        for i in 0..8 {
+            let path = point.join(format!("file-{round}-{i}"));
+            fs::write(&path, vec![round as u8; 128 << 10]).unwrap();
+        }
         std::thread::sleep(Duration::from_millis(300));
     }
     let (first, last, held_now, _) = primary_view(&primary, "fs");
@@ -1004,7 +1009,22 @@ fn the_mounts_log_is_never_truncated_below_what_a_standby_away_still_lacks() {
         first <= held_now + 1,
         "the log starts at {first} but the standby holds only up to {held_now}"
     );
-    // The standby returns and is caught up from the primary's log.
+    // An fsync now does not return: no standby holds the record (issue 52: at `replicated` the
+    // mount never tells the database a commit one node alone holds is safe).
+    let pending = {
+        let path = point.join("fsync-waits");
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut file = fs::File::create(&path)?;
+            file.write_all(b"waits for a standby")?;
+            file.sync_all()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        !pending.is_finished(),
+        "an fsync at replicated returned while no standby held the record"
+    );
+    // The standby returns and is caught up from the primary's log; the fsync returns.
     let _standby = Daemon::start(&tmp.path().join("standby"), &standby_args);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -1019,5 +1039,9 @@ fn the_mounts_log_is_never_truncated_below_what_a_standby_away_still_lacks() {
         write_files(9);
         std::thread::sleep(Duration::from_millis(200));
     }
+    pending
+        .join()
+        .unwrap()
+        .expect("the fsync returns once the standby holds the record");
     mount.stop();
 }

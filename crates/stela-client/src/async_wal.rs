@@ -357,7 +357,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 durability,
                 records: payloads,
             })
-            .await?;
+            .await
+            .map_err(|error| unprotected(error, None))?;
         let ResponseBody::Appended { last_lsn, .. } = answer else {
             return Err(unexpected("Append", answer));
         };
@@ -406,7 +407,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 lsn: lsn.get(),
                 durability,
             })
-            .await?
+            .await
+            .map_err(|error| unprotected(error, Some(lsn.get())))?
         {
             ResponseBody::Committed { .. } => Ok(()),
             other => Err(unexpected("Commit", other)),
@@ -536,5 +538,21 @@ impl<T: Serialize + DeserializeOwned> AsyncIter<'_, T> {
                 Some(Err(error))
             }
         }
+    }
+}
+
+/// A commit the primary answered without a standby is [`Error::Unprotected`] (this handle does
+/// not track its term: 0), never a plain refusal a caller might read past.
+fn unprotected(error: Error, lsn: Option<u64>) -> Error {
+    match error {
+        Error::Server {
+            code: crate::ErrorCode::Unprotected,
+            message,
+        } => Error::Unprotected {
+            term: 0,
+            lsn,
+            cause: message,
+        },
+        other => other,
     }
 }

@@ -88,6 +88,19 @@ pub enum Error {
         lsn: Option<u64>,
         cause: String,
     },
+    /// A `replicated` or `all` commit that no standby holds: the primary answered without one
+    /// (promoted, its old primary not back yet; or its standby unreachable past
+    /// `--degrade-after`). The record is appended at `lsn` in `term` and held by that primary
+    /// alone: it survives what `buffered` survives (`disk` for `all`), not the primary's loss.
+    /// Never a plain `Ok`: a caller that can live with that accepts it here explicitly, or
+    /// commits `lsn` again later, which succeeds once a standby holds it. `lsn` is `None` for
+    /// an `append_*_durable` (append, then `commit_at`, to get one).
+    #[error("commit not protected (term {term}, LSN {lsn:?}): no standby holds it: {cause}")]
+    Unprotected {
+        term: u64,
+        lsn: Option<u64>,
+        cause: String,
+    },
     /// No endpoint of the list opened the log: each is named with why it was passed over.
     #[error("no endpoint is the primary: {}", tried.iter().map(|(a, why)| format!("{a}: {why}")).collect::<Vec<_>>().join("; "))]
     NoPrimary { tried: Vec<(String, String)> },

@@ -241,9 +241,21 @@ impl<T> std::fmt::Debug for Wal<T> {
 
 /// A wait at `disk`, `replicated` or `all` on a replicated log (term above 0) that ended
 /// without an answer (the connection was lost or cut, or the daemon said the primary stepped
-/// down) is in doubt: reported with its term and LSN for [`Wal::resolve`]. Other errors are
-/// returned as they are.
-fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
+/// down) is in doubt: reported with its term and LSN for [`Wal::resolve`]. A commit the
+/// primary answered without a standby is [`Error::Unprotected`]. Other errors are returned as
+/// they are.
+pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
+    if let Error::Server {
+        code: crate::ErrorCode::Unprotected,
+        message,
+    } = error
+    {
+        return Error::Unprotected {
+            term,
+            lsn,
+            cause: message,
+        };
+    }
     let waits = matches!(
         durability,
         Durability::Disk | Durability::Replicated | Durability::All
@@ -268,6 +280,14 @@ fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -
         lsn,
         cause: error.to_string(),
     }
+}
+
+/// Whether the daemon said it is not (any more) the primary this session opened the log on.
+fn node_replaced(error: &Error) -> bool {
+    matches!(
+        error.code(),
+        Some(crate::ErrorCode::InDoubt | crate::ErrorCode::NotPrimary)
+    )
 }
 
 /// Whether a call's error means the connection itself is gone (the daemon died or restarted,
@@ -479,6 +499,12 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
                     cause: error.to_string(),
                 }
             } else {
+                if node_replaced(&error) {
+                    // This node is no longer the primary (it stepped down, or a newer one took
+                    // over): the next call, a `resolve` above all, looks for the current one
+                    // rather than asking this node again.
+                    session.lost = Some(error.to_string());
+                }
                 error
             }
         })
@@ -678,7 +704,31 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
     /// judged by the log's history on the primary this client reaches now: `Kept` (it is in
     /// the log), `Lost` (a newer primary's records took its place), or `NotYet` (the log has
     /// not reached it; ask again later).
+    ///
+    /// Only the primary of the newest epoch a node knows of answers (a standby, a primary that
+    /// stepped down or was superseded refuses with `NotPrimary`); on such a refusal, or a lost
+    /// connection, the next endpoint is asked, for up to `reconnect_within` (at least twice).
+    /// The primary counts as the log's end only what a second node holds, so `Kept` means the
+    /// record is in that primary's history and protected, and `Lost` that a newer primary's
+    /// record holds its place, so it can never appear.
     pub fn resolve(&self, term: u64, lsn: Lsn) -> Result<stela_format::term::Resolution> {
+        let deadline = std::time::Instant::now() + self.options.reconnect_within;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.resolve_once(term, lsn) {
+                Err(error)
+                    if (node_replaced(&error) || matches!(error, Error::Disconnected { .. }))
+                        && (attempts < 2 || std::time::Instant::now() < deadline) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn resolve_once(&self, term: u64, lsn: Lsn) -> Result<stela_format::term::Resolution> {
         let (entries, last_lsn) = self.call("history", |session| {
             match session.connection.request(RequestBody::History {
                 handle: session.handle,

@@ -7,7 +7,10 @@
 //! - a renewal of an older epoch, or of the current one by another node, is `Superseded`;
 //! - a promotion is granted only to a node that has seen the current epoch, once the holder has
 //!   been silent for a whole lease *as this coordinator saw it* (after a restart it waits a lease
-//!   first: it cannot know whether the holder renewed just before).
+//!   first: it cannot know whether the holder renewed just before);
+//! - a grant names an epoch the asking node has not seen yet (its `seen` is below it): a node
+//!   that recorded an epoch, as its holder or as another's standby, is never handed that epoch
+//!   again, so it can never be a second primary of it.
 
 use crate::{Grant, Holder, Renewal};
 use std::time::Duration;
@@ -75,9 +78,22 @@ pub fn promote(
             None,
         )
     };
-    if claim.holder.as_deref() == Some(node) {
-        // The answer to an earlier grant was lost: it is still this node's.
+    if claim.holder.as_deref() == Some(node) && seen < claim.epoch {
+        // The answer to an earlier grant was lost (the node has not recorded it): it is still
+        // this node's.
         return (Grant::Granted { epoch: claim.epoch }, None);
+    }
+    if claim.holder.as_deref() == Some(node) {
+        // The holder asks again having seen its epoch: it is not acting as its primary (it
+        // restarted without the coordinator, or followed another node's stream in that epoch
+        // under a coordinator that lost its state). It gets a new epoch, which no node has
+        // seen, rather than one it might share.
+        let epoch = claim.epoch.max(seen) + 1;
+        let granted = Claim {
+            epoch,
+            holder: Some(node.to_owned()),
+        };
+        return (Grant::Granted { epoch }, Some(granted));
     }
     if seen < claim.epoch {
         return refuse(format!(
@@ -161,6 +177,12 @@ mod tests {
             promote(&held(2, "b"), "b", 1, Duration::ZERO, LEASE),
             (Grant::Granted { epoch: 2 }, None)
         );
+        // Asked again by the holder once it has seen its epoch (restarted as a standby): a
+        // new epoch, never one it has seen.
+        assert_eq!(
+            promote(&held(2, "b"), "b", 2, Duration::ZERO, LEASE),
+            (Grant::Granted { epoch: 3 }, Some(held(3, "b")))
+        );
         // Nothing held: the first promotion bootstraps epoch 1.
         assert_eq!(
             promote(&Claim::default(), "b", 0, Duration::ZERO, LEASE),
@@ -206,6 +228,7 @@ mod tests {
                         match promote(&claim, &format!("n{n}"), *s, Duration::from_millis(*ms), LEASE) {
                             (Grant::Granted { epoch }, new) => {
                                 prop_assert!(epoch >= before.epoch);
+                                prop_assert!(epoch > *s, "granted epoch {} to a node that has seen {}", epoch, s);
                                 if new.is_some() { prop_assert!(epoch > before.epoch); }
                                 (Some((epoch, format!("n{n}"))), new)
                             }

@@ -267,6 +267,39 @@ fn attr_of(ino: u64, node: &Node) -> FileAttr {
     }
 }
 
+/// How often an fsync whose commit came back unprotected asks again.
+const UNPROTECTED_RETRY: Duration = Duration::from_millis(20);
+
+/// Commits `lsn` at `level`; at `replicated` or `all`, a commit the primary answers without a
+/// standby (`Error::Unprotected`: it was promoted and its old primary is not back yet) is asked
+/// again until a standby holds the record. The file system never tells PostgreSQL an fsync
+/// succeeded at `replicated` while one node alone holds the bytes; with two nodes that means
+/// fsyncs wait, after a failover, until the other node rejoins (docs/POSTGRES.md). Any other
+/// error ends the wait.
+fn commit_protected(
+    log: &Wal<FsRecord>,
+    lsn: u64,
+    level: Durability,
+) -> Result<(), stela_client::Error> {
+    let mut warned = false;
+    loop {
+        match log.commit_at(Lsn::new(lsn), level) {
+            Err(stela_client::Error::Unprotected { cause, .. }) => {
+                if !warned {
+                    tracing::warn!(
+                        lsn,
+                        cause,
+                        "stela mount: fsync waits until a standby holds the record (the primary has none now)"
+                    );
+                    warned = true;
+                }
+                std::thread::sleep(UNPROTECTED_RETRY);
+            }
+            other => return other,
+        }
+    }
+}
+
 fn name_of(name: &OsStr) -> Result<ByteBuf, Errno> {
     let bytes = name.as_bytes();
     if bytes.len() > NAME_MAX {
@@ -377,7 +410,9 @@ impl StelaFs {
         Ok(lsn)
     }
 
-    /// Waits until `lsn` is at the mount's level.
+    /// Waits until `lsn` is at the mount's level. At `replicated` or `all` that means a
+    /// standby holds it: a commit the primary answers without one ([`commit_protected`]) is not
+    /// a success, and the fsync waits on.
     fn wait_for(&self, lsn: u64) -> Result<(), Errno> {
         if lsn == 0 {
             return Ok(());
@@ -397,7 +432,7 @@ impl StelaFs {
                 }
             },
         };
-        match waiter.commit_at(Lsn::new(lsn), self.settings.level) {
+        match commit_protected(&waiter, lsn, self.settings.level) {
             Ok(()) => {
                 self.waiters.lock().expect("waiters lock").push(waiter);
                 Ok(())

@@ -122,10 +122,18 @@ impl Source for DaemonLog {
         // Under a standby, only what the standby holds is applied, so a node that fails over
         // never has files ahead of its log. (Waits while the standby is away, by the
         // daemon's policy; the mount's writes then wait at the overlay cap.)
+        // A primary without a standby answers `Unprotected`: nothing is applied until one
+        // holds the records (the next round asks again).
         if matches!(self.level, Durability::Replicated | Durability::All) {
-            self.log
-                .commit_at(Lsn::new(durable), self.level)
-                .map_err(|e| format!("waiting for the standby to hold LSN {durable}: {e}"))?;
+            match self.log.commit_at(Lsn::new(durable), self.level) {
+                Ok(()) => {}
+                Err(stela_client::Error::Unprotected { .. }) => return Ok(Vec::new()),
+                Err(e) => {
+                    return Err(format!(
+                        "waiting for the standby to hold LSN {durable}: {e}"
+                    ))
+                }
+            }
         }
         let mut batch = Vec::new();
         for item in self

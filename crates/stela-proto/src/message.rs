@@ -334,6 +334,14 @@ pub enum ErrorCode {
     /// The primary stepped down while this commit waited: whether the record survives depends
     /// on the new primary's history. Resolve it by its (term, LSN) there (`History`).
     InDoubt,
+    /// A `replicated` or `all` commit that no standby holds: the record is appended, on this
+    /// primary alone (in its memory; for `all`, on its disk too), and the commit is NOT at
+    /// the level asked. Answered instead of waiting while a policy lets the primary run
+    /// without a standby (a promoted primary whose old primary has not rejoined, the default
+    /// `--after-failover unprotected`; a standby unreachable past `--degrade-after`). The
+    /// record survives this primary's crash only as `buffered` (`disk` for `all`) does; the
+    /// message says which policy answered. Commit again later to learn when it is protected.
+    Unprotected,
 }
 
 /// Who a connection is, for the connection limit.
@@ -486,6 +494,15 @@ pub struct ReplicaStatus {
     /// On a promoted primary: `replicated` acknowledgements given without a standby.
     #[serde(default)]
     pub unprotected_acks: u64,
+    /// On the primary: the stream is up but the standby has acknowledged nothing (not even a
+    /// heartbeat) for longer than the link's deadline: a black-holed or one-way link. The
+    /// stream is then torn down and opened again; `stela status` exits 3 meanwhile.
+    #[serde(default)]
+    pub stalled: bool,
+    /// On the primary: milliseconds since the standby's last acknowledgement of any kind
+    /// (0: none yet in this run).
+    #[serde(default)]
+    pub last_ack_ms: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

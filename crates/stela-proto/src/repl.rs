@@ -8,6 +8,7 @@
 //!   Chunk {term, segment, offset, bytes} -> (as appended, not when flushed)
 //!                                      <-  Ack {term, received_lsn, durable_lsn}
 //!   Heartbeat {term}                   ->  (when there is nothing to ship)
+//!                                      <-  Ack {term, ...}  (every heartbeat is answered)
 //!   Fetch {term, position}             ->  (a restarted primary that is behind its standby)
 //!                                      <-  Chunk ... Position   (the records it lost)
 //!                                      <-  Refuse {term, why}   (a stale term, a bad chunk)

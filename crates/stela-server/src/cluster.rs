@@ -8,6 +8,16 @@
 //!   current term is the epoch) before this node acts in it: a promoted node records its new
 //!   epoch before it takes a client; a standby records an epoch it sees in a stream before it
 //!   mirrors a byte of it.
+//! - **Primary only by a grant.** A node is primary of an epoch only if the coordinator granted
+//!   it that epoch, and the grant is recorded in the same file's history before it acts (the
+//!   history lists the epochs this node held; an epoch it only followed is never in it). `--role`
+//!   is a preference: it decides whether a node asks for the first grant of a new pair, never
+//!   whether it is primary. A node that cannot reach the coordinator at start is a standby until
+//!   one is granted. A node never becomes primary of an epoch it followed as a standby, nor of
+//!   one older than the newest it has seen.
+//! - **One primary per epoch, seen from a standby.** A standby takes a stream only from an
+//!   epoch at least as new as its own, and within one epoch only from one node: a stream that
+//!   claims an epoch this node holds itself, or one it followed from another node, is refused.
 //! - **Fencing needs no coordinator.** Log terms carry the epoch in their high 32 bits, so a
 //!   promoted node's terms are above every term of the primaries before it; its standby
 //!   listener refuses streams of a lower epoch, so an old primary can never collect a
@@ -70,6 +80,12 @@ pub struct Node {
     /// while protected.
     unprotected_since_ms: AtomicU64,
     after_failover_blocks: bool,
+    /// `--role primary`: at start, with no holder at the coordinator, this node asks for the
+    /// first grant (a preference only: the coordinator decides).
+    prefers_primary: bool,
+    /// The node whose stream last made this standby take up its epoch, with that epoch: no
+    /// other node may ship in the same epoch (one primary per epoch).
+    followed: Mutex<Option<(u64, String)>>,
     last_failover: Mutex<Option<stela_proto::FailoverReport>>,
     coordinator_view: Mutex<Option<stela_proto::CoordinatorStatus>>,
     last_answer: Mutex<Option<Instant>>,
@@ -152,9 +168,11 @@ impl Node {
     ) -> Node {
         Node {
             name: name.to_owned(),
+            // A node of a pair is a standby until the coordinator grants it an epoch
+            // (`decide_role`); a fixed node has the role it is configured with.
             role: AtomicU8::new(match role {
-                NodeRole::Primary => PRIMARY,
-                NodeRole::Standby => STANDBY,
+                NodeRole::Primary if !clustered => PRIMARY,
+                _ => STANDBY,
             }),
             epoch: AtomicU64::new(epoch),
             clustered,
@@ -163,6 +181,8 @@ impl Node {
             handshake_steps: AtomicU64::new(0),
             unprotected_since_ms: AtomicU64::new(0),
             after_failover_blocks,
+            prefers_primary: role == NodeRole::Primary,
+            followed: Mutex::new(None),
             last_failover: Mutex::new(None),
             coordinator_view: Mutex::new(None),
             last_answer: Mutex::new(None),
@@ -206,9 +226,31 @@ impl Node {
         ))
     }
 
+    /// Why this node must not say what became of a record (`History`, behind
+    /// `Wal::resolve`), or `None` if it may: only the primary of the newest epoch it knows the
+    /// coordinator granted answers. A standby, a primary that stepped down, or one whose
+    /// coordinator has named a newer epoch holds a history a newer primary may have replaced:
+    /// its `Kept` or `Lost` would not be final.
+    pub fn resolution_refusal(&self) -> Option<String> {
+        if !self.clustered {
+            return None;
+        }
+        if let Some(refusal) = self.refusal() {
+            return Some(refusal);
+        }
+        let granted = lock(&self.coordinator_view).as_ref().map_or(0, |v| v.epoch);
+        (granted > self.epoch()).then(|| {
+            format!(
+                "node {} is the primary of epoch {}, but the coordinator has granted epoch {granted}: ask the newer primary",
+                self.name,
+                self.epoch()
+            )
+        })
+    }
+
     /// Raises the epoch durably to `epoch` (no-op if not higher). Fails if the file cannot be
     /// written: the node must not act in an epoch it could forget.
-    pub fn observe_epoch(&self, epoch: u64) -> Result<(), String> {
+    fn observe_epoch(&self, epoch: u64) -> Result<(), String> {
         let mut store = lock(&self.store);
         if epoch <= self.epoch() {
             return Ok(());
@@ -234,6 +276,12 @@ impl Node {
     pub fn handshake_step(&self) -> HandshakeStep<'_> {
         self.handshake_steps.fetch_add(1, Ordering::SeqCst);
         HandshakeStep(self)
+    }
+
+    /// Whether this node became the primary by a promotion in this process (its logs' current
+    /// terms began with records it received from the old primary's streams).
+    pub fn promoted_here(&self) -> bool {
+        lock(&self.last_failover).is_some()
     }
 
     /// Whether a promoted primary acknowledges `replicated` without a standby now; counts it.
@@ -342,19 +390,25 @@ impl Node {
         }
     }
 
-    /// At start: the role the coordinator says (its holder is this node: primary; another
-    /// node: standby); the configured one if it has no holder or cannot be reached. A primary
-    /// claims the epoch (at least 1) by renewing.
+    /// At start: the role the coordinator grants. Its holder is this node, in an epoch this
+    /// node recorded as granted to it (or newer than any it has seen: the answer to a grant
+    /// was lost): primary of that epoch. Another node: standby. No holder yet: a node that
+    /// prefers to be primary (`--role primary`) asks for the first grant. Anything else, an
+    /// unreachable coordinator included, is a standby, which asks for a grant once no primary
+    /// is heard from for the suspicion period (`run`).
     pub fn decide_role(&self, coordinator: &dyn Coordinator) {
         let describe = coordinator.describe();
         match coordinator.current() {
             Ok(holder) => {
                 self.answered(&describe, holder.epoch, holder.holder.clone());
                 match holder.holder.as_deref() {
-                    Some(name) if name == self.name => {
-                        let _ = self.observe_epoch(holder.epoch);
-                        self.role.store(PRIMARY, Ordering::SeqCst);
-                    }
+                    Some(name) if name == self.name => match self.take_grant(holder.epoch) {
+                        Ok(()) => self.role.store(PRIMARY, Ordering::SeqCst),
+                        Err(why) => tracing::warn!(
+                            why,
+                            "the coordinator names this node, but it cannot resume that epoch: starting as a standby"
+                        ),
+                    },
                     Some(other) => {
                         // A standby's epoch is the newest it followed or held, never one it
                         // only heard of: it is what it shows the coordinator when it asks to be
@@ -364,29 +418,118 @@ impl Node {
                         // primary that was slow to renew for one lease lost its place to it, and
                         // its whole epoch went to salvage (`tests/failover.rs`; the likely
                         // reading of a CI failure on 2026-11-28). The epoch is taken up when the
-                        // holder's stream arrives (`standby::check_epoch`).
+                        // holder's stream arrives (`Node::accept_stream`).
                         tracing::info!(
                             primary = other,
                             epoch = holder.epoch,
                             "the coordinator names another primary: starting as its standby"
                         );
-                        self.role.store(STANDBY, Ordering::SeqCst);
                     }
+                    None if self.prefers_primary => self.claim_first_grant(coordinator),
                     None => {}
                 }
             }
             Err(error) => {
                 self.unreachable(&describe, &error);
                 tracing::warn!(
-                    role = self.role_name(),
-                    "the coordinator cannot be reached at start: taking the configured role"
+                    "the coordinator cannot be reached at start: starting as a standby until it grants this node an epoch (--role is a preference, never a grant)"
                 );
             }
         }
-        if self.is_primary() && self.epoch() == 0 {
-            let _ = self.observe_epoch(1);
-        }
         *lock(&self.heard) = Instant::now();
+    }
+
+    /// A new pair (no holder at the coordinator) and this node prefers to be primary: asks
+    /// for the first grant; primary only if it is granted.
+    fn claim_first_grant(&self, coordinator: &dyn Coordinator) {
+        let describe = coordinator.describe();
+        match coordinator.promote(&self.name, self.epoch()) {
+            Ok(Grant::Granted { epoch }) => {
+                self.answered(&describe, epoch, Some(self.name.clone()));
+                match self.take_grant(epoch) {
+                    Ok(()) => self.role.store(PRIMARY, Ordering::SeqCst),
+                    Err(why) => tracing::error!(why, "cannot take the granted epoch: standby"),
+                }
+            }
+            Ok(Grant::Refused {
+                epoch,
+                holder,
+                reason,
+            }) => {
+                self.answered(&describe, epoch, holder);
+                tracing::info!(reason, "the coordinator refuses the first grant: standby");
+            }
+            Err(error) => self.unreachable(&describe, &error),
+        }
+    }
+
+    /// Records that the coordinator granted this node `epoch`, durably, before it acts as its
+    /// primary: the epoch enters this node's history of held epochs and becomes its current
+    /// one. Refused for an epoch older than the newest this node has seen, and for one it has
+    /// seen without holding it (it followed another node's stream in it): a node never
+    /// acknowledges in an epoch older than one it has seen, and never shares one.
+    fn take_grant(&self, epoch: u64) -> Result<(), String> {
+        let mut store = lock(&self.store);
+        let Some(store) = store.as_mut() else {
+            return Err("a node without a coordinator holds no grant".into());
+        };
+        let ours = self.epoch();
+        let held = store.history().last_term() == Term(epoch);
+        if epoch == 0 || epoch < ours || (epoch == ours && !held) {
+            return Err(format!(
+                "epoch {epoch} cannot be this node's: it has seen epoch {ours}{}",
+                if epoch == ours {
+                    " as another node's standby"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if !held {
+            store
+                .begin(Term(epoch), 1)
+                .map_err(|e| format!("recording the grant of epoch {epoch}: {e}"))?;
+        }
+        debug_assert_eq!(store.current(), Term(epoch));
+        debug_assert_eq!(store.history().last_term(), Term(epoch));
+        self.epoch.store(epoch, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether this standby takes a stream from `primary` shipping in `epoch`, and if so the
+    /// epoch is recorded first. Refused: a stream from an epoch older than this node's, one
+    /// claiming an epoch this node holds itself, or one another node already ships in (two
+    /// nodes claiming one epoch: at most one was granted it).
+    pub(crate) fn accept_stream(&self, epoch: u64, primary: &str) -> Result<(), String> {
+        let mut followed = lock(&self.followed);
+        let ours = self.epoch();
+        if epoch < ours {
+            return Err(format!(
+                "stale epoch {epoch}: this standby is in epoch {ours}"
+            ));
+        }
+        if epoch == ours {
+            let held_here = lock(&self.store)
+                .as_ref()
+                .is_some_and(|s| s.history().last_term() == Term(epoch));
+            if held_here {
+                return Err(format!(
+                    "{primary} ships in epoch {epoch}, which the coordinator granted to this node ({}): refused",
+                    self.name
+                ));
+            }
+            if let Some((_, other)) = followed
+                .as_ref()
+                .filter(|(e, n)| *e == epoch && n != primary)
+            {
+                return Err(format!(
+                    "{primary} ships in epoch {epoch}, which {other} already shipped in: refused (one primary per epoch)"
+                ));
+            }
+        }
+        self.observe_epoch(epoch)?;
+        *followed = Some((epoch, primary.to_owned()));
+        Ok(())
     }
 
     /// The coordination loop (its own thread): renewals while primary, suspicion and promotion
@@ -462,8 +605,8 @@ impl Node {
     /// written), then takes clients.
     fn promote(&self, epoch: u64, silent: Duration) {
         let started = Instant::now();
-        if let Err(why) = self.observe_epoch(epoch) {
-            tracing::error!(why, "cannot record the granted epoch: not promoting");
+        if let Err(why) = self.take_grant(epoch) {
+            tracing::error!(why, "cannot take the granted epoch: not promoting");
             return;
         }
         if let Some(hook) = self.on_promote.get() {
@@ -492,6 +635,108 @@ impl Node {
             epoch,
             took_ms = took.as_millis() as u64,
             "promoted: this node is the primary"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AfterFailover;
+    use stela_coord::Holder;
+
+    /// A coordinator whose answers the test sets: `None` is unreachable.
+    struct Scripted {
+        holder: Mutex<Option<Holder>>,
+    }
+
+    impl Coordinator for Scripted {
+        fn renew(&self, _: &str, epoch: u64) -> Result<Renewal, CoordError> {
+            Ok(Renewal::Renewed { epoch })
+        }
+        fn promote(&self, node: &str, seen: u64) -> Result<Grant, CoordError> {
+            let mut holder = lock(&self.holder);
+            let Some(current) = holder.as_mut() else {
+                return Err(CoordError::Unreachable("scripted".into()));
+            };
+            let epoch = current.epoch.max(seen) + 1;
+            *current = Holder {
+                epoch,
+                holder: Some(node.to_owned()),
+            };
+            Ok(Grant::Granted { epoch })
+        }
+        fn current(&self) -> Result<Holder, CoordError> {
+            lock(&self.holder)
+                .clone()
+                .ok_or_else(|| CoordError::Unreachable("scripted".into()))
+        }
+        fn describe(&self) -> String {
+            "scripted".into()
+        }
+    }
+
+    fn node(dir: &Path, role: NodeRole) -> Node {
+        let config = FailoverConfig {
+            coordinator: "scripted".into(),
+            cluster: "test".into(),
+            initial_role: role,
+            heartbeat: Duration::from_millis(50),
+            suspect_after: Duration::from_millis(300),
+            after_failover: AfterFailover::Unprotected,
+        };
+        Node::clustered("a", dir, Arc::new(stela_wal::storage::StdStorage), &config).unwrap()
+    }
+
+    fn scripted(holder: Option<Holder>) -> Scripted {
+        Scripted {
+            holder: Mutex::new(holder),
+        }
+    }
+
+    #[test]
+    fn an_unreachable_coordinator_at_start_makes_a_standby_whatever_the_preference() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = node(dir.path(), NodeRole::Primary);
+        a.decide_role(&scripted(None));
+        assert_eq!(a.role_name(), "standby");
+        assert!(a.refusal().is_some() && a.resolution_refusal().is_some());
+    }
+
+    #[test]
+    fn a_node_never_resumes_an_epoch_it_followed_and_answers_resolutions_only_while_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        // A new pair: the preferred primary asks for the first grant and gets epoch 1.
+        let a = node(dir.path(), NodeRole::Primary);
+        a.decide_role(&scripted(Some(Holder {
+            epoch: 0,
+            holder: None,
+        })));
+        assert_eq!((a.role_name(), a.epoch()), ("primary", 1));
+        assert_eq!(a.resolution_refusal(), None);
+        // The coordinator has granted a newer epoch: this primary's history is not final.
+        a.answered("scripted", 2, Some("b".into()));
+        assert!(a.resolution_refusal().is_some());
+        drop(a);
+        // Restarted, it follows b's stream in epoch 2; restarted again, a coordinator that
+        // (wrongly) names it the holder of epoch 2 does not make it a second primary of 2.
+        let a = node(dir.path(), NodeRole::Primary);
+        a.accept_stream(2, "b").unwrap();
+        assert!(a.accept_stream(2, "c").is_err(), "a second node in epoch 2");
+        assert!(a.accept_stream(1, "b").is_err(), "an older epoch");
+        drop(a);
+        let a = node(dir.path(), NodeRole::Primary);
+        a.decide_role(&scripted(Some(Holder {
+            epoch: 2,
+            holder: Some("a".into()),
+        })));
+        assert_eq!((a.role_name(), a.epoch()), ("standby", 2));
+        // A grant of a newer epoch makes it primary.
+        a.promote(3, Duration::ZERO);
+        assert_eq!((a.role_name(), a.epoch()), ("primary", 3));
+        assert!(
+            a.accept_stream(3, "b").is_err(),
+            "its own epoch from another node"
         );
     }
 }

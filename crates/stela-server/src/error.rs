@@ -35,6 +35,10 @@ pub enum Error {
         "log {log:?}: commit in doubt: {why}; resolve it by its term and LSN on the new primary"
     )]
     InDoubt { log: String, why: String },
+    /// A `replicated` or `all` commit answered without a standby (a promoted primary not yet
+    /// protected again, or `--degrade-after`): appended, on this primary alone.
+    #[error("log {log:?}: commit not replicated: {why}")]
+    Unprotected { log: String, why: String },
     /// A write or sync of the log failed; it takes nothing more until the daemon restarts.
     #[error("log {log:?} stopped after a failed write or sync: {cause}")]
     LogStopped {
@@ -120,6 +124,7 @@ impl Error {
             Error::LogInUse { .. } => ErrorCode::LogInUse,
             Error::NotPrimary(_) => ErrorCode::NotPrimary,
             Error::InDoubt { .. } => ErrorCode::InDoubt,
+            Error::Unprotected { .. } => ErrorCode::Unprotected,
             Error::UnknownCodec(_) | Error::Mismatch { .. } | Error::Open { .. } => {
                 ErrorCode::OpenFailed
             }
@@ -142,6 +147,7 @@ impl Error {
             PoolError::ShuttingDown => Error::ShuttingDown,
             PoolError::Closed => Error::Closing { log },
             PoolError::InDoubt(why) => Error::InDoubt { log, why },
+            PoolError::Unprotected(why) => Error::Unprotected { log, why },
             PoolError::Failed(cause) => Error::LogStopped { log, cause },
             PoolError::DiskFull(cause) => Error::DiskFull { log, cause },
             PoolError::NotAppended { lsn, next } => Error::NotAppended { log, lsn, next },

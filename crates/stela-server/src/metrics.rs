@@ -45,6 +45,7 @@ struct StandbyGauges {
     degraded_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
     degraded_through: Family<LogLabel, Gauge<u64, AtomicU64>>,
     unprotected_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    stalled: Family<LogLabel, Gauge<u64, AtomicU64>>,
 }
 
 /// The node's place in a failover pair, set from `stela status` at scrape time.
@@ -222,11 +223,11 @@ impl Metrics {
             ),
             degraded: family(
                 "replication_degraded",
-                "1 while replicated commits of a log are acknowledged without the standby (--degrade-after)",
+                "1 while replicated commits of a log are answered Unprotected without the standby (--degrade-after)",
             ),
             degraded_acks: family(
                 "replication_degraded_acks",
-                "Replicated commits of a log acknowledged without the standby since start",
+                "Replicated commits of a log answered Unprotected (never Ok) without the standby since start (--degrade-after)",
             ),
             degraded_through: family(
                 "replication_degraded_through_lsn",
@@ -234,7 +235,11 @@ impl Metrics {
             ),
             unprotected_acks: family(
                 "replication_unprotected_acks",
-                "Replicated commits of a log a promoted primary acknowledged before a standby rejoined",
+                "Replicated commits of a log a promoted primary answered Unprotected (never Ok) before a standby rejoined",
+            ),
+            stalled: family(
+                "replication_stalled",
+                "1 while a log's stream is up but the standby has acknowledged nothing within the link's deadline (black-holed or one-way link); the stream is then opened again",
             ),
         };
         let mut gauge = |name: &str, help: &str| {
@@ -325,7 +330,8 @@ impl Metrics {
             let g = &self.standby;
             g.connected
                 .get_or_create(&label)
-                .set(u64::from(log.connected));
+                .set(u64::from(log.connected && !log.stalled));
+            g.stalled.get_or_create(&label).set(u64::from(log.stalled));
             g.received_lsn.get_or_create(&label).set(log.received_lsn);
             g.lag_records.get_or_create(&label).set(log.lag_records);
             g.lag_bytes.get_or_create(&label).set(log.lag_bytes);

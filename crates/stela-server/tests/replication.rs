@@ -206,17 +206,18 @@ fn degrade_after_acknowledges_without_an_unreachable_standby_loudly_until_it_is_
     let handle = client.open("orders");
     let started = std::time::Instant::now();
     // No standby: the first replicated append waits until the standby has been unreachable for
-    // 300 ms, then is acknowledged without it; the next ones at once.
-    client
-        .append(handle, Durability::Replicated, &[rec(4, 1, 50)])
-        .expect("acknowledged once degraded");
+    // 300 ms, then is answered without it: `Unprotected`, never `Ok` (issue 52); the next ones
+    // at once.
+    let unprotected = |answer: Result<(u64, u64), common::Refused>| match answer {
+        Err(refused) if refused.code == stela_proto::ErrorCode::Unprotected => {}
+        other => panic!("degraded: answered {other:?}"),
+    };
+    unprotected(client.append(handle, Durability::Replicated, &[rec(4, 1, 50)]));
     assert!(
         started.elapsed() >= Duration::from_millis(250),
-        "acknowledged before the standby had been unreachable for --degrade-after"
+        "answered before the standby had been unreachable for --degrade-after"
     );
-    client
-        .append(handle, Durability::All, &[rec(4, 2, 50)])
-        .expect("degraded: at once");
+    unprotected(client.append(handle, Durability::All, &[rec(4, 2, 50)]));
     let status = |client: &mut RawClient| match client.request(RequestBody::Status) {
         Ok(ResponseBody::Status(report)) => report.replication.unwrap().logs[0].clone(),
         other => panic!("status: {other:?}"),
@@ -510,8 +511,12 @@ fn a_standby_that_accepts_but_never_answers_is_given_up_on_so_degrade_after_work
     // its handshake time: degraded and acknowledged, loudly.
     let result = finished
         .recv_timeout(Duration::from_secs(30))
-        .expect("the commit is acknowledged once degraded, although the standby never answers");
-    assert!(result.is_ok(), "{result:?}");
+        .expect("the commit is answered once degraded, although the standby never answers");
+    // Answered, and said to be on the primary alone: `Unprotected`, never `Ok` (issue 52).
+    assert!(
+        matches!(&result, Err(r) if r.code == ErrorCode::Unprotected),
+        "{result:?}"
+    );
     let report = match RawClient::connect(primary.socket_path()).request(RequestBody::Status) {
         Ok(ResponseBody::Status(report)) => report.replication.unwrap().logs[0].clone(),
         other => panic!("status: {other:?}"),

@@ -338,6 +338,9 @@ mod daemon {
     /// The log opened through the daemons of the endpoint list.
     pub struct DaemonLog(Wal<Rec>);
 
+    /// How often a commit answered `Unprotected` is asked again.
+    const UNPROTECTED_RETRY_MS: u64 = 10;
+
     impl DaemonLog {
         /// Opens the log on whichever node of `address` takes it. The client library's own
         /// reconnection is off: the loop reopens, and says so in its events.
@@ -362,13 +365,22 @@ mod daemon {
                 .map_err(|e| e.to_string())
         }
 
+        /// `Ok` only once a standby holds the record: a commit the primary answers without one
+        /// (`Error::Unprotected`, a promoted primary not protected again yet) is asked again
+        /// until it is protected, and the time that takes is the commit's wait, as a user who
+        /// needs `replicated` would see it.
         fn commit_replicated(&mut self, lsn: u64) -> Result<(), CommitError> {
-            match self.0.commit_at(Lsn::new(lsn), Durability::Replicated) {
-                Ok(()) => Ok(()),
-                Err(Error::InDoubt { term, lsn, cause }) => {
-                    Err(CommitError::InDoubt { term, lsn, cause })
+            loop {
+                match self.0.commit_at(Lsn::new(lsn), Durability::Replicated) {
+                    Ok(()) => return Ok(()),
+                    Err(Error::Unprotected { .. }) => {
+                        std::thread::sleep(Duration::from_millis(UNPROTECTED_RETRY_MS))
+                    }
+                    Err(Error::InDoubt { term, lsn, cause }) => {
+                        return Err(CommitError::InDoubt { term, lsn, cause })
+                    }
+                    Err(other) => return Err(CommitError::Other(other.to_string())),
                 }
-                Err(other) => Err(CommitError::Other(other.to_string())),
             }
         }
 

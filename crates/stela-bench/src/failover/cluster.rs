@@ -624,6 +624,8 @@ mod tests {
             degraded_acks: 0,
             degraded_through: 0,
             unprotected_acks: 0,
+            stalled: false,
+            last_ack_ms: 0,
         }
     }
 

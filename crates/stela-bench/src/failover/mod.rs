@@ -543,11 +543,11 @@ fn inject(
     let mut rejoin = None;
     match kind {
         FaultKind::KillPrimary => {
-            // Restarted only once the standby took over and the client was served there, so
-            // that the restart cannot shorten the downtime measured.
-            if poll_within(FAILOVER_WAIT, || promoted(cluster, s, epoch_before))? {
-                let _ = poll_within(FAILOVER_WAIT, || client.acked_since(inject_ms))?;
-            }
+            // Restarted as soon as the standby took over, as a service manager restarts it:
+            // with two nodes the new primary protects no commit until the old one is back as
+            // its standby (a `replicated` commit is never answered `Ok` by one node alone,
+            // issue 52), so the restart is part of the downtime measured.
+            poll_within(FAILOVER_WAIT, || promoted(cluster, s, epoch_before))?;
             rejoin = Some(p);
         }
         FaultKind::StopPrimary => {

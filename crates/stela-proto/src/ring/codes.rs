@@ -218,6 +218,7 @@ pub fn status_of(code: ErrorCode) -> u32 {
         ErrorCode::LogInUse => 20,
         ErrorCode::NotPrimary => 21,
         ErrorCode::InDoubt => 22,
+        ErrorCode::Unprotected => 23,
     }
 }
 
@@ -245,6 +246,7 @@ pub fn error_of_status(status: u32) -> Option<ErrorCode> {
         20 => ErrorCode::LogInUse,
         21 => ErrorCode::NotPrimary,
         22 => ErrorCode::InDoubt,
+        23 => ErrorCode::Unprotected,
         _ => return None,
     })
 }

@@ -219,16 +219,29 @@ impl Engine {
     }
 
     /// The term history of `log` and its last LSN (`History`): empty without replication.
-    pub fn history(&self, log: LogId) -> (Vec<(u64, u64)>, u64) {
+    ///
+    /// Answered only by the primary of the newest epoch this node knows of
+    /// ([`crate::cluster::Node::resolution_refusal`]; `NotPrimary` otherwise), and the last LSN
+    /// given is the last one protected (`Replication::protected_through`): a record a client
+    /// resolves `Kept` from this answer is in this primary's history and held by a second node,
+    /// and one it resolves `Lost` was replaced by a newer primary's.
+    pub fn history(&self, log: LogId) -> Result<(Vec<(u64, u64)>, u64)> {
+        if let Some(why) = self.node().resolution_refusal() {
+            return Err(Error::NotPrimary(why));
+        }
         let last = self.pool.positions(log).0 - 1;
-        let entries = self
-            .ha
-            .replication
-            .as_ref()
-            .and_then(|r| r.history(log))
+        let Some(replication) = self.ha.replication.as_ref() else {
+            return Ok((Vec::new(), last));
+        };
+        let entries = replication
+            .history(log)
             .map(|(_, history)| history.entries().iter().map(|&(t, f)| (t.0, f)).collect())
             .unwrap_or_default();
-        (entries, last)
+        let promoted = self.node().promoted_here();
+        Ok((
+            entries,
+            last.min(replication.protected_through(log, promoted)),
+        ))
     }
 
     /// This node's role and epoch.

@@ -457,6 +457,18 @@ impl Conn {
     }
 
     fn answer(&mut self, id: u64, body: ResponseBody) {
+        // A commit in doubt: this node is no longer the primary it was. The connection closes
+        // after the answer, so that the client's next call (its `resolve`) finds the current
+        // primary instead of asking this node's history again.
+        if matches!(
+            body,
+            ResponseBody::Error {
+                code: ErrorCode::InDoubt,
+                ..
+            }
+        ) {
+            self.phase = Phase::Closing;
+        }
         let response = Response { id, body };
         if let Err(e) = frame::encode(&response, &mut self.wbuf) {
             let fallback = Response {
@@ -846,9 +858,9 @@ impl Conn {
             RequestBody::Positions { handle } => self
                 .log(handle)
                 .map(|log| ResponseBody::Positions(ctx.engine.positions(log))),
-            RequestBody::History { handle } => self.log(handle).map(|log| {
-                let (entries, last_lsn) = ctx.engine.history(log);
-                ResponseBody::History { entries, last_lsn }
+            RequestBody::History { handle } => self.log(handle).and_then(|log| {
+                let (entries, last_lsn) = ctx.engine.history(log)?;
+                Ok(ResponseBody::History { entries, last_lsn })
             }),
             RequestBody::Close { handle } => match self.log(handle) {
                 Ok(log) => {

@@ -115,6 +115,10 @@ pub enum PoolError {
     /// stepped down), so whether the record survives is for the new primary's history to say.
     #[error("commit in doubt: {0}")]
     InDoubt(String),
+    /// A `replicated` (or `all`) wait answered by a policy that runs without a standby: the
+    /// record is appended and held by this primary alone.
+    #[error("not replicated: {0}")]
+    Unprotected(String),
     #[error("the log stopped after a failed write or sync: {0}")]
     Failed(Failure),
     #[error("the disk is full: {0}; appends are refused until a new segment can be created")]

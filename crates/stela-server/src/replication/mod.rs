@@ -65,6 +65,13 @@ use stela_wal::{SegmentSet, TermStore};
 const CHUNK_BYTES: usize = 1 << 20;
 /// How long an idle shipper waits before a heartbeat.
 const HEARTBEAT: Duration = Duration::from_millis(50);
+/// How long a stream may carry nothing from the other end before it is torn down and opened
+/// again: the primary heartbeats an idle stream every `HEARTBEAT` and the standby acknowledges
+/// every chunk and every heartbeat, so silence this long is a black-holed or one-way link (or
+/// a stopped peer), which TCP's own retransmission backoff would take seconds to notice and
+/// recover from after it heals. Also the connection attempt's limit, so that attempts during
+/// the fault end quickly and one after it heals goes through at once.
+pub(crate) const LINK_DEADLINE: Duration = Duration::from_millis(500);
 /// How long a standby has to answer a stream's `Open` with its position.
 const HANDSHAKE: Duration = Duration::from_secs(2);
 /// How long a shipper waits before trying an unreachable standby again.
@@ -209,6 +216,21 @@ enum Policy {
     Unprotected,
 }
 
+impl Policy {
+    /// The answer a commit this policy takes gets: never `Ok`, which would say a standby holds
+    /// the record (`ErrorCode::Unprotected` on the wire).
+    fn answer(self, log: &str, lsn: u64) -> PoolError {
+        PoolError::Unprotected(match self {
+            Policy::Degraded => format!(
+                "log {log} LSN {lsn} is on this primary alone: its standby has been unreachable past --degrade-after"
+            ),
+            Policy::Unprotected => format!(
+                "log {log} LSN {lsn} is on this primary alone: it was promoted and no standby holds what it acknowledged since (--after-failover unprotected)"
+            ),
+        })
+    }
+}
+
 /// What the shipper needs of a log.
 pub struct LogInfo {
     pub id: LogId,
@@ -243,7 +265,7 @@ impl Replication {
 
     /// A connection to the standby: its reading and writing ends, and the socket (to cut it).
     fn connect(&self) -> Result<(Reader, Writer, TcpStream), String> {
-        let tcp = TcpStream::connect_timeout(&self.standby, Duration::from_secs(1))
+        let tcp = TcpStream::connect_timeout(&self.standby, LINK_DEADLINE)
             .map_err(|e| format!("connect {}: {e}", self.standby))?;
         tune_stream(&tcp);
         let socket = tcp.try_clone().map_err(|e| e.to_string())?;
@@ -367,6 +389,31 @@ impl Replication {
         Some((state.term, state.history.clone()))
     }
 
+    /// The last LSN of `log` held by a second node, as far as this primary knows: what its
+    /// standby has acknowledged receiving, and, on a node promoted in this process
+    /// (`promoted`), every record the log held when its current term began (they came from
+    /// the old primary's stream, which held them before this node did). `u64::MAX` for a log
+    /// this node does not ship.
+    pub fn protected_through(&self, log: LogId, promoted: bool) -> u64 {
+        let Some(link) = lock(&self.links).get(&log).cloned() else {
+            return u64::MAX;
+        };
+        let (received, _) = link.protection.acknowledged_lsns();
+        let state = lock(&link.state);
+        let term_began = promoted
+            .then(|| {
+                state
+                    .history
+                    .entries()
+                    .iter()
+                    .find(|&&(term, _)| term.0 == state.term)
+                    .map(|&(_, first)| first - 1)
+            })
+            .flatten()
+            .unwrap_or(0);
+        received.max(term_began)
+    }
+
     /// The holder's name of the hold this primary keeps for its standby (`standby at ADDR`).
     pub fn standby_holder(&self) -> String {
         stela_wal::holds::standby_holder(&self.standby.to_string())
@@ -464,7 +511,8 @@ impl Replication {
     }
 
     /// Calls `waiter` once the standby holds `lsn` of `log`. `Ok(true)`: it already does (the
-    /// waiter is dropped uncalled).
+    /// waiter is dropped uncalled). [`PoolError::Unprotected`]: a policy answered without the
+    /// standby (the waiter is dropped uncalled; the record stays appended).
     pub fn when_received(&self, log: LogId, lsn: u64, waiter: Waiter) -> Result<bool, PoolError> {
         let Some(link) = lock(&self.links).get(&log).cloned() else {
             return Err(PoolError::Closed);
@@ -474,21 +522,27 @@ impl Replication {
         // the protection's lock, so a wait never slips past the moment a policy ends or begins.
         // The unprotected policy is asked of `Reprotection`, which records the LSN under the
         // same lock that ends unprotected mode.
+        let policy = std::cell::Cell::new(None);
         let answer_now = || {
             let mut state = lock(&link.state);
             if state.degraded {
                 self.count_degraded(&link, &mut state, 1, lsn);
+                policy.set(Some(Policy::Degraded));
                 return true;
             }
             if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
                 state.unprotected_acks += 1;
+                policy.set(Some(Policy::Unprotected));
                 return true;
             }
             false
         };
         match link.protection.wait(lsn, waiter, answer_now) {
             Registered::Waiting => Ok(false),
-            Registered::Already(_) => Ok(true),
+            Registered::Already(_) => match policy.get() {
+                Some(policy) => Err(policy.answer(&link.name, lsn)),
+                None => Ok(true),
+            },
             Registered::Fenced(_, why) => Err(PoolError::InDoubt(why)),
         }
     }
@@ -693,6 +747,9 @@ impl Replication {
                     degraded_acks: s.degraded_acks,
                     degraded_through: s.degraded_through,
                     unprotected_acks: s.unprotected_acks,
+                    stalled: s.connected
+                        && s.last_ack.is_some_and(|at| at.elapsed() > LINK_DEADLINE),
+                    last_ack_ms: s.last_ack.map_or(0, |at| at.elapsed().as_millis() as u64),
                 }
             })
             .collect();
@@ -848,6 +905,8 @@ impl Replication {
             state.acked_at = Some((at.segment_start.get(), at.offset));
             state.connected = true;
             state.unreachable_since = None;
+            // The link's deadline runs from the handshake.
+            state.last_ack = Some(std::time::Instant::now());
             if std::mem::take(&mut state.degraded) {
                 tracing::warn!(log = %log.name, standby = %self.standby, degraded_acks = state.degraded_acks, "standby back: replicated commits wait for it again");
             }
@@ -907,6 +966,11 @@ impl Replication {
         // whenever truncation moves it, so the standby's copy does not keep what this one no
         // longer has (`ReplMessage::Truncated`).
         let mut told_first = 0;
+        // The link's deadline is watched from a thread of its own as well: the shipper may be
+        // blocked in a send that a black-holed link never completes (its socket buffer full),
+        // and the acknowledgement reader in a read that never returns; cutting the socket ends
+        // both at once, TLS or not.
+        let watch = watch_deadline(Arc::clone(link), &socket)?;
         let result = loop {
             if link.stop.load(Ordering::SeqCst) {
                 break Ok(());
@@ -959,6 +1023,7 @@ impl Replication {
         // Cutting the socket ends the acknowledgement reader's wait, TLS or not.
         drop(lock(&link.live).take());
         let _ = socket.shutdown(std::net::Shutdown::Both);
+        watch.finish();
         let _ = acks.join();
         drop(lock(&link.acks).take());
         result
@@ -1041,8 +1106,9 @@ impl Replication {
         self.reprotection.acknowledge_alone(&link.name, through);
     }
 
-    /// Answers every registered wait of `link` `Ok` without the standby, as `policy` does, and
-    /// counts them as its acknowledgements. Returns how many it answered.
+    /// Answers every registered wait of `link` without the standby, as `policy` does
+    /// ([`PoolError::Unprotected`], never `Ok`), and counts them as its acknowledgements.
+    /// Returns how many it answered.
     fn answer_all_without_standby(&self, link: &Link, policy: Policy) -> usize {
         let waiters = link.protection.take_all();
         if waiters.is_empty() {
@@ -1066,8 +1132,8 @@ impl Replication {
                 Policy::Unprotected => state.unprotected_acks += answered as u64,
             }
         }
-        for (_, waiter) in waiters {
-            waiter(Ok(()));
+        for (lsn, waiter) in waiters {
+            waiter(Err(policy.answer(&link.name, lsn)));
         }
         (self.released)();
         answered
@@ -1134,6 +1200,49 @@ impl Replication {
     fn fence(&self, link: &Link, theirs: u64, ours: u64, message: String) -> String {
         fence(link, &self.node, &*self.released, theirs, ours, message)
     }
+}
+
+/// A session's deadline watch ([`watch_deadline`]); finished when the session ends.
+struct DeadlineWatch {
+    over: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl DeadlineWatch {
+    fn finish(self) {
+        self.over.store(true, Ordering::SeqCst);
+        self.thread.thread().unpark();
+        let _ = self.thread.join();
+    }
+}
+
+/// Watches a session's link: once the standby has sent nothing for [`LINK_DEADLINE`] (no
+/// acknowledgement, not even of a heartbeat), cuts `socket`, which ends the session however
+/// its threads are blocked; the shipper then opens a new stream.
+fn watch_deadline(link: Arc<Link>, socket: &TcpStream) -> Result<DeadlineWatch, String> {
+    let socket = socket.try_clone().map_err(|e| e.to_string())?;
+    let over = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let over = Arc::clone(&over);
+        std::thread::Builder::new()
+            .name("stela-ship-watch".into())
+            .spawn(move || {
+                while !over.load(Ordering::SeqCst) {
+                    std::thread::park_timeout(LINK_DEADLINE / 4);
+                    let silent = lock(&link.state).last_ack.map(|at| at.elapsed());
+                    if let Some(silent) = silent.filter(|&s| s > LINK_DEADLINE) {
+                        if !over.load(Ordering::SeqCst) {
+                            tracing::warn!(log = %link.name, silent_ms = silent.as_millis() as u64,
+                                "nothing from the standby within the link's deadline: the stream is torn down and opened again");
+                            let _ = socket.shutdown(std::net::Shutdown::Both);
+                        }
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?
+    };
+    Ok(DeadlineWatch { over, thread })
 }
 
 /// Where the standby's copy of a log stands, as its `Position` says.

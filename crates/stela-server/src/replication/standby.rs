@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use stela_format::term::Term;
@@ -167,6 +167,8 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
                 degraded_acks: 0,
                 degraded_through: 0,
                 unprotected_acks: 0,
+                stalled: false,
+                last_ack_ms: 0,
             })
         })
         .collect();
@@ -240,6 +242,12 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         crate::sched::become_realtime("standby receiver");
     }
     super::tune_stream(&stream);
+    // A primary heard from not even by a heartbeat for the link's deadline is behind a
+    // black-holed or one-way link, or stopped: the stream ends (every read fails after the
+    // deadline), and the primary opens a new one when it can.
+    stream
+        .set_read_timeout(Some(super::LINK_DEADLINE))
+        .map_err(|e| e.to_string())?;
     let socket = stream.try_clone().map_err(|e| e.to_string())?;
     // Over TLS when this daemon has a certificate; the primary then proves itself an
     // administrator (an admin token in `Open`, or a client certificate named by
@@ -324,6 +332,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
     }
     let _busy = Busy(shared, log.clone());
+    let watched = socket.try_clone().map_err(|e| e.to_string())?;
     lock(&shared.sockets).insert(log.clone(), socket);
     let dir = shared.dir.join(&log);
     shared
@@ -456,6 +465,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         changed: Condvar::new(),
         socket: Mutex::new(writer),
         term,
+        started: std::time::Instant::now(),
+        heard_ms: AtomicU64::new(0),
     });
     lock(&shared.views).insert(log.clone(), (node.clone(), term, Arc::downgrade(&pipe)));
     let written = {
@@ -465,6 +476,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             .spawn(move || write_behind(mirror, &pipe, &log))
             .map_err(|e| e.to_string())?
     };
+    let watch = watch_primary(Arc::clone(&pipe), watched, &log)?;
     let result = receive_chunks(
         &mut reader,
         Some(first),
@@ -485,8 +497,44 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     }
     lock(&pipe.state).closed = true;
     pipe.changed.notify_all();
+    watch.thread().unpark();
+    let _ = watch.join();
     let _ = written.join();
     result
+}
+
+/// Watches a stream's link from the standby's side: once the primary has sent nothing (no
+/// chunk, not even a heartbeat) for the link's deadline, cuts the socket, which ends the
+/// receiver's read whatever the transport (a socket read timeout does not reach the TLS
+/// layer's own I/O thread). The log is then free for the primary's next stream at once,
+/// rather than once TCP notices the dead connection. Ends when the stream closes.
+fn watch_primary(pipe: Arc<Pipe>, socket: TcpStream, log: &str) -> Result<JoinHandle<()>, String> {
+    let log = log.to_owned();
+    std::thread::Builder::new()
+        .name("stela-mirror-watch".into())
+        .spawn(move || loop {
+            std::thread::park_timeout(super::LINK_DEADLINE / 4);
+            let (closed, syncing_for_fetch) = {
+                let state = lock(&pipe.state);
+                (state.closed, state.sync_asked)
+            };
+            if closed {
+                return;
+            }
+            // A `Fetch` waits for this node's own sync, not for the primary.
+            if syncing_for_fetch {
+                pipe.heard();
+                continue;
+            }
+            let silent = pipe.silent();
+            if silent > super::LINK_DEADLINE {
+                tracing::warn!(log, silent_ms = silent.as_millis() as u64,
+                    "standby: nothing from the primary within the link's deadline; the stream is torn down");
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// Records the primary's terms that begin at or before `next` (the LSN after what this copy
@@ -512,19 +560,15 @@ fn adopt_terms(terms: &mut TermStore, primary: &[(u64, u64)], next: u64) -> Resu
 
 /// Whether a stream of `term` from `primary` may be mirrored by this node: not while this
 /// node is the primary (a primary of a newer epoch makes it step down), not from an epoch older
-/// than this node's (a newer one is recorded first).
+/// than this node's, nor from a second node in one epoch (`Node::accept_stream`; a newer epoch
+/// is recorded first).
 fn check_epoch(node: &crate::cluster::Node, term: u64, primary: &str) -> Result<(), String> {
     if !node.clustered_node() {
         return Ok(());
     }
     let (theirs, ours) = (term >> 32, node.epoch());
     if !node.is_primary() {
-        if theirs < ours {
-            return Err(format!(
-                "stale epoch {theirs}: this standby is in epoch {ours}"
-            ));
-        }
-        node.observe_epoch(theirs)?;
+        node.accept_stream(theirs, primary)?;
         node.heard_from_primary();
         return Ok(());
     }
@@ -593,6 +637,10 @@ struct Pipe {
     /// Acknowledgements go out from both threads.
     socket: Mutex<Writer>,
     term: u64,
+    /// When the stream began, and the last message from the primary since then (ms): the
+    /// link's deadline is measured from it (`watch_primary`).
+    started: std::time::Instant,
+    heard_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -621,10 +669,26 @@ const WRITE_BATCH: usize = 4 << 20;
 /// it sync at least that often anyway). `replicated` acknowledgements never wait for it.
 const SYNC_BYTES: usize = crate::config::WRITE_THRESHOLD;
 
+/// How often a standby that holds its limit and waits for its disk tells the primary it is
+/// alive (well within the link's deadline).
+const ALIVE_WHILE_FULL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Most bytes held in memory before the receiver stops reading (and TCP slows the primary).
 const HELD_BYTES: usize = 64 << 20;
 
 impl Pipe {
+    /// A message from the primary arrived.
+    fn heard(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.heard_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// How long the primary has sent nothing.
+    fn silent(&self) -> std::time::Duration {
+        let heard = std::time::Duration::from_millis(self.heard_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(heard)
+    }
+
     fn ack(&self, term: u64) -> Result<(), String> {
         let (received, durable) = {
             let state = lock(&self.state);
@@ -673,6 +737,7 @@ fn receive_chunks(
             }
         };
         node.heard_from_primary();
+        pipe.heard();
         if let ReplMessage::Fetch {
             term,
             segment_start,
@@ -689,6 +754,15 @@ fn receive_chunks(
                 segments,
             )?;
             continue;
+        }
+        // A standby that has seen a newer epoch (another node's stream, a promotion) never
+        // acknowledges again in an older one.
+        if message.term() >> 32 < node.epoch() {
+            return Err(format!(
+                "epoch {} is over: this node is in epoch {}",
+                message.term() >> 32,
+                node.epoch()
+            ));
         }
         if message.term() < terms.current().0 {
             return Err(format!(
@@ -723,10 +797,15 @@ fn receive_chunks(
             bytes,
         } = message
         else {
-            if matches!(
-                message,
-                ReplMessage::Heartbeat { .. } | ReplMessage::Truncated { .. }
-            ) {
+            if let ReplMessage::Heartbeat { term } = message {
+                // Answered, so that the primary hears from this standby on an idle stream too
+                // (links are checked both ways).
+                if owed_ack.is_none() {
+                    pipe.ack(term)?;
+                }
+                continue;
+            }
+            if matches!(message, ReplMessage::Truncated { .. }) {
                 continue;
             }
             return Err(format!("unexpected {message:?}"));
@@ -758,7 +837,18 @@ fn receive_chunks(
         let wake_writer = {
             let mut state = lock(&pipe.state);
             while state.bytes > HELD_BYTES && state.failed.is_none() {
-                state = pipe.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                let (next, waited) = pipe
+                    .changed
+                    .wait_timeout(state, ALIVE_WHILE_FULL)
+                    .unwrap_or_else(|e| e.into_inner());
+                state = next;
+                if waited.timed_out() {
+                    // Still here, only waiting for this node's disk: the primary hears so
+                    // within its link deadline and keeps the stream.
+                    drop(state);
+                    pipe.ack(chunk_term)?;
+                    state = lock(&pipe.state);
+                }
             }
             if let Some(why) = &state.failed {
                 return Err(why.clone());
@@ -861,6 +951,9 @@ fn send_back(
             &mut *lock(&pipe.socket),
             &stela_proto::repl::chunk_message(term, segment.get(), offset, &bytes),
         )?;
+        // The primary waits for these and sends nothing meanwhile: the link's deadline runs
+        // from each chunk it takes (a send blocked on a dead link holds this up instead).
+        pipe.heard();
         at = stela_wal::mirror::Position {
             segment_start: segment,
             offset: offset + bytes.len() as u64,
@@ -877,7 +970,9 @@ fn send_back(
     send(
         &mut *lock(&pipe.socket),
         &position_message(term, position, durable, terms),
-    )
+    )?;
+    pipe.heard();
+    Ok(())
 }
 
 /// Where this copy stands, as the primary is told it (after `Open`, and after a `Fetch`).
