@@ -104,6 +104,22 @@ fn honest_commits(socket: &Path, count: u64) {
     wal.close().unwrap();
 }
 
+/// A daemon whose cap on partly received frames (4 MiB) a few attackers fill, with the given
+/// `--frame-timeout` (seconds).
+fn small_cap_daemon(tmp: &Path, frame_timeout: &str) -> Daemon {
+    Daemon::start(
+        &tmp.join("daemon"),
+        &[
+            "--partial-frame-bytes",
+            "4M",
+            "--frame-timeout",
+            frame_timeout,
+            "--assume-write-rate",
+            "100000000",
+        ],
+    )
+}
+
 fn held(daemon: &Daemon) -> u64 {
     status_json(daemon)["partial_frame_bytes"].as_u64().unwrap()
 }
@@ -111,18 +127,7 @@ fn held(daemon: &Daemon) -> u64 {
 #[test]
 fn unfinished_frames_stop_neither_status_nor_an_honest_client() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("daemon");
-    let mut daemon = Daemon::start(
-        &dir,
-        &[
-            "--partial-frame-bytes",
-            "4M",
-            "--frame-timeout",
-            "3600",
-            "--assume-write-rate",
-            "100000000",
-        ],
-    );
+    let mut daemon = small_cap_daemon(tmp.path(), "3600");
     let attackers = unfinished_frames(&daemon.socket(), 64, MIB);
     eventually(
         "the attackers to fill the cap",
@@ -148,18 +153,7 @@ fn unfinished_frames_stop_neither_status_nor_an_honest_client() {
 #[test]
 fn a_frame_that_never_finishes_costs_its_connection() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("daemon");
-    let mut daemon = Daemon::start(
-        &dir,
-        &[
-            "--partial-frame-bytes",
-            "4M",
-            "--frame-timeout",
-            "2",
-            "--assume-write-rate",
-            "100000000",
-        ],
-    );
+    let mut daemon = small_cap_daemon(tmp.path(), "2");
     let mut attackers = unfinished_frames(&daemon.socket(), 16, MIB);
     // They stay connected and say nothing more: the daemon closes them after the frame timeout
     // (telling them why), and what they held is released.

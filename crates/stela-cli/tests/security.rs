@@ -194,11 +194,10 @@ fn tcp_without_tls_is_refused_unless_explicitly_insecure_on_loopback() {
     daemon.terminate();
 }
 
-#[test]
-fn tokens_over_tls_authenticate_and_only_admins_administer() {
-    let setup = setup();
+/// A daemon on TCP with TLS, client and administrator tokens.
+fn tls_daemon_with_tokens(setup: &Setup) -> Daemon {
     let (cert, key) = &setup.server;
-    let mut daemon = Daemon::start(
+    Daemon::start(
         &setup.dir,
         &[
             "--tcp",
@@ -212,7 +211,13 @@ fn tokens_over_tls_authenticate_and_only_admins_administer() {
             "--admin-token-file",
             s(&setup.admin_tokens),
         ],
-    );
+    )
+}
+
+#[test]
+fn tokens_over_tls_authenticate_and_only_admins_administer() {
+    let setup = setup();
+    let mut daemon = tls_daemon_with_tokens(&setup);
     let addr = tcp_addr(&mut daemon);
     let port = addr.rsplit_once(':').unwrap().1.to_owned();
     let ca = s(&setup.ca.cert);
@@ -864,22 +869,7 @@ fn the_async_client_speaks_tls() {
 #[test]
 fn a_flood_of_silent_connections_lets_real_logins_through() {
     let setup = setup();
-    let (cert, key) = &setup.server;
-    let mut daemon = Daemon::start(
-        &setup.dir,
-        &[
-            "--tcp",
-            "127.0.0.1:0",
-            "--tls-cert",
-            s(cert),
-            "--tls-key",
-            s(key),
-            "--token-file",
-            s(&setup.client_tokens),
-            "--admin-token-file",
-            s(&setup.admin_tokens),
-        ],
-    );
+    let mut daemon = tls_daemon_with_tokens(&setup);
     let addr = tcp_addr(&mut daemon);
     let port = addr.rsplit_once(':').unwrap().1.to_owned();
     let stop = std::sync::atomic::AtomicBool::new(false);
