@@ -6,9 +6,11 @@
 
 use crate::error::{Corruption, Error, Result};
 use crate::options::{RecoveryMode, WalOptions};
-use crate::scan::{scan_segment, Damage, TornTail};
+use crate::scan::{scan_segment_marked, Damage, TornTail};
 use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::synced::{self, SyncedMark};
+use std::sync::Arc;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 use stela_format::frame::{self, Decoded, Layout};
@@ -42,9 +44,13 @@ pub(crate) struct Recovered {
     pub tail: Box<dyn StorageFile>,
     pub tail_header: SegmentHeader,
     pub write_offset: u64,
+    /// Where the data recovery kept in the newest segment ends (below `write_offset` when
+    /// that is the capacity of a segment that must not be written): synced, and marked.
+    pub data_end: u64,
     pub next_lsn: Lsn,
     pub report: RecoveryReport,
     pub lock: Box<dyn Send + Sync>,
+    pub mark: Arc<SyncedMark>,
 }
 
 /// What the caller expects the log to hold.
@@ -102,6 +108,9 @@ pub(crate) fn recover(
     if segments.is_empty() {
         let header = new_header(options, expect, 0, Lsn::FIRST);
         let tail = crate::writer::create(storage, dir, &header)?;
+        let data_end = stela_format::header::HEADER_BYTES as u64;
+        let on_disk = synced::read(storage, dir)?;
+        let mark = SyncedMark::open(storage, dir, on_disk, Lsn::FIRST, data_end)?;
         report.segments = 1;
         return Ok(Recovered {
             segments: vec![SegmentFile {
@@ -110,19 +119,28 @@ pub(crate) fn recover(
             }],
             tail,
             tail_header: header,
-            write_offset: stela_format::header::HEADER_BYTES as u64,
+            write_offset: data_end,
+            data_end,
             next_lsn: Lsn::FIRST,
             report,
             lock,
+            mark,
         });
     }
 
+    // How far the newest segment was synced when its last recorded sync returned: below it,
+    // nothing is a torn write.
+    let on_disk = synced::read(storage, dir)?;
+    let newest_start = segments.last().map(|s| s.start);
+    let synced_mark = on_disk
+        .filter(|m| Some(m.segment_start) == newest_start)
+        .map_or(stela_format::header::HEADER_BYTES as u64, |m| m.synced_offset);
     let max_payload = options.effective_max_record() as u32;
     let skip = options.recovery == RecoveryMode::SkipCorrupt;
     let mut expected_start: Option<Lsn> = None;
     let mut index = 0;
     let mut scratch = Vec::new();
-    let (tail, tail_header, write_offset, next_lsn) = loop {
+    let (tail, tail_header, write_offset, data_end, next_lsn) = loop {
         let seg = segments[index].clone();
         let is_last = index + 1 == segments.len();
         let mode = if is_last {
@@ -163,6 +181,11 @@ pub(crate) fn recover(
         // Segments are normally clean: check them streaming; only a finding sends us to the
         // whole-file scan below, which classifies it.
         let layout = header.layout;
+        let mark = if is_last {
+            synced_mark
+        } else {
+            stela_format::header::HEADER_BYTES as u64
+        };
         if let Some(clean) = check_clean(
             file.as_ref(),
             &seg,
@@ -170,13 +193,15 @@ pub(crate) fn recover(
             max_payload,
             &mut scratch,
             CHECK_CHUNK,
-        )? {
+        )?
+        .filter(|clean| clean.end_offset >= mark)
+        {
             report.records_verified += clean.records;
             if report.first_lsn == Lsn::ZERO {
                 report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
             }
             if is_last {
-                break (file, header, clean.end_offset, clean.next_lsn);
+                break (file, header, clean.end_offset, clean.end_offset, clean.next_lsn);
             }
             expected_start = Some(clean.next_lsn);
             index += 1;
@@ -185,7 +210,7 @@ pub(crate) fn recover(
         let bytes = file
             .read_to_vec()
             .map_err(|e| Error::io("read", &seg.path, e))?;
-        let scan = scan_segment(&bytes, seg.start, layout, is_last, max_payload, skip);
+        let scan = scan_segment_marked(&bytes, seg.start, layout, is_last, max_payload, skip, mark);
         report.records_verified += scan.records;
         if report.first_lsn == Lsn::ZERO {
             report.first_lsn = scan.first_lsn.unwrap_or(Lsn::ZERO);
@@ -228,7 +253,7 @@ pub(crate) fn recover(
                     }
                     report.damage.push((seg.path.clone(), damage.clone()));
                     let next = scan.last_lsn.map_or(seg.start, Lsn::next);
-                    break (file, header, scan.end_offset, next);
+                    break (file, header, scan.end_offset, scan.end_offset, next);
                 }
             }
         }
@@ -270,10 +295,10 @@ pub(crate) fn recover(
             // the valid record that ended the damage, so the names cannot clash). Opening
             // still changes nothing on disk.
             let full = header.capacity;
-            break (file, header, full, next);
+            break (file, header, full, scan.end_offset, next);
         }
         if is_last {
-            break (file, header, scan.end_offset, next);
+            break (file, header, scan.end_offset, scan.end_offset, next);
         }
         expected_start = Some(next);
         index += 1;
@@ -295,6 +320,9 @@ pub(crate) fn recover(
     // open hands out as durable. (Older segments were synced before their successor existed.)
     tail.sync_data()
         .map_err(|e| Error::io("fdatasync", &segments[segments.len() - 1].path, e))?;
+    // Now that the data is synced, record how far: a later open then calls any change below
+    // it damage. Rewritten whenever it differs (a repair may have cut below an older mark).
+    let mark = SyncedMark::open(storage, dir, on_disk, tail_header.start_lsn, data_end)?;
     report.segments = segments.len();
     report.last_lsn = Lsn::new(next_lsn.get() - 1);
     if report.first_lsn == Lsn::ZERO && report.last_lsn != Lsn::ZERO {
@@ -305,9 +333,11 @@ pub(crate) fn recover(
         tail,
         tail_header,
         write_offset,
+        data_end,
         next_lsn,
         report,
         lock,
+        mark,
     })
 }
 
@@ -518,6 +548,7 @@ fn zero(file: &dyn StorageFile, path: &Path, offset: u64, len: u64) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scan::scan_segment;
     use crate::storage::FaultStorage;
     use proptest::prelude::*;
 
