@@ -359,6 +359,38 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
                 )?,
                 None => writeln!(out, "no torn tail")?,
             }
+            let kept: u64 = report
+                .salvaged_records
+                .iter()
+                .map(|(first, last, _)| last.get() - first.get() + 1)
+                .sum();
+            if let Some((_, torn)) = &report.torn_tail {
+                writeln!(
+                    out,
+                    "records cut with the torn write that had good checksums: {} (never synced, \
+                     so never acknowledged at disk); kept: {kept}",
+                    torn.unsynced_records
+                )?;
+            }
+            // Between the cut point and the records kept, and between kept runs: LSNs whose
+            // frames did not survive. Every record removed is either kept or counted here.
+            let mut expected = report.last_lsn.next();
+            for (first, last, dir) in &report.salvaged_records {
+                if *first > expected {
+                    writeln!(
+                        out,
+                        "dropped, unreadable: {} record(s), LSNs {expected}..={}",
+                        first.get() - expected.get(),
+                        Lsn::new(first.get() - 1)
+                    )?;
+                }
+                writeln!(
+                    out,
+                    "kept records {first}..={last} as a log in {} (stela wal dump reads it)",
+                    dir.display()
+                )?;
+                expected = last.next();
+            }
             for (path, damage) in &report.damage {
                 writeln!(
                     out,

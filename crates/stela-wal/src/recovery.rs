@@ -34,6 +34,10 @@ pub struct RecoveryReport {
     pub damage: Vec<(PathBuf, Damage)>,
     /// Where removed bytes and segments were put, if anything was removed.
     pub salvage_dir: Option<PathBuf>,
+    /// Records with good checksums that a repair cut from inside a segment (after a torn
+    /// write or damage), each run of consecutive LSNs kept as an ordinary log in the salvage
+    /// folder: `(first LSN, last LSN, its directory)`. `stela wal dump` reads each.
+    pub salvaged_records: Vec<(Lsn, Lsn, PathBuf)>,
     /// Incomplete segment preparations deleted.
     pub removed_temp_files: Vec<PathBuf>,
 }
@@ -232,6 +236,16 @@ pub(crate) fn recover(
                     let file = storage
                         .open(&seg.path, OpenMode::ReadWrite)
                         .map_err(|e| Error::io("open", &seg.path, e))?;
+                    let kept = keep_valid_records(
+                        storage,
+                        &salvage,
+                        &header,
+                        &bytes,
+                        damage.offset as usize,
+                        damage.expected_lsn,
+                        max_payload,
+                    )?;
+                    report.salvaged_records.extend(kept);
                     cut(
                         storage,
                         &salvage,
@@ -263,6 +277,16 @@ pub(crate) fn recover(
                 storage
                     .create_dir_all(&salvage)
                     .map_err(|e| Error::io("create directory", &salvage, e))?;
+                let kept = keep_valid_records(
+                    storage,
+                    &salvage,
+                    &header,
+                    &bytes,
+                    torn.offset as usize,
+                    scan.last_lsn.map_or(seg.start, Lsn::next),
+                    max_payload,
+                )?;
+                report.salvaged_records.extend(kept);
                 cut(
                     storage,
                     &salvage,
@@ -496,6 +520,70 @@ fn salvage_dir(dir: &Path, report: &mut RecoveryReport) -> PathBuf {
             dir.join(format!("salvage-{ms}"))
         })
         .clone()
+}
+
+/// Keeps the records with good checksums found after `from` in a segment's bytes (as a reader
+/// that lost its place finds them: each with an LSN above the one before, starting at
+/// `expected`), as ordinary logs under `salvage`, one per run of consecutive LSNs
+/// (`lsn-<first>-<last>/`, frames re-framed with no sync claimed), each durable before the
+/// caller cuts anything. Returns the runs kept.
+fn keep_valid_records(
+    storage: &dyn Storage,
+    salvage: &Path,
+    header: &SegmentHeader,
+    bytes: &[u8],
+    from: usize,
+    expected: Lsn,
+    max_payload: u32,
+) -> Result<Vec<(Lsn, Lsn, PathBuf)>> {
+    let layout = header.layout;
+    let mut runs: Vec<Vec<u8>> = Vec::new();
+    let mut bounds: Vec<(Lsn, Lsn)> = Vec::new();
+    let mut at = from + 1;
+    let mut next = expected;
+    while let Some(found) = stela_format::resync::find_next_valid(layout, bytes, at, next, max_payload)
+    {
+        let Decoded::Record(rec) = frame::decode_with_limit(layout, &bytes[found..], max_payload)
+        else {
+            unreachable!("find_next_valid returns only valid frames");
+        };
+        match bounds.last_mut() {
+            Some((_, last)) if last.next() == rec.lsn => *last = rec.lsn,
+            _ => {
+                bounds.push((rec.lsn, rec.lsn));
+                runs.push(Vec::new());
+            }
+        }
+        let run = runs.last_mut().expect("pushed above");
+        frame::encode(run, rec.lsn, rec.payload, frame::MIN_SYNC_BASE);
+        next = rec.lsn.next();
+        at = found + rec.frame_len();
+    }
+    let mut kept = Vec::new();
+    for ((first, last), frames) in bounds.into_iter().zip(runs) {
+        let dir = salvage.join(format!("lsn-{first}-{last}"));
+        storage
+            .create_dir_all(&dir)
+            .map_err(|e| Error::io("create directory", &dir, e))?;
+        let start = stela_format::header::HEADER_BYTES as u64;
+        let segment = SegmentHeader {
+            layout: Layout::CURRENT,
+            segment_seq: 0,
+            start_lsn: first,
+            capacity: header
+                .capacity
+                .min(MAX_CAPACITY_V2)
+                .max(start + frames.len() as u64),
+            ..header.clone()
+        };
+        let file = crate::writer::create(storage, &dir, &segment)?;
+        let path = dir.join(segment_file_name(first));
+        file.write_all_at(&frames, start)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| Error::io("write", &path, e))?;
+        kept.push((first, last, dir));
+    }
+    Ok(kept)
 }
 
 /// Copies the bytes of a segment from `offset` to its last non-zero byte into the salvage

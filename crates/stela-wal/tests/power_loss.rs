@@ -1032,7 +1032,17 @@ fn a_write_missing_its_middle_is_a_torn_tail_for_verify_and_repair_too() {
     let (_, cut) = repaired.torn_tail.expect("repair cut the torn write");
     assert_eq!(cut, torn);
     let salvage = repaired.salvage_dir.expect("a copy of what was cut");
-    assert_eq!(disk.file_names(&salvage).len(), 1);
+    // The bytes, and the records with good checksums among them as logs of their own.
+    let kept: u64 = repaired
+        .salvaged_records
+        .iter()
+        .map(|(first, last, _)| last.get() - first.get() + 1)
+        .sum();
+    assert_eq!(kept, torn.unsynced_records);
+    assert_eq!(
+        disk.file_names(&salvage).len(),
+        1 + repaired.salvaged_records.len()
+    );
 
     let log = Log::open(DIR, raw_options(Arc::new(disk.clone())), RAW_TAG).unwrap();
     assert!(log.recovery_report().torn_tail.is_none());
