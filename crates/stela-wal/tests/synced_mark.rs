@@ -75,11 +75,14 @@ fn a_flipped_bit_in_the_last_synced_record_is_refused_and_nothing_is_cut() {
         if closed {
             log.close().unwrap();
         } else {
-            // The keeper writes the mark once the log is idle; wait for it, then crash.
+            // The keeper writes the mark once the log is idle (an earlier idle spell may have
+            // left one for an earlier commit); wait for the last, then crash.
+            let bytes = disk.read_file(&segment_path(dir)).unwrap();
+            let end = frame_starts(&bytes)[39] + frame::frame_len(payload(40).len());
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             while stela_wal::synced::read(&disk, dir)
                 .unwrap()
-                .is_none_or(|m| m.synced_offset < 300)
+                .is_none_or(|m| m.synced_offset < end as u64)
             {
                 assert!(std::time::Instant::now() < deadline, "no mark after 10 s");
                 std::thread::sleep(std::time::Duration::from_millis(5));
