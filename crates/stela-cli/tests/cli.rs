@@ -333,11 +333,19 @@ fn a_flipped_bit_in_the_last_synced_record_exits_one_and_nothing_is_cut() {
 
     let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(text(&out).contains(&format!("offset {at}")), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("offset {at}")),
+        "{}",
+        text(&out)
+    );
     assert!(!text(&out).contains("torn tail"), "{}", text(&out));
     let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(text(&out).contains("expected record LSN 10"), "{}", text(&out));
+    assert!(
+        text(&out).contains("expected record LSN 10"),
+        "{}",
+        text(&out)
+    );
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing was cut");
 }
 
@@ -371,15 +379,26 @@ fn verify_counts_the_valid_records_an_open_would_cut_and_repair_keeps_them() {
 
     let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
-    assert!(text(&out).contains("would cut 1999 record(s)"), "{}", text(&out));
+    assert!(
+        text(&out).contains("would cut 1999 record(s)"),
+        "{}",
+        text(&out)
+    );
     let out = stela(&["wal", "verify", "--json", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
-    assert!(text(&out).contains("\"would_cut_records\":1999"), "{}", text(&out));
+    assert!(
+        text(&out).contains("\"would_cut_records\":1999"),
+        "{}",
+        text(&out)
+    );
 
     let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let said = text(&out);
-    assert!(said.contains("dropped, unreadable: 1 record(s), LSNs 1001..=1001"), "{said}");
+    assert!(
+        said.contains("dropped, unreadable: 1 record(s), LSNs 1001..=1001"),
+        "{said}"
+    );
     assert!(said.contains("kept records 1002..=3000"), "{said}");
     let kept = said
         .lines()

@@ -10,8 +10,8 @@ use crate::scan::{scan_segment_marked, Damage, TornTail};
 use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::synced::{self, SyncedMark};
-use std::sync::Arc;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::MAX_CAPACITY_V2;
@@ -138,7 +138,9 @@ pub(crate) fn recover(
     let newest_start = segments.last().map(|s| s.start);
     let synced_mark = on_disk
         .filter(|m| Some(m.segment_start) == newest_start)
-        .map_or(stela_format::header::HEADER_BYTES as u64, |m| m.synced_offset);
+        .map_or(stela_format::header::HEADER_BYTES as u64, |m| {
+            m.synced_offset
+        });
     let max_payload = options.effective_max_record() as u32;
     let skip = options.recovery == RecoveryMode::SkipCorrupt;
     let mut expected_start: Option<Lsn> = None;
@@ -205,7 +207,13 @@ pub(crate) fn recover(
                 report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
             }
             if is_last {
-                break (file, header, clean.end_offset, clean.end_offset, clean.next_lsn);
+                break (
+                    file,
+                    header,
+                    clean.end_offset,
+                    clean.end_offset,
+                    clean.next_lsn,
+                );
             }
             expected_start = Some(clean.next_lsn);
             index += 1;
@@ -541,7 +549,8 @@ fn keep_valid_records(
     let mut bounds: Vec<(Lsn, Lsn)> = Vec::new();
     let mut at = from + 1;
     let mut next = expected;
-    while let Some(found) = stela_format::resync::find_next_valid(layout, bytes, at, next, max_payload)
+    while let Some(found) =
+        stela_format::resync::find_next_valid(layout, bytes, at, next, max_payload)
     {
         let Decoded::Record(rec) = frame::decode_with_limit(layout, &bytes[found..], max_payload)
         else {

@@ -86,7 +86,15 @@ pub fn scan_segment(
     skip_damage: bool,
 ) -> SegmentScan {
     let no_mark = HEADER_BYTES as u64;
-    scan_segment_marked(bytes, start, layout, is_last, max_payload, skip_damage, no_mark)
+    scan_segment_marked(
+        bytes,
+        start,
+        layout,
+        is_last,
+        max_payload,
+        skip_damage,
+        no_mark,
+    )
 }
 
 /// As [`scan_segment`], for a segment whose bytes below `synced_mark` were made durable by a
@@ -352,12 +360,13 @@ mod tests {
         bytes[bit / 8] ^= 1 << (bit % 8);
     }
 
-    /// The residual ambiguity of the rule, pinned: bit rot inside the last write of a segment
-    /// (synced, but no later frame says so) is indistinguishable from a tear and is cut.
+    /// What the sync bases alone cannot tell: bit rot inside the last write of a segment
+    /// (synced, but no later frame says so) looks like a tear and is cut, unless the synced-end
+    /// mark covers it; then it is damage, and so is data ending below the mark.
     #[test]
-    fn bit_rot_in_the_last_write_looks_like_a_torn_write() {
+    fn bit_rot_in_the_last_write_is_damage_only_below_the_mark() {
         let writes = vec![vec![b"a".to_vec(), b"b".to_vec()], vec![vec![7; 30]; 4]];
-        let (mut bytes, frames, _) = in_writes(&writes);
+        let (mut bytes, frames, ranges) = in_writes(&writes);
         flip(&mut bytes, (frames[3].start + 25) * 8);
         let scan = scan_v2(&bytes);
         assert!(scan.damage.is_empty(), "{:?}", scan.damage);
@@ -366,6 +375,29 @@ mod tests {
         assert_eq!(torn.unsynced_records, 2);
         assert!(torn.reason.contains("2 valid record(s)"), "{}", torn.reason);
         assert_eq!(scan.records, 3);
+
+        let synced = ranges[1].end as u64;
+        let marked = scan_segment_marked(&bytes, Lsn::FIRST, Layout::V2, true, 1000, false, synced);
+        assert!(marked.torn_tail.is_none(), "{:?}", marked.torn_tail);
+        assert_eq!(marked.damage.len(), 1);
+        assert_eq!(marked.damage[0].offset as usize, frames[3].start);
+        assert!(
+            marked.damage[0].reason.contains("SYNCED"),
+            "{}",
+            marked.damage[0].reason
+        );
+        // A mark below the flip leaves the old rule in force above it.
+        let below = frames[3].start as u64;
+        let above = scan_segment_marked(&bytes, Lsn::FIRST, Layout::V2, true, 1000, false, below);
+        assert!(above.damage.is_empty() && above.torn_tail.is_some());
+
+        // The data cut back (zeros) below the mark: synced records are missing.
+        let (mut short, frames, _) = in_writes(&writes);
+        short[frames[4].start..].fill(0);
+        let cut = scan_segment_marked(&short, Lsn::FIRST, Layout::V2, true, 1000, false, synced);
+        assert_eq!(cut.damage.len(), 1, "{cut:?}");
+        assert_eq!(cut.damage[0].offset as usize, frames[4].start);
+        assert_eq!(cut.damage[0].expected_lsn, Lsn::new(5));
     }
 
     /// Version 1 frames carry no sync base, so damage followed by valid frames stays damage

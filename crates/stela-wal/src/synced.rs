@@ -183,9 +183,9 @@ impl SyncedMark {
             });
         }
         let (segment_start, synced_offset) = self.published();
-        let same = file.on_disk.is_some_and(|m| {
-            m.segment_start == segment_start && m.synced_offset == synced_offset
-        });
+        let same = file
+            .on_disk
+            .is_some_and(|m| m.segment_start == segment_start && m.synced_offset == synced_offset);
         if file.closed || same {
             return Ok(false);
         }

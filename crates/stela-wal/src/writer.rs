@@ -210,8 +210,7 @@ impl SegmentWriter {
             .sync_data()
             .map_err(|e| Error::io("fdatasync", &self.path, e));
         self.record(result)?;
-        self.mark
-            .publish(self.header.start_lsn, self.contiguous_to);
+        self.mark.publish(self.header.start_lsn, self.contiguous_to);
         Ok(())
     }
 

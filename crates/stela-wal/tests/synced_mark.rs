@@ -121,7 +121,9 @@ fn an_idle_log_records_its_last_sync_by_itself() {
     let disk = FaultStorage::new();
     let dir = Path::new("/synced/idle");
     let log = committed_log(Arc::new(disk.clone()), dir, 3);
-    let end = *frame_starts(&disk.read_file(&segment_path(dir)).unwrap()).last().unwrap()
+    let end = *frame_starts(&disk.read_file(&segment_path(dir)).unwrap())
+        .last()
+        .unwrap()
         + frame::frame_len(payload(3).len());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -129,7 +131,10 @@ fn an_idle_log_records_its_last_sync_by_itself() {
         if mark.is_some_and(|m| m.synced_offset == end as u64) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "mark {mark:?}, data end {end}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mark {mark:?}, data end {end}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     // One segment sync per commit: the marks add none to the segment.
@@ -147,10 +152,16 @@ fn a_flip_early_in_an_unsynced_log_is_not_clean_and_counts_what_an_open_cuts() {
     for synced in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let storage: Arc<dyn Storage> = Arc::new(stela_wal::storage::StdStorage);
-        let sync = if synced { SyncMode::Data } else { SyncMode::None };
+        let sync = if synced {
+            SyncMode::Data
+        } else {
+            SyncMode::None
+        };
         let log = Log::open(
             dir.path(),
-            options(Arc::clone(&storage)).sync(sync).segment_bytes(4 << 20),
+            options(Arc::clone(&storage))
+                .sync(sync)
+                .segment_bytes(4 << 20),
             TAG,
         )
         .unwrap();
