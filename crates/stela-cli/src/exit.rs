@@ -22,11 +22,16 @@ pub const NOT_A_LOG: u8 = 4;
 pub const LOCKED: u8 = 5;
 /// No daemon answers at the address.
 pub const DAEMON_UNREACHABLE: u8 = 6;
+/// `wal verify`: no damage, but the log ends in a torn write that holds records whose
+/// checksums are good (never synced, so never acknowledged at `disk`): opening or repairing
+/// the log would remove them. The output says how many; `wal repair` keeps a copy.
+pub const WOULD_CUT_RECORDS: u8 = 7;
 
 /// The text `stela --help` shows under the commands.
 pub const HELP: &str = "Exit codes: 0 ok (verify: clean; status: healthy), 1 the log is damaged, \
 2 bad arguments or another failure, 3 status: the daemon is unhealthy, 4 not a log, \
-5 the log is locked by another process, 6 no daemon answers at the address.";
+5 the log is locked by another process, 6 no daemon answers at the address, 7 verify: not \
+damaged, but opening the log would cut records whose checksums are good (it says how many).";
 
 /// The exit code for a failed command.
 pub fn code_of(error: &anyhow::Error) -> ExitCode {

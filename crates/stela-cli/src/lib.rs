@@ -13,7 +13,8 @@
 //!
 //! Exit codes ([`exit`]): 0 success (`verify`: clean; `status`: healthy), 1 the log is
 //! damaged, 2 bad arguments or another failure, 3 the daemon is unhealthy, 4 not a log,
-//! 5 the log is locked by another process, 6 no daemon answers.
+//! 5 the log is locked by another process, 6 no daemon answers, 7 `verify`: not damaged, but
+//! opening the log would cut records whose checksums are good.
 
 pub mod alloc;
 pub mod demo;
@@ -285,10 +286,12 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             } else {
                 print_verify(&dir, &report, out)?;
             }
-            Ok(if report.is_clean() {
-                ExitCode::SUCCESS
+            Ok(if report.is_damaged() {
+                ExitCode::from(exit::DAMAGED)
+            } else if report.would_cut_records() > 0 {
+                ExitCode::from(exit::WOULD_CUT_RECORDS)
             } else {
-                ExitCode::from(1)
+                ExitCode::SUCCESS
             })
         }
         Command::Wal(WalCommand::Salvage { dir, json }) => {
@@ -355,6 +358,38 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
                     torn.reason
                 )?,
                 None => writeln!(out, "no torn tail")?,
+            }
+            let kept: u64 = report
+                .salvaged_records
+                .iter()
+                .map(|(first, last, _)| last.get() - first.get() + 1)
+                .sum();
+            if let Some((_, torn)) = &report.torn_tail {
+                writeln!(
+                    out,
+                    "records cut with the torn write that had good checksums: {} (never synced, \
+                     so never acknowledged at disk); kept: {kept}",
+                    torn.unsynced_records
+                )?;
+            }
+            // Between the cut point and the records kept, and between kept runs: LSNs whose
+            // frames did not survive. Every record removed is either kept or counted here.
+            let mut expected = report.last_lsn.next();
+            for (first, last, dir) in &report.salvaged_records {
+                if *first > expected {
+                    writeln!(
+                        out,
+                        "dropped, unreadable: {} record(s), LSNs {expected}..={}",
+                        first.get() - expected.get(),
+                        Lsn::new(first.get() - 1)
+                    )?;
+                }
+                writeln!(
+                    out,
+                    "kept records {first}..={last} as a log in {} (stela wal dump reads it)",
+                    dir.display()
+                )?;
+                expected = last.next();
             }
             for (path, damage) in &report.damage {
                 writeln!(
@@ -463,6 +498,13 @@ fn print_verify(dir: &Path, report: &VerifyReport, out: &mut dyn Write) -> std::
         report.last_lsn.map_or(0, Lsn::get),
         report.codec.map_or("-", |c| c.name())
     )?;
+    if let Some(mark) = &report.synced_mark {
+        writeln!(
+            out,
+            "synced end: offset {} of segment {} (nothing below it is a torn write)",
+            mark.synced_offset, mark.segment_start
+        )?;
+    }
     if let Some((path, torn)) = &report.torn_tail {
         writeln!(
             out,
@@ -476,20 +518,28 @@ fn print_verify(dir: &Path, report: &VerifyReport, out: &mut dyn Write) -> std::
     for problem in &report.problems {
         writeln!(out, "CORRUPT: {problem}")?;
     }
-    writeln!(
-        out,
-        "{}",
-        if report.is_clean() {
-            "clean"
-        } else {
-            "damaged"
-        }
-    )
+    let cut = report.would_cut_records();
+    if report.is_damaged() {
+        writeln!(out, "damaged")
+    } else if cut > 0 {
+        writeln!(
+            out,
+            "not clean: opening or repairing the log would cut {cut} record(s) whose checksums are \
+             good (never synced; `stela wal repair` keeps a copy)"
+        )
+    } else {
+        writeln!(out, "clean")
+    }
 }
 
 fn verify_json(report: &VerifyReport) -> serde_json::Value {
     serde_json::json!({
         "clean": report.is_clean(),
+        "damaged": report.is_damaged(),
+        "would_cut_records": report.would_cut_records(),
+        "synced_mark": report.synced_mark.map(|m| serde_json::json!({
+            "segment_start": m.segment_start.get(), "offset": m.synced_offset,
+        })),
         "segments": report.segments.len(),
         "records": report.records,
         "first_lsn": report.first_lsn.map(Lsn::get),

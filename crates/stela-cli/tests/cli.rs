@@ -314,3 +314,104 @@ fn dump_of_a_daemon_log_shows_the_field_names_the_client_sent() {
         serde_json::json!({"account": 9, "amount": 40})
     );
 }
+
+/// Issue 54, finding 8: a bit flipped in the last acknowledged record of a closed log. Before
+/// the synced-end mark, `verify` called it a torn tail and exited 0, and opening cut the record.
+/// Now `verify` exits 1 naming the file and offset, and plain `repair` (an open) refuses and
+/// changes nothing.
+#[test]
+fn a_flipped_bit_in_the_last_synced_record_exits_one_and_nothing_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    make_log(dir.path(), 10);
+    let path = first_segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut at = 256;
+    for _ in 0..9 {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 20 + len;
+    }
+    bytes[at + 21] ^= 0x08; // inside record 10's payload
+    std::fs::write(&path, &bytes).unwrap();
+
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("offset {at}")),
+        "{}",
+        text(&out)
+    );
+    assert!(!text(&out).contains("torn tail"), "{}", text(&out));
+    let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("expected record LSN 10"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing was cut");
+}
+
+/// Issue 54: 3,000 records written without syncs, one bit flipped a third of the way in. An
+/// open would cut the 1,999 valid records after it as part of a torn write: `verify` says so
+/// with exit 7 (before: "clean", exit 0), `repair` keeps them as a log in its salvage folder
+/// and counts what it dropped, and the log is clean afterwards.
+#[test]
+fn verify_counts_the_valid_records_an_open_would_cut_and_repair_keeps_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal: Wal<(u32, String)> = Wal::open(
+        dir.path(),
+        WalOptions::default()
+            .codec(Codec::MessagePack)
+            .sync(stela_wal::SyncMode::None),
+    )
+    .unwrap();
+    for i in 0..3000 {
+        wal.append(&(i, format!("record {i}"))).unwrap();
+    }
+    wal.close().unwrap();
+    let path = first_segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut at = 256;
+    for _ in 0..1000 {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 20 + len;
+    }
+    bytes[at + 22] ^= 0x01; // record 1001
+    std::fs::write(&path, &bytes).unwrap();
+
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    assert!(
+        text(&out).contains("would cut 1999 record(s)"),
+        "{}",
+        text(&out)
+    );
+    let out = stela(&["wal", "verify", "--json", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    assert!(
+        text(&out).contains("\"would_cut_records\":1999"),
+        "{}",
+        text(&out)
+    );
+
+    let out = stela(&["wal", "repair", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = text(&out);
+    assert!(
+        said.contains("dropped, unreadable: 1 record(s), LSNs 1001..=1001"),
+        "{said}"
+    );
+    assert!(said.contains("kept records 1002..=3000"), "{said}");
+    let kept = said
+        .lines()
+        .find_map(|l| l.strip_prefix("kept records 1002..=3000 as a log in "))
+        .and_then(|l| l.strip_suffix(" (stela wal dump reads it)"))
+        .expect("the kept log's directory")
+        .to_owned();
+    let out = stela(&["wal", "dump", &kept]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1999);
+    let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("1000 record(s)"), "{}", text(&out));
+}

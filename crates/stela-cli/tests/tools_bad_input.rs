@@ -93,7 +93,7 @@ fn check_agreement(dir: &Path, what: &str) {
     let verdict = tools::verify(dir, &StdStorage).unwrap();
     let (dumped, problems) = dump(dir);
     assert_eq!(
-        verdict.is_clean(),
+        !verdict.is_damaged(),
         problems.is_empty(),
         "{what}: verify and dump disagree: {:?} / {problems:?}",
         verdict.problems
@@ -102,7 +102,7 @@ fn check_agreement(dir: &Path, what: &str) {
         written().starts_with(&dumped),
         "{what}: dump printed records that were not written in that order: {dumped:?}"
     );
-    if verdict.is_clean() {
+    if !verdict.is_damaged() {
         return;
     }
     let end = verdict.valid_prefix_end.expect("damage has a place");

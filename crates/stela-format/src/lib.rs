@@ -16,6 +16,8 @@
 //! - [`segment_name`]: segment file names, which carry the first LSN of the segment.
 //! - [`schema`]: a record type's field names (traced from the type), to show compact
 //!   MessagePack records with them.
+//! - [`synced`]: the synced-end mark (`SYNCED`): how far the newest segment was durable when the
+//!   last sync returned, so recovery never calls damage below it a torn write.
 //! - [`term`]: terms and a replicated log's term history, its encoding, and the divergence point
 //!   of two copies of a log.
 //!
@@ -44,6 +46,7 @@ pub mod lsn;
 pub mod resync;
 pub mod schema;
 pub mod segment_name;
+pub mod synced;
 pub mod term;
 
 pub use codec::{Codec, CodecError};

@@ -9,6 +9,10 @@
 //! commits. A failed write or sync stops that log for good (the pool's fail-stop invariant); a
 //! full disk met while creating a segment leaves the records in memory for a later attempt.
 //!
+//! When a log goes idle after a durable round, the flusher asks for the log's synced-end mark
+//! to be written (by stela-wal's keeper thread, not this one), so damage to the last synced
+//! write is never mistaken for a torn one.
+//!
 //! Invariant: the bytes written are exactly [`crate::pool::Run::bytes`] at
 //! [`crate::pool::Run::offset`] of segment [`crate::pool::Run::segment`]; a flusher never frames,
 //! numbers or reorders anything.
@@ -93,7 +97,13 @@ pub fn run<W>(pool: &Pool<W>, logs: &Logs, metrics: &Metrics, release: &dyn Fn(R
             started.elapsed(),
             matches!(outcome, Outcome::Failed(_)),
         );
+        let log = work.log;
         let released = pool.complete(work, outcome);
+        if released.idle {
+            if let Some(entry) = logs.get(log) {
+                lock(&entry.writer).synced_mark().request();
+            }
+        }
         if !released.waiters.is_empty() || released.space_freed {
             release(released);
         }

@@ -199,6 +199,13 @@ impl Logs {
             table.by_name.remove(&name);
             table.by_id.remove(&log).map(|(entry, _)| entry)
         };
+        // Everything is written and synced: record how far, so that damage to the last write
+        // is never taken for a torn one when the log is next opened.
+        if let Some(entry) = &entry {
+            if let Err(error) = lock(&entry.writer).synced_mark().persist() {
+                tracing::warn!(log = %name, %error, "closing a log whose synced-end mark could not be written");
+            }
+        }
         // Someone may still hold the entry for a moment (a status report being built); its
         // files, and the directory lock, go with the last holder, and the close is not over
         // before that: whoever opens the log next must find it free.

@@ -127,6 +127,8 @@ impl LogFiles {
             recovered.tail_header,
             options.segment_bytes,
             options.zero_ahead_bytes,
+            recovered.data_end,
+            recovered.mark,
         );
         Ok(LogFiles {
             writer,

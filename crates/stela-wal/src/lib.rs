@@ -17,6 +17,8 @@
 //! - [`storage`]: the I/O trait and the real file system; with the `testing` feature, the
 //!   fault-injecting one (power cuts down to single sectors) and a forwarding wrapper for test
 //!   storages.
+//! - [`synced`]: the `SYNCED` file, how far the newest segment was synced when its last
+//!   recorded sync returned, written off the commit path by one keeper thread.
 //! - [`term_store`]: a replicated log's durable term state (current term, term history).
 //! - [`tools`]: verify, dump and repair, for the `stela wal` commands.
 //! - [`options`], [`error`]: how a log is opened and what can go wrong.
@@ -50,6 +52,7 @@ pub mod scan;
 pub mod schema;
 pub mod segment;
 pub mod storage;
+pub mod synced;
 pub mod term_store;
 pub mod tools;
 pub mod wal;

@@ -22,6 +22,9 @@
 //!   does not), and 256 for a segment that does not exist yet. So no frame claims more durability
 //!   than a completed sync gave, which is what lets recovery cut a torn last write without an
 //!   operator (see `docs/FORMAT.md`).
+//! - The last sync is recorded too: when a durable round leaves nothing pending and nobody
+//!   waiting, the log asks for its synced-end mark to be written ([`crate::synced`]), off the
+//!   commit path; `close` writes it before it returns.
 //! - After a failed write or sync the log is *poisoned*: the error is stored, every waiter and
 //!   every later call gets it, and nothing is retried (a retried fdatasync can report success for
 //!   data the kernel already dropped).
@@ -32,6 +35,7 @@ use crate::options::{SyncMode, WalOptions};
 use crate::reader::RawReader;
 use crate::recovery::RecoveryReport;
 use crate::segment::SegmentFile;
+use crate::synced::SyncedMark;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -60,6 +64,8 @@ struct Core {
     /// Every segment; holds the directory lock.
     segments: Arc<SegmentSet>,
     report: RecoveryReport,
+    /// The writer's synced-end mark (the writer publishes to it; this asks for it to be written).
+    mark: Arc<SyncedMark>,
     async_syncer: OnceLock<Arc<AsyncSyncer>>,
     stats: Counters,
 }
@@ -190,6 +196,9 @@ pub struct LogStats {
     pub flushes: u64,
     /// fdatasync calls on segments (one per durable round, plus one per segment sealed).
     pub syncs: u64,
+    /// Writes of the synced-end mark (`SYNCED`, each with its own fdatasync of that file), the
+    /// one open makes included: off the commit path, when the log went idle after a sync.
+    pub marks: u64,
     pub bytes_written: u64,
 }
 
@@ -239,7 +248,9 @@ impl Log {
             ..
         } = files;
         let last = Lsn::new(next_lsn.get() - 1);
+        let mark = Arc::clone(writer.synced_mark());
         let core = Core {
+            mark,
             dir: dir.to_path_buf(),
             codec,
             max_record,
@@ -456,6 +467,18 @@ impl Log {
         lock(&self.core.state).durable_lsn
     }
 
+    /// Writes down, and syncs, how far the newest segment is synced (the `SYNCED` mark), now
+    /// and on this thread. The log does this by itself off the commit path when it goes idle,
+    /// and in `close`; this is for a caller (or a test) that must know it is done, e.g. before
+    /// it stops the process. Waits for a write of the mark in progress.
+    ///
+    /// # Errors
+    /// The failed write or fdatasync of the mark file (marks then stop for good; records are
+    /// unaffected).
+    pub fn mark_synced(&self) -> Result<()> {
+        self.core.mark.persist().map(|_| ())
+    }
+
     /// The highest LSN handed to the OS.
     pub fn written_lsn(&self) -> Lsn {
         lock(&self.core.state).written_lsn
@@ -467,6 +490,7 @@ impl Log {
         LogStats {
             flushes: c.flushes.load(Ordering::Relaxed),
             syncs: c.syncs.load(Ordering::Relaxed),
+            marks: self.core.mark.writes(),
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
         }
     }
@@ -511,7 +535,8 @@ impl Log {
         if let Some(syncer) = self.core.async_syncer.get() {
             syncer.quiesce(&self.core);
         }
-        committed.map(|_| ())
+        committed?;
+        self.core.mark.persist().map(|_| ())
     }
 
     /// Segment files currently in the log, oldest first.
@@ -594,6 +619,13 @@ impl Log {
             state.spare = bytes;
         }
         let failed = state.failure.is_some();
+        // Idle after a durable round: nothing pending, nobody waiting, so no next frame will
+        // carry this sync's end as its sync base soon. Have the mark record it instead.
+        let idle = batch.sync
+            && !failed
+            && state.pending.is_empty()
+            && state.waiters.is_empty()
+            && state.async_waiters.is_empty();
         // Wake the waiters this flush satisfied, and the oldest unsatisfied one to lead the
         // next flush (it is woken first, so that flush starts as soon as possible). After a
         // failure, wake everyone: they all return the error.
@@ -629,6 +661,9 @@ impl Log {
             wake_tree(wake);
         }
         ready.into_iter().for_each(Waker::wake);
+        if idle {
+            core.mark.request();
+        }
         result
     }
 

@@ -18,6 +18,8 @@
 //!   base (the offset below which the *primary* had synced when it framed it) lies beyond what
 //!   the mirror has synced, the mirror syncs what it has written, so a torn write on the standby
 //!   is recognised exactly as on the primary (`docs/FORMAT.md`, torn last write).
+//! - **The standby keeps its own synced-end mark** (`SYNCED`, never shipped): its writer
+//!   publishes after its own syncs, so damage to what it synced is never cut as a torn write.
 //! - **Segments are created whole and sealed in order** through [`SegmentWriter::rotate_to`]:
 //!   the previous segment is synced before the next exists.
 //! - **Fail stop.** A failed write or sync poisons the writer; every later call fails with it.
@@ -233,6 +235,9 @@ impl Mirror {
     /// The failed sync (the mirror is stopped).
     pub fn sync(&mut self) -> Result<u64> {
         self.writer.sync()?;
+        // The standby records its own synced end, as a primary does (`crate::synced`): the
+        // keeper thread writes it, coalescing requests, off the replication path.
+        self.writer.synced_mark().request();
         self.synced_offset = self.checker.position.offset;
         self.durable_lsn = Lsn::new(self.checker.position.next_lsn.get() - 1);
         Ok(self.durable_lsn())

@@ -6,10 +6,12 @@
 
 use crate::error::{Corruption, Error, Result};
 use crate::options::{RecoveryMode, WalOptions};
-use crate::scan::{scan_segment, Damage, TornTail};
+use crate::scan::{scan_segment_marked, Damage, TornTail};
 use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::synced::{self, SyncedMark};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::MAX_CAPACITY_V2;
@@ -32,6 +34,10 @@ pub struct RecoveryReport {
     pub damage: Vec<(PathBuf, Damage)>,
     /// Where removed bytes and segments were put, if anything was removed.
     pub salvage_dir: Option<PathBuf>,
+    /// Records with good checksums that a repair cut from inside a segment (after a torn
+    /// write or damage), each run of consecutive LSNs kept as an ordinary log in the salvage
+    /// folder: `(first LSN, last LSN, its directory)`. `stela wal dump` reads each.
+    pub salvaged_records: Vec<(Lsn, Lsn, PathBuf)>,
     /// Incomplete segment preparations deleted.
     pub removed_temp_files: Vec<PathBuf>,
 }
@@ -42,9 +48,13 @@ pub(crate) struct Recovered {
     pub tail: Box<dyn StorageFile>,
     pub tail_header: SegmentHeader,
     pub write_offset: u64,
+    /// Where the data recovery kept in the newest segment ends (below `write_offset` when
+    /// that is the capacity of a segment that must not be written): synced, and marked.
+    pub data_end: u64,
     pub next_lsn: Lsn,
     pub report: RecoveryReport,
     pub lock: Box<dyn Send + Sync>,
+    pub mark: Arc<SyncedMark>,
 }
 
 /// What the caller expects the log to hold.
@@ -102,6 +112,9 @@ pub(crate) fn recover(
     if segments.is_empty() {
         let header = new_header(options, expect, 0, Lsn::FIRST);
         let tail = crate::writer::create(storage, dir, &header)?;
+        let data_end = stela_format::header::HEADER_BYTES as u64;
+        let on_disk = synced::read(storage, dir)?;
+        let mark = SyncedMark::open(storage, dir, on_disk, Lsn::FIRST, data_end)?;
         report.segments = 1;
         return Ok(Recovered {
             segments: vec![SegmentFile {
@@ -110,19 +123,30 @@ pub(crate) fn recover(
             }],
             tail,
             tail_header: header,
-            write_offset: stela_format::header::HEADER_BYTES as u64,
+            write_offset: data_end,
+            data_end,
             next_lsn: Lsn::FIRST,
             report,
             lock,
+            mark,
         });
     }
 
+    // How far the newest segment was synced when its last recorded sync returned: below it,
+    // nothing is a torn write.
+    let on_disk = synced::read(storage, dir)?;
+    let newest_start = segments.last().map(|s| s.start);
+    let synced_mark = on_disk
+        .filter(|m| Some(m.segment_start) == newest_start)
+        .map_or(stela_format::header::HEADER_BYTES as u64, |m| {
+            m.synced_offset
+        });
     let max_payload = options.effective_max_record() as u32;
     let skip = options.recovery == RecoveryMode::SkipCorrupt;
     let mut expected_start: Option<Lsn> = None;
     let mut index = 0;
     let mut scratch = Vec::new();
-    let (tail, tail_header, write_offset, next_lsn) = loop {
+    let (tail, tail_header, write_offset, data_end, next_lsn) = loop {
         let seg = segments[index].clone();
         let is_last = index + 1 == segments.len();
         let mode = if is_last {
@@ -163,6 +187,11 @@ pub(crate) fn recover(
         // Segments are normally clean: check them streaming; only a finding sends us to the
         // whole-file scan below, which classifies it.
         let layout = header.layout;
+        let mark = if is_last {
+            synced_mark
+        } else {
+            stela_format::header::HEADER_BYTES as u64
+        };
         if let Some(clean) = check_clean(
             file.as_ref(),
             &seg,
@@ -170,13 +199,21 @@ pub(crate) fn recover(
             max_payload,
             &mut scratch,
             CHECK_CHUNK,
-        )? {
+        )?
+        .filter(|clean| clean.end_offset >= mark)
+        {
             report.records_verified += clean.records;
             if report.first_lsn == Lsn::ZERO {
                 report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
             }
             if is_last {
-                break (file, header, clean.end_offset, clean.next_lsn);
+                break (
+                    file,
+                    header,
+                    clean.end_offset,
+                    clean.end_offset,
+                    clean.next_lsn,
+                );
             }
             expected_start = Some(clean.next_lsn);
             index += 1;
@@ -185,7 +222,7 @@ pub(crate) fn recover(
         let bytes = file
             .read_to_vec()
             .map_err(|e| Error::io("read", &seg.path, e))?;
-        let scan = scan_segment(&bytes, seg.start, layout, is_last, max_payload, skip);
+        let scan = scan_segment_marked(&bytes, seg.start, layout, is_last, max_payload, skip, mark);
         report.records_verified += scan.records;
         if report.first_lsn == Lsn::ZERO {
             report.first_lsn = scan.first_lsn.unwrap_or(Lsn::ZERO);
@@ -207,6 +244,16 @@ pub(crate) fn recover(
                     let file = storage
                         .open(&seg.path, OpenMode::ReadWrite)
                         .map_err(|e| Error::io("open", &seg.path, e))?;
+                    let kept = keep_valid_records(
+                        storage,
+                        &salvage,
+                        &header,
+                        &bytes,
+                        damage.offset as usize,
+                        damage.expected_lsn,
+                        max_payload,
+                    )?;
+                    report.salvaged_records.extend(kept);
                     cut(
                         storage,
                         &salvage,
@@ -228,7 +275,7 @@ pub(crate) fn recover(
                     }
                     report.damage.push((seg.path.clone(), damage.clone()));
                     let next = scan.last_lsn.map_or(seg.start, Lsn::next);
-                    break (file, header, scan.end_offset, next);
+                    break (file, header, scan.end_offset, scan.end_offset, next);
                 }
             }
         }
@@ -238,6 +285,16 @@ pub(crate) fn recover(
                 storage
                     .create_dir_all(&salvage)
                     .map_err(|e| Error::io("create directory", &salvage, e))?;
+                let kept = keep_valid_records(
+                    storage,
+                    &salvage,
+                    &header,
+                    &bytes,
+                    torn.offset as usize,
+                    scan.last_lsn.map_or(seg.start, Lsn::next),
+                    max_payload,
+                )?;
+                report.salvaged_records.extend(kept);
                 cut(
                     storage,
                     &salvage,
@@ -270,10 +327,10 @@ pub(crate) fn recover(
             // the valid record that ended the damage, so the names cannot clash). Opening
             // still changes nothing on disk.
             let full = header.capacity;
-            break (file, header, full, next);
+            break (file, header, full, scan.end_offset, next);
         }
         if is_last {
-            break (file, header, scan.end_offset, next);
+            break (file, header, scan.end_offset, scan.end_offset, next);
         }
         expected_start = Some(next);
         index += 1;
@@ -295,6 +352,9 @@ pub(crate) fn recover(
     // open hands out as durable. (Older segments were synced before their successor existed.)
     tail.sync_data()
         .map_err(|e| Error::io("fdatasync", &segments[segments.len() - 1].path, e))?;
+    // Now that the data is synced, record how far: a later open then calls any change below
+    // it damage. Rewritten whenever it differs (a repair may have cut below an older mark).
+    let mark = SyncedMark::open(storage, dir, on_disk, tail_header.start_lsn, data_end)?;
     report.segments = segments.len();
     report.last_lsn = Lsn::new(next_lsn.get() - 1);
     if report.first_lsn == Lsn::ZERO && report.last_lsn != Lsn::ZERO {
@@ -305,9 +365,11 @@ pub(crate) fn recover(
         tail,
         tail_header,
         write_offset,
+        data_end,
         next_lsn,
         report,
         lock,
+        mark,
     })
 }
 
@@ -468,6 +530,71 @@ fn salvage_dir(dir: &Path, report: &mut RecoveryReport) -> PathBuf {
         .clone()
 }
 
+/// Keeps the records with good checksums found after `from` in a segment's bytes (as a reader
+/// that lost its place finds them: each with an LSN above the one before, starting at
+/// `expected`), as ordinary logs under `salvage`, one per run of consecutive LSNs
+/// (`lsn-<first>-<last>/`, frames re-framed with no sync claimed), each durable before the
+/// caller cuts anything. Returns the runs kept.
+fn keep_valid_records(
+    storage: &dyn Storage,
+    salvage: &Path,
+    header: &SegmentHeader,
+    bytes: &[u8],
+    from: usize,
+    expected: Lsn,
+    max_payload: u32,
+) -> Result<Vec<(Lsn, Lsn, PathBuf)>> {
+    let layout = header.layout;
+    let mut runs: Vec<Vec<u8>> = Vec::new();
+    let mut bounds: Vec<(Lsn, Lsn)> = Vec::new();
+    let mut at = from + 1;
+    let mut next = expected;
+    while let Some(found) =
+        stela_format::resync::find_next_valid(layout, bytes, at, next, max_payload)
+    {
+        let Decoded::Record(rec) = frame::decode_with_limit(layout, &bytes[found..], max_payload)
+        else {
+            unreachable!("find_next_valid returns only valid frames");
+        };
+        match bounds.last_mut() {
+            Some((_, last)) if last.next() == rec.lsn => *last = rec.lsn,
+            _ => {
+                bounds.push((rec.lsn, rec.lsn));
+                runs.push(Vec::new());
+            }
+        }
+        let run = runs.last_mut().expect("pushed above");
+        frame::encode(run, rec.lsn, rec.payload, frame::MIN_SYNC_BASE);
+        next = rec.lsn.next();
+        at = found + rec.frame_len();
+    }
+    let mut kept = Vec::new();
+    for ((first, last), frames) in bounds.into_iter().zip(runs) {
+        let dir = salvage.join(format!("lsn-{first}-{last}"));
+        storage
+            .create_dir_all(&dir)
+            .map_err(|e| Error::io("create directory", &dir, e))?;
+        let start = stela_format::header::HEADER_BYTES as u64;
+        let segment = SegmentHeader {
+            layout: Layout::CURRENT,
+            segment_seq: 0,
+            start_lsn: first,
+            capacity: header
+                .capacity
+                .min(MAX_CAPACITY_V2)
+                .max(start + frames.len() as u64),
+            ..header.clone()
+        };
+        let file = crate::writer::create(storage, &dir, &segment)?;
+        let path = dir.join(segment_file_name(first));
+        file.write_all_at(&frames, start)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| Error::io("write", &path, e))?;
+        kept.push((first, last, dir));
+    }
+    Ok(kept)
+}
+
 /// Copies the bytes of a segment from `offset` to its last non-zero byte into the salvage
 /// folder, then zeroes them in the segment, durably.
 fn cut(
@@ -518,6 +645,7 @@ fn zero(file: &dyn StorageFile, path: &Path, offset: u64, len: u64) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scan::scan_segment;
     use crate::storage::FaultStorage;
     use proptest::prelude::*;
 

@@ -214,6 +214,9 @@ pub fn cut_after(
         writer, segments, ..
     } = files;
     drop(writer);
+    // The mark may name a segment about to go, or an offset about to be cut: it claims nothing
+    // until the next open writes the true one (a crash in between leaves a log that opens).
+    crate::synced::forget(storage.as_ref(), dir)?;
     crate::files::SegmentSet::remove_one_by_one(
         storage.as_ref(),
         dir,

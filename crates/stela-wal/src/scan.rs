@@ -22,10 +22,14 @@
 //!   frames carry no sync base).
 //! - Zeros where a record was expected end the data; garbage after the zeros of a sealed
 //!   segment is damage.
+//! - **Below the synced-end mark** (`SYNCED`, see [`crate::synced`]) of the newest segment,
+//!   every one of these is damage, and so is the data ending (zeros, or the file's end) before
+//!   the mark: a returned fdatasync had made those bytes durable, so they did not tear, they
+//!   changed. Only bytes at or above the mark may be a torn tail.
 //!
 //! `docs/FORMAT.md` (Recovery) gives the argument why the torn-last-write rule never drops an
-//! acknowledged record, and the ambiguity it leaves (bit rot inside the last write of a log
-//! looks like a tear).
+//! acknowledged record, and the ambiguity the mark removes (without it, bit rot inside the last
+//! write of a log looks like a tear).
 
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
@@ -81,6 +85,30 @@ pub fn scan_segment(
     max_payload: u32,
     skip_damage: bool,
 ) -> SegmentScan {
+    let no_mark = HEADER_BYTES as u64;
+    scan_segment_marked(
+        bytes,
+        start,
+        layout,
+        is_last,
+        max_payload,
+        skip_damage,
+        no_mark,
+    )
+}
+
+/// As [`scan_segment`], for a segment whose bytes below `synced_mark` were made durable by a
+/// returned fdatasync (the log's `SYNCED` mark when it names this segment; the header's end,
+/// 256, when nothing is known): any finding below it is damage, never a torn tail.
+pub fn scan_segment_marked(
+    bytes: &[u8],
+    start: Lsn,
+    layout: Layout,
+    is_last: bool,
+    max_payload: u32,
+    skip_damage: bool,
+    synced_mark: u64,
+) -> SegmentScan {
     let mut scan = SegmentScan {
         end_offset: HEADER_BYTES as u64,
         ..SegmentScan::default()
@@ -99,21 +127,36 @@ pub fn scan_segment(
                 continue;
             }
             Decoded::Record(rec) => format!("found record LSN {} out of sequence", rec.lsn),
+            Decoded::Incomplete { .. } if pos == bytes.len() && (pos as u64) < synced_mark => {
+                format!("the segment ends at offset {pos}, below its synced-end mark")
+            }
             Decoded::Incomplete { .. } if pos == bytes.len() => break,
             Decoded::Incomplete { needed } => format!(
                 "record needs {needed} bytes but the segment ends after {}",
                 bytes.len() - pos
             ),
-            Decoded::Unwritten => {
-                let Some(nonzero) = first_nonzero(bytes, pos) else {
-                    break; // clean end: only zeros follow
-                };
-                format!("unexpected bytes at offset {nonzero} after the end of the data")
-            }
+            Decoded::Unwritten => match first_nonzero(bytes, pos) {
+                None if (pos as u64) < synced_mark => {
+                    "zeros where a record was expected (the data ends here)".to_owned()
+                }
+                None => break, // clean end: only zeros follow
+                Some(nonzero) => {
+                    format!("unexpected bytes at offset {nonzero} after the end of the data")
+                }
+            },
             Decoded::Rejected(why) => why.to_string(),
+        };
+        let problem = if (pos as u64) < synced_mark {
+            format!(
+                "{problem}, below offset {synced_mark}, which the log had synced (its SYNCED \
+                 mark): durable bytes changed, this is not a torn write"
+            )
+        } else {
+            problem
         };
         let resumes_at = frame::find_next_valid(layout, bytes, pos + 1, expected, max_payload);
         let unsynced_after = match resumes_at {
+            _ if (pos as u64) < synced_mark => None,
             None => Some(0),
             Some(at) if is_last && layout == Layout::V2 => {
                 unsynced_records_from(bytes, at, pos, max_payload)
@@ -146,7 +189,7 @@ pub fn scan_segment(
                 scan.damage.push(Damage {
                     offset: pos as u64,
                     expected_lsn: expected,
-                    reason: if resumes_at.is_none() {
+                    reason: if resumes_at.is_none() && (pos as u64) >= synced_mark {
                         format!("{problem} in a sealed segment")
                     } else {
                         problem
@@ -317,12 +360,13 @@ mod tests {
         bytes[bit / 8] ^= 1 << (bit % 8);
     }
 
-    /// The residual ambiguity of the rule, pinned: bit rot inside the last write of a segment
-    /// (synced, but no later frame says so) is indistinguishable from a tear and is cut.
+    /// What the sync bases alone cannot tell: bit rot inside the last write of a segment
+    /// (synced, but no later frame says so) looks like a tear and is cut, unless the synced-end
+    /// mark covers it; then it is damage, and so is data ending below the mark.
     #[test]
-    fn bit_rot_in_the_last_write_looks_like_a_torn_write() {
+    fn bit_rot_in_the_last_write_is_damage_only_below_the_mark() {
         let writes = vec![vec![b"a".to_vec(), b"b".to_vec()], vec![vec![7; 30]; 4]];
-        let (mut bytes, frames, _) = in_writes(&writes);
+        let (mut bytes, frames, ranges) = in_writes(&writes);
         flip(&mut bytes, (frames[3].start + 25) * 8);
         let scan = scan_v2(&bytes);
         assert!(scan.damage.is_empty(), "{:?}", scan.damage);
@@ -331,6 +375,29 @@ mod tests {
         assert_eq!(torn.unsynced_records, 2);
         assert!(torn.reason.contains("2 valid record(s)"), "{}", torn.reason);
         assert_eq!(scan.records, 3);
+
+        let synced = ranges[1].end as u64;
+        let marked = scan_segment_marked(&bytes, Lsn::FIRST, Layout::V2, true, 1000, false, synced);
+        assert!(marked.torn_tail.is_none(), "{:?}", marked.torn_tail);
+        assert_eq!(marked.damage.len(), 1);
+        assert_eq!(marked.damage[0].offset as usize, frames[3].start);
+        assert!(
+            marked.damage[0].reason.contains("SYNCED"),
+            "{}",
+            marked.damage[0].reason
+        );
+        // A mark below the flip leaves the old rule in force above it.
+        let below = frames[3].start as u64;
+        let above = scan_segment_marked(&bytes, Lsn::FIRST, Layout::V2, true, 1000, false, below);
+        assert!(above.damage.is_empty() && above.torn_tail.is_some());
+
+        // The data cut back (zeros) below the mark: synced records are missing.
+        let (mut short, frames, _) = in_writes(&writes);
+        short[frames[4].start..].fill(0);
+        let cut = scan_segment_marked(&short, Lsn::FIRST, Layout::V2, true, 1000, false, synced);
+        assert_eq!(cut.damage.len(), 1, "{cut:?}");
+        assert_eq!(cut.damage[0].offset as usize, frames[4].start);
+        assert_eq!(cut.damage[0].expected_lsn, Lsn::new(5));
     }
 
     /// Version 1 frames carry no sync base, so damage followed by valid frames stays damage

@@ -6,13 +6,14 @@ use crate::log::Log;
 use crate::options::{RecoveryMode, WalOptions};
 use crate::reader::{RawReader, ReadPoint};
 use crate::recovery::RecoveryReport;
-use crate::scan::{scan_segment, Damage, SegmentScan, TornTail};
+use crate::scan::{scan_segment_marked, Damage, SegmentScan, TornTail};
 use crate::segment::{self, SegmentFile};
 use crate::storage::{OpenMode, Storage};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use stela_format::header::MAX_CAPACITY_V2;
+use stela_format::header::{HEADER_BYTES, MAX_CAPACITY_V2};
+use stela_format::synced::SyncedEnd;
 use stela_format::{Codec, Lsn, SegmentHeader};
 
 /// One segment as `verify` saw it.
@@ -24,8 +25,10 @@ pub struct SegmentReport {
     pub scan: Option<SegmentScan>,
 }
 
-/// Everything `verify` found. The log is clean when `problems` is empty; a torn tail is
-/// reported but is not a problem (opening the log removes it).
+/// Everything `verify` found. The log is damaged when `problems` is not empty. A torn tail is
+/// not damage (opening the log removes it), but the log is clean only if that tail holds no
+/// record whose checksum is good: when it does ([`VerifyReport::would_cut_records`]), opening
+/// or repairing the log would remove records, and the tools say how many.
 #[derive(Debug, Default)]
 pub struct VerifyReport {
     pub segments: Vec<SegmentReport>,
@@ -40,11 +43,28 @@ pub struct VerifyReport {
     /// (`None` when clean). `dump` prints the records before it; `repair --corrupt-suffix`
     /// keeps exactly those.
     pub valid_prefix_end: Option<Lsn>,
+    /// The log's synced-end mark (`SYNCED`), if it has one: below it nothing is a torn tail.
+    pub synced_mark: Option<SyncedEnd>,
 }
 
 impl VerifyReport {
+    /// No damage, and nothing an open would cut but the remains of a write.
     pub fn is_clean(&self) -> bool {
-        self.problems.is_empty()
+        self.problems.is_empty() && self.would_cut_records() == 0
+    }
+
+    /// Damage was found (`problems`).
+    pub fn is_damaged(&self) -> bool {
+        !self.problems.is_empty()
+    }
+
+    /// Records with good checksums (and LSNs that continue the log) inside the torn tail:
+    /// opening the log, or `repair`, removes them with the tail (`repair` keeps a copy). They
+    /// were never synced, so none of them was acknowledged at `disk`, but they are records.
+    pub fn would_cut_records(&self) -> u64 {
+        self.torn_tail
+            .as_ref()
+            .map_or(0, |(_, torn)| torn.unsynced_records)
     }
 
     /// Records a problem found where the record `lsn` was expected.
@@ -86,7 +106,10 @@ fn log_segments(dir: &Path, storage: &dyn Storage) -> Result<segment::Listing> {
 /// [`Error::NotALog`] when `dir` holds no log; I/O errors naming the file.
 pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
     let listing = log_segments(dir, storage)?;
-    let mut report = VerifyReport::default();
+    let mut report = VerifyReport {
+        synced_mark: crate::synced::read(storage, dir)?,
+        ..VerifyReport::default()
+    };
     let mut expected: Option<Lsn> = None;
     let count = listing.segments.len();
     for (index, seg) in listing.segments.into_iter().enumerate() {
@@ -149,7 +172,19 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
         let bytes = file
             .read_to_vec()
             .map_err(|e| Error::io("read", &seg.path, e))?;
-        let scan = scan_segment(&bytes, seg.start, header.layout, is_last, u32::MAX, true);
+        let mark = report
+            .synced_mark
+            .filter(|m| is_last && m.segment_start == seg.start)
+            .map_or(HEADER_BYTES as u64, |m| m.synced_offset);
+        let scan = scan_segment_marked(
+            &bytes,
+            seg.start,
+            header.layout,
+            is_last,
+            u32::MAX,
+            true,
+            mark,
+        );
         report.records += scan.records;
         if report.first_lsn.is_none() {
             report.first_lsn = scan.first_lsn;

@@ -137,6 +137,11 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         self.log.durable_lsn()
     }
 
+    /// Records the synced end now (see [`Log::mark_synced`]).
+    pub fn mark_synced(&self) -> Result<()> {
+        self.log.mark_synced()
+    }
+
     pub fn last_lsn(&self) -> Lsn {
         self.log.last_lsn()
     }

@@ -17,6 +17,10 @@
 //! - Only the newest segment is written, only between its header and its capacity.
 //! - A segment is fdatasync'ed before its successor is created, so only the newest segment can
 //!   end in a torn write.
+//! - After every fdatasync that returns, the synced end of the newest segment (the end of the
+//!   data written contiguously from the recovered end) is published to the log's
+//!   [`SyncedMark`]; nothing is published before the call returns, so the mark never claims a
+//!   byte a power cut could still tear.
 //! - After a failed write or sync the writer refuses every later call ([`Error::Poisoned`]): a
 //!   failed fdatasync is never retried on the same file. A next segment that cannot be created
 //!   for lack of space is the one failure that does not stop it: nothing written is at stake,
@@ -26,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::files::SegmentSet;
 use crate::segment::SegmentFile;
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::synced::SyncedMark;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,6 +54,12 @@ pub struct SegmentWriter {
     /// end of the zeros written ahead of it (0 for none yet).
     written_to: u64,
     zeroed_to: u64,
+    /// In the newest segment: the end of the data written without a hole from where recovery
+    /// left it (or from the header of a segment this writer created). What a sync makes
+    /// durable below this is what the mark may claim.
+    contiguous_to: u64,
+    /// The log's synced-end mark (see [`crate::synced`]).
+    mark: Arc<SyncedMark>,
     /// The first failure; every later call is refused with it.
     failure: Option<Arc<Error>>,
 }
@@ -65,7 +76,9 @@ impl fmt::Debug for SegmentWriter {
 }
 
 impl SegmentWriter {
-    /// The writer of `file`, the newest segment at `path`, as recovery left it.
+    /// The writer of `file`, the newest segment at `path`, as recovery left it: its data ends
+    /// at `data_end`, synced.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         storage: Arc<dyn Storage>,
         segments: Arc<SegmentSet>,
@@ -74,8 +87,12 @@ impl SegmentWriter {
         header: SegmentHeader,
         new_capacity: u64,
         zero_ahead: u64,
+        data_end: u64,
+        mark: Arc<SyncedMark>,
     ) -> SegmentWriter {
         SegmentWriter {
+            contiguous_to: data_end,
+            mark,
             storage,
             segments,
             file,
@@ -102,6 +119,12 @@ impl SegmentWriter {
     /// The newest segment's file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The log's synced-end mark: [`SyncedMark::request`] it when the log goes idle after a
+    /// sync, so that the last sync is recorded too (see [`crate::synced`]).
+    pub fn synced_mark(&self) -> &Arc<SyncedMark> {
+        &self.mark
     }
 
     /// The segments of the log (the same set [`LogFiles::segments`] holds).
@@ -144,6 +167,9 @@ impl SegmentWriter {
             .map_err(|e| Error::io("write", &self.path, e));
         self.record(result)?;
         self.written_to = self.written_to.max(offset + len);
+        if offset <= self.contiguous_to {
+            self.contiguous_to = self.contiguous_to.max(offset + len);
+        }
         let result = self.zero_ahead();
         self.record(result)
     }
@@ -183,7 +209,9 @@ impl SegmentWriter {
             .file
             .sync_data()
             .map_err(|e| Error::io("fdatasync", &self.path, e));
-        self.record(result)
+        self.record(result)?;
+        self.mark.publish(self.header.start_lsn, self.contiguous_to);
+        Ok(())
     }
 
     /// Seals the newest segment (fdatasync) and creates the next one, whose first LSN is
@@ -251,6 +279,7 @@ impl SegmentWriter {
         self.path = dir.join(segment_file_name(start));
         self.header = header;
         (self.written_to, self.zeroed_to) = (0, 0);
+        self.contiguous_to = HEADER_BYTES as u64;
         if !replaces {
             self.segments.push(SegmentFile {
                 start,
@@ -287,6 +316,14 @@ impl SegmentWriter {
                 Err(Error::Poisoned { cause: error })
             }
         }
+    }
+}
+
+impl Drop for SegmentWriter {
+    fn drop(&mut self) {
+        // No mark may land after the log is closed (or crashed, in a test): a log reopened at
+        // once must not see an old write arrive late.
+        self.mark.close();
     }
 }
 

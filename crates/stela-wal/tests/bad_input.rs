@@ -722,7 +722,11 @@ impl Probe {
 
 impl Hooks for Probe {
     fn before(&self, call: &Call<'_>) -> io::Result<()> {
-        if let Call::SyncData { .. } = call {
+        // Segment syncs only: the synced-end mark (`SYNCED`) is synced by its own thread.
+        if let Call::SyncData { path } = call {
+            if !is_segment(path) {
+                return Ok(());
+            }
             let mut state = self.state.lock().unwrap();
             if let Some(n) = state.hold_for.take() {
                 let wait;
@@ -742,10 +746,20 @@ impl Hooks for Probe {
 
     fn after(&self, call: &Call<'_>, outcome: Result<(), &io::Error>) {
         if let Call::SyncData { path } = call {
+            if !is_segment(path) {
+                return;
+            }
             let mut state = self.state.lock().unwrap();
             state.syncs.push((path.to_path_buf(), outcome.is_ok()));
         }
     }
+}
+
+/// A segment file, by the name it was opened under (`<lsn>.wal` or `<lsn>.wal.tmp`), not the
+/// synced-end mark (`SYNCED`, `SYNCED.tmp`).
+fn is_segment(path: &std::path::Path) -> bool {
+    path.file_name()
+        .is_some_and(|name| !name.to_string_lossy().starts_with("SYNCED"))
 }
 
 struct Unpark(std::thread::Thread);

@@ -1002,7 +1002,8 @@ fn damage_before_the_last_sync_stays_corruption() {
 
 /// The case that used to need an operator: the last write reached the disk except for its
 /// second sector, so valid records follow the damage. `stela wal
-/// verify` reports it as a torn tail (not a problem), `repair` without `--corrupt-suffix` cuts it
+/// verify` reports it as a torn tail (not damage, but not clean: it counts the valid records the
+/// cut removes), `repair` without `--corrupt-suffix` cuts it
 /// (keeping a copy), and a `Strict` open afterwards finds a clean log with every acknowledged
 /// record: the tools and open classify it alike.
 #[test]
@@ -1019,16 +1020,29 @@ fn a_write_missing_its_middle_is_a_torn_tail_for_verify_and_repair_too() {
     });
 
     let report = tools::verify(Path::new(DIR), &disk).unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert!(!report.is_damaged(), "{:?}", report.problems);
     let (_, torn) = report.torn_tail.clone().expect("a torn tail");
     assert!(torn.unsynced_records > 0, "{torn:?}");
+    // Not damage, but not clean either: opening would cut records whose checksums are good.
+    assert!(!report.is_clean());
+    assert_eq!(report.would_cut_records(), torn.unsynced_records);
     assert!(torn.reason.contains("valid record"), "{}", torn.reason);
 
     let repaired = tools::repair(Path::new(DIR), Arc::new(disk.clone()), false).unwrap();
     let (_, cut) = repaired.torn_tail.expect("repair cut the torn write");
     assert_eq!(cut, torn);
     let salvage = repaired.salvage_dir.expect("a copy of what was cut");
-    assert_eq!(disk.file_names(&salvage).len(), 1);
+    // The bytes, and the records with good checksums among them as logs of their own.
+    let kept: u64 = repaired
+        .salvaged_records
+        .iter()
+        .map(|(first, last, _)| last.get() - first.get() + 1)
+        .sum();
+    assert_eq!(kept, torn.unsynced_records);
+    assert_eq!(
+        disk.file_names(&salvage).len(),
+        1 + repaired.salvaged_records.len()
+    );
 
     let log = Log::open(DIR, raw_options(Arc::new(disk.clone())), RAW_TAG).unwrap();
     assert!(log.recovery_report().torn_tail.is_none());

@@ -264,6 +264,10 @@ pub enum Outcome {
 pub struct Released<W> {
     pub waiters: Vec<(W, Result<(), PoolError>)>,
     pub space_freed: bool,
+    /// The work ended durable and the log has nothing more queued and nobody waiting: no next
+    /// frame will soon carry this sync's end as its sync base, so the flusher has the log's
+    /// synced-end mark written (off the commit path; `stela_wal::synced`).
+    pub idle: bool,
 }
 
 /// The pool; `W` is whoever a `disk` waiter is (a connection's request, a ring's entry).
@@ -692,6 +696,9 @@ impl<W> Pool<W> {
         }
         let entry = log_mut(&mut state, log);
         entry.writing = false;
+        let idle = matches!(outcome, Outcome::Durable)
+            && entry.queue.is_empty()
+            && entry.waiters.is_empty();
         match outcome {
             Outcome::Durable => entry.disk_full = None,
             Outcome::DiskFull { error, .. } => {
@@ -744,6 +751,7 @@ impl<W> Pool<W> {
         Released {
             waiters: released,
             space_freed,
+            idle,
         }
     }
 
