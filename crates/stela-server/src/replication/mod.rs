@@ -1324,9 +1324,14 @@ pub(crate) fn send(writer: &mut impl Write, message: &ReplMessage) -> Result<(),
 
 /// Reads one framed message (blocking).
 pub(crate) fn receive(reader: &mut impl Read) -> Result<ReplMessage, String> {
+    receive_within(reader, MAX_FRAME_BYTES)
+}
+
+/// Reads one framed message of at most `limit` bytes (blocking).
+pub(crate) fn receive_within(reader: &mut impl Read, limit: usize) -> Result<ReplMessage, String> {
     let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
     reader.read_exact(&mut header).map_err(|e| e.to_string())?;
-    let parsed = frame::parse_header(header, MAX_FRAME_BYTES).map_err(|e| e.to_string())?;
+    let parsed = frame::parse_header(header, limit).map_err(|e| e.to_string())?;
     // The body is read as it arrives: a peer announcing a large body and sending nothing costs
     // no more than what it sent.
     let mut body = Vec::new();

@@ -21,7 +21,7 @@
 //!   continue the mirror, a stale term: the primary is told why (`Refuse`) and the connection
 //!   closes; what was mirrored stays.
 
-use super::{receive, send, Reader, Writer};
+use super::{receive, receive_within, send, Reader, Writer};
 use crate::sync::lock;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufReader;
@@ -36,6 +36,17 @@ use stela_proto::repl::{chunk_bytes, ReplMessage};
 use stela_wal::mirror::{Chunk, Mirror};
 use stela_wal::storage::Storage;
 use stela_wal::{TermStore, WalOptions};
+
+/// Connections to the replication port not yet authenticated: when another arrives past this
+/// many, the oldest of them is cut (its thread's read fails and it ends), so a flood of
+/// connection attempts holds at most this many threads and no buffer, and cannot lock out the
+/// primary, which connects again 100 ms after a failed attempt.
+const MAX_HANDSHAKES: usize = 16;
+/// The largest `Open` a primary may send: its names, token and the log's term history (16 bytes
+/// a term). Nothing larger is read from a peer that has proved nothing.
+const MAX_OPEN_BYTES: usize = 256 << 10;
+/// A connection must have finished its TLS handshake and sent its whole `Open` within this.
+const OPEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The standby's replication listener.
 pub struct Standby {
@@ -62,6 +73,60 @@ struct Shared {
     sockets: Mutex<HashMap<String, TcpStream>>,
     /// Where cut suffixes are kept (`DIR/salvage`).
     salvage: PathBuf,
+    /// Connections between accept and authentication, oldest first, by a number of their own
+    /// (at most [`MAX_HANDSHAKES`]), with a handle on each socket to cut it.
+    handshakes: Mutex<VecDeque<(u64, TcpStream)>>,
+    next_handshake: AtomicU64,
+}
+
+impl Shared {
+    /// Enters `stream` among the connections not yet authenticated, cutting the oldest of
+    /// them if they are as many as allowed.
+    fn handshaking(&self, stream: &TcpStream) -> std::io::Result<Handshaking<'_>> {
+        let id = self.next_handshake.fetch_add(1, Ordering::Relaxed);
+        let mut handshakes = lock(&self.handshakes);
+        while handshakes.len() >= MAX_HANDSHAKES {
+            let Some((_, oldest)) = handshakes.pop_front() else {
+                break;
+            };
+            if let Ok(peer) = oldest.peer_addr() {
+                tracing::warn!(%peer, "standby: cutting a connection not authenticated yet: newer ones need its slot");
+            }
+            let _ = oldest.shutdown(std::net::Shutdown::Both);
+        }
+        handshakes.push_back((id, stream.try_clone()?));
+        debug_assert!(handshakes.len() <= MAX_HANDSHAKES);
+        Ok(Handshaking(&self.handshakes, id))
+    }
+}
+
+/// A connection among those not yet authenticated, until dropped.
+struct Handshaking<'a>(&'a Mutex<VecDeque<(u64, TcpStream)>>, u64);
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        lock(self.0).retain(|(id, _)| *id != self.1);
+    }
+}
+
+/// Reads from `inner` until `deadline`, then fails every read: each read of the socket is bounded
+/// by its timeout, so the whole handshake is bounded by the deadline plus one timeout, however
+/// slowly the peer sends.
+struct Deadline<'a> {
+    inner: &'a mut Reader,
+    deadline: std::time::Instant,
+}
+
+impl std::io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if std::time::Instant::now() >= self.deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no whole Open within {OPEN_WITHIN:?}"),
+            ));
+        }
+        self.inner.read(buf)
+    }
 }
 
 /// TLS on the replication listener, and who may ship to it.
@@ -100,6 +165,8 @@ impl Standby {
             node,
             sockets: Mutex::new(HashMap::new()),
             salvage: dir.join("salvage"),
+            handshakes: Mutex::new(VecDeque::new()),
+            next_handshake: AtomicU64::new(0),
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -238,6 +305,8 @@ impl Drop for Busy<'_> {
 }
 
 fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
+    let handshaking = shared.handshaking(&stream).map_err(|e| e.to_string())?;
+    let opened_by = std::time::Instant::now() + OPEN_WITHIN;
     if shared.node.realtime_threads() {
         crate::sched::become_realtime("standby receiver");
     }
@@ -267,7 +336,16 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             (Box::new(reader), Box::new(writer), certificates)
         }
     };
-    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    // Nothing is buffered for a peer before it is authenticated: the Open is read as it
+    // arrives, up to its bound, within the deadline.
+    let mut reader = reader;
+    let open = receive_within(
+        &mut Deadline {
+            inner: &mut reader,
+            deadline: opened_by,
+        },
+        MAX_OPEN_BYTES,
+    )?;
     let ReplMessage::Open {
         term,
         node,
@@ -276,7 +354,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         type_tag,
         token,
         history: primary_history,
-    } = receive(&mut reader)?
+    } = open
     else {
         return Err("the stream did not start with Open".into());
     };
@@ -313,6 +391,10 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
             }
         }
     }
+    // Authenticated (or a stream without TLS, which has nothing more to prove): its slot among
+    // the handshakes is free, and the stream gets its buffer.
+    drop(handshaking);
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
     if !crate::logs::valid_name(&log) {
         return refuse(&mut writer, 0, format!("{log:?} is not a log name"));
     }
