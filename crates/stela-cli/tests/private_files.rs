@@ -86,3 +86,42 @@ fn directories_are_0700_and_files_0600_under_umask_022() {
     }
     daemon.terminate();
 }
+
+/// A log directory planted as a symbolic link to a directory outside DIR is refused: the client
+/// is told why (open failed, "symbolic link"), the daemon logs it, and nothing is written where
+/// the link points. Other logs go on as before.
+#[test]
+fn a_symlinked_log_directory_is_refused() {
+    umask_022();
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let daemon = Daemon::start(&dir, &[]);
+    let outside = base.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, dir.join("logs").join("planted")).unwrap();
+
+    let refused = Wal::<String>::open(daemon.socket(), "planted", WalOptions::default());
+    let error = refused.err().expect("a log opened through a symbolic link");
+    assert_eq!(
+        error.code(),
+        Some(stela_client::ErrorCode::OpenFailed),
+        "{error}"
+    );
+    assert!(error.to_string().contains("symbolic link"), "{error}");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "files written through the link"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !daemon.output().contains("symbolic link") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not logged:\n{}",
+            daemon.output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    write_a_log(&daemon, "honest");
+    daemon.terminate();
+}
