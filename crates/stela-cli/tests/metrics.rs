@@ -139,15 +139,22 @@ fn a_client_dribbling_its_request_blocks_no_other_scrape() {
         let (addr, slow_done) = (addr.clone(), Arc::clone(&slow_done));
         std::thread::spawn(move || {
             let mut stream = TcpStream::connect(&addr).unwrap();
-            for byte in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n" {
+            for (i, byte) in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n"
+                .iter()
+                .enumerate()
+            {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
                 if stream.write_all(&[*byte]).is_err() {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(1500));
             }
+            // Done sending: all of it (the endpoint read it all before answering anyone
+            // else), or cut off by the endpoint.
+            slow_done.store(true, Ordering::SeqCst);
             let mut answer = String::new();
             let _ = stream.read_to_string(&mut answer);
-            slow_done.store(true, Ordering::SeqCst);
             answer
         })
     };
@@ -159,7 +166,7 @@ fn a_client_dribbling_its_request_blocks_no_other_scrape() {
     }
     assert!(
         !slow_done.load(Ordering::SeqCst),
-        "the scrapes were answered only after the slow client was done"
+        "the scrapes were answered only after the slow client had stopped sending"
     );
     let answer = slow.join().unwrap();
     // Cut off at the deadline: told so (if it could still read), never served in full.
