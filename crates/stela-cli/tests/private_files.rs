@@ -101,7 +101,9 @@ fn a_symlinked_log_directory_is_refused() {
     std::os::unix::fs::symlink(&outside, dir.join("logs").join("planted")).unwrap();
 
     let refused = Wal::<String>::open(daemon.socket(), "planted", WalOptions::default());
-    let error = refused.err().expect("a log opened through a symbolic link");
+    let Err(error) = refused else {
+        panic!("a log opened through a symbolic link");
+    };
     assert_eq!(
         error.code(),
         Some(stela_client::ErrorCode::OpenFailed),
