@@ -167,6 +167,14 @@ impl RunDir {
     }
 }
 
+/// Writes a secret (a key, a token file) the daemon accepts: mode 0600, its owner's alone (the
+/// daemon refuses a credential others may read).
+pub fn write_secret(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

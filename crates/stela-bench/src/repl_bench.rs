@@ -336,8 +336,8 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
             base.join("admin-token"),
         );
         std::fs::write(&cert_path, cert.pem())?;
-        std::fs::write(&key_path, key.serialize_pem())?;
-        std::fs::write(&token, "a-benchmark-admin-token\n")?;
+        crate::harness::write_secret(&key_path, key.serialize_pem())?;
+        crate::harness::write_secret(&token, "a-benchmark-admin-token\n")?;
         let path = |p: &PathBuf| p.display().to_string();
         (
             vec![

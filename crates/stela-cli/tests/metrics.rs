@@ -113,3 +113,66 @@ fn a_scrape_shows_what_the_daemon_did() {
     common::promtool_check(&last);
     daemon.terminate();
 }
+
+/// Issue 54: `/metrics` was one blocking thread, and a client sending its request a byte every
+/// 1.5 s (under the 2 s read timeout each time) held it for as long as it liked, so every other
+/// scrape waited. Now a slow client holds one handler for at most the request-head deadline,
+/// and other scrapes are answered meanwhile: here, before the slow client has finished.
+#[test]
+fn a_client_dribbling_its_request_blocks_no_other_scrape() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let daemon = Daemon::start(&dir, &["--metrics", "127.0.0.1:0"]);
+    let output = daemon.output();
+    let addr = output
+        .lines()
+        .find_map(|l| l.strip_prefix("stela serve: metrics on http://"))
+        .and_then(|l| l.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address in:\n{output}"))
+        .to_owned();
+
+    let slow_done = Arc::new(AtomicBool::new(false));
+    let slow = {
+        let (addr, slow_done) = (addr.clone(), Arc::clone(&slow_done));
+        std::thread::spawn(move || {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            for (i, byte) in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n"
+                .iter()
+                .enumerate()
+            {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                if stream.write_all(&[*byte]).is_err() {
+                    break;
+                }
+            }
+            // Done sending: all of it (the endpoint read it all before answering anyone
+            // else), or cut off by the endpoint.
+            slow_done.store(true, Ordering::SeqCst);
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer);
+            answer
+        })
+    };
+    // The slow client's connection is taken by the endpoint first.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let text = scrape(&addr);
+        assert!(text.contains("stela_dirty_cap_bytes"), "{text}");
+    }
+    assert!(
+        !slow_done.load(Ordering::SeqCst),
+        "the scrapes were answered only after the slow client had stopped sending"
+    );
+    let answer = slow.join().unwrap();
+    // Cut off at the deadline: told so (if it could still read), never served in full.
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+    daemon.terminate();
+}

@@ -58,7 +58,7 @@ impl Ca {
             dir.join(format!("{file}.key")),
         );
         std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        stela_testkit::write_secret(&key_path, key.serialize_pem());
         (cert_path, key_path)
     }
 }
@@ -124,9 +124,9 @@ fn setup() -> Setup {
     let client_tokens = pki.join("client.tokens");
     let admin_tokens = pki.join("admin.tokens");
     let wrong_token = pki.join("wrong.token");
-    std::fs::write(&client_tokens, format!("# clients\n{CLIENT_TOKEN}\n")).unwrap();
-    std::fs::write(&admin_tokens, format!("{ADMIN_TOKEN}\n")).unwrap();
-    std::fs::write(&wrong_token, "client-token-5d1c0e9a7b3f4e22\n").unwrap();
+    stela_testkit::write_secret(&client_tokens, format!("# clients\n{CLIENT_TOKEN}\n"));
+    stela_testkit::write_secret(&admin_tokens, format!("{ADMIN_TOKEN}\n"));
+    stela_testkit::write_secret(&wrong_token, "client-token-5d1c0e9a7b3f4e22\n");
     Setup {
         dir: temp.path().join("daemon"),
         _temp: temp,
@@ -710,7 +710,7 @@ fn sighup_rotates_the_tokens() {
     // Rotate: the client token file now holds another token.
     let old = setup.pki.join("old.token");
     std::fs::copy(&setup.client_tokens, &old).unwrap();
-    std::fs::write(&setup.client_tokens, "rotated-client-token-0123456789\n").unwrap();
+    stela_testkit::write_secret(&setup.client_tokens, "rotated-client-token-0123456789\n");
     // SAFETY: signalling our own child process by its pid.
     unsafe {
         libc::kill(daemon.child.id() as i32, libc::SIGHUP);
@@ -721,6 +721,85 @@ fn sighup_rotates_the_tokens() {
     assert!(text(&refused).contains("wrong token"), "{}", text(&refused));
     let accepted = status_with(&setup.client_tokens);
     assert_eq!(accepted.status.code(), Some(0), "{}", text(&accepted));
+    daemon.terminate();
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Issue 54: a world-readable admin token file was accepted. A token file or a TLS key that
+/// group or others may read is refused at start, and at a SIGHUP reload (the running tokens
+/// stay), with its path and mode in the error.
+#[test]
+fn credentials_others_may_read_are_refused_at_start_and_at_reload() {
+    let setup = setup();
+    let (cert, key) = &setup.server;
+    let serve = |key: &Path, admin_tokens: &Path| {
+        stela(&[
+            "serve",
+            "--dir",
+            s(&setup.dir),
+            "--assume-write-rate",
+            "500000000",
+            "--tcp",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(cert),
+            "--tls-key",
+            s(key),
+            "--admin-token-file",
+            s(admin_tokens),
+        ])
+    };
+    chmod(&setup.admin_tokens, 0o644);
+    let tokens_open = serve(key, &setup.admin_tokens);
+    assert!(!tokens_open.status.success(), "{}", text(&tokens_open));
+    for what in [s(&setup.admin_tokens), "0644", "others"] {
+        assert!(text(&tokens_open).contains(what), "{}", text(&tokens_open));
+    }
+    chmod(&setup.admin_tokens, 0o600);
+    chmod(key, 0o660);
+    let key_open = serve(key, &setup.admin_tokens);
+    assert!(!key_open.status.success(), "{}", text(&key_open));
+    for what in [s(key), "0660", "group"] {
+        assert!(text(&key_open).contains(what), "{}", text(&key_open));
+    }
+    chmod(key, 0o600);
+
+    let config = setup.pki.join("stela.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "tcp = \"127.0.0.1:0\"\ntls-cert = {:?}\ntls-key = {:?}\ntoken-file = {:?}\n",
+            s(cert),
+            s(key),
+            s(&setup.client_tokens)
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start(&setup.dir, &["--config", s(&config)]);
+    let addr = tcp_addr(&mut daemon);
+    // The client's own copy of the token, private (the client refuses an open one too).
+    let client_copy = setup.pki.join("client-copy.tokens");
+    stela_testkit::write_secret(&client_copy, format!("{CLIENT_TOKEN}\n"));
+    chmod(&setup.client_tokens, 0o644);
+    // SAFETY: signalling our own child process by its pid.
+    unsafe {
+        libc::kill(daemon.child.id() as i32, libc::SIGHUP);
+    }
+    wait_logged(&daemon, &[s(&setup.client_tokens), "0644"]);
+    let status = stela(&[
+        "status",
+        "--tcp",
+        &addr,
+        "--tls-ca",
+        s(&setup.ca.cert),
+        "--token-file",
+        s(&client_copy),
+    ]);
+    assert_eq!(status.status.code(), Some(0), "{}", text(&status));
     daemon.terminate();
 }
 

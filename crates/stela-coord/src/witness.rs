@@ -64,7 +64,9 @@ impl Witness {
     /// The directory or the state file cannot be read, the file is damaged, or the address
     /// cannot be bound.
     pub fn start(listen: SocketAddr, dir: &Path, lease: Duration) -> std::io::Result<Witness> {
-        std::fs::create_dir_all(dir)?;
+        // The witness's state is its owner's alone, as the logs' files are.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)?;
         let claim = load(dir)?;
         tracing::info!(epoch = claim.epoch, holder = ?claim.holder, dir = %dir.display(), "witness: state read");
         let listener = TcpListener::bind(listen)?;
@@ -301,7 +303,14 @@ fn load(dir: &Path) -> std::io::Result<Claim> {
 
 fn store(dir: &Path, claim: &Claim) -> std::io::Result<()> {
     let (temp, path) = (dir.join(TEMP), dir.join(FILE));
-    let mut file = std::fs::File::create(&temp)?;
+    let mut file = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+        0o600,
+    )
+    .open(&temp)?;
     file.write_all(&encode_claim(claim))?;
     file.sync_data()?;
     drop(file);

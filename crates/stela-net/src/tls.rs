@@ -15,6 +15,11 @@
 //!   token (no early exit on the first match), so the time of a refusal says nothing about how
 //!   much of a token was right. Only the length of the presented token can leak.
 //! - **Every error names its file.** A daemon that cannot read its key says which file.
+//! - **A secret is its owner's alone.** A private key or a token file that group or others may
+//!   read (or write) is refused ([`TlsError::Exposed`], with its path and mode), at start and at
+//!   every reload: a credential anyone on the machine can read proves nothing. As PostgreSQL
+//!   does for its key, a file owned by root may also be read (not written) by its group, so
+//!   `root:stela 0640` works for a daemon running as a member of `stela`.
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -54,6 +59,12 @@ pub enum TlsError {
     },
     #[error("client CA {path}: {message}")]
     Verifier { path: PathBuf, message: String },
+    #[error("{path}: mode {mode:04o} lets {who} read or change this secret; it must be its owner's alone (chmod 600 {path})")]
+    Exposed {
+        path: PathBuf,
+        mode: u32,
+        who: &'static str,
+    },
     #[error("{0:?} is not a valid TLS server name (a DNS name or an IP address)")]
     ServerName(String),
 }
@@ -79,8 +90,34 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
-/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+/// Refuses a secret (key, token file) that others than its owner may read or write: any bit
+/// for others, and any bit for the group, except group read on a file owned by root.
+pub fn check_private(path: &Path) -> Result<(), TlsError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mode = meta.mode() & 0o7777;
+    let group_allowed = if meta.uid() == 0 { 0o040 } else { 0 };
+    let who = if mode & 0o007 != 0 {
+        "others"
+    } else if mode & 0o070 & !group_allowed != 0 {
+        "its group"
+    } else {
+        return Ok(());
+    };
+    Err(TlsError::Exposed {
+        path: path.to_owned(),
+        mode,
+        who,
+    })
+}
+
+/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1); refused if others may read it
+/// ([`check_private`]).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    check_private(path)?;
     PrivateKeyDer::from_pem_file(path).map_err(|e| pem_or_read(path, "a private key", e))
 }
 
@@ -249,7 +286,10 @@ impl std::fmt::Debug for Tokens {
 }
 
 impl Tokens {
+    /// Reads a token file: one token a line, `#` comments; refused if others may read it
+    /// ([`check_private`]) or if a token is shorter than [`MIN_TOKEN_BYTES`].
     pub fn load(path: &Path) -> Result<Tokens, TlsError> {
+        check_private(path)?;
         let text = std::fs::read_to_string(path).map_err(|source| TlsError::Read {
             path: path.to_owned(),
             source,
@@ -318,6 +358,7 @@ mod tests {
             "# admins\n\n  0123456789abcdef0123  \nfedcba9876543210fedc\n",
         )
         .unwrap();
+        private(&file, 0o600);
         let tokens = Tokens::load(&file).unwrap();
         assert!(tokens.matches(b"0123456789abcdef0123"));
         assert!(tokens.matches(b"fedcba9876543210fedc"));
@@ -333,6 +374,50 @@ mod tests {
         std::fs::write(&file, "# nothing\n").unwrap();
         assert!(Tokens::load(&file).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn private(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Issue 54: a world-readable admin token file was accepted. A secret that others may read
+    /// is refused, naming its path and mode; the owner's alone (0600, 0400) is accepted, and
+    /// group read only on a file root owns.
+    #[test]
+    fn secrets_others_may_read_are_refused_with_path_and_mode() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "0123456789abcdef0123\n").unwrap();
+        let key_pair = rcgen::KeyPair::generate().unwrap();
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, key_pair.serialize_pem()).unwrap();
+        let by_root = std::fs::metadata(&tokens).unwrap().uid() == 0;
+        for (mode, accepted) in [
+            (0o600, true),
+            (0o400, true),
+            (0o640, by_root),
+            (0o660, false),
+            (0o604, false),
+            (0o644, false),
+            (0o602, false),
+        ] {
+            private(&tokens, mode);
+            private(&key, mode);
+            let loaded = (Tokens::load(&tokens), load_key(&key));
+            let ((Ok(_), Ok(_)) | (Err(_), Err(_))) = &loaded else {
+                panic!("token file and key judged differently at {mode:o}");
+            };
+            assert_eq!(loaded.0.is_ok(), accepted, "token file at {mode:o}");
+            if let Err(error) = loaded.0 {
+                let text = error.to_string();
+                assert!(text.contains(&tokens.display().to_string()), "{text}");
+                assert!(text.contains(&format!("{mode:04o}")), "{text}");
+                let key_text = loaded.1.unwrap_err().to_string();
+                assert!(key_text.contains(&key.display().to_string()), "{key_text}");
+            }
+        }
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub enum Error {
         #[source]
         source: stela_wal::Error,
     },
+    /// The log's directory is a symbolic link: the daemon follows none inside its directory.
+    #[error("log {log:?}: {} is a symbolic link, which the daemon does not follow (its logs stay inside its directory): replace it with the log's directory", path.display())]
+    SymlinkedLog { log: String, path: PathBuf },
     /// Reading or truncating a log's files failed.
     #[error("log {log:?}: {source}")]
     Files {
@@ -125,9 +128,10 @@ impl Error {
             Error::NotPrimary(_) => ErrorCode::NotPrimary,
             Error::InDoubt { .. } => ErrorCode::InDoubt,
             Error::Unprotected { .. } => ErrorCode::Unprotected,
-            Error::UnknownCodec(_) | Error::Mismatch { .. } | Error::Open { .. } => {
-                ErrorCode::OpenFailed
-            }
+            Error::UnknownCodec(_)
+            | Error::Mismatch { .. }
+            | Error::Open { .. }
+            | Error::SymlinkedLog { .. } => ErrorCode::OpenFailed,
             Error::Files { .. } | Error::Io { .. } | Error::Start(_) => ErrorCode::Io,
             Error::UnknownHandle(_) => ErrorCode::UnknownHandle,
             Error::BadRequest(_) => ErrorCode::BadRequest,
@@ -181,6 +185,8 @@ fn shutdown_failures(logs: &[Error], panicked_flushers: usize) -> String {
 pub enum StartError {
     #[error("creating {path}: {source}")]
     Dir { path: PathBuf, source: io::Error },
+    #[error("{0} is a symbolic link: the daemon follows none inside its directory")]
+    Symlink(PathBuf),
     #[error("measuring the disk's write rate in {path}: {source}")]
     Measure { path: PathBuf, source: io::Error },
     #[error("another daemon is already serving on {0}")]

@@ -8,6 +8,8 @@
 //! while it is open; a log's files are closed only when no handle refers to it and the pool
 //! holds nothing of it, so a closed log can be opened by another process at once. Lookups take
 //! a short lock that no file I/O is ever done under, so a slow open never stalls a flusher.
+//! Nothing inside `DIR` is followed through a symbolic link: a log directory that is one is
+//! refused ([`Error::SymlinkedLog`]), and so is `DIR/logs` at start.
 
 use crate::error::{Error, Result};
 use crate::measure;
@@ -56,6 +58,23 @@ pub struct Logs {
 struct Table {
     by_id: HashMap<LogId, (Arc<LogEntry>, usize)>,
     by_name: HashMap<String, LogId>,
+}
+
+/// Refuses a log directory that is a symbolic link: it would put the log's records wherever
+/// the link points, outside `DIR`. The check is not raced by anyone but the daemon's own user:
+/// `DIR/logs` is 0700 (stela-wal's `DIR_MODE`), so nobody else can swap the name between this
+/// check and the open; and every file inside is opened with `O_NOFOLLOW`.
+fn refuse_link(name: &str, dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            tracing::warn!(log = name, path = %dir.display(), "log directory is a symbolic link: refused");
+            Err(Error::SymlinkedLog {
+                log: name.to_owned(),
+                path: dir.to_owned(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 pub fn valid_name(name: &str) -> bool {
@@ -118,6 +137,7 @@ impl Logs {
             }
         }
         let dir = self.dir.join(name);
+        refuse_link(name, &dir)?;
         let exists = self.storage.list(&dir).is_ok_and(|names| !names.is_empty());
         if !exists && !create {
             return Err(Error::NoSuchLog(name.to_owned()));

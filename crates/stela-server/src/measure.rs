@@ -166,11 +166,23 @@ pub fn recorded_rate(dir: &Path) -> Option<u64> {
 fn record_rate(dir: &Path, rate: u64) -> std::io::Result<()> {
     use std::io::Write;
     let temp = dir.join(format!("{RATE_FILE}.tmp"));
-    let mut file = std::fs::File::create(&temp)?;
+    let mut file = private_file(&temp)?;
     writeln!(file, "{rate} bytes/s, measured by stela serve at start")?;
     file.sync_all()?;
     std::fs::rename(&temp, dir.join(RATE_FILE))?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// A new file (truncated if it exists) only its owner may read, like the logs' files.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(stela_wal::storage::FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }
 
 fn measure_once(storage: &Arc<dyn Storage>, dir: &Path, bytes: usize) -> std::io::Result<u64> {

@@ -6,9 +6,14 @@
 //! statistics at scrape time (dirty and buffered bytes against the cap, connections, refusals,
 //! power state), so a scrape costs the hot paths nothing.
 //!
-//! The endpoint is a small blocking HTTP/1.1 responder on its own thread: `GET /metrics` gets
-//! the text exposition format, any other path 404, anything unreadable 400; a client that
-//! sends nothing is dropped after a read timeout. It never panics on input.
+//! The endpoint is a small blocking HTTP/1.1 responder: one thread accepts and hands each
+//! connection to one of [`HANDLERS`] threads through a queue of [`QUEUED`]; a connection that
+//! finds the queue full is closed at once. `GET /metrics` gets the text exposition format, any
+//! other path 404, anything unreadable 400. A client has [`HEAD_DEADLINE`] for its whole
+//! request head, however it dribbles the bytes (issue 54: one byte every 1.5 s held the one
+//! thread there was, and every scrape behind it), and as long again to take the answer; so one
+//! slow client holds one handler for at most twice that, and never the others. It never panics
+//! on input.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -19,7 +24,9 @@ use prometheus_client::registry::Registry;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use stela_proto::Durability;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -401,24 +408,63 @@ fn to_classic_text(openmetrics: &str) -> String {
     classic
 }
 
-/// Serves `/metrics` on `listener` until the process ends; `snapshot` renders one scrape.
-pub fn serve(listener: TcpListener, render: impl Fn() -> String + Send + 'static) {
+/// Threads answering requests: a slow client holds one, the others go on answering.
+pub const HANDLERS: usize = 4;
+/// Accepted connections waiting for a handler; one more is closed unanswered.
+pub const QUEUED: usize = 32;
+/// Time a client has to send its whole request head, and again to take the answer.
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(2);
+/// Longest request head read; the rest is not read.
+const MAX_HEAD_BYTES: u64 = 16 << 10;
+
+type Render = dyn Fn() -> String + Send + Sync;
+
+/// Serves `/metrics` on `listener` until the process ends; `render` renders one scrape.
+pub fn serve(listener: TcpListener, render: impl Fn() -> String + Send + Sync + 'static) {
+    let render: Arc<Render> = Arc::new(render);
+    let (queue, waiting) = std::sync::mpsc::sync_channel::<TcpStream>(QUEUED);
+    let waiting = Arc::new(Mutex::new(waiting));
+    for n in 0..HANDLERS {
+        let (render, waiting) = (Arc::clone(&render), Arc::clone(&waiting));
+        let spawned = std::thread::Builder::new()
+            .name(format!("stela-metrics-{n}"))
+            .spawn(move || handle(&waiting, render.as_ref()));
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "starting a metrics handler thread");
+        }
+    }
     for stream in listener.incoming() {
         match stream {
-            Ok(stream) => {
-                if let Err(error) = answer(stream, &render) {
-                    tracing::debug!(%error, "metrics request");
+            Ok(stream) => match queue.try_send(stream) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    tracing::debug!("metrics: every handler busy and the queue full; closed")
                 }
-            }
+                Err(TrySendError::Disconnected(_)) => {
+                    tracing::error!("metrics: no handler thread left; endpoint stops");
+                    return;
+                }
+            },
             Err(error) => tracing::warn!(%error, "accepting a metrics connection"),
         }
     }
 }
 
-/// Binds the endpoint and starts its thread.
+/// One handler: answers the queued connections one at a time, until the queue goes away.
+fn handle(waiting: &Mutex<Receiver<TcpStream>>, render: &Render) {
+    loop {
+        let next = waiting.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let Ok(stream) = next else { return };
+        if let Err(error) = answer(stream, render) {
+            tracing::debug!(%error, "metrics request");
+        }
+    }
+}
+
+/// Binds the endpoint and starts its threads.
 pub fn start(
     addr: SocketAddr,
-    render: impl Fn() -> String + Send + 'static,
+    render: impl Fn() -> String + Send + Sync + 'static,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
@@ -428,13 +474,35 @@ pub fn start(
     Ok(bound)
 }
 
-fn answer(stream: TcpStream, render: &dyn Fn() -> String) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut reader = BufReader::new(stream.try_clone()?).take(16 << 10);
+/// Reads a stream until a deadline for the whole of what is read, not for each read: every
+/// read waits at most for what is left.
+struct UntilDeadline<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl std::io::Read for UntilDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream;
+        stream.read(buf)
+    }
+}
+
+fn answer(stream: TcpStream, render: &Render) -> std::io::Result<()> {
+    stream.set_write_timeout(Some(HEAD_DEADLINE))?;
+    let head = UntilDeadline {
+        stream: &stream,
+        deadline: Instant::now() + HEAD_DEADLINE,
+    };
+    let mut reader = BufReader::new(head).take(MAX_HEAD_BYTES);
     let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
-        return respond(stream, "400 Bad Request", "text/plain", "bad request\n");
+    if let Err(error) = reader.read_line(&mut request_line) {
+        return refuse(stream, &error);
     }
     // The headers are read and ignored (to the blank line), so the client sees its request
     // consumed before the answer.
@@ -445,9 +513,10 @@ fn answer(stream: TcpStream, render: &dyn Fn() -> String) -> std::io::Result<()>
             Ok(0) => break,
             Ok(_) if header == "\r\n" || header == "\n" => break,
             Ok(_) => {}
-            Err(_) => return respond(stream, "400 Bad Request", "text/plain", "bad request\n"),
+            Err(error) => return refuse(stream, &error),
         }
     }
+    drop(reader);
     let mut parts = request_line.split_whitespace();
     match (parts.next(), parts.next()) {
         (Some("GET"), Some("/metrics")) => respond(
@@ -458,6 +527,23 @@ fn answer(stream: TcpStream, render: &dyn Fn() -> String) -> std::io::Result<()>
         ),
         (Some(_), Some(_)) => respond(stream, "404 Not Found", "text/plain", "try /metrics\n"),
         _ => respond(stream, "400 Bad Request", "text/plain", "bad request\n"),
+    }
+}
+
+/// Answers a request head that could not be read: too slow (408) or not text (400).
+fn refuse(stream: TcpStream, error: &std::io::Error) -> std::io::Result<()> {
+    if matches!(
+        error.kind(),
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+    ) {
+        respond(
+            stream,
+            "408 Request Timeout",
+            "text/plain",
+            "request too slow\n",
+        )
+    } else {
+        respond(stream, "400 Bad Request", "text/plain", "bad request\n")
     }
 }
 

@@ -611,6 +611,30 @@ fn resolve_group(name: &str) -> Result<u32, StartError> {
     }
 }
 
+/// Makes the socket's directory (0700, as every directory the daemon makes) and lets through it
+/// whom the socket's mode lets in: a socket 0660 in a directory only its owner may search
+/// would let nobody else connect. Only the search bit is added, only for those classes, and
+/// only on a directory the daemon's user owns (DIR itself, by default); nobody gains the right
+/// to list the directory or to read the logs below it, which stay 0700.
+fn socket_dir_reachable(dir: &Path, socket_mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(stela_wal::storage::DIR_MODE)
+        .create(dir)?;
+    let search = (if socket_mode & 0o060 != 0 { 0o010 } else { 0 })
+        | (if socket_mode & 0o006 != 0 { 0o001 } else { 0 });
+    let meta = std::fs::metadata(dir)?;
+    let missing = search & !meta.mode();
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if missing != 0 && meta.uid() == unsafe { libc::geteuid() } {
+        let mode = (meta.mode() & 0o7777) | missing;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
+        tracing::info!(dir = %dir.display(), mode = format!("{mode:o}"), "socket directory made searchable for those the socket mode admits");
+    }
+    Ok(())
+}
+
 fn bind_unix(path: &Path, mode: u32, group: Option<u32>) -> Result<UnixListener, StartError> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -624,7 +648,7 @@ fn bind_unix(path: &Path, mode: u32, group: Option<u32>) -> Result<UnixListener,
         source,
     };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(bind_err)?;
+        socket_dir_reachable(parent, mode).map_err(bind_err)?;
     }
     let file_name = path
         .file_name()

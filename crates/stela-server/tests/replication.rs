@@ -274,7 +274,7 @@ fn over_tls_only_an_authenticated_primary_replicates() {
     let (cert, key) = certificate(root.path(), "standby");
     let (other_ca, _) = certificate(root.path(), "other");
     let admin_tokens = root.path().join("admin-tokens");
-    std::fs::write(&admin_tokens, "an-admin-token-of-some-length\n").unwrap();
+    stela_testkit::write_secret(&admin_tokens, "an-admin-token-of-some-length\n");
     let s_dir = root.path().join("s");
     let mut standby_config = config(&s_dir);
     standby_config.repl_listen = Some("127.0.0.1:0".parse().unwrap());
@@ -386,7 +386,7 @@ fn a_reload_rotates_the_replication_listeners_certificate() {
     std::fs::copy(&cert_a, &cert).unwrap();
     std::fs::copy(&key_a, &key).unwrap();
     let admin_tokens = root.path().join("admin-tokens");
-    std::fs::write(&admin_tokens, "an-admin-token-of-some-length\n").unwrap();
+    stela_testkit::write_secret(&admin_tokens, "an-admin-token-of-some-length\n");
     let mut standby_config = config(&root.path().join("s"));
     standby_config.repl_listen = Some("127.0.0.1:0".parse().unwrap());
     standby_config.tls = Some(stela_server::ServerTlsFiles {

@@ -111,8 +111,8 @@ fn refused_logins_are_counted_and_authenticated_ones_are_not() {
         dir.path().join("tokens"),
     );
     std::fs::write(&cert_path, cert.pem()).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
-    std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
+    stela_testkit::write_secret(&key_path, key.serialize_pem());
+    stela_testkit::write_secret(&tokens, format!("{TOKEN}\n"));
 
     let mut config = DaemonConfig::new(dir.path().join("daemon"));
     config.assume_write_rate = Some(500_000_000);
@@ -187,9 +187,9 @@ fn a_reload_rotates_the_certificate_key_and_client_ca_for_new_connections_only()
         dir.path().join("tokens"),
     );
     std::fs::write(&cert_path, &a.cert_pem).unwrap();
-    std::fs::write(&key_path, &a.key_pem).unwrap();
+    stela_testkit::write_secret(&key_path, &a.key_pem);
     std::fs::write(&client_ca, &x.cert_pem).unwrap();
-    std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
+    stela_testkit::write_secret(&tokens, format!("{TOKEN}\n"));
     let mut config = DaemonConfig::new(dir.path().join("daemon"));
     config.assume_write_rate = Some(500_000_000);
     config.tcp = Some("127.0.0.1:0".parse().unwrap());
@@ -220,7 +220,7 @@ fn a_reload_rotates_the_certificate_key_and_client_ca_for_new_connections_only()
 
     // Rotate all three files.
     std::fs::write(&cert_path, &b.cert_pem).unwrap();
-    std::fs::write(&key_path, &b.key_pem).unwrap();
+    stela_testkit::write_secret(&key_path, &b.key_pem);
     std::fs::write(&client_ca, &y.cert_pem).unwrap();
     let said = server.reload(&config);
     assert!(applied(&said, "TLS: certificate"), "{said:?}");
@@ -259,7 +259,7 @@ fn a_reload_rotates_the_certificate_key_and_client_ca_for_new_connections_only()
     assert!(welcomed(&b, Some(&y)));
     // Both files of C in place: applied.
     std::fs::write(&cert_path, &c.cert_pem).unwrap();
-    std::fs::write(&key_path, &c.key_pem).unwrap();
+    stela_testkit::write_secret(&key_path, &c.key_pem);
     let said = server.reload(&config);
     assert!(applied(&said, "TLS: certificate"), "{said:?}");
     assert!(welcomed(&c, Some(&y)) && session(&b, None).is_err());

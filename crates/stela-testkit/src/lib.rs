@@ -34,13 +34,25 @@ pub fn self_signed(dir: &Path, name: &str) -> SelfSigned {
         dir.join(format!("{name}.key")),
     );
     std::fs::write(&cert_path, cert.pem()).expect("write the certificate");
-    std::fs::write(&key_path, key.serialize_pem()).expect("write the key");
+    write_secret(&key_path, key.serialize_pem());
     SelfSigned {
         cert: cert_path,
         key: key_path,
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     }
+}
+
+/// Writes a secret (a key, a token file) as the daemon and the client accept it: mode 0600,
+/// its owner's alone, also when the file existed with another mode.
+///
+/// # Panics
+/// The file cannot be written.
+pub fn write_secret(path: &Path, contents: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("chmod 600 {}: {e}", path.display()));
 }
 
 /// Every segment file (`*.wal`) of the log directory `dir`, by name, with its whole contents,

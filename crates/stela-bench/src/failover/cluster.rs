@@ -64,12 +64,12 @@ impl Security {
             admin_token: dir.join("admin-token"),
         };
         std::fs::write(&security.cert, cert.pem())?;
-        std::fs::write(&security.key, key.serialize_pem())?;
-        std::fs::write(
+        crate::harness::write_secret(&security.key, key.serialize_pem())?;
+        crate::harness::write_secret(
             &security.client_token,
             "a-failover-benchmark-client-token\n",
         )?;
-        std::fs::write(&security.admin_token, "a-failover-benchmark-admin-token\n")?;
+        crate::harness::write_secret(&security.admin_token, "a-failover-benchmark-admin-token\n")?;
         Ok(security)
     }
 }

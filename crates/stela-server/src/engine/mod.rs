@@ -52,6 +52,10 @@ impl Engine {
     /// starts the flushers.
     pub fn start(config: &DaemonConfig) -> Result<Arc<Engine>, StartError> {
         config.check().map_err(StartError::Config)?;
+        let logs_dir = config.dir.join("logs");
+        if std::fs::symlink_metadata(&logs_dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(StartError::Symlink(logs_dir));
+        }
         config
             .storage
             .create_dir_all(&config.dir.join("logs"))

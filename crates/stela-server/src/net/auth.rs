@@ -276,8 +276,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let admin = dir.path().join("admin");
         let client = dir.path().join("client");
-        std::fs::write(&admin, "admin-token-0123456789\n").unwrap();
-        std::fs::write(&client, "client-token-0123456789\n").unwrap();
+        stela_testkit::write_secret(&admin, "admin-token-0123456789\n");
+        stela_testkit::write_secret(&client, "client-token-0123456789\n");
         let mut config = DaemonConfig::new(dir.path());
         config.token_file = Some(client);
         config.admin_token_file = Some(admin);

@@ -417,6 +417,13 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let watched = socket.try_clone().map_err(|e| e.to_string())?;
     lock(&shared.sockets).insert(log.clone(), socket);
     let dir = shared.dir.join(&log);
+    // As for the daemon's own opens: no log directory is followed through a link.
+    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(format!(
+            "{} is a symbolic link, which the standby does not follow",
+            dir.display()
+        ));
+    }
     shared
         .storage
         .create_dir_all(&dir)

@@ -36,7 +36,7 @@ pub use fault::{CrashPlan, FaultStorage, SECTOR_BYTES};
 pub use gated::{Gate, GatedStorage};
 #[cfg(any(test, feature = "testing"))]
 pub use hooked::{Call, Hooked, Hooks};
-pub use std_fs::StdStorage;
+pub use std_fs::{StdStorage, DIR_MODE, FILE_MODE};
 
 use std::fmt;
 use std::io;

@@ -1,10 +1,21 @@
 //! [`Storage`] on the real file system: positioned reads and writes, fdatasync, fallocate.
+//!
+//! Files are private: the directories it creates are [`DIR_MODE`] (0700) and the files
+//! [`FILE_MODE`] (0600), whatever the umask (a umask only takes permissions away), because a
+//! log holds the database's records and nobody but its owner may read them. A name is never
+//! followed through a symbolic link when it is opened (`O_NOFOLLOW`): a link planted in a log's
+//! directory cannot send a segment's bytes elsewhere.
 
 use super::{OpenMode, Storage, StorageFile};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::Path;
+
+/// Mode of every directory this storage creates: its owner's alone.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of every file this storage creates (segments, the lock, the small state files).
+pub const FILE_MODE: u32 = 0o600;
 
 /// Buffers passed to one `pwritev` call: Linux's `IOV_MAX`.
 const MAX_IOVECS: usize = 1024;
@@ -18,7 +29,11 @@ struct StdFile(File);
 
 impl Storage for StdStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        fs::create_dir_all(dir)
+        // Only the directories made here get the mode; existing ones keep the operator's.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -38,8 +53,13 @@ impl Storage for StdStorage {
         match mode {
             OpenMode::Read => options.read(true),
             OpenMode::ReadWrite => options.read(true).write(true),
-            OpenMode::CreateNew => options.read(true).write(true).create_new(true).mode(0o644),
+            OpenMode::CreateNew => options
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(FILE_MODE),
         };
+        options.custom_flags(libc::O_NOFOLLOW);
         Ok(Box::new(StdFile(options.open(path)?)))
     }
 
@@ -61,6 +81,8 @@ impl Storage for StdStorage {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(dir.join("LOCK"))?;
         match file.try_lock() {
             Ok(()) => Ok(Box::new(file)),
