@@ -7,6 +7,10 @@
 //! gate and announce the power failure at once. The flush time runs from the notice until every
 //! byte is written and fdatasync'ed, including the write that was stuck at the gate. Each size is
 //! repeated; the report gives every run and the worst.
+//!
+//! With `--disk-load N`, a second daemon on the same disk (its own directory, not gated) takes
+//! `disk` commits of 4 KiB records from N clients for the whole run: the measured daemon's
+//! start-up measurement, the filling and the emergency flush all share the device with them.
 
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -33,6 +37,10 @@ pub struct PowerBenchArgs {
     /// One JSON object per run.
     #[arg(long)]
     pub json: bool,
+    /// Clients committing 4 KiB records at `disk` to a second daemon on the same disk during
+    /// every run (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub disk_load: usize,
 }
 
 /// One emergency flush.
@@ -59,6 +67,10 @@ pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
             "buffers", "cap B", "flushed B", "ms", "budget ms", "fraction", "disk MB/s"
         );
     }
+    let load = match args.disk_load {
+        0 => None,
+        clients => Some(DiskLoad::start(&base.path().join("load"), clients)?),
+    };
     let mut runs = Vec::new();
     for &buffers in &args.buffers {
         for repeat in 0..args.repeats {
@@ -85,6 +97,15 @@ pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
                 );
             }
             runs.push(run);
+        }
+    }
+    if let Some(load) = load {
+        let commits = load.stop()?;
+        if !args.json {
+            println!(
+                "concurrent load: {} clients committed {commits} records at disk",
+                args.disk_load
+            );
         }
     }
     if !args.json {
@@ -169,4 +190,60 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
         budget_micros: flush.budget_micros,
         measured_rate: cap.measured_write_bytes_per_s,
     })
+}
+
+/// The concurrent `disk` load: a second daemon in `dir` and its committing clients.
+struct DiskLoad {
+    server: Server,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    clients: Vec<std::thread::JoinHandle<anyhow::Result<u64>>>,
+}
+
+impl DiskLoad {
+    fn start(dir: &Path, clients: usize) -> anyhow::Result<DiskLoad> {
+        std::fs::create_dir_all(dir)?;
+        let mut config = DaemonConfig::new(dir);
+        // The load's own cap does not matter here: no measuring flush for it.
+        config.assume_write_rate = Some(500 << 20);
+        let server = Server::start(config).context("starting the load daemon")?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients = (0..clients)
+            .map(|index| {
+                let socket = server.socket_path().to_path_buf();
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || -> anyhow::Result<u64> {
+                    let wal: Wal<Vec<u8>> = Wal::open(
+                        socket.as_path(),
+                        &format!("load-{index}"),
+                        WalOptions::default().durability(Durability::Disk),
+                    )?;
+                    let record = vec![0x3cu8; 4000];
+                    let mut commits = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        wal.append_durable(&record)?;
+                        commits += 1;
+                    }
+                    Ok(commits)
+                })
+            })
+            .collect();
+        Ok(DiskLoad {
+            server,
+            stop,
+            clients,
+        })
+    }
+
+    /// Stops the clients and the daemon; returns how many records they committed.
+    fn stop(self) -> anyhow::Result<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut commits = 0;
+        for client in self.clients {
+            commits += client
+                .join()
+                .map_err(|_| anyhow::anyhow!("a load client panicked"))??;
+        }
+        self.server.shutdown().map_err(|e| anyhow::anyhow!(e))?;
+        Ok(commits)
+    }
 }
