@@ -34,6 +34,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cap;
 pub mod cluster;
 pub mod config;
 pub mod engine;
