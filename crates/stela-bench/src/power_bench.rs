@@ -170,6 +170,8 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    // The cap in force when the pool filled: the live one, which flushes may have lowered.
+    let live_cap = server.status().live_dirty_cap.bytes;
     gate.release();
     let flush = server.power_fail();
     filler
@@ -184,7 +186,7 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
     let _ = std::fs::remove_dir_all(dir);
     Ok(PowerRun {
         buffers,
-        cap_bytes: cap.bytes,
+        cap_bytes: if live_cap > 0 { live_cap } else { cap.bytes },
         flushed_bytes: flush.bytes,
         micros: flush.micros,
         budget_micros: flush.budget_micros,

@@ -189,9 +189,19 @@ impl Keeper {
         if state.logged_at.is_none_or(|at| now - at >= LOG_EVERY) {
             let (cap, unlogged) = (state.governor.describe(), state.unlogged);
             if change.to < change.from {
-                tracing::warn!(from = change.from, to = change.to, changes = unlogged, "dirty-byte cap: {cap}");
+                tracing::warn!(
+                    from = change.from,
+                    to = change.to,
+                    changes = unlogged,
+                    "dirty-byte cap: {cap}"
+                );
             } else {
-                tracing::info!(from = change.from, to = change.to, changes = unlogged, "dirty-byte cap: {cap}");
+                tracing::info!(
+                    from = change.from,
+                    to = change.to,
+                    changes = unlogged,
+                    "dirty-byte cap: {cap}"
+                );
             }
             state.logged_at = Some(now);
             state.unlogged = 0;

@@ -395,7 +395,10 @@ mod tests {
         // The rate of a large flush (~1 GB/s) promised 12 MB in 12 ms; with the sync's fixed
         // cost the cap's own flush takes 16 ms.
         let fitted = fit_cap(12_000_000, 12 * MS, disk).unwrap();
-        assert!(fitted.bytes < 12_000_000 && fitted.took <= 12 * MS, "{fitted:?}");
+        assert!(
+            fitted.bytes < 12_000_000 && fitted.took <= 12 * MS,
+            "{fitted:?}"
+        );
         assert_eq!(disk(fitted.bytes as usize).unwrap(), fitted.took);
     }
 

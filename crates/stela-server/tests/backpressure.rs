@@ -283,7 +283,11 @@ fn a_slow_disk_shrinks_the_live_cap_at_once_and_it_grows_back() {
     });
     let status = server.status();
     let start_cap = status.dirty_cap.bytes;
-    assert_eq!(status.live_dirty_cap.bytes, start_cap, "{:?}", status.live_dirty_cap);
+    assert_eq!(
+        status.live_dirty_cap.bytes, start_cap,
+        "{:?}",
+        status.live_dirty_cap
+    );
     assert_eq!(status.live_dirty_cap.changes, 0);
 
     let mut client = RawClient::connect(server.socket_path());
