@@ -8,6 +8,9 @@
 //! byte is written and fdatasync'ed, including the write that was stuck at the gate. Each size is
 //! repeated; the report gives every run and the worst.
 //!
+//! With `--warm-up-ms T`, `buffered` appends run for T ms with the disk open first, as a daemon
+//! in service writes before the notice comes (its flushes are what a live cap is kept by).
+//!
 //! With `--disk-load N`, a second daemon on the same disk (its own directory, not gated) takes
 //! `disk` commits of 4 KiB records from N clients for the whole run: the measured daemon's
 //! start-up measurement, the filling and the emergency flush all share the device with them.
@@ -37,6 +40,10 @@ pub struct PowerBenchArgs {
     /// One JSON object per run.
     #[arg(long)]
     pub json: bool,
+    /// Milliseconds of `buffered` appends written with the disk open before it is stalled, so
+    /// the daemon sees the disk as it is now before the pool fills (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub warm_up_ms: u64,
     /// Clients committing 4 KiB records at `disk` to a second daemon on the same disk during
     /// every run (0: none).
     #[arg(long, default_value_t = 0)]
@@ -75,7 +82,12 @@ pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
     for &buffers in &args.buffers {
         for repeat in 0..args.repeats {
             let dir = base.path().join(format!("b{buffers}-r{repeat}"));
-            let run = one_run(&dir, buffers, Duration::from_millis(args.power_window))?;
+            let run = one_run(
+                &dir,
+                buffers,
+                Duration::from_millis(args.power_window),
+                Duration::from_millis(args.warm_up_ms),
+            )?;
             if args.json {
                 println!(
                     "{}",
@@ -125,7 +137,12 @@ pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
     Ok(runs)
 }
 
-fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<PowerRun> {
+fn one_run(
+    dir: &Path,
+    buffers: usize,
+    window: Duration,
+    warm_up: Duration,
+) -> anyhow::Result<PowerRun> {
     std::fs::create_dir_all(dir)?;
     let gate = GatedStorage::new(Arc::new(StdStorage));
     let storage: Arc<dyn Storage> = Arc::new(gate.clone());
@@ -147,8 +164,13 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
     // One record first, so the log exists before the gate closes (creating it writes a header).
     wal.append_durable(&vec![0u8; 16])?;
     wal.commit_at(wal.last_lsn()?, Durability::Disk)?;
-    gate.stall();
     let record = vec![0xa5u8; 4000];
+    let warm_until = Instant::now() + warm_up;
+    while Instant::now() < warm_until {
+        wal.append(&record)?;
+    }
+    wal.commit_at(wal.last_lsn()?, Durability::Disk)?;
+    gate.stall();
     let filler = std::thread::spawn(move || {
         // Appends until the daemon refuses (power failing) or the connection ends.
         while wal.append(&record).is_ok() {}
