@@ -6,7 +6,7 @@
 //! bytes, and the time its write and fdatasync took) is judged against the *target*: the share
 //! of the budget (half the power window) that a cap's worth may take, as at start
 //! ([`crate::measure::RATE_SAFETY`]). The flush predicts how long a cap's worth would take now:
-//! its own time, scaled up to the cap when it wrote at least [`JUDGED_SHARE`] of it (a smaller
+//! its own time, scaled to the cap when it wrote at least [`JUDGED_SHARE`] of it (a smaller
 //! flush is mostly the sync's fixed cost, and scaling it up would overstate the cap's time), or
 //! just its own time when it was smaller (if even that is over the target, so is the cap).
 //!
@@ -109,7 +109,9 @@ impl Governor {
     /// How long a cap's worth would take to flush, judged from a flush of `bytes` in `elapsed`.
     fn predict(&self, bytes: u64, elapsed: Duration) -> Duration {
         if bytes as f64 >= self.cap as f64 * JUDGED_SHARE {
-            elapsed.mul_f64((self.cap as f64 / bytes as f64).max(1.0))
+            // Linear in the bytes, also down: a flush larger than a just-shrunk cap must not
+            // shrink it again by its whole time.
+            elapsed.mul_f64(self.cap as f64 / bytes as f64)
         } else {
             elapsed
         }
@@ -267,6 +269,17 @@ mod tests {
         }
         assert_eq!(g.cap(), 10_000_000);
         assert_eq!(g.reason(), &Reason::StartUp);
+    }
+
+    #[test]
+    fn a_flush_larger_than_a_shrunk_cap_is_judged_at_its_rate() {
+        let mut g = Governor::new(10_000_000, 100_000, 12 * MS);
+        let now = Instant::now();
+        g.observe(10_000_000, 120 * MS, now);
+        assert_eq!(g.cap(), 1_000_000);
+        // The buffers still held 4 MB: written at 200 MB/s, the cap's 1 MB takes 5 ms.
+        assert_eq!(g.observe(4_000_000, 20 * MS, now), None);
+        assert_eq!(g.cap(), 1_000_000);
     }
 
     #[test]
