@@ -7,6 +7,13 @@
 //! gate and announce the power failure at once. The flush time runs from the notice until every
 //! byte is written and fdatasync'ed, including the write that was stuck at the gate. Each size is
 //! repeated; the report gives every run and the worst.
+//!
+//! With `--warm-up-ms T`, `buffered` appends run for T ms with the disk open first, as a daemon
+//! in service writes before the notice comes (its flushes are what a live cap is kept by).
+//!
+//! With `--disk-load N`, a second daemon on the same disk (its own directory, not gated) takes
+//! `disk` commits of 4 KiB records from N clients for the whole run: the measured daemon's
+//! start-up measurement, the filling and the emergency flush all share the device with them.
 
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -33,6 +40,14 @@ pub struct PowerBenchArgs {
     /// One JSON object per run.
     #[arg(long)]
     pub json: bool,
+    /// Milliseconds of `buffered` appends written with the disk open before it is stalled, so
+    /// the daemon sees the disk as it is now before the pool fills (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub warm_up_ms: u64,
+    /// Clients committing 4 KiB records at `disk` to a second daemon on the same disk during
+    /// every run (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub disk_load: usize,
 }
 
 /// One emergency flush.
@@ -59,11 +74,20 @@ pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
             "buffers", "cap B", "flushed B", "ms", "budget ms", "fraction", "disk MB/s"
         );
     }
+    let load = match args.disk_load {
+        0 => None,
+        clients => Some(DiskLoad::start(&base.path().join("load"), clients)?),
+    };
     let mut runs = Vec::new();
     for &buffers in &args.buffers {
         for repeat in 0..args.repeats {
             let dir = base.path().join(format!("b{buffers}-r{repeat}"));
-            let run = one_run(&dir, buffers, Duration::from_millis(args.power_window))?;
+            let run = one_run(
+                &dir,
+                buffers,
+                Duration::from_millis(args.power_window),
+                Duration::from_millis(args.warm_up_ms),
+            )?;
             if args.json {
                 println!(
                     "{}",
@@ -87,6 +111,15 @@ pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
             runs.push(run);
         }
     }
+    if let Some(load) = load {
+        let commits = load.stop()?;
+        if !args.json {
+            println!(
+                "concurrent load: {} clients committed {commits} records at disk",
+                args.disk_load
+            );
+        }
+    }
     if !args.json {
         if let Some(worst) = runs.iter().max_by(|a, b| {
             (a.micros as f64 / a.budget_micros as f64)
@@ -104,7 +137,12 @@ pub fn run(args: PowerBenchArgs) -> anyhow::Result<Vec<PowerRun>> {
     Ok(runs)
 }
 
-fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<PowerRun> {
+fn one_run(
+    dir: &Path,
+    buffers: usize,
+    window: Duration,
+    warm_up: Duration,
+) -> anyhow::Result<PowerRun> {
     std::fs::create_dir_all(dir)?;
     let gate = GatedStorage::new(Arc::new(StdStorage));
     let storage: Arc<dyn Storage> = Arc::new(gate.clone());
@@ -126,8 +164,15 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
     // One record first, so the log exists before the gate closes (creating it writes a header).
     wal.append_durable(&vec![0u8; 16])?;
     wal.commit_at(wal.last_lsn()?, Durability::Disk)?;
-    gate.stall();
     let record = vec![0xa5u8; 4000];
+    let warm_until = Instant::now() + warm_up;
+    while Instant::now() < warm_until {
+        wal.append(&record)?;
+    }
+    wal.commit_at(wal.last_lsn()?, Durability::Disk)?;
+    // The warm-up may have waited for space already: the pool is full once appends wait anew.
+    let waited_before = server.status().appends_waited;
+    gate.stall();
     let filler = std::thread::spawn(move || {
         // Appends until the daemon refuses (power failing) or the connection ends.
         while wal.append(&record).is_ok() {}
@@ -135,7 +180,7 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let status = server.status();
-        if status.appends_waited > 0 {
+        if status.appends_waited > waited_before {
             break;
         }
         if Instant::now() > deadline {
@@ -149,6 +194,8 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    // The cap in force when the pool filled: the live one, which flushes may have lowered.
+    let live_cap = server.status().live_dirty_cap.bytes;
     gate.release();
     let flush = server.power_fail();
     filler
@@ -163,10 +210,66 @@ fn one_run(dir: &Path, buffers: usize, window: Duration) -> anyhow::Result<Power
     let _ = std::fs::remove_dir_all(dir);
     Ok(PowerRun {
         buffers,
-        cap_bytes: cap.bytes,
+        cap_bytes: if live_cap > 0 { live_cap } else { cap.bytes },
         flushed_bytes: flush.bytes,
         micros: flush.micros,
         budget_micros: flush.budget_micros,
         measured_rate: cap.measured_write_bytes_per_s,
     })
+}
+
+/// The concurrent `disk` load: a second daemon in `dir` and its committing clients.
+struct DiskLoad {
+    server: Server,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    clients: Vec<std::thread::JoinHandle<anyhow::Result<u64>>>,
+}
+
+impl DiskLoad {
+    fn start(dir: &Path, clients: usize) -> anyhow::Result<DiskLoad> {
+        std::fs::create_dir_all(dir)?;
+        let mut config = DaemonConfig::new(dir);
+        // The load's own cap does not matter here: no measuring flush for it.
+        config.assume_write_rate = Some(500 << 20);
+        let server = Server::start(config).context("starting the load daemon")?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients = (0..clients)
+            .map(|index| {
+                let socket = server.socket_path().to_path_buf();
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || -> anyhow::Result<u64> {
+                    let wal: Wal<Vec<u8>> = Wal::open(
+                        socket.as_path(),
+                        &format!("load-{index}"),
+                        WalOptions::default().durability(Durability::Disk),
+                    )?;
+                    let record = vec![0x3cu8; 4000];
+                    let mut commits = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        wal.append_durable(&record)?;
+                        commits += 1;
+                    }
+                    Ok(commits)
+                })
+            })
+            .collect();
+        Ok(DiskLoad {
+            server,
+            stop,
+            clients,
+        })
+    }
+
+    /// Stops the clients and the daemon; returns how many records they committed.
+    fn stop(self) -> anyhow::Result<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut commits = 0;
+        for client in self.clients {
+            commits += client
+                .join()
+                .map_err(|_| anyhow::anyhow!("a load client panicked"))??;
+        }
+        self.server.shutdown().map_err(|e| anyhow::anyhow!(e))?;
+        Ok(commits)
+    }
 }

@@ -765,6 +765,13 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
         report.dirty_cap.bytes
     )?;
     writeln!(out, "  {}", report.dirty_cap.derivation)?;
+    if report.live_dirty_cap.bytes > 0 {
+        writeln!(
+            out,
+            "  live cap now {} ({} changes since start)",
+            report.live_dirty_cap.reason, report.live_dirty_cap.changes
+        )?;
+    }
     writeln!(
         out,
         "appends that waited for space: {}; bytes written: {}",
@@ -926,6 +933,10 @@ fn status_json(report: &StatusReport) -> serde_json::Value {
             "measured_write_bytes_per_s": report.dirty_cap.measured_write_bytes_per_s,
             "window_bytes": report.dirty_cap.window_bytes, "pool_bytes": report.dirty_cap.pool_bytes,
             "derivation": report.dirty_cap.derivation,
+        },
+        "live_dirty_cap": {
+            "bytes": report.live_dirty_cap.bytes, "reason": report.live_dirty_cap.reason,
+            "changes": report.live_dirty_cap.changes,
         },
         "appends_waited": report.appends_waited, "bytes_written": report.bytes_written,
         "last_emergency_flush": report.last_emergency_flush.as_ref().map(|f| serde_json::json!({

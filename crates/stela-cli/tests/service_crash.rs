@@ -955,6 +955,14 @@ fn status_json_shows_the_cap_and_crash_semantics() {
     ] {
         assert!(derivation.contains(part), "{part:?} not in {derivation:?}");
     }
+    // No flush has been slow yet: the live cap is the start-up cap, and says so.
+    let live = &json["live_dirty_cap"];
+    assert_eq!(live["bytes"], 200_000, "{json:#}");
+    assert_eq!(live["changes"], 0, "{json:#}");
+    assert!(
+        live["reason"].as_str().unwrap().contains("start-up cap"),
+        "{json:#}"
+    );
     assert_eq!(json["buffers"], 4);
     assert_eq!(json["buffer_bytes"], 262_144);
     assert_eq!(json["dirty_bytes"], 0);

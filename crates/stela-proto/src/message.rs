@@ -406,6 +406,21 @@ pub struct StatusReport {
     pub output_bytes: u64,
     #[serde(default)]
     pub output_cap: u64,
+    /// The dirty-byte cap in force now (at most `dirty_cap.bytes`), kept by the flushes the
+    /// daemon sees; zero from a daemon that does not say.
+    #[serde(default)]
+    pub live_dirty_cap: LiveDirtyCap,
+}
+
+/// The live dirty-byte cap: shrunk at once when a flush shows the disk slower than the start-up
+/// cap assumed, grown back slowly.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveDirtyCap {
+    pub bytes: u64,
+    /// One sentence: why the cap is what it is.
+    pub reason: String,
+    /// Changes since start.
+    pub changes: u64,
 }
 
 /// A daemon's part in log shipping.

@@ -86,12 +86,23 @@ fn is_disk_full_at_creation(error: &stela_wal::Error) -> bool {
     matches!(error, stela_wal::Error::DiskFull { op, .. } if *op != "fdatasync")
 }
 
-/// One flusher thread's loop: until the pool is shut down and drained.
-pub fn run<W>(pool: &Pool<W>, logs: &Logs, metrics: &Metrics, release: &dyn Fn(Released<W>)) {
+/// One flusher thread's loop: until the pool is shut down and drained. `observe` sees each
+/// durable round's bytes and time (before the completion, so a cap it changes is in force when
+/// waiting appends retry).
+pub fn run<W>(
+    pool: &Pool<W>,
+    logs: &Logs,
+    metrics: &Metrics,
+    observe: &dyn Fn(u64, std::time::Duration),
+    release: &dyn Fn(Released<W>),
+) {
     while let Some(work) = pool.next_work() {
         let started = std::time::Instant::now();
         let outcome = write(logs, &work);
         let bytes = work.runs.iter().map(|r| r.bytes().len() as u64).sum();
+        if matches!(outcome, Outcome::Durable) {
+            observe(bytes, started.elapsed());
+        }
         metrics.flushed(
             bytes,
             started.elapsed(),

@@ -14,6 +14,7 @@
 //! - [`logs`]: the table of open logs, each an ordinary stela-wal directory.
 //! - [`engine`]: the daemon's state behind append / commit / read / status / power-fail.
 //! - [`measure`]: the start-up disk measurement and the dirty-byte cap.
+//! - [`cap`]: the live dirty-byte cap, lowered at once by a slow flush and grown back slowly.
 //! - `net`: the event loop: connections without a thread each, the shared-memory rings,
 //!   limits and timeouts. It calls the engine; nothing calls back into it but its inbox.
 //! - [`metrics`]: the Prometheus metrics and the `/metrics` endpoint.
@@ -34,6 +35,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cap;
 pub mod cluster;
 pub mod config;
 pub mod engine;

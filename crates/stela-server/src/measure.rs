@@ -9,6 +9,12 @@
 //! then the rest), and on a shared or virtual disk the rate swings by a factor of two between
 //! the measurement and the emergency.
 //!
+//! The cap that rate gives is then checked by flushing the cap itself ([`fit_cap`]): a flush
+//! smaller than the measuring one pays the same sync and overhead for fewer bytes, so while a
+//! cap's worth takes longer than its share of the budget, the cap is lowered and timed again.
+//! `--assume-write-rate` skips all of this (an explicit override), and so does too little free
+//! space to measure. While running, [`crate::cap`] keeps the cap honest from real flushes.
+//!
 //! A start must not need spare space (a daemon restarted after its disk filled up, or on a small
 //! volume): the measuring flush takes at most a quarter of the free space, its scratch segment
 //! is no larger than the flush, and each measured rate is recorded in the directory
@@ -59,7 +65,8 @@ pub fn measure_write_rate_with(
 ) -> std::io::Result<u64> {
     let mut slowest = u64::MAX;
     for _ in 0..MEASURE_ROUNDS {
-        slowest = slowest.min(measure_once(storage, dir, bytes)?);
+        let (framed, elapsed) = measure_once(storage, dir, bytes)?;
+        slowest = slowest.min((framed as f64 / elapsed.as_secs_f64().max(1e-9)) as u64);
     }
     Ok(slowest)
 }
@@ -185,7 +192,12 @@ fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-fn measure_once(storage: &Arc<dyn Storage>, dir: &Path, bytes: usize) -> std::io::Result<u64> {
+/// One measuring flush of `bytes`: the bytes framed and the time their write and fdatasync took.
+fn measure_once(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    bytes: usize,
+) -> std::io::Result<(usize, Duration)> {
     let scratch = dir.join(format!(".stela-measure-{}", std::process::id()));
     remove_scratch(storage, &scratch);
     // The scratch segment holds the flush and no more: a start must not need spare space.
@@ -230,7 +242,7 @@ fn measure_once(storage: &Arc<dyn Storage>, dir: &Path, bytes: usize) -> std::io
         let elapsed = started.elapsed();
         drop(writer);
         drop(files.segments);
-        Ok((framed as f64 / elapsed.as_secs_f64().max(1e-9)) as u64)
+        Ok((framed, elapsed))
     })();
     remove_scratch(storage, &scratch);
     result
@@ -264,8 +276,88 @@ pub fn cap_for(config: &DaemonConfig) -> Result<DirtyCap, StartError> {
     };
     let mut cap = dirty_cap(pool_bytes, rate, config.power_window);
     cap.derivation = format!("{}; disk rate {}", cap.derivation, source.describe());
+    if source == RateSource::Measured {
+        let target = (config.power_window / 2).mul_f64(RATE_SAFETY);
+        let fitted = fit_cap(cap.bytes, target, |bytes| {
+            slowest_flush(&config.storage, &config.dir, bytes)
+        })
+        .map_err(|source| StartError::Measure {
+            path: config.dir.clone(),
+            source,
+        })?;
+        cap.derivation = format!("{}; {}", cap.derivation, fitted.describe(cap.bytes, target));
+        cap.bytes = fitted.bytes;
+    }
     tracing::info!(derivation = %cap.derivation, "dirty-byte cap");
     Ok(cap)
+}
+
+/// The slowest of [`MEASURE_ROUNDS`] flushes of `bytes` (write and fdatasync).
+fn slowest_flush(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    bytes: usize,
+) -> std::io::Result<Duration> {
+    let mut slowest = Duration::ZERO;
+    for _ in 0..MEASURE_ROUNDS {
+        slowest = slowest.max(measure_once(storage, dir, bytes)?.1);
+    }
+    Ok(slowest)
+}
+
+/// The smallest cap [`fit_cap`] tries: below it the sync's fixed cost dominates.
+pub const MIN_FITTED_BYTES: u64 = 64 << 10;
+
+/// Tries of [`fit_cap`] before it settles.
+pub const FIT_TRIES: usize = 4;
+
+/// A cap whose own flush was timed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fitted {
+    pub bytes: u64,
+    /// The slowest flush of `bytes` (write and fdatasync).
+    pub took: Duration,
+    pub tries: usize,
+}
+
+impl Fitted {
+    fn describe(&self, rated: u64, target: Duration) -> String {
+        format!(
+            "a flush of the cap's {} B (write + fdatasync, slowest of {MEASURE_ROUNDS}) took {:.1} ms against a target of {:.1} ms{}",
+            self.bytes,
+            self.took.as_secs_f64() * 1e3,
+            target.as_secs_f64() * 1e3,
+            if self.bytes < rated {
+                format!(", so the cap was lowered from {rated} B in {} tries", self.tries)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// Sizes the cap by timing flushes of the cap's own size (`flush(bytes)` writes and syncs that
+/// many bytes and says how long it took): starting at `start`, while a flush of the cap takes
+/// longer than `target`, the cap becomes what that flush's rate writes in `target` (less a tenth
+/// for the swing between runs), at most [`FIT_TRIES`] times and never below
+/// [`MIN_FITTED_BYTES`]. A rate measured on a large flush overstates a smaller one, whose sync
+/// costs as much; only the cap's own flush says whether it fits.
+pub fn fit_cap(
+    start: u64,
+    target: Duration,
+    mut flush: impl FnMut(usize) -> std::io::Result<Duration>,
+) -> std::io::Result<Fitted> {
+    let mut bytes = start;
+    let mut tries = 0;
+    loop {
+        let took = flush(bytes as usize)?;
+        tries += 1;
+        if took <= target || tries == FIT_TRIES || bytes <= MIN_FITTED_BYTES {
+            return Ok(Fitted { bytes, took, tries });
+        }
+        let fits = bytes as f64 * target.as_secs_f64() / took.as_secs_f64() * 0.9;
+        bytes = (fits as u64).max(MIN_FITTED_BYTES).min(bytes - 1);
+    }
 }
 
 /// The cap: min(pool size, rate x window / 2 x [`RATE_SAFETY`]).
@@ -290,5 +382,43 @@ pub fn dirty_cap(pool_bytes: u64, write_bytes_per_s: u64, power_window: Duration
             write_bytes_per_s as f64 / 1e6,
             power_window.as_millis()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A disk whose flush costs a fixed 4 ms sync plus 1 ms per MB.
+    fn disk(bytes: usize) -> std::io::Result<Duration> {
+        Ok(4 * MS + Duration::from_secs_f64(bytes as f64 / 1e9))
+    }
+
+    #[test]
+    fn a_cap_that_flushes_in_its_target_is_kept() {
+        let fitted = fit_cap(2_000_000, 12 * MS, disk).unwrap();
+        assert_eq!((fitted.bytes, fitted.tries), (2_000_000, 1));
+    }
+
+    #[test]
+    fn a_cap_whose_own_flush_overruns_is_lowered_until_it_fits() {
+        // The rate of a large flush (~1 GB/s) promised 12 MB in 12 ms; with the sync's fixed
+        // cost the cap's own flush takes 16 ms.
+        let fitted = fit_cap(12_000_000, 12 * MS, disk).unwrap();
+        assert!(
+            fitted.bytes < 12_000_000 && fitted.took <= 12 * MS,
+            "{fitted:?}"
+        );
+        assert_eq!(disk(fitted.bytes as usize).unwrap(), fitted.took);
+    }
+
+    #[test]
+    fn the_fit_stops_at_the_floor_and_after_its_tries() {
+        let stalled = |_| Ok(Duration::from_secs(1));
+        let fitted = fit_cap(12_000_000, 12 * MS, stalled).unwrap();
+        assert!(fitted.tries <= FIT_TRIES);
+        assert!(fit_cap(MIN_FITTED_BYTES, 12 * MS, stalled).unwrap().tries == 1);
     }
 }

@@ -36,6 +36,8 @@ pub type ReleaseHook = Box<dyn Fn(bool) + Send + Sync>;
 pub struct Engine {
     config: DaemonConfig,
     cap: DirtyCap,
+    /// The live cap below `cap`, kept by the flushes ([`crate::cap`]).
+    cap_keeper: Arc<crate::cap::Keeper>,
     pool: Arc<Pool<Waiter>>,
     logs: Arc<Logs>,
     last_emergency_flush: Mutex<Option<EmergencyFlush>>,
@@ -77,21 +79,33 @@ impl Engine {
             config.segment_bytes,
         ));
         let release_hook: Arc<OnceLock<ReleaseHook>> = Arc::new(OnceLock::new());
+        let cap_keeper = Arc::new(crate::cap::Keeper::new(crate::cap::Governor::new(
+            cap.bytes.max(4096),
+            crate::cap::FLOOR_BYTES,
+            (config.power_window / 2).mul_f64(measure::RATE_SAFETY),
+        )));
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let mut flushers = Vec::new();
         for index in 0..config.flushers {
-            let (pool, logs, hook, metrics) = (
+            let (pool, logs, hook, metrics, keeper) = (
                 Arc::clone(&pool),
                 Arc::clone(&logs),
                 Arc::clone(&release_hook),
                 Arc::clone(&metrics),
+                Arc::clone(&cap_keeper),
             );
+            let observe = move |pool: &Pool<Waiter>, bytes, elapsed| {
+                if let Some(cap) = keeper.observe(bytes, elapsed) {
+                    pool.set_live_cap(cap as usize);
+                }
+            };
             let name = format!("stela-flusher-{index}");
             let thread = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
                     abort_on_panic("a flusher", || {
-                        crate::flusher::run(&pool, &logs, &metrics, &|released| {
+                        let observe = |bytes, elapsed| observe(&pool, bytes, elapsed);
+                        crate::flusher::run(&pool, &logs, &metrics, &observe, &|released| {
                             for (waiter, outcome) in released.waiters {
                                 waiter(outcome);
                             }
@@ -107,6 +121,7 @@ impl Engine {
         Ok(Arc::new(Engine {
             config: config.clone(),
             cap,
+            cap_keeper,
             pool,
             logs,
             last_emergency_flush: Mutex::new(None),

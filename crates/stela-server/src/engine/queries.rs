@@ -753,6 +753,7 @@ impl Engine {
             partial_frame_cap: net.partial_frame_cap,
             output_bytes: net.output_bytes,
             output_cap: net.output_cap,
+            live_dirty_cap: self.cap_keeper.status(),
             realtime_loop: net.realtime_loop,
             loop_spins: net.loop_spins,
             threads: thread_count(),

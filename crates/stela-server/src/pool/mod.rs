@@ -9,7 +9,9 @@
 //!   unchanged. A log's records get consecutive LSNs, and a batch's are contiguous (space for the
 //!   whole batch is found before any of it is placed).
 //! - **Bounded.** Dirty bytes (acknowledged, not yet fdatasync'ed) never exceed `dirty_cap` and
-//!   never more than `buffers` buffers exist. An append that does not fit is refused with
+//!   never more than `buffers` buffers exist. Below that, the live cap ([`Pool::set_live_cap`],
+//!   kept by [`crate::cap`]) admits a batch only if the dirty bytes stay within it, or if
+//!   nothing is dirty (so a batch larger than a shrunk cap still goes, alone). An append that does not fit is refused with
 //!   [`PoolError::NoSpace`] and retried by its caller after a completion frees space: nothing is
 //!   dropped, nothing grows memory, and no caller blocks the daemon's event loop.
 //! - **Sequential runs.** A buffer holds one contiguous run of one log's frames within one
@@ -236,6 +238,8 @@ struct State<W> {
     /// another if more is left, so a second call would only wake one to find nothing.
     flusher_called: bool,
     drain_waiters: usize,
+    /// The live cap: at most `dirty_cap`.
+    live_cap: usize,
 }
 
 /// What a flusher writes next: a prefix of one log's queue.
@@ -336,6 +340,7 @@ impl<W> Pool<W> {
                 drain_waiters: 0,
                 bytes_written: 0,
                 writes: 0,
+                live_cap: config.dirty_cap,
             }),
             config,
             work: Condvar::new(),
@@ -424,7 +429,11 @@ impl<W> Pool<W> {
                 cap: self.config.dirty_cap,
             });
         }
-        if state.dirty + total > self.config.dirty_cap || !self.fits(&state, log, records) {
+        let over_live = state.dirty > 0 && state.dirty + total > state.live_cap;
+        if over_live
+            || state.dirty + total > self.config.dirty_cap
+            || !self.fits(&state, log, records)
+        {
             state.appends_waited += 1;
             state.space_wanted = true;
             // Whatever is eligible must go out for space to appear.
@@ -435,11 +444,17 @@ impl<W> Pool<W> {
             self.place(&mut state, log, record);
         }
         state.dirty += total;
+        debug_assert!(state.dirty <= self.config.dirty_cap);
         log_mut(&mut state, log).dirty += total;
         if self.eligible_bytes(&state, log, Instant::now()) > 0 {
             self.wake_flusher(&mut state);
         }
         Ok((next, next + records.len() as u64 - 1))
+    }
+
+    /// Sets the live cap (clamped to `dirty_cap`); dirty bytes above it stay and are flushed.
+    pub fn set_live_cap(&self, bytes: usize) {
+        lock(&self.state).live_cap = bytes.clamp(frame::HEADER_BYTES + 1, self.config.dirty_cap);
     }
 
     fn cursor(&self, state: &State<W>, log: LogId) -> Cursor {
