@@ -94,8 +94,8 @@ pub(super) fn inject(
             wait_promoted(cluster, s, epoch_before)?;
             cluster.nodes[s].kill();
             pause(RESTART_AFTER)?;
-            start_configured(cluster, topology, p)?;
-            start_configured(cluster, topology, s)?;
+            restart(cluster, topology, p)?;
+            restart(cluster, topology, s)?;
         }
         FaultKind::PauseNew => {
             cluster.nodes[p].kill();
@@ -104,7 +104,7 @@ pub(super) fn inject(
             cluster.nodes[s].signal(Signal::STOP)?;
             let stopped = Duration::from_millis(choices.between(2000, 5000));
             let stopped_at = Instant::now();
-            start_configured(cluster, topology, p)?;
+            restart(cluster, topology, p)?;
             pause(stopped.saturating_sub(stopped_at.elapsed()))?;
             cluster.nodes[s].signal(Signal::CONT)?;
         }
@@ -113,7 +113,7 @@ pub(super) fn inject(
             inject_ms = start_ms;
             wait_promoted(cluster, s, epoch_before)?;
             cluster.witness.kill();
-            start_configured(cluster, topology, p)?;
+            restart(cluster, topology, p)?;
             old_came_up_primary = watch_not_primary(cluster, p, hold)?;
             cluster.witness.start(&cluster.stela, topology)?;
         }
@@ -158,6 +158,19 @@ fn start_configured(cluster: &mut Cluster, topology: &Topology, i: usize) -> any
     cluster.nodes[i].start(&stela, topology, configured_role(i))
 }
 
+/// Starts node `i` as a service manager restarts it; a start that fails (the node exits at
+/// once) is said and left to [`wait_protected_restarting`], which tries again.
+fn restart(cluster: &mut Cluster, topology: &Topology, i: usize) -> anyhow::Result<()> {
+    check_interrupted()?;
+    if let Err(error) = start_configured(cluster, topology, i) {
+        eprintln!(
+            "failover: node {} did not start, tried again later: {error:#}",
+            cluster.nodes[i].name
+        );
+    }
+    Ok(())
+}
+
 /// For `within`, watches node `i` (restarted while the witness is down): the samples in which
 /// it says it is primary (each is printed: it must never be).
 fn watch_not_primary(cluster: &Cluster, i: usize, within: Duration) -> anyhow::Result<u64> {
@@ -182,7 +195,7 @@ fn watch_not_primary(cluster: &Cluster, i: usize, within: Duration) -> anyhow::R
 
 /// Waits until the pair is protected (as [`super::wait_protected`]), starting again, with its
 /// configured role, every node that exits meanwhile (a deposed primary exits 75).
-fn wait_protected_restarting(
+pub(super) fn wait_protected_restarting(
     cluster: &mut Cluster,
     topology: &Topology,
 ) -> anyhow::Result<(usize, stela_proto::StatusReport)> {
@@ -199,9 +212,7 @@ fn wait_protected_restarting(
                     );
                 }
                 pause(RESTART_AFTER)?;
-                if let Err(error) = start_configured(cluster, topology, i) {
-                    eprintln!("failover: a restart failed, tried again: {error:#}");
-                }
+                restart(cluster, topology, i)?;
             }
         }
         let found = cluster.primary().filter(|(i, report)| {
