@@ -1094,6 +1094,20 @@ fn print_table(
             there.map_or("nothing (past the end)".into(), |s| format!("seq {s}"))
         )?;
     }
+    for (what, seqs) in [
+        (
+            "resolved Kept, absent from the final log",
+            &verdict.kept_absent,
+        ),
+        (
+            "resolved Lost, present in the final log",
+            &verdict.lost_present,
+        ),
+    ] {
+        for seq in seqs.iter().take(10) {
+            writeln!(out, "WRONG RESOLUTION: seq {seq} {what}")?;
+        }
+    }
     writeln!(
         out,
         "# downtime: injection to the first acknowledgement, by a primary of a newer epoch, of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
