@@ -17,7 +17,13 @@
 //!   injection began (a signal takes effect a little after it is sent);
 //! - **blocked** (faults that should not fail over): the longest wait of a commit that was
 //!   waiting at some moment between injection and restoration;
-//! - **double primary**: an acknowledgement in term t seen after one in a term above t.
+//! - **unavailable** (every fault): the longest time without any acknowledgement from the
+//!   injection to the end of the period (commits answered `Unprotected` and asked again are
+//!   not acknowledgements: they count as unavailable, as a user of `replicated` sees them);
+//! - **double primary**: an acknowledgement in term t seen after one in a term above t, or in
+//!   the same term at an LSN not above the last one acknowledged in it (the client commits one
+//!   record at a time, so one primary's LSNs in a term only grow: a second node answering in
+//!   the same term is seen this way).
 
 use super::events::{Event, Outcome};
 use serde::Serialize;
@@ -44,7 +50,11 @@ pub struct FaultFacts {
     /// Null when no commit that began after the injection was acknowledged in the period.
     pub downtime_ms: Option<f64>,
     pub blocked_ms: f64,
+    /// The longest time without an acknowledgement, from the injection to the period's end.
+    pub unavailable_ms: f64,
     pub acked: u64,
+    /// Commits answered `Unprotected` (first such answer in the period).
+    pub unprotected: u64,
     pub in_doubt: u64,
     pub double_primary: u64,
 }
@@ -70,8 +80,16 @@ pub fn facts(events: &[Event], faults: &[FaultWindow]) -> Vec<FaultFacts> {
             let (from, to) = period(faults, i, end_ms);
             let inside = |t: f64| t >= from && t < to;
             let mut facts = FaultFacts::default();
+            let mut last_ack = fault.inject_ms;
             for event in events {
+                if let Event::Ack { t_ms, .. } = event {
+                    if *t_ms >= fault.inject_ms && *t_ms < to {
+                        facts.unavailable_ms = facts.unavailable_ms.max(t_ms - last_ack);
+                        last_ack = *t_ms;
+                    }
+                }
                 match event {
+                    Event::Unprotected { t_ms, .. } if inside(*t_ms) => facts.unprotected += 1,
                     Event::Ack {
                         t_ms,
                         wait_ms,
@@ -104,6 +122,7 @@ pub fn facts(events: &[Event], faults: &[FaultWindow]) -> Vec<FaultFacts> {
                     _ => {}
                 }
             }
+            facts.unavailable_ms = facts.unavailable_ms.max(to.min(end_ms) - last_ack);
             if !fault.expects_failover {
                 facts.downtime_ms = Some(0.0);
             }
@@ -119,16 +138,22 @@ fn waited_through(t_ms: f64, wait_ms: f64, fault: &FaultWindow) -> bool {
     t_ms >= fault.inject_ms && t_ms - wait_ms <= fault.restore_ms
 }
 
-/// The times of the acknowledgements given in a term below one already acknowledged.
+/// The times of the acknowledgements given in a term below one already acknowledged, or in
+/// the highest term at an LSN not above the last acknowledged in it.
 pub fn double_primary_times(events: &[Event]) -> Vec<f64> {
-    let mut highest = 0u64;
+    let (mut highest, mut highest_lsn) = (0u64, 0u64);
     let mut out = Vec::new();
     for event in events {
-        if let Event::Ack { term, t_ms, .. } = event {
-            if *term < highest {
+        if let Event::Ack {
+            term, lsn, t_ms, ..
+        } = event
+        {
+            if *term < highest || (*term == highest && *lsn <= highest_lsn) {
                 out.push(*t_ms);
             }
-            highest = highest.max(*term);
+            if *term > highest || (*term == highest && *lsn > highest_lsn) {
+                (highest, highest_lsn) = (*term, *lsn);
+            }
         }
     }
     out
@@ -266,6 +291,9 @@ mod tests {
         assert_eq!(facts[0].downtime_ms, Some(0.0));
         assert_eq!((facts[0].acked, facts[1].acked), (2, 1));
         assert_eq!(facts[1].blocked_ms, 0.0);
+        // From the injection (1000) to the first acknowledgement (3010); then 4000 - 3020.
+        assert_eq!(facts[0].unavailable_ms, 2010.0);
+        assert_eq!(facts[1].unavailable_ms, 1000.0);
     }
 
     #[test]
@@ -278,6 +306,16 @@ mod tests {
             ack(5, T1, 50.0, 1.0),
         ];
         assert_eq!(double_primary_times(&events), vec![30.0, 50.0]);
+        // Two nodes answering in one term: the LSN goes back.
+        let mut same_term = vec![ack(1, T2, 10.0, 1.0), ack(2, T2, 20.0, 1.0)];
+        same_term.push(Event::Ack {
+            seq: 3,
+            term: T2,
+            lsn: 2,
+            t_ms: 30.0,
+            wait_ms: 1.0,
+        });
+        assert_eq!(double_primary_times(&same_term), vec![30.0]);
         let faults = [
             FaultWindow {
                 start_ms: 0.0,

@@ -56,6 +56,9 @@ pub enum CommitError {
         lsn: Option<u64>,
         cause: String,
     },
+    /// The primary holds the record without a standby (`stela_client::Error::Unprotected`):
+    /// not acknowledged; the loop asks again.
+    Unprotected { term: u64, lsn: u64 },
     /// Anything else. The record was appended, so its outcome is unknown all the same.
     Other(String),
 }
@@ -73,7 +76,8 @@ pub enum Resolution {
 pub trait ReplicatedLog {
     /// Appends one record; its LSN.
     fn append(&mut self, record: &Rec) -> Result<u64, String>;
-    /// Waits until every record up to `lsn` is held by the standby too.
+    /// Waits until every record up to `lsn` is held by the standby too (one answer: the loop
+    /// asks again after [`CommitError::Unprotected`]).
     fn commit_replicated(&mut self, lsn: u64) -> Result<(), CommitError>;
     /// The term the node serves this log in.
     fn term(&self) -> u64;
@@ -93,6 +97,8 @@ struct Pending {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Tally {
     pub acked: u64,
+    /// Commits answered `Unprotected` at least once.
+    pub unprotected: u64,
     pub in_doubt: u64,
     pub resolved: u64,
     pub unresolved: u64,
@@ -102,6 +108,8 @@ pub struct Tally {
 /// trying once told to stop.
 const RESOLVE_EVERY_MS: f64 = 100.0;
 const RESOLVE_AT_STOP: Duration = Duration::from_secs(5);
+/// How often a commit answered `Unprotected` is asked again.
+const UNPROTECTED_RETRY: Duration = Duration::from_millis(10);
 /// Pause after a failed open, so that a cluster in the middle of a failover is not hammered.
 const REOPEN_PAUSE: Duration = Duration::from_millis(10);
 
@@ -174,7 +182,27 @@ pub fn client_loop<L: ReplicatedLog>(
         };
         let term = current.term();
         let started = mono_ms();
-        let result = current.commit_replicated(lsn);
+        let mut said_unprotected = false;
+        let result = loop {
+            match current.commit_replicated(lsn) {
+                Err(CommitError::Unprotected { term: t, lsn: l })
+                    if !stop.load(Ordering::SeqCst) =>
+                {
+                    if !said_unprotected {
+                        said_unprotected = true;
+                        tally.unprotected += 1;
+                        emit(Event::Unprotected {
+                            seq,
+                            term: t,
+                            lsn: l,
+                            t_ms: mono_ms(),
+                        })?;
+                    }
+                    std::thread::sleep(UNPROTECTED_RETRY);
+                }
+                other => break other,
+            }
+        };
         let t_ms = mono_ms();
         let wait_ms = t_ms - started;
         match result {
@@ -197,6 +225,9 @@ pub fn client_loop<L: ReplicatedLog>(
                         lsn: l,
                         cause,
                     } => (t, l.unwrap_or(lsn), cause),
+                    CommitError::Unprotected { term: t, lsn: l } => {
+                        (t, l, "unprotected when told to stop".into())
+                    }
                     CommitError::Other(cause) => (term, lsn, cause),
                 };
                 tally.in_doubt += 1;
@@ -338,9 +369,6 @@ mod daemon {
     /// The log opened through the daemons of the endpoint list.
     pub struct DaemonLog(Wal<Rec>);
 
-    /// How often a commit answered `Unprotected` is asked again.
-    const UNPROTECTED_RETRY_MS: u64 = 10;
-
     impl DaemonLog {
         /// Opens the log on whichever node of `address` takes it. The client library's own
         /// reconnection is off: the loop reopens, and says so in its events.
@@ -366,21 +394,21 @@ mod daemon {
         }
 
         /// `Ok` only once a standby holds the record: a commit the primary answers without one
-        /// (`Error::Unprotected`, a promoted primary not protected again yet) is asked again
-        /// until it is protected, and the time that takes is the commit's wait, as a user who
-        /// needs `replicated` would see it.
+        /// (`Error::Unprotected`, a promoted primary not protected again yet) is
+        /// [`CommitError::Unprotected`], which the loop records and asks again, so that the
+        /// time until it is protected is the commit's wait, as a user who needs `replicated`
+        /// would see it.
         fn commit_replicated(&mut self, lsn: u64) -> Result<(), CommitError> {
-            loop {
-                match self.0.commit_at(Lsn::new(lsn), Durability::Replicated) {
-                    Ok(()) => return Ok(()),
-                    Err(Error::Unprotected { .. }) => {
-                        std::thread::sleep(Duration::from_millis(UNPROTECTED_RETRY_MS))
-                    }
-                    Err(Error::InDoubt { term, lsn, cause }) => {
-                        return Err(CommitError::InDoubt { term, lsn, cause })
-                    }
-                    Err(other) => return Err(CommitError::Other(other.to_string())),
+            match self.0.commit_at(Lsn::new(lsn), Durability::Replicated) {
+                Ok(()) => Ok(()),
+                Err(Error::Unprotected { term, lsn: at, .. }) => Err(CommitError::Unprotected {
+                    term,
+                    lsn: at.unwrap_or(lsn),
+                }),
+                Err(Error::InDoubt { term, lsn, cause }) => {
+                    Err(CommitError::InDoubt { term, lsn, cause })
                 }
+                Err(other) => Err(CommitError::Other(other.to_string())),
             }
         }
 
@@ -470,6 +498,9 @@ mod tests {
             term: T1,
             commits: VecDeque::from([
                 Ok(()),
+                Err(CommitError::Unprotected { term: T1, lsn: 2 }),
+                Err(CommitError::Unprotected { term: T1, lsn: 2 }),
+                Ok(()),
                 Err(CommitError::InDoubt {
                     term: T1,
                     lsn: None,
@@ -514,6 +545,7 @@ mod tests {
             tally,
             Tally {
                 acked: 100,
+                unprotected: 1,
                 in_doubt: 2,
                 resolved: 2,
                 unresolved: 0
@@ -539,7 +571,19 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(doubt, vec![(2, T1, 2), (3, T1 + (1 << 32), 3)]);
+        assert_eq!(doubt, vec![(3, T1, 3), (4, T1 + (1 << 32), 4)]);
+        // Asked again until acknowledged; said once.
+        let unprotected: Vec<u64> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Unprotected { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(unprotected, vec![2]);
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, Event::Ack { seq: 2, .. })));
         let failed_opens = events
             .iter()
             .filter(|e| matches!(e, Event::Failed { during, .. } if during == "open"))
@@ -553,6 +597,6 @@ mod tests {
             })
             .collect();
         outcomes.sort_by_key(|o| o.0);
-        assert_eq!(outcomes, vec![(2, Outcome::Lost), (3, Outcome::Kept)]);
+        assert_eq!(outcomes, vec![(3, Outcome::Kept), (4, Outcome::Lost)]);
     }
 }

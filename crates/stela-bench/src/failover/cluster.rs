@@ -206,7 +206,7 @@ impl Node {
         ready.with_context(|| format!("node {}'s log ends:\n{}", self.name, tail(&self.log, 15)))
     }
 
-    fn socket(&self) -> PathBuf {
+    pub fn socket(&self) -> PathBuf {
         self.dir.join("stela.sock")
     }
 

@@ -67,6 +67,15 @@ pub enum Event {
         wait_ms: f64,
         cause: String,
     },
+    /// A `replicated` commit of `seq` (at `lsn` in `term`) was answered `Unprotected`: the
+    /// primary held it without a standby. Written once per commit, at the first such answer;
+    /// the client asks again until the commit is acknowledged or in doubt.
+    Unprotected {
+        seq: u64,
+        term: u64,
+        lsn: u64,
+        t_ms: f64,
+    },
     /// A commit in doubt, settled against the (new) primary's history.
     Resolved {
         seq: u64,
@@ -87,6 +96,7 @@ impl Event {
             Event::Opened { t_ms, .. }
             | Event::Ack { t_ms, .. }
             | Event::InDoubt { t_ms, .. }
+            | Event::Unprotected { t_ms, .. }
             | Event::Resolved { t_ms, .. }
             | Event::Failed { t_ms, .. } => *t_ms,
         }

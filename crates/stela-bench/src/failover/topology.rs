@@ -162,6 +162,32 @@ impl Topology {
         Ok(())
     }
 
+    /// Drops (or stops dropping) every packet from `from` to `to`, silently, by an iptables
+    /// rule on `to`'s input in its own namespace: `from`'s packets leave and vanish (no reset,
+    /// no ICMP), the other way is untouched. Both ways: call it for each direction.
+    ///
+    /// # Errors
+    /// `iptables` fails (Debian's iptables package; needs root).
+    pub fn set_dropped(&self, from: Host, to: Host, on: bool) -> anyhow::Result<()> {
+        let source = self.address(from).to_string();
+        crate::netns::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                self.namespace(to).name(),
+                "iptables",
+                "-w",
+                if on { "-A" } else { "-D" },
+                "INPUT",
+                "-s",
+                &source,
+                "-j",
+                "DROP",
+            ],
+        )
+    }
+
     /// Whether this kernel has netem (`CONFIG_NET_SCH_NETEM`; some VM kernels are built
     /// without it), tried on the bridge, which carries no traffic of its own.
     pub fn netem_available(&self) -> bool {

@@ -118,8 +118,12 @@ pub struct Verdict {
     /// Acknowledged sequence numbers not at their LSN in the final primary's log, each with
     /// what that LSN holds instead (None: past the end).
     pub lost: BTreeMap<u64, Option<u64>>,
-    /// Commits in doubt whose resolution the final log contradicts.
+    /// Commits in doubt whose resolution the final log contradicts (both kinds below).
     pub resolution_wrong: Vec<u64>,
+    /// Resolved `Kept`, absent from their LSN in the final log.
+    pub kept_absent: Vec<u64>,
+    /// Resolved `Lost`, present at their LSN in the final log.
+    pub lost_present: Vec<u64>,
     /// LSNs both copies hold with different records (the standby must be a prefix).
     pub standby_mismatch: Vec<u64>,
 }
@@ -141,11 +145,16 @@ pub fn check(
     }
     for (&seq, &(lsn, outcome)) in resolved {
         let kept = primary.records.get(&lsn) == Some(&seq);
-        if kept != (outcome == Outcome::Kept) {
-            verdict.resolution_wrong.push(seq);
+        match (outcome, kept) {
+            (Outcome::Kept, false) => verdict.kept_absent.push(seq),
+            (Outcome::Lost, true) => verdict.lost_present.push(seq),
+            _ => continue,
         }
+        verdict.resolution_wrong.push(seq);
     }
     verdict.resolution_wrong.sort_unstable();
+    verdict.kept_absent.sort_unstable();
+    verdict.lost_present.sort_unstable();
     if let Some(standby) = standby {
         verdict.standby_mismatch = standby
             .records
@@ -178,10 +187,19 @@ mod tests {
             (12, (1, 3, 0.0)), // LSN 3 holds 13: lost
             (14, (1, 4, 0.0)), // past the end: lost
         ]);
-        let resolved = HashMap::from([(13, (3, Outcome::Kept)), (15, (4, Outcome::Kept))]);
+        let resolved = HashMap::from([
+            (13, (3, Outcome::Kept)),
+            (15, (4, Outcome::Kept)), // past the end: wrong
+            (11, (2, Outcome::Lost)), // there: wrong
+            (16, (1, Outcome::Lost)),
+        ]);
         let verdict = check(&acked, &resolved, &primary, Some(&standby));
         assert_eq!(verdict.lost, BTreeMap::from([(12, Some(13)), (14, None)]));
-        assert_eq!(verdict.resolution_wrong, vec![15]);
+        assert_eq!(verdict.resolution_wrong, vec![11, 15]);
+        assert_eq!(
+            (verdict.kept_absent, verdict.lost_present),
+            (vec![15], vec![11])
+        );
         assert_eq!(verdict.standby_mismatch, vec![2]);
     }
 
