@@ -729,11 +729,15 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
     }
 
     fn resolve_once(&self, term: u64, lsn: Lsn) -> Result<stela_format::term::Resolution> {
-        let (entries, last_lsn) = self.call("history", |session| {
+        let (entries, last_lsn, log_end) = self.call("history", |session| {
             match session.connection.request(RequestBody::History {
                 handle: session.handle,
             })? {
-                ResponseBody::History { entries, last_lsn } => Ok((entries, last_lsn)),
+                ResponseBody::History {
+                    entries,
+                    last_lsn,
+                    log_end,
+                } => Ok((entries, last_lsn, log_end)),
                 other => Err(unexpected("History", other)),
             }
         })?;
@@ -746,8 +750,11 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             asked: "History",
             got: format!("a term history that breaks its rules: {e}"),
         })?;
-        Ok(stela_format::term::resolve(
+        // `last_lsn` is what a second node holds; a daemon that says where the log ends lets a
+        // record between the two be told apart from one never written (NotYet, not Lost).
+        Ok(stela_format::term::resolve_protected(
             &history,
+            log_end.unwrap_or(last_lsn),
             last_lsn,
             stela_format::term::Term(term),
             lsn.get(),

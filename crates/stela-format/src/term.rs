@@ -279,10 +279,55 @@ pub fn resolve(history: &TermHistory, last_lsn: u64, term: Term, lsn: u64) -> Re
     }
 }
 
+/// [`resolve`] on a log that holds records up to `log_end` of which those up to `protected`
+/// are held by a second node: a record present but not yet protected is `NotYet` (it becomes
+/// `Kept` once protected, or is decided by a newer primary's history if this one is lost),
+/// never `Lost` because it lies past the protected end while a newer term has begun.
+pub fn resolve_protected(
+    history: &TermHistory,
+    log_end: u64,
+    protected: u64,
+    term: Term,
+    lsn: u64,
+) -> Resolution {
+    match resolve(history, log_end.max(protected), term, lsn) {
+        Resolution::Kept if lsn > protected => Resolution::NotYet,
+        decided => decided,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The wrong `Lost` of issue 52's kill-then-kill-new runs: a record of term 1.1 at LSN 6481,
+    /// in the log, past the protected end (4535), after a newer term began (the restarted
+    /// primary's 1.2), was resolved `Lost` against the protected end alone; it is `NotYet`.
+    #[test]
+    fn a_present_record_past_the_protected_end_is_not_yet() {
+        let h = history(&[((1 << 32) | 1, 1), ((1 << 32) | 2, 6482)]);
+        let term = Term((1 << 32) | 1);
+        assert_eq!(resolve(&h, 4535, term, 6481), Resolution::Lost);
+        assert_eq!(
+            resolve_protected(&h, 6500, 4535, term, 6481),
+            Resolution::NotYet
+        );
+        assert_eq!(
+            resolve_protected(&h, 6500, 6490, term, 6481),
+            Resolution::Kept
+        );
+        // Written in another term: lost whether protected or not.
+        assert_eq!(
+            resolve_protected(&h, 6500, 4535, Term((1 << 32) | 2), 6481),
+            Resolution::Lost
+        );
+        // Past the log's end with a newer term begun: lost.
+        assert_eq!(
+            resolve_protected(&h, 6500, 4535, term, 6600),
+            Resolution::Lost
+        );
+    }
 
     fn history(entries: &[(u64, u64)]) -> TermHistory {
         TermHistory::from_entries(entries.iter().map(|&(t, f)| (Term(t), f))).unwrap()

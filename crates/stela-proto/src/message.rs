@@ -254,10 +254,15 @@ pub enum ResponseBody {
         segments: u32,
         bytes: u64,
     },
-    /// The log's term history, (term, first LSN) pairs oldest first, and its last LSN.
+    /// The log's term history, (term, first LSN) pairs oldest first, and its last LSN that a
+    /// second node holds (`last_lsn`: what `Kept` may be said of), and the last LSN the log
+    /// holds at all (`log_end`; absent from daemons before it: a record between the two is
+    /// present but not protected yet, so neither `Kept` nor `Lost`).
     History {
         entries: Vec<(u64, u64)>,
         last_lsn: u64,
+        #[serde(default)]
+        log_end: Option<u64>,
     },
     Error {
         code: ErrorCode,

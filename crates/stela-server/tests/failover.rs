@@ -261,12 +261,18 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
     assert!(status.unprotected_since_ms > 0);
     assert!(status.logs[0].unprotected_acks >= 50, "{:?}", status.logs);
     let history = match client.request(RequestBody::History { handle }) {
-        Ok(ResponseBody::History { entries, last_lsn }) => (entries, last_lsn),
+        Ok(ResponseBody::History {
+            entries,
+            last_lsn,
+            log_end,
+        }) => (entries, last_lsn, log_end),
         other => panic!("history: {other:?}"),
     };
-    // The history ends at what a second node holds (issue 52: `Kept` means protected): the
-    // 50 records on b alone are not counted yet, so they resolve `NotYet`, not `Kept`.
+    // The history's `last_lsn` is what a second node holds (issue 52: `Kept` means protected):
+    // the 50 records on b alone are not counted yet, so they resolve `NotYet`, not `Kept`; the
+    // log's end says they are there (so not `Lost` either).
     assert_eq!(history.1, 200);
+    assert_eq!(history.2, Some(250));
     assert_eq!(history.0.last(), Some(&(term, 201)));
     // The new primary keeps its copy for the old one from where its term began (what the old
     // primary can lack at most); the old primary's copy still has the hold it kept as primary.

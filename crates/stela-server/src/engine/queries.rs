@@ -17,6 +17,15 @@ use stela_proto::{
 use stela_wal::Lsn;
 
 /// What the connection layer knows that `stela status` shows.
+/// What `resolve` is answered from: a log's term history, (term, first LSN) pairs oldest
+/// first; the last LSN a second node holds; the last LSN the log holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogHistory {
+    pub entries: Vec<(u64, u64)>,
+    pub protected: u64,
+    pub end: u64,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct NetStats {
     pub connections: u32,
@@ -225,23 +234,29 @@ impl Engine {
     /// given is the last one protected (`Replication::protected_through`): a record a client
     /// resolves `Kept` from this answer is in this primary's history and held by a second node,
     /// and one it resolves `Lost` was replaced by a newer primary's.
-    pub fn history(&self, log: LogId) -> Result<(Vec<(u64, u64)>, u64)> {
+    /// The log's term history, the last LSN a second node holds, and the last it holds at all.
+    pub fn history(&self, log: LogId) -> Result<LogHistory> {
         if let Some(why) = self.node().resolution_refusal() {
             return Err(Error::NotPrimary(why));
         }
         let last = self.pool.positions(log).0 - 1;
         let Some(replication) = self.ha.replication.as_ref() else {
-            return Ok((Vec::new(), last));
+            return Ok(LogHistory {
+                entries: Vec::new(),
+                protected: last,
+                end: last,
+            });
         };
         let entries = replication
             .history(log)
             .map(|(_, history)| history.entries().iter().map(|&(t, f)| (t.0, f)).collect())
             .unwrap_or_default();
         let promoted = self.node().promoted_here();
-        Ok((
+        Ok(LogHistory {
             entries,
-            last.min(replication.protected_through(log, promoted)),
-        ))
+            protected: last.min(replication.protected_through(log, promoted)),
+            end: last,
+        })
     }
 
     /// This node's role and epoch.

@@ -859,8 +859,12 @@ impl Conn {
                 .log(handle)
                 .map(|log| ResponseBody::Positions(ctx.engine.positions(log))),
             RequestBody::History { handle } => self.log(handle).and_then(|log| {
-                let (entries, last_lsn) = ctx.engine.history(log)?;
-                Ok(ResponseBody::History { entries, last_lsn })
+                let history = ctx.engine.history(log)?;
+                Ok(ResponseBody::History {
+                    entries: history.entries,
+                    last_lsn: history.protected,
+                    log_end: Some(history.end),
+                })
             }),
             RequestBody::Close { handle } => match self.log(handle) {
                 Ok(log) => {
