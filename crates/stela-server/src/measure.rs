@@ -276,17 +276,30 @@ pub fn cap_for(config: &DaemonConfig) -> Result<DirtyCap, StartError> {
     };
     let mut cap = dirty_cap(pool_bytes, rate, config.power_window);
     cap.derivation = format!("{}; disk rate {}", cap.derivation, source.describe());
-    if source == RateSource::Measured {
+    // The cap is timed at its own size where there is room for such a flush (as for the rate:
+    // a quarter of the free space); a start never fails for want of it, the live cap
+    // (`crate::cap`) corrects the cap from the first real flushes anyway.
+    let room = free_bytes(&config.dir).is_none_or(|free| free / 4 >= cap.bytes);
+    if source == RateSource::Measured && room {
         let target = (config.power_window / 2).mul_f64(RATE_SAFETY);
-        let fitted = fit_cap(cap.bytes, target, |bytes| {
+        match fit_cap(cap.bytes, target, |bytes| {
             slowest_flush(&config.storage, &config.dir, bytes)
-        })
-        .map_err(|source| StartError::Measure {
-            path: config.dir.clone(),
-            source,
-        })?;
-        cap.derivation = format!("{}; {}", cap.derivation, fitted.describe(cap.bytes, target));
-        cap.bytes = fitted.bytes;
+        }) {
+            Ok(fitted) => {
+                cap.derivation =
+                    format!("{}; {}", cap.derivation, fitted.describe(cap.bytes, target));
+                cap.bytes = fitted.bytes;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the dirty-byte cap could not be timed at its own size; kept as the rate gives it");
+                cap.derivation = format!("{}; not timed at its own size ({error})", cap.derivation);
+            }
+        }
+    } else if source == RateSource::Measured {
+        cap.derivation = format!(
+            "{}; not timed at its own size (too little free space)",
+            cap.derivation
+        );
     }
     tracing::info!(derivation = %cap.derivation, "dirty-byte cap");
     Ok(cap)
