@@ -245,8 +245,12 @@ fn commit_with_idle_connections_reports_the_daemons_memory_and_threads() {
         threads.push(row["daemon_threads"].as_u64().unwrap());
     }
     // The daemon's threads: neither its clients' threads nor its connections are among them.
+    // One thread may or may not be there yet: the keeper of the logs' SYNCED marks, started by
+    // the first mark a daemon writes (once a log has been idle), which a row may be sampled
+    // before or after.
     assert!(threads[0] > 0, "{threads:?}");
-    assert!(threads.iter().all(|&t| t == threads[0]), "{threads:?}");
+    let (least, most) = (threads.iter().min().unwrap(), threads.iter().max().unwrap());
+    assert!(most - least <= 1, "{threads:?}");
 
     // The ratio line is printed only when both runs committed something.
     let stdout = text_with_work(
