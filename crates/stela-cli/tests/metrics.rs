@@ -32,11 +32,9 @@ fn value(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-#[test]
-fn a_scrape_shows_what_the_daemon_did() {
-    let base = tempfile::tempdir().unwrap();
-    let dir = base.path().join("d");
-    let daemon = Daemon::start(&dir, &["--metrics", "127.0.0.1:0"]);
+/// A daemon serving metrics on a free port, and that port's address as it printed it.
+fn daemon_with_metrics(dir: &std::path::Path) -> (Daemon, String) {
+    let daemon = Daemon::start(dir, &["--metrics", "127.0.0.1:0"]);
     let output = daemon.output();
     let addr = output
         .lines()
@@ -44,6 +42,14 @@ fn a_scrape_shows_what_the_daemon_did() {
         .and_then(|l| l.strip_suffix("/metrics"))
         .unwrap_or_else(|| panic!("no metrics address in:\n{output}"))
         .to_owned();
+    (daemon, addr)
+}
+
+#[test]
+fn a_scrape_shows_what_the_daemon_did() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let (daemon, addr) = daemon_with_metrics(&dir);
 
     let before = scrape(&addr);
     assert_eq!(
@@ -125,14 +131,7 @@ fn a_client_dribbling_its_request_blocks_no_other_scrape() {
     use std::time::Duration;
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("d");
-    let daemon = Daemon::start(&dir, &["--metrics", "127.0.0.1:0"]);
-    let output = daemon.output();
-    let addr = output
-        .lines()
-        .find_map(|l| l.strip_prefix("stela serve: metrics on http://"))
-        .and_then(|l| l.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("no metrics address in:\n{output}"))
-        .to_owned();
+    let (daemon, addr) = daemon_with_metrics(&dir);
 
     let slow_done = Arc::new(AtomicBool::new(false));
     let slow = {
