@@ -138,7 +138,7 @@ where
     let mut out = stdout.lock();
     let result = match cli.command {
         Command::Wal(args) => run_wal_bench(&args, &mut out).map(drop),
-        Command::Commit(args) => crate::commit_bench::run_commit_bench(&args, &mut out),
+        Command::Commit(args) => run_commit_bench(&args, &mut out),
         Command::PowerFail(args) => crate::power_bench::run(args).map(drop),
         Command::Replicated(args) => crate::repl_bench::run(&args, &mut out).map(drop),
         Command::Netecho(args) => crate::repl_bench::net_echo(&args),
@@ -310,6 +310,22 @@ pub fn run_wal_bench(args: &WalBenchArgs, out: &mut dyn Write) -> anyhow::Result
         }
     }
     Ok(rows)
+}
+
+/// `stela-bench commit`: runs, prints to `out`, saves the chart(s) if asked. Here rather than
+/// in `commit_bench`, so that the bench and its chart (which draws the bench's rows) do not
+/// import each other.
+fn run_commit_bench(args: &CommitBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let cfg = args.to_config()?;
+    let rows = crate::commit_bench::run(&cfg, out)?;
+    if let Some(path) = &args.chart {
+        for saved in crate::commit_chart::save_commit_charts(&rows, path)? {
+            if !cfg.json {
+                writeln!(out, "chart saved to {}", saved.display())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

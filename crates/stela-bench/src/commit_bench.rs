@@ -17,7 +17,6 @@
 //! (left in the daemon afterwards). All clients of a run write to one log. How a run is timed is
 //! in [`stela::drive`], the driver the product's demo runs on too.
 
-use crate::commit_chart::save_commit_charts;
 use crate::harness::RunDir;
 use crate::record::{encoded_len, make_sized_records, Record};
 use anyhow::Context;
@@ -274,20 +273,6 @@ impl Variant {
             _ => self.mode.to_string(),
         }
     }
-}
-
-/// `stela-bench commit`: runs, prints to `out`, saves the chart(s) if asked.
-pub fn run_commit_bench(args: &CommitBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cfg = args.to_config()?;
-    let rows = run(&cfg, out)?;
-    if let Some(path) = &args.chart {
-        for saved in save_commit_charts(&rows, path)? {
-            if !cfg.json {
-                writeln!(out, "chart saved to {}", saved.display())?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Where the service runs' daemon comes from, settled once per invocation.

@@ -44,8 +44,10 @@ pub const HEADER_BYTES: usize = 20;
 pub const V1_HEADER_BYTES: usize = 16;
 
 /// The smallest sync base a frame can carry: the segment header's length (nothing below it is
-/// a record, and the header is synced before the segment gets its name).
-pub const MIN_SYNC_BASE: u32 = crate::header::HEADER_BYTES as u32;
+/// a record, and the header is synced before the segment gets its name). Written out rather than
+/// taken from [`crate::header`], which builds on this module's [`Layout`]; the header module
+/// asserts at compile time that the two agree.
+pub const MIN_SYNC_BASE: u32 = 256;
 
 /// The largest payload the format allows. A length above this is treated as garbage, which
 /// bounds how far a corrupted length can make a reader look.

@@ -28,6 +28,10 @@ use crate::frame::Layout;
 use crate::lsn::Lsn;
 
 pub const HEADER_BYTES: usize = 256;
+
+// Frames carry a sync base no lower than the header's end (frame.rs spells the number out so
+// that it need not import this module).
+const _: () = assert!(HEADER_BYTES as u32 == crate::frame::MIN_SYNC_BASE);
 pub const MAGIC: &[u8; 8] = b"STELAWAL";
 /// The version writers put in new segments. Version 1 segments stay readable.
 pub const FORMAT_VERSION: u16 = Layout::CURRENT.version();

@@ -14,6 +14,7 @@
 //! - [`reader`]: the lazy, ordered reader that checks every frame.
 //! - [`par_iter`]: the same order, with decoding spread over worker threads (fast replay).
 //! - [`segment`]: segment files: listing, safe creation, headers.
+//! - [`segment_set`]: every segment of an open log, oldest first (readers, truncation).
 //! - [`storage`]: the I/O trait and the real file system; with the `testing` feature, the
 //!   fault-injecting one (power cuts down to single sectors) and a forwarding wrapper for test
 //!   storages.
@@ -51,6 +52,7 @@ pub mod salvage;
 pub mod scan;
 pub mod schema;
 pub mod segment;
+pub mod segment_set;
 pub mod storage;
 pub mod synced;
 pub mod term_store;

@@ -27,8 +27,8 @@
 //!   and a later rotation tries again with a new file.
 
 use crate::error::{Error, Result};
-use crate::files::SegmentSet;
 use crate::segment::SegmentFile;
+use crate::segment_set::SegmentSet;
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::synced::SyncedMark;
 use std::fmt;

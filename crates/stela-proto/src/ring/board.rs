@@ -1,7 +1,7 @@
 //! The wake board's shape: its words, and a ring's seat on it (which word, which bit of the wait
 //! mask). Wake-ups only: nothing here carries or acknowledges a record.
 
-use super::layout::LINE_BYTES;
+use super::offsets::LINE_BYTES;
 
 /// The wake board: one page the daemon shares with the clients of one user, holding futex words
 /// (one per 64-byte line, so the words of different seats' groups never share a cache line).

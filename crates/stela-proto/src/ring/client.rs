@@ -4,6 +4,7 @@
 use super::codes::error_of_status;
 use super::codes::{durability_code, EntryKind, RingError};
 use super::layout::*;
+use super::offsets::*;
 use super::read::{check_count, header_crc};
 use crate::message::Durability;
 use crate::message::ErrorCode;

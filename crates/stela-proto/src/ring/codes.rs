@@ -2,7 +2,7 @@
 //! reading a ring (`FaultCode`), entry kinds and durability codes, completion statuses, and the
 //! message area where the daemon explains a refusal.
 
-use super::layout::*;
+use super::offsets::*;
 use crate::message::{Durability, ErrorCode};
 use thiserror::Error;
 

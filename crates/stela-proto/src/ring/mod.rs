@@ -82,12 +82,14 @@ pub mod board;
 pub mod client;
 pub mod codes;
 pub mod layout;
+pub mod offsets;
 pub mod read;
 
 pub use board::*;
 pub use client::*;
 pub use codes::*;
 pub use layout::*;
+pub use offsets::*;
 pub use read::*;
 
 #[cfg(test)]

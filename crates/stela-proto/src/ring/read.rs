@@ -3,6 +3,7 @@
 
 use super::codes::{durability_from_code, EntryKind, RingError};
 use super::layout::*;
+use super::offsets::*;
 use crate::message::Durability;
 
 /// The CRC32C of an entry header: bytes 0..4 (the length) and 8..40 (everything after the CRC).
