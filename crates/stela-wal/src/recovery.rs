@@ -63,19 +63,74 @@ pub(crate) struct Expect {
     pub type_tag: TypeTag,
 }
 
+/// Opens the log in `dir` (creating it when allowed and missing), checks every segment the
+/// options ask for, repairs what the recovery mode allows, and leaves the newest segment synced,
+/// preallocated and marked.
 pub(crate) fn recover(
     dir: &Path,
     options: &WalOptions,
     expect: &Expect,
     keep_removed_bytes: bool,
 ) -> Result<Recovered> {
+    let storage = options.storage.as_ref();
+    let lock = open_and_lock(storage, dir, options)?;
+    let listing = segment::list(storage, dir)?;
+    let mut report = RecoveryReport::default();
+    remove_temp_files(storage, dir, &listing.temp_files, &mut report)?;
+    let mut segments = listing.segments;
+    if segments.is_empty() {
+        return create_first_segment(storage, dir, options, expect, report, lock);
+    }
+
+    // How far the newest segment was synced when its last recorded sync returned: below it,
+    // nothing is a torn write.
+    let on_disk = synced::read(storage, dir)?;
+    let newest_start = segments.last().map(|s| s.start);
+    let synced_mark = on_disk
+        .filter(|m| Some(m.segment_start) == newest_start)
+        .map_or(HEADER_END, |m| m.synced_offset);
+    let mut walk = Walk {
+        storage,
+        dir,
+        options,
+        expect,
+        keep_removed_bytes,
+        synced_mark,
+        max_payload: options.effective_max_record() as u32,
+        report,
+        scratch: Vec::new(),
+    };
+    let mut expected_start = None;
+    let mut index = 0;
+    let tail = loop {
+        match walk.segment(&mut segments, index, expected_start)? {
+            Step::Next(next) => {
+                expected_start = next;
+                index += 1;
+            }
+            Step::Tail(tail) => break tail,
+        }
+    };
+    debug_assert_eq!(index + 1, segments.len(), "the tail is the newest segment");
+    finish(storage, dir, segments, tail, walk.report, on_disk, lock)
+}
+
+/// Where a segment's records begin: the end of its header.
+const HEADER_END: u64 = stela_format::header::HEADER_BYTES as u64;
+
+/// Checks the segment size, creates the directory if allowed (or reports it missing), and
+/// takes the directory lock, held as long as the log is open.
+fn open_and_lock(
+    storage: &dyn Storage,
+    dir: &Path,
+    options: &WalOptions,
+) -> Result<Box<dyn Send + Sync>> {
     if options.segment_bytes > MAX_CAPACITY_V2 {
         return Err(Error::SegmentTooLarge {
             bytes: options.segment_bytes,
             max: MAX_CAPACITY_V2,
         });
     }
-    let storage = options.storage.as_ref();
     if options.create_if_missing {
         storage
             .create_dir_all(dir)
@@ -85,7 +140,7 @@ pub(crate) fn recover(
             dir: dir.to_path_buf(),
         });
     }
-    let lock = storage.lock_dir(dir).map_err(|e| {
+    storage.lock_dir(dir).map_err(|e| {
         if e.kind() == std::io::ErrorKind::WouldBlock {
             Error::Locked {
                 dir: dir.to_path_buf(),
@@ -93,60 +148,103 @@ pub(crate) fn recover(
         } else {
             Error::io("lock", dir, e)
         }
-    })?;
-    let listing = segment::list(storage, dir)?;
-    let mut report = RecoveryReport::default();
-    for temp in &listing.temp_files {
+    })
+}
+
+/// Deletes incomplete segment preparations (a crash before their rename), then syncs the
+/// directory if any was deleted.
+fn remove_temp_files(
+    storage: &dyn Storage,
+    dir: &Path,
+    temp_files: &[PathBuf],
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    for temp in temp_files {
         storage
             .remove(temp)
             .map_err(|e| Error::io("remove", temp, e))?;
         report.removed_temp_files.push(temp.clone());
     }
-    if !listing.temp_files.is_empty() {
+    if !temp_files.is_empty() {
         storage
             .sync_dir(dir)
             .map_err(|e| Error::io("fsync directory", dir, e))?;
     }
+    Ok(())
+}
 
-    let mut segments = listing.segments;
-    if segments.is_empty() {
-        let header = new_header(options, expect, 0, Lsn::FIRST);
-        let tail = crate::writer::create(storage, dir, &header)?;
-        let data_end = stela_format::header::HEADER_BYTES as u64;
-        let on_disk = synced::read(storage, dir)?;
-        let mark = SyncedMark::open(storage, dir, on_disk, Lsn::FIRST, data_end)?;
-        report.segments = 1;
-        return Ok(Recovered {
-            segments: vec![SegmentFile {
-                start: Lsn::FIRST,
-                path: dir.join(segment_file_name(Lsn::FIRST)),
-            }],
-            tail,
-            tail_header: header,
-            write_offset: data_end,
-            data_end,
-            next_lsn: Lsn::FIRST,
-            report,
-            lock,
-            mark,
-        });
-    }
-
-    // How far the newest segment was synced when its last recorded sync returned: below it,
-    // nothing is a torn write.
+/// A log with no segment yet: its first one, empty.
+fn create_first_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    options: &WalOptions,
+    expect: &Expect,
+    mut report: RecoveryReport,
+    lock: Box<dyn Send + Sync>,
+) -> Result<Recovered> {
+    let header = new_header(options, expect, 0, Lsn::FIRST);
+    let tail = crate::writer::create(storage, dir, &header)?;
     let on_disk = synced::read(storage, dir)?;
-    let newest_start = segments.last().map(|s| s.start);
-    let synced_mark = on_disk
-        .filter(|m| Some(m.segment_start) == newest_start)
-        .map_or(stela_format::header::HEADER_BYTES as u64, |m| {
-            m.synced_offset
-        });
-    let max_payload = options.effective_max_record() as u32;
-    let skip = options.recovery == RecoveryMode::SkipCorrupt;
-    let mut expected_start: Option<Lsn> = None;
-    let mut index = 0;
-    let mut scratch = Vec::new();
-    let (tail, tail_header, write_offset, data_end, next_lsn) = loop {
+    let mark = SyncedMark::open(storage, dir, on_disk, Lsn::FIRST, HEADER_END)?;
+    report.segments = 1;
+    Ok(Recovered {
+        segments: vec![SegmentFile {
+            start: Lsn::FIRST,
+            path: dir.join(segment_file_name(Lsn::FIRST)),
+        }],
+        tail,
+        tail_header: header,
+        write_offset: HEADER_END,
+        data_end: HEADER_END,
+        next_lsn: Lsn::FIRST,
+        report,
+        lock,
+        mark,
+    })
+}
+
+/// The newest segment as the walk leaves it.
+struct Tail {
+    file: Box<dyn StorageFile>,
+    header: SegmentHeader,
+    /// Where the next frame goes (the capacity, if the segment must not be written again).
+    write_offset: u64,
+    /// Where the kept data ends.
+    data_end: u64,
+    next_lsn: Lsn,
+}
+
+/// Where one segment's check leads.
+enum Step {
+    /// On to the next segment, which must begin at this LSN (`None`: not checked).
+    Next(Option<Lsn>),
+    /// This was the newest segment (or a cut made it the newest).
+    Tail(Tail),
+}
+
+/// The segment-by-segment walk of [`recover`]: what every segment's check shares.
+struct Walk<'a> {
+    storage: &'a dyn Storage,
+    dir: &'a Path,
+    options: &'a WalOptions,
+    expect: &'a Expect,
+    keep_removed_bytes: bool,
+    /// The newest segment's synced end: damage below it is corruption, never a torn write.
+    synced_mark: u64,
+    max_payload: u32,
+    report: RecoveryReport,
+    scratch: Vec<u8>,
+}
+
+impl Walk<'_> {
+    /// Checks `segments[index]`: its header, that it begins where the previous one ended, and
+    /// (if verified) its records; repairs what the mode allows.
+    fn segment(
+        &mut self,
+        segments: &mut Vec<SegmentFile>,
+        index: usize,
+        expected_start: Option<Lsn>,
+    ) -> Result<Step> {
         let seg = segments[index].clone();
         let is_last = index + 1 == segments.len();
         let mode = if is_last {
@@ -154,219 +252,297 @@ pub(crate) fn recover(
         } else {
             OpenMode::Read
         };
-        let file = storage
+        let file = self
+            .storage
             .open(&seg.path, mode)
             .map_err(|e| Error::io("open", &seg.path, e))?;
         let header = segment::read_header(file.as_ref(), &seg.path)?;
-        check_header(&seg, &header, expect)?;
-        if let Some(expected) = expected_start.filter(|&e| e != seg.start) {
-            let damage = Damage {
-                offset: 0,
-                expected_lsn: expected,
-                reason: format!(
-                    "records {expected}..{} are missing: a segment file was lost or removed",
-                    seg.start
-                ),
-                resumes_at: Some(stela_format::header::HEADER_BYTES as u64),
-            };
-            match options.recovery {
-                RecoveryMode::Strict | RecoveryMode::KeepValidPrefix => {
-                    // Cutting at a missing segment would cut everything after it: refuse even in
-                    // salvage mode, an operator must look at this.
-                    return Err(corruption(&seg.path, &damage));
-                }
-                RecoveryMode::SkipCorrupt => report.damage.push((seg.path.clone(), damage)),
-            }
-        }
-
-        if !(options.verify_on_open || is_last) {
-            expected_start = None;
-            index += 1;
-            continue;
+        check_header(&seg, &header, self.expect)?;
+        self.check_continuity(&seg, expected_start)?;
+        if !(self.options.verify_on_open || is_last) {
+            return Ok(Step::Next(None));
         }
         // Segments are normally clean: check them streaming; only a finding sends us to the
-        // whole-file scan below, which classifies it.
-        let layout = header.layout;
+        // whole-file scan, which classifies it.
         let mark = if is_last {
-            synced_mark
+            self.synced_mark
         } else {
-            stela_format::header::HEADER_BYTES as u64
+            HEADER_END
         };
-        if let Some(clean) = check_clean(
+        let clean = check_clean(
             file.as_ref(),
             &seg,
-            layout,
-            max_payload,
-            &mut scratch,
+            header.layout,
+            self.max_payload,
+            &mut self.scratch,
             CHECK_CHUNK,
-        )?
-        .filter(|clean| clean.end_offset >= mark)
-        {
-            report.records_verified += clean.records;
-            if report.first_lsn == Lsn::ZERO {
-                report.first_lsn = clean.first_lsn.unwrap_or(Lsn::ZERO);
+        )?;
+        if let Some(clean) = clean.filter(|clean| clean.end_offset >= mark) {
+            self.count(clean.records, clean.first_lsn);
+            if !is_last {
+                return Ok(Step::Next(Some(clean.next_lsn)));
             }
-            if is_last {
-                break (
-                    file,
-                    header,
-                    clean.end_offset,
-                    clean.end_offset,
-                    clean.next_lsn,
-                );
-            }
-            expected_start = Some(clean.next_lsn);
-            index += 1;
-            continue;
+            return Ok(Step::Tail(Tail {
+                file,
+                header,
+                write_offset: clean.end_offset,
+                data_end: clean.end_offset,
+                next_lsn: clean.next_lsn,
+            }));
         }
+        self.scan(segments, index, file, header, mark)
+    }
+
+    /// The whole-file scan of a segment the streaming check found something in: damage is
+    /// refused, skipped or cut as the mode says; a torn write at the end is removed.
+    fn scan(
+        &mut self,
+        segments: &mut Vec<SegmentFile>,
+        index: usize,
+        file: Box<dyn StorageFile>,
+        header: SegmentHeader,
+        mark: u64,
+    ) -> Result<Step> {
+        let seg = segments[index].clone();
+        let is_last = index + 1 == segments.len();
         let bytes = file
             .read_to_vec()
             .map_err(|e| Error::io("read", &seg.path, e))?;
-        let scan = scan_segment_marked(&bytes, seg.start, layout, is_last, max_payload, skip, mark);
-        report.records_verified += scan.records;
-        if report.first_lsn == Lsn::ZERO {
-            report.first_lsn = scan.first_lsn.unwrap_or(Lsn::ZERO);
-        }
-
+        let skip = self.options.recovery == RecoveryMode::SkipCorrupt;
+        let scan = scan_segment_marked(
+            &bytes,
+            seg.start,
+            header.layout,
+            is_last,
+            self.max_payload,
+            skip,
+            mark,
+        );
+        self.count(scan.records, scan.first_lsn);
+        let next = scan.last_lsn.map_or(seg.start, Lsn::next);
         if let Some(damage) = scan.damage.first() {
-            match options.recovery {
+            match self.options.recovery {
                 RecoveryMode::Strict => return Err(corruption(&seg.path, damage)),
-                RecoveryMode::SkipCorrupt => {
-                    report
-                        .damage
-                        .extend(scan.damage.iter().map(|d| (seg.path.clone(), d.clone())));
-                }
+                RecoveryMode::SkipCorrupt => self
+                    .report
+                    .damage
+                    .extend(scan.damage.iter().map(|d| (seg.path.clone(), d.clone()))),
                 RecoveryMode::KeepValidPrefix => {
-                    let salvage = salvage_dir(dir, &mut report);
-                    storage
-                        .create_dir_all(&salvage)
-                        .map_err(|e| Error::io("create directory", &salvage, e))?;
-                    let file = storage
-                        .open(&seg.path, OpenMode::ReadWrite)
-                        .map_err(|e| Error::io("open", &seg.path, e))?;
-                    let kept = keep_valid_records(
-                        storage,
-                        &salvage,
-                        &header,
-                        &bytes,
-                        damage.offset as usize,
-                        damage.expected_lsn,
-                        max_payload,
-                    )?;
-                    report.salvaged_records.extend(kept);
-                    cut(
-                        storage,
-                        &salvage,
-                        &seg.path,
-                        file.as_ref(),
-                        &bytes,
-                        damage.offset,
-                    )?;
-                    for later in segments.drain(index + 1..) {
-                        let to = salvage.join(later.path.file_name().expect("segment name"));
-                        storage
-                            .rename(&later.path, &to)
-                            .map_err(|e| Error::io("move aside", &later.path, e))?;
-                    }
-                    for synced in [&salvage, dir] {
-                        storage
-                            .sync_dir(synced)
-                            .map_err(|e| Error::io("fsync directory", synced, e))?;
-                    }
-                    report.damage.push((seg.path.clone(), damage.clone()));
-                    let next = scan.last_lsn.map_or(seg.start, Lsn::next);
-                    break (file, header, scan.end_offset, scan.end_offset, next);
+                    let file = self.cut_at_damage(segments, index, &header, &bytes, damage)?;
+                    return Ok(Step::Tail(Tail {
+                        file,
+                        header,
+                        write_offset: scan.end_offset,
+                        data_end: scan.end_offset,
+                        next_lsn: next,
+                    }));
                 }
             }
         }
         if let Some(torn) = &scan.torn_tail {
-            if keep_removed_bytes {
-                let salvage = salvage_dir(dir, &mut report);
-                storage
-                    .create_dir_all(&salvage)
-                    .map_err(|e| Error::io("create directory", &salvage, e))?;
-                let kept = keep_valid_records(
-                    storage,
-                    &salvage,
-                    &header,
-                    &bytes,
-                    torn.offset as usize,
-                    scan.last_lsn.map_or(seg.start, Lsn::next),
-                    max_payload,
-                )?;
-                report.salvaged_records.extend(kept);
-                cut(
-                    storage,
-                    &salvage,
-                    &seg.path,
-                    file.as_ref(),
-                    &bytes,
-                    torn.offset,
-                )?;
-                storage
-                    .sync_dir(&salvage)
-                    .map_err(|e| Error::io("fsync directory", &salvage, e))?;
-            } else {
-                zero(file.as_ref(), &seg.path, torn.offset, torn.bytes)?;
-            }
-            tracing::warn!(
-                segment = %seg.path.display(),
-                offset = torn.offset,
-                bytes = torn.bytes,
-                "removed a torn write from the end of the log: {}",
-                torn.reason
-            );
-            report.torn_tail = Some((seg.path.clone(), torn.clone()));
+            self.remove_torn_tail(&seg, file.as_ref(), &header, &bytes, torn, next)?;
         }
-        let next = scan.last_lsn.map_or(seg.start, Lsn::next);
-        if is_last && !scan.damage.is_empty() {
-            // Skip mode left damage in the newest segment. New records must not go after it:
-            // bytes appended there could complete a damaged frame into one that checks out, and
-            // the next scan would read a different log. So report the segment as full: the
-            // first append seals it as it is and starts a new segment (whose first LSN is above
-            // the valid record that ended the damage, so the names cannot clash). Opening
-            // still changes nothing on disk.
-            let full = header.capacity;
-            break (file, header, full, scan.end_offset, next);
+        if !is_last {
+            return Ok(Step::Next(Some(next)));
         }
-        if is_last {
-            break (file, header, scan.end_offset, scan.end_offset, next);
-        }
-        expected_start = Some(next);
-        index += 1;
-    };
+        // Skip mode may have left damage in the newest segment. New records must not go after
+        // it: bytes appended there could complete a damaged frame into one that checks out, and
+        // the next scan would read a different log. So report the segment as full: the first
+        // append seals it as it is and starts a new segment (whose first LSN is above the
+        // valid record that ended the damage, so the names cannot clash). Opening still
+        // changes nothing on disk.
+        let write_offset = if scan.damage.is_empty() {
+            scan.end_offset
+        } else {
+            header.capacity
+        };
+        Ok(Step::Tail(Tail {
+            file,
+            header,
+            write_offset,
+            data_end: scan.end_offset,
+            next_lsn: next,
+        }))
+    }
 
+    /// Counts verified records, and the first LSN seen.
+    fn count(&mut self, records: u64, first_lsn: Option<Lsn>) {
+        self.report.records_verified += records;
+        if self.report.first_lsn == Lsn::ZERO {
+            self.report.first_lsn = first_lsn.unwrap_or(Lsn::ZERO);
+        }
+    }
+
+    /// A segment must begin where the one before it ended: a gap means a lost segment file.
+    /// Cutting there would cut everything after it, so only skip mode goes on past it.
+    fn check_continuity(&mut self, seg: &SegmentFile, expected_start: Option<Lsn>) -> Result<()> {
+        let Some(expected) = expected_start.filter(|&e| e != seg.start) else {
+            return Ok(());
+        };
+        let damage = Damage {
+            offset: 0,
+            expected_lsn: expected,
+            reason: format!(
+                "records {expected}..{} are missing: a segment file was lost or removed",
+                seg.start
+            ),
+            resumes_at: Some(HEADER_END),
+        };
+        match self.options.recovery {
+            // Refused even in salvage mode: an operator must look at this.
+            RecoveryMode::Strict | RecoveryMode::KeepValidPrefix => {
+                Err(corruption(&seg.path, &damage))
+            }
+            RecoveryMode::SkipCorrupt => {
+                self.report.damage.push((seg.path.clone(), damage));
+                Ok(())
+            }
+        }
+    }
+
+    /// `KeepValidPrefix`: keeps the records after `damage` in a salvage folder, cuts the
+    /// segment at the damage and moves every later segment aside. Returns the segment, opened
+    /// for writing: the new tail.
+    fn cut_at_damage(
+        &mut self,
+        segments: &mut Vec<SegmentFile>,
+        index: usize,
+        header: &SegmentHeader,
+        bytes: &[u8],
+        damage: &Damage,
+    ) -> Result<Box<dyn StorageFile>> {
+        let storage = self.storage;
+        let seg = segments[index].clone();
+        let salvage = salvage_dir(self.dir, &mut self.report);
+        storage
+            .create_dir_all(&salvage)
+            .map_err(|e| Error::io("create directory", &salvage, e))?;
+        let file = storage
+            .open(&seg.path, OpenMode::ReadWrite)
+            .map_err(|e| Error::io("open", &seg.path, e))?;
+        let kept = keep_valid_records(
+            storage,
+            &salvage,
+            header,
+            bytes,
+            damage.offset as usize,
+            damage.expected_lsn,
+            self.max_payload,
+        )?;
+        self.report.salvaged_records.extend(kept);
+        cut(
+            storage,
+            &salvage,
+            &seg.path,
+            file.as_ref(),
+            bytes,
+            damage.offset,
+        )?;
+        for later in segments.drain(index + 1..) {
+            let to = salvage.join(later.path.file_name().expect("segment name"));
+            storage
+                .rename(&later.path, &to)
+                .map_err(|e| Error::io("move aside", &later.path, e))?;
+        }
+        for synced in [&salvage, self.dir] {
+            storage
+                .sync_dir(synced)
+                .map_err(|e| Error::io("fsync directory", synced, e))?;
+        }
+        self.report.damage.push((seg.path.clone(), damage.clone()));
+        Ok(file)
+    }
+
+    /// Removes a torn write from a segment's end: zeroed in place, or (when removed bytes are
+    /// kept) cut with the valid records after it kept in a salvage folder.
+    fn remove_torn_tail(
+        &mut self,
+        seg: &SegmentFile,
+        file: &dyn StorageFile,
+        header: &SegmentHeader,
+        bytes: &[u8],
+        torn: &TornTail,
+        next: Lsn,
+    ) -> Result<()> {
+        if self.keep_removed_bytes {
+            let storage = self.storage;
+            let salvage = salvage_dir(self.dir, &mut self.report);
+            storage
+                .create_dir_all(&salvage)
+                .map_err(|e| Error::io("create directory", &salvage, e))?;
+            let kept = keep_valid_records(
+                storage,
+                &salvage,
+                header,
+                bytes,
+                torn.offset as usize,
+                next,
+                self.max_payload,
+            )?;
+            self.report.salvaged_records.extend(kept);
+            cut(storage, &salvage, &seg.path, file, bytes, torn.offset)?;
+            storage
+                .sync_dir(&salvage)
+                .map_err(|e| Error::io("fsync directory", &salvage, e))?;
+        } else {
+            zero(file, &seg.path, torn.offset, torn.bytes)?;
+        }
+        tracing::warn!(
+            segment = %seg.path.display(),
+            offset = torn.offset,
+            bytes = torn.bytes,
+            "removed a torn write from the end of the log: {}",
+            torn.reason
+        );
+        self.report.torn_tail = Some((seg.path.clone(), torn.clone()));
+        Ok(())
+    }
+}
+
+/// After the walk: the newest segment preallocated, synced and marked.
+fn finish(
+    storage: &dyn Storage,
+    dir: &Path,
+    segments: Vec<SegmentFile>,
+    tail: Tail,
+    mut report: RecoveryReport,
+    on_disk: Option<stela_format::synced::SyncedEnd>,
+    lock: Box<dyn Send + Sync>,
+) -> Result<Recovered> {
+    let newest = &segments[segments.len() - 1].path;
     // Writers write version 2 frames only, so a version 1 newest segment (from an older build)
     // is reported full, like a damaged one in skip mode: the first append starts a new segment.
-    let write_offset = if tail_header.layout == Layout::CURRENT {
-        write_offset
+    let write_offset = if tail.header.layout == Layout::CURRENT {
+        tail.write_offset
     } else {
-        write_offset.max(tail_header.capacity)
+        tail.write_offset.max(tail.header.capacity)
     };
     // A segment cut short by a crash during preallocation would make later writes grow the file.
-    tail.allocate(tail_header.capacity)
-        .map_err(|e| Error::io("preallocate", &segments[segments.len() - 1].path, e))?;
+    tail.file
+        .allocate(tail.header.capacity)
+        .map_err(|e| Error::io("preallocate", newest, e))?;
     // The log reports every record found here as durable (`durable_lsn`, and `commit` of them
     // returns at once), but after a process crash the newest segment's last records may still
     // be only in the OS cache: sync them so that a power cut now cannot take back what this
     // open hands out as durable. (Older segments were synced before their successor existed.)
-    tail.sync_data()
-        .map_err(|e| Error::io("fdatasync", &segments[segments.len() - 1].path, e))?;
+    tail.file
+        .sync_data()
+        .map_err(|e| Error::io("fdatasync", newest, e))?;
     // Now that the data is synced, record how far: a later open then calls any change below
     // it damage. Rewritten whenever it differs (a repair may have cut below an older mark).
-    let mark = SyncedMark::open(storage, dir, on_disk, tail_header.start_lsn, data_end)?;
+    let mark = SyncedMark::open(storage, dir, on_disk, tail.header.start_lsn, tail.data_end)?;
     report.segments = segments.len();
-    report.last_lsn = Lsn::new(next_lsn.get() - 1);
+    report.last_lsn = Lsn::new(tail.next_lsn.get() - 1);
     if report.first_lsn == Lsn::ZERO && report.last_lsn != Lsn::ZERO {
         report.first_lsn = segments[0].start;
     }
     Ok(Recovered {
         segments,
-        tail,
-        tail_header,
+        tail: tail.file,
+        tail_header: tail.header,
         write_offset,
-        data_end,
-        next_lsn,
+        data_end: tail.data_end,
+        next_lsn: tail.next_lsn,
         report,
         lock,
         mark,
