@@ -82,18 +82,8 @@ pub fn cut_after(
     let files = LogFiles::open(dir, options, type_tag)?;
     let last = files.next_lsn.get() - 1;
     if last <= after_lsn {
-        // Nothing to cut; a history entry beginning after the cut point (a crash after an
-        // earlier cut, before its last step) still goes, as the cut would have done.
         drop(files);
-        let mut terms = TermStore::open(std::sync::Arc::clone(&storage), dir)?;
-        if terms
-            .history()
-            .entries()
-            .iter()
-            .any(|&(_, first)| first > after_lsn)
-        {
-            terms.truncate_after(after_lsn)?;
-        }
+        drop_history_after(&storage, dir, after_lsn)?;
         return Ok(None);
     }
     let cut_from = after_lsn + 1;
@@ -113,10 +103,95 @@ pub fn cut_after(
         .rposition(|s| s.start.get() <= cut_from)
         .unwrap_or(0);
     let doomed = &segments[at..];
-    // Where frame `after_lsn` ends in segment `at` (its header's end if the segment starts with
-    // the first cut record), and the bytes of cut frames.
-    let mut keep_bytes = HEADER_BYTES as u64;
-    let mut cut_bytes = 0u64;
+    let plan = plan_cut(&storage, dir, doomed, after_lsn, files.segments.max_payload)?;
+    // 1. The copy, complete before anything is cut.
+    let terms = TermStore::open(std::sync::Arc::clone(&storage), dir)?;
+    let manifest = Salvaged {
+        log: dir
+            .file_name()
+            .map_or_else(|| "log".to_owned(), |n| n.to_string_lossy().into_owned()),
+        reason: reason.to_owned(),
+        cut_from_lsn: cut_from,
+        last_lsn: last,
+        records: last - after_lsn,
+        bytes: plan.cut_bytes,
+        terms: terms
+            .history()
+            .entries()
+            .iter()
+            .map(|&(t, f)| (t.0, f))
+            .collect(),
+        at_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        dir: PathBuf::new(),
+    };
+    let manifest = write_copy(storage.as_ref(), dir, salvage_root, doomed, manifest)?;
+    // 2. The live log. Its writer holds no data we need (recovery synced it); drop it before
+    // the files under it change, but keep the directory lock (in the segment set) until done.
+    let LogFiles {
+        writer, segments, ..
+    } = files;
+    drop(writer);
+    cut_live(storage.as_ref(), dir, doomed, cut_from, plan.keep_bytes)?;
+    drop(segments);
+    // 3. The term history follows.
+    let mut terms = terms;
+    terms.truncate_after(after_lsn)?;
+    tracing::warn!(
+        log = %dir.display(),
+        cut_from,
+        last,
+        records = manifest.records,
+        salvage = %manifest.dir.display(),
+        reason,
+        "cut the log; the records cut are kept in salvage"
+    );
+    Ok(Some(manifest))
+}
+
+/// Nothing to cut: a history entry beginning after the cut point (a crash after an earlier cut,
+/// before its last step) still goes, as the cut would have done.
+fn drop_history_after(
+    storage: &std::sync::Arc<dyn Storage>,
+    dir: &Path,
+    after_lsn: u64,
+) -> Result<()> {
+    let mut terms = TermStore::open(std::sync::Arc::clone(storage), dir)?;
+    if terms
+        .history()
+        .entries()
+        .iter()
+        .any(|&(_, first)| first > after_lsn)
+    {
+        terms.truncate_after(after_lsn)?;
+    }
+    Ok(())
+}
+
+/// Where a cut ends the kept data, and how much it removes.
+struct CutPlan {
+    /// Where frame `after_lsn` ends in the first doomed segment (its header's end if that
+    /// segment starts with the first cut record).
+    keep_bytes: u64,
+    /// Bytes of the cut frames.
+    cut_bytes: u64,
+}
+
+/// Reads the `doomed` segments (the one holding the first cut record, and those after it) and
+/// finds where the kept records end and how many bytes are cut.
+fn plan_cut(
+    storage: &std::sync::Arc<dyn Storage>,
+    dir: &Path,
+    doomed: &[crate::segment::SegmentFile],
+    after_lsn: u64,
+    max_payload: u32,
+) -> Result<CutPlan> {
+    let cut_from = after_lsn + 1;
+    let mut plan = CutPlan {
+        keep_bytes: HEADER_BYTES as u64,
+        cut_bytes: 0,
+    };
     for (i, segment) in doomed.iter().enumerate() {
         let file = storage
             .open(&segment.path, OpenMode::Read)
@@ -137,13 +212,13 @@ pub fn cut_after(
             segment.start,
             header.layout,
             is_last,
-            files.segments.max_payload,
+            max_payload,
             false,
         );
         if i == 0 && segment.start.get() < cut_from {
             // The kept part: the records up to `after_lsn`, scanned alone.
             let kept_records = (after_lsn + 1 - segment.start.get()) as usize;
-            keep_bytes = end_of_records(&bytes, segment.start, header.layout, kept_records)
+            plan.keep_bytes = end_of_records(&bytes, segment.start, header.layout, kept_records)
                 .ok_or_else(|| Error::CutRefused {
                     dir: dir.to_owned(),
                     reason: format!(
@@ -151,56 +226,59 @@ pub fn cut_after(
                         segment.path.display()
                     ),
                 })?;
-            cut_bytes += whole.end_offset.saturating_sub(keep_bytes);
+            plan.cut_bytes += whole.end_offset.saturating_sub(plan.keep_bytes);
         } else {
-            cut_bytes += whole.end_offset.saturating_sub(HEADER_BYTES as u64);
+            plan.cut_bytes += whole.end_offset.saturating_sub(HEADER_BYTES as u64);
         }
     }
-    // 1. The copy, complete before anything is cut.
-    let log_name = dir
-        .file_name()
-        .map_or_else(|| "log".to_owned(), |n| n.to_string_lossy().into_owned());
-    let at_unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let copy_dir = salvage_root
-        .join(&log_name)
-        .join(format!("{at_unix_ms}-from-{cut_from}"));
+    debug_assert!(plan.keep_bytes >= HEADER_BYTES as u64);
+    Ok(plan)
+}
+
+/// Copies the `doomed` segments whole into a new folder under `salvage_root`, synced, then
+/// writes and syncs `SALVAGE.json` last (its presence marks a complete copy). Returns the
+/// manifest with its folder filled in.
+fn write_copy(
+    storage: &dyn Storage,
+    dir: &Path,
+    salvage_root: &Path,
+    doomed: &[crate::segment::SegmentFile],
+    mut manifest: Salvaged,
+) -> Result<Salvaged> {
+    let copy_dir = salvage_root.join(&manifest.log).join(format!(
+        "{}-from-{}",
+        manifest.at_unix_ms, manifest.cut_from_lsn
+    ));
     storage
         .create_dir_all(&copy_dir)
         .map_err(|e| Error::io("create directory", &copy_dir, e))?;
     for segment in doomed {
-        copy_file(storage.as_ref(), &segment.path, &copy_dir)?;
+        copy_file(storage, &segment.path, &copy_dir)?;
     }
-    let terms = TermStore::open(std::sync::Arc::clone(&storage), dir)?;
-    let manifest = Salvaged {
-        log: log_name,
-        reason: reason.to_owned(),
-        cut_from_lsn: cut_from,
-        last_lsn: last,
-        records: last - after_lsn,
-        bytes: cut_bytes,
-        terms: terms
-            .history()
-            .entries()
-            .iter()
-            .map(|&(t, f)| (t.0, f))
-            .collect(),
-        at_unix_ms,
-        dir: copy_dir.clone(),
-    };
     storage
         .sync_dir(&copy_dir)
         .map_err(|e| Error::io("fsync directory", &copy_dir, e))?;
+    manifest.dir = copy_dir.clone();
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::CutRefused {
         dir: dir.to_owned(),
         reason: format!("encoding {MANIFEST}: {e}"),
     })?;
-    write_synced(storage.as_ref(), &copy_dir.join(MANIFEST), &json)?;
+    write_synced(storage, &copy_dir.join(MANIFEST), &json)?;
     storage
         .sync_dir(&copy_dir)
         .map_err(|e| Error::io("fsync directory", &copy_dir, e))?;
-    // 2. The live log: later segments newest first, then the one holding the cut point.
+    Ok(manifest)
+}
+
+/// Cuts the live log: the later segments newest first (each step a shorter valid log), then
+/// the segment holding the cut point shortened to `keep_bytes` and extended again with zeros.
+fn cut_live(
+    storage: &dyn Storage,
+    dir: &Path,
+    doomed: &[crate::segment::SegmentFile],
+    cut_from: u64,
+    keep_bytes: u64,
+) -> Result<()> {
     let (first_doomed, later) = doomed.split_first().expect("at least one segment");
     let keep_first = first_doomed.start.get() < cut_from;
     let removable: Vec<_> = if keep_first {
@@ -208,49 +286,26 @@ pub fn cut_after(
     } else {
         doomed.iter().collect()
     };
-    // The log's writer holds no data we need (recovery synced it); drop it before the files
-    // under it change, but keep the directory lock (in the segment set) until done.
-    let LogFiles {
-        writer, segments, ..
-    } = files;
-    drop(writer);
     // The mark may name a segment about to go, or an offset about to be cut: it claims nothing
     // until the next open writes the true one (a crash in between leaves a log that opens).
-    crate::synced::forget(storage.as_ref(), dir)?;
-    crate::files::SegmentSet::remove_one_by_one(
-        storage.as_ref(),
-        dir,
-        removable.iter().rev().copied(),
-    )?;
-    if keep_first {
-        let file = storage
-            .open(&first_doomed.path, OpenMode::ReadWrite)
-            .map_err(|e| Error::io("open", &first_doomed.path, e))?;
-        let capacity = file
-            .len()
-            .map_err(|e| Error::io("size of", &first_doomed.path, e))?;
-        file.set_len(keep_bytes)
-            .and_then(|()| file.sync_data())
-            .map_err(|e| Error::io("truncate", &first_doomed.path, e))?;
-        // Back to its capacity, as zeros: the writer expects a preallocated segment.
-        file.allocate(capacity)
-            .and_then(|()| file.sync_data())
-            .map_err(|e| Error::io("preallocate", &first_doomed.path, e))?;
+    crate::synced::forget(storage, dir)?;
+    crate::files::SegmentSet::remove_one_by_one(storage, dir, removable.iter().rev().copied())?;
+    if !keep_first {
+        return Ok(());
     }
-    drop(segments);
-    // 3. The term history follows.
-    let mut terms = terms;
-    terms.truncate_after(after_lsn)?;
-    tracing::warn!(
-        log = %dir.display(),
-        cut_from,
-        last,
-        records = manifest.records,
-        salvage = %copy_dir.display(),
-        reason,
-        "cut the log; the records cut are kept in salvage"
-    );
-    Ok(Some(manifest))
+    let file = storage
+        .open(&first_doomed.path, OpenMode::ReadWrite)
+        .map_err(|e| Error::io("open", &first_doomed.path, e))?;
+    let capacity = file
+        .len()
+        .map_err(|e| Error::io("size of", &first_doomed.path, e))?;
+    file.set_len(keep_bytes)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| Error::io("truncate", &first_doomed.path, e))?;
+    // Back to its capacity, as zeros: the writer expects a preallocated segment.
+    file.allocate(capacity)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| Error::io("preallocate", &first_doomed.path, e))
 }
 
 /// The offset just past the first `records` frames of a segment's bytes, if they are all there.
