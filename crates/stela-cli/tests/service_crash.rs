@@ -36,18 +36,16 @@
 //! `client_child` does nothing.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use stela_client::{Durability, ErrorCode, Lsn};
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 use stela_proto::{Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION};
+use stela_testkit::child::{self_command, tagged_numbers, SelfChild};
 
 mod common;
 
@@ -299,56 +297,16 @@ fn client_child() {
 /// Runs one client child until it is SIGKILLed `delay` after it opened the log; returns its
 /// acknowledgements.
 fn run_client_child(socket: &Path, round: u32, delay: Duration) -> Vec<(u64, Key)> {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "client_child", "--nocapture", "--test-threads=1"])
+    let mut command = self_command("client_child");
+    command
         .env(CHILD_SOCKET, socket)
-        .env(CHILD_ROUND, round.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the client child");
-    let (lines_tx, lines) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut stderr = child.stderr.take().unwrap();
-    let errors = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let mut seen = Vec::new();
-    for line in lines.iter() {
-        let opened = line.contains("OPENED");
-        seen.push(line);
-        if opened {
-            break;
-        }
-    }
+        .env(CHILD_ROUND, round.to_string());
+    let mut child = SelfChild::spawn(format!("client child of round {round}"), command);
+    child.wait_for("OPENED", Duration::from_secs(60));
     std::thread::sleep(delay);
-    child.kill().expect("SIGKILL the client");
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    seen.extend(lines.try_iter());
-    let errors = errors.join().unwrap();
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "round {round}: the client ended on its own ({status}) instead of being killed\n\
-         stdout:\n{}\nstderr:\n{errors}",
-        seen.join("\n")
-    );
-    seen.iter()
-        .filter_map(|line| Some(&line[line.find("ACK ")? + 4..]))
-        .map(|ack| {
-            let f: Vec<u64> = ack.split(' ').map(|x| x.parse().unwrap()).collect();
+    tagged_numbers(&child.kill(), "ACK ")
+        .into_iter()
+        .map(|f| {
             let key = Key {
                 round: f[1] as u32,
                 writer: f[2] as u32,
@@ -581,12 +539,18 @@ fn sigterm_flushes_every_buffered_acknowledgement() {
     );
     let socket = daemon.socket();
     let delay = rng.millis(50, 200);
+    // The delay counts from the moment every writer has its log open: a SIGTERM during an
+    // open (a loaded machine can take longer than the delay to open three) would test the
+    // open, not the flush.
+    let opened = std::sync::Barrier::new(4);
     let acks: Vec<(u64, Key)> = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..3u32)
             .map(|writer| {
                 let socket = &socket;
+                let opened = &opened;
                 scope.spawn(move || {
                     let wal = open_client(socket, "term", Durability::Buffered);
+                    opened.wait();
                     let key = |seq| Key {
                         round: 0,
                         writer,
@@ -608,6 +572,7 @@ fn sigterm_flushes_every_buffered_acknowledgement() {
                 })
             })
             .collect();
+        opened.wait();
         std::thread::sleep(delay);
         let status = daemon.signal_and_wait("TERM");
         assert_eq!(status.code(), Some(0), "{status}\n{}", daemon.output());

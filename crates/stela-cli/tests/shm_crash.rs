@@ -41,20 +41,18 @@ use common::records::{
 };
 use common::{stela, text, Daemon};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use stela_client::{Codec, Durability, Lsn};
 use stela_net::shm::{recv_with_fds, ClientRing, EntryKind};
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 use stela_proto::{Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION};
+use stela_testkit::child::{self_command, tagged_numbers, SelfChild};
 
 const CHILD_MODE: &str = "STELA_SHM_CHILD_MODE";
 const CHILD_SOCKET: &str = "STELA_SHM_CHILD_SOCKET";
@@ -301,105 +299,32 @@ fn unpublished_child(socket: &Path, round: u32) {
 // ---------------------------------------------------------------------------------------------
 // The parent's side of a child.
 
-struct ChildProcess {
-    what: String,
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    reader: JoinHandle<()>,
-    errors: JoinHandle<String>,
-    seen: Vec<String>,
-}
+struct ChildProcess(SelfChild);
 
 impl ChildProcess {
     fn spawn(mode: &str, socket: &Path, round: u32) -> ChildProcess {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "shm_child", "--nocapture", "--test-threads=1"])
+        let mut command = self_command("shm_child");
+        command
             .env(CHILD_MODE, mode)
             .env(CHILD_SOCKET, socket)
-            .env(CHILD_ROUND, round.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn a client child");
-        let (lines_tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if lines_tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut stderr = child.stderr.take().unwrap();
-        let errors = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text);
-            text
-        });
-        ChildProcess {
-            what: format!("{mode} child of round {round}"),
-            child,
-            lines,
-            reader,
-            errors,
-            seen: Vec::new(),
-        }
+            .env(CHILD_ROUND, round.to_string());
+        ChildProcess(SelfChild::spawn(
+            format!("{mode} child of round {round}"),
+            command,
+        ))
     }
 
     /// Waits for a line containing `marker`; fails the test if the child ends first or takes
     /// more than 30 s.
     fn wait_for(&mut self, marker: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let found = line.contains(marker);
-                    self.seen.push(line);
-                    if found {
-                        return;
-                    }
-                }
-                Err(_) => {
-                    let _ = self.child.kill();
-                    let status = self.child.wait().unwrap();
-                    let errors =
-                        std::mem::replace(&mut self.errors, std::thread::spawn(String::new));
-                    panic!(
-                        "the {} never said {marker} ({status})\nstdout:\n{}\nstderr:\n{}",
-                        self.what,
-                        self.seen.join("\n"),
-                        errors.join().unwrap()
-                    );
-                }
-            }
-        }
+        self.0.wait_for(marker, Duration::from_secs(30));
     }
 
     /// SIGKILLs the child; returns the acknowledgements it reported.
-    fn kill(mut self) -> Vec<(u64, Key)> {
-        self.child.kill().expect("SIGKILL the client");
-        let status = self.child.wait().unwrap();
-        self.reader.join().unwrap();
-        self.seen.extend(self.lines.try_iter());
-        let errors = self.errors.join().unwrap();
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "the {} ended on its own ({status}) instead of being killed\nstdout:\n{}\n\
-             stderr:\n{errors}",
-            self.what,
-            self.seen.join("\n")
-        );
-        self.seen
-            .iter()
-            .filter_map(|line| Some(&line[line.find("ACK ")? + 4..]))
-            .map(|ack| {
-                let f: Vec<u64> = ack.split(' ').map(|x| x.parse().unwrap()).collect();
-                (f[0], Key::new(f[1] as u32, f[2] as u32, f[3]))
-            })
+    fn kill(self) -> Vec<(u64, Key)> {
+        tagged_numbers(&self.0.kill(), "ACK ")
+            .into_iter()
+            .map(|f| (f[0], Key::new(f[1] as u32, f[2] as u32, f[3])))
             .collect()
     }
 }

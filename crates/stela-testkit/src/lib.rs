@@ -1,7 +1,9 @@
 //! Helpers that tests of several crates share: a self-signed certificate written to files, a
 //! log directory's segment files read whole (to compare a standby's copy with its primary's
-//! byte for byte), and free loopback ports. Only ever a dev-dependency; it depends on no stela
-//! crate, so any of them may use it.
+//! byte for byte), free loopback ports, and crash tests' child processes ([`child`]). Only ever
+//! a dev-dependency; it depends on no stela crate, so any of them may use it.
+
+pub mod child;
 
 use std::path::{Path, PathBuf};
 

@@ -20,12 +20,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::ExitStatusExt;
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use stela_testkit::child::{self_command, tagged_numbers, SelfChild};
 use stela_wal::{SyncMode, Wal, WalOptions};
 
 const CHILD_DIR: &str = "STELA_CRASH_CHILD_DIR";
@@ -186,8 +184,8 @@ struct Tally {
 
 /// Runs one child until it is killed; returns its acknowledgements.
 fn run_child(dir: &Path, round: u32, sync: SyncMode, kill: Kill) -> (Vec<(u64, Key)>, bool) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "writer_child", "--nocapture", "--test-threads=1"])
+    let mut command = self_command("writer_child");
+    command
         .env(CHILD_DIR, dir)
         .env(CHILD_ROUND, round.to_string())
         .env(
@@ -197,65 +195,21 @@ fn run_child(dir: &Path, round: u32, sync: SyncMode, kill: Kill) -> (Vec<(u64, K
             } else {
                 "data"
             },
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the writer child");
-    let (lines_tx, lines) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut stderr = child.stderr.take().unwrap();
-    let errors = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-
-    // Wait for the moment the kill is timed from (or for the child to end, which is a failure
-    // reported below), then kill.
+        );
+    let mut child = SelfChild::spawn(format!("writer child of round {round}"), command);
+    // Wait for the moment the kill is timed from (a child that ends first fails the test),
+    // then kill.
     let (marker, delay) = match kill {
         Kill::WhileOpening(delay) => ("OPENING", delay),
         Kill::WhileWriting(delay) => ("OPENED ", delay),
     };
-    let mut seen = Vec::new();
-    for line in lines.iter() {
-        // The harness's "test writer_child ... " may precede the first line on its line.
-        let hit = line.contains(marker);
-        seen.push(line);
-        if hit {
-            break;
-        }
-    }
+    child.wait_for(marker, Duration::from_secs(60));
     std::thread::sleep(delay);
-    // Sends SIGKILL; fails only if the child was already reaped, which it was not.
-    child.kill().expect("SIGKILL the child");
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    seen.extend(lines.try_iter());
-    let errors = errors.join().unwrap();
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "round {round}: the child ended on its own ({status}) instead of being killed\n\
-         stdout:\n{}\nstderr:\n{errors}",
-        seen.join("\n")
-    );
-
+    let seen = child.kill();
     let opened = seen.iter().any(|l| l.contains("OPENED"));
-    let acks = seen
-        .iter()
-        .filter_map(|line| Some(&line[line.find("ACK ")? + 4..]))
-        .map(|ack| {
-            let f: Vec<u64> = ack.split(' ').map(|x| x.parse().unwrap()).collect();
+    let acks = tagged_numbers(&seen, "ACK ")
+        .into_iter()
+        .map(|f| {
             let key = Key {
                 round: f[1] as u32,
                 thread: f[2] as u32,
