@@ -22,19 +22,11 @@ fn umask_022() {
 /// `top` itself and every entry under it, with its mode bits and kind.
 fn entries(top: &Path) -> Vec<(PathBuf, u32, std::fs::FileType)> {
     let meta = std::fs::symlink_metadata(top).unwrap();
-    let mut out = vec![(top.to_owned(), meta.mode() & 0o7777, meta.file_type())];
-    let mut pending = vec![top.to_owned()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            if meta.is_dir() {
-                pending.push(path.clone());
-            }
-            out.push((path, meta.mode() & 0o7777, meta.file_type()));
-        }
-    }
-    out
+    let under = stela_testkit::tree_entries(top).into_iter();
+    std::iter::once((top.to_owned(), meta))
+        .chain(under)
+        .map(|(path, meta)| (path, meta.mode() & 0o7777, meta.file_type()))
+        .collect()
 }
 
 fn write_a_log(daemon: &Daemon, name: &str) {

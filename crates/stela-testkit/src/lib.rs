@@ -189,3 +189,27 @@ pub fn eventually(what: &str, within: std::time::Duration, mut condition: impl F
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
+
+/// Every entry under `top` (not `top` itself), depth first, with its metadata as
+/// `symlink_metadata` gives it: links are listed, never followed.
+///
+/// # Panics
+/// A directory cannot be read (the test's own tree is broken).
+pub fn tree_entries(top: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
+    let mut out = Vec::new();
+    let mut pending = vec![top.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let listing =
+            std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+        for entry in listing {
+            let path = entry.expect("a directory entry").path();
+            let meta = std::fs::symlink_metadata(&path)
+                .unwrap_or_else(|e| panic!("stat {}: {e}", path.display()));
+            if meta.is_dir() {
+                pending.push(path.clone());
+            }
+            out.push((path, meta));
+        }
+    }
+    out
+}

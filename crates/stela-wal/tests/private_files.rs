@@ -11,19 +11,10 @@ use stela_wal::{Codec, Wal, WalOptions};
 
 /// Every entry under `top` (not `top` itself), with its mode bits.
 fn modes_under(top: &Path) -> Vec<(std::path::PathBuf, u32, bool)> {
-    let mut out = Vec::new();
-    let mut pending = vec![top.to_owned()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            if meta.is_dir() {
-                pending.push(path.clone());
-            }
-            out.push((path, meta.mode() & 0o7777, meta.is_dir()));
-        }
-    }
-    out
+    stela_testkit::tree_entries(top)
+        .into_iter()
+        .map(|(path, meta)| (path, meta.mode() & 0o7777, meta.is_dir()))
+        .collect()
 }
 
 #[test]
