@@ -25,7 +25,10 @@ const TYPE_TAG: &str = "three_nodes::Rec";
 type Rec = (u64, String);
 
 fn rec(seq: u64) -> Rec {
-    (seq, format!("record {seq} {}", "y".repeat((seq % 61) as usize)))
+    (
+        seq,
+        format!("record {seq} {}", "y".repeat((seq % 61) as usize)),
+    )
 }
 
 fn free_addr() -> String {
@@ -78,7 +81,10 @@ fn three(root: &Path) -> [Node; 3] {
         dir: root.join(name),
         name,
         repl: repl[i].clone(),
-        peers: (0..3).filter(|&j| j != i).map(|j| repl[j].clone()).collect(),
+        peers: (0..3)
+            .filter(|&j| j != i)
+            .map(|j| repl[j].clone())
+            .collect(),
     };
     [node(0, "a"), node(1, "b"), node(2, "c")]
 }
@@ -249,7 +255,10 @@ fn with_three_nodes_the_new_primary_is_protected_at_once_and_the_old_one_rejoins
     let (standby, standby_node) = survivors.remove(0);
     let shown = status(&primary.socket());
     assert_eq!(shown.epoch, 2);
-    assert_eq!(shown.unprotected_since_ms, 0, "a promoted node of three is never unprotected");
+    assert_eq!(
+        shown.unprotected_since_ms, 0,
+        "a promoted node of three is never unprotected"
+    );
     assert_eq!(status(&standby.socket()).role, "standby");
 
     // Protected at once by the other standby: `replicated` is answered Ok, a still down.

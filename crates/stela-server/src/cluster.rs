@@ -52,8 +52,7 @@ pub type PromoteHook = Box<dyn Fn(u64) + Send + Sync>;
 pub type StepDownHook = Box<dyn Fn(String) + Send + Sync>;
 /// What a standby does before it promises an epoch (it has recorded the epoch already): end
 /// every stream it takes (each writes and syncs what it held), then say where each log ends.
-pub type PromiseHook =
-    Box<dyn Fn() -> Result<Vec<stela_coord::LogPosition>, String> + Send + Sync>;
+pub type PromiseHook = Box<dyn Fn() -> Result<Vec<stela_coord::LogPosition>, String> + Send + Sync>;
 
 /// A step of a stream's handshake in progress ([`Node::handshake_step`]).
 pub struct HandshakeStep<'a>(&'a Node);
@@ -510,16 +509,18 @@ impl Node {
     /// seen without holding it (it followed another node's stream in it): a node never
     /// acknowledges in an epoch older than one it has seen, and never shares one.
     fn take_grant(&self, epoch: u64) -> Result<(), String> {
+        // An epoch this node promised (and followed no one in) is one it may take: it saw it
+        // only as a candidate, and the coordinator grants it to one node. Read before the
+        // store's lock, which `accept_stream` takes under `followed`.
+        let promised = lock(&self.promised).as_ref().map(|(e, _)| *e);
+        let followed = lock(&self.followed).as_ref().map(|(e, _)| *e);
+        let promised_here = promised == Some(epoch) && followed != Some(epoch);
         let mut store = lock(&self.store);
         let Some(store) = store.as_mut() else {
             return Err("a node without a coordinator holds no grant".into());
         };
         let ours = self.epoch();
         let held = store.history().last_term() == Term(epoch);
-        // An epoch this node promised (and followed no one in) is one it may take: it saw it
-        // only as a candidate, and the coordinator grants it to one node.
-        let promised_here = lock(&self.promised).as_ref().is_some_and(|(e, _)| *e == epoch)
-            && !lock(&self.followed).as_ref().is_some_and(|(e, _)| *e == epoch);
         if epoch == 0 || epoch < ours || (epoch == ours && !held && !promised_here) {
             return Err(format!(
                 "epoch {epoch} cannot be this node's: it has seen epoch {ours}{}",
@@ -574,6 +575,9 @@ impl Node {
         }
         self.observe_epoch(epoch)?;
         *followed = Some((epoch, primary.to_owned()));
+        drop(followed);
+        // An election this node promised in is decided: its winner ships now.
+        lock(&self.promised).take_if(|(promised, _)| *promised <= epoch);
         Ok(())
     }
 
@@ -667,7 +671,11 @@ impl Node {
             Ok(Election::Prepare { epoch }) => match self.make_promise(epoch) {
                 Ok(report) => coordinator.promise(&self.name, epoch, needed, &report),
                 Err(why) => {
-                    tracing::error!(epoch, why, "cannot promise the epoch: this node takes no part in the election");
+                    tracing::error!(
+                        epoch,
+                        why,
+                        "cannot promise the epoch: this node takes no part in the election"
+                    );
                     return;
                 }
             },
@@ -698,7 +706,13 @@ impl Node {
         Ok(report)
     }
 
-    fn election_answer(&self, describe: &str, answer: Election, silent: Duration, logged: &mut bool) {
+    fn election_answer(
+        &self,
+        describe: &str,
+        answer: Election,
+        silent: Duration,
+        logged: &mut bool,
+    ) {
         match answer {
             Election::Granted { epoch } => {
                 self.answered(describe, epoch, Some(self.name.clone()));
@@ -713,7 +727,13 @@ impl Node {
             } => {
                 self.answered(describe, epoch, None);
                 if !*logged {
-                    tracing::warn!(epoch, heard, needed, reason, "the election waits for more promises");
+                    tracing::warn!(
+                        epoch,
+                        heard,
+                        needed,
+                        reason,
+                        "the election waits for more promises"
+                    );
                     *logged = true;
                 }
             }
@@ -724,7 +744,10 @@ impl Node {
             } => {
                 self.answered(describe, epoch, holder.clone());
                 let decided = holder.as_deref().is_some_and(|h| h != self.name);
-                let open = holder.is_none() && lock(&self.promised).as_ref().is_some_and(|(e, _)| *e == epoch);
+                let open = holder.is_none()
+                    && lock(&self.promised)
+                        .as_ref()
+                        .is_some_and(|(e, _)| *e == epoch);
                 if decided || !open {
                     // Another node won (its stream comes next: the suspicion clock restarts),
                     // or the election moved on: ask again next time.
@@ -734,7 +757,11 @@ impl Node {
                     }
                 }
                 if !*logged {
-                    tracing::warn!(silent_ms = silent.as_millis() as u64, reason, "the primary is silent, but the coordinator does not grant this node");
+                    tracing::warn!(
+                        silent_ms = silent.as_millis() as u64,
+                        reason,
+                        "the primary is silent, but the coordinator does not grant this node"
+                    );
                     *logged = true;
                 }
             }
