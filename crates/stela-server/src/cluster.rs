@@ -102,6 +102,8 @@ pub struct Node {
     /// The epoch this node promised in an election by promises, with what it reported, until
     /// the election is decided: its position cannot grow meanwhile (it takes no older stream).
     promised: Mutex<Option<(u64, Report)>>,
+    /// The last epoch whose election this node said it waits for.
+    waiting_logged: AtomicU64,
     stopping: AtomicBool,
     /// Whether the threads every `replicated` acknowledgement passes through ask for realtime
     /// scheduling (the event loop's setting, `--no-realtime`; see `crate::sched`).
@@ -206,6 +208,7 @@ impl Node {
             peers: 1,
             replicas: 1,
             promised: Mutex::new(None),
+            waiting_logged: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             realtime_threads: AtomicBool::new(false),
         }
@@ -734,7 +737,8 @@ impl Node {
                 reason,
             } => {
                 self.answered(describe, epoch, None);
-                if !*logged {
+                // Said once per epoch (the answer comes every heartbeat while it waits).
+                if self.waiting_logged.swap(epoch, Ordering::SeqCst) != epoch {
                     tracing::warn!(
                         epoch,
                         heard,
@@ -742,7 +746,6 @@ impl Node {
                         reason,
                         "the election waits for more promises"
                     );
-                    *logged = true;
                 }
             }
             Election::Refused {
