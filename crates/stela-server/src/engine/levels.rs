@@ -1,12 +1,13 @@
 //! Which acknowledgement levels this daemon serves, and how a wait at each is registered:
-//! `disk` with the pool (the flusher's completion), `replicated` with the standby's
-//! acknowledgements ([`crate::replication`]), `all` with both in turn.
+//! `disk` with the pool (the flusher's completion), `replicated` with K standbys'
+//! acknowledgements that they hold the record in memory ([`crate::replication`]), `all` with
+//! the local sync, then K standbys' acknowledgements that it is synced on their disks.
 
 use super::{Engine, ReleaseHook, Waiter};
 use crate::config::DaemonConfig;
 use crate::error::{Error, Result};
 use crate::pool::LogId;
-use crate::replication::Replication;
+use crate::replication::{Holds, Replicas, Replication};
 use crate::sync::lock;
 use std::sync::{Arc, Mutex, OnceLock};
 use stela_proto::Durability;
@@ -15,7 +16,7 @@ use stela_proto::Durability;
 /// standby, what `stela status` shows of the standby role, and how opens are kept apart.
 pub struct Availability {
     /// Shipping to the standby (`--standby`): what `replicated` and `all` wait for.
-    pub(super) replication: Option<Arc<Replication>>,
+    pub(super) replication: Option<Arc<Replicas>>,
     /// The standby role's streams, for `stela status` (`--repl-listen`).
     pub(super) standby_view: OnceLock<StandbyView>,
     /// This node's role and epoch (fixed by configuration, or by the failover coordinator).
@@ -53,41 +54,54 @@ fn replication(
     config: &DaemonConfig,
     node: &Arc<crate::cluster::Node>,
     hook: &Arc<OnceLock<ReleaseHook>>,
-) -> std::result::Result<Option<Arc<Replication>>, crate::error::StartError> {
-    let Some(standby) = config.standby else {
+) -> std::result::Result<Option<Arc<Replicas>>, crate::error::StartError> {
+    let standbys = config.standbys();
+    if standbys.is_empty() {
         return Ok(None);
-    };
+    }
     let hook = Arc::clone(hook);
     let released: crate::replication::Released = Arc::new(move || {
         if let Some(hook) = hook.get() {
             hook(false);
         }
     });
-    let tls = match &config.standby_tls {
-        None => None,
-        Some(files) => {
-            let host = config
-                .standby_name
-                .clone()
-                .unwrap_or_else(|| standby.ip().to_string());
-            Some(crate::replication::StandbyTls {
-                config: stela_net::tls::client_config(files)?,
-                name: stela_net::tls::server_name(&host)?,
-                token: config
-                    .standby_token_file
-                    .as_deref()
-                    .map(stela_net::tls::read_client_token)
-                    .transpose()?,
-            })
-        }
+    let mut peers = Vec::with_capacity(standbys.len());
+    for standby in standbys {
+        peers.push(Arc::new(Replication::new(
+            standby,
+            Arc::clone(node),
+            Arc::clone(&released),
+            config.degrade_after,
+            standby_tls(config, standby)?,
+        )));
+    }
+    Ok(Some(Arc::new(Replicas::new(peers, config.replicas))))
+}
+
+/// TLS to `standby`, if the configuration asks for it.
+///
+/// # Errors
+/// The TLS files do not load.
+fn standby_tls(
+    config: &DaemonConfig,
+    standby: std::net::SocketAddr,
+) -> std::result::Result<Option<crate::replication::StandbyTls>, crate::error::StartError> {
+    let Some(files) = &config.standby_tls else {
+        return Ok(None);
     };
-    Ok(Some(Arc::new(Replication::new(
-        standby,
-        Arc::clone(node),
-        released,
-        config.degrade_after,
-        tls,
-    ))))
+    let host = config
+        .standby_name
+        .clone()
+        .unwrap_or_else(|| standby.ip().to_string());
+    Ok(Some(crate::replication::StandbyTls {
+        config: stela_net::tls::client_config(files)?,
+        name: stela_net::tls::server_name(&host)?,
+        token: config
+            .standby_token_file
+            .as_deref()
+            .map(stela_net::tls::read_client_token)
+            .transpose()?,
+    }))
 }
 
 /// What `stela status` shows of the standby role.
@@ -147,14 +161,16 @@ impl Engine {
             (Some(replication), _) => Arc::clone(replication),
             (None, level) => return Err(Error::Unsupported(level)),
         };
-        let received = |waiter: Waiter| match replication.when_received(log, lsn, waiter) {
+        let received = |holds: Holds, waiter: Waiter| match replication
+            .when_received(log, lsn, holds, waiter)
+        {
             Ok(already) => Ok(already),
             Err(error) => Err(self.log_error(log, error)),
         };
         if durability == Durability::Replicated {
-            return received(waiter);
+            return received(Holds::Received, waiter);
         }
-        // `all`: on the primary's disk first, then in the standby's memory. The waiter sits in a
+        // `all`: on the primary's disk first, then synced on K standbys. The waiter sits in a
         // slot so that whichever path ends the wait takes it, exactly once.
         let slot = Arc::new(Mutex::new(Some(waiter)));
         let for_disk = Arc::clone(&slot);
@@ -171,7 +187,7 @@ impl Engine {
         if self.when_durable(log, lsn, chained)? {
             let waiter = lock(&*slot).take();
             let waiter = waiter.expect("a waiter dropped uncalled is still in its slot");
-            return received(waiter);
+            return received(Holds::Durable, waiter);
         }
         Ok(false)
     }
@@ -208,14 +224,14 @@ impl Engine {
     }
 
     /// The primary's replication, if it has a standby.
-    pub fn replication(&self) -> Option<&Arc<Replication>> {
+    pub fn replication(&self) -> Option<&Arc<Replicas>> {
         self.ha.replication.as_ref()
     }
 }
 
-/// Registers `waiter` for the standby's acknowledgement of `lsn`, or calls it at once if that
-/// is already in, or cannot come.
-fn wait_received(replication: &Replication, log: LogId, lsn: u64, waiter: Waiter) {
+/// Registers `waiter` for K standbys' acknowledgement that `lsn` is synced on their disks
+/// (`all`), or calls it at once if that is already in, or cannot come.
+fn wait_received(replication: &Replicas, log: LogId, lsn: u64, waiter: Waiter) {
     let slot = Arc::new(Mutex::new(Some(waiter)));
     let registered = Arc::clone(&slot);
     let forward: Waiter = Box::new(move |outcome| {
@@ -223,7 +239,7 @@ fn wait_received(replication: &Replication, log: LogId, lsn: u64, waiter: Waiter
             waiter(outcome);
         }
     });
-    let now = match replication.when_received(log, lsn, forward) {
+    let now = match replication.when_received(log, lsn, Holds::Durable, forward) {
         Ok(false) => return,
         Ok(true) => Ok(()),
         Err(error) => Err(error),

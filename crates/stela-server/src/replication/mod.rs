@@ -35,14 +35,18 @@
 mod acks;
 mod hold;
 pub mod protection;
+mod replicas;
 mod reprotection;
 mod ship;
 #[cfg(not(stela_loom))]
 pub mod standby;
+mod tally;
 
 use acks::{fence, read_acks, read_acks_polled, release, AckInbox, AckReading};
 use hold::StandbyHold;
+pub use protection::Holds;
 use protection::{Protection, Registered};
+pub use replicas::Replicas;
 use reprotection::Reprotection;
 use ship::{header_for, ship_inline, ship_next, Live, Source, Step};
 
@@ -124,11 +128,37 @@ pub type Released = Arc<dyn Fn() + Send + Sync>;
 /// named here so that this module needs nothing from the engine, which uses it).
 pub type Waiter = Box<dyn FnOnce(Result<(), PoolError>) + Send>;
 
+/// A wait registered with one standby's link: who to tell, and, for a wait on several
+/// standbys ([`Replicas`]), whether it is decided already without this one (K others answered):
+/// such a wait is dropped from the link's list uncalled ([`Protection::prune`]) rather than
+/// kept for as long as this standby is away.
+pub struct LinkWaiter {
+    tell: Waiter,
+    decided: Option<Arc<AtomicBool>>,
+}
+
+impl LinkWaiter {
+    fn call(self, outcome: Result<(), PoolError>) {
+        (self.tell)(outcome);
+    }
+
+    fn decided(&self) -> bool {
+        self.decided
+            .as_ref()
+            .is_some_and(|decided| decided.load(Ordering::Acquire))
+    }
+}
+
+/// Waits a link keeps before it drops those decided without it (and again each time the list
+/// doubles past it), so that a standby that is away costs a bounded list, not one entry per
+/// commit for as long as it is away.
+const PRUNE_PAST: usize = 1024;
+
 /// What a log's shipper and its waiters share.
 struct Link {
     name: String,
     /// The `replicated` waiters and what the standby acknowledged.
-    protection: Protection<Waiter>,
+    protection: Protection<LinkWaiter>,
     /// The node's registry of what logs acknowledged alone (shared by every link).
     reprotection: Arc<Reprotection>,
     state: Mutex<LinkState>,
@@ -232,6 +262,7 @@ impl Policy {
 }
 
 /// What the shipper needs of a log.
+#[derive(Clone)]
 pub struct LogInfo {
     pub id: LogId,
     pub name: String,
@@ -296,26 +327,23 @@ impl Replication {
         self.tls.as_ref().and_then(|tls| tls.token.clone())
     }
 
-    /// Starts shipping `log` (once per open log) and returns the term its records get from now
-    /// on. The term is begun durably here, before the log takes an append: every start of a
-    /// primary is a new term, because records it lost in a crash may have been shipped and
-    /// their LSNs are given to new records now; the new term tells the two apart.
+    /// The term `log`'s records get from now on, begun durably here, before the log takes an
+    /// append (once per open log, for every standby together: [`replicas::Replicas::watch`]):
+    /// every start of a primary is a new term, because records it lost in a crash may have been
+    /// shipped and their LSNs are given to new records now; the new term tells the two apart.
+    /// Returns the term, the history as begun, and the first LSN of the term.
     ///
     /// # Errors
     /// The log's TERMS file cannot be read or written (the open fails: a record appended in no
     /// recorded term could not be told apart after a failover).
-    pub fn watch<W: Send + 'static>(
-        self: &Arc<Self>,
-        pool: &Arc<Pool<W>>,
-        log: LogInfo,
+    pub(crate) fn begin_term<W>(
+        &self,
+        pool: &Pool<W>,
+        log: &LogInfo,
         storage: Arc<dyn stela_wal::storage::Storage>,
-    ) -> Result<u64, String> {
-        let mut links = lock(&self.links);
-        if let Some(link) = links.get(&log.id) {
-            return Ok(lock(&link.state).term);
-        }
-        let mut terms = TermStore::open(Arc::clone(&storage), &log.dir)
-            .map_err(|e| format!("the log's terms: {e}"))?;
+    ) -> Result<(u64, stela_format::term::TermHistory, u64), String> {
+        let mut terms =
+            TermStore::open(storage, &log.dir).map_err(|e| format!("the log's terms: {e}"))?;
         let (next, _) = pool.positions(log.id);
         let first = if terms.history().entries().is_empty() {
             1
@@ -326,13 +354,38 @@ impl Replication {
         terms
             .begin(term, first)
             .map_err(|e| format!("recording the log's new term: {e}"))?;
+        Ok((term.0, terms.history().clone(), first))
+    }
+
+    /// The term `log` is shipped in to this standby, if it is shipped.
+    pub(crate) fn watching(&self, log: LogId) -> Option<u64> {
+        lock(&self.links)
+            .get(&log)
+            .map(|link| lock(&link.state).term)
+    }
+
+    /// Starts shipping `log` to this standby in `term` (begun by [`Replication::begin_term`],
+    /// with `history` and `first` as it left them).
+    pub(crate) fn watch_in<W: Send + 'static>(
+        self: &Arc<Self>,
+        pool: &Arc<Pool<W>>,
+        log: LogInfo,
+        storage: Arc<dyn stela_wal::storage::Storage>,
+        begun: (u64, stela_format::term::TermHistory, u64),
+    ) {
+        let (term, history, first) = begun;
+        let mut links = lock(&self.links);
+        if links.contains_key(&log.id) {
+            return;
+        }
+        let (next, _) = pool.positions(log.id);
         let link = Arc::new(Link {
             name: log.name.clone(),
             protection: Protection::new(),
             reprotection: Arc::clone(&self.reprotection),
             state: Mutex::new(LinkState {
-                term: term.0,
-                history: terms.history().clone(),
+                term,
+                history,
                 ..LinkState::default()
             }),
             appended: Condvar::new(),
@@ -350,7 +403,6 @@ impl Replication {
         links.insert(log.id, Arc::clone(&link));
         let mut hold = StandbyHold::open(storage, log.dir.clone(), self.standby.to_string(), first);
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
-        let term = term.0;
         let spawned = std::thread::Builder::new()
             .name(format!("stela-ship-{}", log.id))
             .spawn(move || me.ship_log(&pool, &link, &log, term, &mut hold));
@@ -364,7 +416,6 @@ impl Replication {
                 tracing::error!(%error, "could not start a shipper thread; replicated commits of this log will wait")
             }
         }
-        Ok(term)
     }
 
     /// The term a log at `current` gets when this primary opens it: the next one, within this
@@ -434,8 +485,8 @@ impl Replication {
         if let Some(link) = lock(&self.links).remove(&log) {
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
-            for (_, waiter) in link.protection.take_all() {
-                waiter(Err(PoolError::Closed));
+            for (_, _, waiter) in link.protection.take_all() {
+                waiter.call(Err(PoolError::Closed));
             }
             (self.released)();
             self.reprotection.log_closed(&link.name);
@@ -458,7 +509,7 @@ impl Replication {
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
             for waiter in waiters {
-                waiter(Err(PoolError::InDoubt(why.clone())));
+                waiter.call(Err(PoolError::InDoubt(why.clone())));
             }
         }
         (self.released)();
@@ -510,12 +561,29 @@ impl Replication {
         }
     }
 
-    /// Calls `waiter` once the standby holds `lsn` of `log`. `Ok(true)`: it already does (the
-    /// waiter is dropped uncalled). [`PoolError::Unprotected`]: a policy answered without the
-    /// standby (the waiter is dropped uncalled; the record stays appended).
-    pub fn when_received(&self, log: LogId, lsn: u64, waiter: Waiter) -> Result<bool, PoolError> {
+    /// Calls `waiter` once the standby holds `lsn` of `log` as `holds` asks (in memory, or
+    /// synced). `Ok(true)`: it already does (the waiter is dropped uncalled).
+    /// [`PoolError::Unprotected`]: a policy answered without the standby (the waiter is dropped
+    /// uncalled; the record stays appended).
+    pub fn when_received(
+        &self,
+        log: LogId,
+        lsn: u64,
+        holds: Holds,
+        waiter: Waiter,
+        decided: Option<Arc<AtomicBool>>,
+    ) -> Result<bool, PoolError> {
         let Some(link) = lock(&self.links).get(&log).cloned() else {
             return Err(PoolError::Closed);
+        };
+        let waiting = link.protection.waiting();
+        if waiting >= PRUNE_PAST && waiting.is_power_of_two() {
+            let dropped = link.protection.prune(|w| !w.decided());
+            tracing::debug!(log = %link.name, standby = %self.standby, dropped, "dropped waits decided without this standby");
+        }
+        let waiter = LinkWaiter {
+            tell: waiter,
+            decided,
         };
         // Policies that answer without the standby: `--degrade-after` while it is unreachable,
         // and a promoted primary whose old primary has not rejoined (unprotected). Asked under
@@ -537,7 +605,7 @@ impl Replication {
             }
             false
         };
-        match link.protection.wait(lsn, waiter, answer_now) {
+        match link.protection.wait(lsn, holds, waiter, answer_now) {
             Registered::Waiting => Ok(false),
             Registered::Already(_) => match policy.get() {
                 Some(policy) => Err(policy.answer(&link.name, lsn)),
@@ -762,6 +830,8 @@ impl Replication {
             coordinator,
             last_failover,
             unprotected_since_ms,
+            standbys: Vec::new(),
+            replicas: 0,
         }
     }
 
@@ -1114,7 +1184,7 @@ impl Replication {
         if waiters.is_empty() {
             return 0;
         }
-        let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
+        let highest = waiters.iter().map(|&(lsn, _, _)| lsn).max().unwrap_or(0);
         if let Policy::Unprotected = policy {
             if !self.reprotection.acknowledge_alone(&link.name, highest) {
                 // The node was protected again since the caller looked (the other logs'
@@ -1132,8 +1202,8 @@ impl Replication {
                 Policy::Unprotected => state.unprotected_acks += answered as u64,
             }
         }
-        for (lsn, waiter) in waiters {
-            waiter(Err(policy.answer(&link.name, lsn)));
+        for (lsn, _, waiter) in waiters {
+            waiter.call(Err(policy.answer(&link.name, lsn)));
         }
         (self.released)();
         answered
@@ -1141,17 +1211,17 @@ impl Replication {
 
     /// Registers `waiters`, taken from `link`, again: each waits for the standby (or is
     /// answered now if it already holds the LSN, or the log was fenced meanwhile).
-    fn wait_again(&self, link: &Link, waiters: Vec<(u64, Waiter)>) {
+    fn wait_again(&self, link: &Link, waiters: Vec<(u64, Holds, LinkWaiter)>) {
         let mut any = false;
-        for (lsn, waiter) in waiters {
-            match link.protection.wait(lsn, waiter, || false) {
+        for (lsn, holds, waiter) in waiters {
+            match link.protection.wait(lsn, holds, waiter, || false) {
                 Registered::Waiting => {}
                 Registered::Already(waiter) => {
-                    waiter(Ok(()));
+                    waiter.call(Ok(()));
                     any = true;
                 }
                 Registered::Fenced(waiter, why) => {
-                    waiter(Err(PoolError::InDoubt(why)));
+                    waiter.call(Err(PoolError::InDoubt(why)));
                     any = true;
                 }
             }
