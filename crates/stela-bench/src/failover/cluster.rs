@@ -1,6 +1,7 @@
-//! The processes of the failover run: the witness, the two nodes (`stela serve`, node `a`
-//! starting as the primary in the "primary" namespace, node `b` as the standby in the
-//! "standby" one) and the client (`stela-bench failover-client` in the "client" namespace);
+//! The processes of the failover run: the witness, the nodes (`stela serve`, node `a`
+//! starting as the primary in the "primary" namespace, node `b` as a standby in the "standby"
+//! one and, in a run of three, node `c` as a standby in the "standby2" one; each started with
+//! every other node as a `--peer`) and the client (`stela-bench failover-client` in the "client" namespace);
 //! starting, signalling and restarting them; and asking a node for its status.
 //!
 //! The clients' and the replication connections run over TLS by default: the daemon serves
@@ -80,7 +81,13 @@ pub struct Timing {
     pub heartbeat_ms: u64,
     pub suspect_after_ms: u64,
     pub lease_ms: u64,
+    /// The nodes' `--replicas` (K: the standbys that must hold a `replicated` record), given
+    /// to a run of three nodes only (a two-node daemon has one standby and no such flag).
+    pub replicas: usize,
 }
+
+/// The names of the nodes of a run of `nodes`, in order.
+pub const NODE_NAMES: [&str; 3] = ["a", "b", "c"];
 
 /// The role a node is started in (the coordinator's holder overrides it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +112,7 @@ impl Node {
     fn new(
         name: &'static str,
         host: Host,
-        peer: Host,
+        peers: &[Host],
         topology: &Topology,
         base: &Path,
         timing: &Timing,
@@ -123,8 +130,18 @@ impl Node {
             name.into(),
             "--repl-listen".into(),
             format!("{own}:{REPL_PORT}"),
-            "--peer".into(),
-            format!("{}:{REPL_PORT}", topology.address(peer)),
+        ];
+        debug_assert!(!peers.is_empty() && !peers.contains(&host));
+        for &peer in peers {
+            args.extend([
+                "--peer".into(),
+                format!("{}:{REPL_PORT}", topology.address(peer)),
+            ]);
+        }
+        if peers.len() >= 2 {
+            args.extend(["--replicas".into(), timing.replicas.to_string()]);
+        }
+        args.extend([
             "--coordinator".into(),
             format!("tcp://{}:{WITNESS_PORT}", topology.address(Host::Witness)),
             "--heartbeat-ms".into(),
@@ -134,7 +151,7 @@ impl Node {
             // Skips the start-up disk measurement, so that a restart rejoins at once.
             "--assume-write-rate".into(),
             "500000000".into(),
-        ];
+        ]);
         match security {
             Some(security) => {
                 let path = |p: &PathBuf| p.display().to_string();
@@ -356,6 +373,36 @@ pub fn protected(report: &StatusReport) -> bool {
     protected_log(report, LOG)
 }
 
+/// The client log's streams a primary reports, one per standby it ships to.
+pub fn log_streams<'a>(report: &'a StatusReport) -> impl Iterator<Item = &'a ReplicaStatus> + 'a {
+    report
+        .replication
+        .iter()
+        .flat_map(|r| r.logs.iter())
+        .filter(|l| l.log == LOG)
+}
+
+/// How many standbys hold the client's log caught up on this primary: stream connected, not
+/// stopped, at most a few records behind.
+pub fn caught_up_standbys(report: &StatusReport) -> usize {
+    log_streams(report)
+        .filter(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
+        .count()
+}
+
+/// [`protected`], with every one of `standbys` standbys caught up (a whole cluster again, so
+/// that the next fault starts from the same place as the first).
+pub fn fully_protected(report: &StatusReport, standbys: usize) -> bool {
+    protected(report) && caught_up_standbys(report) >= standbys
+}
+
+/// Whether every standby the primary ships the client's log to holds all of it (no record
+/// behind), and it ships to `standbys` of them.
+pub fn every_standby_holds_all(report: &StatusReport, standbys: usize) -> bool {
+    let streams: Vec<_> = log_streams(report).collect();
+    streams.len() >= standbys && streams.iter().all(|l| l.connected && l.lag_records == 0)
+}
+
 /// [`protected`], for the log named `log` (`stela-bench pg-failover`'s mount log).
 pub fn protected_log(report: &StatusReport, log: &str) -> bool {
     let Some(replication) = &report.replication else {
@@ -425,14 +472,17 @@ impl Witness {
     }
 }
 
-/// The witness and both nodes.
+/// The witness and every node.
 pub struct Cluster {
     pub stela: PathBuf,
     pub witness: Witness,
-    pub nodes: [Node; 2],
+    /// `a`, `b` (and `c`), in the hosts of [`Host::nodes`].
+    pub nodes: Vec<Node>,
 }
 
 impl Cluster {
+    /// The witness and a node on each of `topology`'s node hosts, each with the others as its
+    /// peers.
     pub fn new(
         stela: PathBuf,
         topology: &Topology,
@@ -440,30 +490,25 @@ impl Cluster {
         timing: &Timing,
         security: Option<&Security>,
     ) -> Cluster {
+        let hosts = Host::nodes(topology.nodes());
+        let nodes = hosts
+            .iter()
+            .zip(NODE_NAMES)
+            .map(|(&host, name)| {
+                let peers: Vec<Host> = hosts.iter().copied().filter(|&h| h != host).collect();
+                Node::new(name, host, &peers, topology, base, timing, security)
+            })
+            .collect();
         Cluster {
             stela,
             witness: Witness::new(topology, base, timing),
-            nodes: [
-                Node::new(
-                    "a",
-                    Host::Primary,
-                    Host::Standby,
-                    topology,
-                    base,
-                    timing,
-                    security,
-                ),
-                Node::new(
-                    "b",
-                    Host::Standby,
-                    Host::Primary,
-                    topology,
-                    base,
-                    timing,
-                    security,
-                ),
-            ],
+            nodes,
         }
+    }
+
+    /// Every node but `i`.
+    pub fn others(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.nodes.len()).filter(move |&j| j != i)
     }
 
     /// The index of the node that reports itself primary in the highest epoch, with its status.
