@@ -191,10 +191,16 @@ pub struct ServeArgs {
     /// then says which node is the primary.
     #[arg(long, value_name = "URL", requires_all = ["peer", "repl_listen"])]
     pub coordinator: Option<String>,
-    /// With --coordinator: the other node's replication address (its --repl-listen); this
-    /// node ships there while it is the primary.
+    /// With --coordinator: another node's replication address (its --repl-listen); this
+    /// node ships there while it is the primary. Given once per other node: the cluster has
+    /// one node more than --peer flags (two or three nodes, docs/REPLICATION.md).
     #[arg(long, value_name = "ADDR", conflicts_with = "standby")]
-    pub peer: Option<std::net::SocketAddr>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peer: Vec<std::net::SocketAddr>,
+    /// How many standbys must hold a record before a `replicated` commit is acknowledged (K of
+    /// the N − 1 standbys); elections then need N − K nodes' promises. Default 1.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub replicas: usize,
     /// With --coordinator: the pair's name at the coordinator.
     #[arg(long, default_value = "stela")]
     pub cluster: String,
@@ -341,7 +347,9 @@ impl ServeArgs {
         config.ring_bytes = self.ring_size;
         config.spin = Duration::from_micros(self.spin_us);
         config.realtime_loop = !self.no_realtime;
-        config.standby = self.standby.or(self.peer);
+        config.standby = self.standby.or(self.peer.first().copied());
+        config.more_standbys = self.peer.iter().skip(1).copied().collect();
+        config.replicas = self.replicas;
         config.repl_listen = self.repl_listen;
         config.failover = self
             .coordinator
@@ -1044,6 +1052,8 @@ mod health_tests {
                 coordinator: None,
                 last_failover: None,
                 unprotected_since_ms: 0,
+                standbys: Vec::new(),
+                replicas: 1,
             });
             health_problems(&report)
         };

@@ -50,11 +50,84 @@ pub struct Holder {
     pub holder: Option<String>,
 }
 
+/// Where one log of a node ends, as it reports it in an election: the term of its last
+/// record, then its last LSN (compared in that order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogPosition {
+    pub log: String,
+    pub term: u64,
+    pub lsn: u64,
+}
+
+/// What a node promises with: where each of its logs ends, and whether it prefers to be the
+/// primary (which breaks a tie between equally up-to-date nodes, and only a tie).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Report {
+    pub positions: Vec<LogPosition>,
+    pub prefers_primary: bool,
+}
+
+/// The answer to a step of an election by promises (clusters of more than two nodes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Election {
+    /// An election for `epoch` is open: record `epoch` as seen (durably), stop taking any
+    /// older stream, then promise it with this node's position.
+    Prepare { epoch: u64 },
+    /// `epoch` is granted to this node.
+    Granted { epoch: u64 },
+    /// The promise is counted; `heard` of the `needed` promises are in, or no node that
+    /// promised holds every other's records yet (`reason`).
+    Waiting {
+        epoch: u64,
+        heard: u32,
+        needed: u32,
+        reason: String,
+    },
+    /// No election for this node now (the primary is alive, or `epoch` went to `holder`).
+    Refused {
+        epoch: u64,
+        holder: Option<String>,
+        reason: String,
+    },
+}
+
 pub trait Coordinator: Send + Sync {
     fn renew(&self, node: &str, epoch: u64) -> Result<Renewal, CoordError>;
     fn promote(&self, node: &str, seen_epoch: u64) -> Result<Grant, CoordError>;
     fn current(&self) -> Result<Holder, CoordError>;
     fn describe(&self) -> String;
+
+    /// A standby that has heard nothing from its primary asks for an election (clusters of
+    /// more than two nodes; `needed` is N − K, the promises a grant needs).
+    ///
+    /// # Errors
+    /// Unreachable, or this coordinator has no elections by promises.
+    fn ask(&self, node: &str, seen_epoch: u64, needed: u32) -> Result<Election, CoordError> {
+        let _ = (node, seen_epoch, needed);
+        Err(CoordError::Other(format!(
+            "{} has no elections by promises (needed by more than two nodes)",
+            self.describe()
+        )))
+    }
+
+    /// A node promises `epoch` (it recorded it as seen and stopped taking older streams) with
+    /// where its logs end.
+    ///
+    /// # Errors
+    /// Unreachable, or this coordinator has no elections by promises.
+    fn promise(
+        &self,
+        node: &str,
+        epoch: u64,
+        needed: u32,
+        report: &Report,
+    ) -> Result<Election, CoordError> {
+        let _ = (node, epoch, needed, report);
+        Err(CoordError::Other(format!(
+            "{} has no elections by promises (needed by more than two nodes)",
+            self.describe()
+        )))
+    }
 }
 
 /// How long a node waits for the witness before it counts it unreachable: a few heartbeats, so

@@ -11,8 +11,19 @@
 //! - a grant names an epoch the asking node has not seen yet (its `seen` is below it): a node
 //!   that recorded an epoch, as its holder or as another's standby, is never handed that epoch
 //!   again, so it can never be a second primary of it.
+//!
+//! Elections by promises (clusters of more than two nodes, [`ask`], [`promise`]):
+//! - an election for epoch E is open while the claim is E with no holder; it is opened only
+//!   once the holder has been silent a whole lease (or holds nothing), and the old holder's
+//!   renewals are `Superseded` from then on;
+//! - E is granted only once `needed` (N − K) nodes have promised it, to one of them whose
+//!   report covers every other promise's (each log's last term, then last LSN, at least as
+//!   high); the preference breaks a tie, and only a tie. If no promising node covers the
+//!   others, nothing is granted yet;
+//! - a promotion by [`promote`] (the two-node rule) is refused while an election is open.
 
-use crate::{Grant, Holder, Renewal};
+use crate::{Election, Grant, Holder, Renewal, Report};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// What the coordinator holds durably.
@@ -83,6 +94,12 @@ pub fn promote(
         // this node's.
         return (Grant::Granted { epoch: claim.epoch }, None);
     }
+    if claim.holder.is_none() && claim.epoch > 0 {
+        return refuse(format!(
+            "an election by promises is open for epoch {}: {node} must promise it",
+            claim.epoch
+        ));
+    }
     if claim.holder.as_deref() == Some(node) {
         // The holder asks again having seen its epoch: it is not acting as its primary (it
         // restarted without the coordinator, or followed another node's stream in that epoch
@@ -116,6 +133,169 @@ pub fn promote(
         holder: Some(node.to_owned()),
     };
     (Grant::Granted { epoch }, Some(granted))
+}
+
+/// An election by promises in progress. The witness keeps it in memory only: the open epoch
+/// itself is in the claim (durable), and after a restart the nodes promise again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ballot {
+    pub epoch: u64,
+    /// The most promises any node said a grant needs (N − K).
+    pub needed: u32,
+    pub promises: BTreeMap<String, Report>,
+}
+
+/// The answer to `ask(node, seen, needed)`: a standby that has heard nothing from its primary
+/// asks for an election; the claim to record first if one is opened.
+pub fn ask(
+    claim: &Claim,
+    node: &str,
+    seen: u64,
+    silent: Duration,
+    lease: Duration,
+) -> (Election, Option<Claim>) {
+    if claim.holder.as_deref() == Some(node) && seen < claim.epoch {
+        // Granted to it; the answer was lost.
+        return (Election::Granted { epoch: claim.epoch }, None);
+    }
+    if claim.holder.is_none() && claim.epoch > 0 {
+        return (Election::Prepare { epoch: claim.epoch }, None);
+    }
+    if let Some(holder) = claim.holder.as_deref().filter(|&h| h != node) {
+        if silent < lease {
+            return (
+                Election::Refused {
+                    epoch: claim.epoch,
+                    holder: Some(holder.to_owned()),
+                    reason: format!(
+                        "the primary {holder} renewed {} ms ago (lease {} ms): it is alive",
+                        silent.as_millis(),
+                        lease.as_millis()
+                    ),
+                },
+                None,
+            );
+        }
+    }
+    // The holder is silent, holds nothing, or is this node having seen its own epoch (it
+    // restarted and is not acting as its primary): a new epoch no node has seen.
+    let epoch = claim.epoch.max(seen) + 1;
+    (
+        Election::Prepare { epoch },
+        Some(Claim {
+            epoch,
+            holder: None,
+        }),
+    )
+}
+
+/// The answer to `promise(node, epoch, needed, report)`, with the ballot updated, and the
+/// claim to record first if the epoch is granted.
+pub fn promise(
+    claim: &Claim,
+    ballot: &mut Ballot,
+    node: &str,
+    epoch: u64,
+    needed: u32,
+    report: &Report,
+) -> (Election, Option<Claim>) {
+    let refused = |reason: String| Election::Refused {
+        epoch: claim.epoch,
+        holder: claim.holder.clone(),
+        reason,
+    };
+    if epoch != claim.epoch {
+        return (
+            refused(format!(
+                "no election for epoch {epoch} is open (the coordinator is at epoch {})",
+                claim.epoch
+            )),
+            None,
+        );
+    }
+    match claim.holder.as_deref() {
+        Some(holder) if holder == node => return (Election::Granted { epoch }, None),
+        Some(holder) => {
+            return (
+                refused(format!("epoch {epoch} went to {holder}, at least as up to date")),
+                None,
+            )
+        }
+        None => {}
+    }
+    if ballot.epoch != epoch {
+        *ballot = Ballot {
+            epoch,
+            ..Ballot::default()
+        };
+    }
+    ballot.needed = ballot.needed.max(needed).max(1);
+    ballot.promises.insert(node.to_owned(), report.clone());
+    let heard = ballot.promises.len() as u32;
+    let waiting = |reason: String| Election::Waiting {
+        epoch,
+        heard,
+        needed: ballot.needed,
+        reason,
+    };
+    if heard < ballot.needed {
+        return (waiting(format!("{heard} of {} promises", ballot.needed)), None);
+    }
+    match elect(&ballot.promises) {
+        Err(why) => (waiting(why), None),
+        Ok(winner) => {
+            debug_assert!(ballot
+                .promises
+                .values()
+                .all(|other| covers(&ballot.promises[&winner], other)));
+            let granted = Claim {
+                epoch,
+                holder: Some(winner.clone()),
+            };
+            let answer = if winner == node {
+                Election::Granted { epoch }
+            } else {
+                Election::Refused {
+                    epoch,
+                    holder: Some(winner.clone()),
+                    reason: format!("epoch {epoch} went to {winner}, at least as up to date"),
+                }
+            };
+            (answer, Some(granted))
+        }
+    }
+}
+
+/// The node to grant to among `promises`: one whose report covers every other's; among such
+/// (equally up to date) the one that prefers to be primary, then the first by name.
+///
+/// # Errors
+/// No promising node covers every other (each is ahead on a different log).
+pub fn elect(promises: &BTreeMap<String, Report>) -> Result<String, String> {
+    promises
+        .iter()
+        .filter(|(_, report)| promises.values().all(|other| covers(report, other)))
+        .max_by_key(|&(name, report)| (report.prefers_primary, std::cmp::Reverse(name)))
+        .map(|(name, _)| name.clone())
+        .ok_or_else(|| {
+            format!(
+                "none of the {} promising nodes holds every log as far as each other does; waiting for another node's promise",
+                promises.len()
+            )
+        })
+}
+
+/// Whether `a` holds each log at least as far as `b` (the term of its last record, then its
+/// last LSN); a log `a` lacks counts as empty.
+pub fn covers(a: &Report, b: &Report) -> bool {
+    b.positions.iter().all(|theirs| {
+        let ours = a
+            .positions
+            .iter()
+            .find(|p| p.log == theirs.log)
+            .map_or((0, 0), |p| (p.term, p.lsn));
+        ours >= (theirs.term, theirs.lsn)
+    })
 }
 
 #[cfg(test)]
@@ -244,6 +424,138 @@ mod tests {
                 if let Some((epoch, node)) = answered {
                     let previous = holders.entry(epoch).or_insert_with(|| node.clone());
                     prop_assert_eq!(&*previous, &node, "two holders of epoch {}", epoch);
+                }
+            }
+        }
+    }
+
+    fn report(logs: &[(&str, u64, u64)], prefers: bool) -> Report {
+        Report {
+            positions: logs
+                .iter()
+                .map(|&(log, term, lsn)| crate::LogPosition {
+                    log: log.into(),
+                    term,
+                    lsn,
+                })
+                .collect(),
+            prefers_primary: prefers,
+        }
+    }
+
+    #[test]
+    fn an_election_waits_for_enough_promises_and_picks_the_most_up_to_date() {
+        let claim = held(1, "a");
+        // The primary is alive: no election.
+        assert!(matches!(
+            ask(&claim, "b", 1, LEASE / 2, LEASE),
+            (Election::Refused { .. }, None)
+        ));
+        let (answer, opened) = ask(&claim, "c", 1, LEASE, LEASE);
+        assert_eq!(answer, Election::Prepare { epoch: 2 });
+        let claim = opened.unwrap();
+        assert_eq!(claim, Claim { epoch: 2, holder: None });
+        // An old-style promotion is refused while it is open.
+        assert!(matches!(promote(&claim, "c", 2, LEASE, LEASE), (Grant::Refused { .. }, None)));
+        // The behind standby promises first, preferring to be primary: not enough promises.
+        let mut ballot = Ballot::default();
+        let behind = report(&[("x", 1 << 32 | 1, 90)], true);
+        let ahead = report(&[("x", 1 << 32 | 1, 100)], false);
+        assert!(matches!(
+            promise(&claim, &mut ballot, "c", 2, 2, &behind),
+            (Election::Waiting { heard: 1, needed: 2, .. }, None)
+        ));
+        // The up-to-date one promises: granted to it, not to the one that asked first.
+        let (answer, granted) = promise(&claim, &mut ballot, "b", 2, 2, &ahead);
+        assert_eq!(answer, Election::Granted { epoch: 2 });
+        let claim = granted.unwrap();
+        assert_eq!(claim, held(2, "b"));
+        assert!(matches!(
+            promise(&claim, &mut ballot, "c", 2, 2, &behind),
+            (Election::Refused { holder: Some(ref h), .. }, None) if h == "b"
+        ));
+        // Nobody covers the other (ahead on different logs): no grant yet.
+        let mut ballot = Ballot::default();
+        let open = Claim { epoch: 3, holder: None };
+        let one = report(&[("x", 5, 10), ("y", 5, 3)], false);
+        let two = report(&[("x", 5, 8), ("y", 5, 4)], false);
+        promise(&open, &mut ballot, "b", 3, 2, &one);
+        assert!(matches!(promise(&open, &mut ballot, "c", 3, 2, &two), (Election::Waiting { .. }, None)));
+        // A tie goes to the preferred node.
+        let mut ballot = Ballot::default();
+        promise(&open, &mut ballot, "b", 3, 2, &report(&[("x", 5, 10)], false));
+        let (answer, _) = promise(&open, &mut ballot, "c", 3, 2, &report(&[("x", 5, 10)], true));
+        assert_eq!(answer, Election::Granted { epoch: 3 });
+    }
+
+    #[derive(Debug, Clone)]
+    enum Vote {
+        Ask(u8, u64, u64),
+        Promise(u8, u64, u64, u64),
+        Renew(u8, u64),
+    }
+
+    fn vote() -> impl Strategy<Value = Vote> {
+        prop_oneof![
+            (0u8..3, 0u64..5, 0u64..600).prop_map(|(n, s, ms)| Vote::Ask(n, s, ms)),
+            (0u8..3, 0u64..5, 0u64..4, 0u64..20).prop_map(|(n, e, t, l)| Vote::Promise(n, e, t, l)),
+            (0u8..3, 0u64..5).prop_map(|(n, e)| Vote::Renew(n, e)),
+        ]
+    }
+
+    proptest! {
+        /// Over any run of asks, promises and renewals: one holder per epoch; an epoch is
+        /// granted only to a node that promised it, once `needed` promised, and the winner's
+        /// report covers every promise counted for that epoch.
+        #[test]
+        fn elections_grant_once_to_a_covering_promiser(votes in proptest::collection::vec(vote(), 1..60)) {
+            const NEEDED: u32 = 2;
+            let mut claim = Claim::default();
+            let mut ballot = Ballot::default();
+            let mut promised: BTreeMap<u64, BTreeMap<String, Report>> = BTreeMap::new();
+            let mut holders: BTreeMap<u64, String> = BTreeMap::new();
+            for vote in votes {
+                let before = claim.clone();
+                let (granted_to, new) = match &vote {
+                    Vote::Ask(n, seen, ms) => {
+                        let (answer, new) = ask(&claim, &format!("n{n}"), *seen, Duration::from_millis(*ms), LEASE);
+                        let to = matches!(answer, Election::Granted { .. }).then(|| format!("n{n}"));
+                        (to, new)
+                    }
+                    Vote::Promise(n, epoch, term, lsn) => {
+                        let node = format!("n{n}");
+                        let r = report(&[("x", *term, *lsn)], *n == 0);
+                        let (answer, new) = promise(&claim, &mut ballot, &node, *epoch, NEEDED, &r);
+                        if *epoch == before.epoch && before.holder.is_none() {
+                            promised.entry(*epoch).or_default().insert(node.clone(), r);
+                        }
+                        let to = matches!(answer, Election::Granted { .. }).then_some(node);
+                        (to, new)
+                    }
+                    Vote::Renew(n, e) => match renew(&claim, &format!("n{n}"), *e) {
+                        Ok((_, new)) => (None, new),
+                        Err(_) => (None, None),
+                    },
+                };
+                if let Some(new) = new {
+                    prop_assert!(new.epoch > before.epoch || (new.epoch == before.epoch && before.holder.is_none()));
+                    if let (Some(winner), Vote::Promise(..)) = (&new.holder, &vote) {
+                        let counted = &promised[&new.epoch];
+                        prop_assert!(counted.len() as u32 >= NEEDED);
+                        prop_assert!(counted.contains_key(winner), "granted to {} which did not promise", winner);
+                        for other in counted.values() {
+                            prop_assert!(covers(&counted[winner], other));
+                        }
+                    }
+                    claim = new;
+                }
+                prop_assert!(claim.epoch >= before.epoch);
+                if let Some(holder) = &claim.holder {
+                    let first = holders.entry(claim.epoch).or_insert_with(|| holder.clone());
+                    prop_assert_eq!(&*first, holder, "two holders of epoch {}", claim.epoch);
+                }
+                if let Some(node) = granted_to {
+                    prop_assert_eq!(claim.holder.as_deref(), Some(node.as_str()));
                 }
             }
         }

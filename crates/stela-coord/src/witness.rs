@@ -17,8 +17,8 @@
 //! File layout: `epoch` (u64 LE), holder length (u32 LE), holder (UTF-8), CRC32C of the above
 //! (u32 LE).
 
-use crate::rules::{self, Claim};
-use crate::{CoordError, Coordinator, Grant, Holder, Renewal};
+use crate::rules::{self, Ballot, Claim};
+use crate::{CoordError, Coordinator, Election, Grant, Holder, LogPosition, Renewal, Report};
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -51,6 +51,8 @@ struct State {
 
 struct Held {
     claim: Claim,
+    /// The election by promises open now (in memory: after a restart nodes promise again).
+    ballot: Ballot,
     /// When the holder last renewed (none since this witness started).
     renewed: Option<Instant>,
     /// The first failed write: every later change is refused.
@@ -78,6 +80,7 @@ impl Witness {
             started: Instant::now(),
             claim: Mutex::new(Held {
                 claim,
+                ballot: Ballot::default(),
                 renewed: None,
                 failed: None,
             }),
@@ -224,6 +227,40 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
                 holder: held.claim.holder.clone(),
             }
         }
+        WitnessRequest::Ask {
+            node, seen_epoch, ..
+        } => {
+            let (answer, new) = rules::ask(&held.claim, &node, seen_epoch, silent, state.lease);
+            if let Some(new) = &new {
+                tracing::warn!(node, epoch = new.epoch, silent_ms = silent.as_millis() as u64,
+                    "witness: the primary is silent; an election by promises is open");
+            }
+            (election_response(answer), new)
+        }
+        WitnessRequest::Promise {
+            node,
+            epoch,
+            needed,
+            prefers_primary,
+            positions,
+            ..
+        } => {
+            let report = Report {
+                positions: positions
+                    .into_iter()
+                    .map(|(log, term, lsn)| LogPosition { log, term, lsn })
+                    .collect(),
+                prefers_primary,
+            };
+            let claim = held.claim.clone();
+            let (answer, new) =
+                rules::promise(&claim, &mut held.ballot, &node, epoch, needed, &report);
+            if let Some(new) = &new {
+                tracing::warn!(epoch, holder = ?new.holder, promises = held.ballot.promises.len(),
+                    "witness: granting the epoch to the most up-to-date node that promised it (failover)");
+            }
+            (election_response(answer), new)
+        }
     };
     if let Some(new) = new {
         if let Some(first) = &held.failed {
@@ -250,6 +287,61 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
         held.claim = new;
     }
     response
+}
+
+fn election_response(answer: Election) -> WitnessResponse {
+    match answer {
+        Election::Prepare { epoch } => WitnessResponse::Prepare { epoch },
+        Election::Granted { epoch } => WitnessResponse::Granted { epoch },
+        Election::Waiting {
+            epoch,
+            heard,
+            needed,
+            reason,
+        } => WitnessResponse::Waiting {
+            epoch,
+            heard,
+            needed,
+            reason,
+        },
+        Election::Refused {
+            epoch,
+            holder,
+            reason,
+        } => WitnessResponse::Refused {
+            epoch,
+            holder,
+            reason,
+        },
+    }
+}
+
+fn response_election(response: WitnessResponse) -> Result<Election, CoordError> {
+    match response {
+        WitnessResponse::Prepare { epoch } => Ok(Election::Prepare { epoch }),
+        WitnessResponse::Granted { epoch } => Ok(Election::Granted { epoch }),
+        WitnessResponse::Waiting {
+            epoch,
+            heard,
+            needed,
+            reason,
+        } => Ok(Election::Waiting {
+            epoch,
+            heard,
+            needed,
+            reason,
+        }),
+        WitnessResponse::Refused {
+            epoch,
+            holder,
+            reason,
+        } => Ok(Election::Refused {
+            epoch,
+            holder,
+            reason,
+        }),
+        other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
+    }
 }
 
 fn encode_claim(claim: &Claim) -> Vec<u8> {
@@ -435,6 +527,36 @@ impl Coordinator for WitnessClient {
 
     fn describe(&self) -> String {
         format!("witness tcp://{}", self.addr)
+    }
+
+    fn ask(&self, node: &str, seen_epoch: u64, needed: u32) -> Result<Election, CoordError> {
+        response_election(self.call(&WitnessRequest::Ask {
+            cluster: self.cluster.clone(),
+            node: node.to_owned(),
+            seen_epoch,
+            needed,
+        })?)
+    }
+
+    fn promise(
+        &self,
+        node: &str,
+        epoch: u64,
+        needed: u32,
+        report: &Report,
+    ) -> Result<Election, CoordError> {
+        response_election(self.call(&WitnessRequest::Promise {
+            cluster: self.cluster.clone(),
+            node: node.to_owned(),
+            epoch,
+            needed,
+            prefers_primary: report.prefers_primary,
+            positions: report
+                .positions
+                .iter()
+                .map(|p| (p.log.clone(), p.term, p.lsn))
+                .collect(),
+        })?)
     }
 }
 

@@ -448,6 +448,24 @@ pub struct ReplicationStatus {
     /// (its old primary has not rejoined yet); 0 while protected.
     #[serde(default)]
     pub unprotected_since_ms: u64,
+    /// A primary's standbys, each with its own streams (`--peer` given once per other node);
+    /// `peer` and `logs` above are the first one's. Empty on a standby.
+    #[serde(default)]
+    pub standbys: Vec<StandbyStatus>,
+    /// How many standbys must hold a record before `replicated` is acknowledged (`--replicas`;
+    /// 0 from a daemon that predates it, which has one standby).
+    #[serde(default)]
+    pub replicas: u32,
+}
+
+/// One standby of a primary: its address, whether every log's stream to it is up, whether one
+/// has heard nothing within the link's deadline, and each log's stream (what it acknowledged).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct StandbyStatus {
+    pub peer: String,
+    pub connected: bool,
+    pub stalled: bool,
+    pub logs: Vec<ReplicaStatus>,
 }
 
 /// The failover coordinator as a node sees it.

@@ -25,6 +25,25 @@ pub enum WitnessRequest {
     },
     /// Who holds which epoch now.
     Current { cluster: String },
+    /// Elections by promises (clusters of more than two nodes; a witness that predates them
+    /// cannot decode this and closes the connection, which the node reports): a standby that
+    /// has heard nothing from its primary asks for an election. `needed` is N − K.
+    Ask {
+        cluster: String,
+        node: String,
+        seen_epoch: u64,
+        needed: u32,
+    },
+    /// The node recorded `epoch` as seen and takes no older stream: its logs' positions
+    /// (name, term of the last record, last LSN).
+    Promise {
+        cluster: String,
+        node: String,
+        epoch: u64,
+        needed: u32,
+        prefers_primary: bool,
+        positions: Vec<(String, u64, u64)>,
+    },
 }
 
 /// The witness's answer.
@@ -53,5 +72,16 @@ pub enum WitnessResponse {
     /// The request could not be served (wrong cluster, the state file cannot be written).
     Error {
         message: String,
+    },
+    /// An election for `epoch` is open: record it, stop older streams, then `Promise`.
+    Prepare {
+        epoch: u64,
+    },
+    /// The promise is counted; the epoch is not granted yet.
+    Waiting {
+        epoch: u64,
+        heard: u32,
+        needed: u32,
+        reason: String,
     },
 }

@@ -119,6 +119,12 @@ pub struct DaemonConfig {
     /// Primary role: ship every open log to the standby listening here, and serve `replicated`
     /// and `all`. Loopback only until the replication stream runs over TLS.
     pub standby: Option<std::net::SocketAddr>,
+    /// More standbys beyond `standby` (`--peer` given several times): the primary ships to each
+    /// of them as to `standby`. The cluster has `1 + standbys().len()` nodes.
+    pub more_standbys: Vec<std::net::SocketAddr>,
+    /// How many standbys must hold a record before `replicated` is acknowledged (`--replicas`,
+    /// K of the N − 1 standbys; default 1). Elections then need N − K promises.
+    pub replicas: usize,
     /// Standby role: take the primary's streams here and mirror them into `dir/logs`.
     /// Loopback only until the replication stream runs over TLS.
     pub repl_listen: Option<std::net::SocketAddr>,
@@ -230,6 +236,8 @@ impl DaemonConfig {
             storage: Arc::new(StdStorage),
             handle_signals: false,
             standby: None,
+            more_standbys: Vec::new(),
+            replicas: 1,
             repl_listen: None,
             repl_insecure: false,
             node: "stela".to_owned(),
@@ -288,6 +296,7 @@ impl DaemonConfig {
                 ));
             }
         }
+        self.check_replicas()?;
         if let Some(failover) = &self.failover {
             if self.standby.is_none() || self.repl_listen.is_none() {
                 return Err(
@@ -318,6 +327,55 @@ impl DaemonConfig {
             );
         }
         self.check_tcp()
+    }
+
+    /// Every standby this primary ships to: `standby`, then `more_standbys`.
+    pub fn standbys(&self) -> Vec<std::net::SocketAddr> {
+        self.standby
+            .iter()
+            .chain(self.more_standbys.iter())
+            .copied()
+            .collect()
+    }
+
+    /// `--replicas K` must be between 1 and the number of standbys; more than one standby
+    /// needs the witness's elections by promises (etcd has them not yet), and every standby
+    /// the same transport rules as the first.
+    fn check_replicas(&self) -> Result<(), String> {
+        let standbys = self.standbys();
+        if self.more_standbys.is_empty() {
+            return if self.replicas == 1 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "--replicas {}: one standby can hold a record, so K must be 1",
+                    self.replicas
+                ))
+            };
+        }
+        if self.replicas == 0 || self.replicas > standbys.len() {
+            return Err(format!(
+                "--replicas {} must be between 1 and the number of --peer ({})",
+                self.replicas,
+                standbys.len()
+            ));
+        }
+        if let Some(addr) = self.more_standbys.iter().find(|a| {
+            !a.ip().is_loopback() && self.standby_tls.is_none() && !self.repl_insecure
+        }) {
+            return Err(format!(
+                "--peer {addr}: off loopback the replication stream needs TLS (--standby-ca), or,                  inside a private network, --repl-insecure"
+            ));
+        }
+        if let Some(failover) = &self.failover {
+            if failover.coordinator.starts_with("etcd://") {
+                return Err(format!(
+                    "{} nodes with etcd: elections by promises (which more than two nodes need to                      pick the most up-to-date standby) are built for the witness only; use                      `stela witness` (tcp://HOST:PORT) or run two nodes",
+                    standbys.len() + 1
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// TCP is never open without authentication by accident: it needs TLS with a way for

@@ -690,6 +690,8 @@ mod tests {
                 }),
                 last_failover: None,
                 unprotected_since_ms,
+                standbys: Vec::new(),
+                replicas: 1,
             }),
             ..StatusReport::default()
         }

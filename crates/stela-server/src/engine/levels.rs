@@ -6,7 +6,7 @@ use super::{Engine, ReleaseHook, Waiter};
 use crate::config::DaemonConfig;
 use crate::error::{Error, Result};
 use crate::pool::LogId;
-use crate::replication::Replication;
+use crate::replication::{Replicas, Replication};
 use crate::sync::lock;
 use std::sync::{Arc, Mutex, OnceLock};
 use stela_proto::Durability;
@@ -15,7 +15,7 @@ use stela_proto::Durability;
 /// standby, what `stela status` shows of the standby role, and how opens are kept apart.
 pub struct Availability {
     /// Shipping to the standby (`--standby`): what `replicated` and `all` wait for.
-    pub(super) replication: Option<Arc<Replication>>,
+    pub(super) replication: Option<Arc<Replicas>>,
     /// The standby role's streams, for `stela status` (`--repl-listen`).
     pub(super) standby_view: OnceLock<StandbyView>,
     /// This node's role and epoch (fixed by configuration, or by the failover coordinator).
@@ -53,41 +53,54 @@ fn replication(
     config: &DaemonConfig,
     node: &Arc<crate::cluster::Node>,
     hook: &Arc<OnceLock<ReleaseHook>>,
-) -> std::result::Result<Option<Arc<Replication>>, crate::error::StartError> {
-    let Some(standby) = config.standby else {
+) -> std::result::Result<Option<Arc<Replicas>>, crate::error::StartError> {
+    let standbys = config.standbys();
+    if standbys.is_empty() {
         return Ok(None);
-    };
+    }
     let hook = Arc::clone(hook);
     let released: crate::replication::Released = Arc::new(move || {
         if let Some(hook) = hook.get() {
             hook(false);
         }
     });
-    let tls = match &config.standby_tls {
-        None => None,
-        Some(files) => {
-            let host = config
-                .standby_name
-                .clone()
-                .unwrap_or_else(|| standby.ip().to_string());
-            Some(crate::replication::StandbyTls {
-                config: stela_net::tls::client_config(files)?,
-                name: stela_net::tls::server_name(&host)?,
-                token: config
-                    .standby_token_file
-                    .as_deref()
-                    .map(stela_net::tls::read_client_token)
-                    .transpose()?,
-            })
-        }
+    let mut peers = Vec::with_capacity(standbys.len());
+    for standby in standbys {
+        peers.push(Arc::new(Replication::new(
+            standby,
+            Arc::clone(node),
+            Arc::clone(&released),
+            config.degrade_after,
+            standby_tls(config, standby)?,
+        )));
+    }
+    Ok(Some(Arc::new(Replicas::new(peers, config.replicas))))
+}
+
+/// TLS to `standby`, if the configuration asks for it.
+///
+/// # Errors
+/// The TLS files do not load.
+fn standby_tls(
+    config: &DaemonConfig,
+    standby: std::net::SocketAddr,
+) -> std::result::Result<Option<crate::replication::StandbyTls>, crate::error::StartError> {
+    let Some(files) = &config.standby_tls else {
+        return Ok(None);
     };
-    Ok(Some(Arc::new(Replication::new(
-        standby,
-        Arc::clone(node),
-        released,
-        config.degrade_after,
-        tls,
-    ))))
+    let host = config
+        .standby_name
+        .clone()
+        .unwrap_or_else(|| standby.ip().to_string());
+    Ok(Some(crate::replication::StandbyTls {
+        config: stela_net::tls::client_config(files)?,
+        name: stela_net::tls::server_name(&host)?,
+        token: config
+            .standby_token_file
+            .as_deref()
+            .map(stela_net::tls::read_client_token)
+            .transpose()?,
+    }))
 }
 
 /// What `stela status` shows of the standby role.
@@ -208,14 +221,14 @@ impl Engine {
     }
 
     /// The primary's replication, if it has a standby.
-    pub fn replication(&self) -> Option<&Arc<Replication>> {
+    pub fn replication(&self) -> Option<&Arc<Replicas>> {
         self.ha.replication.as_ref()
     }
 }
 
 /// Registers `waiter` for the standby's acknowledgement of `lsn`, or calls it at once if that
 /// is already in, or cannot come.
-fn wait_received(replication: &Replication, log: LogId, lsn: u64, waiter: Waiter) {
+fn wait_received(replication: &Replicas, log: LogId, lsn: u64, waiter: Waiter) {
     let slot = Arc::new(Mutex::new(Some(waiter)));
     let registered = Arc::clone(&slot);
     let forward: Waiter = Box::new(move |outcome| {

@@ -281,7 +281,7 @@ impl Engine {
     /// Brings back from the standby what a crash took from this primary's copy of `name`.
     fn catch_up(
         &self,
-        replication: &crate::replication::Replication,
+        replication: &crate::replication::Replicas,
         name: &str,
         codec: &str,
         type_tag: &str,
@@ -647,9 +647,7 @@ impl Engine {
             }
         };
         let replication = self.ha.replication.as_ref();
-        let ours = replication.map(|r| r.standby_holder());
-        // The standby's hold as its acknowledgements stand now, not as its file last said.
-        let stored = replication.and_then(|r| r.standby_stored(entry.id));
+        let ours = replication.map_or_else(Vec::new, |r| r.standby_holders());
         let mut lowest = before;
         for hold in &holds {
             if let Some(why) = &hold.unreadable {
@@ -660,10 +658,13 @@ impl Engine {
                 // Only this primary's standby's hold counts: one left for another address, or
                 // on a daemon that now has no standby, stands for no one (that standby, if it
                 // ever comes back, begins its copy again).
-                if hold.holder != ours {
+                let Some(holder) = hold.holder.as_ref().filter(|h| ours.contains(h)) else {
                     tracing::debug!(log = %entry.name, holder = ?hold.holder, "a hold left for a standby this daemon does not ship to: not counted");
                     continue;
-                }
+                };
+                // The standby's hold as its acknowledgements stand now, not as its file last
+                // said.
+                let stored = replication.and_then(|r| r.standby_stored(holder, entry.id));
                 lsn = lsn.max(stored.unwrap_or(0));
                 if let Some(max) = self.config.standby_keep_max.filter(|_| lsn < lowest) {
                     let kept = self.bytes_from(entry, lsn);

@@ -35,14 +35,17 @@
 mod acks;
 mod hold;
 pub mod protection;
+mod replicas;
 mod reprotection;
 mod ship;
+mod tally;
 #[cfg(not(stela_loom))]
 pub mod standby;
 
 use acks::{fence, read_acks, read_acks_polled, release, AckInbox, AckReading};
 use hold::StandbyHold;
 use protection::{Protection, Registered};
+pub use replicas::Replicas;
 use reprotection::Reprotection;
 use ship::{header_for, ship_inline, ship_next, Live, Source, Step};
 
@@ -232,6 +235,7 @@ impl Policy {
 }
 
 /// What the shipper needs of a log.
+#[derive(Clone)]
 pub struct LogInfo {
     pub id: LogId,
     pub name: String,
@@ -296,25 +300,22 @@ impl Replication {
         self.tls.as_ref().and_then(|tls| tls.token.clone())
     }
 
-    /// Starts shipping `log` (once per open log) and returns the term its records get from now
-    /// on. The term is begun durably here, before the log takes an append: every start of a
-    /// primary is a new term, because records it lost in a crash may have been shipped and
-    /// their LSNs are given to new records now; the new term tells the two apart.
+    /// The term `log`'s records get from now on, begun durably here, before the log takes an
+    /// append (once per open log, for every standby together: [`replicas::Replicas::watch`]):
+    /// every start of a primary is a new term, because records it lost in a crash may have been
+    /// shipped and their LSNs are given to new records now; the new term tells the two apart.
+    /// Returns the term, the history as begun, and the first LSN of the term.
     ///
     /// # Errors
     /// The log's TERMS file cannot be read or written (the open fails: a record appended in no
     /// recorded term could not be told apart after a failover).
-    pub fn watch<W: Send + 'static>(
-        self: &Arc<Self>,
-        pool: &Arc<Pool<W>>,
-        log: LogInfo,
+    pub(crate) fn begin_term<W>(
+        &self,
+        pool: &Pool<W>,
+        log: &LogInfo,
         storage: Arc<dyn stela_wal::storage::Storage>,
-    ) -> Result<u64, String> {
-        let mut links = lock(&self.links);
-        if let Some(link) = links.get(&log.id) {
-            return Ok(lock(&link.state).term);
-        }
-        let mut terms = TermStore::open(Arc::clone(&storage), &log.dir)
+    ) -> Result<(u64, stela_format::term::TermHistory, u64), String> {
+        let mut terms = TermStore::open(storage, &log.dir)
             .map_err(|e| format!("the log's terms: {e}"))?;
         let (next, _) = pool.positions(log.id);
         let first = if terms.history().entries().is_empty() {
@@ -326,13 +327,36 @@ impl Replication {
         terms
             .begin(term, first)
             .map_err(|e| format!("recording the log's new term: {e}"))?;
+        Ok((term.0, terms.history().clone(), first))
+    }
+
+    /// The term `log` is shipped in to this standby, if it is shipped.
+    pub(crate) fn watching(&self, log: LogId) -> Option<u64> {
+        lock(&self.links).get(&log).map(|link| lock(&link.state).term)
+    }
+
+    /// Starts shipping `log` to this standby in `term` (begun by [`Replication::begin_term`],
+    /// with `history` and `first` as it left them).
+    pub(crate) fn watch_in<W: Send + 'static>(
+        self: &Arc<Self>,
+        pool: &Arc<Pool<W>>,
+        log: LogInfo,
+        storage: Arc<dyn stela_wal::storage::Storage>,
+        begun: (u64, stela_format::term::TermHistory, u64),
+    ) {
+        let (term, history, first) = begun;
+        let mut links = lock(&self.links);
+        if links.contains_key(&log.id) {
+            return;
+        }
+        let (next, _) = pool.positions(log.id);
         let link = Arc::new(Link {
             name: log.name.clone(),
             protection: Protection::new(),
             reprotection: Arc::clone(&self.reprotection),
             state: Mutex::new(LinkState {
-                term: term.0,
-                history: terms.history().clone(),
+                term,
+                history,
                 ..LinkState::default()
             }),
             appended: Condvar::new(),
@@ -350,7 +374,6 @@ impl Replication {
         links.insert(log.id, Arc::clone(&link));
         let mut hold = StandbyHold::open(storage, log.dir.clone(), self.standby.to_string(), first);
         let (me, pool) = (Arc::clone(self), Arc::clone(pool));
-        let term = term.0;
         let spawned = std::thread::Builder::new()
             .name(format!("stela-ship-{}", log.id))
             .spawn(move || me.ship_log(&pool, &link, &log, term, &mut hold));
@@ -364,7 +387,6 @@ impl Replication {
                 tracing::error!(%error, "could not start a shipper thread; replicated commits of this log will wait")
             }
         }
-        Ok(term)
     }
 
     /// The term a log at `current` gets when this primary opens it: the next one, within this
@@ -762,6 +784,8 @@ impl Replication {
             coordinator,
             last_failover,
             unprotected_since_ms,
+            standbys: Vec::new(),
+            replicas: 0,
         }
     }
 

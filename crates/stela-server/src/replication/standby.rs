@@ -249,6 +249,8 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
         coordinator,
         last_failover,
         unprotected_since_ms,
+        standbys: Vec::new(),
+        replicas: 0,
     }
 }
 
