@@ -9,6 +9,8 @@
 //! - `two_faults_lose_nothing`: a smoke run (SIGKILL of the primary, then the pair cut off from
 //!   each other): no acknowledged record lost, no acknowledgement from a deposed primary.
 //! - `a_black_hole_and_a_restart_without_the_witness_keep_one_primary`: two of issue 52's kinds.
+//! - `three_nodes_fail_over_and_a_lone_node_acknowledges_nothing`: `--nodes 3`, three faults,
+//!   every node's final log checked.
 //! - `every_kind_twice` (ignored: about three minutes): every kind of fault twice, issue 52's
 //!   overlapping ones included.
 //!
@@ -331,6 +333,66 @@ fn a_black_hole_and_a_restart_without_the_witness_keep_one_primary() {
     assert_eq!(summary["old_came_up_primary"], 0, "{summary}");
     assert_eq!(summary["resolution_wrong"], 0, "{summary}");
     assert_eq!(summary["unresolved"], 0, "{summary}");
+}
+
+/// Three nodes (each the others' `--peer`, K = 1): a failover, a black-holed link to one
+/// standby, and a standby then the primary killed, which leaves one node that must not be
+/// elected, nor acknowledge a commit begun meanwhile. Fails (the run exits non-zero) where
+/// the daemon cannot run three nodes.
+#[test]
+fn three_nodes_fail_over_and_a_lone_node_acknowledges_nothing() {
+    let (faults, summary) = failover_run(
+        &[
+            "--nodes",
+            "3",
+            "--faults",
+            "3",
+            "--kinds",
+            "kill-primary,black-hole,kill-standby-then-primary",
+            "--settle-ms",
+            "500",
+            "--fault-ms",
+            "1000",
+        ],
+        Duration::from_secs(150),
+    );
+    assert_eq!(summary["nodes"], 3, "{summary}");
+    let kinds: Vec<&str> = faults
+        .iter()
+        .map(|f| f["fault"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["kill-primary", "black-hole", "kill-standby-then-primary"]
+    );
+    assert_eq!(faults[0]["failovers"], 1, "{faults:?}");
+    assert_eq!(faults[1]["failovers"], 0, "{faults:?}");
+    assert!(faults[2]["failovers"].as_u64() >= Some(1), "{faults:?}");
+    assert_eq!(faults[2]["acked_alone"], 0, "{faults:?}");
+    assert!(
+        faults.iter().all(|f| f["acked"].as_u64() > Some(0)),
+        "{faults:?}"
+    );
+    for zero in [
+        "lost",
+        "double_primary",
+        "double_primary_logs",
+        "old_came_up_primary",
+        "acked_alone",
+        "resolution_wrong",
+        "unresolved",
+        "standby_mismatch",
+    ] {
+        assert_eq!(summary[zero], 0, "{zero}: {summary}");
+    }
+    let checks = summary["node_checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 3, "{summary}");
+    assert!(
+        checks
+            .iter()
+            .all(|c| c["acked_missing"] == 0 && c["mismatch"] == 0),
+        "{summary}"
+    );
 }
 
 #[test]

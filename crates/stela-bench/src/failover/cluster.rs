@@ -100,6 +100,8 @@ pub enum Role {
 pub struct Node {
     pub name: &'static str,
     pub host: Host,
+    /// Its replication address, as the other nodes' `--peer` (and a primary's status) name it.
+    pub repl: String,
     pub dir: PathBuf,
     log: PathBuf,
     args: Vec<String>,
@@ -179,6 +181,7 @@ impl Node {
         Node {
             name,
             host,
+            repl: format!("{own}:{REPL_PORT}"),
             log: base.join(format!("{name}.log")),
             dir,
             args,
@@ -348,22 +351,51 @@ pub fn epoch(report: &StatusReport) -> u64 {
     report.replication.as_ref().map_or(0, |r| r.epoch)
 }
 
-/// Bytes of log the node shipped between two of its reports. A log's counter starts again at 0
-/// with each shipping term (the primary begins a new term for a log when a standby connects
-/// anew): a log whose term changed, or that `before` did not list, counts all of `after`'s.
+/// Bytes of log the node shipped between two of its reports, to every standby. A log's
+/// counter starts again at 0 with each shipping term (the primary begins a new term for a log
+/// when a standby connects anew): a log whose term changed, or that `before` did not list,
+/// counts all of `after`'s.
 pub fn shipped_since(before: &StatusReport, after: &StatusReport) -> u64 {
-    fn logs(report: &StatusReport) -> &[stela_proto::ReplicaStatus] {
-        report.replication.as_ref().map_or(&[], |r| &r.logs)
-    }
-    logs(after)
-        .iter()
-        .map(|now| {
-            let then = logs(before)
+    shipped_to(before, after, None)
+}
+
+/// [`shipped_since`], to the standby at `peer` only (its replication address, as the primary
+/// names it) where given.
+pub fn shipped_to(before: &StatusReport, after: &StatusReport, peer: Option<&str>) -> u64 {
+    let earlier = standby_streams(before);
+    standby_streams(after)
+        .into_iter()
+        .filter(|(to, _)| peer.is_none_or(|peer| peer == *to))
+        .flat_map(|(to, logs)| {
+            let then_logs = earlier
                 .iter()
-                .find(|l| l.log == now.log && l.term == now.term);
-            now.shipped_bytes - then.map_or(0, |then| then.shipped_bytes.min(now.shipped_bytes))
+                .find(|(from, _)| *from == to)
+                .map_or(&[][..], |(_, logs)| *logs);
+            logs.iter().map(move |now| {
+                let then = then_logs
+                    .iter()
+                    .find(|l| l.log == now.log && l.term == now.term);
+                now.shipped_bytes - then.map_or(0, |then| then.shipped_bytes.min(now.shipped_bytes))
+            })
         })
         .sum()
+}
+
+/// Each standby a primary reports, by its address, with its streams: `standbys` where the
+/// daemon lists them, else (one standby) `peer` and `logs`.
+fn standby_streams(report: &StatusReport) -> Vec<(&str, &[ReplicaStatus])> {
+    let Some(replication) = &report.replication else {
+        return Vec::new();
+    };
+    if replication.standbys.is_empty() {
+        vec![(replication.peer.as_str(), &replication.logs[..])]
+    } else {
+        replication
+            .standbys
+            .iter()
+            .map(|s| (s.peer.as_str(), &s.logs[..]))
+            .collect()
+    }
 }
 
 /// Whether a primary is protected again: it names a coordinator it reaches, acknowledges
@@ -374,18 +406,18 @@ pub fn protected(report: &StatusReport) -> bool {
 }
 
 /// The client log's streams a primary reports, one per standby it ships to.
-pub fn log_streams<'a>(report: &'a StatusReport) -> impl Iterator<Item = &'a ReplicaStatus> + 'a {
-    report
-        .replication
-        .iter()
-        .flat_map(|r| r.logs.iter())
-        .filter(|l| l.log == LOG)
+pub fn log_streams(report: &StatusReport) -> Vec<&ReplicaStatus> {
+    standby_streams(report)
+        .into_iter()
+        .filter_map(|(_, logs)| logs.iter().find(|l| l.log == LOG))
+        .collect()
 }
 
 /// How many standbys hold the client's log caught up on this primary: stream connected, not
 /// stopped, at most a few records behind.
 pub fn caught_up_standbys(report: &StatusReport) -> usize {
     log_streams(report)
+        .into_iter()
         .filter(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
         .count()
 }
@@ -399,7 +431,7 @@ pub fn fully_protected(report: &StatusReport, standbys: usize) -> bool {
 /// Whether every standby the primary ships the client's log to holds all of it (no record
 /// behind), and it ships to `standbys` of them.
 pub fn every_standby_holds_all(report: &StatusReport, standbys: usize) -> bool {
-    let streams: Vec<_> = log_streams(report).collect();
+    let streams = log_streams(report);
     streams.len() >= standbys && streams.iter().all(|l| l.connected && l.lag_records == 0)
 }
 
@@ -635,13 +667,15 @@ impl Client {
 /// out).
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("({e})"));
-    // A daemon logs every connection; those of the harness's and the followers' status polls
-    // (one every few tens of milliseconds) would fill any tail.
+    // A daemon logs every connection (and every client's authentication); those of the
+    // harness's and the followers' status polls, and the client's reconnections (one every few
+    // tens of milliseconds), would fill any tail.
     let all: Vec<&str> = text
         .lines()
         .filter(|line| {
             !line.contains("stela_server::net: connection accepted")
                 && !line.contains("stela_server::net: connection closed")
+                && !line.contains("stela_server::net: TCP client authenticated")
         })
         .collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -733,5 +767,39 @@ mod tests {
         }
         assert!(!protected(&away));
         assert_eq!((role(&away), epoch(&away)), ("primary", 2));
+    }
+
+    #[test]
+    fn a_primary_of_three_nodes_is_read_per_standby() {
+        let standby = |peer: &str, replica: ReplicaStatus| stela_proto::StandbyStatus {
+            peer: peer.into(),
+            connected: replica.connected,
+            stalled: false,
+            logs: vec![replica],
+        };
+        let mut three = report("primary", 0, vec![replica(true, 3)]);
+        let mut far = replica(true, 5000);
+        far.shipped_bytes = 100;
+        if let Some(r) = three.replication.as_mut() {
+            r.standbys = vec![standby("b:7601", replica(true, 3)), standby("c:7601", far)];
+        }
+        // Both streams are seen, not only the first (which `logs` repeats).
+        assert_eq!(log_streams(&three).len(), 2);
+        assert_eq!(caught_up_standbys(&three), 1);
+        assert!(fully_protected(&three, 1));
+        assert!(!fully_protected(&three, 2));
+        assert!(!every_standby_holds_all(&three, 2));
+        // Shipped to each standby, or to both.
+        let before = StatusReport::default();
+        assert_eq!(shipped_to(&before, &three, Some("b:7601")), 4000);
+        assert_eq!(shipped_to(&before, &three, Some("c:7601")), 100);
+        assert_eq!(shipped_since(&before, &three), 4100);
+        assert_eq!(shipped_to(&three, &three, None), 0);
+        // A daemon listing no standbys: its one standby from `logs`.
+        let pair = report("primary", 0, vec![replica(true, 0)]);
+        assert_eq!(log_streams(&pair).len(), 1);
+        assert!(every_standby_holds_all(&pair, 1));
+        assert_eq!(shipped_to(&before, &pair, Some("10.231.1.2:7601")), 4000);
+        assert_eq!(shipped_to(&before, &pair, Some("elsewhere:7601")), 0);
     }
 }

@@ -38,8 +38,8 @@ use crate::netns::{pause, poll_within, sibling, wait_within};
 use analysis::FaultWindow;
 use anyhow::Context;
 use cluster::{
-    epoch, every_standby_holds_all, fully_protected, log_positions, role, shipped_since, tail,
-    Client, Cluster, Role, Timing,
+    epoch, every_standby_holds_all, fully_protected, log_positions, role, shipped_to, tail, Client,
+    Cluster, Role, Timing,
 };
 use events::{mono_ms, LOG};
 use rustix::process::Signal;
@@ -1017,7 +1017,13 @@ fn inject(
         recovered_ms,
         epoch_before,
         epoch_after: epoch(&report),
-        reprotect_bytes: (primary == shipping).then(|| shipped_since(&now, &report)),
+        // To the node that rejoins or was hit, where it is a standby now (the other standby's
+        // live records are no part of its reprotection).
+        reprotect_bytes: (primary == shipping).then(|| {
+            let hit = rejoin.unwrap_or(s);
+            let peer = (hit != primary).then(|| cluster.nodes[hit].repl.as_str());
+            shipped_to(&now, &report, peer)
+        }),
         reprotect_need,
         log_lsn,
         old_primary_exit,
