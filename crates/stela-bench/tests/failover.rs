@@ -11,6 +11,8 @@
 //! - `a_black_hole_and_a_restart_without_the_witness_keep_one_primary`: two of issue 52's kinds.
 //! - `three_nodes_fail_over_and_a_lone_node_acknowledges_nothing`: `--nodes 3`, three faults,
 //!   every node's final log checked.
+//! - `replicated_runs_against_a_cluster_of_three`: `stela-bench replicated --nodes 3` commits at
+//!   both levels (no timing asserted).
 //! - `every_kind_twice` (ignored: about three minutes): every kind of fault twice, issue 52's
 //!   overlapping ones included.
 //!
@@ -369,6 +371,7 @@ fn three_nodes_fail_over_and_a_lone_node_acknowledges_nothing() {
     assert_eq!(faults[1]["failovers"], 0, "{faults:?}");
     assert!(faults[2]["failovers"].as_u64() >= Some(1), "{faults:?}");
     assert_eq!(faults[2]["acked_alone"], 0, "{faults:?}");
+    assert_eq!(faults[2]["alone_primary"], 0, "{faults:?}");
     assert!(
         faults.iter().all(|f| f["acked"].as_u64() > Some(0)),
         "{faults:?}"
@@ -378,6 +381,7 @@ fn three_nodes_fail_over_and_a_lone_node_acknowledges_nothing() {
         "double_primary",
         "double_primary_logs",
         "old_came_up_primary",
+        "alone_primary",
         "acked_alone",
         "resolution_wrong",
         "unresolved",
@@ -393,6 +397,39 @@ fn three_nodes_fail_over_and_a_lone_node_acknowledges_nothing() {
             .all(|c| c["acked_missing"] == 0 && c["mismatch"] == 0),
         "{summary}"
     );
+}
+
+/// `stela-bench replicated --nodes 3`: both levels committed against the primary of a failover
+/// cluster of three (its `replicated` commits acknowledged once a standby holds them). Checks
+/// that it runs and commits at both levels, not how fast (that is the benchmark's to say).
+#[test]
+fn replicated_runs_against_a_cluster_of_three() {
+    let out = stela_bench_within(
+        &[
+            "replicated",
+            "--nodes",
+            "3",
+            "--json",
+            "--clients",
+            "1",
+            "--duration",
+            "0.3",
+            "--repeats",
+            "1",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let row: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert_eq!(row["clients"], 1, "{row}");
+    for key in [
+        "buffered_commits_per_s",
+        "replicated_commits_per_s",
+        "rtt_us",
+    ] {
+        assert!(row[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {row}");
+    }
 }
 
 #[test]

@@ -270,6 +270,10 @@ pub struct FaultRow {
     /// a second came back; must be 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acked_alone: Option<u64>,
+    /// kill-standby-then-primary: status samples of the node left alone saying it is primary
+    /// (must be 0: one node of three is no majority).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alone_primary: Option<u64>,
     /// Epochs the cluster went through during the fault (each is one promotion).
     pub failovers: u64,
     /// The faults that must not fail over: the longest wait of a `replicated` commit waiting
@@ -362,10 +366,12 @@ pub struct Summary {
     /// run every standby is caught up before it is stopped, so each must hold all of them),
     /// and LSNs it holds with another record than the final primary (null: unreadable).
     pub node_checks: Vec<NodeCheck>,
-    /// Status samples in which a node said it was primary where it must not be: an old
-    /// primary restarted while the witness was down (witness-down-restart-old), or the one node
-    /// left up (kill-standby-then-primary).
+    /// Status samples in which an old primary restarted while the witness was down said it
+    /// was primary.
     pub old_came_up_primary: u64,
+    /// Status samples in which the one node left up of three (kill-standby-then-primary) said
+    /// it was primary: no majority elected it.
+    pub alone_primary: u64,
     /// Per kind of fault.
     pub kinds: Vec<KindRow>,
     /// LSNs the final standby holds with another record than the primary (null: its log could
@@ -401,9 +407,10 @@ struct FaultRun {
     /// The primary's last LSN of the client's log once protected again.
     log_lsn: u64,
     old_primary_exit: Option<Option<i32>>,
-    /// witness-down-restart-old: samples of the restarted old primary saying it is primary;
-    /// kill-standby-then-primary: of the node left alone saying so.
+    /// witness-down-restart-old: samples of the restarted old primary saying it is primary.
     old_came_up_primary: u64,
+    /// kill-standby-then-primary: samples of the node left alone saying it is primary.
+    alone_primary: u64,
     /// kill-then-kill-new, kill-standby-then-primary: from when at most one node was up to
     /// when a second was started again.
     alone: Option<(f64, f64)>,
@@ -726,6 +733,7 @@ fn run_in(
         nodes: cluster.nodes.len(),
         node_checks: node_checks.clone(),
         old_came_up_primary: runs.iter().map(|r| r.old_came_up_primary).sum(),
+        alone_primary: runs.iter().map(|r| r.alone_primary).sum(),
         kinds: kind_rows(&rows),
         standby_mismatch: node_checks.iter().map(|c| c.mismatch).sum::<Option<u64>>(),
         reprotect_over_need: rows
@@ -825,6 +833,8 @@ fn fault_rows(
             acked_alone: run
                 .alone
                 .map(|(from, until)| analysis::begun_and_acked_within(events, from, until)),
+            alone_primary: (run.kind == FaultKind::KillStandbyThenPrimary)
+                .then_some(run.alone_primary),
             failovers: run.epoch_after.saturating_sub(run.epoch_before),
             blocked_ms: (!run.kind.expects_failover()).then(|| round(facts[i].blocked_ms)),
             reprotect_bytes: run.reprotect_bytes,
@@ -1029,6 +1039,7 @@ fn inject(
         old_primary_exit,
         old_came_up_primary: 0,
         alone: None,
+        alone_primary: 0,
     })
 }
 
@@ -1186,7 +1197,7 @@ fn print_kinds(out: &mut dyn Write, summary: &Summary) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "checker (seed {}): {} acknowledged, {} lost; {} answered Unprotected; {} in doubt: {} resolved Kept, {} Lost, {} unresolved; wrong resolutions {} (Kept absent {}, Lost present {}); double primary {} (client-seen {}, status samples with two primaries of one epoch {}, epochs the nodes' and the witness's logs give two holders {}, samples of a node saying it is primary where it must not be: restarted while the witness was down, or left alone {}); commits begun and acknowledged while at most one node was up {}",
+        "checker (seed {}): {} acknowledged, {} lost; {} answered Unprotected; {} in doubt: {} resolved Kept, {} Lost, {} unresolved; wrong resolutions {} (Kept absent {}, Lost present {}); double primary {} (client-seen {}, status samples with two primaries of one epoch {}, epochs the nodes' and the witness's logs give two holders {}, old primary up as primary while the witness was down {}); samples of the one node left up of three saying it is primary {}; commits begun and acknowledged while at most one node was up {}",
         summary.seed,
         summary.acked,
         summary.lost,
@@ -1206,6 +1217,7 @@ fn print_kinds(out: &mut dyn Write, summary: &Summary) -> anyhow::Result<()> {
         summary.double_primary_status,
         summary.double_primary_logs,
         summary.old_came_up_primary,
+        summary.alone_primary,
         summary.acked_alone
     )?;
     Ok(())

@@ -165,8 +165,9 @@ pub(super) fn inject(
         reprotect_need: None,
         log_lsn,
         old_primary_exit: None,
-        old_came_up_primary: old_came_up_primary + alone_primary,
+        old_came_up_primary,
         alone,
+        alone_primary,
     })
 }
 
