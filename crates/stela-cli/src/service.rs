@@ -199,7 +199,7 @@ pub struct ServeArgs {
     pub peer: Vec<std::net::SocketAddr>,
     /// How many standbys must hold a record before a `replicated` commit is acknowledged (K of
     /// the N − 1 standbys); elections then need N − K nodes' promises. Default 1.
-    #[arg(long, value_name = "K", default_value_t = 1)]
+    #[arg(long, value_name = "K", default_value_t = config::REPLICAS)]
     pub replicas: usize,
     /// With --coordinator: the pair's name at the coordinator.
     #[arg(long, default_value = "stela")]
@@ -646,6 +646,21 @@ fn health_problems(report: &StatusReport) -> Vec<String> {
             );
         }
     }
+    // The first standby's streams are `logs` (below); the others' are listed here.
+    for standby in report
+        .replication
+        .iter()
+        .flat_map(|r| r.standbys.iter().skip(1))
+    {
+        if !standby.connected {
+            problems.push(format!("standby {} is not connected", standby.peer));
+        } else if standby.stalled {
+            problems.push(format!(
+                "standby {} has acknowledged nothing past the link's deadline",
+                standby.peer
+            ));
+        }
+    }
     for log in report.replication.iter().flat_map(|r| &r.logs) {
         if let Some(why) = &log.stopped {
             problems.push(format!(
@@ -845,6 +860,37 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
                 coordinator.holder.as_deref().unwrap_or("nobody"),
                 coordinator.epoch
             )?;
+        }
+        if replication.standbys.len() > 1 {
+            writeln!(
+                out,
+                "  {} standbys; replicated waits for {} of them",
+                replication.standbys.len(),
+                replication.replicas
+            )?;
+            for standby in &replication.standbys {
+                let acked: Vec<String> = standby
+                    .logs
+                    .iter()
+                    .map(|l| format!("{} up to LSN {}", l.log, l.received_lsn))
+                    .collect();
+                writeln!(
+                    out,
+                    "  standby {}: {}{}; holds {}",
+                    standby.peer,
+                    if standby.connected {
+                        "connected"
+                    } else {
+                        "NOT CONNECTED"
+                    },
+                    if standby.stalled { ", STALLED" } else { "" },
+                    if acked.is_empty() {
+                        "nothing yet".to_owned()
+                    } else {
+                        acked.join(", ")
+                    }
+                )?;
+            }
         }
         if let Some(failover) = &replication.last_failover {
             writeln!(

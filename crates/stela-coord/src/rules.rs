@@ -217,7 +217,9 @@ pub fn promise(
         Some(holder) if holder == node => return (Election::Granted { epoch }, None),
         Some(holder) => {
             return (
-                refused(format!("epoch {epoch} went to {holder}, at least as up to date")),
+                refused(format!(
+                    "epoch {epoch} went to {holder}, at least as up to date"
+                )),
                 None,
             )
         }
@@ -239,7 +241,10 @@ pub fn promise(
         reason,
     };
     if heard < ballot.needed {
-        return (waiting(format!("{heard} of {} promises", ballot.needed)), None);
+        return (
+            waiting(format!("{heard} of {} promises", ballot.needed)),
+            None,
+        );
     }
     match elect(&ballot.promises) {
         Err(why) => (waiting(why), None),
@@ -454,16 +459,32 @@ mod tests {
         let (answer, opened) = ask(&claim, "c", 1, LEASE, LEASE);
         assert_eq!(answer, Election::Prepare { epoch: 2 });
         let claim = opened.unwrap();
-        assert_eq!(claim, Claim { epoch: 2, holder: None });
+        assert_eq!(
+            claim,
+            Claim {
+                epoch: 2,
+                holder: None
+            }
+        );
         // An old-style promotion is refused while it is open.
-        assert!(matches!(promote(&claim, "c", 2, LEASE, LEASE), (Grant::Refused { .. }, None)));
+        assert!(matches!(
+            promote(&claim, "c", 2, LEASE, LEASE),
+            (Grant::Refused { .. }, None)
+        ));
         // The behind standby promises first, preferring to be primary: not enough promises.
         let mut ballot = Ballot::default();
         let behind = report(&[("x", 1 << 32 | 1, 90)], true);
         let ahead = report(&[("x", 1 << 32 | 1, 100)], false);
         assert!(matches!(
             promise(&claim, &mut ballot, "c", 2, 2, &behind),
-            (Election::Waiting { heard: 1, needed: 2, .. }, None)
+            (
+                Election::Waiting {
+                    heard: 1,
+                    needed: 2,
+                    ..
+                },
+                None
+            )
         ));
         // The up-to-date one promises: granted to it, not to the one that asked first.
         let (answer, granted) = promise(&claim, &mut ballot, "b", 2, 2, &ahead);
@@ -476,15 +497,35 @@ mod tests {
         ));
         // Nobody covers the other (ahead on different logs): no grant yet.
         let mut ballot = Ballot::default();
-        let open = Claim { epoch: 3, holder: None };
+        let open = Claim {
+            epoch: 3,
+            holder: None,
+        };
         let one = report(&[("x", 5, 10), ("y", 5, 3)], false);
         let two = report(&[("x", 5, 8), ("y", 5, 4)], false);
         promise(&open, &mut ballot, "b", 3, 2, &one);
-        assert!(matches!(promise(&open, &mut ballot, "c", 3, 2, &two), (Election::Waiting { .. }, None)));
+        assert!(matches!(
+            promise(&open, &mut ballot, "c", 3, 2, &two),
+            (Election::Waiting { .. }, None)
+        ));
         // A tie goes to the preferred node.
         let mut ballot = Ballot::default();
-        promise(&open, &mut ballot, "b", 3, 2, &report(&[("x", 5, 10)], false));
-        let (answer, _) = promise(&open, &mut ballot, "c", 3, 2, &report(&[("x", 5, 10)], true));
+        promise(
+            &open,
+            &mut ballot,
+            "b",
+            3,
+            2,
+            &report(&[("x", 5, 10)], false),
+        );
+        let (answer, _) = promise(
+            &open,
+            &mut ballot,
+            "c",
+            3,
+            2,
+            &report(&[("x", 5, 10)], true),
+        );
         assert_eq!(answer, Election::Granted { epoch: 3 });
     }
 

@@ -232,8 +232,12 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
         } => {
             let (answer, new) = rules::ask(&held.claim, &node, seen_epoch, silent, state.lease);
             if let Some(new) = &new {
-                tracing::warn!(node, epoch = new.epoch, silent_ms = silent.as_millis() as u64,
-                    "witness: the primary is silent; an election by promises is open");
+                tracing::warn!(
+                    node,
+                    epoch = new.epoch,
+                    silent_ms = silent.as_millis() as u64,
+                    "witness: the primary is silent; an election by promises is open"
+                );
             }
             (election_response(answer), new)
         }
@@ -545,18 +549,20 @@ impl Coordinator for WitnessClient {
         needed: u32,
         report: &Report,
     ) -> Result<Election, CoordError> {
-        response_election(self.call(&WitnessRequest::Promise {
-            cluster: self.cluster.clone(),
-            node: node.to_owned(),
-            epoch,
-            needed,
-            prefers_primary: report.prefers_primary,
-            positions: report
-                .positions
-                .iter()
-                .map(|p| (p.log.clone(), p.term, p.lsn))
-                .collect(),
-        })?)
+        response_election(
+            self.call(&WitnessRequest::Promise {
+                cluster: self.cluster.clone(),
+                node: node.to_owned(),
+                epoch,
+                needed,
+                prefers_primary: report.prefers_primary,
+                positions: report
+                    .positions
+                    .iter()
+                    .map(|p| (p.log.clone(), p.term, p.lsn))
+                    .collect(),
+            })?,
+        )
     }
 }
 

@@ -36,7 +36,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use stela_coord::{CoordError, Coordinator, Grant, Renewal};
+use stela_coord::{CoordError, Coordinator, Election, Grant, Renewal, Report};
 use stela_format::term::Term;
 use stela_wal::storage::Storage;
 use stela_wal::TermStore;
@@ -50,6 +50,9 @@ const STEPPED_DOWN: u8 = 2;
 pub type PromoteHook = Box<dyn Fn(u64) + Send + Sync>;
 /// What happens when this primary learns of a newer epoch: stop and exit.
 pub type StepDownHook = Box<dyn Fn(String) + Send + Sync>;
+/// What a standby does before it promises an epoch (it has recorded the epoch already): end
+/// every stream it takes (each writes and syncs what it held), then say where each log ends.
+pub type PromiseHook = Box<dyn Fn() -> Result<Vec<stela_coord::LogPosition>, String> + Send + Sync>;
 
 /// A step of a stream's handshake in progress ([`Node::handshake_step`]).
 pub struct HandshakeStep<'a>(&'a Node);
@@ -91,6 +94,14 @@ pub struct Node {
     last_answer: Mutex<Option<Instant>>,
     on_promote: OnceLock<PromoteHook>,
     on_step_down: OnceLock<StepDownHook>,
+    on_promise: OnceLock<PromiseHook>,
+    /// The other nodes (`--peer` flags) and K (`--replicas`): with more than one other node,
+    /// elections are by promises and a promoted primary waits for K standbys.
+    peers: usize,
+    replicas: usize,
+    /// The epoch this node promised in an election by promises, with what it reported, until
+    /// the election is decided: its position cannot grow meanwhile (it takes no older stream).
+    promised: Mutex<Option<(u64, Report)>>,
     stopping: AtomicBool,
     /// Whether the threads every `replicated` acknowledgement passes through ask for realtime
     /// scheduling (the event loop's setting, `--no-realtime`; see `crate::sched`).
@@ -117,6 +128,9 @@ impl Node {
             }
             None => Ok(Node::fixed(&config.node, NodeRole::Primary)),
         }?;
+        let mut node = node;
+        node.peers = config.standbys().len().max(1);
+        node.replicas = config.replicas.clamp(1, node.peers);
         node.realtime_threads
             .store(config.realtime_loop, Ordering::Relaxed);
         Ok(node)
@@ -188,6 +202,10 @@ impl Node {
             last_answer: Mutex::new(None),
             on_promote: OnceLock::new(),
             on_step_down: OnceLock::new(),
+            on_promise: OnceLock::new(),
+            peers: 1,
+            replicas: 1,
+            promised: Mutex::new(None),
             stopping: AtomicBool::new(false),
             realtime_threads: AtomicBool::new(false),
         }
@@ -308,6 +326,21 @@ impl Node {
         let _ = self.on_step_down.set(hook);
     }
 
+    /// Installs what a standby does before it promises an epoch (the server).
+    pub fn on_promise(&self, hook: PromiseHook) {
+        let _ = self.on_promise.set(hook);
+    }
+
+    /// Whether elections are by promises: more than two nodes.
+    pub fn elects_by_promises(&self) -> bool {
+        self.clustered && self.peers > 1
+    }
+
+    /// Promises an election needs: N − K.
+    fn promises_needed(&self) -> u32 {
+        (self.peers + 1 - self.replicas) as u32
+    }
+
     /// A newer epoch exists: stop being primary at once (once).
     pub fn step_down(&self, why: String) {
         if !self.clustered {
@@ -425,7 +458,14 @@ impl Node {
                             "the coordinator names another primary: starting as its standby"
                         );
                     }
-                    None if self.prefers_primary => self.claim_first_grant(coordinator),
+                    // With elections by promises, only a new cluster's first epoch is asked
+                    // for so; an open election (no holder, a later epoch) is joined by
+                    // promising once the primary is silent (`run`).
+                    None if self.prefers_primary
+                        && (!self.elects_by_promises() || holder.epoch == 0) =>
+                    {
+                        self.claim_first_grant(coordinator)
+                    }
                     None => {}
                 }
             }
@@ -469,13 +509,19 @@ impl Node {
     /// seen without holding it (it followed another node's stream in it): a node never
     /// acknowledges in an epoch older than one it has seen, and never shares one.
     fn take_grant(&self, epoch: u64) -> Result<(), String> {
+        // An epoch this node promised (and followed no one in) is one it may take: it saw it
+        // only as a candidate, and the coordinator grants it to one node. Read before the
+        // store's lock, which `accept_stream` takes under `followed`.
+        let promised = lock(&self.promised).as_ref().map(|(e, _)| *e);
+        let followed = lock(&self.followed).as_ref().map(|(e, _)| *e);
+        let promised_here = promised == Some(epoch) && followed != Some(epoch);
         let mut store = lock(&self.store);
         let Some(store) = store.as_mut() else {
             return Err("a node without a coordinator holds no grant".into());
         };
         let ours = self.epoch();
         let held = store.history().last_term() == Term(epoch);
-        if epoch == 0 || epoch < ours || (epoch == ours && !held) {
+        if epoch == 0 || epoch < ours || (epoch == ours && !held && !promised_here) {
             return Err(format!(
                 "epoch {epoch} cannot be this node's: it has seen epoch {ours}{}",
                 if epoch == ours {
@@ -529,6 +575,9 @@ impl Node {
         }
         self.observe_epoch(epoch)?;
         *followed = Some((epoch, primary.to_owned()));
+        drop(followed);
+        // An election this node promised in is decided: its winner ships now.
+        lock(&self.promised).take_if(|(promised, _)| *promised <= epoch);
         Ok(())
     }
 
@@ -572,6 +621,10 @@ impl Node {
                         }
                         continue;
                     }
+                    if self.elects_by_promises() {
+                        self.elect(coordinator, silent, &mut refused_logged);
+                        continue;
+                    }
                     match coordinator.promote(&self.name, self.epoch()) {
                         Ok(Grant::Granted { epoch }) => {
                             self.answered(&describe, epoch, Some(self.name.clone()));
@@ -601,6 +654,123 @@ impl Node {
         }
     }
 
+    /// One step of an election by promises (more than two nodes), once the primary has been
+    /// silent for the suspicion period: ask for an election, or promise again the epoch this
+    /// node promised (with what it reported then), and act on the answer.
+    fn elect(&self, coordinator: &dyn Coordinator, silent: Duration, logged: &mut bool) {
+        let describe = coordinator.describe();
+        let needed = self.promises_needed();
+        let promised = lock(&self.promised)
+            .clone()
+            .filter(|(epoch, _)| *epoch >= self.epoch());
+        let answer = match &promised {
+            Some((epoch, report)) => coordinator.promise(&self.name, *epoch, needed, report),
+            None => coordinator.ask(&self.name, self.epoch(), needed),
+        };
+        let answer = match answer {
+            Ok(Election::Prepare { epoch }) => match self.make_promise(epoch) {
+                Ok(report) => coordinator.promise(&self.name, epoch, needed, &report),
+                Err(why) => {
+                    tracing::error!(
+                        epoch,
+                        why,
+                        "cannot promise the epoch: this node takes no part in the election"
+                    );
+                    return;
+                }
+            },
+            other => other,
+        };
+        match answer {
+            Err(error) => self.unreachable(&describe, &error),
+            Ok(answer) => self.election_answer(&describe, answer, silent, logged),
+        }
+    }
+
+    /// Records `epoch` as seen (durably, before anything is reported: from now on this node
+    /// takes no stream of an older epoch), ends the streams it takes (each writes and syncs
+    /// what it held), and reads where each log ends: what it promises with. Its position
+    /// cannot grow after this but by the stream of the epoch's winner.
+    fn make_promise(&self, epoch: u64) -> Result<Report, String> {
+        self.observe_epoch(epoch)?;
+        let positions = match self.on_promise.get() {
+            Some(hook) => hook()?,
+            None => return Err("no way to read this node's positions".into()),
+        };
+        let report = Report {
+            positions,
+            prefers_primary: self.prefers_primary,
+        };
+        tracing::warn!(epoch, positions = ?report.positions, "promised the epoch to the coordinator");
+        *lock(&self.promised) = Some((epoch, report.clone()));
+        Ok(report)
+    }
+
+    fn election_answer(
+        &self,
+        describe: &str,
+        answer: Election,
+        silent: Duration,
+        logged: &mut bool,
+    ) {
+        match answer {
+            Election::Granted { epoch } => {
+                self.answered(describe, epoch, Some(self.name.clone()));
+                self.promote(epoch, silent);
+                *logged = false;
+            }
+            Election::Waiting {
+                epoch,
+                heard,
+                needed,
+                reason,
+            } => {
+                self.answered(describe, epoch, None);
+                if !*logged {
+                    tracing::warn!(
+                        epoch,
+                        heard,
+                        needed,
+                        reason,
+                        "the election waits for more promises"
+                    );
+                    *logged = true;
+                }
+            }
+            Election::Refused {
+                epoch,
+                holder,
+                reason,
+            } => {
+                self.answered(describe, epoch, holder.clone());
+                let decided = holder.as_deref().is_some_and(|h| h != self.name);
+                let open = holder.is_none()
+                    && lock(&self.promised)
+                        .as_ref()
+                        .is_some_and(|(e, _)| *e == epoch);
+                if decided || !open {
+                    // Another node won (its stream comes next: the suspicion clock restarts),
+                    // or the election moved on: ask again next time.
+                    *lock(&self.promised) = None;
+                    if decided {
+                        self.heard_from_primary();
+                    }
+                }
+                if !*logged {
+                    tracing::warn!(
+                        silent_ms = silent.as_millis() as u64,
+                        reason,
+                        "the primary is silent, but the coordinator does not grant this node"
+                    );
+                    *logged = true;
+                }
+            }
+            Election::Prepare { epoch } => {
+                tracing::warn!(epoch, "the coordinator asked for a promise again");
+            }
+        }
+    }
+
     /// Becomes the primary of `epoch`: records it, stops the streams (everything held is
     /// written), then takes clients.
     fn promote(&self, epoch: u64, silent: Duration) {
@@ -615,9 +785,12 @@ impl Node {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        if !self.after_failover_blocks {
+        // With more than two nodes the remaining standbys protect a promoted primary at once:
+        // its `replicated` commits wait for K of them, never answered from its memory alone.
+        if !self.after_failover_blocks && !self.elects_by_promises() {
             self.unprotected_since_ms.store(now_ms, Ordering::SeqCst);
         }
+        *lock(&self.promised) = None;
         let took = silent + started.elapsed();
         // The report before the role: a status that says primary also says how it became one
         // (read between the two, it said primary with no failover, and a test failed so).

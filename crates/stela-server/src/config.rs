@@ -195,6 +195,9 @@ pub enum AfterFailover {
     Block,
 }
 
+/// Default `--replicas`: one standby holds each `replicated` record.
+pub const REPLICAS: usize = 1;
+
 /// Default heartbeat and suspicion (docs/DAEMON.md).
 pub const HEARTBEAT: Duration = Duration::from_millis(50);
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(300);
@@ -237,7 +240,7 @@ impl DaemonConfig {
             handle_signals: false,
             standby: None,
             more_standbys: Vec::new(),
-            replicas: 1,
+            replicas: REPLICAS,
             repl_listen: None,
             repl_insecure: false,
             node: "stela".to_owned(),
@@ -360,9 +363,11 @@ impl DaemonConfig {
                 standbys.len()
             ));
         }
-        if let Some(addr) = self.more_standbys.iter().find(|a| {
-            !a.ip().is_loopback() && self.standby_tls.is_none() && !self.repl_insecure
-        }) {
+        if let Some(addr) = self
+            .more_standbys
+            .iter()
+            .find(|a| !a.ip().is_loopback() && self.standby_tls.is_none() && !self.repl_insecure)
+        {
             return Err(format!(
                 "--peer {addr}: off loopback the replication stream needs TLS (--standby-ca), or,                  inside a private network, --repl-insecure"
             ));

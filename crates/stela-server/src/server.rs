@@ -168,6 +168,16 @@ impl Server {
                 Arc::downgrade(&engine),
                 Arc::clone(&ship_all),
             );
+            {
+                let standby = standby.as_ref().map(Arc::downgrade);
+                let (dir, storage) = (config.dir.join("logs"), Arc::clone(&config.storage));
+                node.on_promise(Box::new(move || {
+                    if let Some(standby) = standby.as_ref().and_then(std::sync::Weak::upgrade) {
+                        standby.end_streams();
+                    }
+                    crate::replication::standby::log_positions(&dir, &storage)
+                }));
+            }
             node.on_promote(Box::new(move |_epoch| {
                 if let Some(standby) = standby_ref.as_ref().and_then(std::sync::Weak::upgrade) {
                     standby.end_streams();

@@ -38,9 +38,9 @@ pub mod protection;
 mod replicas;
 mod reprotection;
 mod ship;
-mod tally;
 #[cfg(not(stela_loom))]
 pub mod standby;
+mod tally;
 
 use acks::{fence, read_acks, read_acks_polled, release, AckInbox, AckReading};
 use hold::StandbyHold;
@@ -315,8 +315,8 @@ impl Replication {
         log: &LogInfo,
         storage: Arc<dyn stela_wal::storage::Storage>,
     ) -> Result<(u64, stela_format::term::TermHistory, u64), String> {
-        let mut terms = TermStore::open(storage, &log.dir)
-            .map_err(|e| format!("the log's terms: {e}"))?;
+        let mut terms =
+            TermStore::open(storage, &log.dir).map_err(|e| format!("the log's terms: {e}"))?;
         let (next, _) = pool.positions(log.id);
         let first = if terms.history().entries().is_empty() {
             1
@@ -332,7 +332,9 @@ impl Replication {
 
     /// The term `log` is shipped in to this standby, if it is shipped.
     pub(crate) fn watching(&self, log: LogId) -> Option<u64> {
-        lock(&self.links).get(&log).map(|link| lock(&link.state).term)
+        lock(&self.links)
+            .get(&log)
+            .map(|link| lock(&link.state).term)
     }
 
     /// Starts shipping `log` to this standby in `term` (begun by [`Replication::begin_term`],

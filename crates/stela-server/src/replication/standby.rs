@@ -212,6 +212,46 @@ impl Standby {
     }
 }
 
+/// Where each log under `logs` (the daemon's `DIR/logs`) ends: the term of its last record
+/// and its last LSN, as a node reports them when it promises an epoch. Read from the files
+/// (every segment is checked, as `stela wal verify` does): what this node holds, synced, once
+/// its streams have ended. A directory that holds no log yet counts as empty.
+///
+/// # Errors
+/// The directory cannot be listed, or a log's terms or segments cannot be read.
+pub fn log_positions(
+    logs: &Path,
+    storage: &Arc<dyn Storage>,
+) -> Result<Vec<stela_coord::LogPosition>, String> {
+    let names = match std::fs::read_dir(logs) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect::<Vec<_>>(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("listing {}: {e}", logs.display())),
+    };
+    let mut positions = Vec::with_capacity(names.len());
+    for log in names {
+        let dir = logs.join(&log);
+        let lsn = match stela_wal::tools::verify(&dir, storage.as_ref()) {
+            Ok(report) => match report.valid_prefix_end {
+                Some(end) => end.get().saturating_sub(1),
+                None => report.last_lsn.map_or(0, |l| l.get()),
+            },
+            Err(stela_wal::Error::NotALog { .. }) => 0,
+            Err(e) => return Err(format!("log {log}: {e}")),
+        };
+        let terms = TermStore::open(Arc::clone(storage), &dir)
+            .map_err(|e| format!("log {log}: its terms: {e}"))?;
+        let term = terms.history().term_of(lsn).map_or(0, |t| t.0);
+        positions.push(stela_coord::LogPosition { log, term, lsn });
+    }
+    positions.sort_by(|a, b| a.log.cmp(&b.log));
+    Ok(positions)
+}
+
 fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
     let mut logs: Vec<stela_proto::ReplicaStatus> = lock(&shared.views)
         .iter()

@@ -1,0 +1,369 @@
+//! Three nodes and K of N with real processes on loopback: a `stela witness` and three
+//! `stela serve` nodes, each given the other two with `--peer` (K = 1, so an election needs
+//! two promises).
+//!
+//! 1. The primary is SIGKILLed amid `replicated` commits. One standby is elected; it is
+//!    protected at once by the other: its `replicated` commits are answered `Ok` without
+//!    waiting for the killed node (with two nodes they are answered `Unprotected`). Every
+//!    acknowledged record is on it; the killed node, started again, rejoins as a standby.
+//! 2. A standby that is behind (SIGSTOPped while the primary committed with the other) asks
+//!    for the election first, once the primary is killed: it is not granted; the up-to-date
+//!    one, which asks seconds later, is.
+
+mod common;
+
+use common::Daemon;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use stela_client::{Address, Connection};
+use stela_proto::{Durability, Payload, RequestBody, ResponseBody};
+use stela_wal::{Codec, Wal, WalOptions};
+
+const TYPE_TAG: &str = "three_nodes::Rec";
+type Rec = (u64, String);
+
+fn rec(seq: u64) -> Rec {
+    (
+        seq,
+        format!("record {seq} {}", "y".repeat((seq % 61) as usize)),
+    )
+}
+
+fn free_addr() -> String {
+    stela_testkit::free_addr().to_string()
+}
+
+struct Witness(Child);
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The witness's lease and every node's suspicion: longer than the defaults, so that a
+/// promoted node on this shared, loaded test machine is not deposed for renewing late.
+const LEASE_MS: &str = "1000";
+
+fn witness(dir: &Path, addr: &str) -> Witness {
+    let child = Command::new(env!("CARGO_BIN_EXE_stela"))
+        .args(["witness", "--lease-ms", LEASE_MS, "--listen", addr, "--dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the witness");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "the witness did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Witness(child)
+}
+
+/// One node: directory, name, replication address, the others' replication addresses.
+struct Node {
+    dir: PathBuf,
+    name: &'static str,
+    repl: String,
+    peers: Vec<String>,
+}
+
+/// Three nodes a, b, c; each lists the others with a first, so that a node that ships to its
+/// first `--peer` only (a pair's daemon) would ship to the node the tests kill.
+fn three(root: &Path) -> [Node; 3] {
+    let repl = [free_addr(), free_addr(), free_addr()];
+    let node = |i: usize, name: &'static str| Node {
+        dir: root.join(name),
+        name,
+        repl: repl[i].clone(),
+        peers: (0..3)
+            .filter(|&j| j != i)
+            .map(|j| repl[j].clone())
+            .collect(),
+    };
+    [node(0, "a"), node(1, "b"), node(2, "c")]
+}
+
+impl Node {
+    fn start(&self, witness: &str, role: &str, more: &[&str]) -> Daemon {
+        let coordinator = format!("tcp://{witness}");
+        let mut args = vec![
+            "--node",
+            self.name,
+            "--repl-listen",
+            &self.repl,
+            "--coordinator",
+            &coordinator,
+            "--role",
+            role,
+            "--replicas",
+            "1",
+            "--segment-size",
+            "256K",
+        ];
+        if !more.contains(&"--suspect-after-ms") {
+            args.extend_from_slice(&["--suspect-after-ms", LEASE_MS]);
+        }
+        for peer in &self.peers {
+            args.extend_from_slice(&["--peer", peer]);
+        }
+        args.extend_from_slice(more);
+        Daemon::start(&self.dir, &args)
+    }
+}
+
+fn status(socket: &Path) -> stela_proto::ReplicationStatus {
+    let mut connection =
+        Connection::connect_admin(&Address::Unix(socket.to_owned())).expect("connect for status");
+    match connection.request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
+        other => panic!("status: {other:?}"),
+    }
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether the primary at `socket` has both standbys connected on every log.
+fn both_standbys_connected(socket: &Path) -> bool {
+    let shown = status(socket);
+    shown.replicas == 1 && shown.standbys.len() == 2 && shown.standbys.iter().all(|s| s.connected)
+}
+
+fn open(connection: &mut Connection) -> Result<(u32, u64), stela_client::Error> {
+    match connection.request(RequestBody::Open {
+        log: "ledger".into(),
+        codec: "msgpack".into(),
+        type_tag: TYPE_TAG.into(),
+        create: true,
+        durability: None,
+        schema: None,
+    })? {
+        ResponseBody::Opened { handle, term, .. } => Ok((handle, term)),
+        other => panic!("open: {other:?}"),
+    }
+}
+
+/// Appends `seqs` at `replicated` one by one, recording each acknowledged one; stops at the
+/// first failure (the daemon died).
+fn append(
+    connection: &mut Connection,
+    handle: u32,
+    seqs: std::ops::Range<u64>,
+    acked: &mut BTreeMap<u64, Rec>,
+) -> Result<(), stela_client::Error> {
+    for seq in seqs {
+        let record = rec(seq);
+        let payload = Codec::MessagePack.encode(&record).unwrap();
+        match connection.request(RequestBody::Append {
+            handle,
+            durability: Durability::Replicated,
+            records: vec![Payload(payload)],
+        })? {
+            ResponseBody::Appended { last_lsn, .. } => {
+                acked.insert(last_lsn, record);
+            }
+            other => panic!("append: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// The node's copy of the ledger (its daemon stopped): every acknowledged record at its LSN.
+fn check(dir: &Path, acked: &BTreeMap<u64, Rec>, whose: &str) {
+    let wal: Wal<Rec> = Wal::open(
+        dir.join("logs").join("ledger"),
+        WalOptions::default()
+            .codec(Codec::MessagePack)
+            .type_tag(TYPE_TAG)
+            .create_if_missing(false),
+    )
+    .unwrap_or_else(|e| panic!("{whose}'s copy does not open: {e}"));
+    let mut held = Vec::new();
+    for item in wal.iter().unwrap() {
+        let (lsn, record) = item.unwrap_or_else(|e| panic!("{whose}'s copy: {e}"));
+        assert_eq!(lsn.get(), held.len() as u64 + 1, "{whose}: contiguous LSNs");
+        held.push(record);
+    }
+    for (lsn, record) in acked {
+        assert_eq!(
+            held.get(*lsn as usize - 1),
+            Some(record),
+            "{whose}: LSN {lsn} was acknowledged at replicated and is not there"
+        );
+    }
+}
+
+fn signal(daemon: &Daemon, signal: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &daemon.pid()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{signal}");
+}
+
+#[test]
+fn with_three_nodes_the_new_primary_is_protected_at_once_and_the_old_one_rejoins() {
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_addr();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let [a, b, c] = three(root.path());
+    let daemon_a = a.start(&witness_addr, "primary", &[]);
+    let daemon_b = b.start(&witness_addr, "standby", &[]);
+    let daemon_c = c.start(&witness_addr, "standby", &[]);
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 1);
+    wait_for("a's two standbys", Duration::from_secs(10), || {
+        both_standbys_connected(&daemon_a.socket())
+    });
+    let writer = std::thread::spawn(move || {
+        let mut acked = BTreeMap::new();
+        let _ = append(&mut client, handle, 0..1_000_000, &mut acked);
+        acked
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    daemon_a.kill();
+    let mut acked = writer.join().unwrap();
+    assert!(acked.len() > 10, "only {} acknowledged", acked.len());
+
+    // One of b and c is elected in epoch 2.
+    let mut survivors = vec![(daemon_b, &b), (daemon_c, &c)];
+    wait_for("b or c to be promoted", Duration::from_secs(15), || {
+        survivors
+            .iter()
+            .any(|(d, _)| status(&d.socket()).role == "primary")
+    });
+    let at = survivors
+        .iter()
+        .position(|(d, _)| status(&d.socket()).role == "primary")
+        .unwrap();
+    let (primary, primary_node) = survivors.remove(at);
+    let (standby, standby_node) = survivors.remove(0);
+    let shown = status(&primary.socket());
+    assert_eq!(shown.epoch, 2);
+    assert_eq!(
+        shown.unprotected_since_ms, 0,
+        "a promoted node of three is never unprotected"
+    );
+    assert_eq!(status(&standby.socket()).role, "standby");
+
+    // Protected at once by the other standby: `replicated` is answered Ok, a still down.
+    let mut client = Connection::connect(&Address::Unix(primary.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 2);
+    let first_new = 10_000_000;
+    // From a thread, so that commits that wait for the killed node fail the test rather than
+    // hang it.
+    let (answered, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut new = BTreeMap::new();
+        let result = append(&mut client, handle, first_new..first_new + 50, &mut new);
+        let _ = answered.send((result, new, client));
+    });
+    let (client, new) = match answer.recv_timeout(Duration::from_secs(20)) {
+        Ok((Ok(()), new, client)) => (client, new),
+        outcome => panic!(
+            "replicated commits on the new primary, a down, were not answered Ok within 20 s: \
+             {:?}\n--- the primary:\n{}\n--- the standby:\n{}",
+            outcome.map(|(result, _, _)| result),
+            primary.output(),
+            standby.output()
+        ),
+    };
+    acked.extend(new);
+    let last = *acked.keys().last().unwrap();
+
+    // a comes back: the witness names the new primary, so a rejoins as a standby and catches
+    // up; the primary then lists both standbys connected, each holding the last record.
+    let daemon_a = a.start(&witness_addr, "primary", &[]);
+    assert_eq!(status(&daemon_a.socket()).role, "standby");
+    wait_for("a to catch up", Duration::from_secs(15), || {
+        let shown = status(&primary.socket());
+        shown.standbys.len() == 2
+            && shown.standbys.iter().all(|s| {
+                s.connected
+                    && s.logs
+                        .iter()
+                        .any(|l| l.log == "ledger" && l.received_lsn >= last)
+            })
+    });
+    drop(client);
+    primary.terminate();
+    standby.terminate();
+    daemon_a.terminate();
+    check(&primary_node.dir, &acked, primary_node.name);
+    check(&standby_node.dir, &acked, standby_node.name);
+    check(&a.dir, &acked, "a (rejoined)");
+}
+
+#[test]
+fn a_standby_that_is_behind_asks_first_and_is_not_granted() {
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_addr();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let [a, b, c] = three(root.path());
+    let daemon_a = a.start(&witness_addr, "primary", &[]);
+    // b, up to date, suspects its primary only after 5 s; c, behind, after 1 s.
+    let daemon_b = b.start(&witness_addr, "standby", &["--suspect-after-ms", "5000"]);
+    let daemon_c = c.start(&witness_addr, "standby", &[]);
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let (handle, _) = open(&mut client).unwrap();
+    wait_for("a's two standbys", Duration::from_secs(10), || {
+        both_standbys_connected(&daemon_a.socket())
+    });
+    let mut acked = BTreeMap::new();
+    append(&mut client, handle, 0..20, &mut acked).unwrap();
+    // c stops: a's commits go on with b alone (K = 1), so c falls behind.
+    signal(&daemon_c, "STOP");
+    append(&mut client, handle, 20..220, &mut acked).unwrap();
+    daemon_a.kill();
+    signal(&daemon_c, "CONT");
+
+    // c asks at once and promises with its (older) position; the witness waits for a second
+    // promise; b's comes about 4 s later and b wins.
+    wait_for("an elected primary", Duration::from_secs(20), || {
+        status(&daemon_b.socket()).role == "primary" || status(&daemon_c.socket()).role == "primary"
+    });
+    assert_eq!(
+        status(&daemon_c.socket()).role,
+        "standby",
+        "the standby that is behind was elected:\n{}",
+        daemon_c.output()
+    );
+    assert_eq!(status(&daemon_b.socket()).role, "primary");
+    let c_said = daemon_c.output();
+    assert!(
+        c_said.contains("promised the epoch"),
+        "c did not take part in the election:\n{c_said}"
+    );
+    // The election went on without c's grant, and b was elected in the same epoch c promised.
+    assert_eq!(status(&daemon_b.socket()).epoch, 2);
+
+    let mut client = Connection::connect(&Address::Unix(daemon_b.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    assert_eq!(term >> 32, 2);
+    append(&mut client, handle, 5_000_000..5_000_010, &mut acked)
+        .expect("b, protected by c, answers replicated Ok");
+    drop(client);
+    daemon_b.terminate();
+    daemon_c.terminate();
+    check(&b.dir, &acked, "b");
+    check(&c.dir, &acked, "c");
+}
