@@ -97,10 +97,14 @@ pub enum FaultKind {
     /// elected and no commit begun meanwhile acknowledged (commits block; none is lost).
     /// Then the standby is started again (the two elect), then the old primary.
     KillStandbyThenPrimary,
+    /// Three nodes only: SIGKILL of both standbys for the fault's length: the primary, alone,
+    /// has no standby to hold a record, so no commit begun meanwhile may be acknowledged
+    /// (`replicated` waits for K = 1 standby). Then both started again. No failover.
+    KillStandbys,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::KillPrimary,
         FaultKind::StopPrimary,
         FaultKind::IsolatePrimary,
@@ -114,6 +118,7 @@ impl FaultKind {
         FaultKind::PauseNew,
         FaultKind::WitnessDownRestartOld,
         FaultKind::KillStandbyThenPrimary,
+        FaultKind::KillStandbys,
     ];
 
     pub fn name(self) -> &'static str {
@@ -131,12 +136,16 @@ impl FaultKind {
             FaultKind::PauseNew => "pause-new",
             FaultKind::WitnessDownRestartOld => "witness-down-restart-old",
             FaultKind::KillStandbyThenPrimary => "kill-standby-then-primary",
+            FaultKind::KillStandbys => "kill-standbys",
         }
     }
 
     /// Whether the kind needs three nodes (with two it would take both down at once).
     pub fn needs_three(self) -> bool {
-        self == FaultKind::KillStandbyThenPrimary
+        matches!(
+            self,
+            FaultKind::KillStandbyThenPrimary | FaultKind::KillStandbys
+        )
     }
 
     /// One fault at a time (not overlapping): the kinds the availability targets hold for.
@@ -147,6 +156,7 @@ impl FaultKind {
                 | FaultKind::PauseNew
                 | FaultKind::WitnessDownRestartOld
                 | FaultKind::KillStandbyThenPrimary
+                | FaultKind::KillStandbys
         )
     }
 
@@ -174,6 +184,7 @@ impl FaultKind {
                 | FaultKind::PauseNew
                 | FaultKind::WitnessDownRestartOld
                 | FaultKind::KillStandbyThenPrimary
+                | FaultKind::KillStandbys
         )
     }
 }
@@ -265,9 +276,10 @@ pub struct FaultRow {
     /// samples of both nodes' status naming both primary of one epoch, plus (for
     /// witness-down-restart-old) samples of the restarted old primary saying it is primary.
     pub double_primary: u64,
-    /// kill-then-kill-new and kill-standby-then-primary: commits begun while at most one node
-    /// was up (no majority with three nodes, none at all with two) and acknowledged before
-    /// a second came back; must be 0.
+    /// Commits begun while at most one node was up and acknowledged before a second came back
+    /// (kill-then-kill-new, kill-standby-then-primary: no majority to elect a primary;
+    /// kill-standbys, and kill-standby of a pair: a primary with no standby to hold a record);
+    /// must be 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acked_alone: Option<u64>,
     /// kill-standby-then-primary: status samples of the node left alone saying it is primary
@@ -1038,7 +1050,9 @@ fn inject(
         log_lsn,
         old_primary_exit,
         old_came_up_primary: 0,
-        alone: None,
+        // A pair's primary is alone while its standby is down: it acknowledges nothing then.
+        alone: (kind == FaultKind::KillStandby && cluster.nodes.len() == 2)
+            .then_some((inject_ms, restore_ms)),
         alone_primary: 0,
     })
 }
@@ -1375,6 +1389,7 @@ mod tests {
         assert_eq!((cli.args.nodes, cli.args.replicas), (2, 1));
         // A pair leaves out the kinds that need three nodes; three run them all.
         assert_eq!(kinds_of(&cli.args).len(), 12);
+        assert_eq!(FaultKind::ALL.iter().filter(|k| k.needs_three()).count(), 2);
         assert!(kinds_of(&cli.args).iter().all(|k| !k.needs_three()));
         let three = Cli::try_parse_from(["x", "--nodes", "3"]).unwrap();
         assert_eq!(kinds_of(&three.args), FaultKind::ALL.to_vec());

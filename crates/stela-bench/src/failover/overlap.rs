@@ -1,6 +1,7 @@
 //! The faults of issue 52: silent links (one way, both ways) and overlapping process faults
 //! (kill then kill the new primary; kill then pause the new primary; restart the old primary
-//! while the witness is down; with three nodes, kill a standby then the primary). Unlike the
+//! while the witness is down; with three nodes, kill a standby then the primary, and kill both
+//! standbys). Unlike the
 //! older kinds, a node that exits here is started again with its *configured* role (`a`
 //! primary, `b` and `c` standby), as `Restart=on-failure` restarts a service with the same
 //! command line: the role is a preference, and only the coordinator's grant may make a node
@@ -123,6 +124,19 @@ pub(super) fn inject(
             alone = Some((alone_from, mono_ms()));
             restart(cluster, topology, s)?;
             restart(cluster, topology, p)?;
+        }
+        FaultKind::KillStandbys => {
+            debug_assert_eq!(cluster.nodes.len(), 3);
+            let standbys: Vec<usize> = cluster.others(p).collect();
+            for &i in &standbys {
+                cluster.nodes[i].kill();
+            }
+            inject_ms = mono_ms();
+            pause(hold)?;
+            alone = Some((inject_ms, mono_ms()));
+            for i in standbys {
+                restart(cluster, topology, i)?;
+            }
         }
         FaultKind::PauseNew => {
             cluster.nodes[p].kill();
