@@ -1,5 +1,7 @@
 //! One primary per term, as the processes' own logs tell it: every node's "promoted: this node
-//! is the primary epoch=E" and the witness's "granting a new epoch ... node="N" epoch=E",
+//! is the primary epoch=E" and the witness's "granting a new epoch ... node="N" epoch=E" (a
+//! grant on request) or "granting the epoch to the most up-to-date node ... epoch=E
+//! holder=Some("N")" (an election by promises),
 //! read after the run (the logs are appended to across restarts, so they hold the whole run).
 //! The status samples ([`super::overlap::PrimaryWatch`]) and the client's acknowledgements
 //! ([`super::analysis::double_primary_times`]) are the other two sources; a double primary can
@@ -40,7 +42,11 @@ pub fn grants(log: &str) -> Vec<(u64, String)> {
         .filter(|line| line.contains(GRANTING))
         .filter_map(|line| {
             let epoch = field(line, "epoch")?.parse().ok()?;
-            Some((epoch, field(line, "node")?.to_owned()))
+            let node = field(line, "node").or_else(|| {
+                let holder = field(line, "holder")?;
+                Some(holder.strip_prefix("Some(\"")?.strip_suffix("\")")?)
+            })?;
+            Some((epoch, node.to_owned()))
         })
         .collect()
 }
@@ -98,14 +104,20 @@ mod tests {
     const WITNESS: &str = "\
 2026-12-07T13:27:18.501173Z  WARN stela_coord::witness: witness: granting a new epoch (failover) node=\"a\" epoch=1 silent_ms=198
 2026-12-07T13:27:19.856524Z  WARN stela_coord::witness: witness: granting a new epoch (failover) node=\"b\" epoch=2 silent_ms=358
-2026-12-07T13:27:29.856524Z  WARN stela_coord::witness: witness: granting a new epoch (failover) node=\"b\" epoch=4 silent_ms=358";
+2026-12-07T13:27:29.856524Z  WARN stela_coord::witness: witness: granting a new epoch (failover) node=\"b\" epoch=4 silent_ms=358
+2026-12-07T13:57:16.839946Z  WARN stela_coord::witness: witness: granting the epoch to the most up-to-date node that promised it (failover) epoch=5 holder=Some(\"c\") promises=2";
 
     #[test]
     fn reads_the_daemons_and_the_witnesss_lines() {
         assert_eq!(promotions(NODE_B), vec![2, 4]);
         assert_eq!(
             grants(WITNESS),
-            vec![(1, "a".into()), (2, "b".into()), (4, "b".into())]
+            vec![
+                (1, "a".into()),
+                (2, "b".into()),
+                (4, "b".into()),
+                (5, "c".into())
+            ]
         );
         assert!(promotions("nothing here").is_empty());
     }
