@@ -425,3 +425,42 @@ impl DaemonConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three_nodes(coordinator: &str, replicas: usize) -> DaemonConfig {
+        let mut config = DaemonConfig::new("/tmp/stela-config-test");
+        config.standby = Some("127.0.0.1:7601".parse().unwrap());
+        config.more_standbys = vec!["127.0.0.1:7602".parse().unwrap()];
+        config.repl_listen = Some("127.0.0.1:7600".parse().unwrap());
+        config.replicas = replicas;
+        config.failover = Some(FailoverConfig {
+            coordinator: coordinator.into(),
+            cluster: "test".into(),
+            initial_role: NodeRole::Standby,
+            heartbeat: HEARTBEAT,
+            suspect_after: SUSPECT_AFTER,
+            after_failover: AfterFailover::Unprotected,
+        });
+        config
+    }
+
+    /// More than two nodes need elections by promises, which only the witness has: etcd is
+    /// refused at start, saying so; K must be between 1 and the number of standbys.
+    #[test]
+    fn three_nodes_need_the_witness_and_a_k_they_can_meet() {
+        assert_eq!(three_nodes("tcp://127.0.0.1:7400", 1).check(), Ok(()));
+        assert_eq!(three_nodes("tcp://127.0.0.1:7400", 2).check(), Ok(()));
+        let etcd = three_nodes("etcd://127.0.0.1:2379", 1).check().unwrap_err();
+        assert!(etcd.contains("etcd") && etcd.contains("3 nodes"), "{etcd}");
+        assert!(three_nodes("tcp://127.0.0.1:7400", 3).check().is_err());
+        assert!(three_nodes("tcp://127.0.0.1:7400", 0).check().is_err());
+        let mut pair = three_nodes("etcd://127.0.0.1:2379", 1);
+        pair.more_standbys.clear();
+        assert_eq!(pair.check(), Ok(()));
+        pair.replicas = 2;
+        assert!(pair.check().is_err());
+    }
+}

@@ -24,7 +24,7 @@
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use stela_server::replication::protection::{Protection, Registered};
+use stela_server::replication::protection::{Holds, Protection, Registered};
 
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +75,9 @@ fn model(preemptions: usize, body: impl Fn() + Sync + Send + 'static) {
 
 /// Registers a wait the way the daemon does: an immediate answer is given at once.
 fn register(protection: &Protection<Probe>, lsn: u64, probe: Probe, degraded: &AtomicBool) {
-    match protection.wait(lsn, probe, || degraded.load(Ordering::SeqCst)) {
+    match protection.wait(lsn, Holds::Received, probe, || {
+        degraded.load(Ordering::SeqCst)
+    }) {
         Registered::Waiting => {}
         Registered::Already(probe) => probe.answer(Answer::Ok),
         Registered::Fenced(probe, _) => probe.answer(Answer::InDoubt),
@@ -194,7 +196,7 @@ fn a_wait_races_the_degrade_policy() {
             let (protection, degraded) = (Arc::clone(&protection), Arc::clone(&degraded));
             thread::spawn(move || {
                 degraded.store(true, Ordering::SeqCst);
-                for (_, probe) in protection.take_all() {
+                for (_, _, probe) in protection.take_all() {
                     probe.answer(Answer::Ok);
                 }
             })

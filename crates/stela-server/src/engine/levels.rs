@@ -1,12 +1,13 @@
 //! Which acknowledgement levels this daemon serves, and how a wait at each is registered:
-//! `disk` with the pool (the flusher's completion), `replicated` with the standby's
-//! acknowledgements ([`crate::replication`]), `all` with both in turn.
+//! `disk` with the pool (the flusher's completion), `replicated` with K standbys'
+//! acknowledgements that they hold the record in memory ([`crate::replication`]), `all` with
+//! the local sync, then K standbys' acknowledgements that it is synced on their disks.
 
 use super::{Engine, ReleaseHook, Waiter};
 use crate::config::DaemonConfig;
 use crate::error::{Error, Result};
 use crate::pool::LogId;
-use crate::replication::{Replicas, Replication};
+use crate::replication::{Holds, Replicas, Replication};
 use crate::sync::lock;
 use std::sync::{Arc, Mutex, OnceLock};
 use stela_proto::Durability;
@@ -160,14 +161,16 @@ impl Engine {
             (Some(replication), _) => Arc::clone(replication),
             (None, level) => return Err(Error::Unsupported(level)),
         };
-        let received = |waiter: Waiter| match replication.when_received(log, lsn, waiter) {
+        let received = |holds: Holds, waiter: Waiter| match replication
+            .when_received(log, lsn, holds, waiter)
+        {
             Ok(already) => Ok(already),
             Err(error) => Err(self.log_error(log, error)),
         };
         if durability == Durability::Replicated {
-            return received(waiter);
+            return received(Holds::Received, waiter);
         }
-        // `all`: on the primary's disk first, then in the standby's memory. The waiter sits in a
+        // `all`: on the primary's disk first, then synced on K standbys. The waiter sits in a
         // slot so that whichever path ends the wait takes it, exactly once.
         let slot = Arc::new(Mutex::new(Some(waiter)));
         let for_disk = Arc::clone(&slot);
@@ -184,7 +187,7 @@ impl Engine {
         if self.when_durable(log, lsn, chained)? {
             let waiter = lock(&*slot).take();
             let waiter = waiter.expect("a waiter dropped uncalled is still in its slot");
-            return received(waiter);
+            return received(Holds::Durable, waiter);
         }
         Ok(false)
     }
@@ -226,8 +229,8 @@ impl Engine {
     }
 }
 
-/// Registers `waiter` for the standby's acknowledgement of `lsn`, or calls it at once if that
-/// is already in, or cannot come.
+/// Registers `waiter` for K standbys' acknowledgement that `lsn` is synced on their disks
+/// (`all`), or calls it at once if that is already in, or cannot come.
 fn wait_received(replication: &Replicas, log: LogId, lsn: u64, waiter: Waiter) {
     let slot = Arc::new(Mutex::new(Some(waiter)));
     let registered = Arc::clone(&slot);
@@ -236,7 +239,7 @@ fn wait_received(replication: &Replicas, log: LogId, lsn: u64, waiter: Waiter) {
             waiter(outcome);
         }
     });
-    let now = match replication.when_received(log, lsn, forward) {
+    let now = match replication.when_received(log, lsn, Holds::Durable, forward) {
         Ok(false) => return,
         Ok(true) => Ok(()),
         Err(error) => Err(error),

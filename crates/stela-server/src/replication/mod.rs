@@ -44,6 +44,7 @@ mod tally;
 
 use acks::{fence, read_acks, read_acks_polled, release, AckInbox, AckReading};
 use hold::StandbyHold;
+pub use protection::Holds;
 use protection::{Protection, Registered};
 pub use replicas::Replicas;
 use reprotection::Reprotection;
@@ -458,7 +459,7 @@ impl Replication {
         if let Some(link) = lock(&self.links).remove(&log) {
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
-            for (_, waiter) in link.protection.take_all() {
+            for (_, _, waiter) in link.protection.take_all() {
                 waiter(Err(PoolError::Closed));
             }
             (self.released)();
@@ -534,10 +535,17 @@ impl Replication {
         }
     }
 
-    /// Calls `waiter` once the standby holds `lsn` of `log`. `Ok(true)`: it already does (the
-    /// waiter is dropped uncalled). [`PoolError::Unprotected`]: a policy answered without the
-    /// standby (the waiter is dropped uncalled; the record stays appended).
-    pub fn when_received(&self, log: LogId, lsn: u64, waiter: Waiter) -> Result<bool, PoolError> {
+    /// Calls `waiter` once the standby holds `lsn` of `log` as `holds` asks (in memory, or
+    /// synced). `Ok(true)`: it already does (the waiter is dropped uncalled).
+    /// [`PoolError::Unprotected`]: a policy answered without the standby (the waiter is dropped
+    /// uncalled; the record stays appended).
+    pub fn when_received(
+        &self,
+        log: LogId,
+        lsn: u64,
+        holds: Holds,
+        waiter: Waiter,
+    ) -> Result<bool, PoolError> {
         let Some(link) = lock(&self.links).get(&log).cloned() else {
             return Err(PoolError::Closed);
         };
@@ -561,7 +569,7 @@ impl Replication {
             }
             false
         };
-        match link.protection.wait(lsn, waiter, answer_now) {
+        match link.protection.wait(lsn, holds, waiter, answer_now) {
             Registered::Waiting => Ok(false),
             Registered::Already(_) => match policy.get() {
                 Some(policy) => Err(policy.answer(&link.name, lsn)),
@@ -1140,7 +1148,7 @@ impl Replication {
         if waiters.is_empty() {
             return 0;
         }
-        let highest = waiters.iter().map(|&(lsn, _)| lsn).max().unwrap_or(0);
+        let highest = waiters.iter().map(|&(lsn, _, _)| lsn).max().unwrap_or(0);
         if let Policy::Unprotected = policy {
             if !self.reprotection.acknowledge_alone(&link.name, highest) {
                 // The node was protected again since the caller looked (the other logs'
@@ -1158,7 +1166,7 @@ impl Replication {
                 Policy::Unprotected => state.unprotected_acks += answered as u64,
             }
         }
-        for (lsn, waiter) in waiters {
+        for (lsn, _, waiter) in waiters {
             waiter(Err(policy.answer(&link.name, lsn)));
         }
         (self.released)();
@@ -1167,10 +1175,10 @@ impl Replication {
 
     /// Registers `waiters`, taken from `link`, again: each waits for the standby (or is
     /// answered now if it already holds the LSN, or the log was fenced meanwhile).
-    fn wait_again(&self, link: &Link, waiters: Vec<(u64, Waiter)>) {
+    fn wait_again(&self, link: &Link, waiters: Vec<(u64, Holds, Waiter)>) {
         let mut any = false;
-        for (lsn, waiter) in waiters {
-            match link.protection.wait(lsn, waiter, || false) {
+        for (lsn, holds, waiter) in waiters {
+            match link.protection.wait(lsn, holds, waiter, || false) {
                 Registered::Waiting => {}
                 Registered::Already(waiter) => {
                     waiter(Ok(()));

@@ -9,7 +9,8 @@
 //!   waiter that cannot wait is handed back at once by [`Protection::wait`]. None is left
 //!   behind by a race with a fence: the fence and the registration take the same lock.
 //! - **`Ok` only for what the standby holds**: [`Protection::acknowledged`] releases exactly
-//!   the waiters at or below the received LSN it was given; the received LSN never goes down.
+//!   the waiters at or below the received LSN it was given (at or below the durable LSN for a
+//!   wait that needs the standby's disk, `all`); neither LSN ever goes down.
 //! - **No wait begins on a fenced log**: after [`Protection::fence`] every new wait above the
 //!   received LSN is refused with the fence's reason (the first one is kept).
 //!
@@ -25,8 +26,26 @@ pub struct Protection<W> {
 struct State<W> {
     received: u64,
     durable: u64,
-    waiters: Vec<(u64, W)>,
+    waiters: Vec<(u64, Holds, W)>,
     fenced: Option<String>,
+}
+
+/// What a wait needs of the standby: the record in its memory (`replicated`) or synced on its
+/// disk (`all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
+    Received,
+    Durable,
+}
+
+impl<W> State<W> {
+    /// Whether the standby holds `lsn` as `holds` asks.
+    fn holds(&self, lsn: u64, holds: Holds) -> bool {
+        match holds {
+            Holds::Received => self.received >= lsn,
+            Holds::Durable => self.durable >= lsn,
+        }
+    }
 }
 
 /// What became of a wait.
@@ -61,9 +80,15 @@ impl<W> Protection<W> {
     /// standby does not hold `lsn` yet and the log is not fenced, whether a policy answers the
     /// wait without the standby (degraded, unprotected after a failover); it counts what it
     /// answers.
-    pub fn wait(&self, lsn: u64, waiter: W, answer_now: impl FnOnce() -> bool) -> Registered<W> {
+    pub fn wait(
+        &self,
+        lsn: u64,
+        holds: Holds,
+        waiter: W,
+        answer_now: impl FnOnce() -> bool,
+    ) -> Registered<W> {
         let mut state = lock(&self.state);
-        if state.received >= lsn {
+        if state.holds(lsn, holds) {
             return Registered::Already(waiter);
         }
         if let Some(why) = &state.fenced {
@@ -72,7 +97,7 @@ impl<W> Protection<W> {
         if answer_now() {
             return Registered::Already(waiter);
         }
-        state.waiters.push((lsn, waiter));
+        state.waiters.push((lsn, holds, waiter));
         Registered::Waiting
     }
 
@@ -82,12 +107,11 @@ impl<W> Protection<W> {
         let mut state = lock(&self.state);
         state.received = state.received.max(received);
         state.durable = state.durable.max(durable);
-        let received = state.received;
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiters)
             .into_iter()
-            .partition(|(lsn, _)| *lsn <= received);
+            .partition(|&(lsn, holds, _)| state.holds(lsn, holds));
         state.waiters = waiting;
-        ready.into_iter().map(|(_, waiter)| waiter).collect()
+        ready.into_iter().map(|(_, _, waiter)| waiter).collect()
     }
 
     /// No acknowledgement can come any more (`why`): hands back every waiter, to be told its
@@ -97,13 +121,13 @@ impl<W> Protection<W> {
         state.fenced.get_or_insert(why);
         std::mem::take(&mut state.waiters)
             .into_iter()
-            .map(|(_, waiter)| waiter)
+            .map(|(_, _, waiter)| waiter)
             .collect()
     }
 
-    /// Hands back every waiter, with the LSN it waits for, without fencing (a policy answers
-    /// them without the standby, or the log closed).
-    pub fn take_all(&self) -> Vec<(u64, W)> {
+    /// Hands back every waiter, with the LSN it waits for and what it needs, without fencing
+    /// (a policy answers them without the standby, or the log closed).
+    pub fn take_all(&self) -> Vec<(u64, Holds, W)> {
         std::mem::take(&mut lock(&self.state).waiters)
     }
 
@@ -121,5 +145,35 @@ impl<W> Protection<W> {
     /// How many waits are registered.
     pub fn waiting(&self) -> usize {
         lock(&self.state).waiters.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `all` waits for the standby's disk: an acknowledgement that it holds the record in
+    /// memory releases `replicated` waits only.
+    #[test]
+    fn a_durable_wait_is_released_by_the_standby_sync_only() {
+        let protection: Protection<&str> = Protection::new();
+        assert!(matches!(
+            protection.wait(5, Holds::Received, "replicated", || false),
+            Registered::Waiting
+        ));
+        assert!(matches!(
+            protection.wait(5, Holds::Durable, "all", || false),
+            Registered::Waiting
+        ));
+        assert_eq!(protection.acknowledged(5, 4), vec!["replicated"]);
+        assert!(matches!(
+            protection.wait(5, Holds::Received, "again", || false),
+            Registered::Already("again")
+        ));
+        assert_eq!(protection.acknowledged(5, 5), vec!["all"]);
+        assert!(matches!(
+            protection.wait(5, Holds::Durable, "late", || false),
+            Registered::Already("late")
+        ));
     }
 }

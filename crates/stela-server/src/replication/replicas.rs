@@ -13,7 +13,7 @@
 //!   every standby's [`Replication`] together.
 
 use super::tally::Tally;
-use super::{LogInfo, Replication, Waiter};
+use super::{Holds, LogInfo, Replication, Waiter};
 use crate::pool::{LogId, Pool, PoolError};
 use crate::sync::lock;
 use std::sync::{Arc, Mutex};
@@ -181,10 +181,17 @@ impl Replicas {
         Ok(fetched)
     }
 
-    /// Calls `waiter` once K standbys hold `lsn` of `log`. `Ok(true)`: they already do (the
-    /// waiter is dropped uncalled). An error: the wait is decided without K of them (a policy
-    /// answered for the others, or a fence: in doubt; the waiter is dropped uncalled).
-    pub fn when_received(&self, log: LogId, lsn: u64, waiter: Waiter) -> Result<bool, PoolError> {
+    /// Calls `waiter` once K standbys hold `lsn` of `log` as `holds` asks (in memory for
+    /// `replicated`, synced for `all`). `Ok(true)`: they already do (the waiter is dropped
+    /// uncalled). An error: the wait is decided without K of them (a policy answered for the
+    /// others, or a fence: in doubt; the waiter is dropped uncalled).
+    pub fn when_received(
+        &self,
+        log: LogId,
+        lsn: u64,
+        holds: Holds,
+        waiter: Waiter,
+    ) -> Result<bool, PoolError> {
         let pending = Arc::new(Mutex::new(Pending {
             tally: Tally::new(self.needed, self.peers.len()),
             waiter: Some(waiter),
@@ -200,7 +207,7 @@ impl Replicas {
                 let pending = Arc::clone(&pending);
                 Box::new(move |outcome| settle(&pending, outcome))
             };
-            match peer.when_received(log, lsn, answer) {
+            match peer.when_received(log, lsn, holds, answer) {
                 Ok(false) => {}
                 Ok(true) => settle(&pending, Ok(())),
                 Err(error) => settle(&pending, Err(error)),
