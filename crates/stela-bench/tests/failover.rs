@@ -14,7 +14,8 @@
 //! - `replicated_runs_against_a_cluster_of_three`: `stela-bench replicated --nodes 3` commits at
 //!   both levels (no timing asserted).
 //! - `every_kind_twice` (ignored: about three minutes): every kind of fault twice, issue 52's
-//!   overlapping ones included.
+//!   overlapping ones included; `every_kind_twice_with_three_nodes` (ignored) likewise with
+//!   `--nodes 3`, the three-node kinds included.
 //!
 //! The run needs the `stela` binary next to `stela-bench` (`cargo test --workspace` builds it;
 //! after `cargo test -p stela-bench` alone, `cargo build -p stela` first).
@@ -452,6 +453,33 @@ fn every_kind_twice() {
     assert_eq!(summary["double_primary"], 0, "{summary}");
     assert_eq!(summary["resolution_wrong"], 0, "{summary}");
     assert_eq!(summary["standby_mismatch"], 0, "{summary}");
+}
+
+#[test]
+#[ignore = "about five minutes: every kind of fault twice, with three nodes"]
+fn every_kind_twice_with_three_nodes() {
+    let (faults, summary) = failover_run(
+        &["--nodes", "3", "--faults", "28"],
+        Duration::from_secs(900),
+    );
+    assert_eq!(faults.len(), 28);
+    assert!(
+        faults
+            .iter()
+            .any(|f| f["fault"] == "kill-standby-then-primary"),
+        "{faults:?}"
+    );
+    for zero in [
+        "lost",
+        "double_primary",
+        "alone_primary",
+        "acked_alone",
+        "resolution_wrong",
+        "unresolved",
+        "standby_mismatch",
+    ] {
+        assert_eq!(summary[zero], 0, "{zero}: {summary}");
+    }
 }
 
 #[test]
