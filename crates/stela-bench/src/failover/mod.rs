@@ -258,7 +258,7 @@ pub struct FaultRow {
     /// Injection to the first acknowledgement of a commit begun after it (0 for the faults
     /// that must not fail over; null if none came).
     pub downtime_ms: Option<f64>,
-    /// Injection to protected again (standby connected and caught up).
+    /// Injection to protected again (the cluster whole: every standby connected and caught up).
     pub recovered_ms: f64,
     /// The longest time without an acknowledgement, from the injection to the next fault.
     pub unavailable_ms: f64,
@@ -292,9 +292,9 @@ pub struct FaultRow {
     /// at some moment during the fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocked_ms: Option<f64>,
-    /// What the primary shipped from the restart of the node that rejoins (or the end of the
-    /// fault) until it was caught up: its status's `shipped_bytes`, summed over logs, after
-    /// minus before (all of it for a log shipped in a new term since; live records shipped
+    /// What the primary shipped to the node that rejoins or was hit (to every standby for the
+    /// overlapping kinds) from its restart (or the end of the fault) until it was caught up:
+    /// its status's `shipped_bytes`, summed over logs, after minus before (all of it for a log shipped in a new term since; live records shipped
     /// meanwhile included). Null if the primary changed in between.
     pub reprotect_bytes: Option<u64>,
     /// What reprotection had to move, in the same frame bytes: the standby's records past its
@@ -1365,7 +1365,7 @@ fn print_table(
     }
     writeln!(
         out,
-        "# downtime: injection to the first acknowledgement, by a primary of a newer epoch, of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
+        "# downtime: injection to the first acknowledgement, by a primary of a newer epoch, of a commit begun after it; protected: injection to the cluster whole again (every standby connected and caught up); blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) to the node that rejoins or was hit (to every standby if none) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
     )?;
     Ok(())
 }
