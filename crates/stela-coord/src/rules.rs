@@ -158,7 +158,9 @@ pub fn ask(
         // Granted to it; the answer was lost.
         return (Election::Granted { epoch: claim.epoch }, None);
     }
-    if claim.holder.is_none() && claim.epoch > 0 {
+    if claim.holder.is_none() && claim.epoch > 0 && seen <= claim.epoch {
+        // An election is open (a node that has seen a newer epoch than this coordinator
+        // knows of gets a newer one below: this one would be below what it has seen).
         return (Election::Prepare { epoch: claim.epoch }, None);
     }
     if let Some(holder) = claim.holder.as_deref().filter(|&h| h != node) {
@@ -560,6 +562,9 @@ mod tests {
                 let (granted_to, new) = match &vote {
                     Vote::Ask(n, seen, ms) => {
                         let (answer, new) = ask(&claim, &format!("n{n}"), *seen, Duration::from_millis(*ms), LEASE);
+                        if let Election::Prepare { epoch } = answer {
+                            prop_assert!(epoch >= *seen && epoch > 0, "prepared epoch {} below seen {}", epoch, seen);
+                        }
                         let to = matches!(answer, Election::Granted { .. }).then(|| format!("n{n}"));
                         (to, new)
                     }

@@ -668,6 +668,14 @@ impl Node {
             None => coordinator.ask(&self.name, self.epoch(), needed),
         };
         let answer = match answer {
+            Ok(Election::Prepare { epoch }) if epoch < self.epoch() => {
+                tracing::warn!(
+                    epoch,
+                    ours = self.epoch(),
+                    "the coordinator prepares an epoch older than this node's: no promise"
+                );
+                return;
+            }
             Ok(Election::Prepare { epoch }) => match self.make_promise(epoch) {
                 Ok(report) => coordinator.promise(&self.name, epoch, needed, &report),
                 Err(why) => {

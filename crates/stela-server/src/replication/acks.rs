@@ -85,7 +85,7 @@ pub(super) fn fence(
     }
     lock(&link.state).connected = false;
     for waiter in link.protection.fence(why.clone()) {
-        waiter(Err(PoolError::InDoubt(why.clone())));
+        waiter.call(Err(PoolError::InDoubt(why.clone())));
     }
     released();
     tracing::error!(log = %link.name, why, "fenced: replicated commits of this log are refused");
@@ -125,7 +125,7 @@ pub(super) fn release(link: &Link, received: u64, durable: u64) -> bool {
     let ready = link.protection.acknowledged(received, durable);
     let any = !ready.is_empty();
     for waiter in ready {
-        waiter(Ok(()));
+        waiter.call(Ok(()));
     }
     any
 }

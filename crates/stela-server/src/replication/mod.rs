@@ -128,11 +128,37 @@ pub type Released = Arc<dyn Fn() + Send + Sync>;
 /// named here so that this module needs nothing from the engine, which uses it).
 pub type Waiter = Box<dyn FnOnce(Result<(), PoolError>) + Send>;
 
+/// A wait registered with one standby's link: who to tell, and, for a wait on several
+/// standbys ([`Replicas`]), whether it is decided already without this one (K others answered):
+/// such a wait is dropped from the link's list uncalled ([`Protection::prune`]) rather than
+/// kept for as long as this standby is away.
+pub struct LinkWaiter {
+    tell: Waiter,
+    decided: Option<Arc<AtomicBool>>,
+}
+
+impl LinkWaiter {
+    fn call(self, outcome: Result<(), PoolError>) {
+        (self.tell)(outcome);
+    }
+
+    fn decided(&self) -> bool {
+        self.decided
+            .as_ref()
+            .is_some_and(|decided| decided.load(Ordering::Acquire))
+    }
+}
+
+/// Waits a link keeps before it drops those decided without it (and again each time the list
+/// doubles past it), so that a standby that is away costs a bounded list, not one entry per
+/// commit for as long as it is away.
+const PRUNE_PAST: usize = 1024;
+
 /// What a log's shipper and its waiters share.
 struct Link {
     name: String,
     /// The `replicated` waiters and what the standby acknowledged.
-    protection: Protection<Waiter>,
+    protection: Protection<LinkWaiter>,
     /// The node's registry of what logs acknowledged alone (shared by every link).
     reprotection: Arc<Reprotection>,
     state: Mutex<LinkState>,
@@ -460,7 +486,7 @@ impl Replication {
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
             for (_, _, waiter) in link.protection.take_all() {
-                waiter(Err(PoolError::Closed));
+                waiter.call(Err(PoolError::Closed));
             }
             (self.released)();
             self.reprotection.log_closed(&link.name);
@@ -483,7 +509,7 @@ impl Replication {
             link.stop.store(true, Ordering::SeqCst);
             link.appended.notify_all();
             for waiter in waiters {
-                waiter(Err(PoolError::InDoubt(why.clone())));
+                waiter.call(Err(PoolError::InDoubt(why.clone())));
             }
         }
         (self.released)();
@@ -545,9 +571,19 @@ impl Replication {
         lsn: u64,
         holds: Holds,
         waiter: Waiter,
+        decided: Option<Arc<AtomicBool>>,
     ) -> Result<bool, PoolError> {
         let Some(link) = lock(&self.links).get(&log).cloned() else {
             return Err(PoolError::Closed);
+        };
+        let waiting = link.protection.waiting();
+        if waiting >= PRUNE_PAST && waiting.is_power_of_two() {
+            let dropped = link.protection.prune(|w| !w.decided());
+            tracing::debug!(log = %link.name, standby = %self.standby, dropped, "dropped waits decided without this standby");
+        }
+        let waiter = LinkWaiter {
+            tell: waiter,
+            decided,
         };
         // Policies that answer without the standby: `--degrade-after` while it is unreachable,
         // and a promoted primary whose old primary has not rejoined (unprotected). Asked under
@@ -1167,7 +1203,7 @@ impl Replication {
             }
         }
         for (lsn, _, waiter) in waiters {
-            waiter(Err(policy.answer(&link.name, lsn)));
+            waiter.call(Err(policy.answer(&link.name, lsn)));
         }
         (self.released)();
         answered
@@ -1175,17 +1211,17 @@ impl Replication {
 
     /// Registers `waiters`, taken from `link`, again: each waits for the standby (or is
     /// answered now if it already holds the LSN, or the log was fenced meanwhile).
-    fn wait_again(&self, link: &Link, waiters: Vec<(u64, Holds, Waiter)>) {
+    fn wait_again(&self, link: &Link, waiters: Vec<(u64, Holds, LinkWaiter)>) {
         let mut any = false;
         for (lsn, holds, waiter) in waiters {
             match link.protection.wait(lsn, holds, waiter, || false) {
                 Registered::Waiting => {}
                 Registered::Already(waiter) => {
-                    waiter(Ok(()));
+                    waiter.call(Ok(()));
                     any = true;
                 }
                 Registered::Fenced(waiter, why) => {
-                    waiter(Err(PoolError::InDoubt(why)));
+                    waiter.call(Err(PoolError::InDoubt(why)));
                     any = true;
                 }
             }

@@ -6,7 +6,9 @@
 //! Invariants:
 //! - **Every waiter is answered exactly once**: registered waiters are handed back by exactly
 //!   one of [`Protection::acknowledged`], [`Protection::fence`] or [`Protection::take_all`]; a
-//!   waiter that cannot wait is handed back at once by [`Protection::wait`]. None is left
+//!   waiter that cannot wait is handed back at once by [`Protection::wait`]. The one
+//!   exception is [`Protection::prune`], which drops, uncalled, only the waiters its caller
+//!   says nobody needs (a commit waiting on several standbys that K others already answered). None is left
 //!   behind by a race with a fence: the fence and the registration take the same lock.
 //! - **`Ok` only for what the standby holds**: [`Protection::acknowledged`] releases exactly
 //!   the waiters at or below the received LSN it was given (at or below the durable LSN for a
@@ -131,6 +133,15 @@ impl<W> Protection<W> {
         std::mem::take(&mut lock(&self.state).waiters)
     }
 
+    /// Drops the waits `keep` says no one needs any more (decided without this standby),
+    /// uncalled; returns how many.
+    pub fn prune(&self, keep: impl Fn(&W) -> bool) -> usize {
+        let mut state = lock(&self.state);
+        let before = state.waiters.len();
+        state.waiters.retain(|(_, _, waiter)| keep(waiter));
+        before - state.waiters.len()
+    }
+
     /// What the standby acknowledged: (received, durable).
     pub fn acknowledged_lsns(&self) -> (u64, u64) {
         let state = lock(&self.state);
@@ -175,5 +186,21 @@ mod tests {
             protection.wait(5, Holds::Durable, "late", || false),
             Registered::Already("late")
         ));
+    }
+
+    #[test]
+    fn pruning_drops_only_what_the_caller_says_nobody_needs() {
+        let protection: Protection<(u64, bool)> = Protection::new();
+        for lsn in 1..=4 {
+            let _ = protection.wait(lsn, Holds::Received, (lsn, lsn % 2 == 0), || false);
+        }
+        assert_eq!(protection.prune(|&(_, decided)| !decided), 2);
+        assert_eq!(protection.waiting(), 2);
+        let released: Vec<u64> = protection
+            .acknowledged(4, 0)
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        assert_eq!(released, vec![1, 3]);
     }
 }

@@ -16,6 +16,7 @@ use super::tally::Tally;
 use super::{Holds, LogInfo, Replication, Waiter};
 use crate::pool::{LogId, Pool, PoolError};
 use crate::sync::lock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Every standby's shipping, and how many must hold a record.
@@ -31,6 +32,9 @@ pub struct Replicas {
 /// the waits are being registered, the decision the caller returns itself).
 struct Pending {
     tally: Tally,
+    /// Set once decided: the waits still registered with other standbys are then dropped
+    /// uncalled when their lists are pruned.
+    decided: Arc<AtomicBool>,
     waiter: Option<Waiter>,
     registering: bool,
     decided_now: Option<Result<(), PoolError>>,
@@ -194,6 +198,7 @@ impl Replicas {
     ) -> Result<bool, PoolError> {
         let pending = Arc::new(Mutex::new(Pending {
             tally: Tally::new(self.needed, self.peers.len()),
+            decided: Arc::new(AtomicBool::new(false)),
             waiter: Some(waiter),
             registering: true,
             decided_now: None,
@@ -207,7 +212,9 @@ impl Replicas {
                 let pending = Arc::clone(&pending);
                 Box::new(move |outcome| settle(&pending, outcome))
             };
-            match peer.when_received(log, lsn, holds, answer) {
+            // With one standby nothing is ever pruned: its wait is the only one.
+            let decided = (self.peers.len() > 1).then(|| Arc::clone(&lock(&*pending).decided));
+            match peer.when_received(log, lsn, holds, answer, decided) {
                 Ok(false) => {}
                 Ok(true) => settle(&pending, Ok(())),
                 Err(error) => settle(&pending, Err(error)),
@@ -252,6 +259,7 @@ fn settle(pending: &Mutex<Pending>, outcome: Result<(), PoolError>) {
     let Some(decision) = pending.tally.add(outcome) else {
         return;
     };
+    pending.decided.store(true, Ordering::Release);
     if pending.registering {
         pending.decided_now = Some(decision);
         return;
