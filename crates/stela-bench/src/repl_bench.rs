@@ -29,6 +29,14 @@
 //!
 //! Targets (issue 9): `replicated` p50 <= `buffered` p50 + one round trip + 10 %, and `replicated`
 //! commits/s at 16 clients >= 0.8 x `buffered`. Needs root (network namespaces).
+//!
+//! With `--nodes 2` or `--nodes 3` the daemons are instead a failover cluster as
+//! `stela-bench failover` builds it ([`crate::failover`]'s network and processes: a witness, node
+//! `a` the primary and one or two standbys, each node in a namespace of its own on one bridge,
+//! every node the others' `--peer`, `--replicas 1`, the stream over TLS); the clients reach the
+//! primary through its Unix socket (a file, in no namespace), and the round trip is measured
+//! from a thread in the primary's namespace to an echo in the first standby's. Run it once per
+//! number of nodes, the numbers taking turns, to set three nodes beside two.
 
 use crate::commit_bench::{self, CommitBenchConfig, CommitRow, TransportChoice};
 use crate::netns::{ip, sibling, wait_for, Killed, Namespace};
@@ -72,6 +80,10 @@ pub struct ReplBenchArgs {
     /// token), as a deployment off loopback must; default: plain TCP in the private namespace.
     #[arg(long)]
     pub tls: bool,
+    /// A failover cluster of this many nodes (2 or 3) instead of a primary and a static
+    /// standby (see the module documentation); the stream is then always over TLS.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(2..=3), conflicts_with_all = ["tls", "primary_flags"])]
+    pub nodes: Option<u8>,
 }
 
 /// Arguments of the hidden `stela-bench netecho`: echo every byte back on `listen`.
@@ -233,11 +245,15 @@ fn pin_to(cpu: usize) -> anyhow::Result<()> {
     crate::affinity::run_on(&[cpu])
 }
 
-/// [`measure_rtt`] from a thread pinned to `cpu`; the median, in microseconds.
-fn median_rtt_from(addr: SocketAddr, cpu: usize) -> anyhow::Result<f64> {
+/// [`measure_rtt`] from a thread pinned to `cpu` (in the network namespace `from` if given,
+/// else in this one); the median, in microseconds.
+fn median_rtt_from(from: Option<&str>, addr: SocketAddr, cpu: usize) -> anyhow::Result<f64> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
+                if let Some(namespace) = from {
+                    crate::netns::enter_on_this_thread(namespace)?;
+                }
                 pin_to(cpu)?;
                 measure_rtt(addr)
             })
@@ -266,7 +282,7 @@ fn measure_rtt(addr: SocketAddr) -> anyhow::Result<Vec<f64>> {
 }
 
 /// [`median_rtt_from`] `cpus.across()` while a thread spins on each of the two CPUs.
-fn median_rtt_busy(addr: SocketAddr, cpus: RttCpus) -> anyhow::Result<f64> {
+fn median_rtt_busy(from: Option<&str>, addr: SocketAddr, cpus: RttCpus) -> anyhow::Result<f64> {
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         let spinners: Vec<_> = [Some(cpus.echo), cpus.across]
@@ -285,7 +301,7 @@ fn median_rtt_busy(addr: SocketAddr, cpus: RttCpus) -> anyhow::Result<f64> {
             .collect();
         // Let the spinners take their CPUs before the first ping.
         std::thread::sleep(Duration::from_millis(50));
-        let median = median_rtt_from(addr, cpus.across());
+        let median = median_rtt_from(from, addr, cpus.across());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         for spinner in spinners {
             spinner
@@ -301,6 +317,9 @@ fn median_of_sorted(samples: &[f64]) -> f64 {
 }
 
 pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<ReplRow>> {
+    if let Some(nodes) = args.nodes {
+        return run_cluster(args, nodes.into(), out);
+    }
     let stela = sibling("stela")?;
     let me = std::env::current_exe()?;
     let temp = tempfile::tempdir()?;
@@ -405,7 +424,125 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     wait_for("the primary", || {
         socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok()
     })?;
-    let rtt_before_us = median_rtt_from(echo, cpus.across())?;
+    let header = format!(
+        "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}); stream over {}",
+        net.here,
+        net.there,
+        if args.tls { "TLS" } else { "plain TCP" }
+    );
+    let path = RttPath {
+        from: None,
+        echo,
+        cpus,
+    };
+    measure(args, socket, &path, &header, out)
+}
+
+/// Where the round trip is measured: from the namespace `from` (this one if None) to `echo`.
+struct RttPath<'a> {
+    from: Option<&'a str>,
+    echo: SocketAddr,
+    cpus: RttCpus,
+}
+
+/// `stela-bench replicated --nodes N`: a failover cluster of `nodes` (see the module
+/// documentation), measured as [`run`] measures a primary and its static standby.
+fn run_cluster(
+    args: &ReplBenchArgs,
+    nodes: usize,
+    out: &mut dyn Write,
+) -> anyhow::Result<Vec<ReplRow>> {
+    use crate::failover::cluster::{self, Cluster, Role, Security};
+    use crate::failover::topology::{Host, Topology};
+    let stela = sibling("stela")?;
+    let me = std::env::current_exe()?;
+    let temp = tempfile::tempdir()?;
+    let base = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_path_buf());
+    std::fs::create_dir_all(&base)?;
+    let topology = Topology::create_for(nodes)?;
+    let security = Security::create(&base.join("tls"))?;
+    // A lease long enough that a loaded machine does not fail over in the middle of a run.
+    let timing = cluster::Timing {
+        heartbeat_ms: 50,
+        suspect_after_ms: 1000,
+        lease_ms: 1000,
+        replicas: 1,
+    };
+    let mut cluster = Cluster::new(stela.clone(), &topology, &base, &timing, Some(&security));
+    cluster.witness.start(&stela, &topology)?;
+    cluster.nodes[0].start(&stela, &topology, Role::Primary)?;
+    for i in 1..nodes {
+        cluster.nodes[i].start(&stela, &topology, Role::Standby)?;
+    }
+    wait_for("node a to be the primary", || {
+        cluster.nodes[0]
+            .status()
+            .is_some_and(|s| cluster::role(&s) == "primary")
+    })
+    .with_context(|| cluster::tail(cluster.nodes[0].log_path(), 15))?;
+    let cpus = RttCpus::pick()?;
+    let echo: SocketAddr = format!("{}:7602", topology.address(Host::Standby)).parse()?;
+    let _echo = Killed(topology.namespace(Host::Standby).spawn(
+        &me,
+        &[
+            "netecho".into(),
+            "--listen".into(),
+            echo.to_string(),
+            "--cpu".into(),
+            cpus.echo.to_string(),
+        ],
+        &base.join("echo.log"),
+    )?);
+    let from = topology.namespace(Host::Primary).name().to_owned();
+    wait_for("the echo server", || connects_from(&from, echo).is_ok())?;
+    let header = format!(
+        "# stela-bench replicated --nodes {nodes}: a failover cluster (witness, node a the primary, {} standby{} in namespaces of their own on one bridge, each node the others' --peer, --replicas 1); stream over TLS; clients on the primary's Unix socket",
+        nodes - 1,
+        if nodes > 2 { "s" } else { "" }
+    );
+    let path = RttPath {
+        from: Some(&from),
+        echo,
+        cpus,
+    };
+    let rows = measure(args, cluster.nodes[0].socket(), &path, &header, out);
+    if rows.is_err() {
+        eprintln!(
+            "stela-bench replicated: node a's log ends:\n{}",
+            cluster::tail(cluster.nodes[0].log_path(), 15)
+        );
+    }
+    rows
+}
+
+/// Whether a TCP connection from the namespace `from` to `addr` opens within 100 ms.
+fn connects_from(from: &str, addr: SocketAddr) -> anyhow::Result<()> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                crate::netns::enter_on_this_thread(from)?;
+                TcpStream::connect_timeout(&addr, Duration::from_millis(100))?;
+                anyhow::Ok(())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the probing thread panicked"))?
+    })
+}
+
+/// Both levels by number of clients against the daemon at `socket`, the round trip along
+/// `path` before, after and while both CPUs are busy; the table (after `header`) or JSON.
+fn measure(
+    args: &ReplBenchArgs,
+    socket: PathBuf,
+    path: &RttPath,
+    header: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<Vec<ReplRow>> {
+    let (from, echo, cpus) = (path.from, path.echo, path.cpus);
+    let rtt_before_us = median_rtt_from(from, echo, cpus.across())?;
     let cfg = CommitBenchConfig {
         modes: vec![Mode::ServiceBuffered, Mode::ServiceReplicated],
         clients: args.clients.clone(),
@@ -423,10 +560,10 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
         repeats: args.repeats.max(1),
     };
     let rows = commit_bench::run(&cfg, &mut std::io::sink())?;
-    let rtt_after_us = median_rtt_from(echo, cpus.across())?;
-    let rtt_busy_us = median_rtt_busy(echo, cpus)?;
+    let rtt_after_us = median_rtt_from(from, echo, cpus.across())?;
+    let rtt_busy_us = median_rtt_busy(from, echo, cpus)?;
     let rtt_same_cpu_us = match cpus.across {
-        Some(_) => Some(median_rtt_from(echo, cpus.echo)?),
+        Some(_) => Some(median_rtt_from(from, echo, cpus.echo)?),
         None => None,
     };
     let rtt_us = rtt_before_us.min(rtt_after_us).min(rtt_busy_us);
@@ -437,7 +574,7 @@ pub fn run(args: &ReplBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Repl
     };
     let mut out_rows = Vec::new();
     if !args.json {
-        writeln!(out, "# stela-bench replicated: primary here, standby across a veth pair ({} -> {}); stream over {}", net.here, net.there, if args.tls { "TLS" } else { "plain TCP" })?;
+        writeln!(out, "{header}")?;
         match cpus.across {
             Some(across) => writeln!(out, "# round trip {rtt_us:.1} us: the shortest median of 2000 TCP ping-pongs from CPU {across} to an echo on CPU {} before the runs ({rtt_before_us:.1} us), after them ({rtt_after_us:.1} us) and with both CPUs kept busy by spinning threads ({rtt_busy_us:.1} us)", cpus.echo)?,
             None => writeln!(out, "# round trip {rtt_us:.1} us: the shortest median of 2000 TCP ping-pongs before the runs ({rtt_before_us:.1} us), after them ({rtt_after_us:.1} us) and with the CPU kept busy by a spinning thread ({rtt_busy_us:.1} us), all within CPU {}: this process may use no other, so no round trip crosses CPUs as two hosts' would", cpus.echo)?,
@@ -543,8 +680,8 @@ mod tests {
             pin_to(cpus.echo).unwrap();
             echo_every_connection(listener).unwrap();
         });
-        let idle = median_rtt_from(addr, cpus.across()).unwrap();
-        let busy = median_rtt_busy(addr, cpus).unwrap();
+        let idle = median_rtt_from(None, addr, cpus.across()).unwrap();
+        let busy = median_rtt_busy(None, addr, cpus).unwrap();
         assert!(idle > 0.0 && idle.is_finite(), "{idle}");
         assert!(busy > 0.0 && busy.is_finite(), "{busy}");
     }

@@ -68,6 +68,7 @@ impl Pair {
             heartbeat_ms: 50,
             suspect_after_ms,
             lease_ms: suspect_after_ms,
+            replicas: 1,
         };
         let security = cluster::Security::create(&base.path().join("tls")).unwrap();
         let stela = stela();

@@ -159,6 +159,18 @@ pub fn double_primary_times(events: &[Event]) -> Vec<f64> {
     out
 }
 
+/// How many commits that began at or after `from_ms` were acknowledged by `until_ms` (a
+/// commit is one at a time, so one begun after a primary died cannot be its answer).
+pub fn begun_and_acked_within(events: &[Event], from_ms: f64, until_ms: f64) -> u64 {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(e, Event::Ack { t_ms, wait_ms, .. }
+                if t_ms - wait_ms >= from_ms && *t_ms <= until_ms)
+        })
+        .count() as u64
+}
+
 /// The acknowledged records: sequence number to (term, LSN, time).
 pub fn acknowledged(events: &[Event]) -> HashMap<u64, (u64, u64, f64)> {
     events
@@ -306,6 +318,9 @@ mod tests {
             ack(5, T1, 50.0, 1.0),
         ];
         assert_eq!(double_primary_times(&events), vec![30.0, 50.0]);
+        // Begun at 19 (20 - 1) or later and answered by 40: seqs 2, 3 and 4.
+        assert_eq!(begun_and_acked_within(&events, 19.0, 40.0), 3);
+        assert_eq!(begun_and_acked_within(&events, 19.5, 39.0), 1);
         // Two nodes answering in one term: the LSN goes back.
         let mut same_term = vec![ack(1, T2, 10.0, 1.0), ack(2, T2, 20.0, 1.0)];
         same_term.push(Event::Ack {

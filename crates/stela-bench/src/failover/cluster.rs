@@ -1,6 +1,7 @@
-//! The processes of the failover run: the witness, the two nodes (`stela serve`, node `a`
-//! starting as the primary in the "primary" namespace, node `b` as the standby in the
-//! "standby" one) and the client (`stela-bench failover-client` in the "client" namespace);
+//! The processes of the failover run: the witness, the nodes (`stela serve`, node `a`
+//! starting as the primary in the "primary" namespace, node `b` as a standby in the "standby"
+//! one and, in a run of three, node `c` as a standby in the "standby2" one; each started with
+//! every other node as a `--peer`) and the client (`stela-bench failover-client` in the "client" namespace);
 //! starting, signalling and restarting them; and asking a node for its status.
 //!
 //! The clients' and the replication connections run over TLS by default: the daemon serves
@@ -80,7 +81,13 @@ pub struct Timing {
     pub heartbeat_ms: u64,
     pub suspect_after_ms: u64,
     pub lease_ms: u64,
+    /// The nodes' `--replicas` (K: the standbys that must hold a `replicated` record), given
+    /// to a run of three nodes only (a two-node daemon has one standby and no such flag).
+    pub replicas: usize,
 }
+
+/// The names of the nodes of a run of `nodes`, in order.
+pub const NODE_NAMES: [&str; 3] = ["a", "b", "c"];
 
 /// The role a node is started in (the coordinator's holder overrides it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +100,8 @@ pub enum Role {
 pub struct Node {
     pub name: &'static str,
     pub host: Host,
+    /// Its replication address, as the other nodes' `--peer` (and a primary's status) name it.
+    pub repl: String,
     pub dir: PathBuf,
     log: PathBuf,
     args: Vec<String>,
@@ -105,7 +114,7 @@ impl Node {
     fn new(
         name: &'static str,
         host: Host,
-        peer: Host,
+        peers: &[Host],
         topology: &Topology,
         base: &Path,
         timing: &Timing,
@@ -123,8 +132,18 @@ impl Node {
             name.into(),
             "--repl-listen".into(),
             format!("{own}:{REPL_PORT}"),
-            "--peer".into(),
-            format!("{}:{REPL_PORT}", topology.address(peer)),
+        ];
+        debug_assert!(!peers.is_empty() && !peers.contains(&host));
+        for &peer in peers {
+            args.extend([
+                "--peer".into(),
+                format!("{}:{REPL_PORT}", topology.address(peer)),
+            ]);
+        }
+        if peers.len() >= 2 {
+            args.extend(["--replicas".into(), timing.replicas.to_string()]);
+        }
+        args.extend([
             "--coordinator".into(),
             format!("tcp://{}:{WITNESS_PORT}", topology.address(Host::Witness)),
             "--heartbeat-ms".into(),
@@ -134,7 +153,7 @@ impl Node {
             // Skips the start-up disk measurement, so that a restart rejoins at once.
             "--assume-write-rate".into(),
             "500000000".into(),
-        ];
+        ]);
         match security {
             Some(security) => {
                 let path = |p: &PathBuf| p.display().to_string();
@@ -162,6 +181,7 @@ impl Node {
         Node {
             name,
             host,
+            repl: format!("{own}:{REPL_PORT}"),
             log: base.join(format!("{name}.log")),
             dir,
             args,
@@ -331,22 +351,51 @@ pub fn epoch(report: &StatusReport) -> u64 {
     report.replication.as_ref().map_or(0, |r| r.epoch)
 }
 
-/// Bytes of log the node shipped between two of its reports. A log's counter starts again at 0
-/// with each shipping term (the primary begins a new term for a log when a standby connects
-/// anew): a log whose term changed, or that `before` did not list, counts all of `after`'s.
+/// Bytes of log the node shipped between two of its reports, to every standby. A log's
+/// counter starts again at 0 with each shipping term (the primary begins a new term for a log
+/// when a standby connects anew): a log whose term changed, or that `before` did not list,
+/// counts all of `after`'s.
 pub fn shipped_since(before: &StatusReport, after: &StatusReport) -> u64 {
-    fn logs(report: &StatusReport) -> &[stela_proto::ReplicaStatus] {
-        report.replication.as_ref().map_or(&[], |r| &r.logs)
-    }
-    logs(after)
-        .iter()
-        .map(|now| {
-            let then = logs(before)
+    shipped_to(before, after, None)
+}
+
+/// [`shipped_since`], to the standby at `peer` only (its replication address, as the primary
+/// names it) where given.
+pub fn shipped_to(before: &StatusReport, after: &StatusReport, peer: Option<&str>) -> u64 {
+    let earlier = standby_streams(before);
+    standby_streams(after)
+        .into_iter()
+        .filter(|(to, _)| peer.is_none_or(|peer| peer == *to))
+        .flat_map(|(to, logs)| {
+            let then_logs = earlier
                 .iter()
-                .find(|l| l.log == now.log && l.term == now.term);
-            now.shipped_bytes - then.map_or(0, |then| then.shipped_bytes.min(now.shipped_bytes))
+                .find(|(from, _)| *from == to)
+                .map_or(&[][..], |(_, logs)| *logs);
+            logs.iter().map(move |now| {
+                let then = then_logs
+                    .iter()
+                    .find(|l| l.log == now.log && l.term == now.term);
+                now.shipped_bytes - then.map_or(0, |then| then.shipped_bytes.min(now.shipped_bytes))
+            })
         })
         .sum()
+}
+
+/// Each standby a primary reports, by its address, with its streams: `standbys` where the
+/// daemon lists them, else (one standby) `peer` and `logs`.
+fn standby_streams(report: &StatusReport) -> Vec<(&str, &[ReplicaStatus])> {
+    let Some(replication) = &report.replication else {
+        return Vec::new();
+    };
+    if replication.standbys.is_empty() {
+        vec![(replication.peer.as_str(), &replication.logs[..])]
+    } else {
+        replication
+            .standbys
+            .iter()
+            .map(|s| (s.peer.as_str(), &s.logs[..]))
+            .collect()
+    }
 }
 
 /// Whether a primary is protected again: it names a coordinator it reaches, acknowledges
@@ -354,6 +403,36 @@ pub fn shipped_since(before: &StatusReport, after: &StatusReport) -> u64 {
 /// a few records behind: the client never stops committing).
 pub fn protected(report: &StatusReport) -> bool {
     protected_log(report, LOG)
+}
+
+/// The client log's streams a primary reports, one per standby it ships to.
+pub fn log_streams(report: &StatusReport) -> Vec<&ReplicaStatus> {
+    standby_streams(report)
+        .into_iter()
+        .filter_map(|(_, logs)| logs.iter().find(|l| l.log == LOG))
+        .collect()
+}
+
+/// How many standbys hold the client's log caught up on this primary: stream connected, not
+/// stopped, at most a few records behind.
+pub fn caught_up_standbys(report: &StatusReport) -> usize {
+    log_streams(report)
+        .into_iter()
+        .filter(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
+        .count()
+}
+
+/// [`protected`], with every one of `standbys` standbys caught up (a whole cluster again, so
+/// that the next fault starts from the same place as the first).
+pub fn fully_protected(report: &StatusReport, standbys: usize) -> bool {
+    protected(report) && caught_up_standbys(report) >= standbys
+}
+
+/// Whether every standby the primary ships the client's log to holds all of it (no record
+/// behind), and it ships to `standbys` of them.
+pub fn every_standby_holds_all(report: &StatusReport, standbys: usize) -> bool {
+    let streams = log_streams(report);
+    streams.len() >= standbys && streams.iter().all(|l| l.connected && l.lag_records == 0)
 }
 
 /// [`protected`], for the log named `log` (`stela-bench pg-failover`'s mount log).
@@ -425,14 +504,17 @@ impl Witness {
     }
 }
 
-/// The witness and both nodes.
+/// The witness and every node.
 pub struct Cluster {
     pub stela: PathBuf,
     pub witness: Witness,
-    pub nodes: [Node; 2],
+    /// `a`, `b` (and `c`), in the hosts of [`Host::nodes`].
+    pub nodes: Vec<Node>,
 }
 
 impl Cluster {
+    /// The witness and a node on each of `topology`'s node hosts, each with the others as its
+    /// peers.
     pub fn new(
         stela: PathBuf,
         topology: &Topology,
@@ -440,30 +522,25 @@ impl Cluster {
         timing: &Timing,
         security: Option<&Security>,
     ) -> Cluster {
+        let hosts = Host::nodes(topology.nodes());
+        let nodes = hosts
+            .iter()
+            .zip(NODE_NAMES)
+            .map(|(&host, name)| {
+                let peers: Vec<Host> = hosts.iter().copied().filter(|&h| h != host).collect();
+                Node::new(name, host, &peers, topology, base, timing, security)
+            })
+            .collect();
         Cluster {
             stela,
             witness: Witness::new(topology, base, timing),
-            nodes: [
-                Node::new(
-                    "a",
-                    Host::Primary,
-                    Host::Standby,
-                    topology,
-                    base,
-                    timing,
-                    security,
-                ),
-                Node::new(
-                    "b",
-                    Host::Standby,
-                    Host::Primary,
-                    topology,
-                    base,
-                    timing,
-                    security,
-                ),
-            ],
+            nodes,
         }
+    }
+
+    /// Every node but `i`.
+    pub fn others(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.nodes.len()).filter(move |&j| j != i)
     }
 
     /// The index of the node that reports itself primary in the highest epoch, with its status.
@@ -590,13 +667,15 @@ impl Client {
 /// out).
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("({e})"));
-    // A daemon logs every connection; those of the harness's and the followers' status polls
-    // (one every few tens of milliseconds) would fill any tail.
+    // A daemon logs every connection (and every client's authentication); those of the
+    // harness's and the followers' status polls, and the client's reconnections (one every few
+    // tens of milliseconds), would fill any tail.
     let all: Vec<&str> = text
         .lines()
         .filter(|line| {
             !line.contains("stela_server::net: connection accepted")
                 && !line.contains("stela_server::net: connection closed")
+                && !line.contains("stela_server::net: TCP client authenticated")
         })
         .collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -688,5 +767,39 @@ mod tests {
         }
         assert!(!protected(&away));
         assert_eq!((role(&away), epoch(&away)), ("primary", 2));
+    }
+
+    #[test]
+    fn a_primary_of_three_nodes_is_read_per_standby() {
+        let standby = |peer: &str, replica: ReplicaStatus| stela_proto::StandbyStatus {
+            peer: peer.into(),
+            connected: replica.connected,
+            stalled: false,
+            logs: vec![replica],
+        };
+        let mut three = report("primary", 0, vec![replica(true, 3)]);
+        let mut far = replica(true, 5000);
+        far.shipped_bytes = 100;
+        if let Some(r) = three.replication.as_mut() {
+            r.standbys = vec![standby("b:7601", replica(true, 3)), standby("c:7601", far)];
+        }
+        // Both streams are seen, not only the first (which `logs` repeats).
+        assert_eq!(log_streams(&three).len(), 2);
+        assert_eq!(caught_up_standbys(&three), 1);
+        assert!(fully_protected(&three, 1));
+        assert!(!fully_protected(&three, 2));
+        assert!(!every_standby_holds_all(&three, 2));
+        // Shipped to each standby, or to both.
+        let before = StatusReport::default();
+        assert_eq!(shipped_to(&before, &three, Some("b:7601")), 4000);
+        assert_eq!(shipped_to(&before, &three, Some("c:7601")), 100);
+        assert_eq!(shipped_since(&before, &three), 4100);
+        assert_eq!(shipped_to(&three, &three, None), 0);
+        // A daemon listing no standbys: its one standby from `logs`.
+        let pair = report("primary", 0, vec![replica(true, 0)]);
+        assert_eq!(log_streams(&pair).len(), 1);
+        assert!(every_standby_holds_all(&pair, 1));
+        assert_eq!(shipped_to(&before, &pair, Some("10.231.1.2:7601")), 4000);
+        assert_eq!(shipped_to(&before, &pair, Some("elsewhere:7601")), 0);
     }
 }

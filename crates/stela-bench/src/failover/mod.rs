@@ -1,8 +1,10 @@
 //! `stela-bench failover`: availability under faults, after RemusDB's failover experiments
-//! (its Figures 5 to 7). A witness and two `stela serve` nodes with automatic failover run in
-//! network namespaces of their own, a client commits at `replicated` without pause to the
-//! endpoint list of both, and faults are injected in turn; after each, the old primary (or
-//! whatever was hit) is brought back and the pair reprotected before the next. Reported per
+//! (its Figures 5 to 7). A witness and two or three (`--nodes`) `stela serve` nodes with
+//! automatic failover run in network namespaces of their own, a client commits at `replicated`
+//! without pause to the endpoint list of every node, and faults are injected in turn; after
+//! each, the old primary (or whatever was hit) is brought back and the cluster reprotected (every
+//! standby caught up) before the next. A fault aimed at "the standby" hits one of the standbys,
+//! chosen by the seed. Reported per
 //! fault: the downtime seen by the client, acknowledgements, commits in doubt, records lost,
 //! acknowledgements from a deposed primary, failovers, the bytes shipped to reprotect, and for
 //! the faults that must not fail over, the longest blocked commit. Clients and replication run
@@ -16,6 +18,7 @@
 //! - [`verify`]: the final logs read back and checked against the acknowledgements.
 //! - [`overlap`]: issue 52's kinds (silent links, overlapping process faults) and the watch
 //!   for two primaries of one epoch.
+//! - [`terms`]: one primary per epoch as the nodes' and the witness's logs tell it.
 //! - [`chart`]: the SVG.
 //!
 //! This module owns the sequence: build, start, for each fault inject / undo / restart /
@@ -27,6 +30,7 @@ pub mod client;
 pub mod cluster;
 pub mod events;
 pub mod overlap;
+pub mod terms;
 pub mod topology;
 pub mod verify;
 
@@ -34,15 +38,17 @@ use crate::netns::{pause, poll_within, sibling, wait_within};
 use analysis::FaultWindow;
 use anyhow::Context;
 use cluster::{
-    epoch, log_positions, protected, role, shipped_since, tail, Client, Cluster, Role, Timing,
+    epoch, every_standby_holds_all, fully_protected, log_positions, role, shipped_to, tail, Client,
+    Cluster, Role, Timing,
 };
 use events::{mono_ms, LOG};
 use rustix::process::Signal;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use topology::{Host, Topology};
+use topology::Topology;
 
 /// The kinds of fault, injected in this order (cycling) unless `--kinds` says otherwise.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -85,10 +91,20 @@ pub enum FaultKind {
     /// started again with its configured role while the witness is down (it must come up a
     /// standby, never a second primary), for the fault's length; then the witness restarted.
     WitnessDownRestartOld,
+    /// Three nodes only: SIGKILL of one standby, then (once the primary has noticed, a
+    /// suspicion period later) of the primary, for the fault's length: the node left alone
+    /// can gather no majority of promises (N - K = 2 with K = 1), so no primary may be
+    /// elected and no commit begun meanwhile acknowledged (commits block; none is lost).
+    /// Then the standby is started again (the two elect), then the old primary.
+    KillStandbyThenPrimary,
+    /// Three nodes only: SIGKILL of both standbys for the fault's length: the primary, alone,
+    /// has no standby to hold a record, so no commit begun meanwhile may be acknowledged
+    /// (`replicated` waits for K = 1 standby). Then both started again. No failover.
+    KillStandbys,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::KillPrimary,
         FaultKind::StopPrimary,
         FaultKind::IsolatePrimary,
@@ -101,6 +117,8 @@ impl FaultKind {
         FaultKind::KillThenKillNew,
         FaultKind::PauseNew,
         FaultKind::WitnessDownRestartOld,
+        FaultKind::KillStandbyThenPrimary,
+        FaultKind::KillStandbys,
     ];
 
     pub fn name(self) -> &'static str {
@@ -117,7 +135,29 @@ impl FaultKind {
             FaultKind::KillThenKillNew => "kill-then-kill-new",
             FaultKind::PauseNew => "pause-new",
             FaultKind::WitnessDownRestartOld => "witness-down-restart-old",
+            FaultKind::KillStandbyThenPrimary => "kill-standby-then-primary",
+            FaultKind::KillStandbys => "kill-standbys",
         }
+    }
+
+    /// Whether the kind needs three nodes (with two it would take both down at once).
+    pub fn needs_three(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillStandbyThenPrimary | FaultKind::KillStandbys
+        )
+    }
+
+    /// One fault at a time (not overlapping): the kinds the availability targets hold for.
+    pub fn is_single(self) -> bool {
+        !matches!(
+            self,
+            FaultKind::KillThenKillNew
+                | FaultKind::PauseNew
+                | FaultKind::WitnessDownRestartOld
+                | FaultKind::KillStandbyThenPrimary
+                | FaultKind::KillStandbys
+        )
     }
 
     pub fn expects_failover(self) -> bool {
@@ -129,6 +169,7 @@ impl FaultKind {
                 | FaultKind::KillThenKillNew
                 | FaultKind::PauseNew
                 | FaultKind::WitnessDownRestartOld
+                | FaultKind::KillStandbyThenPrimary
         )
     }
 
@@ -142,6 +183,8 @@ impl FaultKind {
                 | FaultKind::KillThenKillNew
                 | FaultKind::PauseNew
                 | FaultKind::WitnessDownRestartOld
+                | FaultKind::KillStandbyThenPrimary
+                | FaultKind::KillStandbys
         )
     }
 }
@@ -149,10 +192,18 @@ impl FaultKind {
 /// Arguments of `stela-bench failover`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct FailoverArgs {
-    /// Faults to inject, one after the other, cycling through --kinds.
-    #[arg(long, default_value_t = 12)]
-    pub faults: usize,
-    /// The kinds of fault, in order (comma list; default all twelve).
+    /// Nodes in the cluster: 2 (a pair) or 3 (each started with the other two as --peer).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(2..=3))]
+    pub nodes: u8,
+    /// The nodes' --replicas (K, standbys that must hold a `replicated` record) with three
+    /// nodes; a pair has one standby.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Faults to inject, one after the other, cycling through --kinds (default: one of each).
+    #[arg(long)]
+    pub faults: Option<usize>,
+    /// The kinds of fault, in order (comma list; default all, those needing three nodes left
+    /// out of a run of two).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = FaultKind::ALL)]
     pub kinds: Vec<FaultKind>,
     /// How long a fault lasts where it has a length (stop, link down, partition, netem, a
@@ -183,7 +234,8 @@ pub struct FailoverArgs {
     /// not start; this is for a daemon that accepts it inside a private network.
     #[arg(long)]
     pub plain_tcp: bool,
-    /// Seeds the choices the faults make (pause-new's pause length); default: from the clock.
+    /// Seeds the choices the faults make (pause-new's pause length; with three nodes, the
+    /// standby a fault hits); default: from the clock.
     /// Printed with the results, so a run can be repeated in the same order and lengths.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -206,7 +258,7 @@ pub struct FaultRow {
     /// Injection to the first acknowledgement of a commit begun after it (0 for the faults
     /// that must not fail over; null if none came).
     pub downtime_ms: Option<f64>,
-    /// Injection to protected again (standby connected and caught up).
+    /// Injection to protected again (the cluster whole: every standby connected and caught up).
     pub recovered_ms: f64,
     /// The longest time without an acknowledgement, from the injection to the next fault.
     pub unavailable_ms: f64,
@@ -224,15 +276,25 @@ pub struct FaultRow {
     /// samples of both nodes' status naming both primary of one epoch, plus (for
     /// witness-down-restart-old) samples of the restarted old primary saying it is primary.
     pub double_primary: u64,
-    /// Epochs the pair went through during the fault (each is one promotion).
+    /// Commits begun while at most one node was up and acknowledged before a second came back
+    /// (kill-then-kill-new, kill-standby-then-primary: no majority to elect a primary;
+    /// kill-standbys, and kill-standby of a pair: a primary with no standby to hold a record);
+    /// must be 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acked_alone: Option<u64>,
+    /// kill-standby-then-primary: status samples of the node left alone saying it is primary
+    /// (must be 0: one node of three is no majority).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alone_primary: Option<u64>,
+    /// Epochs the cluster went through during the fault (each is one promotion).
     pub failovers: u64,
     /// The faults that must not fail over: the longest wait of a `replicated` commit waiting
     /// at some moment during the fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocked_ms: Option<f64>,
-    /// What the primary shipped from the restart of the node that rejoins (or the end of the
-    /// fault) until it was caught up: its status's `shipped_bytes`, summed over logs, after
-    /// minus before (all of it for a log shipped in a new term since; live records shipped
+    /// What the primary shipped to the node that rejoins or was hit (to every standby for the
+    /// overlapping kinds) from its restart (or the end of the fault) until it was caught up:
+    /// its status's `shipped_bytes`, summed over logs, after minus before (all of it for a log shipped in a new term since; live records shipped
     /// meanwhile included). Null if the primary changed in between.
     pub reprotect_bytes: Option<u64>,
     /// What reprotection had to move, in the same frame bytes: the standby's records past its
@@ -304,11 +366,24 @@ pub struct Summary {
     pub resolution_wrong: u64,
     pub kept_absent: u64,
     pub lost_present: u64,
-    /// Status samples in which both nodes said they were primary of one epoch.
+    /// Status samples in which two nodes said they were primary of one epoch.
     pub double_primary_status: u64,
+    /// Epochs the nodes' and the witness's logs give more than one holder ([`terms`]).
+    pub double_primary_logs: u64,
+    /// Commits acknowledged while at most one node was up (see [`FaultRow::acked_alone`]).
+    pub acked_alone: u64,
+    /// Nodes in the cluster.
+    pub nodes: usize,
+    /// Per node: acknowledged records its final log does not hold at their LSN (after the
+    /// run every standby is caught up before it is stopped, so each must hold all of them),
+    /// and LSNs it holds with another record than the final primary (null: unreadable).
+    pub node_checks: Vec<NodeCheck>,
     /// Status samples in which an old primary restarted while the witness was down said it
     /// was primary.
     pub old_came_up_primary: u64,
+    /// Status samples in which the one node left up of three (kill-standby-then-primary) said
+    /// it was primary: no majority elected it.
+    pub alone_primary: u64,
     /// Per kind of fault.
     pub kinds: Vec<KindRow>,
     /// LSNs the final standby holds with another record than the primary (null: its log could
@@ -317,6 +392,15 @@ pub struct Summary {
     /// The largest `reprotect_bytes / reprotect_need_bytes` over the faults that have both
     /// (target: at most 1.05).
     pub reprotect_over_need: Option<f64>,
+}
+
+/// One node's final log against the acknowledgements and the final primary's log.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeCheck {
+    pub node: &'static str,
+    pub primary: bool,
+    pub acked_missing: Option<u64>,
+    pub mismatch: Option<u64>,
 }
 
 /// What the run recorded of one fault.
@@ -337,6 +421,11 @@ struct FaultRun {
     old_primary_exit: Option<Option<i32>>,
     /// witness-down-restart-old: samples of the restarted old primary saying it is primary.
     old_came_up_primary: u64,
+    /// kill-standby-then-primary: samples of the node left alone saying it is primary.
+    alone_primary: u64,
+    /// kill-then-kill-new, kill-standby-then-primary: from when at most one node was up to
+    /// when a second was started again.
+    alone: Option<(f64, f64)>,
 }
 
 /// How long a failover, a step-down and a reprotection may take before the run says so.
@@ -350,8 +439,17 @@ const PROTECT_WAIT: Duration = Duration::from_secs(60);
 /// Not root, a process that does not start, a pair
 /// that is not protected again within a minute, logs that cannot be read.
 pub fn run(args: &FailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<FaultRow>, Summary)> {
-    anyhow::ensure!(args.faults >= 1, "--faults must be at least 1");
-    anyhow::ensure!(!args.kinds.is_empty(), "--kinds names no fault");
+    anyhow::ensure!(args.faults != Some(0), "--faults must be at least 1");
+    anyhow::ensure!(
+        !kinds_of(args).is_empty(),
+        "--kinds names no fault for {} nodes",
+        args.nodes
+    );
+    anyhow::ensure!(
+        args.replicas >= 1 && args.replicas < usize::from(args.nodes),
+        "--replicas must be between 1 and the standbys ({})",
+        args.nodes - 1
+    );
     crate::netns::stop_on_signals()?;
     let stela = sibling("stela")?;
     let me = std::env::current_exe()?;
@@ -384,6 +482,15 @@ pub fn run(args: &FailoverArgs, out: &mut dyn Write) -> anyhow::Result<(Vec<Faul
     }
 }
 
+/// The kinds this run injects, in order: `--kinds` less those needing more nodes than it has.
+fn kinds_of(args: &FailoverArgs) -> Vec<FaultKind> {
+    args.kinds
+        .iter()
+        .copied()
+        .filter(|k| args.nodes >= 3 || !k.needs_three())
+        .collect()
+}
+
 fn run_in(
     args: &FailoverArgs,
     stela: &Path,
@@ -392,11 +499,12 @@ fn run_in(
     out: &mut dyn Write,
 ) -> anyhow::Result<(Vec<FaultRow>, Summary)> {
     // Dropped in reverse: the client, the daemons, then the network.
-    let topology = Topology::create()?;
+    let topology = Topology::create_for(args.nodes.into())?;
     let timing = Timing {
         heartbeat_ms: args.heartbeat_ms,
         suspect_after_ms: args.suspect_after_ms,
         lease_ms: args.lease_ms,
+        replicas: args.replicas,
     };
     let security = if args.plain_tcp {
         None
@@ -412,7 +520,9 @@ fn run_in(
     );
     cluster.witness.start(stela, &topology)?;
     cluster.nodes[0].start(stela, &topology, Role::Primary)?;
-    cluster.nodes[1].start(stela, &topology, Role::Standby)?;
+    for i in 1..cluster.nodes.len() {
+        cluster.nodes[i].start(stela, &topology, Role::Standby)?;
+    }
     wait_within(
         "node a to be the primary and reach the witness",
         FAILOVER_WAIT,
@@ -434,12 +544,18 @@ fn run_in(
         )
     })?;
     let scheme = if security.is_some() { "tls" } else { "tcp" };
-    let endpoints = format!(
-        "{scheme}://{}:{port},{scheme}://{}:{port}",
-        topology.address(Host::Primary),
-        topology.address(Host::Standby),
-        port = cluster::CLIENT_PORT
-    );
+    let endpoints = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{scheme}://{}:{}",
+                topology.address(n.host),
+                cluster::CLIENT_PORT
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
     let mut client_args: Vec<String> = vec![
         "failover-client".into(),
         "--endpoints".into(),
@@ -469,19 +585,15 @@ fn run_in(
     if !args.json {
         eprintln!("failover: seed {seed}");
     }
-    let watch =
-        overlap::PrimaryWatch::start([cluster.nodes[0].socket(), cluster.nodes[1].socket()]);
+    let watch = overlap::PrimaryWatch::start(cluster.nodes.iter().map(|n| n.socket()).collect());
+    let kinds = kinds_of(args);
+    let faults = args.faults.unwrap_or(kinds.len());
     let mut runs = Vec::new();
-    for i in 0..args.faults {
-        let kind = args.kinds[i % args.kinds.len()];
+    for i in 0..faults {
+        let kind = kinds[i % kinds.len()];
         pause(Duration::from_millis(args.settle_ms))?;
         if !args.json {
-            eprintln!(
-                "failover: fault {} of {}: {}",
-                i + 1,
-                args.faults,
-                kind.name()
-            );
+            eprintln!("failover: fault {} of {}: {}", i + 1, faults, kind.name());
         }
         runs.push(inject(
             kind,
@@ -495,20 +607,57 @@ fn run_in(
     pause(Duration::from_millis(args.settle_ms))?;
     let two_primaries = watch.finish();
 
-    // Stop cleanly: the client (it settles what is in doubt), then the standby before the
-    // primary, so that no promotion happens on the way out.
+    // Stop cleanly: the client (it settles what is in doubt), then, once every standby holds
+    // the whole log, the standbys before the primary, so that no promotion happens on the way
+    // out.
+    let events = client.stop()?;
     let (final_primary, _) = cluster
         .primary()
         .context("no primary at the end of the run")?;
-    let events = client.stop()?;
-    let final_standby = 1 - final_primary;
-    cluster.nodes[final_standby].stop()?;
+    let standbys = cluster.nodes.len() - 1;
+    wait_within("every standby to hold the whole log", PROTECT_WAIT, || {
+        cluster.nodes[final_primary]
+            .status()
+            .is_some_and(|s| every_standby_holds_all(&s, standbys))
+    })
+    .with_context(|| logs_of(&cluster))?;
+    let others: Vec<usize> = cluster.others(final_primary).collect();
+    for &i in &others {
+        cluster.nodes[i].stop()?;
+    }
     cluster.nodes[final_primary].stop()?;
     cluster.witness.kill();
     let primary_copy = verify::read_log(&cluster.nodes[final_primary].dir, LOG)?;
-    let standby_copy = verify::read_log(&cluster.nodes[final_standby].dir, LOG);
-    if let Err(error) = &standby_copy {
-        eprintln!("failover: the final standby's log could not be read: {error:#}");
+    let other_copies: Vec<(usize, anyhow::Result<verify::LogCopy>)> = others
+        .iter()
+        .map(|&i| (i, verify::read_log(&cluster.nodes[i].dir, LOG)))
+        .collect();
+    for (i, copy) in &other_copies {
+        if let Err(error) = copy {
+            eprintln!(
+                "failover: node {}'s final log could not be read: {error:#}",
+                cluster.nodes[*i].name
+            );
+        }
+    }
+    let log_conflicts = terms::conflicts(
+        &cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.name,
+                    std::fs::read_to_string(n.log_path()).unwrap_or_default(),
+                )
+            })
+            .collect::<Vec<_>>(),
+        &std::fs::read_to_string(cluster.witness.log_path()).unwrap_or_default(),
+    );
+    for conflict in &log_conflicts {
+        eprintln!(
+            "failover: DOUBLE PRIMARY in the logs: epoch {} promoted {:?}, granted {:?}",
+            conflict.epoch, conflict.promoted, conflict.granted
+        );
     }
 
     let windows: Vec<FaultWindow> = runs
@@ -523,7 +672,29 @@ fn run_in(
         .collect();
     let acked = analysis::acknowledged(&events);
     let resolved = analysis::resolutions(&events);
-    let verdict = verify::check(&acked, &resolved, &primary_copy, standby_copy.as_ref().ok());
+    let verdict = verify::check(&acked, &resolved, &primary_copy, None);
+    let mut node_checks = vec![NodeCheck {
+        node: cluster.nodes[final_primary].name,
+        primary: true,
+        acked_missing: Some(verdict.lost.len() as u64),
+        mismatch: Some(0),
+    }];
+    for (i, copy) in &other_copies {
+        let theirs = copy
+            .as_ref()
+            .ok()
+            .map(|copy| verify::check(&acked, &resolved, &primary_copy, Some(copy)));
+        let missing = copy.as_ref().ok().map(|copy| {
+            let as_primary = verify::check(&acked, &HashMap::new(), copy, None);
+            as_primary.lost.len() as u64
+        });
+        node_checks.push(NodeCheck {
+            node: cluster.nodes[*i].name,
+            primary: false,
+            acked_missing: missing,
+            mismatch: theirs.map(|v| v.standby_mismatch.len() as u64),
+        });
+    }
     let rows = fault_rows(
         &runs,
         &windows,
@@ -533,6 +704,7 @@ fn run_in(
         &primary_copy,
         &topology,
     );
+    let acked_alone = rows.iter().filter_map(|r| r.acked_alone).sum();
     let downtimes: Vec<f64> = rows
         .iter()
         .zip(&runs)
@@ -562,17 +734,20 @@ fn run_in(
         lost: verdict.lost.len() as u64,
         double_primary: analysis::double_primary_times(&events).len() as u64
             + two_primaries.len() as u64
-            + runs.iter().map(|r| r.old_came_up_primary).sum::<u64>(),
+            + runs.iter().map(|r| r.old_came_up_primary).sum::<u64>()
+            + log_conflicts.len() as u64,
         resolution_wrong: verdict.resolution_wrong.len() as u64,
         kept_absent: verdict.kept_absent.len() as u64,
         lost_present: verdict.lost_present.len() as u64,
         double_primary_status: two_primaries.len() as u64,
+        double_primary_logs: log_conflicts.len() as u64,
+        acked_alone,
+        nodes: cluster.nodes.len(),
+        node_checks: node_checks.clone(),
         old_came_up_primary: runs.iter().map(|r| r.old_came_up_primary).sum(),
+        alone_primary: runs.iter().map(|r| r.alone_primary).sum(),
         kinds: kind_rows(&rows),
-        standby_mismatch: standby_copy
-            .as_ref()
-            .ok()
-            .map(|_| verdict.standby_mismatch.len() as u64),
+        standby_mismatch: node_checks.iter().map(|c| c.mismatch).sum::<Option<u64>>(),
         reprotect_over_need: rows
             .iter()
             .filter_map(|r| Some(r.reprotect_bytes? as f64 / r.reprotect_need_bytes?.max(1) as f64))
@@ -667,6 +842,11 @@ fn fault_rows(
             resolution_wrong: resolved_in[i].2,
             lost: lost_in[i],
             double_primary: facts[i].double_primary + two_in[i] + run.old_came_up_primary,
+            acked_alone: run
+                .alone
+                .map(|(from, until)| analysis::begun_and_acked_within(events, from, until)),
+            alone_primary: (run.kind == FaultKind::KillStandbyThenPrimary)
+                .then_some(run.alone_primary),
             failovers: run.epoch_after.saturating_sub(run.epoch_before),
             blocked_ms: (!run.kind.expects_failover()).then(|| round(facts[i].blocked_ms)),
             reprotect_bytes: run.reprotect_bytes,
@@ -742,7 +922,7 @@ fn inject(
         return Ok(run);
     }
     let (p, before) = cluster.primary().context("no primary before the fault")?;
-    let s = 1 - p;
+    let s = choose_standby(cluster, p, choices);
     let (p_host, s_host) = (cluster.nodes[p].host, cluster.nodes[s].host);
     let epoch_before = epoch(&before);
     let hold = Duration::from_millis(args.fault_ms);
@@ -776,7 +956,9 @@ fn inject(
             // with two nodes the new primary protects no commit until the old one is back as
             // its standby (a `replicated` commit is never answered `Ok` by one node alone,
             // issue 52), so the restart is part of the downtime measured.
-            poll_within(FAILOVER_WAIT, || promoted(cluster, s, epoch_before))?;
+            poll_within(FAILOVER_WAIT, || {
+                promoted_other(cluster, p, epoch_before).is_some()
+            })?;
             rejoin = Some(p);
         }
         FaultKind::StopPrimary => {
@@ -857,12 +1039,33 @@ fn inject(
         recovered_ms,
         epoch_before,
         epoch_after: epoch(&report),
-        reprotect_bytes: (primary == shipping).then(|| shipped_since(&now, &report)),
+        // To the node that rejoins or was hit, where it is a standby now (the other standby's
+        // live records are no part of its reprotection).
+        reprotect_bytes: (primary == shipping).then(|| {
+            let hit = rejoin.unwrap_or(s);
+            let peer = (hit != primary).then(|| cluster.nodes[hit].repl.as_str());
+            shipped_to(&now, &report, peer)
+        }),
         reprotect_need,
         log_lsn,
         old_primary_exit,
         old_came_up_primary: 0,
+        // A pair's primary is alone while its standby is down: it acknowledges nothing then.
+        alone: (kind == FaultKind::KillStandby && cluster.nodes.len() == 2)
+            .then_some((inject_ms, restore_ms)),
+        alone_primary: 0,
     })
+}
+
+/// The standby a fault aimed at "the standby" hits: with one, that one; with two, one chosen
+/// by the seed.
+fn choose_standby(cluster: &Cluster, p: usize, choices: &mut overlap::Choices) -> usize {
+    let others: Vec<usize> = cluster.others(p).collect();
+    match others.len() {
+        // No draw: a pair's runs repeat from the seeds printed before there were three.
+        1 => others[0],
+        n => others[choices.between(0, n as u64 - 1) as usize],
+    }
 }
 
 /// Whether node `i` is the primary of an epoch above `epoch_before`.
@@ -870,6 +1073,27 @@ fn promoted(cluster: &Cluster, i: usize, epoch_before: u64) -> bool {
     cluster.nodes[i]
         .status()
         .is_some_and(|s| role(&s) == "primary" && epoch(&s) > epoch_before)
+}
+
+/// The node other than `p` that is the primary of an epoch above `epoch_before`, if one is.
+fn promoted_other(cluster: &Cluster, p: usize, epoch_before: u64) -> Option<usize> {
+    cluster
+        .others(p)
+        .find(|&i| promoted(cluster, i, epoch_before))
+}
+
+/// The primary, if the cluster is whole and protected: it is protected with every other node
+/// its standby, connected and caught up, and each of them says it is a standby of its epoch.
+fn whole_and_protected(cluster: &Cluster) -> Option<(usize, stela_proto::StatusReport)> {
+    let standbys = cluster.nodes.len() - 1;
+    cluster.primary().filter(|(i, report)| {
+        fully_protected(report, standbys)
+            && cluster.others(*i).all(|j| {
+                cluster.nodes[j]
+                    .status()
+                    .is_some_and(|s| role(&s) == "standby" && epoch(&s) == epoch(report))
+            })
+    })
 }
 
 /// Waits for some node to be the primary.
@@ -883,17 +1107,11 @@ fn wait_primary(cluster: &Cluster) -> anyhow::Result<(usize, stela_proto::Status
     Ok(found.expect("waited for it"))
 }
 
-/// Waits until the pair is protected: a primary with its standby connected and caught up, the
-/// other node a standby of the same epoch.
+/// Waits until the cluster is whole and protected ([`whole_and_protected`]).
 fn wait_protected(cluster: &Cluster) -> anyhow::Result<(usize, stela_proto::StatusReport)> {
     let mut found = None;
-    wait_within("the pair to be protected again", PROTECT_WAIT, || {
-        found = cluster.primary().filter(|(i, report)| {
-            protected(report)
-                && cluster.nodes[1 - i]
-                    .status()
-                    .is_some_and(|s| role(&s) == "standby" && epoch(&s) == epoch(report))
-        });
+    wait_within("the cluster to be protected again", PROTECT_WAIT, || {
+        found = whole_and_protected(cluster);
         found.is_some()
     })
     .with_context(|| logs_of(cluster))?;
@@ -964,9 +1182,36 @@ fn print_kinds(out: &mut dyn Write, summary: &Summary) -> anyhow::Result<()> {
             k.double_primary
         )?;
     }
+    for k in &summary.kinds {
+        let single = FaultKind::ALL
+            .iter()
+            .find(|kind| kind.name() == k.kind)
+            .is_some_and(|kind| kind.is_single());
+        if summary.nodes >= 3 && single {
+            let met = k.unavailable_p99_ms.is_some_and(|v| v < 1000.0)
+                && k.unavailable_max_ms.is_some_and(|v| v < 2000.0);
+            writeln!(
+                out,
+                "target (three nodes, one fault at a time): {} unavailability p99 < 1 s and max < 2 s: {}",
+                k.kind,
+                if met { "met" } else { "NOT met" }
+            )?;
+        }
+    }
+    for node in &summary.node_checks {
+        let n = |v: Option<u64>| v.map_or("unreadable".to_owned(), |v| v.to_string());
+        writeln!(
+            out,
+            "node {}{}: acknowledged records missing from its final log {}, LSNs holding another record than the final primary's {}",
+            node.node,
+            if node.primary { " (final primary)" } else { "" },
+            n(node.acked_missing),
+            n(node.mismatch)
+        )?;
+    }
     writeln!(
         out,
-        "checker (seed {}): {} acknowledged, {} lost; {} answered Unprotected; {} in doubt: {} resolved Kept, {} Lost, {} unresolved; wrong resolutions {} (Kept absent {}, Lost present {}); double primary {} (client-seen {}, status samples with two primaries of one epoch {}, old primary up as primary while the witness was down {})",
+        "checker (seed {}): {} acknowledged, {} lost; {} answered Unprotected; {} in doubt: {} resolved Kept, {} Lost, {} unresolved; wrong resolutions {} (Kept absent {}, Lost present {}); double primary {} (client-seen {}, status samples with two primaries of one epoch {}, epochs the nodes' and the witness's logs give two holders {}, old primary up as primary while the witness was down {}); samples of the one node left up of three saying it is primary {}; commits begun and acknowledged while at most one node was up {}",
         summary.seed,
         summary.acked,
         summary.lost,
@@ -981,9 +1226,13 @@ fn print_kinds(out: &mut dyn Write, summary: &Summary) -> anyhow::Result<()> {
         summary.double_primary,
         summary.double_primary
             - summary.double_primary_status
+            - summary.double_primary_logs
             - summary.old_came_up_primary,
         summary.double_primary_status,
-        summary.old_came_up_primary
+        summary.double_primary_logs,
+        summary.old_came_up_primary,
+        summary.alone_primary,
+        summary.acked_alone
     )?;
     Ok(())
 }
@@ -999,7 +1248,13 @@ fn print_table(
 ) -> anyhow::Result<()> {
     writeln!(
         out,
-        "# stela-bench failover: witness, nodes a (starts primary) and b, and the client in namespaces of their own on 10.231.{}.0/24 (a bridge in a fifth); client commits at replicated to {endpoints}",
+        "# stela-bench failover: witness, nodes {} (a starts primary{}), and the client in namespaces of their own on 10.231.{}.0/24 (a bridge in another); client commits at replicated to {endpoints}",
+        cluster::NODE_NAMES[..topology.nodes()].join(", "),
+        if topology.nodes() >= 3 {
+            format!("; each node has the other two as --peer, --replicas {}", args.replicas)
+        } else {
+            String::new()
+        },
         topology.subnet()
     )?;
     writeln!(
@@ -1110,7 +1365,7 @@ fn print_table(
     }
     writeln!(
         out,
-        "# downtime: injection to the first acknowledgement, by a primary of a newer epoch, of a commit begun after it; protected: injection to standby connected and caught up again; blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
+        "# downtime: injection to the first acknowledgement, by a primary of a newer epoch, of a commit begun after it; protected: injection to the cluster whole again (every standby connected and caught up); blocked: longest wait of a commit waiting during the fault; reprotect B: the primary's shipped_bytes (status) to the node that rejoins or was hit (to every standby if none) from the restart (or the end of the fault) to caught up; need B: what it had to move, the rejoining node's frames past its common prefix with the primary, read while it was down (diverged), plus the primary's past it up to its last LSN once caught up (missing), for the faults after which a node rejoins; log B: the log's frames up to the primary's last LSN then; epochs: promotions during the fault; injection: the moment the fault is in force"
     )?;
     Ok(())
 }
@@ -1130,7 +1385,18 @@ mod tests {
     fn kinds_default_to_all_in_order_and_parse_by_name() {
         let cli = Cli::try_parse_from(["x"]).unwrap();
         assert_eq!(cli.args.kinds, FaultKind::ALL.to_vec());
-        assert_eq!(cli.args.faults, 12);
+        assert_eq!(cli.args.faults, None);
+        assert_eq!((cli.args.nodes, cli.args.replicas), (2, 1));
+        // A pair leaves out the kinds that need three nodes; three run them all.
+        assert_eq!(kinds_of(&cli.args).len(), 12);
+        assert_eq!(FaultKind::ALL.iter().filter(|k| k.needs_three()).count(), 2);
+        assert!(kinds_of(&cli.args).iter().all(|k| !k.needs_three()));
+        let three = Cli::try_parse_from(["x", "--nodes", "3"]).unwrap();
+        assert_eq!(kinds_of(&three.args), FaultKind::ALL.to_vec());
+        assert!(Cli::try_parse_from(["x", "--nodes", "4"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--nodes", "1"]).is_err());
+        let single: Vec<_> = FaultKind::ALL.iter().filter(|k| k.is_single()).collect();
+        assert_eq!(single.len(), 9);
         let cli = Cli::try_parse_from(["x", "--kinds", "kill-primary,partition-pair"]).unwrap();
         assert_eq!(
             cli.args.kinds,
@@ -1146,7 +1412,7 @@ mod tests {
             .iter()
             .filter(|k| k.expects_failover())
             .collect();
-        assert_eq!(failing_over.len(), 6);
+        assert_eq!(failing_over.len(), 7);
         let cli = Cli::try_parse_from([
             "x",
             "--kinds",

@@ -1,20 +1,26 @@
 //! The faults of issue 52: silent links (one way, both ways) and overlapping process faults
 //! (kill then kill the new primary; kill then pause the new primary; restart the old primary
-//! while the witness is down). Unlike the older kinds, a node that exits here is started again
-//! with its *configured* role (`a` primary, `b` standby), as `Restart=on-failure` restarts a
-//! service with the same command line: the role is a preference, and only the coordinator's
-//! grant may make a node primary, which is what these faults put to the test.
+//! while the witness is down; with three nodes, kill a standby then the primary, and kill both
+//! standbys). Unlike the
+//! older kinds, a node that exits here is started again with its *configured* role (`a`
+//! primary, `b` and `c` standby), as `Restart=on-failure` restarts a service with the same
+//! command line: the role is a preference, and only the coordinator's grant may make a node
+//! primary, which is what these faults put to the test.
 //!
-//! Also here: [`PrimaryWatch`], which asks both nodes for their status through the whole run
+//! Also here: [`PrimaryWatch`], which asks every node for its status through the whole run
 //! and records every moment two of them say they are primary in the same epoch.
 //!
 //! Invariants kept: every fault is undone before [`inject`] returns (rules deleted, processes
-//! continued, the witness running), and it returns only with the pair protected again.
+//! continued, the witness running), and it returns only with the cluster whole and protected
+//! again.
 
-use super::cluster::{epoch, protected, role, status_of, Cluster, Role};
+use super::cluster::{epoch, role, status_of, Cluster, Role};
 use super::events::mono_ms;
 use super::topology::Topology;
-use super::{promoted, wait_primary, FailoverArgs, FaultKind, FaultRun, FAILOVER_WAIT};
+use super::{
+    choose_standby, promoted_other, wait_primary, whole_and_protected, FailoverArgs, FaultKind,
+    FaultRun, FAILOVER_WAIT,
+};
 use crate::netns::{check_interrupted, pause, poll_within};
 use anyhow::{bail, Context};
 use rustix::process::Signal;
@@ -68,12 +74,14 @@ pub(super) fn inject(
 ) -> anyhow::Result<FaultRun> {
     debug_assert!(kind.is_overlapping());
     let (p, before) = cluster.primary().context("no primary before the fault")?;
-    let s = 1 - p;
+    let s = choose_standby(cluster, p, choices);
     let (p_host, s_host) = (cluster.nodes[p].host, cluster.nodes[s].host);
     let epoch_before = epoch(&before);
     let hold = Duration::from_millis(args.fault_ms);
     let start_ms = mono_ms();
     let mut old_came_up_primary = 0;
+    let mut alone = None;
+    let mut alone_primary = 0;
     let inject_ms;
     match kind {
         FaultKind::Asym | FaultKind::BlackHole => {
@@ -91,16 +99,49 @@ pub(super) fn inject(
         FaultKind::KillThenKillNew => {
             cluster.nodes[p].kill();
             inject_ms = start_ms;
-            wait_promoted(cluster, s, epoch_before)?;
-            cluster.nodes[s].kill();
+            let q = wait_promoted(cluster, p, epoch_before)?;
+            cluster.nodes[q].kill();
+            // At most one node up now (none of a pair): no majority of promises.
+            let alone_from = mono_ms();
             pause(RESTART_AFTER)?;
+            alone = Some((alone_from, mono_ms()));
             restart(cluster, topology, p)?;
+            restart(cluster, topology, q)?;
+        }
+        FaultKind::KillStandbyThenPrimary => {
+            debug_assert_eq!(cluster.nodes.len(), 3);
+            cluster.nodes[s].kill();
+            inject_ms = start_ms;
+            // The primary runs on with its other standby for a suspicion period, then goes too.
+            pause(Duration::from_millis(args.suspect_after_ms))?;
+            cluster.nodes[p].kill();
+            let alone_from = mono_ms();
+            let lone = cluster
+                .others(p)
+                .find(|&i| i != s)
+                .expect("three nodes: one is left");
+            alone_primary = watch_not_primary(cluster, lone, hold, "left alone")?;
+            alone = Some((alone_from, mono_ms()));
             restart(cluster, topology, s)?;
+            restart(cluster, topology, p)?;
+        }
+        FaultKind::KillStandbys => {
+            debug_assert_eq!(cluster.nodes.len(), 3);
+            let standbys: Vec<usize> = cluster.others(p).collect();
+            for &i in &standbys {
+                cluster.nodes[i].kill();
+            }
+            inject_ms = mono_ms();
+            pause(hold)?;
+            alone = Some((inject_ms, mono_ms()));
+            for i in standbys {
+                restart(cluster, topology, i)?;
+            }
         }
         FaultKind::PauseNew => {
             cluster.nodes[p].kill();
             inject_ms = start_ms;
-            wait_promoted(cluster, s, epoch_before)?;
+            let s = wait_promoted(cluster, p, epoch_before)?;
             cluster.nodes[s].signal(Signal::STOP)?;
             let stopped = Duration::from_millis(choices.between(2000, 5000));
             let stopped_at = Instant::now();
@@ -111,10 +152,11 @@ pub(super) fn inject(
         FaultKind::WitnessDownRestartOld => {
             cluster.nodes[p].kill();
             inject_ms = start_ms;
-            wait_promoted(cluster, s, epoch_before)?;
+            wait_promoted(cluster, p, epoch_before)?;
             cluster.witness.kill();
             restart(cluster, topology, p)?;
-            old_came_up_primary = watch_not_primary(cluster, p, hold)?;
+            old_came_up_primary =
+                watch_not_primary(cluster, p, hold, "restarted while the witness is down")?;
             cluster.witness.start(&cluster.stela, topology)?;
         }
         _ => unreachable!("not an overlapping kind: {kind:?}"),
@@ -138,19 +180,26 @@ pub(super) fn inject(
         log_lsn,
         old_primary_exit: None,
         old_came_up_primary,
+        alone,
+        alone_primary,
     })
 }
 
-fn wait_promoted(cluster: &Cluster, s: usize, epoch_before: u64) -> anyhow::Result<()> {
-    let promoted_in_time = poll_within(FAILOVER_WAIT, || promoted(cluster, s, epoch_before))?;
-    if !promoted_in_time {
-        bail!(
-            "node {} was not promoted within {FAILOVER_WAIT:?}:\n{}",
-            cluster.nodes[s].name,
+/// Waits for a node other than `p` to be promoted above `epoch_before`; which one.
+fn wait_promoted(cluster: &Cluster, p: usize, epoch_before: u64) -> anyhow::Result<usize> {
+    let mut found = None;
+    let promoted_in_time = poll_within(FAILOVER_WAIT, || {
+        found = promoted_other(cluster, p, epoch_before);
+        found.is_some()
+    })?;
+    match found {
+        Some(q) if promoted_in_time => Ok(q),
+        _ => bail!(
+            "no node but {} was promoted within {FAILOVER_WAIT:?}:\n{}",
+            cluster.nodes[p].name,
             super::logs_of(cluster)
-        );
+        ),
     }
-    Ok(())
 }
 
 fn start_configured(cluster: &mut Cluster, topology: &Topology, i: usize) -> anyhow::Result<()> {
@@ -171,9 +220,14 @@ fn restart(cluster: &mut Cluster, topology: &Topology, i: usize) -> anyhow::Resu
     Ok(())
 }
 
-/// For `within`, watches node `i` (restarted while the witness is down): the samples in which
-/// it says it is primary (each is printed: it must never be).
-fn watch_not_primary(cluster: &Cluster, i: usize, within: Duration) -> anyhow::Result<u64> {
+/// For `within`, watches node `i` (restarted while the witness is down, or left alone): the
+/// samples in which it says it is primary (each is printed: it must never be).
+fn watch_not_primary(
+    cluster: &Cluster,
+    i: usize,
+    within: Duration,
+    why: &str,
+) -> anyhow::Result<u64> {
     let until = Instant::now() + within;
     let mut seen = 0;
     while Instant::now() < until {
@@ -182,7 +236,7 @@ fn watch_not_primary(cluster: &Cluster, i: usize, within: Duration) -> anyhow::R
             if role(&report) == "primary" {
                 seen += 1;
                 eprintln!(
-                    "failover: DOUBLE PRIMARY? node {} restarted while the witness is down says it is primary of epoch {}",
+                    "failover: A PRIMARY IT MUST NOT BE: node {} {why} says it is primary of epoch {}",
                     cluster.nodes[i].name,
                     epoch(&report)
                 );
@@ -193,8 +247,9 @@ fn watch_not_primary(cluster: &Cluster, i: usize, within: Duration) -> anyhow::R
     Ok(seen)
 }
 
-/// Waits until the pair is protected (as [`super::wait_protected`]), starting again, with its
-/// configured role, every node that exits meanwhile (a deposed primary exits 75).
+/// Waits until the cluster is whole and protected (as [`super::wait_protected`]), starting
+/// again, with its configured role, every node that exits meanwhile (a deposed primary exits
+/// 75).
 pub(super) fn wait_protected_restarting(
     cluster: &mut Cluster,
     topology: &Topology,
@@ -215,18 +270,12 @@ pub(super) fn wait_protected_restarting(
                 restart(cluster, topology, i)?;
             }
         }
-        let found = cluster.primary().filter(|(i, report)| {
-            protected(report)
-                && cluster.nodes[1 - i]
-                    .status()
-                    .is_some_and(|s| role(&s) == "standby" && epoch(&s) == epoch(report))
-        });
-        if let Some(found) = found {
+        if let Some(found) = whole_and_protected(cluster) {
             return Ok(found);
         }
         if Instant::now() > deadline {
             bail!(
-                "the pair was not protected again within {PROTECT_WAIT:?}:\n{}",
+                "the cluster was not protected again within {PROTECT_WAIT:?}:\n{}",
                 super::logs_of(cluster)
             );
         }
@@ -234,7 +283,7 @@ pub(super) fn wait_protected_restarting(
     }
 }
 
-/// Asks both nodes for their status every 50 ms on a thread of its own, for the whole run, and
+/// Asks every node for its status every 50 ms on a thread of its own, for the whole run, and
 /// keeps the moments two say they are primary of the same epoch.
 pub struct PrimaryWatch {
     stop: Arc<AtomicBool>,
@@ -243,7 +292,7 @@ pub struct PrimaryWatch {
 }
 
 impl PrimaryWatch {
-    pub fn start(sockets: [PathBuf; 2]) -> PrimaryWatch {
+    pub fn start(sockets: Vec<PathBuf>) -> PrimaryWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (stop_there, seen_there) = (Arc::clone(&stop), Arc::clone(&seen));
@@ -255,15 +304,11 @@ impl PrimaryWatch {
                     .filter(|report| role(report) == "primary")
                     .map(|report| epoch(&report))
                     .collect();
-                if primaries.len() == 2 && primaries[0] == primaries[1] {
+                if let Some(shared) = shared_epoch(&primaries) {
                     eprintln!(
-                        "failover: DOUBLE PRIMARY: both nodes say they are primary of epoch {}",
-                        primaries[0]
+                        "failover: DOUBLE PRIMARY: two nodes say they are primary of epoch {shared}"
                     );
-                    seen_there
-                        .lock()
-                        .expect("watch")
-                        .push((mono_ms(), primaries[0]));
+                    seen_there.lock().expect("watch").push((mono_ms(), shared));
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -291,9 +336,28 @@ impl Drop for PrimaryWatch {
     }
 }
 
+/// An epoch two of the primaries' epochs (one per node that said it is primary) share.
+fn shared_epoch(primaries: &[u64]) -> Option<u64> {
+    primaries
+        .iter()
+        .enumerate()
+        .find(|(i, e)| primaries[i + 1..].contains(e))
+        .map(|(_, &e)| e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_primaries_of_one_epoch_among_any_number() {
+        assert_eq!(shared_epoch(&[]), None);
+        assert_eq!(shared_epoch(&[3]), None);
+        assert_eq!(shared_epoch(&[3, 4]), None);
+        assert_eq!(shared_epoch(&[3, 3]), Some(3));
+        assert_eq!(shared_epoch(&[2, 5, 5]), Some(5));
+        assert_eq!(shared_epoch(&[5, 2, 5]), Some(5));
+    }
 
     #[test]
     fn choices_repeat_from_their_seed_and_stay_in_range() {

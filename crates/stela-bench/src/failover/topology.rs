@@ -1,7 +1,8 @@
 //! The failover run's network: four namespaces, `stela-fo-{primary,standby,witness,client}-<pid>`
 //! (named after the role each host *starts* in: after a failover the node in the "standby"
-//! namespace is the primary), each with one interface `fo0` holding 10.231.<n>.<k>/24, whose
-//! veth peers are ports of one bridge.
+//! namespace is the primary), and with three nodes a fifth, `stela-fo-standby2-<pid>`, for the
+//! third node; each with one interface `fo0` holding 10.231.<n>.<k>/24, whose veth peers are
+//! ports of one bridge.
 //!
 //! The bridge lives in a fifth namespace of its own, `stela-fo-bridge-<pid>`, not in the root
 //! namespace, so that the run adds nothing at all to the host's interfaces, addresses and routes:
@@ -32,10 +33,34 @@ pub enum Host {
     Standby,
     Witness,
     Client,
+    /// The third node's (a second standby), only in a run of three nodes. Last, so that a
+    /// two-node run's hosts keep their indexes and addresses.
+    Standby2,
 }
 
 impl Host {
-    pub const ALL: [Host; 4] = [Host::Primary, Host::Standby, Host::Witness, Host::Client];
+    pub const ALL: [Host; 5] = [
+        Host::Primary,
+        Host::Standby,
+        Host::Witness,
+        Host::Client,
+        Host::Standby2,
+    ];
+
+    /// The hosts of the nodes of a run of `nodes` nodes, in the nodes' order (`a`, `b`, `c`).
+    pub fn nodes(nodes: usize) -> &'static [Host] {
+        debug_assert!((2..=3).contains(&nodes), "{nodes} nodes");
+        &[Host::Primary, Host::Standby, Host::Standby2][..nodes]
+    }
+
+    /// The hosts of a run of `nodes` nodes, in [`Host::index`] order.
+    fn of_run(nodes: usize) -> &'static [Host] {
+        if nodes >= 3 {
+            &Host::ALL
+        } else {
+            &Host::ALL[..4]
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -43,6 +68,7 @@ impl Host {
             Host::Standby => "standby",
             Host::Witness => "witness",
             Host::Client => "client",
+            Host::Standby2 => "standby2",
         }
     }
 
@@ -59,11 +85,11 @@ pub struct Topology {
     subnet: u8,
     /// The links made lossy by netfilter (none where netem does it), indexed by
     /// [`Host::index`]. Declared before `hosts`, so taken away before the namespaces go.
-    lossy: Mutex<[Option<LossyLink>; 4]>,
+    lossy: Mutex<[Option<LossyLink>; 5]>,
     /// Found on first use (a netem qdisc tried on the bridge).
     lossy_method: OnceLock<LossyMethod>,
-    /// Indexed by [`Host::index`]. Declared before `bridge`, so dropped first: the veth ends
-    /// in the bridge namespace go with their peers.
+    /// Indexed by [`Host::index`] (the third node's only in a run of three). Declared before
+    /// `bridge`, so dropped first: the veth ends in the bridge namespace go with their peers.
     hosts: Vec<Namespace>,
     bridge: Namespace,
 }
@@ -88,18 +114,32 @@ impl LossyMethod {
 }
 
 impl Topology {
-    /// Builds the network, named after this process's pid.
+    /// Builds the network of a two-node run, named after this process's pid.
     ///
     /// # Errors
     /// Not root (`ip netns add` fails), or any `ip` command fails; what was built is removed.
     pub fn create() -> anyhow::Result<Topology> {
+        Topology::create_for(2)
+    }
+
+    /// Builds the network of a run of `nodes` nodes (2 or 3): a host per node, the witness's
+    /// and the client's.
+    ///
+    /// # Errors
+    /// As [`Topology::create`]; also a number of nodes other than 2 or 3.
+    pub fn create_for(nodes: usize) -> anyhow::Result<Topology> {
+        anyhow::ensure!(
+            (2..=3).contains(&nodes),
+            "a run has 2 or 3 nodes, not {nodes}"
+        );
         let pid = std::process::id();
         let subnet = free_subnet(pid)?;
         let bridge = Namespace::create(&format!("stela-fo-bridge-{pid}"))?;
         bridge.ip(&["link", "add", "br0", "type", "bridge"])?;
         bridge.ip(&["link", "set", "br0", "up"])?;
         let mut hosts = Vec::new();
-        for host in Host::ALL {
+        for &host in Host::of_run(nodes) {
+            debug_assert_eq!(host.index(), hosts.len());
             let namespace = Namespace::create(&format!("stela-fo-{}-{pid}", host.name()))?;
             let port = bridge_port(host);
             bridge.ip(&[
@@ -131,8 +171,16 @@ impl Topology {
         })
     }
 
+    /// The namespace of `host`. Panics for the third node's in a run of two (a caller's bug).
     pub fn namespace(&self, host: Host) -> &Namespace {
-        &self.hosts[host.index()]
+        self.hosts
+            .get(host.index())
+            .unwrap_or_else(|| panic!("this run has no {} host", host.name()))
+    }
+
+    /// The number of nodes this network has hosts for.
+    pub fn nodes(&self) -> usize {
+        self.hosts.len() - 2
     }
 
     pub fn address(&self, host: Host) -> Ipv4Addr {
@@ -327,6 +375,15 @@ mod tests {
         assert_eq!(pick_subnet(0, used), Some(3));
         assert_eq!(pick_subnet(249, ""), Some(250));
         assert_eq!(address(7, Host::Client), Ipv4Addr::new(10, 231, 7, 4));
+        assert_eq!(address(7, Host::Standby2), Ipv4Addr::new(10, 231, 7, 5));
+        // A run's hosts are in index order; a two-node run has no third node's.
+        for nodes in [2, 3] {
+            let hosts = Host::of_run(nodes);
+            assert_eq!(hosts.len(), nodes + 2);
+            assert!(hosts.iter().enumerate().all(|(i, h)| h.index() == i));
+            assert!(Host::nodes(nodes).iter().all(|h| hosts.contains(h)));
+        }
+        assert!(!Host::of_run(2).contains(&Host::Standby2));
         // Interface names fit Linux's 15 bytes.
         assert!(Host::ALL.iter().all(|h| bridge_port(*h).len() <= 15));
     }
