@@ -205,6 +205,46 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
     Ok(report)
 }
 
+/// The last LSN of the valid records of the log in `dir`, read from its newest segment alone,
+/// as [`verify`] would find it there: every older segment was synced whole before its
+/// successor was created, so only the newest can end early. What a node reports when it
+/// promises an epoch, in the time of one segment's read however long the log. Damage in an
+/// older segment is not looked for (opening the log refuses it).
+///
+/// # Errors
+/// [`Error::NotALog`] when `dir` holds no log; I/O errors naming the file.
+pub fn tail_last_lsn(dir: &Path, storage: &dyn Storage) -> Result<Lsn> {
+    let listing = log_segments(dir, storage)?;
+    let newest = listing
+        .segments
+        .last()
+        .expect("log_segments lists at least one");
+    let file = storage
+        .open(&newest.path, OpenMode::Read)
+        .map_err(|e| Error::io("open", &newest.path, e))?;
+    let header = segment::read_header(file.as_ref(), &newest.path)?;
+    let bytes = file
+        .read_to_vec()
+        .map_err(|e| Error::io("read", &newest.path, e))?;
+    let mark = crate::synced::read(storage, dir)?
+        .filter(|m| m.segment_start == newest.start)
+        .map_or(HEADER_BYTES as u64, |m| m.synced_offset);
+    let scan = scan_segment_marked(
+        &bytes,
+        newest.start,
+        header.layout,
+        true,
+        u32::MAX,
+        true,
+        mark,
+    );
+    let before_start = Lsn::new(newest.start.get() - 1);
+    Ok(match scan.damage.first() {
+        Some(damage) => Lsn::new(damage.expected_lsn.get().saturating_sub(1)).max(before_start),
+        None => scan.last_lsn.unwrap_or(before_start),
+    })
+}
+
 fn describe(path: &Path, damage: &Damage) -> String {
     let mut text = format!(
         "{}: corruption at byte offset {} (expected record LSN {}): {}",

@@ -312,3 +312,40 @@ fn log_lists_and_truncates_through_the_segment_set() {
 fn assert_exists(fs: &FaultStorage, path: &Path) {
     assert!(fs.read_file(path).is_some(), "{} is gone", path.display());
 }
+
+/// `tools::tail_last_lsn` reads the newest segment alone and agrees with a whole-log `verify`
+/// on a log of many segments, as it grows and after a reopen; a directory without a log is an
+/// error, not LSN 0.
+#[test]
+fn the_last_lsn_from_the_tail_agrees_with_a_whole_verify() {
+    let fs = FaultStorage::new();
+    let log = Log::open(dir(), options(&fs, 64 << 10), TAG).unwrap();
+    let whole_verify = |fs: &FaultStorage| {
+        let report = stela_wal::tools::verify(&dir(), fs).unwrap();
+        report.last_lsn.unwrap_or(Lsn::ZERO)
+    };
+    for n in 1..=900u64 {
+        let lsn = log.append(&payload(n, 200)).unwrap();
+        if n % 150 == 0 {
+            log.commit(lsn).unwrap();
+            let tail = stela_wal::tools::tail_last_lsn(&dir(), &fs).unwrap();
+            assert_eq!(tail, lsn);
+            assert_eq!(tail, whole_verify(&fs));
+        }
+    }
+    log.close().unwrap();
+    let segments = fs.list(&dir()).unwrap().len();
+    assert!(
+        segments > 3,
+        "the test needs several segments, made {segments}"
+    );
+    let log = Log::open(dir(), options(&fs, 64 << 10), TAG).unwrap();
+    let last = log.append(&payload(901, 200)).unwrap();
+    log.commit(last).unwrap();
+    drop(log);
+    assert_eq!(stela_wal::tools::tail_last_lsn(&dir(), &fs).unwrap(), last);
+    assert!(matches!(
+        stela_wal::tools::tail_last_lsn(Path::new("/no/such/log"), &fs),
+        Err(Error::NotALog { .. })
+    ));
+}

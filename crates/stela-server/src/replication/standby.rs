@@ -214,8 +214,9 @@ impl Standby {
 
 /// Where each log under `logs` (the daemon's `DIR/logs`) ends: the term of its last record
 /// and its last LSN, as a node reports them when it promises an epoch. Read from the files
-/// (every segment is checked, as `stela wal verify` does): what this node holds, synced, once
-/// its streams have ended. A directory that holds no log yet counts as empty.
+/// (each log's newest segment, [`stela_wal::tools::tail_last_lsn`]: a whole-log check took
+/// seconds on large logs and delayed every election): what this node holds, synced, once its
+/// streams have ended. A directory that holds no log yet counts as empty.
 ///
 /// # Errors
 /// The directory cannot be listed, or a log's terms or segments cannot be read.
@@ -235,11 +236,8 @@ pub fn log_positions(
     let mut positions = Vec::with_capacity(names.len());
     for log in names {
         let dir = logs.join(&log);
-        let lsn = match stela_wal::tools::verify(&dir, storage.as_ref()) {
-            Ok(report) => match report.valid_prefix_end {
-                Some(end) => end.get().saturating_sub(1),
-                None => report.last_lsn.map_or(0, |l| l.get()),
-            },
+        let lsn = match stela_wal::tools::tail_last_lsn(&dir, storage.as_ref()) {
+            Ok(last) => last.get(),
             Err(stela_wal::Error::NotALog { .. }) => 0,
             Err(e) => return Err(format!("log {log}: {e}")),
         };
