@@ -12,8 +12,9 @@ use stela_proto::{LogListing, RequestBody, ResponseBody};
 
 #[derive(Subcommand, Debug)]
 pub enum LogsCommand {
-    /// Every log in the daemon's directory: name, handles open, segments, bytes on disk,
-    /// first and last LSN, state.
+    /// Every log in the daemon's directory.
+    ///
+    /// Name, handles open, segments, bytes on disk, first and last LSN, state.
     List {
         #[command(flatten)]
         target: TargetArgs,
@@ -28,11 +29,12 @@ pub enum LogsCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
-    /// Release a hold on this node's copy of a log: a warm follower's (`stela mount-follow`,
-    /// `stela store-follow`) on a standby, or, on a primary, the one it keeps for a standby
-    /// (`standby at HOST:PORT`), once that follower or standby is retired for good: until then
-    /// the copy is never cut below it. A follower still running, or a standby still
-    /// connected, writes its hold again.
+    /// Release a hold on this node's copy of a log (a retired follower's or standby's).
+    ///
+    /// A warm follower's (`stela mount-follow`, `stela store-follow`) on a standby, or, on a
+    /// primary, the one it keeps for a standby (`standby at HOST:PORT`), once that follower or
+    /// standby is retired for good: until then the copy is never cut below it. A follower
+    /// still running, or a standby still connected, writes its hold again.
     ReleaseHold {
         /// The log's name.
         name: String,

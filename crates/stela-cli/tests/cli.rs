@@ -177,33 +177,32 @@ fn the_settings_page_gives_the_defaults_the_daemon_has() {
             Some((flag.to_owned(), cells.get(2)?.to_string()))
         })
         .collect();
+    use stela::units::{Dur, Size};
+    let size = |bytes: u64| Size(bytes).to_string();
     let expected: Vec<(&str, String)> = vec![
         ("buffers", config::BUFFERS.to_string()),
-        ("buffer-size", config::BUFFER_BYTES.to_string()),
-        ("write-threshold", config::WRITE_THRESHOLD.to_string()),
-        (
-            "flush-interval",
-            config::FLUSH_INTERVAL.as_millis().to_string(),
-        ),
-        ("power-window", config::POWER_WINDOW.as_millis().to_string()),
-        ("segment-size", config::SEGMENT_BYTES.to_string()),
+        ("buffer-size", size(config::BUFFER_BYTES as u64)),
+        ("write-threshold", size(config::WRITE_THRESHOLD as u64)),
+        ("flush-interval", Dur(config::FLUSH_INTERVAL).to_string()),
+        ("power-window", Dur(config::POWER_WINDOW).to_string()),
+        ("segment-size", size(config::SEGMENT_BYTES)),
         ("flushers", config::FLUSHERS.to_string()),
         ("workers", config::WORKERS.to_string()),
         ("max-connections", config::MAX_CONNECTIONS.to_string()),
         ("admin-connections", config::ADMIN_CONNECTIONS.to_string()),
         (
             "handshake-timeout",
-            config::HANDSHAKE_TIMEOUT.as_secs().to_string(),
+            Dur(config::HANDSHAKE_TIMEOUT).to_string(),
         ),
-        ("frame-timeout", config::FRAME_TIMEOUT.as_secs().to_string()),
-        ("idle-timeout", config::IDLE_TIMEOUT.as_secs().to_string()),
+        ("frame-timeout", Dur(config::FRAME_TIMEOUT).to_string()),
+        ("idle-timeout", Dur(config::IDLE_TIMEOUT).to_string()),
         (
             "partial-frame-bytes",
-            config::PARTIAL_FRAME_BYTES.to_string(),
+            size(config::PARTIAL_FRAME_BYTES as u64),
         ),
-        ("output-bytes", config::OUTPUT_BYTES.to_string()),
-        ("ring-size", config::RING_BYTES.to_string()),
-        ("spin-us", config::SPIN.as_micros().to_string()),
+        ("output-bytes", size(config::OUTPUT_BYTES as u64)),
+        ("ring-size", size(config::RING_BYTES as u64)),
+        ("spin", Dur(config::SPIN).to_string()),
         (
             "no-realtime",
             if config::REALTIME_LOOP { "off" } else { "on" }.to_string(),
