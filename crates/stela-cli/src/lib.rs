@@ -485,7 +485,19 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { target, json } => {
-            let problems = service::status(target, json, out)?;
+            let problems = match service::status(target, json, out) {
+                Ok(problems) => problems,
+                // A monitor parsing the output gets JSON whatever happened; stderr says why.
+                Err(error) if json => {
+                    writeln!(
+                        out,
+                        "{}",
+                        serde_json::to_string_pretty(&service::status_failure_json(&error))?
+                    )?;
+                    return Err(error);
+                }
+                Err(error) => return Err(error),
+            };
             Ok(if problems.is_empty() {
                 ExitCode::SUCCESS
             } else {

@@ -681,7 +681,8 @@ pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Re
     let ResponseBody::Status(report) = answer else {
         anyhow::bail!("unexpected answer to Status: {answer:?}");
     };
-    let problems = health_problems(&report);
+    let mut problems = health_problems(&report);
+    problems.extend(standby_unreachable(&report));
     if json {
         let mut value = status_json(&report);
         value["healthy"] = serde_json::json!(problems.is_empty());
@@ -695,6 +696,36 @@ pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Re
         }
     }
     Ok(problems)
+}
+
+/// A primary with no log open ships nothing, so no log says whether its standby is there: a
+/// TCP connection to the standby's replication address (closed at once) does. A standby that
+/// does not exist would otherwise show only at the first `replicated` commit, which waits.
+fn standby_unreachable(report: &StatusReport) -> Option<String> {
+    let replication = report.replication.as_ref()?;
+    if replication.role != "primary" || !replication.logs.is_empty() {
+        return None;
+    }
+    let addr: SocketAddr = replication.peer.parse().ok()?;
+    match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+        Ok(_) => None,
+        Err(error) => Some(format!(
+            "the standby at {addr} does not answer ({error}); no log is open, so nothing ships \
+             yet, and replicated commits will wait for it"
+        )),
+    }
+}
+
+/// What `stela status --json` prints when it gets no report: the verdict a monitor reads, and
+/// why. `reachable` is false when no daemon answers at the address (exit 6).
+pub fn status_failure_json(error: &anyhow::Error) -> serde_json::Value {
+    let code = crate::exit::code_number(error);
+    serde_json::json!({
+        "healthy": false,
+        "reachable": code != crate::exit::DAEMON_UNREACHABLE,
+        "problems": [crate::exit::render(error)],
+        "exit_code": code,
+    })
 }
 
 /// Records `--degrade-after` acknowledged without the standby that it does not hold yet: they
