@@ -616,6 +616,9 @@ pub fn serve(
     }
     // systemd's Type=notify: ready once the socket listens (a no-op without $NOTIFY_SOCKET).
     notify_systemd(&format!("READY=1\nMAINPID={}", std::process::id()));
+    if let Some(interval) = watchdog_interval() {
+        start_watchdog(server.socket_path().to_owned(), interval);
+    }
     writeln!(out, "stela serve: {}", status.dirty_cap.derivation)?;
     writeln!(
         out,
@@ -644,6 +647,41 @@ fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
     let address = target.address()?;
     Connection::connect_admin(&address)
         .with_context(|| format!("is `stela serve` running at {address}?"))
+}
+
+/// systemd's `WatchdogSec=`: how often to ping (a third of `$WATCHDOG_USEC`), if the
+/// watchdog is on for this process (`$WATCHDOG_PID`, when set, names it).
+fn watchdog_interval() -> Option<Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID") {
+        if pid.parse::<u32>().ok() != Some(std::process::id()) {
+            return None;
+        }
+    }
+    (usec > 0).then(|| Duration::from_micros(usec / 3))
+}
+
+/// Pings systemd's watchdog (`WATCHDOG=1`) each `interval`, but only after the daemon's event
+/// loop has answered a status request on its own socket: a loop that hangs stops the pings,
+/// and systemd restarts the daemon. A process merely alive is not enough.
+fn start_watchdog(socket: PathBuf, interval: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("stela-watchdog".into())
+        .spawn(move || loop {
+            let answered = Connection::connect_admin(&Address::Unix(socket.clone()))
+                .and_then(|mut connection| connection.request(RequestBody::Status));
+            match answered {
+                Ok(ResponseBody::Status(_)) => notify_systemd("WATCHDOG=1"),
+                Ok(other) => tracing::warn!(?other, "watchdog: unexpected answer; no ping"),
+                Err(error) => {
+                    tracing::warn!(%error, "watchdog: the daemon did not answer; no ping")
+                }
+            }
+            std::thread::sleep(interval);
+        });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "could not start the watchdog thread");
+    }
 }
 
 /// Tells systemd (`Type=notify`) about the daemon's state: `state` is sent as one datagram to
