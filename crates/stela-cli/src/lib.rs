@@ -151,8 +151,20 @@ pub enum WalCommand {
         /// The log's directory (a daemon's log is DIR/logs/NAME).
         dir: PathBuf,
         /// Start at this LSN.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, value_name = "LSN", default_value_t = 1)]
         from: u64,
+        /// Stop after this LSN (inclusive).
+        #[arg(long, value_name = "LSN")]
+        to: Option<u64>,
+        /// Print at most this many records.
+        #[arg(long, value_name = "N")]
+        limit: Option<u64>,
+        /// One readable line per record: `lsn N  len B  {record}`.
+        #[arg(long, conflicts_with = "stats")]
+        text: bool,
+        /// Print only counts: records, LSN range, payload bytes (total, min, mean, max).
+        #[arg(long)]
+        stats: bool,
     },
     /// Check every segment: exit 0 clean, 1 damaged, 4 not a log, 7 would cut records.
     ///
@@ -293,8 +305,30 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             demo::run_demo(&args, out)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Wal(WalCommand::Dump { dir, from }) => {
-            let dumped = tools::dump(&dir, Arc::new(StdStorage), Lsn::new(from.max(1)), out)?;
+        Command::Wal(WalCommand::Dump {
+            dir,
+            from,
+            to,
+            limit,
+            text,
+            stats,
+        }) => {
+            let options = tools::DumpOptions {
+                from: Lsn::new(from.max(1)),
+                to: to.map(Lsn::new),
+                limit,
+                format: if stats {
+                    tools::DumpFormat::Stats
+                } else if text {
+                    tools::DumpFormat::Text
+                } else {
+                    tools::DumpFormat::JsonLines
+                },
+            };
+            let dumped = tools::dump_with(&dir, Arc::new(StdStorage), options, out)?;
+            if stats {
+                print_dump_stats(&dumped, out)?;
+            }
             if dumped.problems.is_empty() {
                 return Ok(ExitCode::SUCCESS);
             }
@@ -529,6 +563,30 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `wal dump --stats`: what the records read add up to.
+fn print_dump_stats(dumped: &tools::DumpReport, out: &mut dyn Write) -> std::io::Result<()> {
+    match (dumped.first, dumped.last) {
+        (Some(first), Some(last)) => writeln!(
+            out,
+            "records: {}, LSNs {first}..={last}, codec {}",
+            dumped.records,
+            dumped.codec.map_or("-", |c| c.name())
+        )?,
+        _ => writeln!(out, "records: 0")?,
+    }
+    if dumped.records > 0 {
+        writeln!(
+            out,
+            "payload bytes: {} in all; per record min {}, mean {:.1}, max {}",
+            dumped.payload_bytes,
+            dumped.min_payload,
+            dumped.payload_bytes as f64 / dumped.records as f64,
+            dumped.max_payload
+        )?;
+    }
+    Ok(())
 }
 
 fn print_verify(dir: &Path, report: &VerifyReport, out: &mut dyn Write) -> std::io::Result<()> {
