@@ -187,6 +187,9 @@ pub enum WalCommand {
         /// Also cut a corrupt suffix: keep only the records before the first damage.
         #[arg(long)]
         corrupt_suffix: bool,
+        /// Say what would be cut, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// List what reprotection cut from a node's logs after a failover.
     ///
@@ -412,8 +415,27 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         Command::Wal(WalCommand::Repair {
             dir,
             corrupt_suffix,
+            dry_run,
         }) => {
-            let report = tools::repair(&dir, Arc::new(StdStorage), corrupt_suffix)?;
+            let plan = tools::verify(&dir, &StdStorage)?;
+            print_repair_plan(&plan, corrupt_suffix, dry_run, out)?;
+            if dry_run {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let report = tools::repair(&dir, Arc::new(StdStorage), corrupt_suffix)
+                .map_err(anyhow::Error::from)
+                .map_err(|error| {
+                    if !corrupt_suffix && plan.is_damaged() {
+                        error.context(format!(
+                            "{}: damaged, not torn: nothing was changed; `stela wal repair \
+                             --corrupt-suffix` cuts the log at the damage, keeping a copy \
+                             (add --dry-run to see what it would cut)",
+                            dir.display()
+                        ))
+                    } else {
+                        error
+                    }
+                })?;
             match &report.torn_tail {
                 Some((path, torn)) => writeln!(
                     out,
@@ -473,11 +495,19 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
                     salvage.display()
                 )?;
             }
-            writeln!(
-                out,
-                "log now holds LSNs {}..={} in {} segment(s)",
-                report.first_lsn, report.last_lsn, report.segments
-            )?;
+            if report.last_lsn < report.first_lsn || report.last_lsn == Lsn::ZERO {
+                writeln!(
+                    out,
+                    "log now holds no records in {} segment(s)",
+                    report.segments
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "log now holds LSNs {}..={} in {} segment(s)",
+                    report.first_lsn, report.last_lsn, report.segments
+                )?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(args) => {
@@ -563,6 +593,47 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What `wal repair` is about to cut (or, with `--dry-run`, would), from `verify`'s reading of
+/// the log, said before anything changes.
+fn print_repair_plan(
+    plan: &VerifyReport,
+    corrupt_suffix: bool,
+    dry_run: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let verb = if dry_run { "would" } else { "will" };
+    if let Some((path, torn)) = &plan.torn_tail {
+        writeln!(
+            out,
+            "{verb} remove a torn write of {} bytes at offset {} of {} ({} record(s) in it with \
+             good checksums, never synced, kept in salvage)",
+            torn.bytes,
+            torn.offset,
+            path.display(),
+            torn.unsynced_records
+        )?;
+    }
+    match (plan.is_damaged(), plan.valid_prefix_end) {
+        (true, Some(end)) if corrupt_suffix => writeln!(
+            out,
+            "{verb} cut the log at LSN {end}, keeping LSNs {}..={} ({}); from LSN {end} on, \
+             records with good checksums are kept in salvage and the rest counted as dropped",
+            plan.first_lsn.map_or(0, Lsn::get),
+            end.get().saturating_sub(1),
+            plan.problems.first().map_or("damaged", String::as_str)
+        )?,
+        (true, _) if corrupt_suffix => writeln!(out, "{verb} set the damaged segments aside")?,
+        (true, _) => writeln!(
+            out,
+            "damaged, not torn ({}): without --corrupt-suffix nothing is cut",
+            plan.problems.first().map_or("damaged", String::as_str)
+        )?,
+        (false, _) if plan.torn_tail.is_none() => writeln!(out, "nothing to cut")?,
+        _ => {}
+    }
+    Ok(())
 }
 
 /// `wal dump --stats`: what the records read add up to.

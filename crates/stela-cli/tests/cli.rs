@@ -482,3 +482,91 @@ fn find_record(bytes: &[u8], needle: &str) -> usize {
         .position(|w| w == needle.as_bytes())
         .unwrap_or_else(|| panic!("{needle:?} not in the segment"))
 }
+
+/// Issue 55: `repair` says what it will cut before cutting (and with `--dry-run` changes
+/// nothing), points a damaged log's plain repair to `--corrupt-suffix`, accounts for every LSN
+/// from the cut on (kept in salvage, or counted as dropped), says an emptied log holds no
+/// records (it said "LSNs 0..=0"), and names the salvage folder by LSN and ISO time.
+#[test]
+fn repair_says_what_it_cuts_first_and_accounts_for_every_record() {
+    for (damaged, cut_at) in [("record 4", 5u64), ("record 0", 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        make_log(dir.path(), 10);
+        let path = first_segment(dir.path());
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = find_record(&bytes, damaged);
+        bytes[at] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+        let log = dir.path().to_str().unwrap();
+
+        let plain = stela(&["wal", "repair", log]);
+        assert_eq!(plain.status.code(), Some(1), "{}", text(&plain));
+        assert!(
+            text(&plain).contains("--corrupt-suffix"),
+            "{}",
+            text(&plain)
+        );
+        assert!(
+            text(&plain).contains("nothing was changed"),
+            "{}",
+            text(&plain)
+        );
+
+        let dry = stela(&["wal", "repair", "--corrupt-suffix", "--dry-run", log]);
+        assert_eq!(dry.status.code(), Some(0), "{}", text(&dry));
+        assert!(
+            text(&dry).contains(&format!("would cut the log at LSN {cut_at}")),
+            "{}",
+            text(&dry)
+        );
+        let still = stela(&["wal", "verify", log]);
+        assert_eq!(still.status.code(), Some(1), "--dry-run changed the log");
+
+        let cut = stela(&["wal", "repair", "--corrupt-suffix", log]);
+        assert_eq!(cut.status.code(), Some(0), "{}", text(&cut));
+        let said = text(&cut);
+        let plan = said
+            .find(&format!("will cut the log at LSN {cut_at}"))
+            .unwrap_or_else(|| panic!("no plan in: {said}"));
+        let done = said.find("cut the log at offset").expect("the cut");
+        assert!(plan < done, "the plan after the cut: {said}");
+        // Every LSN from the cut to the old end: kept in salvage or counted as dropped.
+        let mut accounted = Vec::new();
+        for line in said.lines() {
+            let range = line
+                .strip_prefix("kept records ")
+                .map(|rest| rest.split(' ').next().unwrap())
+                .or_else(|| {
+                    line.split("LSNs ")
+                        .nth(1)
+                        .filter(|_| line.starts_with("dropped"))
+                });
+            if let Some(range) = range {
+                let (first, last) = range.split_once("..=").unwrap();
+                let (first, last): (u64, u64) = (first.parse().unwrap(), last.parse().unwrap());
+                accounted.extend(first..=last);
+            }
+        }
+        accounted.sort_unstable();
+        assert_eq!(accounted, (cut_at..=10).collect::<Vec<_>>(), "{said}");
+        if cut_at == 1 {
+            assert!(said.contains("log now holds no records"), "{said}");
+        } else {
+            assert!(
+                said.contains(&format!("log now holds LSNs 1..={}", cut_at - 1)),
+                "{said}"
+            );
+        }
+        assert!(!said.contains("0..=0"), "{said}");
+        let salvage: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("salvage"))
+            .collect();
+        assert_eq!(salvage.len(), 1, "{salvage:?}");
+        let name = &salvage[0];
+        let prefix = format!("salvage-lsn-{cut_at}-20");
+        assert!(name.starts_with(&prefix) && name.ends_with('Z'), "{name}");
+        assert!(name.contains('T') && !name.contains(':'), "{name}");
+    }
+}

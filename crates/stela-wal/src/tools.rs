@@ -392,7 +392,8 @@ pub fn dump_with(
 
 /// Repairs the log in `dir` by opening it for writing: a torn tail is cut, and with
 /// `cut_corrupt_suffix` so is everything from the first damage `verify` reports on. Every
-/// removed byte and segment is kept in a `salvage-<unix-ms>/` folder inside `dir`.
+/// removed byte and segment is kept in a `salvage-lsn-<first cut>-<ISO time>/` folder inside
+/// `dir`.
 ///
 /// Damage to a whole segment (an unreadable or mismatched header, or records missing before it
 /// because a segment was lost or cut short) moves that segment and every later one aside;
@@ -465,10 +466,10 @@ fn set_aside_damaged_segments(dir: &Path, storage: &dyn Storage) -> Result<Recov
     };
     // The oldest segment's header decides the codec and record type: if it is the damaged one
     // while a later header is fine, the later segments do not belong to a log we can name.
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let salvage = dir.join(format!("salvage-{ms}"));
+    let salvage = dir.join(crate::recovery::salvage_name(
+        end,
+        std::time::SystemTime::now(),
+    ));
     storage
         .create_dir_all(&salvage)
         .map_err(|e| Error::io("create directory", &salvage, e))?;
