@@ -25,6 +25,7 @@ pub mod logs_cmd;
 pub mod mount_cmd;
 pub mod service;
 pub mod store_cmd;
+pub mod tail_cmd;
 pub mod units;
 
 use anyhow::Context;
@@ -98,7 +99,7 @@ pub enum Command {
     PowerFail(service::TargetArgs),
     /// Tell a running daemon power is back: writes are admitted again.
     PowerRestore(service::TargetArgs),
-    /// The logs a running daemon holds: list, delete.
+    /// The logs a running daemon holds: list, tail, delete.
     #[command(subcommand)]
     Logs(logs_cmd::LogsCommand),
     /// Run the witness of a failover pair (the arbiter on a third machine).
