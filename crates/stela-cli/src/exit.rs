@@ -18,7 +18,8 @@ pub const UNHEALTHY: u8 = 3;
 /// The path holds no log (missing, a file, or a directory without segment files).
 pub const NOT_A_LOG: u8 = 4;
 /// The log is open in another process (a running daemon, or an application's `Wal`), or, for
-/// `logs delete`, by a client of the daemon.
+/// `logs delete`, by a client of the daemon; for `serve`, another daemon already serves on the
+/// directory's socket.
 pub const LOCKED: u8 = 5;
 /// No daemon answers at the address.
 pub const DAEMON_UNREACHABLE: u8 = 6;
@@ -35,29 +36,37 @@ damaged, but opening the log would cut records whose checksums are good (it says
 
 /// The exit code for a failed command.
 pub fn code_of(error: &anyhow::Error) -> ExitCode {
+    ExitCode::from(code_number(error))
+}
+
+/// The exit code for a failed command, as a number.
+pub fn code_number(error: &anyhow::Error) -> u8 {
     for cause in error.chain() {
+        if let Some(stela_server::StartError::SocketInUse(_)) = cause.downcast_ref() {
+            return LOCKED;
+        }
         if let Some(wal) = cause.downcast_ref::<stela_wal::Error>() {
             match wal {
                 stela_wal::Error::NotALog { .. } | stela_wal::Error::NotFound { .. } => {
-                    return ExitCode::from(NOT_A_LOG)
+                    return NOT_A_LOG
                 }
-                stela_wal::Error::Locked { .. } => return ExitCode::from(LOCKED),
+                stela_wal::Error::Locked { .. } => return LOCKED,
                 stela_wal::Error::Corruption(_) | stela_wal::Error::BadHeader { .. } => {
-                    return ExitCode::from(DAMAGED)
+                    return DAMAGED
                 }
                 _ => {}
             }
         }
         match cause.downcast_ref::<stela_client::Error>() {
-            Some(stela_client::Error::Connect { .. }) => return ExitCode::from(DAEMON_UNREACHABLE),
+            Some(stela_client::Error::Connect { .. }) => return DAEMON_UNREACHABLE,
             Some(stela_client::Error::Server {
                 code: stela_client::ErrorCode::LogInUse,
                 ..
-            }) => return ExitCode::from(LOCKED),
+            }) => return LOCKED,
             _ => {}
         }
     }
-    ExitCode::from(USAGE_OR_FAILURE)
+    USAGE_OR_FAILURE
 }
 
 /// The error and its causes on one line, each cause once: the crates' errors already include

@@ -25,6 +25,8 @@ pub mod logs_cmd;
 pub mod mount_cmd;
 pub mod service;
 pub mod store_cmd;
+pub mod tail_cmd;
+pub mod units;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -46,9 +48,10 @@ use stela_wal::Lsn;
     args_override_self = true
 )]
 pub struct Cli {
-    /// How log lines are written to stderr: `text`, or `json` (one object per line, for log
-    /// collectors). The level comes from RUST_LOG (default: `info` for `serve`, `witness` and
-    /// `mount`, `warn` else).
+    /// How log lines are written to stderr: `text`, or `json` (one object per line).
+    ///
+    /// `json` is for log collectors. The level comes from RUST_LOG (default: `info` for
+    /// `serve`, `witness` and `mount`, `warn` else).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[command(subcommand)]
@@ -63,17 +66,25 @@ pub enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Commit throughput of fdatasync per commit, the log daemon's `buffered`, and no fsync,
-    /// side by side, with what each survives (starts the daemon in this process; ~8 s).
+    /// Compare commits: fdatasync per commit, the daemon's `buffered`, no fsync (~8 s).
+    ///
+    /// Throughput and latency side by side, with what each survives; the daemon runs in this
+    /// process on a temporary directory.
     Demo(demo::DemoArgs),
     /// Tools for a write-ahead log directory.
     #[command(subcommand)]
     Wal(WalCommand),
-    /// Run the log daemon (the RapiLog log service) on a directory.
+    /// Run the log daemon on a directory.
+    ///
+    /// The RapiLog log service: clients commit on DIR/stela.sock (and TCP with --tcp) at
+    /// `buffered` or `disk`, and, with a standby, `replicated` and `all`. Settings and their
+    /// defaults: docs/DAEMON.md; `--print-config` shows the effective ones.
     Serve(Box<service::ServeArgs>),
-    /// Show a running daemon's buffers, dirty-byte cap, logs and crash semantics. Exits 3 when
-    /// the daemon is unhealthy (power-fail notice in force, a log stopped or waiting for disk
-    /// space), so it serves as a health check.
+    /// Show a running daemon's state; exit 3 when unhealthy (a health check).
+    ///
+    /// Buffers, dirty-byte cap, logs, replication and what each acknowledgement survives.
+    /// Unhealthy: a power-fail notice in force, a log stopped or waiting for disk space, a
+    /// standby not connected. No daemon at the address: exit 6.
     Status {
         #[command(flatten)]
         target: service::TargetArgs,
@@ -81,28 +92,35 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Tell a running daemon power is failing: it stops admitting writes, writes and syncs
-    /// every buffer, and refuses writes until power-restore.
+    /// Tell a running daemon power is failing: write and sync everything now.
+    ///
+    /// It stops admitting writes, writes and syncs every buffer, and refuses writes until
+    /// power-restore.
     PowerFail(service::TargetArgs),
     /// Tell a running daemon power is back: writes are admitted again.
     PowerRestore(service::TargetArgs),
-    /// The logs a running daemon holds: list them, delete one no client has open.
+    /// The logs a running daemon holds: list, tail, delete.
     #[command(subcommand)]
     Logs(logs_cmd::LogsCommand),
-    /// Run the witness of a failover pair: a tiny arbiter on a third machine that grants the
-    /// next epoch to a standby only once its primary has stopped renewing for a lease.
+    /// Run the witness of a failover pair (the arbiter on a third machine).
+    ///
+    /// It grants the next epoch to a standby only once its primary has stopped renewing for a
+    /// lease.
     Witness(WitnessArgs),
-    /// Mount a file system whose every change is a record in a log of the daemon: fsync
-    /// returns at the log's level, files are materialised from the log in the background.
-    /// Serves until unmounted (fusermount3 -u, SIGTERM or SIGINT).
+    /// Mount a file system whose every change is a log record of the daemon.
+    ///
+    /// fsync returns at the log's level; files are materialised from the log in the
+    /// background. Serves until unmounted (fusermount3 -u, SIGTERM or SIGINT).
     Mount(Box<mount_cmd::MountArgs>),
-    /// On a standby node: keep a backing directory current from the standby daemon's copy of
-    /// a mount's log, so that after a promotion `stela mount` on it starts at once. Runs until
-    /// SIGTERM or SIGINT (then applies what is readable, writes its snapshot and exits).
+    /// On a standby node: keep a mount's backing directory current from the standby's log.
+    ///
+    /// After a promotion `stela mount` on it starts at once. Runs until SIGTERM or SIGINT
+    /// (then applies what is readable, writes its snapshot and exits).
     MountFollow(mount_cmd::FollowArgs),
-    /// On a standby node: keep a stela-store directory current from the standby daemon's copy
-    /// of the store's log, so that after a promotion the store opened on it has little to redo.
-    /// Runs until SIGTERM or SIGINT (then applies what is readable and exits).
+    /// On a standby node: keep a stela-store directory current from the standby's log.
+    ///
+    /// After a promotion the store opened on it has little to redo. Runs until SIGTERM or
+    /// SIGINT (then applies what is readable and exits).
     StoreFollow(store_cmd::StoreFollowArgs),
 }
 
@@ -115,41 +133,71 @@ pub struct WitnessArgs {
     /// Where it keeps the epoch and its holder (DIR/WITNESS).
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
-    /// How long the primary may go without renewing before a standby may be promoted (the
-    /// nodes' --suspect-after-ms should match).
-    #[arg(long, value_name = "MS", default_value_t = 300)]
-    pub lease_ms: u64,
+    /// How long the primary may go without renewing before a standby may be promoted.
+    ///
+    /// The nodes' --suspect-after should match. A bare number is milliseconds (`--lease-ms`,
+    /// the old name, still works).
+    #[arg(long = "lease", alias = "lease-ms", value_name = "DURATION",
+          default_value_t = units::Dur(std::time::Duration::from_millis(300)),
+          value_parser = units::parse_ms)]
+    pub lease_ms: units::Dur,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum WalCommand {
     /// Print every record as a JSON line: {"lsn": N, "record": ...}.
+    ///
+    /// On damage: the valid prefix, then the damage on stderr and exit 1.
     Dump {
+        /// The log's directory (a daemon's log is DIR/logs/NAME).
         dir: PathBuf,
         /// Start at this LSN.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, value_name = "LSN", default_value_t = 1)]
         from: u64,
+        /// Stop after this LSN (inclusive).
+        #[arg(long, value_name = "LSN")]
+        to: Option<u64>,
+        /// Print at most this many records.
+        #[arg(long, value_name = "N")]
+        limit: Option<u64>,
+        /// One readable line per record: `lsn N  len B  {record}`.
+        #[arg(long, conflicts_with = "stats")]
+        text: bool,
+        /// Print only counts: records, LSN range, payload bytes (total, min, mean, max).
+        #[arg(long)]
+        stats: bool,
     },
-    /// Check every segment; exit 0 when clean, 1 when damaged (a torn tail is reported but is
-    /// not damage: opening the log removes it).
+    /// Check every segment: exit 0 clean, 1 damaged, 4 not a log, 7 would cut records.
+    ///
+    /// A torn tail is reported but is not damage: opening the log removes it. Exit 7: not
+    /// damaged, but opening the log would cut records whose checksums are good (it says how
+    /// many).
     Verify {
+        /// The log's directory (a daemon's log is DIR/logs/NAME).
         dir: PathBuf,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Remove a torn tail (and with --corrupt-suffix, everything from the first damage on),
-    /// keeping a copy of every removed byte in DIR/salvage-<unix-ms>/.
+    /// Remove a torn tail (with --corrupt-suffix, a corrupt suffix), keeping a copy.
+    ///
+    /// Every removed byte is kept in a salvage folder under DIR.
     Repair {
+        /// The log's directory (a daemon's log is DIR/logs/NAME; the daemon must be stopped).
         dir: PathBuf,
         /// Also cut a corrupt suffix: keep only the records before the first damage.
         #[arg(long)]
         corrupt_suffix: bool,
+        /// Say what would be cut, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
-    /// List what reprotection cut from a node's logs after a failover (DIR: the daemon's
-    /// directory, or its `salvage` folder): each copy's log, LSN range, records, bytes, reason,
-    /// and whether it is complete. A copy is a log directory `stela wal dump` reads.
+    /// List what reprotection cut from a node's logs after a failover.
+    ///
+    /// Each copy's log, LSN range, records, bytes, reason, and whether it is complete. A copy
+    /// is a log directory `stela wal dump` reads.
     Salvage {
+        /// The daemon's directory, or its `salvage` folder.
         dir: PathBuf,
         /// Print JSON lines.
         #[arg(long)]
@@ -261,8 +309,30 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             demo::run_demo(&args, out)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Wal(WalCommand::Dump { dir, from }) => {
-            let dumped = tools::dump(&dir, Arc::new(StdStorage), Lsn::new(from.max(1)), out)?;
+        Command::Wal(WalCommand::Dump {
+            dir,
+            from,
+            to,
+            limit,
+            text,
+            stats,
+        }) => {
+            let options = tools::DumpOptions {
+                from: Lsn::new(from.max(1)),
+                to: to.map(Lsn::new),
+                limit,
+                format: if stats {
+                    tools::DumpFormat::Stats
+                } else if text {
+                    tools::DumpFormat::Text
+                } else {
+                    tools::DumpFormat::JsonLines
+                },
+            };
+            let dumped = tools::dump_with(&dir, Arc::new(StdStorage), options, out)?;
+            if stats {
+                print_dump_stats(&dumped, out)?;
+            }
             if dumped.problems.is_empty() {
                 return Ok(ExitCode::SUCCESS);
             }
@@ -346,8 +416,27 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         Command::Wal(WalCommand::Repair {
             dir,
             corrupt_suffix,
+            dry_run,
         }) => {
-            let report = tools::repair(&dir, Arc::new(StdStorage), corrupt_suffix)?;
+            let plan = tools::verify(&dir, &StdStorage)?;
+            print_repair_plan(&plan, corrupt_suffix, dry_run, out)?;
+            if dry_run {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let report = tools::repair(&dir, Arc::new(StdStorage), corrupt_suffix)
+                .map_err(anyhow::Error::from)
+                .map_err(|error| {
+                    if !corrupt_suffix && plan.is_damaged() {
+                        error.context(format!(
+                            "{}: damaged, not torn: nothing was changed; `stela wal repair \
+                             --corrupt-suffix` cuts the log at the damage, keeping a copy \
+                             (add --dry-run to see what it would cut)",
+                            dir.display()
+                        ))
+                    } else {
+                        error
+                    }
+                })?;
             match &report.torn_tail {
                 Some((path, torn)) => writeln!(
                     out,
@@ -407,11 +496,19 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
                     salvage.display()
                 )?;
             }
-            writeln!(
-                out,
-                "log now holds LSNs {}..={} in {} segment(s)",
-                report.first_lsn, report.last_lsn, report.segments
-            )?;
+            if report.last_lsn < report.first_lsn || report.last_lsn == Lsn::ZERO {
+                writeln!(
+                    out,
+                    "log now holds no records in {} segment(s)",
+                    report.segments
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "log now holds LSNs {}..={} in {} segment(s)",
+                    report.first_lsn, report.last_lsn, report.segments
+                )?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(args) => {
@@ -426,7 +523,7 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             let witness = stela_coord::witness::Witness::start(
                 args.listen,
                 &args.dir,
-                std::time::Duration::from_millis(args.lease_ms.max(1)),
+                args.lease_ms.get().max(std::time::Duration::from_millis(1)),
             )
             .with_context(|| {
                 format!(
@@ -453,7 +550,19 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { target, json } => {
-            let problems = service::status(target, json, out)?;
+            let problems = match service::status(target, json, out) {
+                Ok(problems) => problems,
+                // A monitor parsing the output gets JSON whatever happened; stderr says why.
+                Err(error) if json => {
+                    writeln!(
+                        out,
+                        "{}",
+                        serde_json::to_string_pretty(&service::status_failure_json(&error))?
+                    )?;
+                    return Err(error);
+                }
+                Err(error) => return Err(error),
+            };
             Ok(if problems.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -485,6 +594,71 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What `wal repair` is about to cut (or, with `--dry-run`, would), from `verify`'s reading of
+/// the log, said before anything changes.
+fn print_repair_plan(
+    plan: &VerifyReport,
+    corrupt_suffix: bool,
+    dry_run: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let verb = if dry_run { "would" } else { "will" };
+    if let Some((path, torn)) = &plan.torn_tail {
+        writeln!(
+            out,
+            "{verb} remove a torn write of {} bytes at offset {} of {} ({} record(s) in it with \
+             good checksums, never synced, kept in salvage)",
+            torn.bytes,
+            torn.offset,
+            path.display(),
+            torn.unsynced_records
+        )?;
+    }
+    match (plan.is_damaged(), plan.valid_prefix_end) {
+        (true, Some(end)) if corrupt_suffix => writeln!(
+            out,
+            "{verb} cut the log at LSN {end}, keeping LSNs {}..={} ({}); from LSN {end} on, \
+             records with good checksums are kept in salvage and the rest counted as dropped",
+            plan.first_lsn.map_or(0, Lsn::get),
+            end.get().saturating_sub(1),
+            plan.problems.first().map_or("damaged", String::as_str)
+        )?,
+        (true, _) if corrupt_suffix => writeln!(out, "{verb} set the damaged segments aside")?,
+        (true, _) => writeln!(
+            out,
+            "damaged, not torn ({}): without --corrupt-suffix nothing is cut",
+            plan.problems.first().map_or("damaged", String::as_str)
+        )?,
+        (false, _) if plan.torn_tail.is_none() => writeln!(out, "nothing to cut")?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `wal dump --stats`: what the records read add up to.
+fn print_dump_stats(dumped: &tools::DumpReport, out: &mut dyn Write) -> std::io::Result<()> {
+    match (dumped.first, dumped.last) {
+        (Some(first), Some(last)) => writeln!(
+            out,
+            "records: {}, LSNs {first}..={last}, codec {}",
+            dumped.records,
+            dumped.codec.map_or("-", |c| c.name())
+        )?,
+        _ => writeln!(out, "records: 0")?,
+    }
+    if dumped.records > 0 {
+        writeln!(
+            out,
+            "payload bytes: {} in all; per record min {}, mean {:.1}, max {}",
+            dumped.payload_bytes,
+            dumped.min_payload,
+            dumped.payload_bytes as f64 / dumped.records as f64,
+            dumped.max_payload
+        )?;
+    }
+    Ok(())
 }
 
 fn print_verify(dir: &Path, report: &VerifyReport, out: &mut dyn Write) -> std::io::Result<()> {

@@ -1,4 +1,4 @@
-//! `stela logs list|delete|release-hold`: the logs a running daemon holds in its directory (with
+//! `stela logs list|delete|release-hold` (and `tail`, in [`crate::tail_cmd`]): the logs a running daemon holds in its directory (with
 //! the holds on its copies: warm followers' on a standby, the standby's on a primary), removing
 //! one that no client has open, and releasing the hold of a follower or standby retired for good
 //! (administrative requests: over TCP only an administrator may).
@@ -12,8 +12,9 @@ use stela_proto::{LogListing, RequestBody, ResponseBody};
 
 #[derive(Subcommand, Debug)]
 pub enum LogsCommand {
-    /// Every log in the daemon's directory: name, handles open, segments, bytes on disk,
-    /// first and last LSN, state.
+    /// Every log in the daemon's directory.
+    ///
+    /// Name, handles open, segments, bytes on disk, first and last LSN, state.
     List {
         #[command(flatten)]
         target: TargetArgs,
@@ -28,11 +29,18 @@ pub enum LogsCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
-    /// Release a hold on this node's copy of a log: a warm follower's (`stela mount-follow`,
-    /// `stela store-follow`) on a standby, or, on a primary, the one it keeps for a standby
-    /// (`standby at HOST:PORT`), once that follower or standby is retired for good: until then
-    /// the copy is never cut below it. A follower still running, or a standby still
-    /// connected, writes its hold again.
+    /// Print a log's newest records as JSON lines; with -f, follow it.
+    ///
+    /// Reads DIR/logs/NAME's segment files (read only, no lock), so a record shows once the
+    /// daemon has written it: at once for a `disk` commit, within the flush interval for
+    /// `buffered`.
+    Tail(crate::tail_cmd::TailArgs),
+    /// Release a hold on this node's copy of a log (a retired follower's or standby's).
+    ///
+    /// A warm follower's (`stela mount-follow`, `stela store-follow`) on a standby, or, on a
+    /// primary, the one it keeps for a standby (`standby at HOST:PORT`), once that follower or
+    /// standby is retired for good: until then the copy is never cut below it. A follower
+    /// still running, or a standby still connected, writes its hold again.
     ReleaseHold {
         /// The log's name.
         name: String,
@@ -52,6 +60,7 @@ fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
 
 pub fn run(command: LogsCommand, out: &mut dyn Write) -> anyhow::Result<()> {
     match command {
+        LogsCommand::Tail(args) => crate::tail_cmd::run(&args, out)?,
         LogsCommand::List { target, json } => {
             let answer = connect(&target)?.request(RequestBody::ListLogs)?;
             let ResponseBody::Logs(logs) = answer else {

@@ -16,44 +16,56 @@ use stela_client::{Address, Connection};
 use stela_proto::{RequestBody, ResponseBody, StatusReport};
 use stela_server::{config, DaemonConfig, Server};
 
+use crate::units::{parse_ms, parse_rate, parse_secs, parse_size, parse_us, Dur, Size};
+
 /// `stela serve`'s flags. Every default comes from `stela_server::config` (the one place the
-/// daemon's defaults live; `docs/DAEMON.md` lists them and a test checks it does).
+/// daemon's defaults live; `docs/DAEMON.md` lists them and a test checks it does). Sizes and
+/// durations are spelt as in [`crate::units`] (`512KiB`, `50ms`); a bare number keeps each
+/// flag's old unit.
 #[derive(Args, Debug, serde::Serialize)]
 #[command(args_override_self = true)]
 #[serde(rename_all = "kebab-case")]
 pub struct ServeArgs {
-    /// Read settings from this TOML file: one key per flag (`buffer-size = "1MiB"`,
-    /// `no-realtime = true`); flags given on the command line override it.
+    /// Read settings from this TOML file (flags on the command line override it).
+    ///
+    /// One key per flag, without its dashes: `buffer-size = "1MiB"`, `no-realtime = true`,
+    /// `tls-admin-name = ["ops"]`. An unknown key or a bad value is refused with the file and
+    /// line, at start and on SIGHUP.
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Print the effective settings (file, flags and defaults) as TOML and exit: a file that
-    /// `--config` reads back.
+    /// Print the effective settings as TOML and exit.
+    ///
+    /// File, flags and defaults together: a file that `--config` reads back.
     #[arg(long)]
     #[serde(skip)]
     pub print_config: bool,
-    /// Directory of the daemon: its logs live in DIR/logs/NAME.
-    #[arg(long)]
+    /// The daemon's directory: logs in DIR/logs/NAME, the socket at DIR/stela.sock.
+    #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
-    /// Unix socket to listen on (default DIR/stela.sock).
-    #[arg(long)]
+    /// Unix socket to listen on [default: DIR/stela.sock].
+    #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Permission bits of the socket, in octal (0660 lets its group connect).
-    #[arg(long, default_value = "600", value_parser = parse_octal)]
+    /// Permission bits of the socket, in octal (660 lets its group connect).
+    #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_octal)]
     #[serde(serialize_with = "octal")]
     pub socket_mode: u32,
     /// Group of the socket (a name or a number), e.g. the database's, with --socket-mode 660.
     #[arg(long, value_name = "GROUP")]
     pub socket_group: Option<String>,
-    /// Also listen on TCP at this address: under TLS (--tls-cert, --tls-key) with client
-    /// authentication (--tls-client-ca, --token-file, --admin-token-file), or --tcp-insecure.
-    #[arg(long)]
+    /// Also listen on TCP at this address.
+    ///
+    /// Under TLS (--tls-cert, --tls-key) with client authentication (--tls-client-ca,
+    /// --token-file, --admin-token-file), or plain with --tcp-insecure on loopback.
+    #[arg(long, value_name = "ADDR")]
     pub tcp: Option<SocketAddr>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (plain HTTP: bind it to an address only
-    /// the monitoring can reach; port 0 picks a free port, printed at start).
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    ///
+    /// Plain HTTP: bind it to an address only the monitoring can reach. Port 0 picks a free
+    /// port, printed at start.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
-    /// Serve --tcp without TLS or authentication; refused unless --tcp is a loopback address.
+    /// Serve --tcp without TLS or authentication (refused unless --tcp is loopback).
     #[arg(long, requires = "tcp")]
     pub tcp_insecure: bool,
     /// The daemon's TLS certificate chain (PEM), for --tcp and --repl-listen.
@@ -65,135 +77,151 @@ pub struct ServeArgs {
     /// Require TCP clients to present a certificate issued by this CA (PEM): mutual TLS.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-    /// A client certificate naming this (DNS subject alternative name) is an administrator's
-    /// (repeatable).
+    /// A client certificate naming this (DNS name) is an administrator's (repeatable).
     #[arg(long, value_name = "NAME", requires = "tls_client_ca")]
     pub tls_admin_name: Vec<String>,
     /// Tokens (one per line) that authenticate TCP clients as clients.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    /// Tokens (one per line) that authenticate TCP clients (and, with --repl-listen, a primary)
-    /// as administrators.
+    /// Tokens (one per line) that authenticate administrators.
+    ///
+    /// TCP clients, and with --repl-listen a primary, present one to be an administrator.
     #[arg(long, value_name = "FILE")]
     pub admin_token_file: Option<PathBuf>,
     /// Number of log buffers.
-    #[arg(long, default_value_t = config::BUFFERS)]
+    #[arg(long, value_name = "N", default_value_t = config::BUFFERS)]
     pub buffers: usize,
-    /// Size of each buffer (bytes; suffixes K, KiB, M, MiB accepted).
-    #[arg(long, default_value_t = config::BUFFER_BYTES, value_parser = parse_size)]
-    pub buffer_size: usize,
-    /// A buffer is written once it holds this many bytes, or sooner when a `disk` commit waits for it.
-    #[arg(long, default_value_t = config::WRITE_THRESHOLD, value_parser = parse_size)]
-    pub write_threshold: usize,
-    /// Every buffer is written at least this often (milliseconds).
-    #[arg(long, default_value_t = config::FLUSH_INTERVAL.as_millis() as u64)]
-    pub flush_interval: u64,
-    /// Hold-up time of the power supply after a power-failure notice (milliseconds). Dirty
-    /// bytes are capped so that writing them takes at most half of it.
-    #[arg(long, default_value_t = config::POWER_WINDOW.as_millis() as u64)]
-    pub power_window: u64,
-    /// Skip the start-up disk measurement and assume this write rate (bytes/s).
-    #[arg(long)]
-    pub assume_write_rate: Option<u64>,
-    /// Retention: keep about this many bytes of each open log's newest segments and remove
-    /// older whole segments (bytes; K/M/G suffixes). Default: keep all until a client truncates.
+    /// Size of each buffer; a record's frame must fit in one.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(config::BUFFER_BYTES as u64), value_parser = parse_size)]
+    pub buffer_size: Size,
+    /// A buffer is written once it holds this much.
+    ///
+    /// Or sooner, when a `disk` commit waits for it.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(config::WRITE_THRESHOLD as u64), value_parser = parse_size)]
+    pub write_threshold: Size,
+    /// Every buffer is written at least this often (a bare number: milliseconds).
+    #[arg(long, value_name = "DURATION", default_value_t = Dur(config::FLUSH_INTERVAL), value_parser = parse_ms)]
+    pub flush_interval: Dur,
+    /// Hold-up time of the power supply after a power-fail notice (a bare number: ms).
+    ///
+    /// Dirty bytes are capped so that writing them takes at most half of it.
+    #[arg(long, value_name = "DURATION", default_value_t = Dur(config::POWER_WINDOW), value_parser = parse_ms)]
+    pub power_window: Dur,
+    /// Skip the start-up disk measurement and assume this write rate (e.g. 200MB/s).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub assume_write_rate: Option<Size>,
+    /// Retention: keep about this much of each open log's newest segments.
+    ///
+    /// Older whole segments are removed. Default: keep all until a client truncates.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub retain_bytes: Option<usize>,
-    /// Size of each segment file of the logs the daemon creates (bytes; K/M suffixes).
-    #[arg(long, default_value_t = config::SEGMENT_BYTES as usize, value_parser = parse_size)]
-    pub segment_size: usize,
-    /// Threads writing and syncing buffers (logs are written side by side up to this many).
-    #[arg(long, default_value_t = config::FLUSHERS)]
+    pub retain_bytes: Option<Size>,
+    /// Size of each segment file of the logs the daemon creates.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(config::SEGMENT_BYTES), value_parser = parse_size)]
+    pub segment_size: Size,
+    /// Threads writing and syncing buffers (logs written side by side).
+    #[arg(long, value_name = "N", default_value_t = config::FLUSHERS)]
     pub flushers: usize,
     /// Threads for requests that wait for the disk (open, read, truncate, power-fail).
-    #[arg(long, default_value_t = config::WORKERS)]
+    #[arg(long, value_name = "N", default_value_t = config::WORKERS)]
     pub workers: usize,
     /// Client connections served at once (lowered to what the file limit allows).
-    #[arg(long, default_value_t = config::MAX_CONNECTIONS)]
+    #[arg(long, value_name = "N", default_value_t = config::MAX_CONNECTIONS)]
     pub max_connections: usize,
     /// Administrator connections (`stela status`, power hooks) served beyond the limit.
-    #[arg(long, default_value_t = config::ADMIN_CONNECTIONS)]
+    #[arg(long, value_name = "N", default_value_t = config::ADMIN_CONNECTIONS)]
     pub admin_connections: usize,
-    /// Seconds a new connection has to say Hello.
-    #[arg(long, default_value_t = config::HANDSHAKE_TIMEOUT.as_secs())]
-    pub handshake_timeout: u64,
-    /// Seconds a frame a connection has begun may take to arrive whole before the connection is
-    /// closed.
-    #[arg(long, default_value_t = config::FRAME_TIMEOUT.as_secs())]
-    pub frame_timeout: u64,
-    /// Seconds a connection may stay without a request before it is closed (0: never).
-    #[arg(long, default_value_t = config::IDLE_TIMEOUT.as_secs())]
-    pub idle_timeout: u64,
-    /// Bytes of partly received frames held for all connections together.
-    #[arg(long, default_value_t = config::PARTIAL_FRAME_BYTES, value_parser = parse_size)]
-    pub partial_frame_bytes: usize,
-    /// Bytes of unsent answers held for all connections together.
-    #[arg(long, default_value_t = config::OUTPUT_BYTES, value_parser = parse_size)]
-    pub output_bytes: usize,
+    /// Time a new connection has to say Hello (a bare number: seconds).
+    #[arg(long, value_name = "DURATION", default_value_t = Dur(config::HANDSHAKE_TIMEOUT), value_parser = parse_secs)]
+    pub handshake_timeout: Dur,
+    /// Time a begun frame may take to arrive whole (a bare number: seconds).
+    ///
+    /// A connection holding part of a frame for longer is closed.
+    #[arg(long, value_name = "DURATION", default_value_t = Dur(config::FRAME_TIMEOUT), value_parser = parse_secs)]
+    pub frame_timeout: Dur,
+    /// Close a connection idle this long; 0: never (a bare number: seconds).
+    #[arg(long, value_name = "DURATION", default_value_t = Dur(config::IDLE_TIMEOUT), value_parser = parse_secs)]
+    pub idle_timeout: Dur,
+    /// Partly received frames held for all connections together.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(config::PARTIAL_FRAME_BYTES as u64), value_parser = parse_size)]
+    pub partial_frame_bytes: Size,
+    /// Unsent answers held for all connections together.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(config::OUTPUT_BYTES as u64), value_parser = parse_size)]
+    pub output_bytes: Size,
     /// Data area of each shared-memory ring (a power of two).
-    #[arg(long, default_value_t = config::RING_BYTES, value_parser = parse_size)]
-    pub ring_size: usize,
-    /// Microseconds the event loop keeps polling after its last event before it sleeps (0:
-    /// never poll).
-    #[arg(long, default_value_t = config::SPIN.as_micros() as u64)]
-    pub spin_us: u64,
-    /// Run the event loop, and the replication threads acknowledgements pass through, with
-    /// normal scheduling even where realtime is permitted.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(config::RING_BYTES as u64), value_parser = parse_size)]
+    pub ring_size: Size,
+    /// How long the event loop polls after its last event before it sleeps; 0: never.
+    ///
+    /// A bare number is microseconds (`--spin-us`, the old name, still works).
+    #[arg(long = "spin", alias = "spin-us", value_name = "DURATION", default_value_t = Dur(config::SPIN), value_parser = parse_us)]
+    #[serde(rename = "spin")]
+    pub spin_us: Dur,
+    /// Run the event loop with normal scheduling even where realtime is permitted.
+    ///
+    /// Also the replication threads that acknowledgements pass through.
     #[arg(long)]
     pub no_realtime: bool,
-    /// Primary role: ship every open log to the standby whose replication listener is at
-    /// HOST:PORT, and serve the `replicated` and `all` levels (loopback only until the stream
-    /// runs over TLS).
+    /// Primary role: ship every open log to the standby at ADDR (its --repl-listen).
+    ///
+    /// Serves the `replicated` and `all` levels. Off loopback the stream runs over TLS
+    /// (--standby-ca), or, inside a private network, --repl-insecure.
     #[arg(long, value_name = "ADDR")]
     pub standby: Option<std::net::SocketAddr>,
-    /// Standby role: take a primary's streams at ADDR and mirror its logs into DIR/logs,
-    /// byte for byte (loopback only until the stream runs over TLS).
+    /// Standby role: take a primary's streams at ADDR and mirror its logs into DIR/logs.
+    ///
+    /// Byte for byte. Off loopback the listener needs TLS (--tls-cert, --tls-key), or, inside
+    /// a private network, --repl-insecure.
     #[arg(long, value_name = "ADDR")]
     pub repl_listen: Option<std::net::SocketAddr>,
-    /// Allow --standby / --repl-listen on non-loopback addresses although the replication
-    /// stream has no TLS yet: only inside a private network you control.
+    /// Allow --standby / --repl-listen off loopback without TLS (private networks only).
     #[arg(long)]
     pub repl_insecure: bool,
     /// This node's name in replication messages and logs.
-    #[arg(long, default_value = "stela")]
+    #[arg(long, value_name = "NAME", default_value = "stela")]
     pub node: String,
-    /// With --standby: ship over TLS, checking the standby's certificate against this CA (PEM).
-    /// Needed off loopback (or --repl-insecure).
+    /// With --standby: ship over TLS, checking the standby's certificate against this CA.
+    ///
+    /// PEM. Needed off loopback (or --repl-insecure).
     #[arg(long, value_name = "FILE")]
     pub standby_ca: Option<PathBuf>,
-    /// With --standby-ca: this primary's client certificate and key (mutual TLS; the standby
-    /// must name it with --tls-admin-name).
+    /// With --standby-ca: this primary's client certificate (mutual TLS).
+    ///
+    /// The standby must name it with --tls-admin-name.
     #[arg(long, value_name = "FILE", requires = "standby_key")]
     pub standby_cert: Option<PathBuf>,
+    /// The private key of --standby-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "standby_cert")]
     pub standby_key: Option<PathBuf>,
-    /// With --standby-ca: a token file whose first token (one of the standby's
-    /// --admin-token-file) proves this primary.
+    /// With --standby-ca: a token file whose first token proves this primary.
+    ///
+    /// One of the standby's --admin-token-file tokens.
     #[arg(long, value_name = "FILE")]
     pub standby_token_file: Option<PathBuf>,
-    /// The name the standby's certificate carries (default: its address).
+    /// The name the standby's certificate carries [default: its address].
     #[arg(long, value_name = "NAME")]
     pub standby_name: Option<String>,
-    /// With --standby: once the standby has been unreachable this many milliseconds, answer
-    /// `replicated` commits without it with the error `Unprotected` (never Ok: the record has
-    /// `buffered`'s promise, `all` `disk`'s), logged, counted and shown in `stela status`, until
-    /// it is back. Default: they wait for it.
-    #[arg(long, value_name = "MS")]
-    pub degrade_after: Option<u64>,
-    /// With --standby: the most bytes of a log the primary keeps for a standby that has not
-    /// stored them (bytes; K/M/G suffixes). Beyond it, truncation passes the standby's hold,
-    /// logged; the standby, back, begins its copy again at the oldest segment left. Default:
-    /// keep everything the standby needs.
+    /// With --standby: after the standby is unreachable this long, answer `Unprotected`.
+    ///
+    /// `replicated` commits are then answered with the error `Unprotected` (never Ok: the
+    /// record has `buffered`'s promise, `all` `disk`'s), logged, counted and shown in `stela
+    /// status`, until it is back. Default: they wait for it. A bare number is milliseconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_ms)]
+    pub degrade_after: Option<Dur>,
+    /// With --standby: the most of a log the primary keeps for a standby that lacks it.
+    ///
+    /// Beyond it, truncation passes the standby's hold, logged; the standby, back, begins its
+    /// copy again at the oldest segment left. Default: keep everything the standby needs.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub standby_keep_max: Option<usize>,
-    /// Automatic failover: the coordinator that grants epochs, `tcp://HOST:PORT` (a
-    /// `stela witness`) or `etcd://HOST:PORT`. Needs --peer and --repl-listen; the coordinator
-    /// then says which node is the primary.
+    pub standby_keep_max: Option<Size>,
+    /// Automatic failover: the coordinator, tcp://HOST:PORT (a witness) or etcd://HOST:PORT.
+    ///
+    /// Needs --peer and --repl-listen; the coordinator then says which node is the primary.
     #[arg(long, value_name = "URL", requires_all = ["peer", "repl_listen"])]
     pub coordinator: Option<String>,
-    /// With --coordinator: another node's replication address (its --repl-listen); this
-    /// node ships there while it is the primary. Given once per other node: the cluster has
-    /// one node more than --peer flags (two or three nodes, docs/REPLICATION.md).
+    /// With --coordinator: another node's replication address (its --repl-listen).
+    ///
+    /// This node ships there while it is the primary. Given once per other node: the cluster
+    /// has one node more than --peer flags (two or three nodes, docs/REPLICATION.md).
     #[arg(long, value_name = "ADDR", conflicts_with = "standby")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub peer: Vec<std::net::SocketAddr>,
@@ -202,25 +230,32 @@ pub struct ServeArgs {
     #[arg(long, value_name = "K", default_value_t = config::REPLICAS)]
     pub replicas: usize,
     /// With --coordinator: the pair's name at the coordinator.
-    #[arg(long, default_value = "stela")]
+    #[arg(long, value_name = "NAME", default_value = "stela")]
     pub cluster: String,
-    /// With --coordinator: a preference, never a grant. `primary`: when the coordinator names
-    /// no primary yet, this node asks it for the first epoch. A node is primary only once the
-    /// coordinator grants it an epoch; one that cannot reach it at start is a standby.
+    /// With --coordinator: a preference, never a grant.
+    ///
+    /// `primary`: when the coordinator names no primary yet, this node asks it for the first
+    /// epoch. A node is primary only once the coordinator grants it an epoch; one that cannot
+    /// reach it at start is a standby.
     #[arg(long, value_enum, default_value_t = RoleArg::Standby)]
     pub role: RoleArg,
-    /// With --coordinator: how often the primary renews with the coordinator and heartbeats
-    /// its standby.
-    #[arg(long, value_name = "MS", default_value_t = config::HEARTBEAT.as_millis() as u64)]
-    pub heartbeat_ms: u64,
-    /// With --coordinator: how long a standby hears nothing from its primary before it asks to
-    /// be promoted (the witness's --lease-ms should match).
-    #[arg(long, value_name = "MS", default_value_t = config::SUSPECT_AFTER.as_millis() as u64)]
-    pub suspect_after_ms: u64,
-    /// With --coordinator: how a promoted primary answers `replicated` commits before its old
-    /// primary has rejoined as its standby: `unprotected` (at once, with the error
-    /// `Unprotected`, never Ok: the record is on this node alone; logged, counted and shown in
-    /// `stela status`) or `block` (wait).
+    /// With --coordinator: how often the primary renews and heartbeats its standby.
+    ///
+    /// A bare number is milliseconds (`--heartbeat-ms`, the old name, still works).
+    #[arg(long = "heartbeat", alias = "heartbeat-ms", value_name = "DURATION", default_value_t = Dur(config::HEARTBEAT), value_parser = parse_ms)]
+    #[serde(rename = "heartbeat")]
+    pub heartbeat_ms: Dur,
+    /// With --coordinator: silence after which a standby asks to be promoted.
+    ///
+    /// The witness's --lease should match. A bare number is milliseconds
+    /// (`--suspect-after-ms`, the old name, still works).
+    #[arg(long = "suspect-after", alias = "suspect-after-ms", value_name = "DURATION", default_value_t = Dur(config::SUSPECT_AFTER), value_parser = parse_ms)]
+    #[serde(rename = "suspect-after")]
+    pub suspect_after_ms: Dur,
+    /// With --coordinator: a promoted primary's `replicated` answers until its peer rejoins.
+    ///
+    /// `unprotected`: at once, with the error `Unprotected` (never Ok: the record is on this
+    /// node alone; logged, counted and shown in `stela status`); `block`: wait.
     #[arg(long, value_enum, default_value_t = AfterFailoverArg::Unprotected)]
     pub after_failover: AfterFailoverArg,
 }
@@ -253,52 +288,140 @@ fn octal<S: serde::Serializer>(mode: &u32, serializer: S) -> Result<S::Ok, S::Er
 /// then override them): `key = value` becomes `--key value`, `key = true` `--key`, an array
 /// one `--key value` per element.
 ///
+/// Every key is checked against `stela serve`'s flags, and every value against its flag's
+/// parser, before anything runs: a misspelt key or a bad value is refused naming the file and
+/// line (`stela.toml:3: unknown setting `bufers``), at start and on SIGHUP alike.
+///
 /// # Errors
-/// An unreadable file, or TOML that is not a table of flags and values.
+/// An unreadable file, TOML that is not a table of settings, an unknown key, a bad value.
 pub fn config_file_flags(path: &std::path::Path) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    use toml::Spanned;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the config file {}", path.display()))?;
-    let table: toml::Table = toml::from_str(&text)
-        .with_context(|| format!("{}: not a TOML table of settings", path.display()))?;
+    let table: std::collections::BTreeMap<Spanned<String>, Spanned<toml::Value>> =
+        toml::from_str(&text)
+            .with_context(|| format!("{}: not a TOML table of settings", path.display()))?;
+    let serve = serve_command();
     let mut flags = Vec::new();
-    let scalar = |key: &str, value: &toml::Value| -> anyhow::Result<Option<String>> {
-        Ok(match value {
-            toml::Value::String(s) => Some(s.clone()),
-            toml::Value::Integer(i) => Some(i.to_string()),
-            toml::Value::Float(f) => Some(f.to_string()),
-            toml::Value::Boolean(_) => None,
-            other => anyhow::bail!(
-                "{}: `{key}` has a {} value; settings are strings, numbers or booleans",
-                path.display(),
-                other.type_str()
-            ),
-        })
-    };
     for (key, value) in &table {
-        if key == "config" || key == "print-config" {
-            anyhow::bail!("{}: `{key}` cannot be set in a config file", path.display());
-        }
-        let flag = format!("--{key}");
-        match value {
-            toml::Value::Boolean(true) => flags.push(flag.into()),
-            toml::Value::Boolean(false) => {}
-            toml::Value::Array(items) => {
-                for item in items {
-                    if let Some(v) = scalar(key, item)? {
+        let line = text[..key.span().start].matches('\n').count() + 1;
+        let at = format!("{}:{line}", path.display());
+        let arg = setting_arg(&serve, key.get_ref())
+            .with_context(|| format!("{at}: {}", unknown_setting(&serve, key.get_ref())))?;
+        let flag = format!("--{}", arg.get_long().unwrap_or(key.get_ref()));
+        let takes_value = arg.get_action().takes_values();
+        let items: Vec<&toml::Value> = match value.get_ref() {
+            toml::Value::Array(items) => items.iter().collect(),
+            one => vec![one],
+        };
+        for item in items {
+            let text_value = match item {
+                toml::Value::Boolean(on) if !takes_value => {
+                    if *on {
                         flags.push(flag.clone().into());
-                        flags.push(v.into());
                     }
+                    continue;
                 }
-            }
-            other => {
-                if let Some(v) = scalar(key, other)? {
-                    flags.push(flag.into());
-                    flags.push(v.into());
-                }
-            }
+                toml::Value::String(s) if takes_value => s.clone(),
+                toml::Value::Integer(i) if takes_value => i.to_string(),
+                toml::Value::Float(f) if takes_value => f.to_string(),
+                other => anyhow::bail!(
+                    "{at}: `{}` takes {} (found: {})",
+                    key.get_ref(),
+                    if takes_value {
+                        "a string or a number"
+                    } else {
+                        "true or false"
+                    },
+                    other.type_str()
+                ),
+            };
+            check_value(arg, &text_value).map_err(|e| {
+                // clap says "error: invalid value 'x' for '<id>': why"; the key and the
+                // line say which setting, so only the why is kept.
+                let said = e.to_string();
+                let first = said.lines().next().unwrap_or_default();
+                let why = first.split_once("': ").map_or(first, |(_, why)| why);
+                anyhow::anyhow!("{at}: `{}` = {text_value:?}: {why}", key.get_ref())
+            })?;
+            flags.push(flag.clone().into());
+            flags.push(text_value.into());
         }
     }
     Ok(flags)
+}
+
+/// Runs `arg`'s own parser on a value, alone (its ties to other flags are checked when the
+/// whole command line is parsed).
+fn check_value(arg: &clap::Arg, value: &str) -> Result<(), clap::Error> {
+    let alone = clap::Arg::new(arg.get_id().clone())
+        .action(arg.get_action().clone())
+        .value_parser(arg.get_value_parser().clone());
+    clap::Command::new("stela-serve-config")
+        .no_binary_name(true)
+        .disable_help_flag(true)
+        .arg(alone)
+        .try_get_matches_from([value])
+        .map(drop)
+}
+
+/// `stela serve` as clap sees it: the flags a config file may set, and their parsers.
+fn serve_command() -> clap::Command {
+    use clap::CommandFactory;
+    let mut cli = crate::Cli::command();
+    cli.build();
+    cli.find_subcommand("serve")
+        .cloned()
+        .expect("`stela serve` is a subcommand")
+}
+
+/// The flag a config key sets: its long name or an alias; never `config` or `print-config`.
+fn setting_arg<'a>(serve: &'a clap::Command, key: &str) -> Option<&'a clap::Arg> {
+    if matches!(key, "config" | "print-config" | "help") {
+        return None;
+    }
+    serve.get_arguments().find(|arg| {
+        arg.get_long() == Some(key)
+            || arg
+                .get_all_aliases()
+                .is_some_and(|aliases| aliases.contains(&key))
+    })
+}
+
+/// Why a key is not a setting, with the nearest one when it looks like a misspelling.
+fn unknown_setting(serve: &clap::Command, key: &str) -> String {
+    if matches!(key, "config" | "print-config") {
+        return format!("`{key}` cannot be set in a config file");
+    }
+    let nearest = serve
+        .get_arguments()
+        .filter_map(clap::Arg::get_long)
+        .filter(|long| !matches!(*long, "config" | "print-config" | "help"))
+        .min_by_key(|long| edit_distance(key, long));
+    match nearest {
+        Some(long) if edit_distance(key, long) <= 2 => {
+            format!("unknown setting `{key}` (did you mean `{long}`?)")
+        }
+        _ => format!("unknown setting `{key}` (`stela serve --help` lists them)"),
+    }
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 impl ServeArgs {
@@ -315,7 +438,7 @@ impl ServeArgs {
         config.socket_group = self.socket_group.clone();
         config.tcp = self.tcp;
         config.metrics = self.metrics;
-        config.retain_bytes = self.retain_bytes.map(|b| b as u64);
+        config.retain_bytes = self.retain_bytes.map(Size::get);
         config.tcp_insecure = self.tcp_insecure;
         config.tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(stela_server::ServerTlsFiles {
@@ -329,23 +452,23 @@ impl ServeArgs {
         config.token_file = self.token_file.clone();
         config.admin_token_file = self.admin_token_file.clone();
         config.buffers = self.buffers;
-        config.buffer_bytes = self.buffer_size;
-        config.write_threshold = self.write_threshold;
-        config.flush_interval = Duration::from_millis(self.flush_interval.max(1));
-        config.power_window = Duration::from_millis(self.power_window.max(1));
-        config.assume_write_rate = self.assume_write_rate;
-        config.segment_bytes = self.segment_size as u64;
+        config.buffer_bytes = self.buffer_size.as_usize();
+        config.write_threshold = self.write_threshold.as_usize();
+        config.flush_interval = self.flush_interval.get().max(Duration::from_millis(1));
+        config.power_window = self.power_window.get().max(Duration::from_millis(1));
+        config.assume_write_rate = self.assume_write_rate.map(Size::get);
+        config.segment_bytes = self.segment_size.get();
         config.flushers = self.flushers;
         config.workers = self.workers;
         config.max_connections = self.max_connections;
         config.admin_connections = self.admin_connections;
-        config.handshake_timeout = Duration::from_secs(self.handshake_timeout.max(1));
-        config.frame_timeout = Duration::from_secs(self.frame_timeout.max(1));
-        config.idle_timeout = Duration::from_secs(self.idle_timeout);
-        config.partial_frame_bytes = self.partial_frame_bytes;
-        config.output_bytes = self.output_bytes;
-        config.ring_bytes = self.ring_size;
-        config.spin = Duration::from_micros(self.spin_us);
+        config.handshake_timeout = self.handshake_timeout.get().max(Duration::from_millis(1));
+        config.frame_timeout = self.frame_timeout.get().max(Duration::from_millis(1));
+        config.idle_timeout = self.idle_timeout.get();
+        config.partial_frame_bytes = self.partial_frame_bytes.as_usize();
+        config.output_bytes = self.output_bytes.as_usize();
+        config.ring_bytes = self.ring_size.as_usize();
+        config.spin = self.spin_us.get();
         config.realtime_loop = !self.no_realtime;
         config.standby = self.standby.or(self.peer.first().copied());
         config.more_standbys = self.peer.iter().skip(1).copied().collect();
@@ -361,8 +484,8 @@ impl ServeArgs {
                     RoleArg::Primary => config::NodeRole::Primary,
                     RoleArg::Standby => config::NodeRole::Standby,
                 },
-                heartbeat: Duration::from_millis(self.heartbeat_ms.max(1)),
-                suspect_after: Duration::from_millis(self.suspect_after_ms.max(1)),
+                heartbeat: self.heartbeat_ms.get().max(Duration::from_millis(1)),
+                suspect_after: self.suspect_after_ms.get().max(Duration::from_millis(1)),
                 after_failover: match self.after_failover {
                     AfterFailoverArg::Unprotected => config::AfterFailover::Unprotected,
                     AfterFailoverArg::Block => config::AfterFailover::Block,
@@ -370,8 +493,8 @@ impl ServeArgs {
             });
         config.repl_insecure = self.repl_insecure;
         config.node = self.node.clone();
-        config.degrade_after = self.degrade_after.map(Duration::from_millis);
-        config.standby_keep_max = self.standby_keep_max.map(|b| b as u64);
+        config.degrade_after = self.degrade_after.map(Dur::get);
+        config.standby_keep_max = self.standby_keep_max.map(Size::get);
         config.standby_tls = self
             .standby_ca
             .clone()
@@ -394,11 +517,12 @@ pub struct TargetArgs {
     /// The daemon's directory (its socket is DIR/stela.sock).
     #[arg(long, conflicts_with = "socket")]
     pub dir: Option<PathBuf>,
-    /// A daemon's TCP address, HOST:PORT (or tls://HOST:PORT), spoken to over TLS; with
-    /// --tcp-insecure, plain TCP to a loopback daemon.
+    /// A daemon's TCP address, HOST:PORT, spoken to over TLS.
+    ///
+    /// Also tls://HOST:PORT. With --tcp-insecure, plain TCP to a loopback daemon.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["socket", "dir"])]
     pub tcp: Option<String>,
-    /// Speak plain TCP to a --tcp-insecure daemon (no TLS, no authentication).
+    /// Speak plain TCP to a --tcp-insecure daemon (no TLS, no authentication)
     #[arg(long, requires = "tcp", conflicts_with_all = ["tls_ca", "token_file", "tls_cert"])]
     pub tcp_insecure: bool,
     /// The CA the daemon's certificate chains to (PEM); needed with --tcp.
@@ -413,7 +537,7 @@ pub struct TargetArgs {
     /// A file whose (first) token is sent to authenticate.
     #[arg(long, value_name = "FILE", requires = "tcp")]
     pub token_file: Option<PathBuf>,
-    /// The name the daemon's certificate must carry, if not the host of --tcp.
+    /// The name the daemon's certificate carries [default: the host of --tcp]
     #[arg(long, value_name = "NAME", requires = "tls_ca")]
     pub tls_server_name: Option<String>,
 }
@@ -471,30 +595,6 @@ fn parse_octal(text: &str) -> Result<u32, String> {
         .map_err(|e| format!("not an octal mode: {e}"))
 }
 
-/// Parses "4096", "512K", "512KiB", "4M", "1MiB" (K and M are binary: 1024, 1024^2).
-pub fn parse_size(text: &str) -> Result<usize, String> {
-    let text = text.trim();
-    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &text[digits.len()..];
-    let number: usize = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size"))?;
-    let scale = match unit {
-        "" | "B" => 1,
-        "K" | "KiB" | "k" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "unknown size unit {unit:?} (use K/KiB, M/MiB or G/GiB)"
-            ))
-        }
-    };
-    number
-        .checked_mul(scale)
-        .ok_or_else(|| format!("{text} is too large"))
-}
-
 pub fn serve(
     args: ServeArgs,
     reload: Option<stela_server::server::ReloadHook>,
@@ -524,6 +624,9 @@ pub fn serve(
     }
     // systemd's Type=notify: ready once the socket listens (a no-op without $NOTIFY_SOCKET).
     notify_systemd(&format!("READY=1\nMAINPID={}", std::process::id()));
+    if let Some(interval) = watchdog_interval() {
+        start_watchdog(server.socket_path().to_owned(), interval);
+    }
     writeln!(out, "stela serve: {}", status.dirty_cap.derivation)?;
     writeln!(
         out,
@@ -552,6 +655,41 @@ fn connect(target: &TargetArgs) -> anyhow::Result<Connection> {
     let address = target.address()?;
     Connection::connect_admin(&address)
         .with_context(|| format!("is `stela serve` running at {address}?"))
+}
+
+/// systemd's `WatchdogSec=`: how often to ping (a third of `$WATCHDOG_USEC`), if the
+/// watchdog is on for this process (`$WATCHDOG_PID`, when set, names it).
+fn watchdog_interval() -> Option<Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID") {
+        if pid.parse::<u32>().ok() != Some(std::process::id()) {
+            return None;
+        }
+    }
+    (usec > 0).then(|| Duration::from_micros(usec / 3))
+}
+
+/// Pings systemd's watchdog (`WATCHDOG=1`) each `interval`, but only after the daemon's event
+/// loop has answered a status request on its own socket: a loop that hangs stops the pings,
+/// and systemd restarts the daemon. A process merely alive is not enough.
+fn start_watchdog(socket: PathBuf, interval: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("stela-watchdog".into())
+        .spawn(move || loop {
+            let answered = Connection::connect_admin(&Address::Unix(socket.clone()))
+                .and_then(|mut connection| connection.request(RequestBody::Status));
+            match answered {
+                Ok(ResponseBody::Status(_)) => notify_systemd("WATCHDOG=1"),
+                Ok(other) => tracing::warn!(?other, "watchdog: unexpected answer; no ping"),
+                Err(error) => {
+                    tracing::warn!(%error, "watchdog: the daemon did not answer; no ping")
+                }
+            }
+            std::thread::sleep(interval);
+        });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "could not start the watchdog thread");
+    }
 }
 
 /// Tells systemd (`Type=notify`) about the daemon's state: `state` is sent as one datagram to
@@ -589,7 +727,8 @@ pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Re
     let ResponseBody::Status(report) = answer else {
         anyhow::bail!("unexpected answer to Status: {answer:?}");
     };
-    let problems = health_problems(&report);
+    let mut problems = health_problems(&report);
+    problems.extend(standby_unreachable(&report));
     if json {
         let mut value = status_json(&report);
         value["healthy"] = serde_json::json!(problems.is_empty());
@@ -603,6 +742,36 @@ pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Re
         }
     }
     Ok(problems)
+}
+
+/// A primary with no log open ships nothing, so no log says whether its standby is there: a
+/// TCP connection to the standby's replication address (closed at once) does. A standby that
+/// does not exist would otherwise show only at the first `replicated` commit, which waits.
+fn standby_unreachable(report: &StatusReport) -> Option<String> {
+    let replication = report.replication.as_ref()?;
+    if replication.role != "primary" || !replication.logs.is_empty() {
+        return None;
+    }
+    let addr: SocketAddr = replication.peer.parse().ok()?;
+    match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+        Ok(_) => None,
+        Err(error) => Some(format!(
+            "the standby at {addr} does not answer ({error}); no log is open, so nothing ships \
+             yet, and replicated commits will wait for it"
+        )),
+    }
+}
+
+/// What `stela status --json` prints when it gets no report: the verdict a monitor reads, and
+/// why. `reachable` is false when no daemon answers at the address (exit 6).
+pub fn status_failure_json(error: &anyhow::Error) -> serde_json::Value {
+    let code = crate::exit::code_number(error);
+    serde_json::json!({
+        "healthy": false,
+        "reachable": code != crate::exit::DAEMON_UNREACHABLE,
+        "problems": [crate::exit::render(error)],
+        "exit_code": code,
+    })
 }
 
 /// Records `--degrade-after` acknowledged without the standby that it does not hold yet: they
@@ -1006,21 +1175,6 @@ fn status_json(report: &StatusReport) -> serde_json::Value {
         // Every field of the replication section, by its name in the protocol.
         "replication": report.replication.as_ref().and_then(|r| serde_json::to_value(r).ok()),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
-        assert_eq!(parse_size("512K"), Ok(512 << 10));
-        assert_eq!(parse_size("2M"), Ok(2 << 20));
-        assert!(parse_size("12XB").unwrap_err().contains("unit"));
-        assert!(parse_size("lots").is_err());
-    }
 }
 
 #[cfg(test)]

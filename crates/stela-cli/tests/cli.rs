@@ -177,33 +177,32 @@ fn the_settings_page_gives_the_defaults_the_daemon_has() {
             Some((flag.to_owned(), cells.get(2)?.to_string()))
         })
         .collect();
+    use stela::units::{Dur, Size};
+    let size = |bytes: u64| Size(bytes).to_string();
     let expected: Vec<(&str, String)> = vec![
         ("buffers", config::BUFFERS.to_string()),
-        ("buffer-size", config::BUFFER_BYTES.to_string()),
-        ("write-threshold", config::WRITE_THRESHOLD.to_string()),
-        (
-            "flush-interval",
-            config::FLUSH_INTERVAL.as_millis().to_string(),
-        ),
-        ("power-window", config::POWER_WINDOW.as_millis().to_string()),
-        ("segment-size", config::SEGMENT_BYTES.to_string()),
+        ("buffer-size", size(config::BUFFER_BYTES as u64)),
+        ("write-threshold", size(config::WRITE_THRESHOLD as u64)),
+        ("flush-interval", Dur(config::FLUSH_INTERVAL).to_string()),
+        ("power-window", Dur(config::POWER_WINDOW).to_string()),
+        ("segment-size", size(config::SEGMENT_BYTES)),
         ("flushers", config::FLUSHERS.to_string()),
         ("workers", config::WORKERS.to_string()),
         ("max-connections", config::MAX_CONNECTIONS.to_string()),
         ("admin-connections", config::ADMIN_CONNECTIONS.to_string()),
         (
             "handshake-timeout",
-            config::HANDSHAKE_TIMEOUT.as_secs().to_string(),
+            Dur(config::HANDSHAKE_TIMEOUT).to_string(),
         ),
-        ("frame-timeout", config::FRAME_TIMEOUT.as_secs().to_string()),
-        ("idle-timeout", config::IDLE_TIMEOUT.as_secs().to_string()),
+        ("frame-timeout", Dur(config::FRAME_TIMEOUT).to_string()),
+        ("idle-timeout", Dur(config::IDLE_TIMEOUT).to_string()),
         (
             "partial-frame-bytes",
-            config::PARTIAL_FRAME_BYTES.to_string(),
+            size(config::PARTIAL_FRAME_BYTES as u64),
         ),
-        ("output-bytes", config::OUTPUT_BYTES.to_string()),
-        ("ring-size", config::RING_BYTES.to_string()),
-        ("spin-us", config::SPIN.as_micros().to_string()),
+        ("output-bytes", size(config::OUTPUT_BYTES as u64)),
+        ("ring-size", size(config::RING_BYTES as u64)),
+        ("spin", Dur(config::SPIN).to_string()),
         (
             "no-realtime",
             if config::REALTIME_LOOP { "off" } else { "on" }.to_string(),
@@ -414,4 +413,160 @@ fn verify_counts_the_valid_records_an_open_would_cut_and_repair_keeps_them() {
     let out = stela(&["wal", "verify", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("1000 record(s)"), "{}", text(&out));
+}
+
+/// `wal dump` with pg_waldump's habits: a range (`--from`, `--to`), `--limit`, a readable
+/// `--text` line per record, and `--stats` alone; a range that stops before the damage is a
+/// clean dump, one that reaches it exits 1.
+#[test]
+fn dump_takes_a_range_a_limit_a_text_view_and_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    make_log(dir.path(), 10);
+    let log = dir.path().to_str().unwrap();
+    let lines = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["wal", "dump", log];
+        all.extend_from_slice(args);
+        let out = stela(&all);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let lsns = |lines: &[String]| -> Vec<u64> {
+        lines
+            .iter()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["lsn"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(lsns(&lines(&["--from", "3", "--to", "5"])), vec![3, 4, 5]);
+    assert_eq!(
+        lsns(&lines(&["--from", "8", "--limit", "5"])),
+        vec![8, 9, 10]
+    );
+    assert_eq!(lsns(&lines(&["--limit", "2"])), vec![1, 2]);
+    let text_view = lines(&["--from", "2", "--to", "2", "--text"]);
+    assert_eq!(text_view.len(), 1, "{text_view:?}");
+    assert!(
+        text_view[0].starts_with("lsn 2  len ") && text_view[0].ends_with("[1,\"record 1\"]"),
+        "{text_view:?}"
+    );
+    let stats = lines(&["--stats", "--from", "4"]).join("\n");
+    assert!(
+        stats.contains("records: 7, LSNs 4..=10, codec msgpack"),
+        "{stats}"
+    );
+    assert!(stats.contains("payload bytes: "), "{stats}");
+
+    // Damage at record 6: a range before it is clean, one reaching it exits 1.
+    let path = first_segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let sixth = find_record(&bytes, "record 5");
+    bytes[sixth] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    assert_eq!(lsns(&lines(&["--to", "5"])), vec![1, 2, 3, 4, 5]);
+    assert_eq!(lsns(&lines(&["--limit", "5"])), vec![1, 2, 3, 4, 5]);
+    let reaching = stela(&["wal", "dump", log, "--to", "8"]);
+    assert_eq!(reaching.status.code(), Some(1), "{}", text(&reaching));
+}
+
+/// Where a record's text begins in a segment's bytes.
+fn find_record(bytes: &[u8], needle: &str) -> usize {
+    bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_bytes())
+        .unwrap_or_else(|| panic!("{needle:?} not in the segment"))
+}
+
+/// Issue 55: `repair` says what it will cut before cutting (and with `--dry-run` changes
+/// nothing), points a damaged log's plain repair to `--corrupt-suffix`, accounts for every LSN
+/// from the cut on (kept in salvage, or counted as dropped), says an emptied log holds no
+/// records (it said "LSNs 0..=0"), and names the salvage folder by LSN and ISO time.
+#[test]
+fn repair_says_what_it_cuts_first_and_accounts_for_every_record() {
+    for (damaged, cut_at) in [("record 4", 5u64), ("record 0", 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        make_log(dir.path(), 10);
+        let path = first_segment(dir.path());
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = find_record(&bytes, damaged);
+        bytes[at] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+        let log = dir.path().to_str().unwrap();
+
+        let plain = stela(&["wal", "repair", log]);
+        assert_eq!(plain.status.code(), Some(1), "{}", text(&plain));
+        assert!(
+            text(&plain).contains("--corrupt-suffix"),
+            "{}",
+            text(&plain)
+        );
+        assert!(
+            text(&plain).contains("nothing was changed"),
+            "{}",
+            text(&plain)
+        );
+
+        let dry = stela(&["wal", "repair", "--corrupt-suffix", "--dry-run", log]);
+        assert_eq!(dry.status.code(), Some(0), "{}", text(&dry));
+        assert!(
+            text(&dry).contains(&format!("would cut the log at LSN {cut_at}")),
+            "{}",
+            text(&dry)
+        );
+        let still = stela(&["wal", "verify", log]);
+        assert_eq!(still.status.code(), Some(1), "--dry-run changed the log");
+
+        let cut = stela(&["wal", "repair", "--corrupt-suffix", log]);
+        assert_eq!(cut.status.code(), Some(0), "{}", text(&cut));
+        let said = text(&cut);
+        let plan = said
+            .find(&format!("will cut the log at LSN {cut_at}"))
+            .unwrap_or_else(|| panic!("no plan in: {said}"));
+        let done = said.find("cut the log at offset").expect("the cut");
+        assert!(plan < done, "the plan after the cut: {said}");
+        // Every LSN from the cut to the old end: kept in salvage or counted as dropped.
+        let mut accounted = Vec::new();
+        for line in said.lines() {
+            let range = line
+                .strip_prefix("kept records ")
+                .map(|rest| rest.split(' ').next().unwrap())
+                .or_else(|| {
+                    line.split("LSNs ")
+                        .nth(1)
+                        .filter(|_| line.starts_with("dropped"))
+                });
+            if let Some(range) = range {
+                let (first, last) = range.split_once("..=").unwrap();
+                let (first, last): (u64, u64) = (first.parse().unwrap(), last.parse().unwrap());
+                accounted.extend(first..=last);
+            }
+        }
+        accounted.sort_unstable();
+        assert_eq!(accounted, (cut_at..=10).collect::<Vec<_>>(), "{said}");
+        if cut_at == 1 {
+            assert!(said.contains("log now holds no records"), "{said}");
+        } else {
+            assert!(
+                said.contains(&format!("log now holds LSNs 1..={}", cut_at - 1)),
+                "{said}"
+            );
+        }
+        assert!(!said.contains("0..=0"), "{said}");
+        let salvage: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("salvage"))
+            .collect();
+        assert_eq!(salvage.len(), 1, "{salvage:?}");
+        let name = &salvage[0];
+        let prefix = format!("salvage-lsn-{cut_at}-20");
+        assert!(name.starts_with(&prefix) && name.ends_with('Z'), "{name}");
+        assert!(name.contains('T') && !name.contains(':'), "{name}");
+    }
 }

@@ -150,3 +150,63 @@ fn a_followers_hold_is_listed_and_released() {
     assert_eq!(stela_wal::holds::lowest(&storage, &log_dir), (None, vec![]));
     daemon.terminate();
 }
+
+/// Issue 55: `stela logs tail NAME` prints a log's newest records, and `-f` follows it: records
+/// committed at `disk` after it started come out as they are written.
+#[test]
+fn tail_prints_the_newest_records_and_follows_new_ones() {
+    use std::io::BufRead;
+    use stela_client::Durability;
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let daemon = Daemon::start(&dir, &[]);
+    let options = WalOptions::default().durability(Durability::Disk);
+    let wal: Wal<String> = Wal::open(daemon.socket(), "orders", options).unwrap();
+    for i in 1..=5 {
+        wal.append_durable(&format!("order {i}")).unwrap();
+    }
+    let lsns = |text: &str| -> Vec<u64> {
+        text.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                assert_eq!(
+                    v["record"],
+                    format!("order {}", v["lsn"]),
+                    "the record beside its LSN"
+                );
+                v["lsn"].as_u64().unwrap()
+            })
+            .collect()
+    };
+    let d = daemon.dir_arg();
+    let last3 = stela(&["logs", "tail", "orders", "--dir", d, "-n", "3"]);
+    assert_eq!(last3.status.code(), Some(0), "{}", text(&last3));
+    assert_eq!(lsns(&String::from_utf8_lossy(&last3.stdout)), vec![3, 4, 5]);
+    let all = stela(&["logs", "tail", "orders", "--dir", d, "-n", "50"]);
+    assert_eq!(
+        lsns(&String::from_utf8_lossy(&all.stdout)),
+        vec![1, 2, 3, 4, 5]
+    );
+    let missing = stela(&["logs", "tail", "nosuch", "--dir", d]);
+    assert_ne!(missing.status.code(), Some(0), "{}", text(&missing));
+
+    let mut follow = std::process::Command::new(env!("CARGO_BIN_EXE_stela"))
+        .args(["logs", "tail", "-f", "orders", "--dir", d, "-n", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().expect("tail -f ended").unwrap();
+    assert_eq!(lsns(&next()), vec![5]);
+    for i in 6..=7 {
+        wal.append_durable(&format!("order {i}")).unwrap();
+    }
+    // Each line is read as it comes; a tail that stopped would end the stream instead.
+    assert_eq!(lsns(&next()), vec![6]);
+    assert_eq!(lsns(&next()), vec![7]);
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+    wal.close().unwrap();
+    daemon.terminate();
+}

@@ -97,7 +97,7 @@ fn a_scrape_shows_what_the_daemon_did() {
     );
     assert_eq!(value(&after, "stela_failed_writes_total"), Some(0.0));
     assert!(
-        value(&after, "stela_written_bytes").unwrap() > 0.0,
+        value(&after, "stela_written_bytes_total").unwrap() > 0.0,
         "{after}"
     );
     assert_eq!(value(&after, "stela_power_failing"), Some(0.0));
@@ -117,6 +117,103 @@ fn a_scrape_shows_what_the_daemon_did() {
     let last = scrape(&addr);
 
     common::promtool_check(&last);
+    daemon.terminate();
+}
+
+/// The type each metric is declared with, from a scrape's `# TYPE` lines.
+fn types(text: &str) -> std::collections::HashMap<String, String> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' '))
+        .map(|(name, kind)| (name.to_owned(), kind.to_owned()))
+        .collect()
+}
+
+/// Issue 55: totals that only grow are counters (`rate()` works on them), the process's own
+/// metrics and the build are there, and a client asking for OpenMetrics gets it; promtool
+/// passes the classic text.
+#[test]
+fn counters_are_counters_with_process_and_build_metrics_and_openmetrics_on_request() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let (daemon, addr) = daemon_with_metrics(&dir);
+    let wal: Wal<String> = Wal::open(daemon.socket(), "m", WalOptions::default()).unwrap();
+    let lsn = wal.append(&"x".to_owned()).unwrap();
+    wal.commit_at(lsn, Durability::Disk).unwrap();
+
+    let classic = get(&addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        classic.contains("Content-Type: text/plain; version=0.0.4"),
+        "{classic}"
+    );
+    let classic_types = types(&classic);
+    for (name, kind) in [
+        ("stela_written_bytes_total", "counter"),
+        ("stela_refused_connections_total", "counter"),
+        ("stela_refused_logins_total", "counter"),
+        ("stela_commits_total", "counter"),
+        ("stela_dirty_bytes", "gauge"),
+        ("stela_connections", "gauge"),
+        ("stela_build_info", "gauge"),
+        ("process_cpu_seconds_total", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("process_threads", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+    ] {
+        assert_eq!(
+            classic_types.get(name).map(String::as_str),
+            Some(kind),
+            "{name} in:\n{classic}"
+        );
+    }
+    assert!(
+        value(&classic, "stela_written_bytes_total").unwrap() > 0.0,
+        "{classic}"
+    );
+    assert!(
+        value(&classic, "process_resident_memory_bytes").unwrap() > 0.0,
+        "{classic}"
+    );
+    assert!(
+        value(&classic, "process_threads").unwrap() >= 1.0,
+        "{classic}"
+    );
+    let version = format!(
+        "stela_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(value(&classic, &version), Some(1.0), "{classic}");
+    assert!(!classic.contains("# EOF"), "{classic}");
+    common::promtool_check(&classic);
+
+    // What Prometheus sends: OpenMetrics first, the classic text as a fallback.
+    let openmetrics = get(
+        &addr,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1\r\n\r\n",
+    );
+    assert!(
+        openmetrics.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        "{openmetrics}"
+    );
+    assert!(openmetrics.trim_end().ends_with("# EOF"), "{openmetrics}");
+    let om_types = types(&openmetrics);
+    // OpenMetrics names a counter's family without `_total`; its sample has it.
+    assert_eq!(
+        om_types.get("stela_written_bytes").map(String::as_str),
+        Some("counter")
+    );
+    assert_eq!(
+        om_types.get("process_cpu_seconds").map(String::as_str),
+        Some("counter")
+    );
+    assert!(
+        value(&openmetrics, "stela_written_bytes_total").unwrap() > 0.0,
+        "{openmetrics}"
+    );
+    wal.close().unwrap();
     daemon.terminate();
 }
 

@@ -64,6 +64,13 @@ fn sighup_applies_what_can_change_and_keeps_the_rest() {
     std::fs::write(&file, "idle-timeout = [[\n").unwrap();
     hup(&daemon);
     wait_for(&daemon, "SIGHUP reload refused");
+    // A misspelt key: refused with the file and line, the message `stela serve` gives at start.
+    std::fs::write(&file, "idle-timeout = \"1s\"\nbufers = 8\n").unwrap();
+    hup(&daemon);
+    wait_for(
+        &daemon,
+        "stela.toml:2: unknown setting `bufers` (did you mean `buffers`?)",
+    );
     let status = stela(&["status", "--dir", daemon.dir_arg()]);
     assert_eq!(status.status.code(), Some(0));
     daemon.terminate();

@@ -44,6 +44,7 @@ pub mod flusher;
 pub mod logs;
 pub mod measure;
 pub mod metrics;
+mod process_metrics;
 // The event loop and start-up are left out of the loom build: the shared-memory ring's cells
 // are loom's there (modelled in stela-net's own loom test), which the loop cannot hand between
 // threads, and the pool model needs neither.

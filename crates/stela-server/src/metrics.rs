@@ -9,8 +9,13 @@
 //! The endpoint is a small blocking HTTP/1.1 responder: one thread accepts and hands each
 //! connection to one of [`HANDLERS`] threads through a queue of [`QUEUED`]; a connection that
 //! finds the queue full is closed at once. `GET /metrics` gets the text exposition format, any
-//! other path 404, anything unreadable 400. A client has [`HEAD_DEADLINE`] for its whole
-//! request head, however it dribbles the bytes (issue 54: one byte every 1.5 s held the one
+//! other path 404, anything unreadable 400. The format is negotiated: OpenMetrics 1.0.0 to a
+//! client whose `Accept` names `application/openmetrics-text` (Prometheus does), the classic
+//! text format 0.0.4 to any other. Counters are counters (`_total`): those kept elsewhere as
+//! running totals (bytes written, refusals, shipped bytes) are set to them at scrape time.
+//! `process_*` ([`crate::process_metrics`]) and `stela_build_info` come with every scrape.
+//!
+//! A client has [`HEAD_DEADLINE`] for its whole request head, however it dribbles the bytes (issue 54: one byte every 1.5 s held the one
 //! thread there was, and every scrape behind it), and as long again to take the answer; so one
 //! slow client holds one handler for at most twice that, and never the others. It never panics
 //! on input.
@@ -46,12 +51,12 @@ struct StandbyGauges {
     lag_records: Family<LogLabel, Gauge<u64, AtomicU64>>,
     lag_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
     lag_seconds: Family<LogLabel, Gauge<f64, AtomicU64>>,
-    shipped_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
-    wire_bytes: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    shipped_bytes: Family<LogLabel, Counter<u64, AtomicU64>>,
+    wire_bytes: Family<LogLabel, Counter<u64, AtomicU64>>,
     degraded: Family<LogLabel, Gauge<u64, AtomicU64>>,
-    degraded_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    degraded_acks: Family<LogLabel, Counter<u64, AtomicU64>>,
     degraded_through: Family<LogLabel, Gauge<u64, AtomicU64>>,
-    unprotected_acks: Family<LogLabel, Gauge<u64, AtomicU64>>,
+    unprotected_acks: Family<LogLabel, Counter<u64, AtomicU64>>,
     stalled: Family<LogLabel, Gauge<u64, AtomicU64>>,
 }
 
@@ -78,14 +83,25 @@ pub struct Metrics {
     dirty_bytes: Gauge<u64, AtomicU64>,
     dirty_cap_bytes: Gauge<u64, AtomicU64>,
     buffered_bytes: Gauge<u64, AtomicU64>,
-    bytes_written: Gauge<u64, AtomicU64>,
+    bytes_written: Counter<u64, AtomicU64>,
     connections: Gauge<u64, AtomicU64>,
-    refused_connections: Gauge<u64, AtomicU64>,
-    refused_logins: Gauge<u64, AtomicU64>,
+    refused_connections: Counter<u64, AtomicU64>,
+    refused_logins: Counter<u64, AtomicU64>,
     power_failing: Gauge<u64, AtomicU64>,
     stopped_logs: Gauge<u64, AtomicU64>,
     standby: StandbyGauges,
     node: NodeGauges,
+    /// `process_*`, without the `stela_` prefix.
+    process_registry: Registry,
+    process: crate::process_metrics::ProcessMetrics,
+}
+
+/// Sets a counter to a running total kept elsewhere (the engine's, the loop's, the kernel's),
+/// read at scrape time: such totals only grow while the daemon runs.
+fn set_total(counter: &Counter<u64, AtomicU64>, total: u64) {
+    counter
+        .inner()
+        .store(total, std::sync::atomic::Ordering::Relaxed);
 }
 
 const LEVELS: [&str; 5] = ["unsafe", "buffered", "disk", "replicated", "all"];
@@ -173,16 +189,7 @@ impl Metrics {
             "buffered_bytes",
             "Bytes held in the daemon's buffers (dirty, or written and kept for reads)",
         );
-        let bytes_written = gauge("written_bytes", "Bytes written to the logs since start");
         let connections = gauge("connections", "Client connections open now");
-        let refused_connections = gauge(
-            "refused_connections",
-            "Connections refused since start (limit, timeouts, failed logins)",
-        );
-        let refused_logins = gauge(
-            "refused_logins",
-            "TCP peers refused for failing authentication since start",
-        );
         let power_failing = gauge(
             "power_failing",
             "1 while a power-fail notice is in force (writes refused)",
@@ -191,11 +198,55 @@ impl Metrics {
             "stopped_logs",
             "Logs that take no writes: a failed write or sync, or no space for a segment",
         );
+        let mut counter = |name: &str, help: &str| {
+            let counter = Counter::<u64, AtomicU64>::default();
+            registry.register(name, help, counter.clone());
+            counter
+        };
+        let bytes_written = counter("written_bytes", "Bytes written to the logs since start");
+        let refused_connections = counter(
+            "refused_connections",
+            "Connections refused since start (limit, timeouts, failed logins)",
+        );
+        let refused_logins = counter(
+            "refused_logins",
+            "TCP peers refused for failing authentication since start",
+        );
+        let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+        build_info
+            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the labels say which stela this is",
+            build_info,
+        );
         let lag_seconds = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "standby_lag_seconds",
             "How long the standby has acknowledged nothing while behind (0 when caught up)",
             lag_seconds.clone(),
+        );
+        let mut counters = |name: &str, help: &str| {
+            let family = Family::<LogLabel, Counter<u64, AtomicU64>>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let shipped_bytes = counters(
+            "shipped_bytes",
+            "Segment bytes of a log shipped to the standby since start",
+        );
+        let wire_bytes = counters(
+            "shipped_wire_bytes",
+            "What the shipped segment bytes took on the wire (lz4 where it pays)",
+        );
+        let degraded_acks = counters(
+            "replication_degraded_acks",
+            "Replicated commits of a log answered Unprotected (never Ok) without the standby since start (--degrade-after)",
+        );
+        let unprotected_acks = counters(
+            "replication_unprotected_acks",
+            "Replicated commits of a log a promoted primary answered Unprotected (never Ok) before a standby rejoined",
         );
         let mut family = |name: &str, help: &str| {
             let family = Family::<LogLabel, Gauge<u64, AtomicU64>>::default();
@@ -220,30 +271,18 @@ impl Metrics {
                 "Segment bytes of a log between what the standby acknowledged and the log's end",
             ),
             lag_seconds,
-            shipped_bytes: family(
-                "shipped_bytes",
-                "Segment bytes of a log shipped to the standby since start",
-            ),
-            wire_bytes: family(
-                "shipped_wire_bytes",
-                "What the shipped segment bytes took on the wire (lz4 where it pays)",
-            ),
+            shipped_bytes,
+            wire_bytes,
             degraded: family(
                 "replication_degraded",
                 "1 while replicated commits of a log are answered Unprotected without the standby (--degrade-after)",
             ),
-            degraded_acks: family(
-                "replication_degraded_acks",
-                "Replicated commits of a log answered Unprotected (never Ok) without the standby since start (--degrade-after)",
-            ),
+            degraded_acks,
             degraded_through: family(
                 "replication_degraded_through_lsn",
                 "The highest LSN of a log acknowledged without the standby (--degrade-after); on the primary alone until the standby's received LSN reaches it",
             ),
-            unprotected_acks: family(
-                "replication_unprotected_acks",
-                "Replicated commits of a log a promoted primary answered Unprotected (never Ok) before a standby rejoined",
-            ),
+            unprotected_acks,
             stalled: family(
                 "replication_stalled",
                 "1 while a log's stream is up but the standby has acknowledged nothing within the link's deadline (black-holed or one-way link); the stream is then opened again",
@@ -278,6 +317,8 @@ impl Metrics {
             "When this node was last promoted, Unix time (0: never since start)",
             node.last_failover_at.clone(),
         );
+        let mut process_registry = Registry::default();
+        let process = crate::process_metrics::ProcessMetrics::register(&mut process_registry);
         Metrics {
             registry,
             commits,
@@ -296,6 +337,8 @@ impl Metrics {
             stopped_logs,
             standby,
             node,
+            process_registry,
+            process,
         }
     }
 
@@ -319,15 +362,20 @@ impl Metrics {
         }
     }
 
-    /// The exposition text, after setting the gauges from `now`.
+    /// The classic Prometheus text (version 0.0.4), after setting the gauges from `now`.
     pub fn render(&self, now: &Snapshot) -> String {
+        to_classic_text(&self.render_openmetrics(now))
+    }
+
+    /// The OpenMetrics text (1.0.0), after setting the gauges from `now`.
+    pub fn render_openmetrics(&self, now: &Snapshot) -> String {
         self.dirty_bytes.set(now.dirty_bytes);
         self.dirty_cap_bytes.set(now.dirty_cap_bytes);
         self.buffered_bytes.set(now.buffered_bytes);
-        self.bytes_written.set(now.bytes_written);
+        set_total(&self.bytes_written, now.bytes_written);
         self.connections.set(now.connections);
-        self.refused_connections.set(now.refused_connections);
-        self.refused_logins.set(now.refused_logins);
+        set_total(&self.refused_connections, now.refused_connections);
+        set_total(&self.refused_logins, now.refused_logins);
         self.power_failing.set(u64::from(now.power_failing));
         self.stopped_logs.set(now.stopped_logs);
         for log in now.replication.iter().flat_map(|r| &r.logs) {
@@ -345,18 +393,19 @@ impl Metrics {
             g.lag_seconds
                 .get_or_create(&label)
                 .set(log.lag_ms as f64 / 1e3);
-            g.shipped_bytes.get_or_create(&label).set(log.shipped_bytes);
-            g.wire_bytes.get_or_create(&label).set(log.wire_bytes);
+            set_total(&g.shipped_bytes.get_or_create(&label), log.shipped_bytes);
+            set_total(&g.wire_bytes.get_or_create(&label), log.wire_bytes);
             g.degraded
                 .get_or_create(&label)
                 .set(u64::from(log.degraded));
-            g.degraded_acks.get_or_create(&label).set(log.degraded_acks);
+            set_total(&g.degraded_acks.get_or_create(&label), log.degraded_acks);
             g.degraded_through
                 .get_or_create(&label)
                 .set(log.degraded_through);
-            g.unprotected_acks
-                .get_or_create(&label)
-                .set(log.unprotected_acks);
+            set_total(
+                &g.unprotected_acks.get_or_create(&label),
+                log.unprotected_acks,
+            );
         }
         if let Some(replication) = &now.replication {
             let n = &self.node;
@@ -375,10 +424,14 @@ impl Metrics {
                 n.last_failover_at.set(failover.at_unix_ms as f64 / 1e3);
             }
         }
+        self.process.update();
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        to_classic_text(&text)
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
+        let _ = encode_registry(&mut text, &self.registry);
+        let _ = encode_registry(&mut text, &self.process_registry);
+        let _ = encode_eof(&mut text);
+        text
     }
 }
 
@@ -419,7 +472,8 @@ const MAX_HEAD_BYTES: u64 = 16 << 10;
 
 type Render = dyn Fn() -> String + Send + Sync;
 
-/// Serves `/metrics` on `listener` until the process ends; `render` renders one scrape.
+/// Serves `/metrics` on `listener` until the process ends; `render` renders one scrape, in
+/// OpenMetrics (converted for a client that does not ask for it).
 pub fn serve(listener: TcpListener, render: impl Fn() -> String + Send + Sync + 'static) {
     let render: Arc<Render> = Arc::new(render);
     let (queue, waiting) = std::sync::mpsc::sync_channel::<TcpStream>(QUEUED);
@@ -504,30 +558,53 @@ fn answer(stream: TcpStream, render: &Render) -> std::io::Result<()> {
     if let Err(error) = reader.read_line(&mut request_line) {
         return refuse(stream, &error);
     }
-    // The headers are read and ignored (to the blank line), so the client sees its request
-    // consumed before the answer.
+    // The headers are read to the blank line, so the client sees its request consumed before
+    // the answer; only Accept is looked at (content negotiation, as Prometheus asks).
     let mut header = String::new();
+    let mut openmetrics = false;
     loop {
         header.clear();
         match reader.read_line(&mut header) {
             Ok(0) => break,
             Ok(_) if header == "\r\n" || header == "\n" => break,
-            Ok(_) => {}
+            Ok(_) => openmetrics |= accepts_openmetrics(&header),
             Err(error) => return refuse(stream, &error),
         }
     }
     drop(reader);
     let mut parts = request_line.split_whitespace();
     match (parts.next(), parts.next()) {
+        (Some("GET"), Some("/metrics")) if openmetrics => respond(
+            stream,
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            &render(),
+        ),
         (Some("GET"), Some("/metrics")) => respond(
             stream,
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            &render(),
+            &to_classic_text(&render()),
         ),
         (Some(_), Some(_)) => respond(stream, "404 Not Found", "text/plain", "try /metrics\n"),
         _ => respond(stream, "400 Bad Request", "text/plain", "bad request\n"),
     }
+}
+
+/// Whether a request header asks for OpenMetrics: an `Accept` naming
+/// `application/openmetrics-text` (Prometheus sends it first, with the classic text as a
+/// fallback at a lower weight). Anything else gets the classic text.
+fn accepts_openmetrics(header: &str) -> bool {
+    let Some((name, value)) = header.split_once(':') else {
+        return false;
+    };
+    name.trim().eq_ignore_ascii_case("accept")
+        && value.split(',').any(|kind| {
+            let mut parts = kind.split(';').map(str::trim);
+            let accepted = parts.next() == Some("application/openmetrics-text");
+            let refused = parts.any(|p| p.replace(' ', "") == "q=0");
+            accepted && !refused
+        })
 }
 
 /// Answers a request head that could not be read: too slow (408) or not text (400).

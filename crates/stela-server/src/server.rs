@@ -417,7 +417,7 @@ fn start_metrics(
                 .count() as u64,
             replication: status.replication.clone(),
         };
-        engine.metrics.render(&snapshot)
+        engine.metrics.render_openmetrics(&snapshot)
     };
     crate::metrics::start(addr, render).map_err(|source| StartError::Bind {
         what: format!("the metrics endpoint {addr}"),

@@ -12,7 +12,7 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::synced::{self, SyncedMark};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::MAX_CAPACITY_V2;
 use stela_format::segment_name::segment_file_name;
@@ -413,7 +413,7 @@ impl Walk<'_> {
     ) -> Result<Box<dyn StorageFile>> {
         let storage = self.storage;
         let seg = segments[index].clone();
-        let salvage = salvage_dir(self.dir, &mut self.report);
+        let salvage = salvage_dir(self.dir, &mut self.report, damage.expected_lsn);
         storage
             .create_dir_all(&salvage)
             .map_err(|e| Error::io("create directory", &salvage, e))?;
@@ -466,7 +466,7 @@ impl Walk<'_> {
     ) -> Result<()> {
         if self.keep_removed_bytes {
             let storage = self.storage;
-            let salvage = salvage_dir(self.dir, &mut self.report);
+            let salvage = salvage_dir(self.dir, &mut self.report, next);
             storage
                 .create_dir_all(&salvage)
                 .map_err(|e| Error::io("create directory", &salvage, e))?;
@@ -694,16 +694,21 @@ fn corruption(path: &Path, damage: &Damage) -> Error {
     })
 }
 
-fn salvage_dir(dir: &Path, report: &mut RecoveryReport) -> PathBuf {
+fn salvage_dir(dir: &Path, report: &mut RecoveryReport, from: Lsn) -> PathBuf {
     report
         .salvage_dir
-        .get_or_insert_with(|| {
-            let ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis());
-            dir.join(format!("salvage-{ms}"))
-        })
+        .get_or_insert_with(|| dir.join(salvage_name(from, SystemTime::now())))
         .clone()
+}
+
+/// The name of the folder that keeps what a repair or a `KeepValidPrefix` open removes: the
+/// LSN the cut begins at and the time, in ISO 8601's basic form (no colons, so the name is a
+/// plain word in a shell): `salvage-lsn-5-20261207T135504.123Z`. The runs of good records
+/// inside are named by their own LSN ranges (`lsn-<first>-<last>/`).
+pub(crate) fn salvage_name(from: Lsn, at: SystemTime) -> String {
+    let iso = humantime::format_rfc3339_millis(at).to_string();
+    let basic: String = iso.chars().filter(|c| *c != '-' && *c != ':').collect();
+    format!("salvage-lsn-{}-{basic}", from.get())
 }
 
 /// Keeps the records with good checksums found after `from` in a segment's bytes (as a reader
@@ -872,5 +877,19 @@ mod tests {
                 None => prop_assert!(!scan.damage.is_empty() || scan.torn_tail.is_some()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod salvage_name_tests {
+    use super::*;
+
+    #[test]
+    fn a_salvage_folder_is_named_by_its_first_lsn_and_iso_time() {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_796_651_718_872);
+        assert_eq!(
+            salvage_name(Lsn::new(5), at),
+            "salvage-lsn-5-20261207T135518.872Z"
+        );
     }
 }

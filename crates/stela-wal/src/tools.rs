@@ -259,11 +259,56 @@ fn describe(path: &Path, damage: &Damage) -> String {
     text
 }
 
+/// Which records [`dump_with`] reads, and how it writes them.
+#[derive(Clone, Copy, Debug)]
+pub struct DumpOptions {
+    /// The first LSN read.
+    pub from: Lsn,
+    /// The last LSN read (inclusive); `None`: to the log's end.
+    pub to: Option<Lsn>,
+    /// At most this many records; `None`: all.
+    pub limit: Option<u64>,
+    pub format: DumpFormat,
+}
+
+impl Default for DumpOptions {
+    fn default() -> DumpOptions {
+        DumpOptions {
+            from: Lsn::FIRST,
+            to: None,
+            limit: None,
+            format: DumpFormat::JsonLines,
+        }
+    }
+}
+
+/// How [`dump_with`] writes each record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DumpFormat {
+    /// `{"lsn":N,"record":...}`, one line each.
+    JsonLines,
+    /// `lsn N  len B  {record as compact JSON}`, one line each, for reading (pg_waldump's
+    /// habit).
+    Text,
+    /// Nothing per record: the [`DumpReport`]'s counts are the output.
+    Stats,
+}
+
 /// What `dump` wrote, and the damage that ended it.
 #[derive(Debug, Default)]
 pub struct DumpReport {
-    /// Records written.
+    /// Records read (and, unless [`DumpFormat::Stats`], written).
     pub records: u64,
+    /// Payload bytes of those records (as stored: encoded, before framing).
+    pub payload_bytes: u64,
+    /// Their LSN range, when there was any.
+    pub first: Option<Lsn>,
+    pub last: Option<Lsn>,
+    /// The smallest and largest payload.
+    pub min_payload: u64,
+    pub max_payload: u64,
+    /// The log's codec.
+    pub codec: Option<Codec>,
     /// `verify`'s problems: when not empty, the records written are the log's valid prefix
     /// (from `from`) and the log is damaged after them; the caller must not call it a success.
     pub problems: Vec<String>,
@@ -283,18 +328,46 @@ pub fn dump(
     from: Lsn,
     out: &mut dyn Write,
 ) -> Result<DumpReport> {
+    let options = DumpOptions {
+        from,
+        ..DumpOptions::default()
+    };
+    dump_with(dir, storage, options, out)
+}
+
+/// [`dump`] of the records from `options.from` to `options.to`, at most `options.limit` of
+/// them, in `options.format`. The damage rules are `dump`'s: never past the first damage, which
+/// is returned in [`DumpReport::problems`] when the range reaches it.
+///
+/// # Errors
+/// As [`dump`].
+pub fn dump_with(
+    dir: &Path,
+    storage: Arc<dyn Storage>,
+    options: DumpOptions,
+    out: &mut dyn Write,
+) -> Result<DumpReport> {
     let report = verify(dir, storage.as_ref())?;
     let mut dumped = DumpReport {
-        records: 0,
+        codec: report.codec,
         problems: report.problems.clone(),
+        ..DumpReport::default()
     };
     let Some(codec) = report.codec else {
         return Ok(dumped);
     };
+    let from = options.from;
     // Stop before a torn tail (it is not part of the log) and before the first damage.
     let mut end = report.last_lsn.map_or(Lsn::FIRST, Lsn::next);
     if let Some(damage) = report.valid_prefix_end {
         end = end.min(damage);
+    }
+    if let Some(to) = options.to {
+        // Damage past the range asked for is not this dump's to report.
+        if to.next() <= end {
+            dumped.problems.clear();
+        }
+        end = end.min(to.next());
     }
     let segments: Vec<SegmentFile> = report
         .segments
@@ -309,7 +382,26 @@ pub fn dump(
     let schema = crate::schema::load(storage.as_ref(), dir);
     let mut reader = RawReader::new(storage, segments, from, end, u32::MAX, false);
     while let Some(item) = reader.next_record() {
+        if options.limit.is_some_and(|limit| dumped.records >= limit) {
+            // The damage, if any, lies past what was asked for.
+            dumped.problems.clear();
+            break;
+        }
         let (lsn, payload) = item?;
+        let size = payload.len() as u64;
+        dumped.first.get_or_insert(lsn);
+        dumped.last = Some(lsn);
+        dumped.min_payload = if dumped.records == 0 {
+            size
+        } else {
+            dumped.min_payload.min(size)
+        };
+        dumped.max_payload = dumped.max_payload.max(size);
+        dumped.payload_bytes += size;
+        if options.format == DumpFormat::Stats {
+            dumped.records += 1;
+            continue;
+        }
         let record = codec
             .to_json_value(payload)
             .map_err(|source| Error::Codec {
@@ -320,16 +412,28 @@ pub fn dump(
             Some(schema) => crate::schema::render(record, schema),
             None => record,
         };
-        let line = serde_json::json!({ "lsn": lsn.get(), "record": record });
-        writeln!(out, "{line}").map_err(|e| Error::io("write", "<output>", e))?;
+        let written = match options.format {
+            DumpFormat::Text => writeln!(out, "lsn {lsn}  len {size}  {record}"),
+            _ => writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "lsn": lsn.get(), "record": record })
+            ),
+        };
+        written.map_err(|e| Error::io("write", "<output>", e))?;
         dumped.records += 1;
+    }
+    if options.limit.is_some_and(|limit| dumped.records >= limit) {
+        // Every record asked for was read: the damage, if any, lies past them.
+        dumped.problems.clear();
     }
     Ok(dumped)
 }
 
 /// Repairs the log in `dir` by opening it for writing: a torn tail is cut, and with
 /// `cut_corrupt_suffix` so is everything from the first damage `verify` reports on. Every
-/// removed byte and segment is kept in a `salvage-<unix-ms>/` folder inside `dir`.
+/// removed byte and segment is kept in a `salvage-lsn-<first cut>-<ISO time>/` folder inside
+/// `dir`.
 ///
 /// Damage to a whole segment (an unreadable or mismatched header, or records missing before it
 /// because a segment was lost or cut short) moves that segment and every later one aside;
@@ -402,10 +506,10 @@ fn set_aside_damaged_segments(dir: &Path, storage: &dyn Storage) -> Result<Recov
     };
     // The oldest segment's header decides the codec and record type: if it is the damaged one
     // while a later header is fine, the later segments do not belong to a log we can name.
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let salvage = dir.join(format!("salvage-{ms}"));
+    let salvage = dir.join(crate::recovery::salvage_name(
+        end,
+        std::time::SystemTime::now(),
+    ));
     storage
         .create_dir_all(&salvage)
         .map_err(|e| Error::io("create directory", &salvage, e))?;

@@ -605,7 +605,9 @@ impl EventLoop {
             self.free_slots.push(slot);
             return;
         }
-        tracing::info!(peer = %conn.peer, "connection accepted");
+        // At debug until its Hello says what it is: a client is logged at info once admitted,
+        // an administrator's probe (`stela status` every few seconds) stays at debug.
+        tracing::debug!(peer = %conn.peer, "connection opened");
         self.conns[slot] = Some(conn);
         self.handshakes.push_back(ConnRef { slot, serial });
         self.counters.connections.fetch_add(1, Ordering::Relaxed);
@@ -909,6 +911,10 @@ impl EventLoop {
             tracing::warn!(%peer, ?role, "connection refused: at the limit");
             return;
         }
+        match role {
+            Role::Client => tracing::info!(peer = %conn.peer, "connection accepted"),
+            Role::Admin => tracing::debug!(peer = %conn.peer, "administrator connection accepted"),
+        }
         conn.admit(id, role);
         match role {
             Role::Client => self.clients += 1,
@@ -1149,7 +1155,11 @@ impl EventLoop {
         } else {
             self.release(handles);
         }
-        tracing::info!(peer = %conn.peer, "connection closed");
+        if conn.admitted == Some(Role::Client) {
+            tracing::info!(peer = %conn.peer, "connection closed");
+        } else {
+            tracing::debug!(peer = %conn.peer, "connection closed");
+        }
         self.free_slots.push(slot);
     }
 
