@@ -31,6 +31,11 @@ pub struct MountArgs {
     /// MiB of logged file data not yet materialised above which writes wait.
     #[arg(long, value_name = "MIB", default_value_t = 256)]
     pub overlay_cap_mib: u64,
+    /// Let the kernel cache writes and send them in large pieces at fsync (FUSE's writeback
+    /// cache). fsync still returns at --level; a write not yet fsync'ed is then lost if the
+    /// mount process crashes (without it, every answered write is already in the daemon).
+    #[arg(long)]
+    pub writeback_cache: bool,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -61,6 +66,7 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     options.threads = args.threads;
     options.allow_other = args.allow_other;
     options.overlay_cap = args.overlay_cap_mib << 20;
+    options.writeback_cache = args.writeback_cache;
     // Signals are caught from here on, so that one arriving while the log is analysed or the
     // file system mounted is not fatal: it stops the mount as soon as it serves.
     let signals = signal_hook::iterator::Signals::new([

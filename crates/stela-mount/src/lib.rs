@@ -49,6 +49,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Bytes of logged data not yet materialised above which writes wait.
     pub overlay_cap: u64,
+    /// The kernel's writeback cache (see [`fs::MountSettings::writeback_cache`]).
+    pub writeback_cache: bool,
 }
 
 impl MountOptions {
@@ -61,6 +63,7 @@ impl MountOptions {
             threads: 4,
             allow_other: false,
             overlay_cap: 256 << 20,
+            writeback_cache: false,
         }
     }
 }
@@ -230,6 +233,7 @@ pub fn prepare(options: &MountOptions) -> Result<Prepared, MountError> {
     let settings = MountSettings {
         level: options.level,
         overlay_cap: options.overlay_cap,
+        writeback_cache: options.writeback_cache,
     };
     let fs = StelaFs::new(tree, replayed, log, open_waiter, backing, settings)
         .map_err(MountError::Replay)?;
