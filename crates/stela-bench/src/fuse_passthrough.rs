@@ -160,6 +160,11 @@ impl Passthrough {
     }
 }
 
+/// What this process (root) creates belongs to the caller, as on a local file system.
+fn owned_by_caller(path: &Path, req: &Request) -> Result<(), Errno> {
+    std::os::unix::fs::lchown(path, Some(req.uid()), Some(req.gid())).map_err(errno)
+}
+
 fn answer_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
     match result {
         Ok(()) => reply.ok(),
@@ -243,7 +248,7 @@ impl Filesystem for Passthrough {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -255,6 +260,7 @@ impl Filesystem for Passthrough {
                 .mode(mode)
                 .create(&path)
                 .map_err(errno)?;
+            owned_by_caller(&path, req)?;
             self.remember(path)
         });
         answer_entry(reply, result);
@@ -311,7 +317,7 @@ impl Filesystem for Passthrough {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -322,6 +328,7 @@ impl Filesystem for Passthrough {
         let result = (|| {
             let path = self.child(parent, name)?;
             let fd = self.open_fd(&path, flags | libc::O_CREAT, mode)?;
+            owned_by_caller(&path, req)?;
             Ok((fd, self.remember(path)?))
         })();
         match result {

@@ -393,7 +393,8 @@ impl Prepared {
         let served = match received.recv() {
             Ok(Event::SessionEnded(served)) => served,
             Ok(Event::StopRequested) | Err(_) => {
-                return Ok(stop(mountpoint, &mut unmounter, &received, background));
+                stop(mountpoint, &mut unmounter, &received, background);
+                return Ok(());
             }
         };
         background.finish();

@@ -38,15 +38,13 @@ pub enum PointState {
 fn mounted_type(point: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let wanted = point.as_os_str().as_bytes();
-    info.lines()
-        .filter_map(|line| {
-            // "ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER"
-            let (left, right) = line.split_once(" - ")?;
-            let at = left.split(' ').nth(4)?;
-            let kind = right.split(' ').next()?;
-            (unescape(at) == wanted).then(|| kind.to_owned())
-        })
-        .last()
+    info.lines().rev().find_map(|line| {
+        // "ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER"
+        let (left, right) = line.split_once(" - ")?;
+        let at = left.split(' ').nth(4)?;
+        let kind = right.split(' ').next()?;
+        (unescape(at) == wanted).then(|| kind.to_owned())
+    })
 }
 
 /// mountinfo writes space, tab, newline and backslash in paths as `\ooo`.
