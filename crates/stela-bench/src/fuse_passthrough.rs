@@ -297,7 +297,11 @@ impl Filesystem for Passthrough {
             let mut paths = self.paths.lock().expect("paths lock");
             for path in paths.values_mut() {
                 if let Ok(rest) = path.strip_prefix(&from) {
-                    *path = to.join(rest);
+                    // (Joining an empty rest would add a trailing slash: ENOTDIR on a file.)
+                    *path = match rest.as_os_str().is_empty() {
+                        true => to.clone(),
+                        false => to.join(rest),
+                    };
                 }
             }
             Ok(())
