@@ -75,6 +75,10 @@ pub enum Command {
     /// against the same PostgreSQL on the local disk with synchronous_commit on and off
     /// (root; Debian's postgresql and fuse3).
     Pgbench(crate::pg_bench::PgBenchArgs),
+    /// The plain FUSE passthrough `pgbench`'s `fuse-floor` mode mounts (writeback cache, 1 MiB
+    /// writes, several threads); serves until unmounted or SIGTERM.
+    #[command(hide = true)]
+    FusePassthrough(crate::fuse_passthrough::FusePassthroughArgs),
     /// PostgreSQL failover: the whole data directory on a `replicated` mount, SIGKILL of the
     /// primary node (daemon, mount, PostgreSQL), downtime to the first commit on the new
     /// primary and acknowledged rows lost.
@@ -145,6 +149,7 @@ where
         Command::Failover(args) => crate::failover::run(&args, &mut out).map(drop),
         Command::FailoverClient(args) => crate::failover::client::run(&args),
         Command::Pgbench(args) => crate::pg_bench::run(&args, &mut out).map(drop),
+        Command::FusePassthrough(args) => crate::fuse_passthrough::run(&args),
         Command::PgFailover(args) => crate::pg_failover::run(&args, &mut out).map(drop),
         Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),
         Command::TpcbCrash(args) => crate::tpcb_crash::run(&args, &mut out),

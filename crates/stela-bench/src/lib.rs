@@ -38,6 +38,7 @@ pub mod cli;
 pub mod commit_bench;
 pub mod commit_chart;
 pub mod failover;
+pub mod fuse_passthrough;
 pub mod harness;
 pub mod impair;
 pub mod neighbour;

@@ -31,6 +31,11 @@ pub struct MountArgs {
     /// MiB of logged file data not yet materialised above which writes wait.
     #[arg(long, value_name = "MIB", default_value_t = 256)]
     pub overlay_cap_mib: u64,
+    /// Let the kernel cache writes and send them in large pieces at fsync (FUSE's writeback
+    /// cache). fsync still returns at --level; a write not yet fsync'ed is then lost if the
+    /// mount process crashes (without it, every answered write is already in the daemon).
+    #[arg(long)]
+    pub writeback_cache: bool,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -61,9 +66,16 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     options.threads = args.threads;
     options.allow_other = args.allow_other;
     options.overlay_cap = args.overlay_cap_mib << 20;
+    options.writeback_cache = args.writeback_cache;
+    // Signals are caught from here on, so that one arriving while the log is analysed or the
+    // file system mounted is not fatal: it stops the mount as soon as it serves.
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]);
     let prepared = stela_mount::prepare(&options)?;
     let mountpoint = args.mountpoint.clone();
-    prepared.run(&args.mountpoint, |mut unmounter| {
+    prepared.run(&args.mountpoint, |stopper| {
         let _ = writeln!(
             out,
             "stela mount: {} is log {:?} at {:?}; files materialised in {}",
@@ -73,17 +85,15 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             options.backing.display()
         );
         let _ = out.flush();
-        // SIGTERM and SIGINT unmount; the serving loop then returns and the materialiser
-        // finishes its last checkpoint.
-        match signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ]) {
+        // SIGTERM and SIGINT stop the mount: it unmounts (retrying while busy, then detaching
+        // lazily), the materialiser makes its last checkpoint, and the process exits, all
+        // within a bound (stela_mount::Prepared::run).
+        match signals {
             Ok(mut signals) => {
-                let point = mountpoint.clone();
                 std::thread::spawn(move || {
                     if signals.forever().next().is_some() {
-                        unmount_retrying(&point, || unmounter.unmount());
+                        tracing::info!("stela mount: stopping on a signal");
+                        stopper.stop();
                     }
                 });
             }
@@ -93,44 +103,6 @@ pub fn run(args: MountArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     })?;
     Ok(())
-}
-
-/// Unmounts for a signal. The kernel refuses an unmount as busy while files the last users
-/// closed are still being released (FUSE sends their release asynchronously, late on a loaded
-/// machine), and fuser's unmounter is spent by its first attempt: one refusal used to leave the
-/// file system mounted, and this process serving it, for ever. So after a refusal, retry with
-/// `fusermount3 -u` for a while, then detach lazily (`-z`: the mount point goes at once, the
-/// session ends when the last open file is closed).
-fn unmount_retrying<E: std::fmt::Display>(
-    mountpoint: &std::path::Path,
-    first: impl FnOnce() -> Result<(), E>,
-) {
-    let Err(e) = first() else {
-        return;
-    };
-    tracing::info!("stela mount: unmounting on signal: {e}; retrying");
-    let fusermount = |lazy: bool| {
-        std::process::Command::new("fusermount3")
-            .arg(if lazy { "-uz" } else { "-u" })
-            .arg("--")
-            .arg(mountpoint)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        if fusermount(false) {
-            return;
-        }
-    }
-    if !fusermount(true) {
-        tracing::warn!(
-            "stela mount: could not unmount {}; unmount it with fusermount3 -u",
-            mountpoint.display()
-        );
-    }
 }
 
 /// `stela mount-follow`.

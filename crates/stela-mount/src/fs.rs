@@ -183,6 +183,11 @@ pub struct MountSettings {
     /// Above this many bytes of logged but unmaterialised data, writes wait for the
     /// materialiser.
     pub overlay_cap: u64,
+    /// Let the kernel cache writes (FUSE_WRITEBACK_CACHE) and send them at fsync, on close or
+    /// under memory pressure, in large pieces: fsync still reaches the mount after the data,
+    /// so an answered fsync keeps its promise, but a write not yet fsync'ed is in the kernel's
+    /// page cache, not the daemon, until then (a crash of the mount process loses it).
+    pub writeback_cache: bool,
 }
 
 /// What the mount and its materialiser share: the mount's state, and the signal that the
@@ -824,6 +829,11 @@ impl Filesystem for StelaFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
         // Bigger writes mean fewer records; the daemon's record limit is far above this.
         let _ = config.set_max_write(1 << 20);
+        if self.settings.writeback_cache {
+            if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE) {
+                tracing::warn!("stela mount: the kernel offers no writeback cache ({missing:?})");
+            }
+        }
         Ok(())
     }
 

@@ -15,6 +15,7 @@ pub mod backing;
 pub mod follow;
 pub mod fs;
 pub mod materialise;
+pub mod mountpoint;
 pub mod record;
 pub mod tree;
 
@@ -24,8 +25,10 @@ use materialise::{DaemonLog, Materialiser};
 use record::FsRecord;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 use stela_client::{Address, Durability, Lsn, Wal, WalOptions};
 
 /// What a mount is of, and how it behaves.
@@ -46,6 +49,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Bytes of logged data not yet materialised above which writes wait.
     pub overlay_cap: u64,
+    /// The kernel's writeback cache (see [`fs::MountSettings::writeback_cache`]).
+    pub writeback_cache: bool,
 }
 
 impl MountOptions {
@@ -58,6 +63,7 @@ impl MountOptions {
             threads: 4,
             allow_other: false,
             overlay_cap: 256 << 20,
+            writeback_cache: false,
         }
     }
 }
@@ -89,11 +95,51 @@ pub enum MountError {
     Replay(String),
     #[error("following the standby's copy of the log: {0}")]
     Follow(String),
-    #[error("mounting {mountpoint}: {source} (is /dev/fuse present and fusermount3 installed?)")]
+    #[error("mounting {mountpoint}: {source}{hint}")]
     Fuse {
         mountpoint: PathBuf,
         source: std::io::Error,
+        hint: &'static str,
     },
+    #[error("{0}")]
+    StaleMountPoint(String),
+    #[error(
+        "{mountpoint} is already a live {kind} mount; stop the process serving it (or \
+         `fusermount3 -u {mountpoint}`) first"
+    )]
+    AlreadyMounted { mountpoint: PathBuf, kind: String },
+}
+
+/// A failure of fuser's mount, with a hint only where the cause is likely the set-up.
+fn fuse_error(mountpoint: &Path, source: std::io::Error) -> MountError {
+    let hint = if !Path::new("/dev/fuse").exists() {
+        " (/dev/fuse is missing: load the fuse module, or give the container the device)"
+    } else if matches!(
+        source.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+    ) {
+        " (is fusermount3 installed (Debian: fuse3), and may this user mount?)"
+    } else {
+        ""
+    };
+    MountError::Fuse {
+        mountpoint: mountpoint.to_owned(),
+        source,
+        hint,
+    }
+}
+
+/// Refuses a mount point that is a live FUSE mount; detaches a dead one (left by a killed
+/// mount) or says how to.
+fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
+    mountpoint::clear_stale(mountpoint).map_err(MountError::StaleMountPoint)?;
+    match mountpoint::state(mountpoint) {
+        mountpoint::PointState::Live(kind) => Err(MountError::AlreadyMounted {
+            mountpoint: mountpoint.to_owned(),
+            kind,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn wal_options(level: Durability) -> WalOptions {
@@ -187,6 +233,7 @@ pub fn prepare(options: &MountOptions) -> Result<Prepared, MountError> {
     let settings = MountSettings {
         level: options.level,
         overlay_cap: options.overlay_cap,
+        writeback_cache: options.writeback_cache,
     };
     let fs = StelaFs::new(tree, replayed, log, open_waiter, backing, settings)
         .map_err(MountError::Replay)?;
@@ -222,14 +269,18 @@ fn fuse_config(options: &MountOptions) -> fuser::Config {
 struct Background {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
+    /// Closed when the thread ends.
+    ended: mpsc::Receiver<()>,
 }
 
 fn start_materialiser(materialiser: Materialiser<DaemonLog>, handle: MountHandle) -> Background {
     let stop = Arc::new(AtomicBool::new(false));
     let stop_flag = Arc::clone(&stop);
+    let (ended_tx, ended) = mpsc::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("stela-materialise".to_owned())
         .spawn(move || {
+            let _ended = ended_tx;
             let progress_handle = handle.clone();
             let progress = move |applied| progress_handle.checkpointed(applied);
             if let Err(why) = materialiser.run(&stop_flag, &progress) {
@@ -238,27 +289,67 @@ fn start_materialiser(materialiser: Materialiser<DaemonLog>, handle: MountHandle
             }
         })
         .expect("spawning the materialiser thread");
-    Background { stop, thread }
+    Background {
+        stop,
+        thread,
+        ended,
+    }
 }
+
+/// How long a stopping mount lets the materialiser apply and checkpoint what is durable
+/// before it exits without it (safe at any moment: the backing files are always a prefix of
+/// the log, and the next mount replays the rest).
+pub const MATERIALISER_GRACE: Duration = Duration::from_secs(5);
+/// How long a stopping mount waits, after the mount point is detached, for the kernel to end
+/// the session (it does once no file on the mount is open).
+pub const SESSION_GRACE: Duration = Duration::from_secs(2);
 
 impl Background {
     fn finish(self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.thread.join();
     }
+
+    /// Like [`Background::finish`], but returns after `within` even if the thread is still
+    /// applying (a large overlay on a slow disk); the process may then exit under it.
+    fn finish_within(self, within: Duration) {
+        self.stop.store(true, Ordering::Release);
+        match self.ended.recv_timeout(within) {
+            Err(mpsc::RecvTimeoutError::Timeout) => tracing::warn!(
+                "stela mount: the materialiser had not finished within {within:?}; the next \
+                 mount replays the rest of the log"
+            ),
+            _ => {
+                let _ = self.thread.join();
+            }
+        }
+    }
+}
+
+/// Asks a mount served by [`Prepared::run`] to stop (from a signal handler's thread).
+#[derive(Clone)]
+pub struct StopHandle(mpsc::Sender<Event>);
+
+impl StopHandle {
+    pub fn stop(&self) {
+        let _ = self.0.send(Event::StopRequested);
+    }
+}
+
+enum Event {
+    SessionEnded(std::io::Result<()>),
+    StopRequested,
 }
 
 impl Prepared {
     /// Mounts in the background; the returned handle unmounts.
     pub fn spawn(self, mountpoint: &Path) -> Result<Mounted, MountError> {
+        check_mountpoint(mountpoint)?;
         let config = fuse_config(&self.options);
         let background = start_materialiser(self.materialiser, self.handle.clone());
         let session = fuser::Session::new(self.fs, mountpoint, &config)
             .and_then(fuser::Session::spawn)
-            .map_err(|source| MountError::Fuse {
-                mountpoint: mountpoint.to_owned(),
-                source,
-            });
+            .map_err(|source| fuse_error(mountpoint, source));
         match session {
             Ok(session) => Ok(Mounted {
                 session: Some(session),
@@ -272,25 +363,84 @@ impl Prepared {
         }
     }
 
-    /// Mounts and serves on this thread until the file system is unmounted (by
-    /// `fusermount3 -u`, or by `on_ready`'s unmounter, e.g. from a signal handler).
+    /// Mounts and serves until the file system is unmounted from outside (`fusermount3 -u`)
+    /// or `on_ready`'s [`StopHandle`] asks to stop. A stop ends within a bound, whatever
+    /// holds the mount: the unmount is retried while busy for [`mountpoint::BUSY_RETRY`],
+    /// then the file system is detached lazily; if files are still open on it after
+    /// [`SESSION_GRACE`], this returns anyway (the process's exit then ends the session, and
+    /// those files answer ENOTCONN, as after a killed mount: what they wrote is in the log).
+    /// The materialiser gets [`MATERIALISER_GRACE`] for its last checkpoint.
     pub fn run(
         self,
         mountpoint: &Path,
-        on_ready: impl FnOnce(fuser::SessionUnmounter),
+        on_ready: impl FnOnce(StopHandle),
     ) -> Result<(), MountError> {
+        check_mountpoint(mountpoint)?;
         let config = fuse_config(&self.options);
-        let fuse_error = |source| MountError::Fuse {
-            mountpoint: mountpoint.to_owned(),
-            source,
-        };
-        let mut session = fuser::Session::new(self.fs, mountpoint, &config).map_err(fuse_error)?;
-        on_ready(session.unmount_callable());
+        let mut session = fuser::Session::new(self.fs, mountpoint, &config)
+            .map_err(|source| fuse_error(mountpoint, source))?;
+        let mut unmounter = session.unmount_callable();
+        let (events, received) = mpsc::channel();
+        let ended = events.clone();
+        std::thread::Builder::new()
+            .name("stela-session".to_owned())
+            .spawn(move || {
+                let _ = ended.send(Event::SessionEnded(session.run()));
+            })
+            .map_err(|source| fuse_error(mountpoint, source))?;
+        on_ready(StopHandle(events));
         let background = start_materialiser(self.materialiser, self.handle.clone());
-        let served = session.run().map_err(fuse_error);
+        let served = match received.recv() {
+            Ok(Event::SessionEnded(served)) => served,
+            Ok(Event::StopRequested) | Err(_) => {
+                stop(mountpoint, &mut unmounter, &received, background);
+                return Ok(());
+            }
+        };
         background.finish();
-        served
+        served.map_err(|source| fuse_error(mountpoint, source))
     }
+}
+
+/// The stop sequence of [`Prepared::run`].
+fn stop(
+    mountpoint: &Path,
+    unmounter: &mut fuser::SessionUnmounter,
+    events: &mpsc::Receiver<Event>,
+    background: Background,
+) {
+    let ended = std::cell::Cell::new(false);
+    let session_ended = || {
+        if !ended.get() {
+            ended.set(matches!(events.try_recv(), Ok(Event::SessionEnded(_))));
+        }
+        ended.get()
+    };
+    // fuser's unmounter first (it knows whether its device is still mounted); it is spent by
+    // one attempt, so refusals are retried by path.
+    if let Err(e) = unmounter.unmount() {
+        tracing::info!("stela mount: unmounting: {e}; retrying");
+        let lazy = mountpoint::unmount_for_stop(mountpoint, &session_ended);
+        if lazy {
+            tracing::warn!(
+                "stela mount: {} stayed busy for {:?}; detached it lazily",
+                mountpoint.display(),
+                mountpoint::BUSY_RETRY
+            );
+        }
+    }
+    let deadline = std::time::Instant::now() + SESSION_GRACE;
+    while !session_ended() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !session_ended() {
+        tracing::warn!(
+            "stela mount: files are still open on the detached mount {}; stopping anyway (they \
+             answer ENOTCONN from now on; what was written to them is in the log)",
+            mountpoint.display()
+        );
+    }
+    background.finish_within(MATERIALISER_GRACE);
 }
 
 /// A mount served in the background.
