@@ -150,8 +150,10 @@ pub struct ServeArgs {
     /// byte for byte (loopback only until the stream runs over TLS).
     #[arg(long, value_name = "ADDR")]
     pub repl_listen: Option<std::net::SocketAddr>,
-    /// Allow --standby / --repl-listen on non-loopback addresses although the replication
-    /// stream has no TLS yet: only inside a private network you control.
+    /// Allow --standby / --repl-listen on non-loopback addresses without TLS, and (on the
+    /// standby) take plain-TCP streams from primaries that prove nothing: only inside a private
+    /// network you control. Without it a plain stream needs a token (--standby-token-file) or a
+    /// loopback primary run by this daemon's user.
     #[arg(long)]
     pub repl_insecure: bool,
     /// This node's name in replication messages and logs.
@@ -167,8 +169,9 @@ pub struct ServeArgs {
     pub standby_cert: Option<PathBuf>,
     #[arg(long, value_name = "FILE", requires = "standby_cert")]
     pub standby_key: Option<PathBuf>,
-    /// With --standby-ca: a token file whose first token (one of the standby's
-    /// --admin-token-file) proves this primary.
+    /// A token file whose first token (one of the standby's --admin-token-file) proves this
+    /// primary to its standby, over TLS or plain TCP (where it is needed unless both run as
+    /// one user on loopback, or the standby has --repl-insecure).
     #[arg(long, value_name = "FILE")]
     pub standby_token_file: Option<PathBuf>,
     /// The name the standby's certificate carries (default: its address).

@@ -73,20 +73,21 @@ fn replication(
             Some(crate::replication::StandbyTls {
                 config: stela_net::tls::client_config(files)?,
                 name: stela_net::tls::server_name(&host)?,
-                token: config
-                    .standby_token_file
-                    .as_deref()
-                    .map(stela_net::tls::read_client_token)
-                    .transpose()?,
             })
         }
     };
+    let token = config
+        .standby_token_file
+        .as_deref()
+        .map(stela_net::tls::read_client_token)
+        .transpose()?;
     Ok(Some(Arc::new(Replication::new(
         standby,
         Arc::clone(node),
         released,
         config.degrade_after,
         tls,
+        token,
     ))))
 }
 
