@@ -245,3 +245,35 @@ fn a_record_answered_disk_full_is_never_in_the_log() {
     drop(wal);
     daemon.terminate();
 }
+
+/// Issue 54, finding 6: a creation that fails leaves nothing behind. On a full volume, new
+/// logs cannot be created (their first segment cannot be preallocated); each refused open had
+/// left an empty directory with a `LOCK` file, so a client could fill `DIR/logs` with them.
+#[test]
+fn a_failed_creation_leaves_no_directory_behind() {
+    let volume = Volume::mount("16m");
+    let dir = volume.mount.clone();
+    let daemon = Daemon::start(&dir, &["--segment-size", "256K"]);
+    volume.fill("filler", 0);
+    for i in 0..3 {
+        let name = format!("never-{i}");
+        let opened = Wal::<String>::open(
+            daemon.socket(),
+            &name,
+            WalOptions::default().durability(Durability::Disk),
+        );
+        let Err(error) = opened else {
+            panic!("a log created on a full volume");
+        };
+        assert!(error.to_string().contains("space"), "{error}");
+        let left = dir.join("logs").join(&name);
+        assert!(
+            !left.exists(),
+            "a failed creation left {}: {:?}",
+            left.display(),
+            std::fs::read_dir(&left)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
+    }
+    daemon.terminate();
+}
