@@ -174,6 +174,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub repl_listen: Option<std::net::SocketAddr>,
     /// Allow --standby / --repl-listen off loopback without TLS (private networks only).
+    ///
+    /// On the standby it also takes plain-TCP streams from primaries that prove nothing.
+    /// Without it a plain stream needs a token (--standby-token-file) or a loopback primary
+    /// run by this daemon's user.
     #[arg(long)]
     pub repl_insecure: bool,
     /// This node's name in replication messages and logs.
@@ -192,9 +196,10 @@ pub struct ServeArgs {
     /// The private key of --standby-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "standby_cert")]
     pub standby_key: Option<PathBuf>,
-    /// With --standby-ca: a token file whose first token proves this primary.
+    /// A token file whose first token proves this primary to its standby.
     ///
-    /// One of the standby's --admin-token-file tokens.
+    /// One of the standby's --admin-token-file tokens; sent over TLS or plain TCP (where it is
+    /// needed unless both run as one user on loopback, or the standby has --repl-insecure).
     #[arg(long, value_name = "FILE")]
     pub standby_token_file: Option<PathBuf>,
     /// The name the standby's certificate carries [default: its address].

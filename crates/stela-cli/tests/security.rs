@@ -507,7 +507,10 @@ fn mutual_tls_identifies_clients_and_admins_and_refuses_other_cas() {
 }
 
 /// A process of another user reaches the socket through the socket's group, and is refused
-/// without it. Needs root (to run the client as another uid); fails, saying so, otherwise.
+/// without it; through the group it is a client, not an administrator (issue 54, finding 6:
+/// it ran power-fail and deleted another user's log): its power-fail and delete are refused
+/// `Forbidden`, while the daemon's own user (root here) is still served. Needs root (to run
+/// the client as another uid); fails, saying so, otherwise.
 #[test]
 fn the_socket_group_lets_another_user_in() {
     // SAFETY: getuid has no preconditions.
@@ -557,7 +560,8 @@ fn the_socket_group_lets_another_user_in() {
 
     let as_user = |gid: u32, command: &str| {
         std::process::Command::new(&binary)
-            .args([command, "--socket", s(&socket)])
+            .args(command.split(' '))
+            .args(["--socket", s(&socket)])
             .uid(USER)
             .gid(gid)
             .output()
@@ -572,17 +576,44 @@ fn the_socket_group_lets_another_user_in() {
         "{}",
         text(&outsider)
     );
-    // A socket peer is trusted; its administrative requests are logged with its uid.
-    let power = as_user(GROUP, "power-fail");
-    assert!(power.status.success(), "{}", text(&power));
+    // A group member is a client: its administrative requests are refused, and logged with
+    // its uid.
+    let victim: stela_client::Wal<String> = stela_client::Wal::open(
+        socket.clone(),
+        "victim",
+        stela_client::WalOptions::default(),
+    )
+    .unwrap();
+    victim.append_durable(&"kept".to_owned()).unwrap();
+    drop(victim);
+    for command in ["power-fail", "logs delete victim"] {
+        let refused = as_user(GROUP, command);
+        assert!(
+            !refused.status.success(),
+            "a socket-group member ran {command}: {}",
+            text(&refused)
+        );
+        assert!(text(&refused).contains("Forbidden"), "{}", text(&refused));
+    }
     wait_logged(
         &daemon,
         &[
-            "administrative request",
+            "administrative request refused",
             "power-fail",
             &format!("uid {USER}"),
         ],
     );
+    assert!(
+        setup.dir.join("logs/victim").exists(),
+        "the log was deleted"
+    );
+    let appended = as_user(GROUP, "status");
+    assert!(appended.status.success(), "{}", text(&appended));
+    // The daemon's own user (root) is its administrator.
+    for command in ["power-fail", "power-restore"] {
+        let served = stela(&[command, "--socket", s(&socket)]);
+        assert!(served.status.success(), "{command}: {}", text(&served));
+    }
     daemon.terminate();
 }
 

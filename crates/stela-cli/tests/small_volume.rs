@@ -135,3 +135,145 @@ fn the_daemon_starts_and_serves_on_a_small_and_on_a_full_volume() {
     drop(wal);
     daemon.terminate();
 }
+
+/// Issue 54, finding 7: one meaning for `DiskFull`. On a real full volume (a 16 MiB tmpfs,
+/// 256 KiB segments), two clients append, one at `disk` and one at `buffered`, each retrying
+/// every refusal with a record of its own (so a duplicate is visible); the volume is filled
+/// until a new segment cannot be created (by the `disk` client's record: the `buffered` one
+/// starts only then), and freed once the daemon says it waits for space.
+/// Checked against the log after a restart: every record answered `Ok` is at its LSN, no
+/// record answered `DiskFull` is in the log at all (nothing of such an append was placed, so
+/// retrying it writes nothing twice), and nothing else is there. On the code before, the `disk`
+/// append whose record needed the new segment was answered `DiskFull` and its record written
+/// anyway once space returned.
+#[test]
+fn a_record_answered_disk_full_is_never_in_the_log() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    type Answers = Vec<(String, Result<u64, stela_client::ErrorCode>)>;
+    let volume = Volume::mount("16m");
+    // The daemon's own output goes next to its directory, off the volume.
+    let dir = volume.mount.clone();
+    let daemon = Daemon::start(&dir, &["--segment-size", "256K"]);
+    let options = |level| WalOptions::default().durability(level);
+    // The log and its first segment exist before the volume fills.
+    drop(Wal::<String>::open(daemon.socket(), "answers", options(Durability::Disk)).unwrap());
+    let filler = volume.fill("filler", 0);
+    assert!(volume.free() < 256 << 10, "{} B still free", volume.free());
+
+    let freed = AtomicBool::new(false);
+    let client = |level: Durability, tag: &str| -> Answers {
+        let wal: Wal<String> = Wal::open(daemon.socket(), "answers", options(level)).unwrap();
+        let mut answered = Answers::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut ok_after_freed = 0;
+        while ok_after_freed < 20 {
+            assert!(Instant::now() < deadline, "{tag}: no progress");
+            let was_freed = freed.load(Ordering::SeqCst);
+            let record = format!("{tag} {:06} {}", answered.len(), "r".repeat(900));
+            match wal.append_durable(&record) {
+                Ok(lsn) => {
+                    answered.push((record, Ok(lsn.get())));
+                    ok_after_freed += usize::from(was_freed);
+                }
+                Err(e) if e.code() == Some(stela_client::ErrorCode::DiskFull) => {
+                    answered.push((record, Err(stela_client::ErrorCode::DiskFull)));
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("{tag}: append {} answered {e}", answered.len()),
+            }
+        }
+        answered
+    };
+    let answered: Answers = std::thread::scope(|scope| {
+        // The `disk` client alone until a segment cannot be created (its record the one that
+        // needed it), then the `buffered` one too, while the volume is full.
+        let disk = scope.spawn(|| client(Durability::Disk, "disk"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut ran_out = false;
+        while !ran_out && Instant::now() < deadline {
+            ran_out = status_text(&dir).contains("WAITING FOR SPACE");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let buffered = scope.spawn(|| client(Durability::Buffered, "bufd"));
+        // Refusals for a while, then space (freed whatever happened, so that an append
+        // waiting for it ends and the test can fail rather than hang).
+        std::thread::sleep(Duration::from_millis(1500));
+        std::fs::remove_file(&filler).unwrap();
+        freed.store(true, Ordering::SeqCst);
+        assert!(ran_out, "the volume never ran out");
+        let mut all = disk.join().unwrap();
+        all.extend(buffered.join().unwrap());
+        all
+    });
+    daemon.terminate();
+
+    let refused = answered.iter().filter(|(_, a)| a.is_err()).count();
+    eprintln!(
+        "{} appends answered, {refused} of them DiskFull",
+        answered.len()
+    );
+    assert!(refused > 0, "the volume never refused an append");
+    let daemon = Daemon::start(&dir, &["--segment-size", "256K"]);
+    let wal: Wal<String> =
+        Wal::open(daemon.socket(), "answers", options(Durability::Disk)).unwrap();
+    let log: std::collections::HashMap<String, u64> = wal
+        .iter()
+        .unwrap()
+        .map(|r| {
+            let (lsn, record) = r.unwrap();
+            (record, lsn.get())
+        })
+        .collect();
+    for (record, answer) in &answered {
+        let found = log.get(record);
+        match answer {
+            Ok(lsn) => assert_eq!(found, Some(lsn), "{} answered Ok at {lsn}", &record[..11]),
+            Err(code) => assert_eq!(
+                found,
+                None,
+                "{} was answered {code:?} and is in the log",
+                &record[..11]
+            ),
+        }
+    }
+    assert_eq!(
+        log.len(),
+        answered.len() - refused,
+        "records nobody appended"
+    );
+    drop(wal);
+    daemon.terminate();
+}
+
+/// Issue 54, finding 6: a creation that fails leaves nothing behind. On a full volume, new
+/// logs cannot be created (their first segment cannot be preallocated); each refused open had
+/// left an empty directory with a `LOCK` file, so a client could fill `DIR/logs` with them.
+#[test]
+fn a_failed_creation_leaves_no_directory_behind() {
+    let volume = Volume::mount("16m");
+    let dir = volume.mount.clone();
+    let daemon = Daemon::start(&dir, &["--segment-size", "256K"]);
+    volume.fill("filler", 0);
+    for i in 0..3 {
+        let name = format!("never-{i}");
+        let opened = Wal::<String>::open(
+            daemon.socket(),
+            &name,
+            WalOptions::default().durability(Durability::Disk),
+        );
+        let Err(error) = opened else {
+            panic!("a log created on a full volume");
+        };
+        assert!(error.to_string().contains("space"), "{error}");
+        let left = dir.join("logs").join(&name);
+        assert!(
+            !left.exists(),
+            "a failed creation left {}: {:?}",
+            left.display(),
+            std::fs::read_dir(&left)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
+    }
+    daemon.terminate();
+}

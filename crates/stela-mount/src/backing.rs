@@ -6,6 +6,11 @@
 //! [`Tree`] as of the last checkpoint, replaced atomically (written aside, fsync'ed, renamed,
 //! the directory fsync'ed).
 //!
+//! Private by default, as the daemon's files are (issue 54): directories it creates are
+//! `0700` and files `0600` whatever the umask (a file system's contents are its owner's; the
+//! mount itself, not its backing files, is where others are let in). Directories that exist
+//! already keep the mode the operator gave them.
+//!
 //! Invariants: the snapshot's `applied` LSN never runs ahead of the data files: the
 //! materialiser fsyncs every data file it touched before it replaces the snapshot. Data files
 //! may run ahead of the snapshot (a crash between the two), which replay repairs: applying a
@@ -31,7 +36,8 @@ impl Backing {
     /// Opens (creating if needed) the backing directory and reads its snapshot; a directory
     /// without one starts an empty file system owned by `uid`/`gid`.
     pub fn open(dir: &Path, uid: u32, gid: u32) -> io::Result<(Backing, Tree)> {
-        fs::create_dir_all(dir.join("data"))?;
+        std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir.join("data"))?;
         let backing = Backing {
             dir: dir.to_owned(),
             readers: Mutex::new(HashMap::new()),
@@ -107,10 +113,7 @@ impl Backing {
     /// Opens a data file for the materialiser, creating it (never truncating: replay may
     /// reopen a file that already holds later records).
     pub fn open_for_write(&self, ino: u64) -> io::Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
+        private(OpenOptions::new().read(true).write(true).create(true))
             .truncate(false)
             .open(self.data_path(ino))
     }
@@ -118,7 +121,8 @@ impl Backing {
     /// Replaces the snapshot atomically and durably.
     pub fn save_snapshot(&self, tree: &Tree) -> io::Result<()> {
         let aside = self.dir.join("snapshot.new");
-        let mut file = File::create(&aside)?;
+        let mut file =
+            private(OpenOptions::new().write(true).create(true).truncate(true)).open(&aside)?;
         file.write_all(&tree.encode())?;
         file.sync_all()?;
         fs::rename(&aside, self.snapshot_path())?;
@@ -126,6 +130,39 @@ impl Backing {
     }
 }
 
+/// Files this module creates are readable by their owner alone (0600).
+fn private(options: &mut OpenOptions) -> &mut OpenOptions {
+    std::os::unix::fs::OpenOptionsExt::mode(options, 0o600)
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    /// Under the common umask 022 the backing directory, its data directory, the snapshot and
+    /// a data file are its owner's alone (they were 0755 and 0644 before).
+    #[test]
+    fn backing_files_are_private_under_umask_022() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("backing");
+        // SAFETY: umask only sets this process's file-creation mask; it cannot fail.
+        let old = unsafe { libc::umask(0o022) };
+        let (backing, _tree) = Backing::open(&dir, 0, 0).unwrap();
+        drop(backing.open_for_write(7).unwrap());
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        assert_eq!(mode(&dir), 0o700, "the backing directory");
+        assert_eq!(mode(&dir.join("data")), 0o700, "its data directory");
+        assert_eq!(mode(&dir.join("snapshot")), 0o600, "the snapshot");
+        assert_eq!(mode(&backing.data_path(7)), 0o600, "a data file");
+    }
 }

@@ -6,6 +6,7 @@
 //!   daemon, the client and replication.
 //! - [`duplex`]: a TLS connection one thread reads while another writes (the replication
 //!   stream).
+//! - [`peer`]: the user owning a loopback TCP peer's socket (a plain replication stream).
 //! - [`tcp`]: the replication stream's TCP settings, which shorten the stalls a lost segment
 //!   causes.
 //!
@@ -25,6 +26,7 @@
 //! so callers can use `read_exact`/`write_all` unchanged.
 
 pub mod duplex;
+pub mod peer;
 pub mod shm;
 pub mod tcp;
 pub mod tls;

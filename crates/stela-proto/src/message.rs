@@ -315,7 +315,8 @@ pub enum ErrorCode {
     /// the daemon is restarted (the message names the cause).
     LogStopped,
     /// The disk is full: the log takes no appends until a new segment can be created. Nothing
-    /// acknowledged is lost.
+    /// acknowledged is lost. An append answered this placed nothing (no LSN; safe to send
+    /// again); a `disk` append already placed waits for space rather than getting it.
     DiskFull,
     /// The daemon is at its connection limit; the connection is closed.
     TooManyConnections,

@@ -156,10 +156,18 @@ impl Logs {
             .segment_bytes(segment_bytes)
             .storage(Arc::clone(&self.storage))
             .create_if_missing(create);
-        let files = LogFiles::open(&dir, options, type_tag).map_err(|source| Error::Open {
-            log: name.to_owned(),
-            source,
-        })?;
+        let files = match LogFiles::open(&dir, options, type_tag) {
+            Ok(files) => files,
+            Err(source) => {
+                if !exists {
+                    self.undo_creation(&dir);
+                }
+                return Err(Error::Open {
+                    log: name.to_owned(),
+                    source,
+                });
+            }
+        };
         tracing::info!(log = name, codec = %codec, type_tag, next_lsn = files.next_lsn.get(), "log opened");
         let id = pool.add_log(LogSetup {
             next_lsn: files.next_lsn.get(),
@@ -181,6 +189,21 @@ impl Logs {
         table.by_id.insert(id, (Arc::clone(&entry), 1));
         table.by_name.insert(name.to_owned(), id);
         Ok(entry)
+    }
+
+    /// A creation that failed (a full disk, say) leaves nothing behind (issue 54, finding 6:
+    /// each failed open had left an empty directory with a `LOCK` file): the files it made in
+    /// `dir`, which held nothing before, and the directory. Best effort, logged: the open's
+    /// own error is what the client is told.
+    fn undo_creation(&self, dir: &Path) {
+        for file in self.storage.list(dir).unwrap_or_default() {
+            if let Err(error) = self.storage.remove(&dir.join(&file)) {
+                tracing::warn!(dir = %dir.display(), file, %error, "cannot remove a file of a failed creation");
+            }
+        }
+        // The storage trait removes files only; the empty directory goes on a real disk.
+        let _ = std::fs::remove_dir(dir);
+        let _ = self.storage.sync_dir(&self.dir);
     }
 
     /// Drops one handle of `log`; when it was the last, writes out what the pool holds of the

@@ -83,11 +83,11 @@ impl Server {
                     &config.dir,
                     Arc::clone(&config.storage),
                     config.segment_bytes,
-                    auth.server_tls()
-                        .map(|tls| crate::replication::standby::Security {
-                            tls,
-                            auth: Arc::clone(&auth),
-                        }),
+                    crate::replication::standby::Security {
+                        tls: auth.server_tls(),
+                        auth: Arc::clone(&auth),
+                        trust_network: config.repl_insecure,
+                    },
                     Arc::clone(engine.node()),
                 )
                 .map_err(|source| StartError::Bind {

@@ -65,6 +65,11 @@ fn replication(
             hook(false);
         }
     });
+    let token = config
+        .standby_token_file
+        .as_deref()
+        .map(stela_net::tls::read_client_token)
+        .transpose()?;
     let mut peers = Vec::with_capacity(standbys.len());
     for standby in standbys {
         peers.push(Arc::new(Replication::new(
@@ -73,6 +78,7 @@ fn replication(
             Arc::clone(&released),
             config.degrade_after,
             standby_tls(config, standby)?,
+            token.clone(),
         )));
     }
     Ok(Some(Arc::new(Replicas::new(peers, config.replicas))))
@@ -96,11 +102,6 @@ fn standby_tls(
     Ok(Some(crate::replication::StandbyTls {
         config: stela_net::tls::client_config(files)?,
         name: stela_net::tls::server_name(&host)?,
-        token: config
-            .standby_token_file
-            .as_deref()
-            .map(stela_net::tls::read_client_token)
-            .transpose()?,
     }))
 }
 

@@ -1,8 +1,12 @@
 //! Who a connection is, and what it may ask: the daemon's authentication and its one check of
 //! administrative requests.
 //!
-//! Identities: a Unix-socket peer is [`Identity::Local`], trusted as an administrator (the
-//! socket's owner, group and mode decide who can connect at all). A TCP peer proves itself with
+//! Identities: a Unix-socket peer running as the daemon's own user or as root (its uid from
+//! `SO_PEERCRED`) is [`Identity::Local`], trusted as an administrator; any other user who
+//! reaches the socket (through `--socket-group` and `--socket-mode`, which decide who can
+//! connect at all) is a [`Identity::Client`]: it appends, commits and reads, and is refused
+//! the administrative requests (issue 54, finding 6: a group member truncated and deleted
+//! another user's log and ran power-fail). A TCP peer proves itself with
 //! a token from `--admin-token-file` or `--token-file` sent in its Hello, or with a client
 //! certificate rustls verified against `--tls-client-ca` (an administrator's if it names one of
 //! `--tls-admin-name`); it is then [`Identity::Admin`] or [`Identity::Client`]. Without proof
@@ -23,7 +27,7 @@ use stela_proto::RequestBody;
 /// Who a connection proved to be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Identity {
-    /// A peer on the Unix socket: trusted (the socket's permissions decide who gets there).
+    /// A peer on the Unix socket running as the daemon's user or as root: trusted.
     Local,
     /// A TCP peer authenticated as an administrator.
     Admin,
@@ -32,6 +36,16 @@ pub(crate) enum Identity {
 }
 
 impl Identity {
+    /// A Unix-socket peer running as `uid`: an administrator if that is the daemon's own user
+    /// or root, a client otherwise (a member of the socket's group).
+    pub fn of_local_user(uid: u32) -> Identity {
+        if uid == 0 || uid == rustix::process::geteuid().as_raw() {
+            Identity::Local
+        } else {
+            Identity::Client
+        }
+    }
+
     pub fn may_administer(self) -> bool {
         matches!(self, Identity::Local | Identity::Admin)
     }

@@ -334,11 +334,11 @@ fn error_body(error: &Error) -> ResponseBody {
 impl Conn {
     pub fn new(serial: u64, stream: Stream) -> Conn {
         let now = Instant::now();
-        // Until authenticated at its Hello, a TCP peer may do no more than a client.
-        let identity = if stream.is_unix() {
-            Identity::Local
-        } else {
-            Identity::Client
+        // Until authenticated at its Hello, a TCP peer may do no more than a client; a Unix
+        // peer is an administrator only if it runs as the daemon's user or root.
+        let identity = match stream.peer_uid() {
+            Some(uid) => Identity::of_local_user(uid),
+            None => Identity::Client,
         };
         let peer_ip = stream.peer_ip();
         Conn {

@@ -26,6 +26,11 @@
 //!   refuses every later call, and every waiter is told; nothing retries the same file. A full
 //!   disk met while creating a segment is not a failed write: the records stay, appends are
 //!   refused with `DiskFull`, and the creation is retried later (a new file each time).
+//! - **`DiskFull` places nothing.** It is answered only to an append refused before any of
+//!   its records got an LSN; a `disk` wait on records already placed is never ended by a full
+//!   disk (they will be written, at their LSNs, once space returns): it waits for space, as a
+//!   `replicated` wait waits for the standby. So a client that retries after `DiskFull` never
+//!   writes a record twice (issue 54, finding 7).
 //!
 //! A buffer becomes eligible for writing once it is sealed, holds `write_threshold` bytes (one
 //! disk block: RapiLog never writes partial blocks when it can wait), is older than
@@ -729,16 +734,9 @@ impl<W> Pool<W> {
                     let run = Arc::try_unwrap(run).expect("the flusher gave its runs back");
                     state.slots[slot] = Slot::Sealed(run);
                 }
-                // Waiters of this log learn that the disk is full (their records stay).
-                let entry = log_mut(&mut state, log);
-                let failure = entry.disk_full.as_ref().map(|d| Failure::clone(&d.1));
-                if let Some(failure) = failure {
-                    released.extend(
-                        std::mem::take(&mut entry.waiters)
-                            .into_iter()
-                            .map(|(_, w)| (w, Err(PoolError::DiskFull(Failure::clone(&failure))))),
-                    );
-                }
+                // Waiters of this log keep waiting: their records are placed and will be
+                // written at their LSNs once space returns, so `DiskFull` would be a refusal
+                // of records that are in fact kept (a client retrying would write them twice).
             }
             Outcome::Failed(failure) => {
                 // Fail stop: the records of this log in memory can no longer reach its files in
@@ -791,9 +789,8 @@ impl<W> Pool<W> {
         if lsn >= next {
             return Err((waiter, PoolError::NotAppended { lsn, next }));
         }
-        if let Some((_, failure)) = &entry.disk_full {
-            return Err((waiter, PoolError::DiskFull(Failure::clone(failure))));
-        }
+        // A full disk does not end the wait (see "`DiskFull` places nothing" above): the
+        // records up to `lsn` are placed and are written once a segment can be created.
         entry.waiters.push((lsn, waiter));
         // A flusher writing this log takes the rest when it is done; one gathering committers
         // for it is told by `note_waiter`.

@@ -104,8 +104,11 @@ pub struct Replication {
     /// `--degrade-after`: how long the standby may be unreachable before `replicated` commits
     /// are acknowledged without it.
     degrade_after: Option<Duration>,
-    /// TLS to the standby, and the token that proves this primary (none: plain TCP).
+    /// TLS to the standby (none: plain TCP).
     tls: Option<StandbyTls>,
+    /// Sent in `Open` (one of the standby's admin tokens), over TLS or plain TCP, if this
+    /// primary is not proven otherwise (a certificate; its user, on loopback).
+    token: Option<String>,
 }
 
 /// How a primary reaches its standby over TLS.
@@ -113,8 +116,6 @@ pub struct StandbyTls {
     pub config: Arc<stela_net::tls::rustls::ClientConfig>,
     /// The name the standby's certificate must carry.
     pub name: stela_net::tls::rustls::pki_types::ServerName<'static>,
-    /// Sent in `Open` (an administrator's token of the standby), if not proven by certificate.
-    pub token: Option<String>,
 }
 
 /// One end of a replication connection (plain TCP, or TLS through `stela_net::duplex`).
@@ -279,6 +280,7 @@ impl Replication {
         released: Released,
         degrade_after: Option<Duration>,
         tls: Option<StandbyTls>,
+        token: Option<String>,
     ) -> Replication {
         Replication {
             standby,
@@ -291,6 +293,7 @@ impl Replication {
             any_unsent: AtomicBool::new(false),
             degrade_after,
             tls,
+            token,
         }
     }
 
@@ -324,7 +327,7 @@ impl Replication {
     }
 
     fn token(&self) -> Option<String> {
-        self.tls.as_ref().and_then(|tls| tls.token.clone())
+        self.token.clone()
     }
 
     /// The term `log`'s records get from now on, begun durably here, before the log takes an

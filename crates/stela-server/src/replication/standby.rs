@@ -65,7 +65,7 @@ struct Shared {
     /// The streams up now, for `stela status`.
     views: Mutex<HashMap<String, StreamView>>,
     stop: Arc<AtomicBool>,
-    security: Option<Security>,
+    security: Security,
     /// This node's role and epoch: streams of an older epoch are refused, a newer one is
     /// recorded before a byte of it is mirrored, and a primary seeing a newer one steps down.
     node: Arc<crate::cluster::Node>,
@@ -132,9 +132,13 @@ impl std::io::Read for Deadline<'_> {
 /// TLS on the replication listener, and who may ship to it.
 pub(crate) struct Security {
     /// The daemon's TLS configuration, the TCP listener's: a SIGHUP reload that rotates the
-    /// certificate rotates it here too (for the streams that connect from then on).
-    pub(crate) tls: Arc<crate::net::auth::ServerTls>,
+    /// certificate rotates it here too (for the streams that connect from then on). `None`:
+    /// plain TCP, where a primary proves itself by [`plain_primary`]'s rules.
+    pub(crate) tls: Option<Arc<crate::net::auth::ServerTls>>,
     pub(crate) auth: Arc<crate::net::auth::Auth>,
+    /// `--repl-insecure`: on plain TCP, a peer that proves nothing is trusted (the operator
+    /// said the network is private).
+    pub(crate) trust_network: bool,
 }
 
 impl Standby {
@@ -147,7 +151,7 @@ impl Standby {
         dir: &Path,
         storage: Arc<dyn Storage>,
         segment_bytes: u64,
-        security: Option<Security>,
+        security: Security,
         node: Arc<crate::cluster::Node>,
     ) -> std::io::Result<Standby> {
         let listener = TcpListener::bind(addr)?;
@@ -360,14 +364,15 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let socket = stream.try_clone().map_err(|e| e.to_string())?;
     // Over TLS when this daemon has a certificate; the primary then proves itself an
     // administrator (an admin token in `Open`, or a client certificate named by
-    // --tls-admin-name).
-    let (reader, mut writer, certificates): (Reader, Writer, _) = match &shared.security {
+    // --tls-admin-name). On plain TCP, the kernel may already vouch for it (`plain_primary`).
+    let security = &shared.security;
+    let (reader, mut writer, certificates): (Reader, Writer, _) = match &security.tls {
         None => {
             let writer = stream.try_clone().map_err(|e| e.to_string())?;
             (Box::new(stream), Box::new(writer), None)
         }
-        Some(security) => {
-            let connection = stela_net::tls::rustls::ServerConnection::new(security.tls.current())
+        Some(tls) => {
+            let connection = stela_net::tls::rustls::ServerConnection::new(tls.current())
                 .map_err(|e| e.to_string())?;
             let (reader, writer) =
                 stela_net::duplex::duplex(stream, connection, std::time::Duration::from_secs(10))
@@ -408,31 +413,36 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
         Err(why)
     };
-    if let Some(security) = &shared.security {
-        match security
+    let proven = if security.tls.is_some() {
+        security
             .auth
             .identify_certificates(certificates.as_deref(), token.as_deref())
-        {
-            Ok(crate::net::auth::Identity::Admin) => {}
-            _ => {
-                tracing::warn!(
-                    primary = node,
-                    log,
-                    "standby: stream refused: the primary is not authenticated as an administrator"
-                );
-                return refuse(
-                    &mut writer,
-                    0,
-                    "not authenticated as an administrator of this standby: send one of its \
-                     admin tokens (--standby-token-file) or a client certificate it names \
-                     (--tls-admin-name)"
-                        .into(),
-                );
-            }
-        }
+            == Ok(crate::net::auth::Identity::Admin)
+    } else {
+        plain_primary(security, &socket, token.as_deref())
+    };
+    if !proven {
+        tracing::warn!(
+            primary = node,
+            log,
+            peer = ?socket.peer_addr().ok(),
+            "standby: stream refused: the primary is not authenticated as an administrator"
+        );
+        let how = if security.tls.is_some() {
+            "send one of its admin tokens (--standby-token-file) or a client certificate it \
+             names (--tls-admin-name)"
+        } else {
+            "without TLS a primary must run as this daemon's user on loopback, or send one of \
+             its admin tokens (--standby-token-file)"
+        };
+        return refuse(
+            &mut writer,
+            0,
+            format!("not authenticated as an administrator of this standby: {how}"),
+        );
     }
-    // Authenticated (or a stream without TLS, which has nothing more to prove): its slot among
-    // the handshakes is free, and the stream gets its buffer.
+    // Authenticated: its slot among the handshakes is free, and the stream gets its buffer;
+    // only now may its term change this standby's (a higher one is adopted below).
     drop(handshaking);
     let mut reader = BufReader::with_capacity(1 << 20, reader);
     if !crate::logs::valid_name(&log) {
@@ -685,6 +695,29 @@ fn adopt_terms(terms: &mut TermStore, primary: &[(u64, u64)], next: u64) -> Resu
         }
     }
     Ok(())
+}
+
+/// Whether a primary on plain TCP has proved itself (issue 54, finding 4: any local user could
+/// open a log with a huge term and fence the real primary out of it). A token, when sent,
+/// decides (one of this daemon's admin tokens); without one, a loopback peer whose socket the
+/// kernel says this daemon's own user owns is the operator's process; anything else only under
+/// `--repl-insecure`.
+fn plain_primary(security: &Security, socket: &TcpStream, token: Option<&str>) -> bool {
+    if token.is_some() {
+        return security.auth.identify_certificates(None, token)
+            == Ok(crate::net::auth::Identity::Admin);
+    }
+    match stela_net::peer::loopback_peer_uid(socket) {
+        Ok(Some(uid)) if uid == rustix::process::geteuid().as_raw() => return true,
+        Ok(owner) => {
+            tracing::debug!(
+                ?owner,
+                "standby: plain-TCP peer not owned by this daemon's user"
+            )
+        }
+        Err(error) => tracing::warn!(%error, "standby: cannot tell who owns a loopback peer"),
+    }
+    security.trust_network
 }
 
 /// Whether a stream of `term` from `primary` may be mirrored by this node: not while this
