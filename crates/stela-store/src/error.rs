@@ -2,8 +2,8 @@
 //! transaction (`Deadlock`), restore or repair (`Corrupt`, `BadLogRecord`, `Archive`), reopen (`Poisoned`),
 //! fix the call (`KeyTooLarge`, `ValueTooLarge`).
 
+use crate::format::page::{PageError, PageId};
 use crate::format::{RecordError, TxnId};
-use crate::page::{PageError, PageId};
 use stela_format::Lsn;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -37,7 +37,7 @@ pub enum Error {
     Archive {
         path: std::path::PathBuf,
         #[source]
-        source: crate::archive_format::RunError,
+        source: crate::format::RunError,
     },
 
     /// The page file could not be read or written.

@@ -1,40 +1,24 @@
 //! stela-store: a transactional key-value store on 8 KiB pages that logs through stela.
 //!
-//! A tour, from the top down:
-//! - [`store`]: [`Store`] and [`Transaction`] (`begin`, `get`, `put`, `update`, `delete`,
-//!   `scan`, `commit`, `abort`), and the order in which locks and the engine latch are taken.
-//! - [`lock`]: key locks for strict two-phase locking; deadlocks found on a waits-for graph.
-//! - [`btree`]: the B+tree over the buffer pool; splits as single logged structure changes.
-//! - [`checkpoint`]: classical and decoupled checkpoints, and the master record naming the
-//!   latest; [`analysis`]: the log analysis that restart and the decoupled checkpoint share.
-//! - [`cleaner`]: the classical page cleaner (over the pool) and the decoupled one (replaying
-//!   the log, or the archive's runs where it lags behind them, onto the stored images).
-//! - [`tail`]: the records appended since open, kept in memory for the decoupled services.
-//! - [`archive`]: the log archive, runs of page changes sorted by page within LSN ranges, built
-//!   from the durable log and merged a pair at a time; [`archive_format`]: a run's bytes, pure,
-//!   fuzzed (`fuzz/fuzz_targets/store_archive_run.rs`).
-//! - [`repair`]: single-page recovery (a damaged or stale image rebuilt from the archive and
-//!   the log) and the write elision it allows.
-//! - [`retention`]: how far back each reader of the log reads, so that the log is truncated
-//!   only below all of them.
-//! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
-//! - [`follow`]: the warm standby store, a [`Follower`] replaying a standby daemon's copy of
-//!   the log onto a directory of its own, which a store opens after a promotion with little to
-//!   redo.
-//! - [`recovery`]: restart after a crash, classical ARIES (analysis, redo, undo with
-//!   compensation records, all before open returns) or instant (analysis only; the rest on
-//!   demand), and the rollback a normal abort shares with it.
-//! - [`redo`]: applying a log record to a page image (restart, the pool, the decoupled
-//!   cleaner), and the index of redo instant restart leaves pending per page.
-//! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule;
-//!   after an instant restart it redoes a page when it first reads it, and every image it
-//!   reads goes through [`repair`] when the store keeps an archive.
+//! The rooms, from the top down; each folder's `mod.rs` says what it holds, and no room imports
+//! one above it:
+//! - `store`: the API, [`Store`] and [`Transaction`] (`begin`, `get`, `put`,
+//!   `update`, `delete`, `scan`, `commit`, `abort`), and the order in which locks and the engine
+//!   latch are taken; `options`: [`StoreOptions`], its defaults and what each costs.
+//! - `services/`: the persistence services (classical and decoupled checkpoints, the classical
+//!   and decoupled page cleaners, the log's retention, the warm standby [`Follower`], the
+//!   threads' scheduling), the state the store's threads share, and opening a store.
+//! - `recovery/`: the master record, log analysis, and restart after a crash: classical ARIES
+//!   (analysis, redo, undo with compensation records, all before open returns) or instant
+//!   (analysis only; the rest on demand), and the rollback a normal abort shares with it.
+//! - `access/`: the page file, redo of a record onto a page image, single-page repair, the
+//!   buffer pool, the B+tree, the key locks (strict 2PL, deadlocks found on a waits-for graph).
 //! - [`log`]: the small [`LogDevice`] trait the store logs through, implemented by the embedded
-//!   `stela_wal::Wal`; [`daemon`]: the same trait over a stela daemon's log
-//!   ([`Store::open_on_daemon`]), so the store commits at the daemon's levels.
-//! - [`format`] (log records) and [`page`] (page layout): the bytes, pure, no I/O; both decoders
-//!   are fuzzed (`fuzz/fuzz_targets/store_*.rs`).
-//! - [`error`]: the one error type.
+//!   `stela_wal::Wal` and by [`DaemonLog`] over a stela daemon's log ([`Store::open_on_daemon`]),
+//!   the in-memory tail of the log for the decoupled services, and the log archive
+//!   ([`LogArchive`]), runs of page changes sorted by page within LSN ranges.
+//! - [`format`]: the bytes (log records, pages, archive runs), pure, no I/O, each decoder
+//!   fuzzed (`fuzz/fuzz_targets/store_*.rs`); [`error`]: the one error type.
 //!
 //! Commit durability is the log's: with the embedded log at `SyncMode::Data` a commit returns
 //! once its record is fdatasync'ed. Dropping a [`Store`] without [`Store::close`] is a crash;
@@ -85,44 +69,41 @@
 //! read); a page the pool misses is read and decoded under the engine latch, so a cold pool
 //! holds up every transaction while it fills; page merges (deletes leave empty leaves), range
 //! locks (a scan can see phantoms). The archive is pruned behind page backups
-//! ([`LogArchive::backup_and_prune`](archive::LogArchive::backup_and_prune)).
+//! ([`LogArchive::backup_and_prune`]).
 
-pub mod analysis;
-pub mod archive;
-pub mod archive_format;
-mod background;
-pub mod btree;
-pub mod checkpoint;
-pub mod cleaner;
-pub mod daemon;
 pub mod error;
-pub mod follow;
 pub mod format;
-pub mod image_cache;
-pub mod lock;
 pub mod log;
-pub mod page;
-pub mod pagefile;
-pub mod pool;
-pub mod recovery;
-pub mod redo;
-pub mod repair;
-pub mod retention;
-pub mod store;
-mod sync;
-pub mod tail;
 
-pub use archive::{ArchiveReport, BackupReport, LogArchive};
-pub use checkpoint::CheckpointReport;
-pub use cleaner::{CleanReport, CleanerKind};
-pub use daemon::DaemonLog;
+mod access;
+mod options;
+mod recovery;
+mod services;
+mod store;
+mod sync;
+
+pub use access::pool::PoolStats;
 pub use error::{Error, Result};
-pub use follow::{Agreement, FollowReport, Follower};
+pub use format::page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
 pub use format::{
     CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges, TxnId,
 };
-pub use log::LogDevice;
-pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
-pub use pool::PoolStats;
-pub use recovery::{RestartMode, RestartReport};
-pub use store::{RecoveryPending, Store, StoreOptions, Transaction};
+pub use log::{ArchiveReport, BackupReport, DaemonLog, LogArchive, LogDevice};
+pub use options::{CleanerKind, StoreOptions};
+pub use recovery::restart::{RecoveryPending, RestartMode, RestartReport};
+pub use services::checkpoint::CheckpointReport;
+pub use services::cleaner::CleanReport;
+pub use services::follow::{Agreement, FollowReport, Follower};
+pub use store::{Store, Transaction};
+
+/// The store's internals the loom model of the decoupled cleaner drives
+/// (`tests/loom_cleaner.rs`); built only under `--cfg stela_store_loom`.
+#[cfg(stela_store_loom)]
+#[doc(hidden)]
+pub mod loom_model {
+    pub use crate::access::pagefile::PageFile;
+    pub use crate::access::pool::BufferPool;
+    pub use crate::log::tail::{Consumer, LogTail};
+    pub use crate::services::cleaner::decoupled_round_for_model;
+    pub use crate::services::image_cache::ImageCache;
+}

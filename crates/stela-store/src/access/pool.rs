@@ -32,14 +32,14 @@
 //! The pool is not thread-safe by itself: the store holds it under its engine latch, so a frame
 //! is never evicted while an operation uses it.
 
-use crate::archive::LogArchive;
+use crate::access::pagefile::PageFile;
+use crate::access::redo::{self, PendingPage, PendingRedo};
+use crate::access::repair::PageRepair;
 use crate::error::{Error, Result};
+use crate::format::page::{Page, PageId};
 use crate::format::{DirtyPage, LogRecord, RecordError};
+use crate::log::archive::LogArchive;
 use crate::log::LogDevice;
-use crate::page::{Page, PageId};
-use crate::pagefile::PageFile;
-use crate::redo::{self, PendingPage, PendingRedo};
-use crate::repair::PageRepair;
 use crate::sync::AtomicU64;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -178,7 +178,7 @@ impl BufferPool {
         &mut self,
         pages: &[PageId],
         (from, below): (Lsn, Lsn),
-        mut histories: crate::archive::PageHistories,
+        mut histories: crate::log::archive::PageHistories,
         archived: Lsn,
     ) {
         for &page in pages {

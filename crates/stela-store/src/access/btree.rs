@@ -12,11 +12,11 @@
 //! - Deletes remove entries and never merge: an empty leaf stays in the tree and routes
 //!   correctly (space is not reclaimed; see the crate documentation).
 
+use crate::access::pool::BufferPool;
 use crate::error::{Error, Result};
+use crate::format::page::{self, Internal, Node, Page, PageError, PageId, ROOT};
 use crate::format::{LogBody, LogRecord, PageImage, SYSTEM_TXN};
 use crate::log::LogDevice;
-use crate::page::{self, Internal, Node, Page, PageError, PageId, ROOT};
-use crate::pool::BufferPool;
 use std::ops::Bound;
 use std::sync::Arc;
 use stela_format::Lsn;
