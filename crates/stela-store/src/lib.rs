@@ -2,7 +2,7 @@
 //!
 //! The rooms, from the top down; each folder's `mod.rs` says what it holds, and no room imports
 //! one above it:
-//! - `store`: the API, [`Store`] and [`Transaction`] (`begin`, `get`, `put`,
+//! - `store`: the API, [`Store`] and [`Transaction`] (`begin`, `get`, `get_for_update`, `put`,
 //!   `update`, `delete`, `scan`, `commit`, `abort`), and the order in which locks and the engine
 //!   latch are taken; `options`: [`StoreOptions`], its defaults and what each costs.
 //! - `services/`: the persistence services (classical and decoupled checkpoints, the classical
@@ -43,10 +43,12 @@
 //! txn.delete(b"apple")?;
 //! txn.abort()?; // the delete is undone
 //!
-//! drop(store); // a crash: no page was written; restart redoes from the log
+//! drop(store); // a crash: restart redoes from the log what the pages lack
 //! let store = Store::open(dir.path(), StoreOptions::default())?;
 //! let mut txn = store.begin();
-//! let all = txn.scan(Bound::Unbounded, Bound::Unbounded)?;
+//! let all = txn
+//!     .scan(Bound::Unbounded, Bound::Unbounded)
+//!     .collect::<stela_store::Result<Vec<_>>>()?;
 //! assert_eq!(all, vec![(b"apple".to_vec(), b"3".to_vec()), (b"pear".to_vec(), b"5".to_vec())]);
 //! txn.commit()?;
 //! store.close()?;
@@ -57,7 +59,12 @@
 //! copied under the latches) or decoupled (computed from the log), page cleaning classical
 //! (writes the pool's dirty pages) or decoupled (replays the log onto the stored images, never
 //! touching the pool), and, with `archive` set, a log archive: each on its own thread at an
-//! interval or on request ([`Store::checkpoint`], [`Store::clean`], [`Store::archive`]). An
+//! interval or on request ([`Store::checkpoint`], [`Store::clean`], [`Store::archive`]). By
+//! default all three run in the background (decoupled checkpoints every second, decoupled
+//! cleaning every 100 ms, an archiving step every second) and a lock wait ends after 10 s with
+//! [`Error::LockTimeout`]: what each of these costs is in [`StoreOptions`]' documentation;
+//! [`StoreOptions::on_request`] runs the services only when
+//! called. An
 //! archiving step also truncates the log, so with the archive the log stays a few segments
 //! long; a page that fails its checks is rebuilt from its history rather than failing the
 //! read, and with `elide_writes` a dirty page may leave the pool without being written.
@@ -89,12 +96,15 @@ pub use format::{
     CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges, TxnId,
 };
 pub use log::{ArchiveReport, BackupReport, DaemonLog, LogArchive, LogDevice};
-pub use options::{CleanerKind, StoreOptions};
+pub use options::{
+    CleanerKind, StoreOptions, DEFAULT_ARCHIVE_INTERVAL, DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_CLEAN_INTERVAL, DEFAULT_LOCK_TIMEOUT,
+};
 pub use recovery::restart::{RecoveryPending, RestartMode, RestartReport};
 pub use services::checkpoint::CheckpointReport;
 pub use services::cleaner::CleanReport;
 pub use services::follow::{Agreement, FollowReport, Follower};
-pub use store::{Store, Transaction};
+pub use store::{Scan, Store, Transaction, SCAN_BATCH};
 
 /// The store's internals the loom model of the decoupled cleaner drives
 /// (`tests/loom_cleaner.rs`); built only under `--cfg stela_store_loom`.

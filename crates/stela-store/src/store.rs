@@ -5,6 +5,8 @@
 //! - A transaction takes its key lock (shared to read, exclusive to write) before it touches the
 //!   tree, and keeps every lock until it has committed or rolled back (strict 2PL). Lock waits
 //!   happen outside the engine latch, so a waiting transaction never blocks the others' work.
+//!   A wait ends in [`Error::Deadlock`] if it would close a cycle, and in [`Error::LockTimeout`]
+//!   past `StoreOptions::lock_timeout`; either way the transaction holds what it held before.
 //! - Every tree operation runs under the engine latch (one mutex around pool, tree and page
 //!   allocation). The lock table's own mutex may be taken under the engine latch, never the
 //!   reverse, so the two cannot deadlock.
@@ -288,6 +290,20 @@ impl Transaction<'_> {
         store.check(store.engine()?.get(key))
     }
 
+    /// The value of `key`, locked exclusively: as [`Transaction::get`], but nobody else reads or
+    /// writes the key until this transaction ends, so a read followed by a write of it cannot
+    /// deadlock against another transaction doing the same (as `get` then `put` can, each
+    /// holding the shared lock the other's write waits for). SQL's `SELECT ... FOR UPDATE`.
+    ///
+    /// # Errors
+    /// As [`Transaction::get`].
+    pub fn get_for_update(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        check_key(key)?;
+        let store = &*self.store.shared;
+        store.lock(self.id, key, LockMode::Exclusive)?;
+        store.check(store.engine()?.get(key))
+    }
+
     /// Sets `key` to `value`.
     ///
     /// # Errors
@@ -363,44 +379,23 @@ impl Transaction<'_> {
         store.check(deleted)
     }
 
-    /// The entries with keys in the range, in key order. Each key returned is locked shared
-    /// until the transaction ends, and none is another running transaction's uncommitted
-    /// write; keys inserted into the range later by others are not locked out (no range locks:
-    /// a repeated scan may see phantoms).
+    /// The entries with keys in the range, in key order, as an iterator that reads the tree
+    /// [`SCAN_BATCH`] entries per hold of the engine latch, so a scan of a large range neither
+    /// holds up the other transactions for its whole length nor holds it all in memory. Each
+    /// key returned is locked shared until the transaction ends, and none is another running
+    /// transaction's uncommitted write; keys inserted into the range later by others are not
+    /// locked out (no range locks: a repeated scan may see phantoms).
     ///
     /// # Errors
-    /// As [`Transaction::get`].
-    pub fn scan(
-        &mut self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let store = &*self.store.shared;
-        loop {
-            // Under the engine latch, every key whose state in the tree is uncommitted is
-            // exclusively locked by its writer (writers lock before they change the tree and
-            // unlock after their end), so the tree and the lock table read together tell which
-            // keys need a lock before the entries can be returned.
-            let (entries, mut must_lock) = {
-                let mut engine = store.engine()?;
-                let entries = store.check(engine.scan((start, end)))?;
-                let locked_by_others = store.locks.exclusive_keys_in(self.id, (start, end));
-                (entries, locked_by_others)
-            };
-            must_lock.extend(
-                entries
-                    .iter()
-                    .map(|(k, _)| k)
-                    .filter(|k| !store.locks.holds(self.id, k))
-                    .cloned(),
-            );
-            if must_lock.is_empty() {
-                return Ok(entries);
-            }
-            let must_lock: BTreeSet<Vec<u8>> = must_lock.into_iter().collect();
-            for key in must_lock {
-                store.lock(self.id, &key, LockMode::Shared)?;
-            }
+    /// Each item: as [`Transaction::get`]; after an error the iterator ends.
+    pub fn scan(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Scan<'_> {
+        Scan {
+            store: &self.store.shared,
+            txn: self.id,
+            from: start.map(<[u8]>::to_vec),
+            end: end.map(<[u8]>::to_vec),
+            batch: std::collections::VecDeque::new(),
+            done: false,
         }
     }
 
@@ -524,6 +519,90 @@ impl Drop for Transaction<'_> {
     }
 }
 
+/// Entries a [`Scan`] reads per hold of the engine latch: enough that the latch and lock
+/// table are taken rarely per entry, few enough that a transaction waiting for the latch waits
+/// for a few leaves' worth of copying at most.
+pub const SCAN_BATCH: usize = 256;
+
+/// The iterator [`Transaction::scan`] returns: entries in key order, each locked shared.
+pub struct Scan<'t> {
+    store: &'t Shared,
+    txn: TxnId,
+    /// Where the next batch starts: after the last key returned.
+    from: Bound<Vec<u8>>,
+    end: Bound<Vec<u8>>,
+    batch: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
+    /// The range is read through (or an error ended the scan).
+    done: bool,
+}
+
+impl Scan<'_> {
+    /// Reads the next batch, every key of it locked: see [`Transaction::scan`].
+    fn read_batch(&mut self) -> Result<()> {
+        let store = self.store;
+        let from = as_ref_bound(&self.from);
+        loop {
+            // Under the engine latch, every key whose state in the tree is uncommitted is
+            // exclusively locked by its writer (writers lock before they change the tree and
+            // unlock after their end), so the tree and the lock table read together tell which
+            // keys need a lock before the entries can be returned. A full batch covers the range
+            // up to its last key only; the next batch takes the rest.
+            let (entries, mut must_lock) = {
+                let mut engine = store.engine()?;
+                let range = (from, as_ref_bound(&self.end));
+                let entries = store.check(engine.scan(range, SCAN_BATCH))?;
+                let covered = match entries.last() {
+                    Some((last, _)) if entries.len() == SCAN_BATCH => Bound::Included(&last[..]),
+                    _ => as_ref_bound(&self.end),
+                };
+                let locked_by_others = store.locks.exclusive_keys_in(self.txn, (from, covered));
+                (entries, locked_by_others)
+            };
+            must_lock.extend(
+                entries
+                    .iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| !store.locks.holds(self.txn, k))
+                    .cloned(),
+            );
+            if must_lock.is_empty() {
+                self.done = entries.len() < SCAN_BATCH;
+                if let Some((last, _)) = entries.last() {
+                    self.from = Bound::Excluded(last.clone());
+                }
+                self.batch.extend(entries);
+                return Ok(());
+            }
+            let must_lock: BTreeSet<Vec<u8>> = must_lock.into_iter().collect();
+            for key in must_lock {
+                store.lock(self.txn, &key, LockMode::Shared)?;
+            }
+        }
+    }
+}
+
+impl Iterator for Scan<'_> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.batch.is_empty() && !self.done {
+            if let Err(error) = self.read_batch() {
+                self.done = true;
+                return Some(Err(error));
+            }
+        }
+        self.batch.pop_front().map(Ok)
+    }
+}
+
+fn as_ref_bound(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match bound {
+        Bound::Included(key) => Bound::Included(key.as_slice()),
+        Bound::Excluded(key) => Bound::Excluded(key.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
 fn check_key(key: &[u8]) -> Result<()> {
     if key.len() > MAX_KEY {
         return Err(Error::KeyTooLarge {
@@ -566,7 +645,9 @@ mod tests {
             (false, libc::SCHED_OTHER as u32),
         ] {
             let dir = tempfile::tempdir().unwrap();
-            let options = StoreOptions::default()
+            let options = StoreOptions::on_request()
+                .archive(false)
+                .lock_timeout(None)
                 .checkpoint_interval(Some(Duration::from_millis(1)))
                 .batch_services(batch);
             let store = Store::open(dir.path(), options).unwrap();
@@ -607,7 +688,11 @@ mod tests {
     #[test]
     fn keys_inserted_in_ascending_order_fill_their_leaves() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreOptions::on_request().archive(false).lock_timeout(None),
+        )
+        .unwrap();
         for batch in 0..30u64 {
             let mut txn = store.begin();
             for i in batch * 100..(batch + 1) * 100 {
@@ -648,7 +733,11 @@ mod tests {
     #[test]
     fn an_update_holds_its_key_exclusively_from_the_read_on() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreOptions::on_request().archive(false).lock_timeout(None),
+        )
+        .unwrap();
         let mut writer = store.begin();
         let new = writer
             .update(b"k", |old| {
@@ -683,7 +772,11 @@ mod tests {
     #[test]
     fn an_update_to_a_value_too_large_is_refused_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreOptions::on_request().archive(false).lock_timeout(None),
+        )
+        .unwrap();
         let mut txn = store.begin();
         txn.put(b"k", b"before").unwrap();
         let refused = txn.update(b"k", |_| Some(vec![0; MAX_VALUE + 1]));
@@ -699,7 +792,11 @@ mod tests {
     #[test]
     fn concurrent_updates_of_one_key_queue_up_and_lose_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let store = Store::open(
+            dir.path(),
+            StoreOptions::on_request().archive(false).lock_timeout(None),
+        )
+        .unwrap();
         let increment = |old: Option<&[u8]>| {
             let n = old.map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()));
             Some((n + 1).to_be_bytes().to_vec())
@@ -732,7 +829,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // A checkpoint that never comes during the test: only the analysis between
         // checkpoints can release what the tail holds for it.
-        let options = StoreOptions::default()
+        let options = StoreOptions::on_request()
+            .archive(false)
+            .lock_timeout(None)
             .checkpoints(CheckpointKind::Decoupled)
             .checkpoint_interval(Some(Duration::from_secs(3600)));
         let store = Store::open(dir.path(), options).unwrap();

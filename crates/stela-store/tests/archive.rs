@@ -168,7 +168,9 @@ fn a_flipped_bit_in_a_stored_page_is_rebuilt_from_its_history_and_rewritten() {
     // Without the archive, the damage is an error.
     let plain = Store::open(dir.path(), options().archive(false)).unwrap();
     let mut txn = plain.begin();
-    let scan = txn.scan(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded);
+    let scan = txn
+        .scan(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded)
+        .collect::<Result<Vec<_>, _>>();
     assert!(
         matches!(scan, Err(Error::Corrupt { page, .. }) if page == victim),
         "{scan:?}"

@@ -30,7 +30,9 @@ use stela_wal::storage::{CrashPlan, FaultStorage, OpenMode, StdStorage, Storage}
 use stela_wal::Wal;
 
 fn options(storage: Arc<dyn Storage>) -> StoreOptions {
-    let options = StoreOptions::default()
+    let options = StoreOptions::on_request()
+        .archive(false)
+        .lock_timeout(None)
         .pool_pages(32)
         .recover_in_background(false);
     let wal = options

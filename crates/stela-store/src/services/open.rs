@@ -98,7 +98,7 @@ pub(crate) fn open(dir: &Path, log: Arc<dyn LogDevice>, options: StoreOptions) -
     let shared = Arc::new(Shared {
         next_txn: AtomicU64::new(restart.max_txn + 1),
         engine: Mutex::new(engine),
-        locks: LockManager::default(),
+        locks: LockManager::with_timeout(options.lock_timeout),
         txns: Mutex::new(BTreeMap::new()),
         poisoned: AtomicBool::new(false),
         log,
