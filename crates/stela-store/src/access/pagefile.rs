@@ -183,6 +183,11 @@ impl PageFile {
         ENCODED.with_borrow_mut(|image| -> Result<()> {
             page::encode_into(id, page, image)
                 .map_err(|source| crate::error::Error::Corrupt { page: id, source })?;
+            // What reaches the file is the image given: it decodes back to the same page.
+            debug_assert!(
+                page::decode(id, &image[..]).is_ok_and(|decoded| decoded == *page),
+                "page {id} does not decode to the image written"
+            );
             Ok(self.file.write_all_at(&image[..], id * PAGE_SIZE as u64)?)
         })?;
         written.insert(id, page.lsn);

@@ -261,6 +261,8 @@ impl BufferPool {
             frame.dirty = true;
             frame.rec_lsn = lsn;
         }
+        // The first change since the page was clean comes before every later one.
+        debug_assert!(frame.rec_lsn <= lsn, "page {}: rec_lsn went back", frame.id);
     }
 
     /// The page `id`, read from the page file if it is not cached.
@@ -520,6 +522,15 @@ impl BufferPool {
             log.flush(lsn)?;
             self.stats.wal_flushes += 1;
         }
+        debug_assert!(
+            log.durable_lsn() >= lsn,
+            "write-ahead rule: page {id} at {lsn} written with the log durable to {}",
+            log.durable_lsn()
+        );
+        debug_assert!(
+            !self.frames[frame].dirty || self.frames[frame].rec_lsn <= lsn,
+            "page {id}: rec_lsn after its page LSN {lsn}"
+        );
         self.file.write(id, &self.frames[frame].page)?;
         self.frames[frame].dirty = false;
         Ok(())

@@ -224,6 +224,12 @@ impl MasterSlots {
     /// # Errors
     /// I/O errors.
     pub fn write(&mut self, storage: &dyn Storage, master: Master) -> Result<()> {
+        debug_assert!(
+            self.newest
+                .is_none_or(|(_, newest)| newest.begin <= master.begin),
+            "a master record older than the newest: {master:?} after {:?}",
+            self.newest
+        );
         if !self.pinned_synced {
             self.sync(storage, self.pinned)?;
             self.pinned_synced = true;
