@@ -13,7 +13,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use stela_format::Lsn;
-use stela_store::archive_format::{
+use stela_store::format::{
     decode_block, decode_entries, decode_entries_within, decode_run, decode_run_summary,
     encode_run, IndexLayout, Pages,
 };

@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stela_store::page::{self, PAGE_SIZE};
+use stela_store::format::page::{self, PAGE_SIZE};
 
 fuzz_target!(|bytes: &[u8]| {
     // Most inputs are short: pad them to a page so the decoder gets past the size check.

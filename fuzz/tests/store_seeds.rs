@@ -7,9 +7,8 @@
 //! `cargo test` inside `fuzz/` (with `RUSTC_BOOTSTRAP=1`, like every command here).
 
 use stela_format::Lsn;
-use stela_store::archive_format::{encode_run, Entry, RunRange};
-use stela_store::format::{ActiveTxn, PageImage, SYSTEM_TXN};
-use stela_store::page::{self, Internal, Leaf, Node, Page};
+use stela_store::format::page::{self, Internal, Leaf, Node, Page};
+use stela_store::format::{encode_run, ActiveTxn, Entry, PageImage, RunRange, SYSTEM_TXN};
 use stela_store::{
     CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges,
 };

@@ -317,10 +317,12 @@ type Rows = Vec<(Vec<u8>, i64)>;
 fn sum_of(txn: &mut stela_store::Transaction, prefix: &[u8]) -> anyhow::Result<Rows> {
     let mut end = prefix.to_vec();
     *end.last_mut().expect("a prefix") += 1;
-    let rows = txn.scan(
-        std::ops::Bound::Included(prefix),
-        std::ops::Bound::Excluded(&end[..]),
-    )?;
+    let rows = txn
+        .scan(
+            std::ops::Bound::Included(prefix),
+            std::ops::Bound::Excluded(&end[..]),
+        )
+        .collect::<stela_store::Result<Vec<_>>>()?;
     rows.into_iter()
         .map(|(k, v)| Ok((k, balance(&v)?)))
         .collect()

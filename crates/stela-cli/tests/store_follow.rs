@@ -79,7 +79,10 @@ fn store_follow_keeps_a_directory_current_and_stops_on_sigterm() {
         primary.socket_path(),
         LOG,
         wal(),
-        StoreOptions::default().pool_pages(16),
+        StoreOptions::on_request()
+            .archive(false)
+            .lock_timeout(None)
+            .pool_pages(16),
     )
     .unwrap();
     for round in 0..20u32 {
@@ -143,7 +146,7 @@ fn store_follow_keeps_a_directory_current_and_stops_on_sigterm() {
         primary.socket_path(),
         LOG,
         wal(),
-        StoreOptions::default(),
+        StoreOptions::on_request().archive(false).lock_timeout(None),
     )
     .unwrap();
     assert_eq!(

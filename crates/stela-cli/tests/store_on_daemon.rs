@@ -49,7 +49,10 @@ fn open(store_dir: &std::path::Path, daemon: &Daemon) -> Store {
         daemon.socket(),
         "bank",
         WalOptions::default().durability(Durability::Disk),
-        StoreOptions::default().pool_pages(64),
+        StoreOptions::on_request()
+            .archive(false)
+            .lock_timeout(None)
+            .pool_pages(64),
     )
     .expect("the store opens on the daemon")
 }
@@ -142,7 +145,10 @@ fn disk_commits_survive_the_daemon_sigkill() {
         daemon = Daemon::start(&daemon_dir, &[]);
         let store = open(&store_dir, &daemon);
         let mut txn = store.begin();
-        let rows = txn.scan(Bound::Unbounded, Bound::Unbounded).unwrap();
+        let rows: Vec<_> = txn
+            .scan(Bound::Unbounded, Bound::Unbounded)
+            .collect::<Result<_, _>>()
+            .unwrap();
         txn.commit().unwrap();
         // The balances the history rows present imply: a transaction half there (its
         // transfer without its row, or the reverse) breaks the equality below.

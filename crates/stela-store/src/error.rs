@@ -1,9 +1,9 @@
 //! The one error type of the crate. Each variant is something a caller can act on: retry the
-//! transaction (`Deadlock`), restore or repair (`Corrupt`, `BadLogRecord`, `Archive`), reopen (`Poisoned`),
+//! transaction (`Deadlock`, `LockTimeout`), restore or repair (`Corrupt`, `BadLogRecord`, `Archive`), reopen (`Poisoned`),
 //! fix the call (`KeyTooLarge`, `ValueTooLarge`).
 
+use crate::format::page::{PageError, PageId};
 use crate::format::{RecordError, TxnId};
-use crate::page::{PageError, PageId};
 use stela_format::Lsn;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -14,6 +14,17 @@ pub enum Error {
     /// abort it (or drop it) and run it again.
     #[error("transaction {txn} was chosen as a deadlock victim; abort it and retry")]
     Deadlock { txn: TxnId },
+
+    /// The transaction waited for a key's lock longer than the store's lock timeout
+    /// (`StoreOptions::lock_timeout`): another transaction has held it that long. Nothing it
+    /// did is undone yet: abort it (or drop it) and run it again.
+    #[error(
+        "transaction {txn} waited {waited:?} for a lock, past the lock timeout; abort it and retry"
+    )]
+    LockTimeout {
+        txn: TxnId,
+        waited: std::time::Duration,
+    },
 
     /// A page read from the page file failed its checks.
     #[error("page {page} is corrupt: {source}")]
@@ -37,7 +48,7 @@ pub enum Error {
     Archive {
         path: std::path::PathBuf,
         #[source]
-        source: crate::archive_format::RunError,
+        source: crate::format::RunError,
     },
 
     /// The page file could not be read or written.

@@ -1,40 +1,24 @@
 //! stela-store: a transactional key-value store on 8 KiB pages that logs through stela.
 //!
-//! A tour, from the top down:
-//! - [`store`]: [`Store`] and [`Transaction`] (`begin`, `get`, `put`, `update`, `delete`,
-//!   `scan`, `commit`, `abort`), and the order in which locks and the engine latch are taken.
-//! - [`lock`]: key locks for strict two-phase locking; deadlocks found on a waits-for graph.
-//! - [`btree`]: the B+tree over the buffer pool; splits as single logged structure changes.
-//! - [`checkpoint`]: classical and decoupled checkpoints, and the master record naming the
-//!   latest; [`analysis`]: the log analysis that restart and the decoupled checkpoint share.
-//! - [`cleaner`]: the classical page cleaner (over the pool) and the decoupled one (replaying
-//!   the log, or the archive's runs where it lags behind them, onto the stored images).
-//! - [`tail`]: the records appended since open, kept in memory for the decoupled services.
-//! - [`archive`]: the log archive, runs of page changes sorted by page within LSN ranges, built
-//!   from the durable log and merged a pair at a time; [`archive_format`]: a run's bytes, pure,
-//!   fuzzed (`fuzz/fuzz_targets/store_archive_run.rs`).
-//! - [`repair`]: single-page recovery (a damaged or stale image rebuilt from the archive and
-//!   the log) and the write elision it allows.
-//! - [`retention`]: how far back each reader of the log reads, so that the log is truncated
-//!   only below all of them.
-//! - [`pagefile`]: the stored page images, shared by the pool and the cleaners.
-//! - [`follow`]: the warm standby store, a [`Follower`] replaying a standby daemon's copy of
-//!   the log onto a directory of its own, which a store opens after a promotion with little to
-//!   redo.
-//! - [`recovery`]: restart after a crash, classical ARIES (analysis, redo, undo with
-//!   compensation records, all before open returns) or instant (analysis only; the rest on
-//!   demand), and the rollback a normal abort shares with it.
-//! - [`redo`]: applying a log record to a page image (restart, the pool, the decoupled
-//!   cleaner), and the index of redo instant restart leaves pending per page.
-//! - [`pool`]: the buffer pool, clock eviction, steal / no-force under the write-ahead rule;
-//!   after an instant restart it redoes a page when it first reads it, and every image it
-//!   reads goes through [`repair`] when the store keeps an archive.
+//! The rooms, from the top down; each folder's `mod.rs` says what it holds, and no room imports
+//! one above it:
+//! - `store`: the API, [`Store`] and [`Transaction`] (`begin`, `get`, `get_for_update`, `put`,
+//!   `update`, `delete`, `scan`, `commit`, `abort`), and the order in which locks and the engine
+//!   latch are taken; `options`: [`StoreOptions`], its defaults and what each costs.
+//! - `services/`: the persistence services (classical and decoupled checkpoints, the classical
+//!   and decoupled page cleaners, the log's retention, the warm standby [`Follower`], the
+//!   threads' scheduling), the state the store's threads share, and opening a store.
+//! - `recovery/`: the master record, log analysis, and restart after a crash: classical ARIES
+//!   (analysis, redo, undo with compensation records, all before open returns) or instant
+//!   (analysis only; the rest on demand), and the rollback a normal abort shares with it.
+//! - `access/`: the page file, redo of a record onto a page image, single-page repair, the
+//!   buffer pool, the B+tree, the key locks (strict 2PL, deadlocks found on a waits-for graph).
 //! - [`log`]: the small [`LogDevice`] trait the store logs through, implemented by the embedded
-//!   `stela_wal::Wal`; [`daemon`]: the same trait over a stela daemon's log
-//!   ([`Store::open_on_daemon`]), so the store commits at the daemon's levels.
-//! - [`format`] (log records) and [`page`] (page layout): the bytes, pure, no I/O; both decoders
-//!   are fuzzed (`fuzz/fuzz_targets/store_*.rs`).
-//! - [`error`]: the one error type.
+//!   `stela_wal::Wal` and by [`DaemonLog`] over a stela daemon's log ([`Store::open_on_daemon`]),
+//!   the in-memory tail of the log for the decoupled services, and the log archive
+//!   ([`LogArchive`]), runs of page changes sorted by page within LSN ranges.
+//! - [`format`]: the bytes (log records, pages, archive runs), pure, no I/O, each decoder
+//!   fuzzed (`fuzz/fuzz_targets/store_*.rs`); [`error`]: the one error type.
 //!
 //! Commit durability is the log's: with the embedded log at `SyncMode::Data` a commit returns
 //! once its record is fdatasync'ed. Dropping a [`Store`] without [`Store::close`] is a crash;
@@ -59,10 +43,12 @@
 //! txn.delete(b"apple")?;
 //! txn.abort()?; // the delete is undone
 //!
-//! drop(store); // a crash: no page was written; restart redoes from the log
+//! drop(store); // a crash: restart redoes from the log what the pages lack
 //! let store = Store::open(dir.path(), StoreOptions::default())?;
 //! let mut txn = store.begin();
-//! let all = txn.scan(Bound::Unbounded, Bound::Unbounded)?;
+//! let all = txn
+//!     .scan(Bound::Unbounded, Bound::Unbounded)
+//!     .collect::<stela_store::Result<Vec<_>>>()?;
 //! assert_eq!(all, vec![(b"apple".to_vec(), b"3".to_vec()), (b"pear".to_vec(), b"5".to_vec())]);
 //! txn.commit()?;
 //! store.close()?;
@@ -73,7 +59,12 @@
 //! copied under the latches) or decoupled (computed from the log), page cleaning classical
 //! (writes the pool's dirty pages) or decoupled (replays the log onto the stored images, never
 //! touching the pool), and, with `archive` set, a log archive: each on its own thread at an
-//! interval or on request ([`Store::checkpoint`], [`Store::clean`], [`Store::archive`]). An
+//! interval or on request ([`Store::checkpoint`], [`Store::clean`], [`Store::archive`]). By
+//! default all three run in the background (decoupled checkpoints every second, decoupled
+//! cleaning every 100 ms, an archiving step every second) and a lock wait ends after 10 s with
+//! [`Error::LockTimeout`]: what each of these costs is in [`StoreOptions`]' documentation;
+//! [`StoreOptions::on_request`] runs the services only when
+//! called. An
 //! archiving step also truncates the log, so with the archive the log stays a few segments
 //! long; a page that fails its checks is rebuilt from its history rather than failing the
 //! read, and with `elide_writes` a dirty page may leave the pool without being written.
@@ -85,44 +76,44 @@
 //! read); a page the pool misses is read and decoded under the engine latch, so a cold pool
 //! holds up every transaction while it fills; page merges (deletes leave empty leaves), range
 //! locks (a scan can see phantoms). The archive is pruned behind page backups
-//! ([`LogArchive::backup_and_prune`](archive::LogArchive::backup_and_prune)).
+//! ([`LogArchive::backup_and_prune`]).
 
-pub mod analysis;
-pub mod archive;
-pub mod archive_format;
-mod background;
-pub mod btree;
-pub mod checkpoint;
-pub mod cleaner;
-pub mod daemon;
 pub mod error;
-pub mod follow;
 pub mod format;
-pub mod image_cache;
-pub mod lock;
 pub mod log;
-pub mod page;
-pub mod pagefile;
-pub mod pool;
-pub mod recovery;
-pub mod redo;
-pub mod repair;
-pub mod retention;
-pub mod store;
-mod sync;
-pub mod tail;
 
-pub use archive::{ArchiveReport, BackupReport, LogArchive};
-pub use checkpoint::CheckpointReport;
-pub use cleaner::{CleanReport, CleanerKind};
-pub use daemon::DaemonLog;
+mod access;
+mod options;
+mod recovery;
+mod services;
+mod store;
+mod sync;
+
+pub use access::pool::PoolStats;
 pub use error::{Error, Result};
-pub use follow::{Agreement, FollowReport, Follower};
+pub use format::page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
 pub use format::{
     CheckpointKind, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges, TxnId,
 };
-pub use log::LogDevice;
-pub use page::{PageId, MAX_KEY, MAX_VALUE, PAGE_SIZE};
-pub use pool::PoolStats;
-pub use recovery::{RestartMode, RestartReport};
-pub use store::{RecoveryPending, Store, StoreOptions, Transaction};
+pub use log::{ArchiveReport, BackupReport, DaemonLog, LogArchive, LogDevice};
+pub use options::{
+    CleanerKind, StoreOptions, DEFAULT_ARCHIVE_INTERVAL, DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_CLEAN_INTERVAL, DEFAULT_LOCK_TIMEOUT,
+};
+pub use recovery::restart::{RecoveryPending, RestartMode, RestartReport};
+pub use services::checkpoint::CheckpointReport;
+pub use services::cleaner::CleanReport;
+pub use services::follow::{Agreement, FollowReport, Follower};
+pub use store::{Scan, Store, Transaction, SCAN_BATCH};
+
+/// The store's internals the loom model of the decoupled cleaner drives
+/// (`tests/loom_cleaner.rs`); built only under `--cfg stela_store_loom`.
+#[cfg(stela_store_loom)]
+#[doc(hidden)]
+pub mod loom_model {
+    pub use crate::access::pagefile::PageFile;
+    pub use crate::access::pool::BufferPool;
+    pub use crate::log::tail::{Consumer, LogTail};
+    pub use crate::services::cleaner::decoupled_round_for_model;
+    pub use crate::services::image_cache::ImageCache;
+}

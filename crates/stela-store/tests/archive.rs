@@ -41,8 +41,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use stela_store::page::{self, PageId, PAGE_SIZE};
-use stela_store::{CheckpointKind, CleanerKind, Error, RestartMode, Store, StoreOptions};
+use stela_store::format::page::{self, PageId, PAGE_SIZE};
+use stela_store::{
+    CheckpointKind, CleanerKind, Error, LogArchive, RestartMode, Store, StoreOptions,
+};
 
 fn key(i: usize) -> Vec<u8> {
     format!("key-{i:05}").into_bytes()
@@ -166,7 +168,9 @@ fn a_flipped_bit_in_a_stored_page_is_rebuilt_from_its_history_and_rewritten() {
     // Without the archive, the damage is an error.
     let plain = Store::open(dir.path(), options().archive(false)).unwrap();
     let mut txn = plain.begin();
-    let scan = txn.scan(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded);
+    let scan = txn
+        .scan(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded)
+        .collect::<Result<Vec<_>, _>>();
     assert!(
         matches!(scan, Err(Error::Corrupt { page, .. }) if page == victim),
         "{scan:?}"
@@ -196,7 +200,7 @@ fn the_log_stays_bounded_behind_the_archive_and_restart_after_truncation_recover
     for round in 0..30 {
         round_then_clean_and_checkpoint(&store, round, &mut model);
         let report = store.archive().unwrap();
-        assert!(report.runs <= stela_store::archive::MAX_RUNS, "{report:?}");
+        assert!(report.runs <= LogArchive::MAX_RUNS, "{report:?}");
         removed += report.log_segments_removed;
         merges += report.merges;
         most_segments = most_segments.max(log_segments(dir.path()));

@@ -29,7 +29,9 @@ fn wal(durability: Durability) -> WalOptions {
 
 fn options() -> StoreOptions {
     // A small pool: pages are evicted (stolen) while transactions run.
-    StoreOptions::default()
+    StoreOptions::on_request()
+        .archive(false)
+        .lock_timeout(None)
         .pool_pages(16)
         .checkpoints(CheckpointKind::Decoupled)
         .cleaner(CleanerKind::Decoupled)
@@ -67,7 +69,10 @@ fn load_then_crash(store: Store, rounds: u32) {
 
 fn check(store: &Store, rounds: u32) {
     let mut txn = store.begin();
-    let all = txn.scan(Bound::Unbounded, Bound::Unbounded).unwrap();
+    let all: Vec<_> = txn
+        .scan(Bound::Unbounded, Bound::Unbounded)
+        .collect::<Result<_, _>>()
+        .unwrap();
     txn.commit().unwrap();
     assert_eq!(
         all.len() as u32,

@@ -76,14 +76,12 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use stela_format::Lsn;
-use stela_store::cleaner::decoupled_round_for_model;
+use stela_store::format::page::{self, Node, Page, PageId, PAGE_SIZE};
 use stela_store::format::{LogBody, LogRecord};
-use stela_store::image_cache::ImageCache;
 use stela_store::log::RecordIter;
-use stela_store::page::{self, Node, Page, PageId, PAGE_SIZE};
-use stela_store::pagefile::PageFile;
-use stela_store::pool::BufferPool;
-use stela_store::tail::{Consumer, LogTail};
+use stela_store::loom_model::{
+    decoupled_round_for_model, BufferPool, Consumer, ImageCache, LogTail, PageFile,
+};
 use stela_store::{LogDevice, PoolStats};
 use stela_wal::storage::StorageFile;
 

@@ -197,6 +197,7 @@ fn run_with(
                         let (from, to) = (key(from.min(to)), key(from.max(to)));
                         let got = t
                             .scan(Bound::Included(&from[..]), Bound::Excluded(&to[..]))
+                            .collect::<Result<Vec<_>, _>>()
                             .unwrap();
                         let want: Vec<_> = visible(&committed, &pending)
                             .range(from..to)

@@ -734,7 +734,7 @@ fn a_cleaning_round_starts_the_writeback_of_its_writes_on_a_synced_page_file() {
                 true => stela_wal::SyncMode::Data,
                 false => stela_wal::SyncMode::None,
             };
-            let defaults = StoreOptions::default();
+            let defaults = StoreOptions::on_request().archive(false).lock_timeout(None);
             let wal = defaults
                 .wal
                 .clone()

@@ -56,7 +56,9 @@ fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
 }
 
 fn store_options() -> StoreOptions {
-    StoreOptions::default()
+    StoreOptions::on_request()
+        .archive(false)
+        .lock_timeout(None)
         .pool_pages(32)
         .checkpoint_interval(Some(Duration::from_millis(150)))
         .clean_interval(Some(Duration::from_millis(60)))

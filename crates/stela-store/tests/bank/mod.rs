@@ -134,7 +134,10 @@ impl Bank {
     /// Every acknowledged transfer is there, nothing uncommitted is, the sum is kept.
     pub fn check(&self, store: &Store) {
         let mut txn = store.begin();
-        let all = txn.scan(Bound::Unbounded, Bound::Unbounded).unwrap();
+        let all: Vec<_> = txn
+            .scan(Bound::Unbounded, Bound::Unbounded)
+            .collect::<Result<_>>()
+            .unwrap();
         txn.commit().unwrap();
         let mut sum = 0;
         let mut accounts = 0;

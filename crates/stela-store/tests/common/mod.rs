@@ -14,7 +14,11 @@ use stela_wal::{SyncMode, Wal};
 /// run; no fdatasync (a dropped log still loses what was appended but not committed, which is
 /// the crash these tests make).
 pub fn options() -> StoreOptions {
-    let options = StoreOptions::default().pool_pages(8).sync_pages(false);
+    let options = StoreOptions::on_request()
+        .archive(false)
+        .lock_timeout(None)
+        .pool_pages(8)
+        .sync_pages(false);
     let wal = options.wal.clone().sync(SyncMode::None);
     options.wal(wal)
 }
@@ -77,6 +81,7 @@ pub fn contents(store: &Store) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut txn = store.begin();
     let all = txn
         .scan(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded)
+        .collect::<Result<Vec<_>>>()
         .expect("scan");
     txn.commit().expect("read-only commit");
     all

@@ -17,7 +17,7 @@
 
 use crate::error::Result;
 use crate::format::{LogBody, LogRecord};
-use crate::log::{LogDevice, RecordIter};
+use crate::log::device::{LogDevice, RecordIter};
 use crate::sync::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -101,6 +101,7 @@ impl LogTail {
     }
 
     /// Records held in memory now.
+    #[cfg(any(test, stela_store_loom))]
     pub fn held(&self) -> usize {
         self.copy
             .lock()

@@ -20,10 +20,10 @@
 //!   and removed since is in `cleaned`; so [`Analysis::changes`] costs what changed, not the
 //!   table, and gives exactly what `CheckpointTables::changes_since` would of the two tables.
 
+use crate::format::page::PageId;
 use crate::format::{
     ActiveTxn, CheckpointTables, DirtyPage, LogBody, LogRecord, TableChanges, TxnId, SYSTEM_TXN,
 };
-use crate::page::PageId;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use stela_format::Lsn;
 

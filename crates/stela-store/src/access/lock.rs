@@ -6,13 +6,16 @@
 //! it commits or aborts). Before a transaction starts to wait, the graph of who waits for whom
 //! is searched for a cycle through it; if there is one, that transaction (the one that closed
 //! the cycle) is the victim and gets [`Error::Deadlock`] instead of waiting. Every cycle is found
-//! this way, because a cycle can only be closed by a transaction starting to wait.
+//! this way, because a cycle can only be closed by a transaction starting to wait. A wait that
+//! lasts past the manager's timeout ends in [`Error::LockTimeout`], with the waiter again waiting
+//! for nothing (a holder that never ends, a lock cycle through something other than locks).
 
 use crate::error::{Error, Result};
 use crate::format::TxnId;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockMode {
@@ -56,6 +59,22 @@ impl KeyLock {
                 true
             }
         }
+    }
+
+    /// The table's rule for one key: one exclusive holder alone, or shared holders only, each
+    /// holder once.
+    fn consistent(&self) -> bool {
+        let exclusive = self
+            .holders
+            .iter()
+            .filter(|(_, mode)| *mode == LockMode::Exclusive)
+            .count();
+        let distinct = self
+            .holders
+            .iter()
+            .enumerate()
+            .all(|(i, (txn, _))| self.holders[..i].iter().all(|(other, _)| other != txn));
+        distinct && (exclusive == 0 || self.holders.len() == 1)
     }
 
     /// The holders `txn` would wait for.
@@ -107,16 +126,27 @@ impl LockTable {
 pub struct LockManager {
     table: Mutex<LockTable>,
     released: Condvar,
+    /// The longest a transaction waits for one lock (`None`: until it is granted).
+    timeout: Option<Duration>,
 }
 
 impl LockManager {
+    /// A lock manager whose waits end in [`Error::LockTimeout`] after `timeout`.
+    pub fn with_timeout(timeout: Option<Duration>) -> LockManager {
+        LockManager {
+            timeout,
+            ..LockManager::default()
+        }
+    }
+
     /// Blocks until `txn` holds `key` in `mode` (or stronger).
     ///
     /// # Errors
-    /// [`Error::Deadlock`] if waiting would close a cycle; `txn` then waits for nothing and holds
-    /// what it held before.
+    /// [`Error::Deadlock`] if waiting would close a cycle, [`Error::LockTimeout`] if the wait
+    /// lasts past the timeout; `txn` then waits for nothing and holds what it held before.
     pub fn acquire(&self, txn: TxnId, key: &[u8], mode: LockMode) -> Result<()> {
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut started: Option<Instant> = None;
         loop {
             // The key is copied only when its lock is made.
             let lock = match table.keys.get_mut(key) {
@@ -124,7 +154,9 @@ impl LockManager {
                 None => table.keys.entry(key.to_vec()).or_default(),
             };
             if lock.grantable(txn, mode) {
-                if lock.grant(txn, mode) {
+                let new = lock.grant(txn, mode);
+                debug_assert!(lock.consistent(), "key lock holders: {:?}", lock.holders);
+                if new {
                     table.held.entry(txn).or_default().push(key.to_vec());
                 }
                 table.waiting.remove(&txn);
@@ -136,7 +168,22 @@ impl LockManager {
                 tracing::debug!(txn, "deadlock: victim");
                 return Err(Error::Deadlock { txn });
             }
-            table = self.released.wait(table).unwrap_or_else(|p| p.into_inner());
+            let Some(timeout) = self.timeout else {
+                table = self.released.wait(table).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            let since = *started.get_or_insert_with(Instant::now);
+            let waited = since.elapsed();
+            if waited >= timeout {
+                table.waiting.remove(&txn);
+                tracing::debug!(txn, ?waited, "lock wait timed out");
+                return Err(Error::LockTimeout { txn, waited });
+            }
+            table = self
+                .released
+                .wait_timeout(table, timeout - waited)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 

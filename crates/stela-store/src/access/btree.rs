@@ -12,11 +12,11 @@
 //! - Deletes remove entries and never merge: an empty leaf stays in the tree and routes
 //!   correctly (space is not reclaimed; see the crate documentation).
 
+use crate::access::pool::BufferPool;
 use crate::error::{Error, Result};
+use crate::format::page::{self, Internal, Node, Page, PageError, PageId, ROOT};
 use crate::format::{LogBody, LogRecord, PageImage, SYSTEM_TXN};
 use crate::log::LogDevice;
-use crate::page::{self, Internal, Node, Page, PageError, PageId, ROOT};
-use crate::pool::BufferPool;
 use std::ops::Bound;
 use std::sync::Arc;
 use stela_format::Lsn;
@@ -78,9 +78,13 @@ impl Engine {
         }
     }
 
-    /// Entries with keys in the range, in key order.
-    pub fn scan(&mut self, range: (Bound<&[u8]>, Bound<&[u8]>)) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut out = Vec::new();
+    /// The first `limit` entries with keys in the range, in key order.
+    pub fn scan(
+        &mut self,
+        range: (Bound<&[u8]>, Bound<&[u8]>),
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         // Depth-first, children in key order; each stack entry is a page and its depth.
         let mut stack = vec![(ROOT, 0usize)];
         while let Some((id, depth)) = stack.pop() {
@@ -91,12 +95,25 @@ impl Engine {
                 });
             }
             match &self.pool.page(id, self.log.as_ref())?.node {
-                Node::Leaf(leaf) => out.extend(
-                    leaf.entries
-                        .iter()
-                        .filter(|(k, _)| range_contains(range, k))
-                        .cloned(),
-                ),
+                Node::Leaf(leaf) => {
+                    let (room, before) = (limit - out.len(), out.len());
+                    out.extend(
+                        leaf.entries
+                            .iter()
+                            .filter(|(k, _)| range_contains(range, k))
+                            .take(room)
+                            .cloned(),
+                    );
+                    debug_assert!(
+                        out[before.saturating_sub(1)..]
+                            .windows(2)
+                            .all(|w| w[0].0 < w[1].0),
+                        "a scan returns keys in ascending order"
+                    );
+                    if out.len() == limit {
+                        break;
+                    }
+                }
                 Node::Internal(internal) => {
                     // Child i holds keys in [keys[i-1], keys[i]); visit those meeting the range,
                     // pushed in reverse so the smallest is popped first.

@@ -1,17 +1,5 @@
-//! The store's view of its log: the small [`LogDevice`] trait, and its implementation on the
-//! embedded `stela_wal::Wal`.
-//!
-//! The store needs five things from a log and nothing else: append a record and learn its LSN,
-//! wait until an LSN is durable (at whatever level the log was opened with: that level *is* the
-//! store's commit durability), know the durable LSN (for the write-ahead rule), and read records
-//! back in LSN order from a given LSN (restart; single-page recovery). A sixth is optional:
-//! dropping records below an LSN nobody needs any more (`retention` decides which); a log that
-//! cannot just keeps them. So is encoding a record apart from appending it, for a caller that
-//! appends under a lock of its own. `stela_client::Wal` has the same calls, and
-//! [`crate::daemon::DaemonLog`] implements this trait on it.
-//!
-//! Invariant the store relies on: LSNs are dense and increasing, and a record returned by
-//! `append` is readable by `read_from` afterwards.
+//! The [`LogDevice`] trait, and its implementation on the embedded `stela_wal::Wal`: see the
+//! module documentation of `log` for what the store needs from a log.
 
 use crate::error::{Error, Result};
 use crate::format::LogRecord;

@@ -8,7 +8,7 @@
 //! checked by [`LogRecord::validate`] before restart acts on it, so a record that decodes but
 //! could not have been written (an oversized key, a node larger than a page) is a clear error.
 
-use crate::page::{Node, PageError, PageId, MAX_KEY, MAX_VALUE};
+use crate::format::page::{Node, PageError, PageId, MAX_KEY, MAX_VALUE};
 use serde::{Deserialize, Serialize};
 use stela_format::{Codec, Lsn};
 
@@ -205,7 +205,7 @@ pub struct ActiveTxn {
     /// Its last record: where undo starts.
     pub last_lsn: Lsn,
     /// The keys it holds exclusively (what it wrote), ascending.
-    #[serde(with = "crate::page::byte_strings")]
+    #[serde(with = "crate::format::page::byte_strings")]
     pub locks: Vec<Vec<u8>>,
 }
 
@@ -289,26 +289,7 @@ impl LogRecord {
                         "a structure change inside a transaction",
                     ));
                 }
-                if pages.is_empty() {
-                    return Err(RecordError::Invalid("a structure change of no page"));
-                }
-                for (i, image) in pages.iter().enumerate() {
-                    if pages[..i].iter().any(|other| other.page == image.page) {
-                        return Err(RecordError::Invalid("a page twice in one structure change"));
-                    }
-                    image
-                        .node
-                        .validate()
-                        .map_err(|source| RecordError::BadImage {
-                            page: image.page,
-                            source,
-                        })?;
-                    if let Node::Internal(internal) = &image.node {
-                        if internal.children.contains(&image.page) {
-                            return Err(RecordError::Invalid("a page is its own child"));
-                        }
-                    }
-                }
+                check_structure(pages)?;
             }
             LogBody::Commit | LogBody::Aborted => {
                 if system {
@@ -335,27 +316,7 @@ impl LogRecord {
                 if !system || self.prev_txn_lsn != Lsn::ZERO {
                     return Err(RecordError::Invalid("a system record inside a transaction"));
                 }
-                if !(root <= base && base < begin) {
-                    return Err(RecordError::Invalid(
-                        "a checkpoint delta whose base is not between its root and its begin",
-                    ));
-                }
-                check_active(&changes.active)?;
-                let ascending = |pages: &[PageId]| pages.windows(2).all(|w| w[0] < w[1]);
-                let changed: Vec<PageId> = changes.dirty_pages.iter().map(|d| d.page).collect();
-                if !ascending(&changed) || !ascending(&changes.cleaned) {
-                    return Err(RecordError::Invalid(
-                        "a checkpoint delta whose pages are not strictly ascending",
-                    ));
-                }
-                if changed
-                    .iter()
-                    .any(|page| changes.cleaned.binary_search(page).is_ok())
-                {
-                    return Err(RecordError::Invalid(
-                        "a checkpoint delta that both changes and cleans a page",
-                    ));
-                }
+                check_delta(*begin, *base, *root, changes)?;
             }
         }
         Ok(())
@@ -390,6 +351,64 @@ impl LogRecord {
     }
 }
 
+/// The rules of a structure change's page images: at least one, no page twice, each a valid
+/// node, no internal node its own child.
+fn check_structure(pages: &[PageImage]) -> Result<(), RecordError> {
+    if pages.is_empty() {
+        return Err(RecordError::Invalid("a structure change of no page"));
+    }
+    for (i, image) in pages.iter().enumerate() {
+        if pages[..i].iter().any(|other| other.page == image.page) {
+            return Err(RecordError::Invalid("a page twice in one structure change"));
+        }
+        image
+            .node
+            .validate()
+            .map_err(|source| RecordError::BadImage {
+                page: image.page,
+                source,
+            })?;
+        if let Node::Internal(internal) = &image.node {
+            if internal.children.contains(&image.page) {
+                return Err(RecordError::Invalid("a page is its own child"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The rules of a checkpoint delta: its base between its root and its begin, its page lists
+/// strictly ascending, no page both changed and cleaned.
+fn check_delta(
+    begin: Lsn,
+    base: Lsn,
+    root: Lsn,
+    changes: &TableChanges,
+) -> Result<(), RecordError> {
+    if !(root <= base && base < begin) {
+        return Err(RecordError::Invalid(
+            "a checkpoint delta whose base is not between its root and its begin",
+        ));
+    }
+    check_active(&changes.active)?;
+    let ascending = |pages: &[PageId]| pages.windows(2).all(|w| w[0] < w[1]);
+    let changed: Vec<PageId> = changes.dirty_pages.iter().map(|d| d.page).collect();
+    if !ascending(&changed) || !ascending(&changes.cleaned) {
+        return Err(RecordError::Invalid(
+            "a checkpoint delta whose pages are not strictly ascending",
+        ));
+    }
+    if changed
+        .iter()
+        .any(|page| changes.cleaned.binary_search(page).is_ok())
+    {
+        return Err(RecordError::Invalid(
+            "a checkpoint delta that both changes and cleans a page",
+        ));
+    }
+    Ok(())
+}
+
 /// The transaction table of a checkpoint: no system entry, no lock on an oversized key.
 fn check_active(active: &[ActiveTxn]) -> Result<(), RecordError> {
     if active.iter().any(|t| t.txn == SYSTEM_TXN) {
@@ -416,7 +435,7 @@ fn check_entry(key: &[u8], value: Option<&[u8]>) -> Result<(), RecordError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::page::Leaf;
+    use crate::format::page::Leaf;
 
     /// A write of transaction 3 (after its record 5) on page 2 (after its record 4).
     fn write_record(key: &[u8], before: Option<&[u8]>, after: Option<&[u8]>) -> LogRecord {

@@ -32,14 +32,14 @@
 //! The pool is not thread-safe by itself: the store holds it under its engine latch, so a frame
 //! is never evicted while an operation uses it.
 
-use crate::archive::LogArchive;
+use crate::access::pagefile::PageFile;
+use crate::access::redo::{self, PendingPage, PendingRedo};
+use crate::access::repair::PageRepair;
 use crate::error::{Error, Result};
+use crate::format::page::{Page, PageId};
 use crate::format::{DirtyPage, LogRecord, RecordError};
+use crate::log::archive::LogArchive;
 use crate::log::LogDevice;
-use crate::page::{Page, PageId};
-use crate::pagefile::PageFile;
-use crate::redo::{self, PendingPage, PendingRedo};
-use crate::repair::PageRepair;
 use crate::sync::AtomicU64;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -178,7 +178,7 @@ impl BufferPool {
         &mut self,
         pages: &[PageId],
         (from, below): (Lsn, Lsn),
-        mut histories: crate::archive::PageHistories,
+        mut histories: crate::log::archive::PageHistories,
         archived: Lsn,
     ) {
         for &page in pages {
@@ -261,6 +261,8 @@ impl BufferPool {
             frame.dirty = true;
             frame.rec_lsn = lsn;
         }
+        // The first change since the page was clean comes before every later one.
+        debug_assert!(frame.rec_lsn <= lsn, "page {}: rec_lsn went back", frame.id);
     }
 
     /// The page `id`, read from the page file if it is not cached.
@@ -520,6 +522,15 @@ impl BufferPool {
             log.flush(lsn)?;
             self.stats.wal_flushes += 1;
         }
+        debug_assert!(
+            log.durable_lsn() >= lsn,
+            "write-ahead rule: page {id} at {lsn} written with the log durable to {}",
+            log.durable_lsn()
+        );
+        debug_assert!(
+            !self.frames[frame].dirty || self.frames[frame].rec_lsn <= lsn,
+            "page {id}: rec_lsn after its page LSN {lsn}"
+        );
         self.file.write(id, &self.frames[frame].page)?;
         self.frames[frame].dirty = false;
         Ok(())

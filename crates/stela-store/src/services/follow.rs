@@ -1,8 +1,8 @@
 //! The warm standby store: a [`Follower`] keeps a directory of its own (page file and master
-//! record, the layout [`crate::Store`] opens) current by replaying a standby daemon's copy of
+//! record, the layout `Store` opens) current by replaying a standby daemon's copy of
 //! the store's log (`DIR/logs/NAME`, mirrored byte for byte from the primary) onto its page
 //! images, with the decoupled cleaner's replay (`cleaner::Replay`, the same `redo`). After a
-//! promotion, [`crate::Store::open_on_daemon`] on that directory and the promoted daemon
+//! promotion, `Store::open_on_daemon` on that directory and the promoted daemon
 //! analyses from the last checkpoint the follower passed and redoes only what it had not
 //! applied: the pages are current and the (instant) restart short.
 //!
@@ -43,11 +43,11 @@
 //!   (after a promotion). It refuses a directory that has a master record or pages but no
 //!   progress file: that is a store's directory, whose images it cannot vouch for.
 
-use crate::checkpoint::{Master, MasterSlots, Sealed};
-use crate::cleaner::Replay;
+use crate::access::pagefile::PageFile;
 use crate::error::{Error, Result};
 use crate::format::{LogBody, LogRecord, RecordError};
-use crate::pagefile::PageFile;
+use crate::recovery::master::{Master, MasterSlots, Sealed};
+use crate::services::cleaner::Replay;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -103,7 +103,7 @@ pub struct Follower {
     storage: Arc<dyn Storage>,
     file: PageFile,
     /// Images with every change up to `applied` (or newer), kept between rounds.
-    cache: crate::image_cache::ImageCache,
+    cache: crate::services::image_cache::ImageCache,
     applied: Lsn,
     /// The master record's slots; the newest names the last checkpoint passed.
     master: MasterSlots,
@@ -143,7 +143,7 @@ impl Follower {
         storage.create_dir_all(dir)?;
         let applied = read_progress(storage.as_ref(), dir)?;
         let (master_slots, master) = MasterSlots::open(storage.as_ref(), dir)?;
-        let file = crate::pagefile::open_in(storage.as_ref(), dir)?;
+        let file = crate::access::pagefile::open_in(storage.as_ref(), dir)?;
         let applied = match applied {
             Some(applied) => applied,
             None if master.is_none() && file.len()? == 0 => {
@@ -181,7 +181,7 @@ impl Follower {
             agreement,
             storage,
             file: PageFile::new(file, true),
-            cache: crate::image_cache::ImageCache::default(),
+            cache: crate::services::image_cache::ImageCache::default(),
             applied,
             master: master_slots,
             point: None,
@@ -291,31 +291,9 @@ impl Follower {
                     self.log_dir.display()
                 )));
             }
-            let record: LogRecord =
-                available
-                    .codec
-                    .decode(payload)
-                    .map_err(|e| Error::BadLogRecord {
-                        lsn: *lsn,
-                        source: RecordError::Decode(e.to_string()),
-                    })?;
-            record
-                .validate()
-                .map_err(|source| Error::BadLogRecord { lsn: *lsn, source })?;
+            let record = decode_record(available.codec, *lsn, payload)?;
             replay.apply(*lsn, &record)?;
-            match record.body {
-                LogBody::CheckpointEnd { begin, .. } => {
-                    checkpoint = Some(Master::full(begin, *lsn));
-                }
-                LogBody::CheckpointDelta { begin, root, .. } => {
-                    checkpoint = Some(Master {
-                        begin,
-                        end: *lsn,
-                        root,
-                    });
-                }
-                _ => {}
-            }
+            checkpoint = checkpoint_ended_by(*lsn, &record).or(checkpoint);
             expected = expected.next();
         }
         let to = Lsn::new(expected.get() - 1);
@@ -395,7 +373,7 @@ impl Follower {
 /// crash's doing); I/O errors.
 pub(crate) fn read_progress(storage: &dyn Storage, dir: &Path) -> Result<Option<Lsn>> {
     let path = dir.join(PROGRESS_FILE);
-    let bytes = match crate::checkpoint::read_sealed(storage, &path, PROGRESS_LEN - 4)? {
+    let bytes = match crate::recovery::master::read_sealed(storage, &path, PROGRESS_LEN - 4)? {
         Sealed::Absent => return Ok(None),
         Sealed::Damaged => {
             return Err(Error::Follow(format!(
@@ -427,4 +405,29 @@ fn write_progress(storage: &dyn Storage, dir: &Path, applied: Lsn) -> Result<()>
     storage.rename(&temporary, &dir.join(PROGRESS_FILE))?;
     storage.sync_dir(dir)?;
     Ok(())
+}
+
+/// A record of the followed log, decoded and checked as the store's.
+fn decode_record(codec: stela_wal::Codec, lsn: Lsn, payload: &[u8]) -> Result<LogRecord> {
+    let record: LogRecord = codec.decode(payload).map_err(|e| Error::BadLogRecord {
+        lsn,
+        source: RecordError::Decode(e.to_string()),
+    })?;
+    record
+        .validate()
+        .map_err(|source| Error::BadLogRecord { lsn, source })?;
+    Ok(record)
+}
+
+/// The checkpoint the end record at `lsn` completes, if it is one.
+fn checkpoint_ended_by(lsn: Lsn, record: &LogRecord) -> Option<Master> {
+    match record.body {
+        LogBody::CheckpointEnd { begin, .. } => Some(Master::full(begin, lsn)),
+        LogBody::CheckpointDelta { begin, root, .. } => Some(Master {
+            begin,
+            end: lsn,
+            root,
+        }),
+        _ => None,
+    }
 }

@@ -26,29 +26,22 @@
 //! rebuilt from its history up to the clean LSN (`repair`) and the round goes on; without an
 //! archive that is an error.
 
-use crate::archive::LogArchive;
-use crate::btree::Engine;
+use crate::access::btree::Engine;
+use crate::access::pagefile::PageFile;
+use crate::access::redo::redo;
 use crate::error::{Error, Result};
+use crate::format::page::{Page, PageId};
 use crate::format::LogRecord;
-use crate::image_cache::{ImageCache, Taken};
+use crate::log::archive::LogArchive;
+use crate::log::tail::{LogTail, RecordBuffer};
 use crate::log::LogDevice;
-use crate::page::{Page, PageId};
-use crate::pagefile::PageFile;
-use crate::redo::redo;
+use crate::services::image_cache::{ImageCache, Taken};
 use crate::sync::AtomicU64;
-use crate::tail::{LogTail, RecordBuffer};
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use stela_format::Lsn;
-
-/// Which page cleaner a store runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CleanerKind {
-    Classical,
-    Decoupled,
-}
 
 /// What one cleaning round did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -303,7 +296,7 @@ fn stored_image(
         (Ok(image), _) => Ok((image, false)),
         (Err(damage), Some((archive, log))) => {
             tracing::warn!(page = id, %damage, "the cleaner rebuilds a damaged page");
-            let image = crate::repair::rebuild_damaged(id, clean, archive, log)?;
+            let image = crate::access::repair::rebuild_damaged(id, clean, archive, log)?;
             Ok((image, true))
         }
         (Err(source), None) => Err(Error::Corrupt { page: id, source }),

@@ -15,7 +15,7 @@
 //! change of its page up to the clean LSN of the round that put it there; an image is taken out
 //! for a round and put back after it, so none is used by two rounds at once.
 
-use crate::page::{Page, PageId};
+use crate::format::page::{Page, PageId};
 use std::collections::{HashMap, VecDeque};
 
 /// Most images kept (8 KiB each): 64 MiB.

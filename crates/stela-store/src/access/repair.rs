@@ -21,12 +21,12 @@
 //! it is read back and rebuilt, or written at close; while in it, its stored image may lack the
 //! changes from its `rec_lsn` on, and all of them are durable in the log or the archive.
 
-use crate::archive::LogArchive;
+use crate::access::pagefile::PageFile;
 use crate::error::{Error, Result};
+use crate::format::page::{Page, PageError, PageId};
 use crate::format::DirtyPage;
+use crate::log::archive::LogArchive;
 use crate::log::LogDevice;
-use crate::page::{Page, PageError, PageId};
-use crate::pagefile::PageFile;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use stela_format::Lsn;
@@ -206,7 +206,7 @@ pub fn rebuild(
         let mut page = base.clone();
         let (history, archived) = archive.page_history(id, page.lsn)?;
         for (lsn, record) in history.iter().take_while(|(lsn, _)| *lsn <= upto) {
-            crate::redo::redo(id, &mut page, *lsn, record)?;
+            crate::access::redo::redo(id, &mut page, *lsn, record)?;
         }
         let from = archived.max(page.lsn).next();
         let mut first_seen = None;
@@ -217,7 +217,7 @@ pub fn rebuild(
             }
             first_seen.get_or_insert(lsn);
             if record.pages().any(|(p, _)| p == id) {
-                crate::redo::redo(id, &mut page, lsn, &record)?;
+                crate::access::redo::redo(id, &mut page, lsn, &record)?;
             }
         }
         // The log starts after `from` only if it was truncated behind an archive that grew
@@ -227,7 +227,7 @@ pub fn rebuild(
                 if attempt >= ATTEMPTS {
                     return Err(Error::Archive {
                         path: archive.dir().to_path_buf(),
-                        source: crate::archive_format::RunError::Gap {
+                        source: crate::format::RunError::Gap {
                             archived,
                             next: first,
                         },

@@ -25,7 +25,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::LogRecord;
-use crate::log::{LogDevice, RecordIter};
+use crate::log::device::{LogDevice, RecordIter, TYPE_TAG};
 use std::sync::atomic::{AtomicU64, Ordering};
 use stela_client::{Durability, Lsn, Wal, WalOptions};
 
@@ -64,7 +64,7 @@ impl DaemonLog {
         // daemon (or the new primary) holds it.
         let mut options = options.reconnect_within(std::time::Duration::ZERO);
         if options.type_tag.is_none() {
-            options = options.type_tag(crate::log::TYPE_TAG);
+            options = options.type_tag(TYPE_TAG);
         }
         let wal: Wal<LogRecord> = Wal::open(address, name, options)?;
         let positions = wal.positions()?;

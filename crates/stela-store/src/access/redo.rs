@@ -21,8 +21,8 @@
 //!   backup, so prunes nothing, while any page is pending.
 
 use crate::error::{Error, Result};
+use crate::format::page::{Node, Page, PageError, PageId};
 use crate::format::{DirtyPage, LogBody, LogRecord};
-use crate::page::{Node, Page, PageError, PageId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use stela_format::Lsn;

@@ -16,9 +16,9 @@
 //! [`PageFile::write`] only once the log is durable up to `L`.
 
 use crate::error::Result;
+use crate::format::page::{self, Page, PageError, PageId, PAGE_SIZE};
 use crate::format::{LogBody, LogRecord, SYSTEM_TXN};
 use crate::log::LogDevice;
-use crate::page::{self, Page, PageError, PageId, PAGE_SIZE};
 use crate::sync::{AtomicU64, Mutex};
 use std::collections::HashMap;
 use std::path::Path;
@@ -182,7 +182,12 @@ impl PageFile {
         // between (loom's threads may share a thread-local).
         ENCODED.with_borrow_mut(|image| -> Result<()> {
             page::encode_into(id, page, image)
-                .map_err(|source| crate::Error::Corrupt { page: id, source })?;
+                .map_err(|source| crate::error::Error::Corrupt { page: id, source })?;
+            // What reaches the file is the image given: it decodes back to the same page.
+            debug_assert!(
+                page::decode(id, &image[..]).is_ok_and(|decoded| decoded == *page),
+                "page {id} does not decode to the image written"
+            );
             Ok(self.file.write_all_at(&image[..], id * PAGE_SIZE as u64)?)
         })?;
         written.insert(id, page.lsn);

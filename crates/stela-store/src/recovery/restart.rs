@@ -41,13 +41,13 @@
 //! loser's records from the analysed part of the log when it has them, and follows the
 //! transaction's chain into the older log for the rest.
 
-use crate::analysis::Analysis;
-use crate::btree::Engine;
-use crate::checkpoint::Master;
+use crate::access::btree::Engine;
+use crate::access::redo::{redo, PendingRedo};
 use crate::error::{Error, Result};
 use crate::format::{CheckpointTables, LogBody, LogRecord, RecordError, TableChanges, TxnId};
 use crate::log::read_one;
-use crate::redo::{redo, PendingRedo};
+use crate::recovery::analysis::Analysis;
+use crate::recovery::master::Master;
 use std::collections::HashMap;
 use std::sync::Arc;
 use stela_format::Lsn;
@@ -82,6 +82,21 @@ pub struct RestartReport {
     /// A standby follower's directory: every change up to this LSN was in its page images
     /// (zero, too, for an empty page file opened on a log that has records).
     pub followed_to: Option<Lsn>,
+}
+
+/// Restart work an instant restart has not done yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryPending {
+    /// Pages whose redo is still pending (not read since the restart).
+    pub pages: usize,
+    /// Losers not rolled back yet.
+    pub losers: usize,
+}
+
+impl RecoveryPending {
+    pub fn is_done(&self) -> bool {
+        self.pages == 0 && self.losers == 0
+    }
 }
 
 /// Rolls back `txn`, whose last record is `last_lsn`, finding its records with `lookup`.
@@ -171,7 +186,7 @@ pub(crate) struct Loser {
 impl Loser {
     /// The pages its records name: where its rollback will most likely read (a split may
     /// have moved a key since).
-    pub fn pages(&self) -> std::collections::BTreeSet<crate::page::PageId> {
+    pub fn pages(&self) -> std::collections::BTreeSet<crate::format::page::PageId> {
         self.records
             .values()
             .flat_map(|record| record.pages())
@@ -206,113 +221,14 @@ pub(crate) fn restart(
     };
     let log = std::sync::Arc::clone(&engine.log);
     let started = std::time::Instant::now();
-
-    // Analysis: from the checkpoint's tables (or none), every record from its begin on. The
-    // end record, which carries the tables, is among those records: it is read once, in the
-    // same pass (a checkpoint of a 1 GB dirty set carries 131,072 dirty pages, and decoding
-    // them twice cost restart tens of milliseconds). The records between begin and end wait
-    // for the tables, then go through analysis in order.
-    //
-    // A checkpoint logged as a delta (`CheckpointDelta`) has its tables composed first: the
-    // log is read from its chain's full checkpoint (`Master::root`), whose tables each delta
-    // of the chain then changes in LSN order. Other records before the begin record are read
-    // but not analysed (the tables at the begin record already account for them); undo and
-    // instant redo keep them as they keep the analysed ones.
-    let start = master.map_or(Lsn::FIRST, |master| master.begin.min(master.root));
-    let mut tables_pending = master.map(|master| master.end);
-    let mut chain = ChainTables::default();
-    let mut waiting_for_tables: Vec<(Lsn, LogRecord)> = Vec::new();
-    let mut analysis = Analysis::default();
-    let analyse = |analysis: &mut Analysis, lsn: Lsn, record: &LogRecord| {
-        let foreign_write = matches!(record.body, LogBody::PagesWritten { .. })
-            && followed_to.is_some_and(|followed| lsn > followed);
-        if foreign_write {
-            analysis.applied_to = analysis.applied_to.max(lsn);
-        } else {
-            analysis.apply(lsn, record);
-        }
-    };
-    // The records of transactions still running, for undo without rereading them.
-    let mut undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>> = HashMap::new();
-    // Instant: the page-changing records analysed, kept so that building the pending redo
-    // does not read them again (which ones are pending is known only at the end).
-    let mut analysed_changes: Vec<(Lsn, Arc<LogRecord>)> = Vec::new();
-    for item in log.read_from(start)? {
-        let (lsn, mut record) = item?;
-        if report.records_analyzed == 0 && lsn != start {
-            // The log was truncated behind a checkpoint whose master record is now lost:
-            // analysis from a later record would miss pages and transactions.
-            return Err(Error::BadLogRecord {
-                lsn: start,
-                source: RecordError::Invalid("the log starts after where analysis must start"),
-            });
-        }
-        report.records_analyzed += 1;
-        if let Some(master) = master.filter(|master| lsn < master.begin) {
-            // Before the begin record of a delta: its chain. The record is kept for undo and
-            // instant redo below, like those analysed.
-            chain.read(master, lsn, &mut record)?;
-        } else {
-            match tables_pending {
-                Some(end) if lsn < end => {
-                    waiting_for_tables.push((lsn, record.clone()));
-                }
-                Some(end) => {
-                    let master = master.expect("tables are pending only with a master record");
-                    if lsn != end {
-                        return Err(no_checkpoint_end(end));
-                    }
-                    let tables = match &mut record.body {
-                        LogBody::CheckpointEnd { begin, tables, .. } if *begin == master.begin => {
-                            std::mem::take(tables)
-                        }
-                        LogBody::CheckpointDelta {
-                            begin,
-                            base,
-                            root,
-                            changes,
-                        } if *begin == master.begin && *root == master.root => {
-                            chain.extend(lsn, *base, changes)?;
-                            chain
-                                .composed
-                                .take()
-                                .ok_or_else(|| no_checkpoint_end(master.root))?
-                        }
-                        _ => return Err(no_checkpoint_end(end)),
-                    };
-                    report.checkpoint = Some(master.begin);
-                    analysis = Analysis::from_tables(&tables);
-                    tables_pending = None;
-                    for (lsn, record) in waiting_for_tables.drain(..) {
-                        analyse(&mut analysis, lsn, &record);
-                    }
-                    analyse(&mut analysis, lsn, &record);
-                }
-                None => analyse(&mut analysis, lsn, &record),
-            }
-        }
-        match record.body {
-            LogBody::Commit | LogBody::Aborted => {
-                undo_records.remove(&record.txn);
-            }
-            LogBody::Write { .. } | LogBody::Compensate { .. } => {
-                if mode == RestartMode::Instant {
-                    analysed_changes.push((lsn, Arc::new(record.clone())));
-                }
-                undo_records
-                    .entry(record.txn)
-                    .or_default()
-                    .insert(lsn, record);
-            }
-            LogBody::Structure { .. } if mode == RestartMode::Instant => {
-                analysed_changes.push((lsn, Arc::new(record)));
-            }
-            _ => {}
-        }
-    }
-    if let Some(end) = tables_pending {
-        return Err(no_checkpoint_end(end));
-    }
+    let scan = analyse_log(log.as_ref(), master, followed_to, mode, &mut report)?;
+    let LogScan {
+        start,
+        mut analysis,
+        mut undo_records,
+        analysed_changes,
+        ..
+    } = scan;
     if let Some(followed) = followed_to {
         analysis.images_hold_up_to(followed);
     }
@@ -363,6 +279,176 @@ pub(crate) fn restart(
                 analysis,
                 losers,
             })
+        }
+    }
+}
+
+/// Restart's one pass over the log, and what it keeps of it.
+///
+/// Analysis: from the checkpoint's tables (or none), every record from its begin on. The end
+/// record, which carries the tables, is among those records: it is read once, in the same pass
+/// (a checkpoint of a 1 GB dirty set carries 131,072 dirty pages, and decoding them twice cost
+/// restart tens of milliseconds). The records between begin and end wait for the tables, then
+/// go through analysis in order.
+///
+/// A checkpoint logged as a delta (`CheckpointDelta`) has its tables composed first: the log is
+/// read from its chain's full checkpoint (`Master::root`), whose tables each delta of the chain
+/// then changes in LSN order. Other records before the begin record are read but not analysed
+/// (the tables at the begin record already account for them); undo and instant redo keep them
+/// as they keep the analysed ones.
+struct LogScan {
+    master: Option<Master>,
+    followed_to: Option<Lsn>,
+    mode: RestartMode,
+    /// Where the pass starts: the chain's root or the checkpoint's begin record.
+    start: Lsn,
+    /// The end record whose tables analysis still waits for.
+    tables_pending: Option<Lsn>,
+    chain: ChainTables,
+    waiting_for_tables: Vec<(Lsn, LogRecord)>,
+    analysis: Analysis,
+    /// The records of transactions still running, for undo without rereading them.
+    undo_records: HashMap<TxnId, HashMap<Lsn, LogRecord>>,
+    /// Instant: the page-changing records analysed, kept so that building the pending redo
+    /// does not read them again (which ones are pending is known only at the end).
+    analysed_changes: Vec<(Lsn, Arc<LogRecord>)>,
+}
+
+/// Reads the log once from where `master` says analysis starts; see [`LogScan`].
+fn analyse_log(
+    log: &dyn crate::log::LogDevice,
+    master: Option<Master>,
+    followed_to: Option<Lsn>,
+    mode: RestartMode,
+    report: &mut RestartReport,
+) -> Result<LogScan> {
+    let start = master.map_or(Lsn::FIRST, |master| master.begin.min(master.root));
+    let mut scan = LogScan {
+        master,
+        followed_to,
+        mode,
+        start,
+        tables_pending: master.map(|master| master.end),
+        chain: ChainTables::default(),
+        waiting_for_tables: Vec::new(),
+        analysis: Analysis::default(),
+        undo_records: HashMap::new(),
+        analysed_changes: Vec::new(),
+    };
+    for item in log.read_from(start)? {
+        let (lsn, record) = item?;
+        if report.records_analyzed == 0 && lsn != start {
+            // The log was truncated behind a checkpoint whose master record is now lost:
+            // analysis from a later record would miss pages and transactions.
+            return Err(Error::BadLogRecord {
+                lsn: start,
+                source: RecordError::Invalid("the log starts after where analysis must start"),
+            });
+        }
+        report.records_analyzed += 1;
+        scan.read(lsn, record, report)?;
+    }
+    if let Some(end) = scan.tables_pending {
+        return Err(no_checkpoint_end(end));
+    }
+    Ok(scan)
+}
+
+impl LogScan {
+    /// Takes the record at `lsn` through analysis (or the chain, or the wait for the tables),
+    /// then keeps it for undo and instant redo.
+    fn read(&mut self, lsn: Lsn, mut record: LogRecord, report: &mut RestartReport) -> Result<()> {
+        if let Some(master) = self.master.filter(|master| lsn < master.begin) {
+            // Before the begin record of a delta: its chain. The record is kept for undo and
+            // instant redo below, like those analysed.
+            self.chain.read(master, lsn, &mut record)?;
+        } else {
+            match self.tables_pending {
+                Some(end) if lsn < end => {
+                    self.waiting_for_tables.push((lsn, record.clone()));
+                }
+                Some(end) => {
+                    let master = self
+                        .master
+                        .expect("tables are pending only with a master record");
+                    if lsn != end {
+                        return Err(no_checkpoint_end(end));
+                    }
+                    let tables = self.take_tables(master, lsn, end, &mut record)?;
+                    report.checkpoint = Some(master.begin);
+                    self.analysis = Analysis::from_tables(&tables);
+                    self.tables_pending = None;
+                    for (lsn, record) in std::mem::take(&mut self.waiting_for_tables) {
+                        self.analyse(lsn, &record);
+                    }
+                    self.analyse(lsn, &record);
+                }
+                None => self.analyse(lsn, &record),
+            }
+        }
+        self.keep(lsn, record);
+        Ok(())
+    }
+
+    /// The tables of the checkpoint's end record at `lsn` (a full one, or a delta composed
+    /// with its chain), taken out of the record.
+    fn take_tables(
+        &mut self,
+        master: Master,
+        lsn: Lsn,
+        end: Lsn,
+        record: &mut LogRecord,
+    ) -> Result<CheckpointTables> {
+        match &mut record.body {
+            LogBody::CheckpointEnd { begin, tables, .. } if *begin == master.begin => {
+                Ok(std::mem::take(tables))
+            }
+            LogBody::CheckpointDelta {
+                begin,
+                base,
+                root,
+                changes,
+            } if *begin == master.begin && *root == master.root => {
+                self.chain.extend(lsn, *base, changes)?;
+                self.chain
+                    .composed
+                    .take()
+                    .ok_or_else(|| no_checkpoint_end(master.root))
+            }
+            _ => Err(no_checkpoint_end(end)),
+        }
+    }
+
+    fn analyse(&mut self, lsn: Lsn, record: &LogRecord) {
+        let foreign_write = matches!(record.body, LogBody::PagesWritten { .. })
+            && self.followed_to.is_some_and(|followed| lsn > followed);
+        if foreign_write {
+            self.analysis.applied_to = self.analysis.applied_to.max(lsn);
+        } else {
+            self.analysis.apply(lsn, record);
+        }
+    }
+
+    /// Keeps a running transaction's records for undo, and (instant) page changes for redo.
+    fn keep(&mut self, lsn: Lsn, record: LogRecord) {
+        let instant = self.mode == RestartMode::Instant;
+        match record.body {
+            LogBody::Commit | LogBody::Aborted => {
+                self.undo_records.remove(&record.txn);
+            }
+            LogBody::Write { .. } | LogBody::Compensate { .. } => {
+                if instant {
+                    self.analysed_changes.push((lsn, Arc::new(record.clone())));
+                }
+                self.undo_records
+                    .entry(record.txn)
+                    .or_default()
+                    .insert(lsn, record);
+            }
+            LogBody::Structure { .. } if instant => {
+                self.analysed_changes.push((lsn, Arc::new(record)));
+            }
+            _ => {}
         }
     }
 }
