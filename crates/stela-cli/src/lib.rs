@@ -23,6 +23,7 @@ pub mod exit;
 pub mod latency;
 pub mod logs_cmd;
 pub mod mount_cmd;
+pub mod run_cmd;
 pub mod service;
 pub mod store_cmd;
 
@@ -100,6 +101,11 @@ pub enum Command {
     /// a mount's log, so that after a promotion `stela mount` on it starts at once. Runs until
     /// SIGTERM or SIGINT (then applies what is readable, writes its snapshot and exits).
     MountFollow(mount_cmd::FollowArgs),
+    /// Run a program with its files under --durable directories made durable through the
+    /// daemon, without FUSE: a preload library logs every write and answers their fsyncs at
+    /// the level. Replays the log onto the files first; stays until every process of the
+    /// program has exited, syncing the files and truncating the log behind them.
+    Run(run_cmd::RunArgs),
     /// On a standby node: keep a stela-store directory current from the standby daemon's copy
     /// of the store's log, so that after a promotion the store opened on it has little to redo.
     /// Runs until SIGTERM or SIGINT (then applies what is readable and exits).
@@ -191,6 +197,7 @@ where
             | Command::Mount(_)
             | Command::MountFollow(_)
             | Command::StoreFollow(_)
+            | Command::Run(_)
     ) {
         "info"
     } else {
@@ -484,6 +491,7 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             store_cmd::follow(args, out)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Run(args) => Ok(ExitCode::from(run_cmd::run(args)?.clamp(0, 255) as u8)),
     }
 }
 
