@@ -8,6 +8,10 @@
 //! - A change is logged only after it was performed on the file; the caller returns the
 //!   program an error (EIO) when the daemon did not take its record, so the program never
 //!   counts on a change the log may lack.
+//! - Fail stop: once a record was not taken or a commit failed, every later change and sync of
+//!   a durable file in this process (and its children) fails with EIO. The file holds a change
+//!   the log may lack; a later sync that succeeded would vouch for it. PostgreSQL PANICs on the
+//!   first EIO and restarts from its postmaster, whose fresh children open new connections.
 
 use parking_lot::Mutex;
 use serde_bytes::ByteBuf;
@@ -28,6 +32,8 @@ static CONN: AtomicPtr<Conn> = AtomicPtr::new(std::ptr::null_mut());
 /// Held while a connection is being opened, so two threads do not open two.
 static OPENING: Mutex<()> = Mutex::new(());
 static REPORTED: AtomicBool = AtomicBool::new(false);
+/// A record was not taken or a commit failed in this process (see the module's fail stop).
+static FAILED: AtomicBool = AtomicBool::new(false);
 
 /// The settings `stela run` gave this process; `None` outside `stela run` (then every hook
 /// only passes its call on).
@@ -54,6 +60,11 @@ fn open() -> io::Result<&'static Conn> {
 }
 
 fn conn() -> io::Result<&'static Conn> {
+    if FAILED.load(Ordering::Acquire) {
+        return Err(io::Error::other(
+            "an earlier change or sync of a durable file failed in this process",
+        ));
+    }
     let current = CONN.load(Ordering::Acquire);
     if current.is_null() {
         return open();
@@ -64,6 +75,7 @@ fn conn() -> io::Result<&'static Conn> {
 
 /// Says once on standard error why durable changes fail, then returns EIO for the caller.
 fn failed(what: &str, error: impl std::fmt::Display) -> io::Error {
+    FAILED.store(true, Ordering::Release);
     if !REPORTED.swap(true, Ordering::AcqRel) {
         eprintln!("stela run (pid {}): {what}: {error}", std::process::id());
     }
@@ -114,6 +126,9 @@ pub fn write_records(path: &[u8], offset: u64, data: &[u8]) -> io::Result<Vec<Ru
 pub fn sync() -> io::Result<()> {
     let level = settings().map_or(Durability::Buffered, |s| s.level);
     if matches!(level, Durability::Buffered | Durability::Unsafe) {
+        if FAILED.load(Ordering::Acquire) {
+            return Err(failed("syncing", "an earlier change failed to be logged"));
+        }
         return Ok(());
     }
     let conn = conn().map_err(|e| failed("opening the log", e))?;
