@@ -77,7 +77,8 @@ fn a_start_after_a_crash_replays_lost_writes_onto_the_renamed_file() {
     // renames, writes a file and removes it, and fsyncs through a descriptor opened O_DSYNC.
     let script = format!(
         "kill -9 $PPID; printf hello > {d}/a; printf ' world' >> {d}/a; mv {d}/a {d}/b; \
-         printf gone > {d}/c; rm {d}/c; touch {done}",
+         printf gone > {d}/c; rm {d}/c; dd if=/dev/urandom of={d}/big bs=3000000 count=1 iflag=fullblock status=none; \
+         touch {done}",
         done = done.display()
     );
     let mut args = run_args(&daemon, d, "disk", "3600000");
@@ -93,9 +94,13 @@ fn a_start_after_a_crash_replays_lost_writes_onto_the_renamed_file() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(fs::read_to_string(data.join("b")).unwrap(), "hello world");
-    // The page cache lost: the file is there (names are durable before they are logged),
-    // its bytes are not.
+    // A write of megabytes at once (logged as several appends).
+    let big = fs::read(data.join("big")).unwrap();
+    assert_eq!(big.len(), 3_000_000);
+    // The page cache lost: the files are there (names are durable before they are logged),
+    // their bytes are not.
     fs::write(data.join("b"), "").unwrap();
+    fs::write(data.join("big"), "").unwrap();
     let out = Command::new(STELA)
         .args(run_args(&daemon, d, "disk", "3600000"))
         .args(["cat", data.join("b").to_str().unwrap()])
@@ -107,6 +112,10 @@ fn a_start_after_a_crash_replays_lost_writes_onto_the_renamed_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello world");
+    assert!(
+        fs::read(data.join("big")).unwrap() == big,
+        "the large write was not replayed"
+    );
     assert!(!data.join("a").exists() && !data.join("c").exists());
 }
 

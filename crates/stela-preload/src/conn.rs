@@ -52,7 +52,10 @@ fn open() -> io::Result<&'static Conn> {
     }
     let settings = settings().ok_or_else(|| io::Error::other("not under stela run"))?;
     let wal = stela_run::open_log(settings).map_err(io::Error::other)?;
-    let chunk = wal.max_record_bytes().saturating_sub(4096).max(4096);
+    let chunk = wal
+        .max_record_bytes()
+        .saturating_sub(4096)
+        .clamp(4096, APPEND_BYTES - 4096);
     let conn = Box::into_raw(Box::new(Conn { wal, chunk }));
     CONN.store(conn, Ordering::Release);
     // SAFETY: just leaked; lives for the rest of the process.
@@ -82,17 +85,43 @@ fn failed(what: &str, error: impl std::fmt::Display) -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }
 
-/// Logs `records`; with `durable`, returns once they are at the level (an O_DSYNC write).
+/// Bytes of records sent in one append: a large write (PostgreSQL writes megabytes of WAL at
+/// once under COPY) goes as several appends, each of which fits the ring and a request frame.
+const APPEND_BYTES: usize = 256 << 10;
+
+fn record_bytes(record: &RunRecord) -> usize {
+    match record {
+        RunRecord::Write { path, data, .. } => path.len() + data.len(),
+        RunRecord::Rename { from, to } => from.len() + to.len(),
+        RunRecord::Zeros { path, .. }
+        | RunRecord::SetLen { path, .. }
+        | RunRecord::Create { path, .. }
+        | RunRecord::Remove { path } => path.len(),
+    }
+}
+
+/// Logs `records` in order; with `durable`, returns once they are at the level (an O_DSYNC
+/// write: the last append waits for the level, which covers the ones before it).
 pub fn log(records: &[RunRecord], durable: bool) -> io::Result<()> {
     let conn = conn().map_err(|e| failed("opening the log", e))?;
-    let appended = if durable {
-        conn.wal.append_batch_durable(records)
-    } else {
-        conn.wal.append_batch(records)
-    };
-    appended
-        .map(drop)
-        .map_err(|e| failed("logging a change", e))
+    let mut start = 0;
+    while start < records.len() {
+        let mut end = start + 1;
+        let mut bytes = record_bytes(&records[start]);
+        while end < records.len() && bytes + record_bytes(&records[end]) <= APPEND_BYTES {
+            bytes += record_bytes(&records[end]);
+            end += 1;
+        }
+        let group = &records[start..end];
+        let appended = if durable && end == records.len() {
+            conn.wal.append_batch_durable(group)
+        } else {
+            conn.wal.append_batch(group)
+        };
+        appended.map_err(|e| failed("logging a change", e))?;
+        start = end;
+    }
+    Ok(())
 }
 
 /// The records of `data` written at `offset` of `path`: pieces the daemon takes, a piece of
