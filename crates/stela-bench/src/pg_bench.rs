@@ -33,12 +33,13 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args, Debug)]
 pub struct PgBenchArgs {
     /// Modes, comma-separated: native-sync, native-async, fuse-floor, bindfs-floor (needs
-    /// bindfs), stela-wal-buffered, stela-wal-disk, stela-pgdata-buffered,
-    /// stela-pgdata-replicated (not in the default list: it starts a standby daemon too).
+    /// bindfs), stela-wal-buffered, stela-wal-disk, stela-pgdata-buffered, stela-run-buffered,
+    /// stela-run-disk (pg_wal durable through `stela run`, no FUSE), stela-pgdata-replicated
+    /// (not in the default list: it starts a standby daemon too).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "native-sync,native-async,fuse-floor,stela-wal-buffered,stela-wal-disk,stela-pgdata-buffered"
+        default_value = "native-sync,native-async,fuse-floor,stela-wal-buffered,stela-wal-disk,stela-pgdata-buffered,stela-run-buffered,stela-run-disk"
     )]
     pub modes: Vec<String>,
     /// pgbench client counts.
@@ -80,7 +81,7 @@ pub struct PgBenchArgs {
     pub mount_flags: String,
 }
 
-const MODES: [&str; 8] = [
+const MODES: [&str; 10] = [
     "native-sync",
     "native-async",
     "fuse-floor",
@@ -89,7 +90,18 @@ const MODES: [&str; 8] = [
     "stela-wal-disk",
     "stela-pgdata-buffered",
     "stela-pgdata-replicated",
+    "stela-run-buffered",
+    "stela-run-disk",
 ];
+
+/// How a cluster's server is started: by pg_ctl alone, or under `stela run` with its WAL
+/// directory durable through the daemon.
+struct UnderRun<'a> {
+    stela: &'a Path,
+    socket: &'a Path,
+    waldir: &'a Path,
+    level: &'a str,
+}
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PgRow {
@@ -330,12 +342,15 @@ impl Drop for FloorMount {
     }
 }
 
-/// A PostgreSQL cluster started with pg_ctl; stopped when dropped.
+/// A PostgreSQL cluster started with pg_ctl (under `stela run`, if `run` is set); stopped
+/// when dropped.
 struct Cluster {
     bin: PathBuf,
     data: PathBuf,
     port: u16,
     sockets: PathBuf,
+    /// The `stela run` process the server runs under (it exits after the server).
+    run: Option<std::process::Child>,
 }
 
 impl Cluster {
@@ -345,6 +360,7 @@ impl Cluster {
         waldir: Option<&Path>,
         port: u16,
         sockets: &Path,
+        under_run: Option<UnderRun<'_>>,
     ) -> anyhow::Result<Cluster> {
         let mut args = vec![
             "-D".to_owned(),
@@ -368,13 +384,18 @@ impl Cluster {
              wal_init_zero = off\nsynchronous_commit = on\nshared_buffers = 128MB\nmax_connections = 100",
             sockets.display()
         )?;
-        let cluster = Cluster {
+        let mut cluster = Cluster {
             bin: bin.to_owned(),
             data: data.to_owned(),
             port,
             sockets: sockets.to_owned(),
+            run: None,
         };
         let log = data.with_extension("log");
+        if let Some(under) = under_run {
+            cluster.start_under_run(&under, &log)?;
+            return Ok(cluster);
+        }
         as_postgres(
             &bin.join("pg_ctl"),
             &[
@@ -388,6 +409,67 @@ impl Cluster {
             &[],
         )?;
         Ok(cluster)
+    }
+
+    /// `stela run --durable WALDIR --level L -- runuser -u postgres -- pg_ctl start -w`:
+    /// returns once pg_ctl has (the server stays, under `stela run`).
+    fn start_under_run(&mut self, under: &UnderRun<'_>, log: &Path) -> anyhow::Result<()> {
+        let output = std::fs::File::create(log.with_extension("run.log"))?;
+        let mut child = Command::new(under.stela)
+            .arg("run")
+            .arg("--socket")
+            .arg(under.socket)
+            .arg("--durable")
+            .arg(under.waldir)
+            .args([
+                "--level",
+                under.level,
+                "--",
+                "runuser",
+                "-u",
+                "postgres",
+                "--",
+            ])
+            .arg(self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .arg("-l")
+            .arg(log)
+            .args(["-w", "start"])
+            .stdin(Stdio::null())
+            .stdout(output.try_clone()?)
+            .stderr(output)
+            .spawn()
+            .context("starting stela run")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let ready = || {
+            as_postgres(
+                &self.bin.join("pg_isready"),
+                &[
+                    "-h",
+                    &self.sockets.display().to_string(),
+                    "-p",
+                    &self.port.to_string(),
+                ],
+                &[],
+            )
+            .is_ok()
+        };
+        while !ready() {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "stela run exited with {status} before PostgreSQL answered; see {}",
+                    log.with_extension("run.log").display()
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("PostgreSQL under stela run did not answer within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.run = Some(child);
+        Ok(())
     }
 
     fn pgbench(&self, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<String> {
@@ -417,6 +499,10 @@ impl Drop for Cluster {
             ],
             &[],
         );
+        // `stela run` exits once the server's last process has; its last sync included.
+        if let Some(mut run) = self.run.take() {
+            let _ = run.wait();
+        }
     }
 }
 
@@ -513,7 +599,14 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
 
     // Declared in this order so they drop in reverse: clusters, then mounts, then the daemon.
     let daemon_dir = base.join("daemon");
-    let _daemon = start_daemon(&stela, &daemon_dir, &args.daemon_flags, &[], &base)?;
+    // Under `stela run` PostgreSQL's own processes (the postgres user) reach the daemon.
+    let run_modes = wants("stela-run-buffered") || wants("stela-run-disk");
+    let open_socket: &[&str] = if run_modes {
+        &["--socket-mode", "666"]
+    } else {
+        &[]
+    };
+    let _daemon = start_daemon(&stela, &daemon_dir, &args.daemon_flags, open_socket, &base)?;
     let socket = daemon_dir.join("stela.sock");
     // `stela-pgdata-replicated` gets a pair of its own (a daemon with a standby ships every log
     // it holds): the standby on loopback, declared first so that it outlives its primary.
@@ -553,7 +646,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
         chown_postgres(&data)?;
         clusters.push((
             "native",
-            Cluster::create(&bin, &data.join("data"), None, next_port(), &sockets)?,
+            Cluster::create(&bin, &data.join("data"), None, next_port(), &sockets, None)?,
         ));
     }
     for mode in ["fuse-floor", "bindfs-floor"] {
@@ -570,8 +663,36 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
             Some(&floor.point.join("pg_wal")),
             next_port(),
             &sockets,
+            None,
         )?;
         floors.push(floor);
+        clusters.push((mode, cluster));
+    }
+    for (mode, level) in [
+        ("stela-run-buffered", "buffered"),
+        ("stela-run-disk", "disk"),
+    ] {
+        if !wants(mode) {
+            continue;
+        }
+        let data = base.join(mode);
+        std::fs::create_dir_all(&data)?;
+        chown_postgres(&data)?;
+        let waldir = data.join("pg_wal");
+        let under = UnderRun {
+            stela: &stela,
+            socket: &socket,
+            waldir: &waldir,
+            level,
+        };
+        let cluster = Cluster::create(
+            &bin,
+            &data.join("data"),
+            Some(&waldir),
+            next_port(),
+            &sockets,
+            Some(under),
+        )?;
         clusters.push((mode, cluster));
     }
     for (mode, level) in [
@@ -600,6 +721,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
             Some(&point.join("pg_wal")),
             next_port(),
             &sockets,
+            None,
         )?;
         mounts.push(mount);
         clusters.push((mode, cluster));
@@ -626,7 +748,8 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
             &base,
             &args.mount_flags,
         )?;
-        let cluster = Cluster::create(&bin, &point.join("data"), None, next_port(), &sockets)?;
+        let cluster =
+            Cluster::create(&bin, &point.join("data"), None, next_port(), &sockets, None)?;
         mounts.push(mount);
         clusters.push((mode, cluster));
     }

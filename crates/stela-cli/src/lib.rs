@@ -23,6 +23,7 @@ pub mod exit;
 pub mod latency;
 pub mod logs_cmd;
 pub mod mount_cmd;
+pub mod run_cmd;
 pub mod service;
 pub mod store_cmd;
 pub mod tail_cmd;
@@ -117,10 +118,14 @@ pub enum Command {
     /// After a promotion `stela mount` on it starts at once. Runs until SIGTERM or SIGINT
     /// (then applies what is readable, writes its snapshot and exits).
     MountFollow(mount_cmd::FollowArgs),
-    /// On a standby node: keep a stela-store directory current from the standby's log.
-    ///
-    /// After a promotion the store opened on it has little to redo. Runs until SIGTERM or
-    /// SIGINT (then applies what is readable and exits).
+    /// Run a program with its files under --durable directories made durable through the
+    /// daemon, without FUSE: a preload library logs every write and answers their fsyncs at
+    /// the level. Replays the log onto the files first; stays until every process of the
+    /// program has exited, syncing the files and truncating the log behind them.
+    Run(run_cmd::RunArgs),
+    /// On a standby node: keep a stela-store directory current from the standby daemon's copy
+    /// of the store's log, so that after a promotion the store opened on it has little to redo.
+    /// Runs until SIGTERM or SIGINT (then applies what is readable and exits).
     StoreFollow(store_cmd::StoreFollowArgs),
 }
 
@@ -239,6 +244,7 @@ where
             | Command::Mount(_)
             | Command::MountFollow(_)
             | Command::StoreFollow(_)
+            | Command::Run(_)
     ) {
         "info"
     } else {
@@ -593,6 +599,7 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             store_cmd::follow(args, out)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Run(args) => Ok(ExitCode::from(run_cmd::run(args)?.clamp(0, 255) as u8)),
     }
 }
 

@@ -7,14 +7,16 @@
 //! changes the futex word and wakes the waiter), so the wait ends with an error at once, as it
 //! would on the socket.
 //!
-//! Invariants: the thread exists only once a ring exists and costs nothing while the daemon
+//! Invariants: one watcher per process: a child of fork (whose copy of the parent's watcher
+//! has no thread) starts its own for its own rings, and forgets the copy without dropping it;
+//! the thread exists only once a ring exists and costs nothing while the daemon
 //! lives (it sleeps in `poll`); a connection is unwatched (and its descriptor closed) before
 //! it is dropped, and the thread re-reads its list under the lock before acting on an event, so
 //! a descriptor number reused after a close is never taken for the old connection.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use stela_net::shm::GoneHandle;
 
 struct Entry {
@@ -29,7 +31,8 @@ struct Watcher {
     wake: OwnedFd,
 }
 
-static WATCHER: OnceLock<Result<Arc<Watcher>, String>> = OnceLock::new();
+/// This process's watcher, with the pid it was started in.
+static WATCHER: Mutex<Option<(u32, Arc<Watcher>)>> = Mutex::new(None);
 
 /// A watched connection; dropping it stops the watch.
 pub(crate) struct Watched {
@@ -109,26 +112,46 @@ impl Watcher {
 }
 
 fn watcher() -> std::io::Result<Arc<Watcher>> {
-    WATCHER
-        .get_or_init(|| {
-            let wake = rustix::event::eventfd(
-                0,
-                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-            )
-            .map_err(|e| e.to_string())?;
-            let watcher = Arc::new(Watcher {
-                entries: Mutex::new((0, Vec::new())),
-                wake,
-            });
-            let thread_watcher = Arc::clone(&watcher);
-            std::thread::Builder::new()
-                .name("stela-client-watcher".into())
-                .spawn(move || thread_watcher.run())
-                .map_err(|e| e.to_string())?;
-            Ok(watcher)
-        })
-        .clone()
-        .map_err(std::io::Error::other)
+    let mut current = WATCHER.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    match current.take() {
+        Some((owner, watcher)) if owner == pid => {
+            *current = Some((owner, Arc::clone(&watcher)));
+            return Ok(watcher);
+        }
+        // The parent's, copied by fork: its thread is not here, and its sockets are the
+        // parent's connections. Forgotten, not dropped.
+        Some(inherited) => std::mem::forget(inherited),
+        None => {}
+    }
+    let wake = rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )?;
+    let watcher = Arc::new(Watcher {
+        entries: Mutex::new((0, Vec::new())),
+        wake,
+    });
+    let thread_watcher = Arc::clone(&watcher);
+    std::thread::Builder::new()
+        .name("stela-client-watcher".into())
+        .spawn(move || {
+            block_signals();
+            thread_watcher.run()
+        })?;
+    *current = Some((pid, Arc::clone(&watcher)));
+    Ok(watcher)
+}
+
+/// The application's signals are for its own threads: a handler of a program this library
+/// was preloaded into (PostgreSQL's, say) must not run on this thread.
+fn block_signals() {
+    // SAFETY: `all` is initialised by sigfillset before use; pthread_sigmask only reads it.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
 }
 
 /// Watches `socket`: when the daemon's end closes, `gone` is marked.
