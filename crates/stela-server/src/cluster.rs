@@ -226,6 +226,23 @@ impl Node {
         self.role.load(Ordering::SeqCst) == PRIMARY
     }
 
+    /// The epoch this node holds as the primary, the only one it may begin terms in: its epoch
+    /// while it is the primary and (with a coordinator) holds that epoch. `None` once it has
+    /// stepped down, or has seen a newer epoch (another node's: the step-down follows) — a
+    /// log it opens then must not begin a term in that newer epoch, which belongs to another
+    /// node (a failover run found a stepping-down primary beginning term 7.2 in its log while
+    /// b held epoch 7: b's stream in 7.1 was then refused by that log for good).
+    pub fn primary_epoch(&self) -> Option<u64> {
+        if !self.is_primary() {
+            return None;
+        }
+        let epoch = self.epoch();
+        match lock(&self.store).as_ref() {
+            None => Some(epoch),
+            Some(store) => (store.history().last_term() == Term(epoch)).then_some(epoch),
+        }
+    }
+
     pub fn role_name(&self) -> &'static str {
         match self.role.load(Ordering::SeqCst) {
             PRIMARY => "primary",
@@ -922,5 +939,20 @@ mod tests {
             a.accept_stream(3, "b").is_err(),
             "its own epoch from another node"
         );
+    }
+
+    #[test]
+    fn a_primary_that_has_seen_a_newer_epoch_holds_none_to_begin_terms_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = node(dir.path(), NodeRole::Primary);
+        a.decide_role(&scripted(Some(Holder {
+            epoch: 0,
+            holder: None,
+        })));
+        assert_eq!(a.primary_epoch(), Some(1));
+        // Another node's epoch 2 is seen before this node has stepped down.
+        a.observe_epoch(2).unwrap();
+        assert_eq!(a.role_name(), "primary");
+        assert_eq!(a.primary_epoch(), None, "epoch 2 is not this node's");
     }
 }

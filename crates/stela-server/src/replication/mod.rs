@@ -425,7 +425,12 @@ impl Replication {
     /// node's epoch (terms of epoch E are E << 32 | n, so a promoted node's terms are above
     /// every term of the primaries before it, and two nodes never make the same term).
     fn next_term(&self, current: Term) -> Result<Term, String> {
-        let epoch = self.epoch();
+        let Some(epoch) = self.node.primary_epoch() else {
+            return Err(format!(
+                "this node is not the primary of its newest epoch {}: it begins no term",
+                self.epoch()
+            ));
+        };
         if current.0 >> 32 > epoch {
             return Err(format!(
                 "the log is at term {} of epoch {}, above this node's epoch {epoch}: a newer primary exists",
