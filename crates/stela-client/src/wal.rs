@@ -170,7 +170,7 @@ impl WalOptions {
 
 /// How long one endpoint of a list may take to connect, say hello, or open the log before the
 /// next is tried: long enough for a loaded node, short against a failover's few hundred ms.
-const ENDPOINT_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const ENDPOINT_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Encodes records with the log's codec, refusing any larger than the daemon accepts (before
 /// anything is sent, so a batch is all or nothing).
@@ -283,7 +283,7 @@ pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Opt
 }
 
 /// Whether the daemon said it is not (any more) the primary this session opened the log on.
-fn node_replaced(error: &Error) -> bool {
+pub(crate) fn node_replaced(error: &Error) -> bool {
     matches!(
         error.code(),
         Some(crate::ErrorCode::InDoubt | crate::ErrorCode::NotPrimary)
@@ -377,8 +377,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         }
         drop(answers);
         let rank = |at: usize, session: &Session| {
-            let nearness = (at + endpoints.len() - preferred % endpoints.len()) % endpoints.len();
-            (session.term >> 32, std::cmp::Reverse(nearness))
+            crate::failover::rank(at, preferred, endpoints.len(), session.term)
         };
         let mut tried = Vec::new();
         let mut best: Option<(usize, (Session, Positions, usize))> = None;
@@ -729,36 +728,12 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
     }
 
     fn resolve_once(&self, term: u64, lsn: Lsn) -> Result<stela_format::term::Resolution> {
-        let (entries, last_lsn, log_end) = self.call("history", |session| {
-            match session.connection.request(RequestBody::History {
+        let answer = self.call("history", |session| {
+            session.connection.request(RequestBody::History {
                 handle: session.handle,
-            })? {
-                ResponseBody::History {
-                    entries,
-                    last_lsn,
-                    log_end,
-                } => Ok((entries, last_lsn, log_end)),
-                other => Err(unexpected("History", other)),
-            }
+            })
         })?;
-        let history = stela_format::term::TermHistory::from_entries(
-            entries
-                .into_iter()
-                .map(|(term, first)| (stela_format::term::Term(term), first)),
-        )
-        .map_err(|e| Error::UnexpectedAnswer {
-            asked: "History",
-            got: format!("a term history that breaks its rules: {e}"),
-        })?;
-        // `last_lsn` is what a second node holds; a daemon that says where the log ends lets a
-        // record between the two be told apart from one never written (NotYet, not Lost).
-        Ok(stela_format::term::resolve_protected(
-            &history,
-            log_end.unwrap_or(last_lsn),
-            last_lsn,
-            stela_format::term::Term(term),
-            lsn.get(),
-        ))
+        resolution_from_history(answer, term, lsn)
     }
 
     /// Where the log stands in the daemon.
@@ -893,6 +868,41 @@ impl<T: Serialize + DeserializeOwned> Iterator for Iter<'_, T> {
             }
         }
     }
+}
+
+/// Judges the record at `lsn` in `term` by the primary's answer to a `History` request: its
+/// term history and how far a second node holds the log (`last_lsn`), and, from a daemon that
+/// says so, where the log ends, so that a record between the two is told apart from one never
+/// written (`NotYet`, not `Lost`).
+pub(crate) fn resolution_from_history(
+    answer: ResponseBody,
+    term: u64,
+    lsn: Lsn,
+) -> Result<stela_format::term::Resolution> {
+    let ResponseBody::History {
+        entries,
+        last_lsn,
+        log_end,
+    } = answer
+    else {
+        return Err(unexpected("History", answer));
+    };
+    let history = stela_format::term::TermHistory::from_entries(
+        entries
+            .into_iter()
+            .map(|(term, first)| (stela_format::term::Term(term), first)),
+    )
+    .map_err(|e| Error::UnexpectedAnswer {
+        asked: "History",
+        got: format!("a term history that breaks its rules: {e}"),
+    })?;
+    Ok(stela_format::term::resolve_protected(
+        &history,
+        log_end.unwrap_or(last_lsn),
+        last_lsn,
+        stela_format::term::Term(term),
+        lsn.get(),
+    ))
 }
 
 /// The schema the daemon keeps for a log of `T` (`stela_format::schema`): only for compact
