@@ -440,7 +440,7 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
                         term,
                         lsn: Some(lsn),
                         ..
-                    }) => doubtful.push((term, lsn, record)),
+                    }) => doubtful.push((term, lsn.get(), record)),
                     // On the promoted node with its old primary stopped: on it alone, and
                     // said so (issue 52), never a plain `Ok`.
                     Err(stela_client::Error::Unprotected {
@@ -448,7 +448,7 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
                         lsn: Some(l),
                         ..
                     }) => {
-                        assert_eq!((t, l), (term, lsn.get()));
+                        assert_eq!((t, l), (term, lsn));
                         alone.push((term, lsn.get(), record));
                     }
                     Err(error) => panic!("a commit failed other than in doubt: {error}"),
@@ -543,14 +543,14 @@ async fn commit_until(
                 term,
                 lsn: Some(lsn),
                 ..
-            }) => doubtful.push((term, lsn, record)),
+            }) => doubtful.push((term, lsn.get(), record)),
             // On the promoted node with its old primary stopped: on it alone, and said so.
             Err(stela_client::Error::Unprotected {
                 term: t,
                 lsn: Some(l),
                 ..
             }) => {
-                assert_eq!((t, l), (term, lsn.get()));
+                assert_eq!((t, l), (term, lsn));
                 alone.push((term, lsn.get(), record));
             }
             Err(error) => panic!("a commit failed other than in doubt: {error}"),

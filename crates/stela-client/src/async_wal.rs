@@ -666,7 +666,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 durability,
             })
             .await;
-        match answer.map_err(|error| in_doubt(error, durability, term, Some(lsn.get())))? {
+        match answer.map_err(|error| in_doubt(error, durability, term, Some(lsn)))? {
             ResponseBody::Committed { .. } => Ok(()),
             other => Err(unexpected("Commit", other)),
         }
@@ -748,7 +748,10 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         };
         let mut out = Vec::with_capacity(records.len());
         for (lsn, payload) in records {
-            out.push((Lsn::new(lsn), self.options.codec.decode(&payload.0)?));
+            let lsn = Lsn::new(lsn);
+            let record = (self.options.codec.decode(&payload.0))
+                .map_err(|source| Error::Decode { lsn, source })?;
+            out.push((lsn, record));
         }
         Ok((out, Lsn::new(next)))
     }

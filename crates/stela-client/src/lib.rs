@@ -38,8 +38,10 @@ pub struct ReadmeDoctests;
 
 use thiserror::Error;
 
-/// Everything a client call can fail with.
+/// Everything a client call can fail with. New kinds of failure may be added: a `match` on it
+/// needs a `_` arm.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error("connecting to the daemon at {address}: {source}")]
     Connect {
@@ -56,6 +58,13 @@ pub enum Error {
     UnexpectedAnswer { asked: &'static str, got: String },
     #[error("record could not be encoded or decoded: {0}")]
     Codec(#[from] stela_format::codec::CodecError),
+    /// A record read back from the log could not be decoded as the record type (the log was
+    /// written with another type or codec, or the type changed incompatibly).
+    #[error("the record at LSN {lsn} could not be decoded: {source}")]
+    Decode {
+        lsn: Lsn,
+        source: stela_format::codec::CodecError,
+    },
     #[error("record of {bytes} bytes is larger than the daemon accepts ({max} bytes)")]
     RecordTooLarge { bytes: usize, max: usize },
     /// A certificate, key or token file of a TLS address could not be used.
@@ -80,12 +89,14 @@ pub enum Error {
     },
     /// A commit whose primary was lost while it waited (the connection broke, the daemon
     /// stepped down, or a newer primary took over): the record may or may not survive. Resolve
-    /// it with [`crate::Wal::resolve`]`(term, lsn)` once a primary answers; `lsn` is `None` for
-    /// an `append_*_durable` whose LSN never came back (append, then `commit_at`, to get one).
-    #[error("commit in doubt (term {term}, LSN {lsn:?}): {cause}; resolve it by its term and LSN on the primary")]
+    /// it with [`crate::Wal::resolve`]`(term, lsn)` once a primary answers.
+    #[error("commit in doubt (term {term}, {}): {cause}; resolve it by its term and LSN on the primary", lsn_or_unknown(*lsn))]
     InDoubt {
         term: u64,
-        lsn: Option<u64>,
+        /// The record's LSN; `None` only for an `append_*_durable` whose LSN never came back
+        /// (the daemon had not answered the append): append, then `commit_at`, to always
+        /// have one.
+        lsn: Option<Lsn>,
         cause: String,
     },
     /// A `replicated` or `all` commit that no standby holds: the primary answered without one
@@ -93,12 +104,13 @@ pub enum Error {
     /// `--degrade-after`). The record is appended at `lsn` in `term` and held by that primary
     /// alone: it survives what `buffered` survives (`disk` for `all`), not the primary's loss.
     /// Never a plain `Ok`: a caller that can live with that accepts it here explicitly, or
-    /// commits `lsn` again later, which succeeds once a standby holds it. `lsn` is `None` for
-    /// an `append_*_durable` (append, then `commit_at`, to get one).
-    #[error("commit not protected (term {term}, LSN {lsn:?}): no standby holds it: {cause}")]
+    /// commits `lsn` again later, which succeeds once a standby holds it.
+    #[error("commit not protected (term {term}, {}): no standby holds it: {cause}", lsn_or_unknown(*lsn))]
     Unprotected {
         term: u64,
-        lsn: Option<u64>,
+        /// The record's LSN; `None` only for an `append_*_durable`, whose refusal does not
+        /// carry it (append, then `commit_at`, to always have one).
+        lsn: Option<Lsn>,
         cause: String,
     },
     /// No endpoint of the list opened the log: each is named with why it was passed over.
@@ -109,6 +121,14 @@ pub enum Error {
         "bad daemon address {address:?}: {reason} (expected unix:PATH, a path, or tcp://HOST:PORT)"
     )]
     BadAddress { address: String, reason: String },
+}
+
+/// "LSN n", or says that the LSN is unknown.
+fn lsn_or_unknown(lsn: Option<Lsn>) -> String {
+    match lsn {
+        Some(lsn) => format!("LSN {lsn}"),
+        None => "LSN unknown: the append was not answered".to_owned(),
+    }
 }
 
 impl From<std::convert::Infallible> for Error {
@@ -126,5 +146,27 @@ impl Error {
             Error::Server { code, .. } => Some(*code),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An in-doubt or unprotected commit names its LSN, or says plainly that it is unknown.
+    #[test]
+    fn a_commit_in_doubt_names_its_lsn_or_says_it_is_unknown() {
+        let known = Error::InDoubt {
+            term: 7,
+            lsn: Some(Lsn::new(42)),
+            cause: "lost".into(),
+        };
+        assert!(known.to_string().contains("term 7, LSN 42"), "{known}");
+        let unknown = Error::Unprotected {
+            term: 7,
+            lsn: None,
+            cause: "alone".into(),
+        };
+        assert!(unknown.to_string().contains("LSN unknown"), "{unknown}");
     }
 }

@@ -244,7 +244,7 @@ impl<T> std::fmt::Debug for Wal<T> {
 /// down) is in doubt: reported with its term and LSN for [`Wal::resolve`]. A commit the
 /// primary answered without a standby is [`Error::Unprotected`]. Other errors are returned as
 /// they are.
-pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
+pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<Lsn>) -> Error {
     if let Error::Server {
         code: crate::ErrorCode::Unprotected,
         message,
@@ -690,7 +690,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
                 other => Err(unexpected("Commit", other)),
             }
         });
-        committed.map_err(|error| in_doubt(error, durability, term, Some(lsn.get())))
+        committed.map_err(|error| in_doubt(error, durability, term, Some(lsn)))
     }
 
     /// The term records appended now get (0 from a daemon without replication). With an LSN
@@ -827,13 +827,12 @@ impl<T: Serialize + DeserializeOwned> Iterator for Iter<'_, T> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some((lsn, payload)) = self.batch.next() {
-                let decoded = self
-                    .wal
-                    .options
-                    .codec
-                    .decode(&payload.0)
-                    .map_err(Error::from);
-                return Some(decoded.map(|record| (Lsn::new(lsn), record)));
+                let lsn = Lsn::new(lsn);
+                let decoded = self.wal.options.codec.decode(&payload.0);
+                return Some(match decoded {
+                    Ok(record) => Ok((lsn, record)),
+                    Err(source) => Err(Error::Decode { lsn, source }),
+                });
             }
             if self.done {
                 return None;
