@@ -162,6 +162,18 @@ impl Drop for Link {
 
 /// A typed log held by the daemon, for async callers. Cheap to clone; clones share the
 /// connection and may be used from many tasks at once.
+///
+/// ```no_run
+/// use stela_client::{AsyncWal, Durability, WalOptions};
+///
+/// # async fn example() -> stela_client::Result<()> {
+/// let options = WalOptions::default().durability(Durability::Replicated);
+/// let wal: AsyncWal<String> =
+///     AsyncWal::open("tcp://10.0.0.1:7000,tcp://10.0.0.2:7000", "orders", options).await?;
+/// let lsn = wal.append(&"order 1".to_owned()).await?;
+/// wal.commit(lsn).await?; // on the primary and in its standby's memory
+/// # Ok(()) }
+/// ```
 pub struct AsyncWal<T> {
     session: Arc<Session>,
     options: WalOptions,

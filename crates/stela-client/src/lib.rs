@@ -1,18 +1,42 @@
 //! stela-client: the log daemon (`stela serve`) behind the same typed API as the embedded
 //! `stela_wal::Wal<T>`, so moving a database's log out of its process is a change of `open`.
 //!
-//! - [`connection`]: one framed, versioned connection to the daemon (Unix socket or TCP).
-//! - [`wal`]: [`Wal<T>`], the typed log: append, commit, iterate, truncate (blocking).
-//! - [`async_wal`]: [`AsyncWal<T>`], the same for tokio, many calls in flight per connection
-//!   (always over the socket).
-//! - `failover`: following a failover with an endpoint list: a request stuck on a primary
-//!   that a newer one replaced is cut, the next call opens the log on the new primary.
-//! - `watcher`: the thread that tells a client waiting in a shared-memory ring that the daemon
-//!   died.
+//! This is the README's client example: it starts the daemon in this process so that it runs
+//! anywhere; in production the address is the socket of `stela serve --dir /var/lib/stela`
+//! (`"/var/lib/stela/stela.sock"`, `"unix:PATH"` or `"tcp://HOST:PORT"`).
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//! use stela_client::{Durability, Wal, WalOptions};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Order { id: u64, cents: i64 }
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let dir = tempfile::tempdir()?;
+//!     let daemon = stela_server::Server::start(stela_server::DaemonConfig::new(dir.path()))?;
+//!     let wal: Wal<Order> = Wal::open(daemon.socket_path(), "orders", WalOptions::default())?;
+//!     let lsn = wal.append(&Order { id: 1, cents: 250 })?; // in the daemon's buffer: survives our crash
+//!     wal.commit_at(lsn, Durability::Disk)?;               // or open with .durability(Durability::Disk)
+//!     Ok(())
+//! }
+//! ```
+//!
+//! - [`Wal<T>`] ([`wal`]): the typed log, blocking: append, commit, iterate, truncate; on the
+//!   daemon's machine appends and commits go through a shared-memory ring.
+//! - [`AsyncWal<T>`] ([`async_wal`]): the same for tokio, many calls in flight per
+//!   connection, its iterator a `futures_core::Stream`.
+//! - [`Address`] and [`Connection`] ([`connection`]): where the daemon listens, and one framed
+//!   connection to it for tools.
+//! - [`TlsTarget`] ([`tls`]): a daemon over TCP under TLS.
+//!
+//! Both clients take an endpoint list (`"tcp://A,tcp://B"`): they open the log on whichever
+//! node is the primary, follow a failover to the other, report a commit that was waiting
+//! when its primary was lost as [`Error::InDoubt`] and settle it with `resolve(term, lsn)`.
 //!
 //! What an acknowledgement means depends on the [`Durability`] the log was opened with; see
 //! `docs/DURABILITY.md`. In short: `buffered` survives the death of this process, `disk`
-//! survives the daemon, the OS and a power cut.
+//! survives the daemon, the OS and a power cut; `replicated` survives the loss of one node.
 
 pub mod async_wal;
 pub mod connection;
@@ -40,6 +64,25 @@ use thiserror::Error;
 
 /// Everything a client call can fail with. New kinds of failure may be added: a `match` on it
 /// needs a `_` arm.
+///
+/// ```no_run
+/// use stela_client::{Durability, Error, Resolution, Wal, WalOptions};
+///
+/// # fn main() -> Result<(), Error> {
+/// let options = WalOptions::default().durability(Durability::Replicated);
+/// let wal: Wal<String> = Wal::open("tcp://10.0.0.1:7000,tcp://10.0.0.2:7000", "orders", options)?;
+/// let lsn = wal.append(&"order 1".to_owned())?;
+/// match wal.commit(lsn) {
+///     Ok(()) => {}
+///     Err(Error::InDoubt { term, lsn: Some(lsn), .. }) => match wal.resolve(term, lsn)? {
+///         Resolution::Kept => {}
+///         Resolution::Lost => { /* redo the transaction */ }
+///         Resolution::NotYet => { /* ask again later */ }
+///     },
+///     Err(other) => return Err(other),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -36,7 +36,19 @@ fn ring_error(error: ShmError) -> Error {
     ))
 }
 
-/// How to open a log in the daemon.
+/// How to open a log in the daemon: a builder over [`WalOptions::default`].
+///
+/// ```
+/// use std::time::Duration;
+/// use stela_client::{Codec, Durability, Transport, WalOptions};
+///
+/// let options = WalOptions::default()
+///     .codec(Codec::Json)
+///     .durability(Durability::Disk)
+///     .transport(Transport::Socket)
+///     .reconnect_within(Duration::from_secs(10));
+/// assert_eq!(options.durability, Durability::Disk);
+/// ```
 #[derive(Clone, Debug)]
 pub struct WalOptions {
     pub codec: Codec,
@@ -66,6 +78,16 @@ pub struct WalOptions {
 }
 
 /// How appends and commits reach the daemon.
+///
+/// ```no_run
+/// use stela_client::{Transport, Wal, WalOptions};
+///
+/// # fn main() -> stela_client::Result<()> {
+/// let options = WalOptions::default().transport(Transport::Socket);
+/// let wal: Wal<u64> = Wal::open("/var/lib/stela/stela.sock", "counters", options)?;
+/// assert_eq!(wal.transport(), Transport::Socket.name());
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
     /// A shared-memory ring when the daemon is on this machine (a Unix socket) and gives one;
@@ -199,6 +221,22 @@ pub(crate) fn encode_records<T: Serialize>(
 
 /// A typed log held by the daemon. `Send + Sync`; calls from many threads share one connection
 /// one request at a time, so give each busy thread its own `Wal` (they may name the same log).
+///
+/// ```no_run
+/// use stela_client::{Durability, Lsn, Wal, WalOptions};
+///
+/// # fn main() -> stela_client::Result<()> {
+/// let options = WalOptions::default().durability(Durability::Disk);
+/// let wal: Wal<(u64, String)> = Wal::open("/var/lib/stela/stela.sock", "ledger", options)?;
+/// let lsn = wal.append_durable(&(1, "opened".to_owned()))?; // fdatasync'ed when it returns
+/// for item in wal.iter_from(Lsn::FIRST)? {
+///     let (at, (id, what)) = item?;
+///     println!("{at}: {id} {what}");
+/// }
+/// wal.truncate_before(lsn)?; // after a checkpoint
+/// wal.close()?;
+/// # Ok(()) }
+/// ```
 pub struct Wal<T> {
     session: Mutex<Session>,
     address: Address,
@@ -811,6 +849,17 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
 }
 
 /// Records in order; yields an error and stops if the daemon reports damage or goes away.
+///
+/// ```no_run
+/// # fn main() -> stela_client::Result<()> {
+/// let wal: stela_client::Wal<String> = stela_client::Wal::open(
+///     "/var/lib/stela/stela.sock",
+///     "notes",
+///     stela_client::WalOptions::default(),
+/// )?;
+/// let notes: Vec<String> = wal.iter()?.map(|item| item.map(|(_, note)| note)).collect::<Result<_, _>>()?;
+/// # Ok(()) }
+/// ```
 pub struct Iter<'a, T> {
     wal: &'a Wal<T>,
     next: u64,
