@@ -440,7 +440,7 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
                         term,
                         lsn: Some(lsn),
                         ..
-                    }) => doubtful.push((term, lsn, record)),
+                    }) => doubtful.push((term, lsn.get(), record)),
                     // On the promoted node with its old primary stopped: on it alone, and
                     // said so (issue 52), never a plain `Ok`.
                     Err(stela_client::Error::Unprotected {
@@ -448,7 +448,7 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
                         lsn: Some(l),
                         ..
                     }) => {
-                        assert_eq!((t, l), (term, lsn.get()));
+                        assert_eq!((t, l), (term, lsn));
                         alone.push((term, lsn.get(), record));
                     }
                     Err(error) => panic!("a commit failed other than in doubt: {error}"),
@@ -511,6 +511,190 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
         "{} acknowledged, {} in doubt (resolved against the log)",
         acked.len(),
         doubtful.len()
+    );
+}
+
+/// What an async committer got: acknowledged, in doubt and unprotected commits, each with
+/// the term and LSN the client knew it by.
+type Outcomes = (
+    Vec<(u64, u64, Rec)>,
+    Vec<(u64, u64, Rec)>,
+    Vec<(u64, u64, Rec)>,
+);
+
+/// Appends and commits at `replicated` records numbered `task`, `task + 4`, ... until `stop`.
+async fn commit_until(
+    wal: &stela_client::AsyncWal<Rec>,
+    stop: &std::sync::atomic::AtomicBool,
+    task: u64,
+) -> Outcomes {
+    let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seq = task;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        seq += 4;
+        let record = rec(seq);
+        let Ok(lsn) = wal.append(&record).await else {
+            continue; // lost with its primary before it was placed
+        };
+        let term = wal.term();
+        match wal.commit_at(lsn, Durability::Replicated).await {
+            Ok(()) => acked.push((term, lsn.get(), record)),
+            Err(stela_client::Error::InDoubt {
+                term,
+                lsn: Some(lsn),
+                ..
+            }) => doubtful.push((term, lsn.get(), record)),
+            // On the promoted node with its old primary stopped: on it alone, and said so.
+            Err(stela_client::Error::Unprotected {
+                term: t,
+                lsn: Some(l),
+                ..
+            }) => {
+                assert_eq!((t, l), (term, lsn));
+                alone.push((term, lsn.get(), record));
+            }
+            Err(error) => panic!("a commit failed other than in doubt: {error}"),
+        }
+    }
+    (acked, doubtful, alone)
+}
+
+/// The same with `AsyncWal` (issue 55): given both nodes, it keeps committing at `replicated`
+/// while its primary is stopped; the commit in flight is reported in doubt with its term and
+/// LSN, the next ones go to the promoted node in the new epoch, and `AsyncWal::resolve`
+/// settles each doubtful one against the new primary's history, which agrees with its log.
+#[test]
+fn an_async_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doubt() {
+    use stela_client::{AsyncWal, Lsn, Resolution, WalOptions as ClientOptions};
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = free_addr();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let (repl_a, repl_b) = (free_addr(), free_addr());
+    let (tcp_a, tcp_b) = (free_addr(), free_addr());
+    let a = Node {
+        dir: root.path().join("a"),
+        name: "a",
+        repl: repl_a.clone(),
+        peer: repl_b.clone(),
+    };
+    let b = Node {
+        dir: root.path().join("b"),
+        name: "b",
+        repl: repl_b,
+        peer: repl_a,
+    };
+    let mut daemon_a = a.start_with(
+        &witness_addr,
+        "primary",
+        &["--tcp", &tcp_a, "--tcp-insecure"],
+    );
+    let daemon_b = b.start_with(
+        &witness_addr,
+        "standby",
+        &["--tcp", &tcp_b, "--tcp-insecure"],
+    );
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let endpoints = format!("tcp://{tcp_a},tcp://{tcp_b}");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (opened, opened_rx) = std::sync::mpsc::channel();
+    // The client runs on its own thread and runtime: committing until told to stop, then
+    // resolving what was in doubt, while this thread stops and watches the nodes.
+    let client = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let wal: AsyncWal<Rec> = AsyncWal::open(
+                    endpoints.as_str(),
+                    "ledger",
+                    ClientOptions::default()
+                        .type_tag(TYPE_TAG)
+                        .durability(Durability::Replicated),
+                )
+                .await
+                .expect("opens on the primary");
+                opened.send(wal.term()).unwrap();
+                // Four committers on the one connection, so that commits are in flight when
+                // the primary stops.
+                let committers: Vec<_> = (0..4u64)
+                    .map(|task| {
+                        let (wal, stop) = (wal.clone(), std::sync::Arc::clone(&stop));
+                        tokio::spawn(async move { commit_until(&wal, &stop, task).await })
+                    })
+                    .collect();
+                let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+                for committer in committers {
+                    let (a, d, u) = committer.await.unwrap();
+                    acked.extend(a);
+                    doubtful.extend(d);
+                    alone.extend(u);
+                }
+                let mut settled = Vec::new();
+                for (term, lsn, record) in &doubtful {
+                    let outcome = wal.resolve(*term, Lsn::new(*lsn)).await.expect("resolve");
+                    settled.push((*lsn, record.clone(), outcome));
+                }
+                (wal.term(), acked, settled, alone)
+            })
+        })
+    };
+    let first_term = opened_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the client opened the log");
+    assert_eq!(first_term >> 32, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = Command::new("kill")
+        .args(["-STOP", &daemon_a.pid()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    wait_for("b to be promoted", Duration::from_secs(10), || {
+        status(&daemon_b.socket()).role == "primary"
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (last_term, acked, settled, alone) = client.join().unwrap();
+    assert_eq!(last_term >> 32, 2, "the client follows to the new epoch");
+    assert!(
+        acked.iter().all(|(t, _, _)| t >> 32 == 1),
+        "an epoch-2 commit acknowledged with no standby"
+    );
+    assert!(
+        alone.iter().any(|(t, _, _)| t >> 32 == 2),
+        "commits in the new epoch"
+    );
+    assert!(
+        !settled.is_empty(),
+        "the commit waiting on the stopped primary was not reported in doubt"
+    );
+    let exit = daemon_a.signal_and_wait("CONT");
+    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
+    daemon_b.terminate();
+    let acked_map: BTreeMap<u64, Rec> = acked.iter().map(|(_, l, r)| (*l, r.clone())).collect();
+    let held = check(&b.dir, &acked_map, "b");
+    for (lsn, record, outcome) in &settled {
+        assert_ne!(
+            *outcome,
+            Resolution::NotYet,
+            "an appended record is decided by now"
+        );
+        let there = held.get(*lsn as usize - 1) == Some(record);
+        assert_eq!(
+            there,
+            *outcome == Resolution::Kept,
+            "LSN {lsn} resolved {outcome:?} but the log {} it",
+            if there { "holds" } else { "does not hold" }
+        );
+    }
+    eprintln!(
+        "{} acknowledged, {} in doubt (resolved against the log)",
+        acked.len(),
+        settled.len()
     );
 }
 

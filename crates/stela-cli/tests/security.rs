@@ -966,7 +966,7 @@ fn the_async_client_speaks_tls() {
             stela_client::WalOptions::default(),
         )
         .await;
-        let error = refused.err().expect("a wrong token was let in");
+        let error = refused.expect_err("a wrong token was let in");
         assert!(error.to_string().contains("wrong token"), "{error}");
     });
     daemon.terminate();

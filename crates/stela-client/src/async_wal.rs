@@ -5,7 +5,15 @@
 //! Invariants: an id is registered before its request is written, so an answer always finds
 //! its caller; if the connection fails, every call in flight gets the error (none waits
 //! forever, none is sent again), and the next call reconnects and reopens the log within
-//! `WalOptions::reconnect_within`, else fails naming the address. The daemon answers a connection's requests in order, so a `disk`
+//! `WalOptions::reconnect_within`, else fails naming the address.
+//!
+//! With an endpoint list (`tcp://A,tcp://B`) it follows a failover as [`crate::Wal`] does: the
+//! log is opened on whichever endpoint is the primary (all are asked at once); a request that
+//! waits longer than `WalOptions::probe_after` has the other endpoints asked whether a newer
+//! primary took over, and if one did the request fails in doubt at once
+//! ([`Error::InDoubt`], with the term and LSN that [`AsyncWal::resolve`] takes) and the next
+//! call opens the log on the new primary. A refusal saying the node is no longer the primary
+//! makes the next call look for the primary too. The daemon answers a connection's requests in order, so a `disk`
 //! commit delays the answers queued behind it on the same connection; open one `AsyncWal` per
 //! independent stream of commits if that matters.
 //!
@@ -13,7 +21,7 @@
 //! the waiting), so a round trip includes a thread wake-up (about 60 us on virtual CPUs).
 
 use crate::connection::{unexpected, Address};
-use crate::wal::{encode_records, WalOptions};
+use crate::wal::{encode_records, in_doubt, WalOptions};
 use crate::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -21,6 +29,7 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use stela_format::term::Resolution;
 use stela_format::Lsn;
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 use stela_proto::{
@@ -76,10 +85,6 @@ impl Shared {
             Ok(result) => result,
             Err(_) => Err(broken("the connection to the daemon closed")),
         }
-    }
-
-    fn is_broken(&self) -> bool {
-        self.broken_reason().is_some()
     }
 
     fn broken_reason(&self) -> Option<String> {
@@ -140,8 +145,35 @@ impl Shared {
     }
 }
 
+/// One connection: its shared half and the task that reads its answers. Dropping it fails
+/// every call still waiting on it (none waits forever) and ends the reading task, which closes
+/// the connection.
+struct Link {
+    shared: Arc<Shared>,
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.shared.fail("the connection was closed by this client");
+        self.reader.abort();
+    }
+}
+
 /// A typed log held by the daemon, for async callers. Cheap to clone; clones share the
 /// connection and may be used from many tasks at once.
+///
+/// ```no_run
+/// use stela_client::{AsyncWal, Durability, WalOptions};
+///
+/// # async fn example() -> stela_client::Result<()> {
+/// let options = WalOptions::default().durability(Durability::Replicated);
+/// let wal: AsyncWal<String> =
+///     AsyncWal::open("tcp://10.0.0.1:7000,tcp://10.0.0.2:7000", "orders", options).await?;
+/// let lsn = wal.append(&"order 1".to_owned()).await?;
+/// wal.commit(lsn).await?; // on the primary and in its standby's memory
+/// # Ok(()) }
+/// ```
 pub struct AsyncWal<T> {
     session: Arc<Session>,
     options: WalOptions,
@@ -162,26 +194,68 @@ impl<T> Clone for AsyncWal<T> {
     }
 }
 
+impl<T> std::fmt::Debug for AsyncWal<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncWal")
+            .field("address", &self.session.address)
+            .field("log", &self.session.name)
+            .field("term", &self.session.term.load(Ordering::Relaxed))
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where the log is and the connection to it now; replaced when a call finds the connection
-/// broken (the daemon restarted) and the next call reconnects. Shared by clones.
+/// broken (the daemon restarted) or the node no longer the primary, and the next call
+/// reconnects. Shared by clones.
 struct Session {
     address: Address,
     name: String,
     type_tag: String,
     /// The record type's schema sent with each open (`crate::wal::record_schema`).
     schema: Option<String>,
-    current: tokio::sync::Mutex<(Arc<Shared>, u32)>,
+    current: tokio::sync::Mutex<Current>,
+    /// The term of the current connection's handle, readable without waiting for the lock.
+    term: AtomicU64,
 }
 
-/// Connects, says hello, opens the log. Returns the connection, the handle, where the log
-/// stands and the largest record the daemon takes.
+/// The connection in use and the log's handle on it.
+struct Current {
+    link: Link,
+    handle: u32,
+    /// The term records appended through this handle get (0 without replication).
+    term: u64,
+    /// Which endpoint of an endpoint list this is (0 for a single address).
+    endpoint: usize,
+    /// Why this connection must not be used again although it is open (its node said it is
+    /// no longer the primary).
+    lost: Option<String>,
+}
+
+impl Current {
+    fn unusable(&self) -> Option<String> {
+        self.lost
+            .clone()
+            .or_else(|| self.link.shared.broken_reason())
+    }
+}
+
+/// A log opened on one endpoint: the connection, handle and term, where the log stands and
+/// the largest record the daemon takes.
+struct Opened {
+    current: Current,
+    positions: Positions,
+    max_record_bytes: usize,
+}
+
+/// Connects to one daemon, says hello, opens the log.
 async fn connect_session(
     address: &Address,
     name: &str,
     type_tag: &str,
     options: &WalOptions,
     schema: Option<&str>,
-) -> Result<(Arc<Shared>, u32, Positions, usize)> {
+) -> Result<Opened> {
     let connect_err = |source| Error::Connect {
         address: address.to_string(),
         source,
@@ -214,7 +288,7 @@ async fn connect_session(
         Address::Cluster(_) => {
             return Err(Error::BadAddress {
                 address: address.to_string(),
-                reason: "AsyncWal takes one daemon; use Wal for an endpoint list".into(),
+                reason: "a list inside a list".into(),
             })
         }
     };
@@ -222,7 +296,9 @@ async fn connect_session(
         writer: tokio::sync::Mutex::new(writer),
         pending: Mutex::new(Pending::default()),
     });
-    tokio::spawn(Arc::clone(&shared).read_answers(reader));
+    let reader = tokio::spawn(Arc::clone(&shared).read_answers(reader)).abort_handle();
+    let link = Link { shared, reader };
+    let shared = &link.shared;
     let hello = shared
         .request(RequestBody::Hello {
             version: PROTOCOL_VERSION,
@@ -248,12 +324,116 @@ async fn connect_session(
         handle,
         positions,
         max_record_bytes,
-        ..
+        term,
     } = answer
     else {
         return Err(unexpected("Open", answer));
     };
-    Ok((shared, handle, positions, max_record_bytes as usize))
+    Ok(Opened {
+        current: Current {
+            link,
+            handle,
+            term,
+            endpoint: 0,
+            lost: None,
+        },
+        positions,
+        max_record_bytes: max_record_bytes as usize,
+    })
+}
+
+/// Opens the log on the primary: the address itself, or, for an endpoint list, the endpoint
+/// that opens it, as [`crate::Wal`] finds it: every endpoint is asked at once, each within
+/// `ENDPOINT_WITHIN` (a stopped node delays nothing when another is the primary); a standby
+/// refuses and is passed over; the first to open the log wins unless another has opened it by
+/// then too, ranked by epoch, then nearness to `preferred`. The losers' connections close
+/// when their tasks are dropped.
+async fn find_primary(
+    address: &Address,
+    preferred: usize,
+    name: &str,
+    type_tag: &str,
+    options: &WalOptions,
+    schema: Option<&str>,
+) -> Result<Opened> {
+    let Address::Cluster(endpoints) = address else {
+        return connect_session(address, name, type_tag, options, schema).await;
+    };
+    let mut asked = tokio::task::JoinSet::new();
+    for (at, endpoint) in endpoints.iter().enumerate() {
+        let (endpoint, name, type_tag) = (endpoint.clone(), name.to_owned(), type_tag.to_owned());
+        let (options, schema) = (options.clone(), schema.map(str::to_owned));
+        asked.spawn(async move {
+            let opening = connect_session(&endpoint, &name, &type_tag, &options, schema.as_deref());
+            let opened = match tokio::time::timeout(crate::wal::ENDPOINT_WITHIN, opening).await {
+                Ok(opened) => opened,
+                Err(_) => Err(Error::Connect {
+                    address: endpoint.to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {:?}", crate::wal::ENDPOINT_WITHIN),
+                    ),
+                }),
+            };
+            (at, opened)
+        });
+    }
+    let rank = |at: usize, opened: &Opened| {
+        crate::failover::rank(at, preferred, endpoints.len(), opened.current.term)
+    };
+    let mut tried = Vec::new();
+    let mut best: Option<(usize, Opened)> = None;
+    // Waits for the first endpoint to open the log (or all to fail), then takes only the
+    // answers already in.
+    loop {
+        let next = if best.is_some() {
+            asked.try_join_next()
+        } else {
+            asked.join_next().await
+        };
+        let Some(joined) = next else { break };
+        let Ok((at, opened)) = joined else { continue };
+        match opened {
+            Ok(opened) => {
+                if best
+                    .as_ref()
+                    .is_none_or(|(was, kept)| rank(at, &opened) > rank(*was, kept))
+                {
+                    best = Some((at, opened));
+                }
+            }
+            Err(error) => tried.push((at, endpoints[at].to_string(), error.to_string())),
+        }
+    }
+    match best {
+        Some((at, mut opened)) => {
+            opened.current.endpoint = at;
+            Ok(opened)
+        }
+        None => {
+            tried.sort_by_key(|(at, _, _)| *at);
+            let tried = tried.into_iter().map(|(_, a, why)| (a, why)).collect();
+            Err(Error::NoPrimary { tried })
+        }
+    }
+}
+
+/// Whether another endpoint of the list than `endpoint` is the primary of an epoch newer than
+/// `epoch` (the blocking probe of [`crate::Wal`]'s watch, on a blocking thread).
+async fn newer_primary_elsewhere(endpoints: &[Address], endpoint: usize, epoch: u64) -> bool {
+    let others: Vec<Address> = endpoints
+        .iter()
+        .enumerate()
+        .filter(|(at, _)| *at != endpoint)
+        .map(|(_, other)| other.clone())
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        others
+            .iter()
+            .any(|other| crate::failover::primary_epoch(other).is_some_and(|newer| newer > epoch))
+    })
+    .await
+    .unwrap_or(false)
 }
 
 impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
@@ -270,56 +450,112 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             .clone()
             .unwrap_or_else(stela_format::default_type_tag::<T>);
         let schema = crate::wal::record_schema::<T>(&options);
-        let (shared, handle, positions, max_record_bytes) =
-            connect_session(&address, name, &type_tag, &options, schema.as_deref()).await?;
+        let opened =
+            find_primary(&address, 0, name, &type_tag, &options, schema.as_deref()).await?;
         Ok(AsyncWal {
             session: Arc::new(Session {
                 address,
                 name: name.to_owned(),
                 type_tag,
                 schema,
-                current: tokio::sync::Mutex::new((shared, handle)),
+                term: AtomicU64::new(opened.current.term),
+                current: tokio::sync::Mutex::new(opened.current),
             }),
             options,
-            max_record_bytes,
-            appended: Arc::new(AtomicU64::new(positions.last_lsn)),
+            max_record_bytes: opened.max_record_bytes,
+            appended: Arc::new(AtomicU64::new(opened.positions.last_lsn)),
             _records: PhantomData,
         })
     }
 
     /// Sends the request `make(handle)` on the current connection, reconnecting first if an
-    /// earlier call found it broken. A call that finds it broken fails with
-    /// [`Error::Disconnected`] and is never sent again (as for the blocking client).
+    /// earlier call found it broken or its node no longer the primary. A call that finds it
+    /// broken fails with [`Error::Disconnected`] and is never sent again (as for the blocking
+    /// client). Returns the term of the handle the request went out on, for [`in_doubt`].
     async fn call(
         &self,
         what: &'static str,
         make: impl FnOnce(u32) -> RequestBody,
-    ) -> Result<ResponseBody> {
-        let (shared, handle) = {
+    ) -> (u64, Result<ResponseBody>) {
+        let (shared, handle, term, endpoint) = {
             let mut current = self.session.current.lock().await;
-            if current.0.is_broken() {
-                self.reconnect(&mut current).await?;
+            if let Some(cause) = current.unusable() {
+                if let Err(error) = self.reconnect(&mut current, cause).await {
+                    return (current.term, Err(error));
+                }
             }
-            (Arc::clone(&current.0), current.1)
+            let shared = Arc::clone(&current.link.shared);
+            (shared, current.handle, current.term, current.endpoint)
         };
-        match shared.request(make(handle)).await {
+        let answer = self.watched(&shared, endpoint, term, make(handle)).await;
+        let answer = match answer {
             Err(error) if crate::wal::connection_lost(&error) => Err(Error::Disconnected {
                 address: self.session.address.to_string(),
                 during: what,
                 cause: error.to_string(),
             }),
+            Err(error) if crate::wal::node_replaced(&error) => {
+                // This node is no longer the primary: the next call, a `resolve` above all,
+                // looks for the current one rather than asking this node again.
+                let mut current = self.session.current.lock().await;
+                if Arc::ptr_eq(&current.link.shared, &shared) {
+                    current.lost.get_or_insert_with(|| error.to_string());
+                }
+                Err(error)
+            }
             other => other,
+        };
+        (term, answer)
+    }
+
+    /// Sends `body` on `shared` and waits for its answer. With an endpoint list, a wait past
+    /// `probe_after` has the other endpoints asked, every 50 ms, whether a newer primary took
+    /// over; if one did, the connection is failed, so the call ends at once (in doubt, for a
+    /// commit). A primary that is merely slow is never abandoned.
+    async fn watched(
+        &self,
+        shared: &Shared,
+        endpoint: usize,
+        term: u64,
+        body: RequestBody,
+    ) -> Result<ResponseBody> {
+        let Address::Cluster(endpoints) = &self.session.address else {
+            return shared.request(body).await;
+        };
+        let request = shared.request(body);
+        tokio::pin!(request);
+        let newer_primary = async {
+            tokio::time::sleep(self.options.probe_after).await;
+            while !newer_primary_elsewhere(endpoints, endpoint, term >> 32).await {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        };
+        tokio::select! {
+            answer = &mut request => answer,
+            () = newer_primary => {
+                tracing::warn!(endpoint = %endpoints[endpoint], "a newer primary took over: the request waiting on the old one is cut (in doubt)");
+                // Every call waiting on this connection gets the error, this one included.
+                shared.fail("a newer primary took over while the request waited");
+                request.await
+            }
         }
     }
 
-    async fn reconnect(&self, current: &mut (Arc<Shared>, u32)) -> Result<()> {
+    async fn reconnect(&self, current: &mut Current, cause: String) -> Result<()> {
         let session = &self.session;
-        let cause = current.0.broken_reason().unwrap_or_default();
         let deadline = tokio::time::Instant::now() + self.options.reconnect_within;
         let mut pause = std::time::Duration::from_millis(5);
+        // A failover takes a few hundred milliseconds: look for the new primary often.
+        let longest = if matches!(session.address, Address::Cluster(_)) {
+            std::time::Duration::from_millis(25)
+        } else {
+            std::time::Duration::from_millis(200)
+        };
         loop {
-            match connect_session(
+            match find_primary(
                 &session.address,
+                // The endpoint that was lost is the least likely to be the primary now.
+                current.endpoint + 1,
                 &session.name,
                 &session.type_tag,
                 &self.options,
@@ -327,10 +563,12 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
             )
             .await
             {
-                Ok((shared, handle, positions, _)) => {
-                    *current = (shared, handle);
+                Ok(opened) => {
+                    *current = opened.current;
+                    session.term.store(current.term, Ordering::Relaxed);
                     // What the new daemon holds is what counts as appended now.
-                    self.appended.store(positions.last_lsn, Ordering::Relaxed);
+                    self.appended
+                        .store(opened.positions.last_lsn, Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(error) if tokio::time::Instant::now() >= deadline => {
@@ -343,22 +581,54 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 }
                 Err(_) => {
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                    pause = (pause * 2).min(longest);
                 }
+            }
+        }
+    }
+
+    /// The term records appended now get (0 from a daemon without replication). With an LSN
+    /// it names a record across a failover ([`AsyncWal::resolve`]).
+    pub fn term(&self) -> u64 {
+        self.session.term.load(Ordering::Relaxed)
+    }
+
+    /// As [`crate::Wal::resolve`]: what became of the record appended at `lsn` in `term` (from
+    /// an [`Error::InDoubt`]), judged by the history of the primary this client reaches now:
+    /// `Kept`, `Lost`, or `NotYet`. Only the primary of the newest epoch answers; on a refusal
+    /// saying a node is not (any more) the primary, or a lost connection, the next endpoint is
+    /// asked, for up to `reconnect_within` (at least twice).
+    pub async fn resolve(&self, term: u64, lsn: Lsn) -> Result<Resolution> {
+        let deadline = tokio::time::Instant::now() + self.options.reconnect_within;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (_, answer) = self
+                .call("history", |handle| RequestBody::History { handle })
+                .await;
+            match answer.and_then(|answer| crate::wal::resolution_from_history(answer, term, lsn)) {
+                Err(error)
+                    if (crate::wal::node_replaced(&error)
+                        || matches!(error, Error::Disconnected { .. }))
+                        && (attempts < 2 || tokio::time::Instant::now() < deadline) =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                other => return other,
             }
         }
     }
 
     async fn append_at(&self, records: &[T], durability: Durability) -> Result<Lsn> {
         let payloads = encode_records(&self.options, self.max_record_bytes, records)?;
-        let answer = self
+        let (term, answer) = self
             .call("append", |handle| RequestBody::Append {
                 handle,
                 durability,
                 records: payloads,
             })
-            .await
-            .map_err(|error| unprotected(error, None))?;
+            .await;
+        let answer = answer.map_err(|error| in_doubt(error, durability, term, None))?;
         let ResponseBody::Appended { last_lsn, .. } = answer else {
             return Err(unexpected("Append", answer));
         };
@@ -401,15 +671,14 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         {
             return Ok(());
         }
-        match self
+        let (term, answer) = self
             .call("commit", |handle| RequestBody::Commit {
                 handle,
                 lsn: lsn.get(),
                 durability,
             })
-            .await
-            .map_err(|error| unprotected(error, Some(lsn.get())))?
-        {
+            .await;
+        match answer.map_err(|error| in_doubt(error, durability, term, Some(lsn)))? {
             ResponseBody::Committed { .. } => Ok(()),
             other => Err(unexpected("Commit", other)),
         }
@@ -418,7 +687,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     pub async fn positions(&self) -> Result<Positions> {
         match self
             .call("positions", |handle| RequestBody::Positions { handle })
-            .await?
+            .await
+            .1?
         {
             ResponseBody::Positions(positions) => Ok(positions),
             other => Err(unexpected("Positions", other)),
@@ -437,17 +707,18 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
 
     /// As [`crate::Wal::iter`]: every record, in order, fetched in batches as
     /// [`AsyncIter::next`] is awaited.
-    pub fn iter(&self) -> AsyncIter<'_, T> {
+    pub fn iter(&self) -> AsyncIter<T> {
         self.iter_from(Lsn::FIRST)
     }
 
     /// As [`crate::Wal::iter_from`].
-    pub fn iter_from(&self, lsn: Lsn) -> AsyncIter<'_, T> {
+    pub fn iter_from(&self, lsn: Lsn) -> AsyncIter<T> {
         AsyncIter {
-            wal: self,
+            wal: self.clone(),
             next: Lsn::new(lsn.get().max(1)),
             batch: Vec::new().into_iter(),
             done: false,
+            reading: None,
         }
     }
 
@@ -464,7 +735,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         }
         match self
             .call("close", |handle| RequestBody::Close { handle })
-            .await?
+            .await
+            .1?
         {
             ResponseBody::Closed => Ok(()),
             other => Err(unexpected("Close", other)),
@@ -481,13 +753,17 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 max_records: max_records.max(1),
                 max_bytes: 1 << 20,
             })
-            .await?;
+            .await
+            .1?;
         let ResponseBody::Records { records, next, .. } = answer else {
             return Err(unexpected("Read", answer));
         };
         let mut out = Vec::with_capacity(records.len());
         for (lsn, payload) in records {
-            out.push((Lsn::new(lsn), self.options.codec.decode(&payload.0)?));
+            let lsn = Lsn::new(lsn);
+            let record = (self.options.codec.decode(&payload.0))
+                .map_err(|source| Error::Decode { lsn, source })?;
+            out.push((lsn, record));
         }
         Ok((out, Lsn::new(next)))
     }
@@ -498,7 +774,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
                 handle,
                 before: lsn.get(),
             })
-            .await?
+            .await
+            .1?
         {
             ResponseBody::Truncated { segments } => Ok(segments as usize),
             other => Err(unexpected("Truncate", other)),
@@ -506,53 +783,91 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     }
 }
 
-/// The records of an [`AsyncWal`], in order: `while let Some(item) = iter.next().await`.
-pub struct AsyncIter<'a, T> {
-    wal: &'a AsyncWal<T>,
+/// The records of an [`AsyncWal`], in order, fetched in batches: a [`futures_core::Stream`],
+/// or `while let Some(item) = iter.next().await`. Yields an error and ends if the daemon
+/// reports damage or goes away; ends at the end of the log as it is when the iterator reaches
+/// it.
+///
+/// ```no_run
+/// # async fn example(wal: stela_client::AsyncWal<String>) -> stela_client::Result<()> {
+/// let mut records = wal.iter();
+/// while let Some(item) = records.next().await {
+///     let (lsn, record) = item?;
+///     println!("{lsn}: {record}");
+/// }
+/// # Ok(()) }
+/// ```
+pub struct AsyncIter<T> {
+    /// A clone of the log's handle (it shares the connection), so the iterator borrows
+    /// nothing and can be moved to another task.
+    wal: AsyncWal<T>,
     next: Lsn,
     batch: std::vec::IntoIter<(Lsn, T)>,
     done: bool,
+    /// The read of the next batch, while one is in flight.
+    reading: Option<ReadBatch<T>>,
 }
 
-impl<T: Serialize + DeserializeOwned> AsyncIter<'_, T> {
-    /// The next record, `None` at the end of the log as it is when the iterator reaches it.
-    pub async fn next(&mut self) -> Option<Result<(Lsn, T)>> {
-        if let Some(item) = self.batch.next() {
-            return Some(Ok(item));
-        }
-        if self.done {
-            return None;
-        }
-        match self.wal.read_from(self.next, 1024).await {
-            Ok((records, next)) => {
-                if records.is_empty() {
-                    self.done = true;
-                    return None;
-                }
-                self.next = next;
-                self.batch = records.into_iter();
-                self.batch.next().map(Ok)
-            }
-            Err(error) => {
-                self.done = true;
-                Some(Err(error))
-            }
-        }
+type ReadBatch<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(Vec<(Lsn, T)>, Lsn)>> + Send>>;
+
+// No field is ever pinned in place: the batch read in flight is boxed.
+impl<T> Unpin for AsyncIter<T> {}
+
+impl<T> std::fmt::Debug for AsyncIter<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncIter")
+            .field("next", &self.next)
+            .field("buffered", &self.batch.len())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
     }
 }
 
-/// A commit the primary answered without a standby is [`Error::Unprotected`] (this handle does
-/// not track its term: 0), never a plain refusal a caller might read past.
-fn unprotected(error: Error, lsn: Option<u64>) -> Error {
-    match error {
-        Error::Server {
-            code: crate::ErrorCode::Unprotected,
-            message,
-        } => Error::Unprotected {
-            term: 0,
-            lsn,
-            cause: message,
-        },
-        other => other,
+impl<T: Serialize + DeserializeOwned + Send + 'static> AsyncIter<T> {
+    /// The next record, `None` at the end of the log as it is when the iterator reaches it
+    /// (the same as `StreamExt::next`).
+    pub async fn next(&mut self) -> Option<Result<(Lsn, T)>> {
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(std::pin::Pin::new(self), cx))
+            .await
+    }
+}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> futures_core::Stream for AsyncIter<T> {
+    type Item = Result<(Lsn, T)>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        loop {
+            if let Some(item) = this.batch.next() {
+                return Poll::Ready(Some(Ok(item)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let (wal, from) = (this.wal.clone(), this.next);
+            let reading = this
+                .reading
+                .get_or_insert_with(|| Box::pin(async move { wal.read_from(from, 1024).await }));
+            let Poll::Ready(read) = std::future::Future::poll(reading.as_mut(), cx) else {
+                return Poll::Pending;
+            };
+            this.reading = None;
+            match read {
+                Ok((records, next)) => {
+                    this.done = records.is_empty();
+                    this.next = next;
+                    this.batch = records.into_iter();
+                }
+                Err(error) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(error)));
+                }
+            }
+        }
     }
 }

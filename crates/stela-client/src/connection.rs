@@ -17,7 +17,18 @@ use stela_net::SpinStream;
 use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 use stela_proto::{Request, RequestBody, Response, ResponseBody, Role, PROTOCOL_VERSION};
 
-/// Where the daemon listens.
+/// Where the daemon listens: parsed from text, or built from a path, a socket address or a
+/// [`crate::TlsTarget`].
+///
+/// ```
+/// use stela_client::Address;
+///
+/// let unix: Address = "/var/lib/stela/stela.sock".parse()?;
+/// let pair = Address::parse("tcp://10.0.0.1:7000,tcp://10.0.0.2:7000")?;
+/// assert!(matches!(pair, Address::Cluster(ref nodes) if nodes.len() == 2));
+/// assert_eq!(unix.to_string(), "/var/lib/stela/stela.sock");
+/// # Ok::<(), stela_client::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     Unix(PathBuf),
@@ -157,6 +168,19 @@ impl std::str::FromStr for Address {
 }
 
 /// A handshaken connection. Not shared between threads: [`crate::Wal`] wraps it in a mutex.
+/// Tools use it for raw requests:
+///
+/// ```no_run
+/// use stela_client::{Address, Connection};
+/// use stela_proto::{RequestBody, ResponseBody};
+///
+/// # fn main() -> stela_client::Result<()> {
+/// let mut admin = Connection::connect_admin(&Address::parse("/var/lib/stela/stela.sock")?)?;
+/// if let ResponseBody::Status(report) = admin.request(RequestBody::Status)? {
+///     println!("{report:?}");
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Connection {
     reader: BufReader<Box<dyn Read + Send>>,
     writer: BufWriter<Box<dyn Write + Send>>,

@@ -110,8 +110,22 @@ fn run(weak: &Weak<Watch>) {
     }
 }
 
-/// The epoch `endpoint` is the primary of, if it is one.
-fn primary_epoch(endpoint: &Address) -> Option<u64> {
+/// How an endpoint that opened the log ranks against another that did too: the newer epoch
+/// (a term's upper half) first, then the one nearest `preferred` in list order.
+pub(crate) fn rank(
+    at: usize,
+    preferred: usize,
+    endpoints: usize,
+    term: u64,
+) -> (u64, std::cmp::Reverse<usize>) {
+    debug_assert!(at < endpoints, "endpoint {at} of a list of {endpoints}");
+    let nearness = (at + endpoints - preferred % endpoints) % endpoints;
+    (term >> 32, std::cmp::Reverse(nearness))
+}
+
+/// The epoch `endpoint` is the primary of, if it is one. Blocking, bounded by `PROBE_WITHIN`
+/// per step.
+pub(crate) fn primary_epoch(endpoint: &Address) -> Option<u64> {
     let mut connection =
         Connection::connect_within(endpoint, Duration::ZERO, Role::Admin, Some(PROBE_WITHIN))
             .ok()?;

@@ -1,18 +1,42 @@
 //! stela-client: the log daemon (`stela serve`) behind the same typed API as the embedded
 //! `stela_wal::Wal<T>`, so moving a database's log out of its process is a change of `open`.
 //!
-//! - [`connection`]: one framed, versioned connection to the daemon (Unix socket or TCP).
-//! - [`wal`]: [`Wal<T>`], the typed log: append, commit, iterate, truncate (blocking).
-//! - [`async_wal`]: [`AsyncWal<T>`], the same for tokio, many calls in flight per connection
-//!   (always over the socket).
-//! - `failover`: following a failover with an endpoint list: a request stuck on a primary
-//!   that a newer one replaced is cut, the next call opens the log on the new primary.
-//! - `watcher`: the thread that tells a client waiting in a shared-memory ring that the daemon
-//!   died.
+//! This is the README's client example: it starts the daemon in this process so that it runs
+//! anywhere; in production the address is the socket of `stela serve --dir /var/lib/stela`
+//! (`"/var/lib/stela/stela.sock"`, `"unix:PATH"` or `"tcp://HOST:PORT"`).
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//! use stela_client::{Durability, Wal, WalOptions};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Order { id: u64, cents: i64 }
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let dir = tempfile::tempdir()?;
+//!     let daemon = stela_server::Server::start(stela_server::DaemonConfig::new(dir.path()))?;
+//!     let wal: Wal<Order> = Wal::open(daemon.socket_path(), "orders", WalOptions::default())?;
+//!     let lsn = wal.append(&Order { id: 1, cents: 250 })?; // in the daemon's buffer: survives our crash
+//!     wal.commit_at(lsn, Durability::Disk)?;               // or open with .durability(Durability::Disk)
+//!     Ok(())
+//! }
+//! ```
+//!
+//! - [`Wal<T>`] ([`wal`]): the typed log, blocking: append, commit, iterate, truncate; on the
+//!   daemon's machine appends and commits go through a shared-memory ring.
+//! - [`AsyncWal<T>`] ([`async_wal`]): the same for tokio, many calls in flight per
+//!   connection, its iterator a `futures_core::Stream`.
+//! - [`Address`] and [`Connection`] ([`connection`]): where the daemon listens, and one framed
+//!   connection to it for tools.
+//! - [`TlsTarget`] ([`tls`]): a daemon over TCP under TLS.
+//!
+//! Both clients take an endpoint list (`"tcp://A,tcp://B"`): they open the log on whichever
+//! node is the primary, follow a failover to the other, report a commit that was waiting
+//! when its primary was lost as [`Error::InDoubt`] and settle it with `resolve(term, lsn)`.
 //!
 //! What an acknowledgement means depends on the [`Durability`] the log was opened with; see
 //! `docs/DURABILITY.md`. In short: `buffered` survives the death of this process, `disk`
-//! survives the daemon, the OS and a power cut.
+//! survives the daemon, the OS and a power cut; `replicated` survives the loss of one node.
 
 pub mod async_wal;
 pub mod connection;
@@ -38,8 +62,29 @@ pub struct ReadmeDoctests;
 
 use thiserror::Error;
 
-/// Everything a client call can fail with.
+/// Everything a client call can fail with. New kinds of failure may be added: a `match` on it
+/// needs a `_` arm.
+///
+/// ```no_run
+/// use stela_client::{Durability, Error, Resolution, Wal, WalOptions};
+///
+/// # fn main() -> Result<(), Error> {
+/// let options = WalOptions::default().durability(Durability::Replicated);
+/// let wal: Wal<String> = Wal::open("tcp://10.0.0.1:7000,tcp://10.0.0.2:7000", "orders", options)?;
+/// let lsn = wal.append(&"order 1".to_owned())?;
+/// match wal.commit(lsn) {
+///     Ok(()) => {}
+///     Err(Error::InDoubt { term, lsn: Some(lsn), .. }) => match wal.resolve(term, lsn)? {
+///         Resolution::Kept => {}
+///         Resolution::Lost => { /* redo the transaction */ }
+///         Resolution::NotYet => { /* ask again later */ }
+///     },
+///     Err(other) => return Err(other),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error("connecting to the daemon at {address}: {source}")]
     Connect {
@@ -56,6 +101,13 @@ pub enum Error {
     UnexpectedAnswer { asked: &'static str, got: String },
     #[error("record could not be encoded or decoded: {0}")]
     Codec(#[from] stela_format::codec::CodecError),
+    /// A record read back from the log could not be decoded as the record type (the log was
+    /// written with another type or codec, or the type changed incompatibly).
+    #[error("the record at LSN {lsn} could not be decoded: {source}")]
+    Decode {
+        lsn: Lsn,
+        source: stela_format::codec::CodecError,
+    },
     #[error("record of {bytes} bytes is larger than the daemon accepts ({max} bytes)")]
     RecordTooLarge { bytes: usize, max: usize },
     /// A certificate, key or token file of a TLS address could not be used.
@@ -80,12 +132,14 @@ pub enum Error {
     },
     /// A commit whose primary was lost while it waited (the connection broke, the daemon
     /// stepped down, or a newer primary took over): the record may or may not survive. Resolve
-    /// it with [`crate::Wal::resolve`]`(term, lsn)` once a primary answers; `lsn` is `None` for
-    /// an `append_*_durable` whose LSN never came back (append, then `commit_at`, to get one).
-    #[error("commit in doubt (term {term}, LSN {lsn:?}): {cause}; resolve it by its term and LSN on the primary")]
+    /// it with [`crate::Wal::resolve`]`(term, lsn)` once a primary answers.
+    #[error("commit in doubt (term {term}, {}): {cause}; resolve it by its term and LSN on the primary", lsn_or_unknown(*lsn))]
     InDoubt {
         term: u64,
-        lsn: Option<u64>,
+        /// The record's LSN; `None` only for an `append_*_durable` whose LSN never came back
+        /// (the daemon had not answered the append): append, then `commit_at`, to always
+        /// have one.
+        lsn: Option<Lsn>,
         cause: String,
     },
     /// A `replicated` or `all` commit that no standby holds: the primary answered without one
@@ -93,12 +147,13 @@ pub enum Error {
     /// `--degrade-after`). The record is appended at `lsn` in `term` and held by that primary
     /// alone: it survives what `buffered` survives (`disk` for `all`), not the primary's loss.
     /// Never a plain `Ok`: a caller that can live with that accepts it here explicitly, or
-    /// commits `lsn` again later, which succeeds once a standby holds it. `lsn` is `None` for
-    /// an `append_*_durable` (append, then `commit_at`, to get one).
-    #[error("commit not protected (term {term}, LSN {lsn:?}): no standby holds it: {cause}")]
+    /// commits `lsn` again later, which succeeds once a standby holds it.
+    #[error("commit not protected (term {term}, {}): no standby holds it: {cause}", lsn_or_unknown(*lsn))]
     Unprotected {
         term: u64,
-        lsn: Option<u64>,
+        /// The record's LSN; `None` only for an `append_*_durable`, whose refusal does not
+        /// carry it (append, then `commit_at`, to always have one).
+        lsn: Option<Lsn>,
         cause: String,
     },
     /// No endpoint of the list opened the log: each is named with why it was passed over.
@@ -109,6 +164,14 @@ pub enum Error {
         "bad daemon address {address:?}: {reason} (expected unix:PATH, a path, or tcp://HOST:PORT)"
     )]
     BadAddress { address: String, reason: String },
+}
+
+/// "LSN n", or says that the LSN is unknown.
+fn lsn_or_unknown(lsn: Option<Lsn>) -> String {
+    match lsn {
+        Some(lsn) => format!("LSN {lsn}"),
+        None => "LSN unknown: the append was not answered".to_owned(),
+    }
 }
 
 impl From<std::convert::Infallible> for Error {
@@ -126,5 +189,27 @@ impl Error {
             Error::Server { code, .. } => Some(*code),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An in-doubt or unprotected commit names its LSN, or says plainly that it is unknown.
+    #[test]
+    fn a_commit_in_doubt_names_its_lsn_or_says_it_is_unknown() {
+        let known = Error::InDoubt {
+            term: 7,
+            lsn: Some(Lsn::new(42)),
+            cause: "lost".into(),
+        };
+        assert!(known.to_string().contains("term 7, LSN 42"), "{known}");
+        let unknown = Error::Unprotected {
+            term: 7,
+            lsn: None,
+            cause: "alone".into(),
+        };
+        assert!(unknown.to_string().contains("LSN unknown"), "{unknown}");
     }
 }

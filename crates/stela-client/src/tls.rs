@@ -7,7 +7,7 @@
 //! `stela_net::tls`, shared with the daemon and replication.
 //!
 //! Invariants: the daemon's certificate must chain to the given CA and name the target's host
-//! (a DNS name or an IP address); the TLS handshake completes inside [`connect`], so a daemon
+//! (a DNS name or an IP address); the TLS handshake completes inside the connect, so a daemon
 //! that is not the one expected fails the connect, naming the address, before any request is
 //! sent. The token is read from its file at each connect and sent only over TLS.
 
@@ -20,6 +20,17 @@ use stela_net::tls::{self, rustls, ClientTlsFiles};
 
 /// A daemon listening on TCP with TLS (`stela serve --tcp ADDR --tls-cert ...`), and how this
 /// client proves who it is.
+///
+/// ```
+/// use stela_client::{Address, TlsTarget};
+///
+/// let target = TlsTarget::new("tls://db.example:7070", "/etc/stela/ca.pem")?
+///     .client_cert("/etc/stela/client.pem", "/etc/stela/client.key")
+///     .token_file("/etc/stela/token");
+/// assert_eq!(target.to_string(), "tls://db.example:7070");
+/// let address = Address::Tls(Box::new(target)); // for Wal::open or AsyncWal::open
+/// # Ok::<(), stela_client::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsTarget {
     /// The host to connect to; the daemon's certificate must name it (DNS name or IP).

@@ -36,7 +36,19 @@ fn ring_error(error: ShmError) -> Error {
     ))
 }
 
-/// How to open a log in the daemon.
+/// How to open a log in the daemon: a builder over [`WalOptions::default`].
+///
+/// ```
+/// use std::time::Duration;
+/// use stela_client::{Codec, Durability, Transport, WalOptions};
+///
+/// let options = WalOptions::default()
+///     .codec(Codec::Json)
+///     .durability(Durability::Disk)
+///     .transport(Transport::Socket)
+///     .reconnect_within(Duration::from_secs(10));
+/// assert_eq!(options.durability, Durability::Disk);
+/// ```
 #[derive(Clone, Debug)]
 pub struct WalOptions {
     pub codec: Codec,
@@ -66,6 +78,16 @@ pub struct WalOptions {
 }
 
 /// How appends and commits reach the daemon.
+///
+/// ```no_run
+/// use stela_client::{Transport, Wal, WalOptions};
+///
+/// # fn main() -> stela_client::Result<()> {
+/// let options = WalOptions::default().transport(Transport::Socket);
+/// let wal: Wal<u64> = Wal::open("/var/lib/stela/stela.sock", "counters", options)?;
+/// assert_eq!(wal.transport(), Transport::Socket.name());
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
     /// A shared-memory ring when the daemon is on this machine (a Unix socket) and gives one;
@@ -170,7 +192,7 @@ impl WalOptions {
 
 /// How long one endpoint of a list may take to connect, say hello, or open the log before the
 /// next is tried: long enough for a loaded node, short against a failover's few hundred ms.
-const ENDPOINT_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const ENDPOINT_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Encodes records with the log's codec, refusing any larger than the daemon accepts (before
 /// anything is sent, so a batch is all or nothing).
@@ -199,6 +221,22 @@ pub(crate) fn encode_records<T: Serialize>(
 
 /// A typed log held by the daemon. `Send + Sync`; calls from many threads share one connection
 /// one request at a time, so give each busy thread its own `Wal` (they may name the same log).
+///
+/// ```no_run
+/// use stela_client::{Durability, Lsn, Wal, WalOptions};
+///
+/// # fn main() -> stela_client::Result<()> {
+/// let options = WalOptions::default().durability(Durability::Disk);
+/// let wal: Wal<(u64, String)> = Wal::open("/var/lib/stela/stela.sock", "ledger", options)?;
+/// let lsn = wal.append_durable(&(1, "opened".to_owned()))?; // fdatasync'ed when it returns
+/// for item in wal.iter_from(Lsn::FIRST)? {
+///     let (at, (id, what)) = item?;
+///     println!("{at}: {id} {what}");
+/// }
+/// wal.truncate_before(lsn)?; // after a checkpoint
+/// wal.close()?;
+/// # Ok(()) }
+/// ```
 pub struct Wal<T> {
     session: Mutex<Session>,
     address: Address,
@@ -244,7 +282,7 @@ impl<T> std::fmt::Debug for Wal<T> {
 /// down) is in doubt: reported with its term and LSN for [`Wal::resolve`]. A commit the
 /// primary answered without a standby is [`Error::Unprotected`]. Other errors are returned as
 /// they are.
-pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<u64>) -> Error {
+pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<Lsn>) -> Error {
     if let Error::Server {
         code: crate::ErrorCode::Unprotected,
         message,
@@ -283,7 +321,7 @@ pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Opt
 }
 
 /// Whether the daemon said it is not (any more) the primary this session opened the log on.
-fn node_replaced(error: &Error) -> bool {
+pub(crate) fn node_replaced(error: &Error) -> bool {
     matches!(
         error.code(),
         Some(crate::ErrorCode::InDoubt | crate::ErrorCode::NotPrimary)
@@ -377,8 +415,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         }
         drop(answers);
         let rank = |at: usize, session: &Session| {
-            let nearness = (at + endpoints.len() - preferred % endpoints.len()) % endpoints.len();
-            (session.term >> 32, std::cmp::Reverse(nearness))
+            crate::failover::rank(at, preferred, endpoints.len(), session.term)
         };
         let mut tried = Vec::new();
         let mut best: Option<(usize, (Session, Positions, usize))> = None;
@@ -691,7 +728,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
                 other => Err(unexpected("Commit", other)),
             }
         });
-        committed.map_err(|error| in_doubt(error, durability, term, Some(lsn.get())))
+        committed.map_err(|error| in_doubt(error, durability, term, Some(lsn)))
     }
 
     /// The term records appended now get (0 from a daemon without replication). With an LSN
@@ -729,36 +766,12 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
     }
 
     fn resolve_once(&self, term: u64, lsn: Lsn) -> Result<stela_format::term::Resolution> {
-        let (entries, last_lsn, log_end) = self.call("history", |session| {
-            match session.connection.request(RequestBody::History {
+        let answer = self.call("history", |session| {
+            session.connection.request(RequestBody::History {
                 handle: session.handle,
-            })? {
-                ResponseBody::History {
-                    entries,
-                    last_lsn,
-                    log_end,
-                } => Ok((entries, last_lsn, log_end)),
-                other => Err(unexpected("History", other)),
-            }
+            })
         })?;
-        let history = stela_format::term::TermHistory::from_entries(
-            entries
-                .into_iter()
-                .map(|(term, first)| (stela_format::term::Term(term), first)),
-        )
-        .map_err(|e| Error::UnexpectedAnswer {
-            asked: "History",
-            got: format!("a term history that breaks its rules: {e}"),
-        })?;
-        // `last_lsn` is what a second node holds; a daemon that says where the log ends lets a
-        // record between the two be told apart from one never written (NotYet, not Lost).
-        Ok(stela_format::term::resolve_protected(
-            &history,
-            log_end.unwrap_or(last_lsn),
-            last_lsn,
-            stela_format::term::Term(term),
-            lsn.get(),
-        ))
+        resolution_from_history(answer, term, lsn)
     }
 
     /// Where the log stands in the daemon.
@@ -836,6 +849,17 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
 }
 
 /// Records in order; yields an error and stops if the daemon reports damage or goes away.
+///
+/// ```no_run
+/// # fn main() -> stela_client::Result<()> {
+/// let wal: stela_client::Wal<String> = stela_client::Wal::open(
+///     "/var/lib/stela/stela.sock",
+///     "notes",
+///     stela_client::WalOptions::default(),
+/// )?;
+/// let notes: Vec<String> = wal.iter()?.map(|item| item.map(|(_, note)| note)).collect::<Result<_, _>>()?;
+/// # Ok(()) }
+/// ```
 pub struct Iter<'a, T> {
     wal: &'a Wal<T>,
     next: u64,
@@ -852,13 +876,12 @@ impl<T: Serialize + DeserializeOwned> Iterator for Iter<'_, T> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some((lsn, payload)) = self.batch.next() {
-                let decoded = self
-                    .wal
-                    .options
-                    .codec
-                    .decode(&payload.0)
-                    .map_err(Error::from);
-                return Some(decoded.map(|record| (Lsn::new(lsn), record)));
+                let lsn = Lsn::new(lsn);
+                let decoded = self.wal.options.codec.decode(&payload.0);
+                return Some(match decoded {
+                    Ok(record) => Ok((lsn, record)),
+                    Err(source) => Err(Error::Decode { lsn, source }),
+                });
             }
             if self.done {
                 return None;
@@ -893,6 +916,41 @@ impl<T: Serialize + DeserializeOwned> Iterator for Iter<'_, T> {
             }
         }
     }
+}
+
+/// Judges the record at `lsn` in `term` by the primary's answer to a `History` request: its
+/// term history and how far a second node holds the log (`last_lsn`), and, from a daemon that
+/// says so, where the log ends, so that a record between the two is told apart from one never
+/// written (`NotYet`, not `Lost`).
+pub(crate) fn resolution_from_history(
+    answer: ResponseBody,
+    term: u64,
+    lsn: Lsn,
+) -> Result<stela_format::term::Resolution> {
+    let ResponseBody::History {
+        entries,
+        last_lsn,
+        log_end,
+    } = answer
+    else {
+        return Err(unexpected("History", answer));
+    };
+    let history = stela_format::term::TermHistory::from_entries(
+        entries
+            .into_iter()
+            .map(|(term, first)| (stela_format::term::Term(term), first)),
+    )
+    .map_err(|e| Error::UnexpectedAnswer {
+        asked: "History",
+        got: format!("a term history that breaks its rules: {e}"),
+    })?;
+    Ok(stela_format::term::resolve_protected(
+        &history,
+        log_end.unwrap_or(last_lsn),
+        last_lsn,
+        stela_format::term::Term(term),
+        lsn.get(),
+    ))
 }
 
 /// The schema the daemon keeps for a log of `T` (`stela_format::schema`): only for compact

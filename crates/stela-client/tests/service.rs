@@ -361,3 +361,51 @@ fn stela_status_shows_whether_the_event_loop_spins_after_work() {
     back_to_back("back-to-back requests never brought the spin back");
     server.shutdown().unwrap();
 }
+
+/// A record that does not decode as the reader's type is named by its LSN, by the blocking and
+/// the async client alike.
+#[test]
+fn a_record_that_does_not_decode_is_named_by_its_lsn() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path());
+    let tag = std::any::type_name::<Entry>();
+    let wal: Wal<Entry> = Wal::open(server.socket_path(), "typed", WalOptions::default()).unwrap();
+    wal.append(&entry(1)).unwrap();
+    wal.append(&entry(2)).unwrap();
+    // Another type under the same tag (a type changed incompatibly): the daemon cannot tell.
+    let wrong: Wal<(String, bool)> = Wal::open(
+        server.socket_path(),
+        "typed",
+        WalOptions::default().type_tag(tag),
+    )
+    .unwrap();
+    let error = wrong.iter().unwrap().next().unwrap().unwrap_err();
+    assert!(
+        matches!(error, stela_client::Error::Decode { lsn, .. } if lsn == Lsn::FIRST),
+        "{error}"
+    );
+    assert!(error.to_string().contains("LSN 1"), "{error}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let wrong: stela_client::AsyncWal<(String, bool)> = stela_client::AsyncWal::open(
+            server.socket_path(),
+            "typed",
+            WalOptions::default().type_tag(tag),
+        )
+        .await
+        .unwrap();
+        let error = wrong
+            .iter_from(Lsn::new(2))
+            .next()
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(error, stela_client::Error::Decode { lsn, .. } if lsn == Lsn::new(2)),
+            "{error}"
+        );
+    });
+}

@@ -403,11 +403,13 @@ mod daemon {
                 Ok(()) => Ok(()),
                 Err(Error::Unprotected { term, lsn: at, .. }) => Err(CommitError::Unprotected {
                     term,
-                    lsn: at.unwrap_or(lsn),
+                    lsn: at.map_or(lsn, Lsn::get),
                 }),
-                Err(Error::InDoubt { term, lsn, cause }) => {
-                    Err(CommitError::InDoubt { term, lsn, cause })
-                }
+                Err(Error::InDoubt { term, lsn, cause }) => Err(CommitError::InDoubt {
+                    term,
+                    lsn: lsn.map(Lsn::get),
+                    cause,
+                }),
                 Err(other) => Err(CommitError::Other(other.to_string())),
             }
         }
