@@ -96,8 +96,13 @@ fn a_flood_of_the_replication_port_costs_the_standby_neither_threads_nor_memory(
         rss_before as f64 / 1e6,
         rss as f64 / 1e6
     );
+    // At most 16 unauthenticated handshakes hold a thread each; the rest of the margin is the
+    // streams' own threads (the primary and the standby share this process: shipper, link
+    // watches, the SYNCED keeper), which a stream reopened during the flood replaces (a clean-
+    // clone CI run saw 21 -> 47 with the three-node and plain-stream changes; 330 connections
+    // with a thread each would be far above this).
     assert!(
-        threads <= threads_before + 16 + 8,
+        threads <= threads_before + 16 + 24,
         "the flood took the process from {threads_before} to {threads} threads"
     );
     assert!(
