@@ -216,12 +216,8 @@ impl Server {
                     Arc::clone(&stepped_down),
                 );
                 node.on_step_down(Box::new(move |why| {
-                    if let Some(replication) = engine
-                        .upgrade()
-                        .as_ref()
-                        .and_then(|e| e.replication().cloned())
-                    {
-                        replication.step_down(&why);
+                    if let Some(engine) = engine.upgrade() {
+                        engine.step_down_shipping(&why);
                     }
                     let _ = stepped_down.set(why);
                     let (flag, condvar) = &*stop;

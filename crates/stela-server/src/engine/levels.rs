@@ -3,6 +3,7 @@
 //! acknowledgements that they hold the record in memory ([`crate::replication`]), `all` with
 //! the local sync, then K standbys' acknowledgements that it is synced on their disks.
 
+use super::local_copy::LocalCopy;
 use super::{Engine, ReleaseHook, Waiter};
 use crate::config::DaemonConfig;
 use crate::error::{Error, Result};
@@ -23,6 +24,9 @@ pub struct Availability {
     pub(super) node: Arc<crate::cluster::Node>,
     /// Opens in progress and the logs held open for shipping.
     pub(super) opens: super::queries::Opens,
+    /// With three nodes or more: the primary's own copy of `replicated` records, written before
+    /// they are acknowledged ([`LocalCopy`]).
+    pub(super) local_copy: Option<Arc<LocalCopy>>,
 }
 
 /// This node and its shipping, as `config` describes them.
@@ -36,11 +40,22 @@ pub(super) fn availability(
     let node = Arc::new(
         crate::cluster::Node::from_config(config).map_err(crate::error::StartError::Config)?,
     );
+    let replication = replication(config, &node, hook)?;
+    let local_copy = (replication.is_some() && node.elects_by_promises()).then(|| {
+        let hook = Arc::clone(hook);
+        let released: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            if let Some(hook) = hook.get() {
+                hook(false);
+            }
+        });
+        Arc::new(LocalCopy::new(Arc::clone(&config.storage), released))
+    });
     Ok(Availability {
-        replication: replication(config, &node, hook)?,
+        replication,
         standby_view: OnceLock::new(),
         opens: super::queries::Opens::default(),
         node,
+        local_copy,
     })
 }
 
@@ -169,7 +184,10 @@ impl Engine {
             Err(error) => Err(self.log_error(log, error)),
         };
         if durability == Durability::Replicated {
-            return received(Holds::Received, waiter);
+            return match &self.ha.local_copy {
+                None => received(Holds::Received, waiter),
+                Some(local) => self.when_held_here_and_received(local, log, lsn, waiter),
+            };
         }
         // `all`: on the primary's disk first, then synced on K standbys. The waiter sits in a
         // slot so that whichever path ends the wait takes it, exactly once.
@@ -193,10 +211,65 @@ impl Engine {
         Ok(false)
     }
 
+    /// `replicated` with three nodes or more: calls `waiter` once K standbys hold `lsn` and
+    /// this node's copy does too ([`LocalCopy`]). That copy is written at the end of the
+    /// event loop's turn that appended the record, before any standby's answer can come, so
+    /// it is looked at once the standbys answered and is waited for only when it lags.
+    fn when_held_here_and_received(
+        &self,
+        local: &Arc<LocalCopy>,
+        log: LogId,
+        lsn: u64,
+        waiter: Waiter,
+    ) -> Result<bool> {
+        let replication = self
+            .ha
+            .replication
+            .as_ref()
+            .expect("a local copy is kept only beside the shipping");
+        // The waiter sits in a slot: the standbys' answer takes it if it comes later, else it
+        // is still there when they already hold the record.
+        let slot = Arc::new(Mutex::new(Some(waiter)));
+        let then: Waiter = {
+            let (slot, local, pool) =
+                (Arc::clone(&slot), Arc::clone(local), Arc::clone(&self.pool));
+            Box::new(move |outcome| {
+                let Some(waiter) = lock(&*slot).take() else {
+                    return;
+                };
+                match outcome {
+                    Err(error) => waiter(Err(error)),
+                    Ok(()) => match local.when_written(&pool, log, lsn, waiter) {
+                        Ok(None) => {}
+                        Ok(Some(waiter)) => waiter(Ok(())),
+                        Err((waiter, error)) => waiter(Err(error)),
+                    },
+                }
+            })
+        };
+        let standbys_hold = replication
+            .when_received(log, lsn, Holds::Received, then)
+            .map_err(|error| self.log_error(log, error))?;
+        if !standbys_hold {
+            return Ok(false);
+        }
+        let waiter = lock(&*slot)
+            .take()
+            .expect("a waiter dropped uncalled is still in its slot");
+        match local.when_written(&self.pool, log, lsn, waiter) {
+            Ok(None) => Ok(false),
+            Ok(Some(_)) => Ok(true),
+            Err((_, error)) => Err(self.log_error(log, error)),
+        }
+    }
+
     /// Notes an append for the shipping at the end of the turn ([`Engine::end_turn`]).
     pub(super) fn shipper_has_work(&self, log: LogId) {
         if let Some(replication) = &self.ha.replication {
             replication.appended(log);
+        }
+        if let Some(local) = &self.ha.local_copy {
+            local.appended(log);
         }
     }
 
@@ -210,6 +283,9 @@ impl Engine {
         match &self.ha.replication {
             Some(replication) => {
                 replication.ship_unsent(&self.pool);
+                if let Some(local) = &self.ha.local_copy {
+                    local.write_appended(&self.pool);
+                }
                 replication.take_acks(spinning)
             }
             None => false,
@@ -221,6 +297,17 @@ impl Engine {
     pub fn loop_sleeps(&self) {
         if let Some(replication) = &self.ha.replication {
             replication.loop_sleeps();
+        }
+    }
+
+    /// This node stepped down: every `replicated` wait ends in doubt, nothing more is shipped
+    /// or written into the primary's copy.
+    pub fn step_down_shipping(&self, why: &str) {
+        if let Some(replication) = &self.ha.replication {
+            replication.step_down(why);
+        }
+        if let Some(local) = &self.ha.local_copy {
+            local.step_down(why);
         }
     }
 

@@ -10,6 +10,7 @@
 //! it must write, so nothing is acknowledged that it does not then write.
 
 mod levels;
+mod local_copy;
 mod queries;
 
 pub use queries::{NetStats, Opened};

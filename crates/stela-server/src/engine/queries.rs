@@ -145,6 +145,9 @@ impl Engine {
                 return Err(error);
             }
         }
+        if let Some(local) = &self.ha.local_copy {
+            local.watch(entry.id, entry.segments.dir().to_path_buf());
+        }
         replication
             .watch(
                 &self.pool,
@@ -318,6 +321,9 @@ impl Engine {
             .filter(|_| self.logs.get(log).is_none())
         {
             replication.unwatch(log);
+            if let Some(local) = &self.ha.local_copy {
+                local.forget(log);
+            }
         }
     }
 

@@ -119,6 +119,19 @@ impl<W> Pool<W> {
         Some((entry.next_lsn, entry.durable_lsn))
     }
 
+    /// Where the oldest record of `log` still in the buffers begins: (segment, offset, LSN) of
+    /// the first run of its queue (written or not); `None` when nothing is buffered or the log
+    /// left the pool.
+    pub fn oldest_buffered(&self, log: LogId) -> Option<(u64, u64, u64)> {
+        let state = lock(&self.state);
+        let entry = state.logs.get(log)?.as_ref()?;
+        let run = entry
+            .queue
+            .iter()
+            .find_map(|&slot| state.slots[slot].run())?;
+        Some((run.segment, run.offset, run.first_lsn()))
+    }
+
     /// Where the log's next frame goes: (segment, offset, the segment's capacity); `None` once
     /// the log left the pool.
     pub fn append_place(&self, log: LogId) -> Option<(u64, u64, u64)> {

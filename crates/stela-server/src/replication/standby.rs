@@ -451,11 +451,11 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let Some(codec) = Codec::from_name(&codec) else {
         return refuse(&mut writer, 0, format!("unknown codec {codec:?}"));
     };
-    if let Err(why) = check_epoch(&shared.node, term, &node) {
-        return refuse(&mut writer, shared.node.epoch() << 32, why);
-    }
-    // From here until the copy's position is sent, the primary waits for this node.
-    let step = shared.node.handshake_step();
+    // Marked busy before the epoch is checked: a promise ends the streams and then waits until
+    // no log is busy, so a stream is either waited for (and ends itself at its next
+    // acknowledgement, `Pipe::ack`) or checked against the promised epoch and refused. Marked
+    // after the check, a stream could pass it just before a promise, begin after the promise
+    // read this node's position, and acknowledge records the promise did not report.
     if !lock(&shared.busy).insert(log.clone()) {
         return refuse(
             &mut writer,
@@ -464,6 +464,11 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
     }
     let _busy = Busy(shared, log.clone());
+    if let Err(why) = check_epoch(&shared.node, term, &node) {
+        return refuse(&mut writer, shared.node.epoch() << 32, why);
+    }
+    // From here until the copy's position is sent, the primary waits for this node.
+    let step = shared.node.handshake_step();
     let watched = socket.try_clone().map_err(|e| e.to_string())?;
     lock(&shared.sockets).insert(log.clone(), socket);
     let dir = shared.dir.join(&log);
@@ -604,6 +609,7 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         changed: Condvar::new(),
         socket: Mutex::new(writer),
         term,
+        node: Arc::clone(&shared.node),
         started: std::time::Instant::now(),
         heard_ms: AtomicU64::new(0),
     });
@@ -799,6 +805,8 @@ struct Pipe {
     /// Acknowledgements go out from both threads.
     socket: Mutex<Writer>,
     term: u64,
+    /// This node: its epoch is checked before every acknowledgement.
+    node: Arc<crate::cluster::Node>,
     /// When the stream began, and the last message from the primary since then (ms): the
     /// link's deadline is measured from it (`watch_primary`).
     started: std::time::Instant,
@@ -851,7 +859,16 @@ impl Pipe {
         self.started.elapsed().saturating_sub(heard)
     }
 
+    /// Tells the primary what this copy holds, unless this node has seen a newer epoch than the
+    /// stream's since the stream began (it promised in an election): what it acknowledges then
+    /// could be missing from the position it promised with, so the stream ends instead.
     fn ack(&self, term: u64) -> Result<(), String> {
+        let (stream_epoch, ours) = (self.term >> 32, self.node.epoch());
+        if self.node.clustered_node() && ours > stream_epoch {
+            return Err(format!(
+                "this node has seen epoch {ours}: it acknowledges nothing in epoch {stream_epoch} any more"
+            ));
+        }
         let (received, durable) = {
             let state = lock(&self.state);
             (state.received, state.durable)
