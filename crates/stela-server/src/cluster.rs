@@ -36,7 +36,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use stela_coord::{CoordError, Coordinator, Election, Grant, Renewal, Report};
+use stela_coord::{CoordError, Coordinator, Election, Grant, Holder, Renewal, Report};
 use stela_format::term::Term;
 use stela_wal::storage::Storage;
 use stela_wal::TermStore;
@@ -632,10 +632,20 @@ impl Node {
                     };
                     if silent < config.suspect_after {
                         // A healthy standby still looks at the coordinator now and then, so
-                        // that `stela status` says whether failover is available.
-                        if beats.is_multiple_of(10) {
+                        // that `stela status` says whether failover is available; with
+                        // elections by promises every beat, and it joins an election another
+                        // node opened at once rather than after its own suspicion period
+                        // (`joins_open_election`).
+                        let every = if self.elects_by_promises() { 1 } else { 10 };
+                        if beats.is_multiple_of(every) {
                             match coordinator.current() {
-                                Ok(holder) => self.answered(&describe, holder.epoch, holder.holder),
+                                Ok(holder) => {
+                                    let join = self.joins_open_election(&holder);
+                                    self.answered(&describe, holder.epoch, holder.holder);
+                                    if join {
+                                        self.elect(coordinator, silent, &mut refused_logged);
+                                    }
+                                }
                                 Err(error) => self.unreachable(&describe, &error),
                             }
                         }
@@ -672,6 +682,21 @@ impl Node {
                 _ => return,
             }
         }
+    }
+
+    /// Whether this standby, not yet suspecting its primary, promises in the election the
+    /// coordinator shows open (no holder, an epoch at least this node's, past a new cluster's
+    /// first grant). Another node suspected the primary and opened it; from then the old
+    /// holder's renewals are refused and it steps down, so waiting out this node's own
+    /// suspicion period would only delay the next primary: a node restarted a moment ago, or
+    /// one that heard from the primary later than the node that asked, promised up to a
+    /// second after the first promise (`stela-bench failover --nodes 3`, pause-new), and an
+    /// election needs two.
+    fn joins_open_election(&self, shown: &Holder) -> bool {
+        self.elects_by_promises()
+            && shown.holder.is_none()
+            && shown.epoch > 0
+            && shown.epoch >= self.epoch()
     }
 
     /// One step of an election by promises (more than two nodes), once the primary has been

@@ -921,7 +921,7 @@ fn inject(
         client.wait_for_ack(FAILOVER_WAIT)?;
         return Ok(run);
     }
-    let (p, before) = cluster.primary().context("no primary before the fault")?;
+    let (p, before) = wait_primary(cluster).context("no primary before the fault")?;
     let s = choose_standby(cluster, p, choices);
     let (p_host, s_host) = (cluster.nodes[p].host, cluster.nodes[s].host);
     let epoch_before = epoch(&before);
@@ -1096,7 +1096,8 @@ fn whole_and_protected(cluster: &Cluster) -> Option<(usize, stela_proto::StatusR
     })
 }
 
-/// Waits for some node to be the primary.
+/// Waits for some node to be the primary (a fault begins only once there is one: an election
+/// that a slow renewal started during the settling time is part of the previous fault).
 fn wait_primary(cluster: &Cluster) -> anyhow::Result<(usize, stela_proto::StatusReport)> {
     let mut found = None;
     wait_within("a primary", PROTECT_WAIT, || {
