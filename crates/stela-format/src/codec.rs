@@ -140,7 +140,8 @@ impl Codec {
     /// self-describing, so its payloads come back as `{"hex": "..."}`.
     pub fn to_json_value(self, payload: &[u8]) -> Result<serde_json::Value, CodecError> {
         match self {
-            Codec::Json | Codec::MessagePack => self.decode::<serde_json::Value>(payload),
+            Codec::Json => self.decode::<serde_json::Value>(payload),
+            Codec::MessagePack => self.decode::<AnyJson>(payload).map(|json| json.0),
             Codec::Postcard => {
                 let hex: String = payload.iter().map(|b| format!("{b:02x}")).collect();
                 Ok(serde_json::json!({ "hex": hex }))
@@ -152,6 +153,83 @@ impl Codec {
 impl fmt::Display for Codec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// A JSON value read from a self-describing payload of any shape. MessagePack has byte
+/// strings, which JSON lacks (`serde_json::Value` refuses them): they become `{"utf8": "..."}`
+/// when they are UTF-8 (a file's path), else `{"hex": "..."}` as Postcard payloads do; map keys
+/// that are not strings are written as JSON text.
+struct AnyJson(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for AnyJson {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(AnyJsonVisitor).map(AnyJson)
+    }
+}
+
+struct AnyJsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for AnyJsonVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any self-describing value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_bytes<E>(self, v: &[u8]) -> Result<Self::Value, E> {
+        if let Ok(text) = std::str::from_utf8(v) {
+            return Ok(serde_json::json!({ "utf8": text }));
+        }
+        let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(serde_json::json!({ "hex": hex }))
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_newtype_struct<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(AnyJson(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some((AnyJson(key), AnyJson(value))) = map.next_entry()? {
+            let key = match key {
+                serde_json::Value::String(key) => key,
+                other => other.to_string(),
+            };
+            object.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(object))
     }
 }
 
@@ -178,6 +256,36 @@ fn decode_msgpack<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
 mod tests {
     use super::*;
     use serde::Deserialize;
+
+    /// A record with a byte string (serde_bytes' form), as `stela run`'s records have.
+    struct WithBytes;
+
+    impl Serialize for WithBytes {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStruct;
+            let mut record = s.serialize_struct("Write", 3)?;
+            record.serialize_field("offset", &7u64)?;
+            record.serialize_field("path", &Bytes(b"/d/a"))?;
+            record.serialize_field("data", &Bytes(b"\xffhi"))?;
+            record.end()
+        }
+    }
+
+    struct Bytes(&'static [u8]);
+
+    impl Serialize for Bytes {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(self.0)
+        }
+    }
+
+    #[test]
+    fn a_messagepack_byte_string_is_dumped_as_text_or_hex() {
+        let payload = Codec::MessagePack.encode(&WithBytes).unwrap();
+        let json = Codec::MessagePack.to_json_value(&payload).unwrap();
+        let expected = serde_json::json!([7, { "utf8": "/d/a" }, { "hex": "ff6869" }]);
+        assert_eq!(json, expected);
+    }
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
     struct Withdrawal {

@@ -171,7 +171,7 @@ fn opened(fd: c_int, flags: c_int, existed: bool) -> c_int {
             });
         }
         if !records.is_empty() {
-            conn::log(&records, false)?;
+            conn::log(&records, records.iter().any(RunRecord::waits_for_level))?;
         }
         Ok(())
     });
@@ -747,11 +747,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
 
 // ---- lengths and names ----
 
+/// Logs `records` (after their change was made) and returns `result`, or -1/EIO. A change of
+/// names returns only once its record is at the level ([`RunRecord::waits_for_level`]).
 fn logged(records: Vec<RunRecord>, result: c_int) -> c_int {
     if records.is_empty() {
         return result;
     }
-    match guarded(|| conn::log(&records, false)) {
+    let wait = records.iter().any(RunRecord::waits_for_level);
+    match guarded(|| conn::log(&records, wait)) {
         Ok(()) => result,
         Err(code) => fail(code),
     }
@@ -911,6 +914,9 @@ unsafe fn renamed(
             return fail(e.raw_os_error().unwrap_or(libc::EIO));
         }
     }
+    if let Err(code) = guarded(|| end_replaced(from.as_deref(), to.as_deref())) {
+        return fail(code);
+    }
     let result = call();
     if result != 0 {
         return result;
@@ -945,6 +951,29 @@ unsafe fn renamed(
         return fail(e.raw_os_error().unwrap_or(libc::EIO));
     }
     logged(records, 0)
+}
+
+/// Before a rename from `from` (`None`: from outside the durable directories) onto `to` that
+/// replaces a durable file: that file synced, then its end logged at the level
+/// ([`RunRecord::replaced_end`]), so a crash that lands the rename and loses its record never
+/// lets replay write the old file's records into the new one.
+fn end_replaced(from: Option<&[u8]>, to: Option<&[u8]>) -> std::io::Result<()> {
+    let Some(to) = to else { return Ok(()) };
+    let change = match from {
+        Some(from) => RunRecord::Rename {
+            from: ByteBuf::from(from.to_vec()),
+            to: ByteBuf::from(to.to_vec()),
+        },
+        None => RunRecord::Create {
+            path: ByteBuf::from(to.to_vec()),
+            mode: 0o600,
+        },
+    };
+    let Some(end) = change.replaced_end(is_file) else {
+        return Ok(());
+    };
+    sync_path(to, true)?;
+    conn::log(&[end], true)
 }
 
 /// # Safety

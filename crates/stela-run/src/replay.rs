@@ -10,13 +10,26 @@
 //! - A change of data (write, zeros, length) is performed on the file, then logged; whether
 //!   it reached the disk is unknown (the page cache may have been lost).
 //!
+//! - A change of names returns to the program only once its record is at the log's level
+//!   ([`RunRecord::waits_for_level`]). So the disk's names run ahead of the log's only by
+//!   the changes still in flight when the crash came: a file the program made under a name
+//!   it had ended (removed, renamed away, replaced) exists on disk only if the record that
+//!   ended the old file is in the log.
+//!
+//! - A change of names that replaces a file (a rename onto a taken name) is preceded in the
+//!   log by the replaced file's removal ([`RunRecord::replaced_end`]), logged at the level
+//!   after that file was synced: a crash that lands the change but loses its own record
+//!   still leaves the old file's end in the log.
+//!
 //! Replay therefore performs no change of names and applies every data record, in log order,
 //! to the name its file has at the end of the tail: the record's path, followed through the
 //! later renames of it; a later removal of the name, or a rename onto it (which replaced the
 //! file the record wrote), means the file is gone and the record is skipped; so is a record
 //! whose final name does not exist (its change of names was performed but its record lost
-//! with a crash). Data records are idempotent and applied in their order, so applying them
-//! all onto any subset of them that reached the disk gives the files the program saw.
+//! with a crash). Data records are idempotent and applied in their order, so
+//! applying them all onto any subset of them that reached the disk gives the files the
+//! program saw; and no record is ever applied to a file other than the one it was written
+//! to, whatever the program did after the log's end.
 //! Everything replay touched is synced before [`crate::recover`] returns, so the caller may
 //! truncate the log behind the tail.
 
@@ -150,19 +163,34 @@ mod tests {
     use serde_bytes::ByteBuf;
     use std::collections::BTreeMap;
 
-    /// Files in memory: name to contents.
+    /// A file in memory: the position in the log of the record that made it (two files that
+    /// had one name are told apart by it), and its bytes.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    struct MemFile {
+        made_by: usize,
+        bytes: Vec<u8>,
+    }
+
+    /// Files in memory: name to file.
     #[derive(Clone, Debug, Default, PartialEq, Eq)]
-    struct Memory(BTreeMap<Vec<u8>, Vec<u8>>);
+    struct Memory(BTreeMap<Vec<u8>, MemFile>);
+
+    impl Memory {
+        fn bytes(&mut self, path: &[u8]) -> &mut Vec<u8> {
+            &mut self
+                .0
+                .get_mut(path)
+                .expect("replay changes only existing files")
+                .bytes
+        }
+    }
 
     impl Files for Memory {
         fn exists(&self, path: &[u8]) -> bool {
             self.0.contains_key(path)
         }
         fn write_at(&mut self, path: &[u8], offset: u64, data: &[u8]) -> io::Result<()> {
-            let file = self
-                .0
-                .get_mut(path)
-                .expect("replay writes only existing files");
+            let file = self.bytes(path);
             let end = offset as usize + data.len();
             if file.len() < end {
                 file.resize(end, 0);
@@ -174,19 +202,21 @@ mod tests {
             self.write_at(path, offset, &vec![0; len as usize])
         }
         fn set_len(&mut self, path: &[u8], size: u64) -> io::Result<()> {
-            self.0
-                .get_mut(path)
-                .expect("replay cuts only existing files")
-                .resize(size as usize, 0);
+            self.bytes(path).resize(size as usize, 0);
             Ok(())
         }
     }
 
-    /// What the program did, as the live files saw it.
-    fn apply_live(files: &mut Memory, record: &RunRecord) {
+    /// What the program did (the record at `index` of the log), as the live files saw it. A
+    /// create of a name that exists is a rename into a durable directory over it: a new file.
+    fn apply_live(files: &mut Memory, index: usize, record: &RunRecord) {
         match record {
             RunRecord::Create { path, .. } => {
-                files.0.entry(path.to_vec()).or_default();
+                let file = MemFile {
+                    made_by: index,
+                    bytes: Vec::new(),
+                };
+                files.0.insert(path.to_vec(), file);
             }
             RunRecord::Rename { from, to } => {
                 let file = files.0.remove(from.as_slice()).unwrap();
@@ -205,62 +235,168 @@ mod tests {
         ByteBuf::from(text.as_bytes().to_vec())
     }
 
+    /// One step of a program: (kind, name, other name, offset or size, length).
+    type Op = (u8, u8, u8, u64, usize);
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        proptest::collection::vec((0u8..7, 0u8..3, 0u8..3, 0u64..64, 1usize..16), 1..50)
+    }
+
+    /// A program's history over three names (writes, truncations, creates (over an existing
+    /// name too, as a rename into the directory does), renames that may replace a file,
+    /// removes; each legal when made), as its log; `fill(file, op, name)` gives the bytes a
+    /// write puts in `file` (the log position that made it).
+    fn history(ops: Vec<Op>, fill: impl Fn(usize, u8, u8) -> u8) -> Vec<RunRecord> {
+        let names = ["/d/a", "/d/b", "/d/c"];
+        let mut live = Memory::default();
+        let mut log = Vec::new();
+        for (op, x, y, offset, len) in ops {
+            let (p, q) = (names[x as usize], names[y as usize]);
+            let made_by = live.0.get(p.as_bytes()).map_or(0, |f| f.made_by);
+            let record = match op {
+                0 | 1 => RunRecord::Write {
+                    path: b(p),
+                    offset,
+                    data: ByteBuf::from(vec![fill(made_by, op, x); len]),
+                },
+                2 => RunRecord::Zeros {
+                    path: b(p),
+                    offset,
+                    len: len as u64,
+                },
+                3 => RunRecord::SetLen {
+                    path: b(p),
+                    size: offset,
+                },
+                4 => RunRecord::Create {
+                    path: b(p),
+                    mode: 0o600,
+                },
+                5 if p != q => RunRecord::Rename {
+                    from: b(p),
+                    to: b(q),
+                },
+                _ => RunRecord::Remove { path: b(p) },
+            };
+            let needs = match &record {
+                RunRecord::Create { .. } => None,
+                RunRecord::Rename { from, .. } => Some(from),
+                RunRecord::Remove { path }
+                | RunRecord::Write { path, .. }
+                | RunRecord::Zeros { path, .. }
+                | RunRecord::SetLen { path, .. } => Some(path),
+            };
+            if needs.is_some_and(|p| !live.exists(p)) {
+                continue;
+            }
+            if let Some(end) = record.replaced_end(|name| live.exists(name)) {
+                // As the library logs it. Until the change lands the old file stays on disk,
+                // its data synced (the program's state before the call); the model lets it
+                // go at once, which replay cannot tell apart: it skips the old file's
+                // records either way.
+                apply_live(&mut live, log.len(), &end);
+                log.push(end);
+            }
+            apply_live(&mut live, log.len(), &record);
+            log.push(record);
+        }
+        log
+    }
+
+    /// The files a crash left: every change before `tail_from` (synced), then, up to
+    /// `crash_at`, every change of names (durable before it was logged) and the data changes
+    /// `reached_disk` names (the others were lost with the page cache; one to a file no longer
+    /// on disk is lost with it).
+    fn crashed(
+        log: &[RunRecord],
+        tail_from: usize,
+        crash_at: usize,
+        reached_disk: &[bool],
+    ) -> Memory {
+        let mut files = Memory::default();
+        for (i, record) in log[..tail_from].iter().enumerate() {
+            apply_live(&mut files, i, record);
+        }
+        for (i, record) in log.iter().enumerate().take(crash_at).skip(tail_from) {
+            let lands = record.data_path().is_none() || reached_disk[i];
+            let here = record.data_path().is_none_or(|p| files.exists(p));
+            let renamed_ok = match record {
+                RunRecord::Rename { from, .. } => files.exists(from),
+                _ => true,
+            };
+            if lands && here && renamed_ok {
+                apply_live(&mut files, i, record);
+            }
+        }
+        files
+    }
+
     proptest! {
-        /// A program's history over three names (writes, truncations, creates, renames that
-        /// may replace a file, removes; each legal when made). A crash leaves the files at the
-        /// tail's start with every change of names of the tail (durable before logged) and any
-        /// subset of its data changes (some reached the disk, some were lost with the page
-        /// cache). Replaying the tail gives the files the program saw at the end.
+        /// A crash leaves the files at the tail's start with every change of names of the
+        /// tail and any subset of its data changes. Replaying the tail gives the files the
+        /// program saw at the end.
         #[test]
         fn replaying_the_tail_onto_what_a_crash_left_gives_the_final_files(
-            ops in proptest::collection::vec((0u8..7, 0u8..3, 0u8..3, 0u64..64, 1usize..16), 1..50),
+            ops in ops(),
             tail_from in 0usize..50,
             reached_disk in proptest::collection::vec(any::<bool>(), 50),
         ) {
-            let names = ["/d/a", "/d/b", "/d/c"];
+            let log = history(ops, |_, op, x| op + x + 1);
             let mut live = Memory::default();
-            let mut log = Vec::new();
-            for (op, x, y, offset, len) in ops {
-                let (p, q) = (names[x as usize], names[y as usize]);
-                let record = match op {
-                    0 | 1 => RunRecord::Write { path: b(p), offset, data: ByteBuf::from(vec![op + x + 1; len]) },
-                    2 => RunRecord::Zeros { path: b(p), offset, len: len as u64 },
-                    3 => RunRecord::SetLen { path: b(p), size: offset },
-                    4 => RunRecord::Create { path: b(p), mode: 0o600 },
-                    5 if p != q => RunRecord::Rename { from: b(p), to: b(q) },
-                    _ => RunRecord::Remove { path: b(p) },
-                };
-                let needs = match &record {
-                    RunRecord::Create { .. } => None,
-                    RunRecord::Rename { from, .. } => Some(from),
-                    RunRecord::Remove { path }
-                    | RunRecord::Write { path, .. }
-                    | RunRecord::Zeros { path, .. }
-                    | RunRecord::SetLen { path, .. } => Some(path),
-                };
-                if needs.is_some_and(|p| !live.exists(p)) {
-                    continue;
-                }
-                apply_live(&mut live, &record);
-                log.push(record);
+            for (i, record) in log.iter().enumerate() {
+                apply_live(&mut live, i, record);
             }
             let tail_from = tail_from.min(log.len());
-            let mut crashed = Memory::default();
-            for record in &log[..tail_from] {
-                apply_live(&mut crashed, record);
+            let mut files = crashed(&log, tail_from, log.len(), &reached_disk);
+            replay(&log[tail_from..], &mut files).unwrap();
+            prop_assert_eq!(files, live);
+        }
+
+        /// The log lost its last records (the daemon was killed before they were at the
+        /// level) while the program went on: the disk holds changes the log lacks, up to the
+        /// first change of names the log lacks (the library holds the program in that call
+        /// until its record is at the level). Each write puts bytes naming its file in it.
+        /// Replaying the tail that survived never puts one file's bytes into another: a
+        /// journal removed and made again under its name never gets the old one's bytes.
+        /// And where the program did nothing after the log's end, replay gives the files the
+        /// program saw then.
+        #[test]
+        fn replay_never_writes_a_files_records_into_another_file_made_after_the_logs_end(
+            ops in ops(),
+            tail_from in 0usize..=100,
+            log_end in 0usize..=100,
+            crash_at in 0usize..=100,
+            reached_disk in proptest::collection::vec(any::<bool>(), 50),
+        ) {
+            let tag = |made_by: usize| (made_by % 250 + 1) as u8;
+            let log = history(ops, |made_by, _, _| tag(made_by));
+            // The three points as percentages of the history, so each falls inside it.
+            let at = |percent: usize| log.len() * percent / 100;
+            let tail_from = at(tail_from);
+            let log_end = at(log_end).max(tail_from);
+            let crash_at = at(crash_at);
+            let held_at = log[log_end..]
+                .iter()
+                .position(RunRecord::waits_for_level)
+                .map_or(log.len(), |i| log_end + i + 1);
+            let crash_at = crash_at.clamp(log_end, held_at);
+            let mut files = crashed(&log, tail_from, crash_at, &reached_disk);
+            replay(&log[tail_from..log_end], &mut files).unwrap();
+            for (name, file) in &files.0 {
+                let foreign = file.bytes.iter().find(|&&b| b != 0 && b != tag(file.made_by));
+                prop_assert!(
+                    foreign.is_none(),
+                    "{} (made by record {}) holds byte {:?} of another file",
+                    String::from_utf8_lossy(name), file.made_by, foreign
+                );
             }
-            for (i, record) in log[tail_from..].iter().enumerate() {
-                let lands = record.data_path().is_none() || reached_disk[i];
-                // A data change that was lost is simply not there; one to a file that no
-                // longer exists on disk is lost with it.
-                let here = match record.data_path() { Some(p) => crashed.exists(p), None => true };
-                let renamed_ok = match record { RunRecord::Rename { from, .. } => crashed.exists(from), _ => true };
-                if lands && here && renamed_ok {
-                    apply_live(&mut crashed, record);
+            if crash_at == log_end {
+                let mut live = Memory::default();
+                for (i, record) in log[..log_end].iter().enumerate() {
+                    apply_live(&mut live, i, record);
                 }
+                prop_assert_eq!(files, live);
             }
-            replay(&log[tail_from..], &mut crashed).unwrap();
-            prop_assert_eq!(crashed, live);
         }
     }
 }
