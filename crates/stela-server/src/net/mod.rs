@@ -331,6 +331,7 @@ impl EventLoop {
         let mut last_socket_poll = Instant::now();
         let mut last_sweep = Instant::now();
         let mut spin = spin::SpinPolicy::new(self.spin);
+        let mut crowding = spin::Crowding::new();
         self.counters
             .spins_after_work
             .store(!spin.budget().is_zero(), Ordering::Relaxed);
@@ -349,6 +350,7 @@ impl EventLoop {
             let realtime = priority.realtime();
             let owed = self.answers_owed(standby_owed);
             let spinning = !self.spin.is_zero()
+                && !crowding.crowded(now)
                 && (quiet < spin.budget()
                     || (owed && quiet < self.spin)
                     || (self.disk_waits > 0 && quiet < DISK_SPIN && !realtime));
