@@ -323,7 +323,7 @@ impl Checker {
             ));
         }
         if let Err(why) = of_this_log(&header, current) {
-            return refuse(why);
+            return refuse(why.to_string());
         }
         let replaces = header.start_lsn == current.start_lsn;
         let expected_seq = current.segment_seq + u64::from(!replaces);
@@ -428,7 +428,8 @@ pub fn restart_at(
     header: &SegmentHeader,
 ) -> std::result::Result<usize, MirrorError> {
     let mirror = Mirror::open(dir, options, type_tag)?;
-    of_this_log(header, &mirror.checker.header).map_err(MirrorError::Refused)?;
+    of_this_log(header, &mirror.checker.header)
+        .map_err(|why| MirrorError::Refused(why.to_string()))?;
     let next_lsn = mirror.position().next_lsn;
     let segments = mirror.segments.list();
     let newest = segments.last().map_or(Lsn::FIRST, |s| s.start);
@@ -447,21 +448,41 @@ pub fn restart_at(
 
 /// Whether a copy whose newest segment has `current` for its header can take a segment of
 /// `header`: the layout that is shipped, and the same codec and record type; why not otherwise.
-fn of_this_log(header: &SegmentHeader, current: &SegmentHeader) -> std::result::Result<(), String> {
+fn of_this_log(
+    header: &SegmentHeader,
+    current: &SegmentHeader,
+) -> std::result::Result<(), ForeignSegment> {
     if header.layout != Layout::CURRENT {
-        return Err(format!(
-            "a version {} segment; only version {} is shipped",
-            header.layout.version(),
-            Layout::CURRENT.version()
-        ));
+        return Err(ForeignSegment::Layout {
+            version: header.layout.version(),
+            shipped: Layout::CURRENT.version(),
+        });
     }
     if header.codec != current.codec || !header.type_tag.same_as(&current.type_tag) {
-        return Err(format!(
-            "a segment of {} records in {}; this log holds {} records in {}",
-            header.type_tag.shown, header.codec, current.type_tag.shown, current.codec
-        ));
+        return Err(ForeignSegment::Records {
+            shown: header.type_tag.shown.clone(),
+            codec: header.codec,
+            ours: current.type_tag.shown.clone(),
+            our_codec: current.codec,
+        });
     }
     Ok(())
+}
+
+/// Why a segment cannot join a copy: another layout, or another log's records.
+#[derive(Debug, thiserror::Error)]
+enum ForeignSegment {
+    #[error("a version {version} segment; only version {shipped} is shipped")]
+    Layout { version: u16, shipped: u16 },
+    #[error(
+        "a segment of {shown} records in {codec}; this log holds {ours} records in {our_codec}"
+    )]
+    Records {
+        shown: String,
+        codec: stela_format::Codec,
+        ours: String,
+        our_codec: stela_format::Codec,
+    },
 }
 
 /// The next chunk to ship to a mirror standing at `from`, read from the primary's files: whole

@@ -21,7 +21,7 @@ use stela_format::{Codec, Lsn, SegmentHeader};
 pub struct SegmentReport {
     pub path: PathBuf,
     pub start: Lsn,
-    pub header: std::result::Result<SegmentHeader, String>,
+    pub header: std::result::Result<SegmentHeader, Error>,
     pub scan: Option<SegmentScan>,
 }
 
@@ -121,14 +121,14 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
         let mut entry = SegmentReport {
             path: seg.path.clone(),
             start: seg.start,
-            header: header.as_ref().map(Clone::clone).map_err(|e| e.to_string()),
+            header,
             scan: None,
         };
         // Where this segment's records should begin: a damaged header or a gap ends the valid
         // prefix there.
         let here = expected.unwrap_or(seg.start).min(seg.start);
-        let header = match header {
-            Ok(header) => header,
+        let header = match &entry.header {
+            Ok(header) => header.clone(),
             Err(error) => {
                 report.damaged_at(here, error.to_string());
                 report.segments.push(entry);
