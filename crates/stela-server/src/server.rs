@@ -48,7 +48,7 @@ impl Server {
     /// Starts a daemon: measures the disk, binds the socket(s), starts the flushers, workers and
     /// the event loop. Returns once clients can connect.
     pub fn start(config: DaemonConfig) -> Result<Server, StartError> {
-        config.check().map_err(StartError::Config)?;
+        config.check()?;
         // Credentials and the socket's group are checked before the engine touches the disk.
         let auth = Arc::new(net::auth::Auth::load(&config)?);
         let socket_group = config
@@ -498,8 +498,10 @@ fn start_metrics(
     })
 }
 
-/// What SIGHUP calls for the configuration to apply.
-pub type ReloadHook = Box<dyn Fn() -> Result<DaemonConfig, String> + Send + Sync>;
+/// What SIGHUP calls for the configuration to apply; its error (the caller's own type) says
+/// why there is none, and the running configuration stays.
+pub type ReloadHook =
+    Box<dyn Fn() -> Result<DaemonConfig, Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
 
 /// The settings a running daemon can change (SIGHUP), and the configuration it runs with.
 struct Reloadable {

@@ -510,7 +510,11 @@ impl ServeArgs {
     }
 }
 
-fn parse_octal(text: &str) -> Result<u32, String> {
-    u32::from_str_radix(text.trim_start_matches("0o"), 8)
-        .map_err(|e| format!("not an octal mode: {e}"))
+fn parse_octal(text: &str) -> Result<u32, NotAnOctalMode> {
+    u32::from_str_radix(text.trim_start_matches("0o"), 8).map_err(NotAnOctalMode)
 }
+
+/// `--socket-mode`'s value is not an octal mode.
+#[derive(Debug, thiserror::Error)]
+#[error("not an octal mode: {0}")]
+pub struct NotAnOctalMode(std::num::ParseIntError);
