@@ -33,6 +33,7 @@
 
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
+use stela_format::resync;
 use stela_format::Lsn;
 
 /// A damaged stretch inside a segment.
@@ -136,7 +137,7 @@ pub fn scan_segment_marked(
             Found::End => break,
             Found::Problem(problem) => at.in_synced_bytes(problem),
         };
-        let resumes_at = frame::find_next_valid(layout, bytes, pos + 1, expected, max_payload);
+        let resumes_at = resync::find_next_valid(layout, bytes, pos + 1, expected, max_payload);
         let unsynced_after = match resumes_at {
             _ if at.below_mark() => None,
             None => Some(0),
@@ -164,7 +165,7 @@ pub fn scan_segment_marked(
                 match resumes_at {
                     Some(at) if skip_damage => {
                         pos = at;
-                        expected = frame::lsn_field(bytes, at);
+                        expected = resync::lsn_field(bytes, at);
                     }
                     _ => break,
                 }
@@ -295,7 +296,7 @@ fn unsynced_records_from(
         }
         count += 1;
         let after = at + rec.frame_len();
-        match frame::find_next_valid(Layout::V2, bytes, after, rec.lsn.next(), max_payload) {
+        match resync::find_next_valid(Layout::V2, bytes, after, rec.lsn.next(), max_payload) {
             Some(next) => at = next,
             None => return Some(count),
         }
@@ -471,7 +472,7 @@ mod tests {
         let mut starts = Vec::new();
         for lsn in 1..=4 {
             starts.push(bytes.len());
-            frame::encode_v1(&mut bytes, Lsn::new(lsn), &[lsn as u8; 40]);
+            resync::encode_v1(&mut bytes, Lsn::new(lsn), &[lsn as u8; 40]);
         }
         bytes.resize(2048, 0);
         flip(&mut bytes, (starts[2] + 20) * 8);
