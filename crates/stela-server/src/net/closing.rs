@@ -66,16 +66,7 @@ impl EventLoop {
             self.flush(slot);
             self.close(slot);
         }
-        for slot in std::mem::take(&mut self.parked) {
-            self.ready.push_back(slot);
-        }
-        for &slot in &self.rings {
-            if let Some(Some(conn)) = self.conns.get_mut(slot) {
-                if let Some(ring) = &mut conn.ring {
-                    ring.unpark();
-                }
-            }
-        }
+        self.retry_parked();
         self.counters
             .partial_bytes
             .store(self.held as u64, Ordering::Relaxed);

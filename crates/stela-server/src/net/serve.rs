@@ -259,18 +259,7 @@ impl EventLoop {
                     let result = result.as_ref().map(|r| *r);
                     ring::complete(&completer, seq, result, &mut board_wakes);
                 }
-                Event::SpaceFreed => {
-                    for slot in std::mem::take(&mut self.parked) {
-                        self.ready.push_back(slot);
-                    }
-                    for &slot in &self.rings {
-                        if let Some(Some(conn)) = self.conns.get_mut(slot) {
-                            if let Some(ring) = &mut conn.ring {
-                                ring.unpark();
-                            }
-                        }
-                    }
-                }
+                Event::SpaceFreed => self.retry_parked(),
                 Event::Answer(answer) => {
                     let Answer {
                         conn,
@@ -320,6 +309,21 @@ impl EventLoop {
             }
         }
         any
+    }
+
+    /// Appends parked for space (on sockets and rings) are tried again: space was freed, or
+    /// the sweep retries them as a safety net.
+    pub(super) fn retry_parked(&mut self) {
+        for slot in std::mem::take(&mut self.parked) {
+            self.ready.push_back(slot);
+        }
+        for &slot in &self.rings {
+            if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                if let Some(ring) = &mut conn.ring {
+                    ring.unpark();
+                }
+            }
+        }
     }
 
     /// Copies entries out of every ring that has some; says whether it did anything, and how
