@@ -14,6 +14,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use stela_format::frame::{self, Decoded, Layout, Rejection, MAX_PAYLOAD_BYTES, MIN_SYNC_BASE};
+use stela_format::resync;
 use stela_format::Lsn;
 
 fuzz_target!(|data: &[u8]| {
@@ -35,7 +36,7 @@ fn check(layout: Layout, data: &[u8]) {
                     assert!(base >= MIN_SYNC_BASE, "sync base {base} accepted");
                     frame::encode(&mut again, rec.lsn, rec.payload, base);
                 }
-                None => frame::encode_v1(&mut again, rec.lsn, rec.payload),
+                None => resync::encode_v1(&mut again, rec.lsn, rec.payload),
             }
             assert_eq!(again, &data[..rec.frame_len()], "re-encoding differs");
 
@@ -51,7 +52,7 @@ fn check(layout: Layout, data: &[u8]) {
                 );
             }
             assert_eq!(
-                frame::find_next_valid(layout, data, 0, rec.lsn, u32::MAX),
+                resync::find_next_valid(layout, data, 0, rec.lsn, u32::MAX),
                 Some(0),
                 "a record at offset 0 is not found"
             );
@@ -72,7 +73,7 @@ fn check(layout: Layout, data: &[u8]) {
 
     // Resynchronisation from every kind of starting point.
     for (from, min_lsn, limit) in [(0, 1, u32::MAX), (1, 0, 64), (3, u64::MAX, 0)] {
-        if let Some(at) = frame::find_next_valid(layout, data, from, Lsn::new(min_lsn), limit) {
+        if let Some(at) = resync::find_next_valid(layout, data, from, Lsn::new(min_lsn), limit) {
             assert!(at >= from);
             match frame::decode_with_limit(layout, &data[at..], limit) {
                 Decoded::Record(rec) => assert!(rec.lsn.get() >= min_lsn.max(1)),

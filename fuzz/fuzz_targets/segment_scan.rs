@@ -24,6 +24,7 @@
 use libfuzzer_sys::fuzz_target;
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
+use stela_format::resync;
 use stela_format::Lsn;
 use stela_fuzz::{header_layout, header_start_lsn, ScanInput};
 use stela_wal::scan::scan_segment;
@@ -95,7 +96,8 @@ fuzz_target!(|data: &[u8]| {
         let mut found = 0;
         let mut from = torn.offset as usize + 1;
         let mut min_lsn = expected;
-        while let Some(at) = frame::find_next_valid(layout, bytes, from, min_lsn, input.max_payload)
+        while let Some(at) =
+            resync::find_next_valid(layout, bytes, from, min_lsn, input.max_payload)
         {
             let Decoded::Record(rec) =
                 frame::decode_with_limit(layout, &bytes[at..], input.max_payload)

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use stela_format::frame::Layout;
+use stela_format::resync;
 use stela_format::{frame, header, Codec, Lsn, SegmentHeader, TypeTag};
 
 /// The record type of the paper's benchmark.
@@ -82,7 +83,7 @@ pub fn segment(
     for record in records {
         let payload = codec.encode(record).expect("records encode");
         match layout {
-            Layout::V1 => frame::encode_v1(&mut bytes, lsn, &payload),
+            Layout::V1 => resync::encode_v1(&mut bytes, lsn, &payload),
             Layout::V2 => {
                 let sync_base = bytes.len() as u32;
                 frame::encode(&mut bytes, lsn, &payload, sync_base)
@@ -201,7 +202,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         frame::encode(&mut bytes, Lsn::new(1), &payload, 4096);
         out.push(("frame_decode", format!("{}-lsn1", codec.name()), bytes));
         let mut bytes = Vec::new();
-        frame::encode_v1(&mut bytes, Lsn::new(1), &payload);
+        resync::encode_v1(&mut bytes, Lsn::new(1), &payload);
         out.push(("frame_decode", format!("{}-lsn1-v1", codec.name()), bytes));
     }
     let mut empty = Vec::new();

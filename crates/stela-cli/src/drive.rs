@@ -32,7 +32,7 @@ use anyhow::{anyhow, Context};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::HashSet;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,7 +40,7 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use stela_client::{Address, Connection, Transport};
 use stela_format::Codec;
-use stela_proto::frame::{self, FRAME_HEADER_BYTES};
+use stela_proto::frame;
 use stela_proto::{
     Durability, Request, RequestBody, Response, ResponseBody, Role, StatusReport, PROTOCOL_VERSION,
 };
@@ -639,16 +639,14 @@ fn libc_emfile() -> i32 {
 
 /// Reads the answer to an idle connection's Hello: a Welcome, or the daemon's refusal.
 fn read_welcome(stream: &mut UnixStream) -> anyhow::Result<()> {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    stream
-        .read_exact(&mut header)
-        .context("no answer to Hello (the daemon closed the connection or did not answer)")?;
-    let header = frame::parse_header(header, MAX_WELCOME_BYTES)?;
-    let mut body = vec![0u8; header.body_len];
-    stream
-        .read_exact(&mut body)
-        .context("the answer to Hello was cut short")?;
-    let response: Response = frame::decode_body(header, &body)?;
+    let response: Response = match frame::read_blocking(stream, MAX_WELCOME_BYTES) {
+        Ok(response) => response,
+        Err(frame::ReadError::Header(e)) => Err(e)
+            .context("no answer to Hello (the daemon closed the connection or did not answer)")?,
+        Err(frame::ReadError::Body(e)) => Err(e).context("the answer to Hello was cut short")?,
+        Err(frame::ReadError::Cut) => anyhow::bail!("the answer to Hello was cut short"),
+        Err(frame::ReadError::Frame(e)) => Err(e)?,
+    };
     match response.body {
         ResponseBody::Welcome { .. } => Ok(()),
         ResponseBody::Error { code, message } => {

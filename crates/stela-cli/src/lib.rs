@@ -299,13 +299,27 @@ pub fn expand_config_file(mut args: Vec<OsString>) -> anyhow::Result<Vec<OsStrin
 
 /// What SIGHUP re-reads for a daemon started with `--config`: this process's command line with
 /// the file read again.
-fn reload_from_command_line() -> Result<stela_server::DaemonConfig, String> {
-    let args = expand_config_file(std::env::args_os().collect()).map_err(|e| exit::render(&e))?;
-    let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+fn reload_from_command_line(
+) -> Result<stela_server::DaemonConfig, Box<dyn std::error::Error + Send + Sync>> {
+    let args = expand_config_file(std::env::args_os().collect())
+        .map_err(|e| ReloadError::ConfigFile(exit::render(&e)))?;
+    let cli = Cli::try_parse_from(args).map_err(ReloadError::Flags)?;
     match cli.command {
         Command::Serve(serve) => Ok(serve.config()),
-        _ => Err("not a `stela serve` command line".to_owned()),
+        _ => Err(ReloadError::NotServe.into()),
     }
+}
+
+/// Why SIGHUP found no configuration to apply.
+#[derive(Debug, thiserror::Error)]
+enum ReloadError {
+    /// The `--config` file could not be read as flags (its causes, rendered).
+    #[error("{0}")]
+    ConfigFile(String),
+    #[error("{0}")]
+    Flags(clap::Error),
+    #[error("not a `stela serve` command line")]
+    NotServe,
 }
 
 /// Runs one command, writing its output to `out`.

@@ -51,10 +51,24 @@ impl serde::Serialize for Size {
     }
 }
 
+/// Why a flag's value is not a size or a duration (clap prints it after the flag's name).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum UnitError {
+    #[error("{0} is too large")]
+    TooLarge(String),
+    #[error("{0:?} is not a size (e.g. 4096, 512KiB, 64MiB, 200MB, 1GiB)")]
+    NotASize(String),
+    #[error("{text:?} is not a duration (e.g. 50ms, 2s, 1m): {source}")]
+    NotADuration {
+        text: String,
+        source: humantime::DurationError,
+    },
+}
+
 /// Parses a size: a bare number of bytes, bytesize's units (`512KiB`, `1.5MiB`, `200MB`,
 /// `4 GB`; `KB`, `MB`, `GB` are decimal, `KiB`, `MiB`, `GiB` binary), and the single letters
 /// `K`, `M`, `G`, `T`, which stela always read as binary and still does.
-pub fn parse_size(text: &str) -> Result<Size, String> {
+pub fn parse_size(text: &str) -> Result<Size, UnitError> {
     let trimmed = text.trim();
     if let Ok(bytes) = trimmed.parse::<u64>() {
         return Ok(Size(bytes));
@@ -71,16 +85,16 @@ pub fn parse_size(text: &str) -> Result<Size, String> {
         return number
             .checked_mul(1 << shift)
             .map(Size)
-            .ok_or_else(|| format!("{trimmed} is too large"));
+            .ok_or_else(|| UnitError::TooLarge(trimmed.to_owned()));
     }
     trimmed
         .parse::<bytesize::ByteSize>()
         .map(|size| Size(size.as_u64()))
-        .map_err(|_| format!("{trimmed:?} is not a size (e.g. 4096, 512KiB, 64MiB, 200MB, 1GiB)"))
+        .map_err(|_| UnitError::NotASize(trimmed.to_owned()))
 }
 
 /// A rate in bytes per second: a size, optionally followed by `/s` (`200MB/s`, `200MB`).
-pub fn parse_rate(text: &str) -> Result<Size, String> {
+pub fn parse_rate(text: &str) -> Result<Size, UnitError> {
     parse_size(text.trim().trim_end_matches("/s"))
 }
 
@@ -106,28 +120,31 @@ impl serde::Serialize for Dur {
     }
 }
 
-fn parse_duration_or(text: &str, bare: fn(u64) -> Duration) -> Result<Dur, String> {
+fn parse_duration_or(text: &str, bare: fn(u64) -> Duration) -> Result<Dur, UnitError> {
     let trimmed = text.trim();
     if let Ok(number) = trimmed.parse::<u64>() {
         return Ok(Dur(bare(number)));
     }
     humantime::parse_duration(trimmed)
         .map(Dur)
-        .map_err(|e| format!("{trimmed:?} is not a duration (e.g. 50ms, 2s, 1m): {e}"))
+        .map_err(|source| UnitError::NotADuration {
+            text: trimmed.to_owned(),
+            source,
+        })
 }
 
 /// A duration whose bare number is milliseconds (the old `--flush-interval 1000`).
-pub fn parse_ms(text: &str) -> Result<Dur, String> {
+pub fn parse_ms(text: &str) -> Result<Dur, UnitError> {
     parse_duration_or(text, Duration::from_millis)
 }
 
 /// A duration whose bare number is seconds (the old `--idle-timeout 3600`).
-pub fn parse_secs(text: &str) -> Result<Dur, String> {
+pub fn parse_secs(text: &str) -> Result<Dur, UnitError> {
     parse_duration_or(text, Duration::from_secs)
 }
 
 /// A duration whose bare number is microseconds (the old `--spin-us 50`).
-pub fn parse_us(text: &str) -> Result<Dur, String> {
+pub fn parse_us(text: &str) -> Result<Dur, UnitError> {
     parse_duration_or(text, Duration::from_micros)
 }
 

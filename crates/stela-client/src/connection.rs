@@ -482,12 +482,14 @@ impl Connection {
     }
 
     fn read_response(&mut self) -> Result<Response> {
-        let mut header = [0u8; FRAME_HEADER_BYTES];
-        self.reader.read_exact(&mut header)?;
-        let header = frame::parse_header(header, MAX_FRAME_BYTES)?;
-        self.body.resize(header.body_len, 0);
-        self.reader.read_exact(&mut self.body)?;
-        Ok(frame::decode_body(header, &self.body)?)
+        frame::read_blocking_into(&mut self.reader, MAX_FRAME_BYTES, &mut self.body).map_err(
+            |error| match error {
+                frame::ReadError::Header(e) | frame::ReadError::Body(e) => Error::Io(e),
+                // As a short read of the body always was: the daemon went away mid-answer.
+                frame::ReadError::Cut => Error::Io(std::io::ErrorKind::UnexpectedEof.into()),
+                frame::ReadError::Frame(e) => Error::Frame(e),
+            },
+        )
     }
 }
 

@@ -249,7 +249,7 @@ pub fn promise(
         );
     }
     match elect(&ballot.promises) {
-        Err(why) => (waiting(why), None),
+        Err(why) => (waiting(why.to_string()), None),
         Ok(winner) => {
             debug_assert!(ballot
                 .promises
@@ -278,18 +278,24 @@ pub fn promise(
 ///
 /// # Errors
 /// No promising node covers every other (each is ahead on a different log).
-pub fn elect(promises: &BTreeMap<String, Report>) -> Result<String, String> {
+pub fn elect(promises: &BTreeMap<String, Report>) -> Result<String, NoneCoversAll> {
     promises
         .iter()
         .filter(|(_, report)| promises.values().all(|other| covers(report, other)))
         .max_by_key(|&(name, report)| (report.prefers_primary, std::cmp::Reverse(name)))
         .map(|(name, _)| name.clone())
-        .ok_or_else(|| {
-            format!(
-                "none of the {} promising nodes holds every log as far as each other does; waiting for another node's promise",
-                promises.len()
-            )
+        .ok_or(NoneCoversAll {
+            promising: promises.len(),
         })
+}
+
+/// No promising node holds every log as far as each other does: each is ahead on a different
+/// log, so the election waits for another node's promise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("none of the {promising} promising nodes holds every log as far as each other does; waiting for another node's promise")]
+pub struct NoneCoversAll {
+    /// How many nodes had promised.
+    pub promising: usize,
 }
 
 /// Whether `a` holds each log at least as far as `b` (the term of its last record, then its

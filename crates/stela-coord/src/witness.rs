@@ -141,7 +141,7 @@ fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
                     .name("stela-witness-conn".into())
                     .spawn(move || {
                         if let Err(why) = serve(stream, &state) {
-                            tracing::debug!(%peer, why, "witness: connection ended");
+                            tracing::debug!(%peer, %why, "witness: connection ended");
                         }
                     });
                 if let Err(error) = spawned {
@@ -159,11 +159,23 @@ fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
     }
 }
 
-fn serve(stream: TcpStream, state: &State) -> Result<(), String> {
+/// Why one exchange with a peer (a request and its answer) failed.
+#[derive(Debug, thiserror::Error)]
+enum Exchange {
+    #[error("{0}")]
+    Send(#[from] frame::WriteError),
+    #[error("{0}")]
+    Receive(#[from] frame::ReadError),
+    /// The socket could not be cloned into a reader and a writer.
+    #[error("{0}")]
+    Clone(std::io::Error),
+}
+
+fn serve(stream: TcpStream, state: &State) -> Result<(), Exchange> {
     let _ = stream.set_nodelay(true);
     // A peer that sends nothing for a minute is gone; its thread ends.
     let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
-    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut writer = stream.try_clone().map_err(Exchange::Clone)?;
     let mut reader = BufReader::new(stream);
     loop {
         let request: WitnessRequest = receive(&mut reader)?;
@@ -358,22 +370,35 @@ fn encode_claim(claim: &Claim) -> Vec<u8> {
     out
 }
 
-fn decode_claim(bytes: &[u8]) -> Result<Claim, String> {
+/// Why the witness's claim file is not a claim.
+#[derive(Debug, thiserror::Error)]
+enum ClaimDamage {
+    #[error("{0} bytes, too short")]
+    Short(usize),
+    #[error("too short")]
+    NoFields,
+    #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("the holder's length does not match the file")]
+    HolderLength,
+    #[error("holder: {0}")]
+    Holder(std::str::Utf8Error),
+}
+
+fn decode_claim(bytes: &[u8]) -> Result<Claim, ClaimDamage> {
     let (body, crc) = bytes
         .split_last_chunk::<4>()
-        .ok_or_else(|| format!("{} bytes, too short", bytes.len()))?;
+        .ok_or(ClaimDamage::Short(bytes.len()))?;
     let (stored, computed) = (u32::from_le_bytes(*crc), crc32c::crc32c(body));
     if stored != computed {
-        return Err(format!(
-            "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
-        ));
+        return Err(ClaimDamage::Checksum { stored, computed });
     }
-    let (epoch, rest) = body.split_first_chunk::<8>().ok_or("too short")?;
-    let (len, holder) = rest.split_first_chunk::<4>().ok_or("too short")?;
+    let (epoch, rest) = body.split_first_chunk::<8>().ok_or(ClaimDamage::NoFields)?;
+    let (len, holder) = rest.split_first_chunk::<4>().ok_or(ClaimDamage::NoFields)?;
     if u32::from_le_bytes(*len) as usize != holder.len() {
-        return Err("the holder's length does not match the file".into());
+        return Err(ClaimDamage::HolderLength);
     }
-    let holder = std::str::from_utf8(holder).map_err(|e| format!("holder: {e}"))?;
+    let holder = std::str::from_utf8(holder).map_err(ClaimDamage::Holder)?;
     Ok(Claim {
         epoch: u64::from_le_bytes(*epoch),
         holder: (!holder.is_empty()).then(|| holder.to_owned()),
@@ -414,25 +439,15 @@ fn store(dir: &Path, claim: &Claim) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-fn send<M: serde::Serialize>(writer: &mut impl Write, message: &M) -> Result<(), String> {
-    let mut out = Vec::new();
-    frame::encode(message, &mut out).map_err(|e| e.to_string())?;
-    writer.write_all(&out).map_err(|e| e.to_string())
+fn send<M: serde::Serialize>(
+    writer: &mut impl Write,
+    message: &M,
+) -> Result<(), frame::WriteError> {
+    frame::write_blocking(writer, message)
 }
 
-fn receive<M: serde::de::DeserializeOwned>(reader: &mut impl Read) -> Result<M, String> {
-    let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
-    reader.read_exact(&mut header).map_err(|e| e.to_string())?;
-    let parsed = frame::parse_header(header, MAX_WITNESS_FRAME_BYTES).map_err(|e| e.to_string())?;
-    let mut body = Vec::new();
-    reader
-        .take(parsed.body_len as u64)
-        .read_to_end(&mut body)
-        .map_err(|e| e.to_string())?;
-    if body.len() != parsed.body_len {
-        return Err("the peer closed the connection inside a frame".into());
-    }
-    frame::decode_body(parsed, &body).map_err(|e| e.to_string())
+fn receive<M: serde::de::DeserializeOwned>(reader: &mut impl Read) -> Result<M, frame::ReadError> {
+    frame::read_blocking(reader, MAX_WITNESS_FRAME_BYTES)
 }
 
 /// A node's connection to a witness. Every call is bounded by the timeout, so a dead or stopped
@@ -473,13 +488,15 @@ impl WitnessClient {
         let Some((reader, writer)) = connection.as_mut() else {
             return Err(unreachable("no connection".into()));
         };
-        let result = send(writer, request).and_then(|()| receive::<WitnessResponse>(reader));
+        let result = send(writer, request)
+            .map_err(Exchange::from)
+            .and_then(|()| Ok(receive::<WitnessResponse>(reader)?));
         match result {
             Ok(WitnessResponse::Error { message }) => Err(CoordError::Other(message)),
             Ok(response) => Ok(response),
             Err(why) => {
                 *connection = None;
-                Err(unreachable(why))
+                Err(unreachable(why.to_string()))
             }
         }
     }
@@ -586,7 +603,10 @@ mod tests {
             holder: Some("b".into()),
         });
         bytes[0] ^= 1;
-        assert!(decode_claim(&bytes).unwrap_err().contains("checksum"));
+        assert!(decode_claim(&bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("checksum"));
         assert!(decode_claim(&[1, 2]).is_err());
     }
 }

@@ -119,7 +119,7 @@ impl Codec {
     pub fn decode<T: DeserializeOwned>(self, payload: &[u8]) -> Result<T, CodecError> {
         let result = match self {
             Codec::Json => serde_json::from_slice(payload).map_err(|e| e.to_string()),
-            Codec::MessagePack => decode_msgpack(payload),
+            Codec::MessagePack => return decode_msgpack(payload),
             Codec::Postcard => match postcard::take_from_bytes(payload) {
                 Ok((value, [])) => Ok(value),
                 Ok((_, rest)) => Err(format!(
@@ -236,19 +236,23 @@ impl<'de> serde::de::Visitor<'de> for AnyJsonVisitor {
 /// MessagePack through the borrowing slice reader (strings are read in place, not copied
 /// through a scratch buffer first). That reader does not say where the value ended, so the check
 /// for leftover bytes asks for one more value: running out of input is the only good outcome.
-fn decode_msgpack<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+fn decode_msgpack<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
     use rmp_serde::decode::Error as RmpError;
     use serde::de::{Deserialize, IgnoredAny};
     let mut deserializer = rmp_serde::Deserializer::from_read_ref(payload);
-    let value = T::deserialize(&mut deserializer).map_err(|e| e.to_string())?;
+    let failed = |message: String| CodecError {
+        codec: Codec::MessagePack,
+        message,
+    };
+    let value = T::deserialize(&mut deserializer).map_err(|e| failed(e.to_string()))?;
     match IgnoredAny::deserialize(&mut deserializer) {
         Err(RmpError::InvalidMarkerRead(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Ok(value)
         }
-        _ => Err(format!(
+        _ => Err(failed(format!(
             "bytes left after the record (payload is {} bytes)",
             payload.len()
-        )),
+        ))),
     }
 }
 

@@ -35,8 +35,6 @@
 
 use crate::lsn::Lsn;
 
-pub use crate::resync::{encode_v1, find_next_valid, lsn_field};
-
 /// Bytes before the payload in a version 2 frame, the layout writers use.
 pub const HEADER_BYTES: usize = 20;
 
@@ -304,6 +302,7 @@ pub fn decode(layout: Layout, buf: &[u8]) -> Decoded<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resync::{encode_v1, find_next_valid};
     use proptest::prelude::*;
 
     fn framed(lsn: u64, payload: &[u8]) -> Vec<u8> {

@@ -7,6 +7,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::io::{Read, Write};
 use thiserror::Error;
 
 /// Bytes before the body: length and checksum.
@@ -89,6 +90,74 @@ pub fn encode<M: Serialize>(message: &M, out: &mut Vec<u8>) -> Result<(), FrameE
     out[start..start + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     Ok(())
+}
+
+/// Why a blocking read of one frame ([`read_blocking`]) failed.
+#[derive(Debug, Error)]
+pub enum ReadError {
+    /// Reading the header failed (the peer closed before a frame began, a timeout, ...).
+    #[error("{0}")]
+    Header(std::io::Error),
+    /// Reading the body failed.
+    #[error("{0}")]
+    Body(std::io::Error),
+    /// The peer closed the connection after the header, before the whole body.
+    #[error("the peer closed the connection inside a frame")]
+    Cut,
+    /// The frame is too large, fails its checksum or does not decode.
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+}
+
+/// Reads one framed message of at most `limit` body bytes from a blocking reader, into `body`
+/// (cleared first; its capacity is reused). The body is read as it arrives, never allocated
+/// from the header's length up front: a peer announcing a large body and sending nothing costs
+/// no more than what it sent. The one blocking frame reader of the workspace: clients, the
+/// witness and the benchmark driver read through it.
+pub fn read_blocking_into<M: DeserializeOwned>(
+    reader: &mut impl Read,
+    limit: usize,
+    body: &mut Vec<u8>,
+) -> Result<M, ReadError> {
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    reader.read_exact(&mut header).map_err(ReadError::Header)?;
+    let parsed = parse_header(header, limit)?;
+    body.clear();
+    reader
+        .take(parsed.body_len as u64)
+        .read_to_end(body)
+        .map_err(ReadError::Body)?;
+    if body.len() != parsed.body_len {
+        return Err(ReadError::Cut);
+    }
+    Ok(decode_body(parsed, body)?)
+}
+
+/// [`read_blocking_into`] with a buffer of its own.
+pub fn read_blocking<M: DeserializeOwned>(
+    reader: &mut impl Read,
+    limit: usize,
+) -> Result<M, ReadError> {
+    read_blocking_into(reader, limit, &mut Vec::new())
+}
+
+/// Why a blocking write of one frame ([`write_blocking`]) failed.
+#[derive(Debug, Error)]
+pub enum WriteError {
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Encodes `message` as one frame and writes it whole to a blocking writer.
+pub fn write_blocking<M: Serialize>(
+    writer: &mut impl Write,
+    message: &M,
+) -> Result<(), WriteError> {
+    let mut out = Vec::new();
+    encode(message, &mut out)?;
+    Ok(writer.write_all(&out)?)
 }
 
 /// Decodes the first frame in `buf`, if it is complete. `Ok(None)` means "need more bytes";

@@ -202,6 +202,58 @@ pub const REPLICAS: usize = 1;
 pub const HEARTBEAT: Duration = Duration::from_millis(50);
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(300);
 
+/// Settings the daemon cannot run with, each naming the setting ([`DaemonConfig::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("need at least one buffer of at least 4096 bytes")]
+    NoBuffers,
+    #[error("need at least one flusher and one worker thread")]
+    NoThreads,
+    #[error("max-connections must be at least 1")]
+    NoConnections,
+    #[error("ring size must be a power of two between 4 KiB and 64 MiB")]
+    RingSize,
+    /// `--standby` or `--repl-listen` off loopback without TLS or `--repl-insecure`.
+    #[error("{flag} {addr}: off loopback the replication stream needs TLS ({needs}), or, inside a private network, --repl-insecure")]
+    ReplicationWithoutTls {
+        flag: &'static str,
+        addr: std::net::SocketAddr,
+        needs: &'static str,
+    },
+    #[error("--peer {0}: off loopback the replication stream needs TLS (--standby-ca), or, inside a private network, --repl-insecure")]
+    PeerWithoutTls(std::net::SocketAddr),
+    #[error("--replicas {0}: one standby can hold a record, so K must be 1")]
+    OneStandby(usize),
+    #[error("--replicas {replicas} must be between 1 and the number of --peer ({standbys})")]
+    ReplicasOutOfRange { replicas: usize, standbys: usize },
+    /// More than two nodes (the count) with etcd, which has no elections by promises yet.
+    #[error("{0} nodes with etcd: elections by promises (which more than two nodes need to pick the most up-to-date standby) are built for the witness only; use `stela witness` (tcp://HOST:PORT) or run two nodes")]
+    EtcdWithMoreThanTwo(usize),
+    #[error("--coordinator needs --peer (the other node's replication address) and --repl-listen (this node's): either node may become the primary")]
+    FailoverNeedsPeers,
+    #[error("--suspect-after-ms ({suspect_ms} ms) must be at least twice --heartbeat-ms ({heartbeat_ms} ms)")]
+    SuspectTooSoon {
+        suspect_ms: u128,
+        heartbeat_ms: u128,
+    },
+    #[error("--repl-listen with TLS must authenticate the primary: --admin-token-file (the primary sends one with --standby-token-file), or --tls-client-ca with --tls-admin-name (the primary's certificate)")]
+    ReplListenUnauthenticated,
+    #[error(
+        "TLS settings and token files need --tcp or --repl-listen; --tcp-insecure needs --tcp"
+    )]
+    NoListenerForTls,
+    #[error("--tcp-insecure and --tls-cert exclude each other")]
+    InsecureAndTls,
+    #[error("--tcp {0} needs TLS (--tls-cert and --tls-key, with --tls-client-ca or --token-file) or, on a loopback address, --tcp-insecure")]
+    TcpWithoutTls(std::net::SocketAddr),
+    #[error("--tcp-insecure serves TCP without TLS, so only on a loopback address, not {0}")]
+    InsecureOffLoopback(std::net::SocketAddr),
+    #[error("TLS on --tcp needs a way to authenticate clients: --tls-client-ca, --token-file or --admin-token-file")]
+    NoClientAuthentication,
+    #[error("--tls-admin-name needs --tls-client-ca")]
+    AdminNameWithoutCa,
+}
+
 impl DaemonConfig {
     pub fn new(dir: impl Into<PathBuf>) -> DaemonConfig {
         DaemonConfig {
@@ -260,18 +312,18 @@ impl DaemonConfig {
     }
 
     /// Refuses settings the daemon cannot run with, naming the setting.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         if self.buffers == 0 || self.buffer_bytes < 4096 {
-            return Err("need at least one buffer of at least 4096 bytes".into());
+            return Err(ConfigError::NoBuffers);
         }
         if self.flushers == 0 || self.workers == 0 {
-            return Err("need at least one flusher and one worker thread".into());
+            return Err(ConfigError::NoThreads);
         }
         if self.max_connections == 0 {
-            return Err("max-connections must be at least 1".into());
+            return Err(ConfigError::NoConnections);
         }
         if !self.ring_bytes.is_power_of_two() || !(4096..=64 << 20).contains(&self.ring_bytes) {
-            return Err("ring size must be a power of two between 4 KiB and 64 MiB".into());
+            return Err(ConfigError::RingSize);
         }
         // The replication stream runs over TLS when the primary has --standby-ca and the
         // standby its --tls-cert; without, on loopback only (or a private network, said so).
@@ -293,27 +345,19 @@ impl DaemonConfig {
             if let Some(addr) =
                 addr.filter(|a| !a.ip().is_loopback() && !tls && !self.repl_insecure)
             {
-                return Err(format!(
-                    "{flag} {addr}: off loopback the replication stream needs TLS ({needs}), or, \
-                     inside a private network, --repl-insecure"
-                ));
+                return Err(ConfigError::ReplicationWithoutTls { flag, addr, needs });
             }
         }
         self.check_replicas()?;
         if let Some(failover) = &self.failover {
             if self.standby.is_none() || self.repl_listen.is_none() {
-                return Err(
-                    "--coordinator needs --peer (the other node's replication address) \
-                     and --repl-listen (this node's): either node may become the primary"
-                        .into(),
-                );
+                return Err(ConfigError::FailoverNeedsPeers);
             }
             if failover.heartbeat.is_zero() || failover.suspect_after < failover.heartbeat * 2 {
-                return Err(format!(
-                    "--suspect-after-ms ({} ms) must be at least twice --heartbeat-ms ({} ms)",
-                    failover.suspect_after.as_millis(),
-                    failover.heartbeat.as_millis()
-                ));
+                return Err(ConfigError::SuspectTooSoon {
+                    suspect_ms: failover.suspect_after.as_millis(),
+                    heartbeat_ms: failover.heartbeat.as_millis(),
+                });
             }
         }
         if self.repl_listen.is_some()
@@ -322,12 +366,7 @@ impl DaemonConfig {
             && (self.tls_admin_names.is_empty()
                 || self.tls.as_ref().is_some_and(|t| t.client_ca.is_none()))
         {
-            return Err(
-                "--repl-listen with TLS must authenticate the primary: --admin-token-file \
-                 (the primary sends one with --standby-token-file), or --tls-client-ca with \
-                 --tls-admin-name (the primary's certificate)"
-                    .into(),
-            );
+            return Err(ConfigError::ReplListenUnauthenticated);
         }
         self.check_tcp()
     }
@@ -344,40 +383,31 @@ impl DaemonConfig {
     /// `--replicas K` must be between 1 and the number of standbys; more than one standby
     /// needs the witness's elections by promises (etcd has them not yet), and every standby
     /// the same transport rules as the first.
-    fn check_replicas(&self) -> Result<(), String> {
+    fn check_replicas(&self) -> Result<(), ConfigError> {
         let standbys = self.standbys();
         if self.more_standbys.is_empty() {
             return if self.replicas == 1 {
                 Ok(())
             } else {
-                Err(format!(
-                    "--replicas {}: one standby can hold a record, so K must be 1",
-                    self.replicas
-                ))
+                Err(ConfigError::OneStandby(self.replicas))
             };
         }
         if self.replicas == 0 || self.replicas > standbys.len() {
-            return Err(format!(
-                "--replicas {} must be between 1 and the number of --peer ({})",
-                self.replicas,
-                standbys.len()
-            ));
+            return Err(ConfigError::ReplicasOutOfRange {
+                replicas: self.replicas,
+                standbys: standbys.len(),
+            });
         }
         if let Some(addr) = self
             .more_standbys
             .iter()
             .find(|a| !a.ip().is_loopback() && self.standby_tls.is_none() && !self.repl_insecure)
         {
-            return Err(format!(
-                "--peer {addr}: off loopback the replication stream needs TLS (--standby-ca), or,                  inside a private network, --repl-insecure"
-            ));
+            return Err(ConfigError::PeerWithoutTls(*addr));
         }
         if let Some(failover) = &self.failover {
             if failover.coordinator.starts_with("etcd://") {
-                return Err(format!(
-                    "{} nodes with etcd: elections by promises (which more than two nodes need to                      pick the most up-to-date standby) are built for the witness only; use                      `stela witness` (tcp://HOST:PORT) or run two nodes",
-                    standbys.len() + 1
-                ));
+                return Err(ConfigError::EtcdWithMoreThanTwo(standbys.len() + 1));
             }
         }
         Ok(())
@@ -385,7 +415,7 @@ impl DaemonConfig {
 
     /// TCP is never open without authentication by accident: it needs TLS with a way for
     /// clients to prove who they are, or an explicit `tcp_insecure` on a loopback address.
-    fn check_tcp(&self) -> Result<(), String> {
+    fn check_tcp(&self) -> Result<(), ConfigError> {
         let client_auth = self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
             || self.token_file.is_some()
             || self.admin_token_file.is_some();
@@ -394,32 +424,19 @@ impl DaemonConfig {
             let for_tls =
                 self.tls.is_some() || self.token_file.is_some() || self.admin_token_file.is_some();
             if (for_tls && self.repl_listen.is_none()) || self.tcp_insecure {
-                return Err(
-                    "TLS settings and token files need --tcp or --repl-listen; --tcp-insecure \
-                     needs --tcp"
-                        .into(),
-                );
+                return Err(ConfigError::NoListenerForTls);
             }
             return Ok(());
         };
         match (&self.tls, self.tcp_insecure) {
-            (Some(_), true) => Err("--tcp-insecure and --tls-cert exclude each other".into()),
-            (None, false) => Err(format!(
-                "--tcp {addr} needs TLS (--tls-cert and --tls-key, with --tls-client-ca or \
-                 --token-file) or, on a loopback address, --tcp-insecure"
-            )),
-            (None, true) if !addr.ip().is_loopback() => Err(format!(
-                "--tcp-insecure serves TCP without TLS, so only on a loopback address, not {addr}"
-            )),
-            (Some(_), false) if !client_auth => Err(
-                "TLS on --tcp needs a way to authenticate clients: --tls-client-ca, \
-                 --token-file or --admin-token-file"
-                    .into(),
-            ),
+            (Some(_), true) => Err(ConfigError::InsecureAndTls),
+            (None, false) => Err(ConfigError::TcpWithoutTls(addr)),
+            (None, true) if !addr.ip().is_loopback() => Err(ConfigError::InsecureOffLoopback(addr)),
+            (Some(_), false) if !client_auth => Err(ConfigError::NoClientAuthentication),
             _ if !self.tls_admin_names.is_empty()
                 && self.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) =>
             {
-                Err("--tls-admin-name needs --tls-client-ca".into())
+                Err(ConfigError::AdminNameWithoutCa)
             }
             _ => Ok(()),
         }
@@ -453,7 +470,10 @@ mod tests {
     fn three_nodes_need_the_witness_and_a_k_they_can_meet() {
         assert_eq!(three_nodes("tcp://127.0.0.1:7400", 1).check(), Ok(()));
         assert_eq!(three_nodes("tcp://127.0.0.1:7400", 2).check(), Ok(()));
-        let etcd = three_nodes("etcd://127.0.0.1:2379", 1).check().unwrap_err();
+        let etcd = three_nodes("etcd://127.0.0.1:2379", 1)
+            .check()
+            .unwrap_err()
+            .to_string();
         assert!(etcd.contains("etcd") && etcd.contains("3 nodes"), "{etcd}");
         assert!(three_nodes("tcp://127.0.0.1:7400", 3).check().is_err());
         assert!(three_nodes("tcp://127.0.0.1:7400", 0).check().is_err());

@@ -201,6 +201,8 @@ pub enum StartError {
     Thread { name: String, source: io::Error },
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] crate::config::ConfigError),
     #[error("setting up TLS: {0}")]
     Tls(#[from] stela_net::tls::TlsError),
     #[error("socket group {name:?}: {message}")]

@@ -137,23 +137,185 @@ impl Default for Metrics {
     }
 }
 
+/// Registers a gauge without labels.
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge<u64, AtomicU64> {
+    let gauge = Gauge::<u64, AtomicU64>::default();
+    registry.register(name, help, gauge.clone());
+    gauge
+}
+
+/// Registers a counter without labels.
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter<u64, AtomicU64> {
+    let counter = Counter::<u64, AtomicU64>::default();
+    registry.register(name, help, counter.clone());
+    counter
+}
+
+/// Registers a gauge per log.
+fn log_gauges(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+) -> Family<LogLabel, Gauge<u64, AtomicU64>> {
+    let family = Family::<LogLabel, Gauge<u64, AtomicU64>>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+/// Registers a counter per log.
+fn log_counters(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+) -> Family<LogLabel, Counter<u64, AtomicU64>> {
+    let family = Family::<LogLabel, Counter<u64, AtomicU64>>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+/// Registers the requests received and the acknowledgements given, one counter per level
+/// each, indexed as [`level_index`].
+fn register_levels(registry: &mut Registry) -> ([Counter; 5], [Counter; 5]) {
+    let family = Family::<Level, Counter>::default();
+    let commits = LEVELS.map(|level| family.get_or_create(&Level { level }).clone());
+    registry.register(
+        "commit_requests",
+        "Append and commit requests received (socket and shared-memory ring), by the level asked",
+        family,
+    );
+    let acked = Family::<Level, Counter>::default();
+    let acknowledged = LEVELS.map(|level| acked.get_or_create(&Level { level }).clone());
+    registry.register(
+        "commits",
+        "Appends and commits acknowledged, by the level they were acknowledged at",
+        acked,
+    );
+    (commits, acknowledged)
+}
+
+/// Registers `stela_build_info`: always 1, its label the version.
+fn register_build_info(registry: &mut Registry) {
+    let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+    build_info
+        .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
+        .set(1);
+    registry.register(
+        "build_info",
+        "Always 1; the labels say which stela this is",
+        build_info,
+    );
+}
+
+impl StandbyGauges {
+    fn register(r: &mut Registry) -> StandbyGauges {
+        let lag_seconds = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
+        r.register(
+            "standby_lag_seconds",
+            "How long the standby has acknowledged nothing while behind (0 when caught up)",
+            lag_seconds.clone(),
+        );
+        let shipped_bytes = log_counters(
+            r,
+            "shipped_bytes",
+            "Segment bytes of a log shipped to the standby since start",
+        );
+        let wire_bytes = log_counters(
+            r,
+            "shipped_wire_bytes",
+            "What the shipped segment bytes took on the wire (lz4 where it pays)",
+        );
+        let degraded_acks = log_counters(
+            r,
+            "replication_degraded_acks",
+            "Replicated commits of a log answered Unprotected (never Ok) without the standby since start (--degrade-after)",
+        );
+        let unprotected_acks = log_counters(
+            r,
+            "replication_unprotected_acks",
+            "Replicated commits of a log a promoted primary answered Unprotected (never Ok) before a standby rejoined",
+        );
+        StandbyGauges {
+            connected: log_gauges(
+                r,
+                "standby_connected",
+                "1 while a log's stream to (primary) or from (standby) the other node is up",
+            ),
+            received_lsn: log_gauges(
+                r,
+                "standby_received_lsn",
+                "The highest LSN of a log the standby holds in memory",
+            ),
+            lag_records: log_gauges(
+                r,
+                "standby_lag_records",
+                "Records of a log appended on the primary that the standby does not hold yet",
+            ),
+            lag_bytes: log_gauges(
+                r,
+                "standby_lag_bytes",
+                "Segment bytes of a log between what the standby acknowledged and the log's end",
+            ),
+            lag_seconds,
+            shipped_bytes,
+            wire_bytes,
+            degraded: log_gauges(
+                r,
+                "replication_degraded",
+                "1 while replicated commits of a log are answered Unprotected without the standby (--degrade-after)",
+            ),
+            degraded_acks,
+            degraded_through: log_gauges(
+                r,
+                "replication_degraded_through_lsn",
+                "The highest LSN of a log acknowledged without the standby (--degrade-after); on the primary alone until the standby's received LSN reaches it",
+            ),
+            unprotected_acks,
+            stalled: log_gauges(
+                r,
+                "replication_stalled",
+                "1 while a log's stream is up but the standby has acknowledged nothing within the link's deadline (black-holed or one-way link); the stream is then opened again",
+            ),
+        }
+    }
+}
+
+impl NodeGauges {
+    fn register(r: &mut Registry) -> NodeGauges {
+        let node = NodeGauges {
+            epoch: gauge(r, "epoch", "The failover pair's epoch as this node knows it"),
+            primary: gauge(r, "primary", "1 while this node is the primary"),
+            coordinator_reachable: gauge(
+                r,
+                "coordinator_reachable",
+                "1 while the failover coordinator answers (0: failover unavailable)",
+            ),
+            unprotected: gauge(
+                r,
+                "unprotected",
+                "1 while a promoted primary has no standby and acknowledges replicated commits alone",
+            ),
+            last_failover_seconds: Gauge::default(),
+            last_failover_at: Gauge::default(),
+        };
+        r.register(
+            "last_failover_duration_seconds",
+            "The last promotion of this node: from the old primary's last message to serving",
+            node.last_failover_seconds.clone(),
+        );
+        r.register(
+            "last_failover_timestamp_seconds",
+            "When this node was last promoted, Unix time (0: never since start)",
+            node.last_failover_at.clone(),
+        );
+        node
+    }
+}
+
 impl Metrics {
+    /// Registers every metric. The exposition lists them in the order registered here.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("stela");
-        let family = Family::<Level, Counter>::default();
-        let commits = LEVELS.map(|level| family.get_or_create(&Level { level }).clone());
-        registry.register(
-            "commit_requests",
-            "Append and commit requests received (socket and shared-memory ring), by the level asked",
-            family,
-        );
-        let acked = Family::<Level, Counter>::default();
-        let acknowledged = LEVELS.map(|level| acked.get_or_create(&Level { level }).clone());
-        registry.register(
-            "commits",
-            "Appends and commits acknowledged, by the level they were acknowledged at",
-            acked,
-        );
+        let (commits, acknowledged) = register_levels(&mut registry);
         let flush_bytes = Histogram::new(exponential_buckets(4096.0, 4.0, 10));
         registry.register(
             "flush_bytes",
@@ -172,151 +334,47 @@ impl Metrics {
             "Flushes whose write or fdatasync failed (each stops its log for good)",
             failed_writes.clone(),
         );
-        let mut gauge = |name: &str, help: &str| {
-            let gauge = Gauge::<u64, AtomicU64>::default();
-            registry.register(name, help, gauge.clone());
-            gauge
-        };
+        let r = &mut registry;
         let dirty_bytes = gauge(
+            r,
             "dirty_bytes",
             "Acknowledged bytes not yet written and synced",
         );
         let dirty_cap_bytes = gauge(
+            r,
             "dirty_cap_bytes",
             "The cap on dirty bytes: what can be flushed within half the power window",
         );
         let buffered_bytes = gauge(
+            r,
             "buffered_bytes",
             "Bytes held in the daemon's buffers (dirty, or written and kept for reads)",
         );
-        let connections = gauge("connections", "Client connections open now");
+        let connections = gauge(r, "connections", "Client connections open now");
         let power_failing = gauge(
+            r,
             "power_failing",
             "1 while a power-fail notice is in force (writes refused)",
         );
         let stopped_logs = gauge(
+            r,
             "stopped_logs",
             "Logs that take no writes: a failed write or sync, or no space for a segment",
         );
-        let mut counter = |name: &str, help: &str| {
-            let counter = Counter::<u64, AtomicU64>::default();
-            registry.register(name, help, counter.clone());
-            counter
-        };
-        let bytes_written = counter("written_bytes", "Bytes written to the logs since start");
+        let bytes_written = counter(r, "written_bytes", "Bytes written to the logs since start");
         let refused_connections = counter(
+            r,
             "refused_connections",
             "Connections refused since start (limit, timeouts, failed logins)",
         );
         let refused_logins = counter(
+            r,
             "refused_logins",
             "TCP peers refused for failing authentication since start",
         );
-        let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
-        build_info
-            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
-            .set(1);
-        registry.register(
-            "build_info",
-            "Always 1; the labels say which stela this is",
-            build_info,
-        );
-        let lag_seconds = Family::<LogLabel, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "standby_lag_seconds",
-            "How long the standby has acknowledged nothing while behind (0 when caught up)",
-            lag_seconds.clone(),
-        );
-        let mut counters = |name: &str, help: &str| {
-            let family = Family::<LogLabel, Counter<u64, AtomicU64>>::default();
-            registry.register(name, help, family.clone());
-            family
-        };
-        let shipped_bytes = counters(
-            "shipped_bytes",
-            "Segment bytes of a log shipped to the standby since start",
-        );
-        let wire_bytes = counters(
-            "shipped_wire_bytes",
-            "What the shipped segment bytes took on the wire (lz4 where it pays)",
-        );
-        let degraded_acks = counters(
-            "replication_degraded_acks",
-            "Replicated commits of a log answered Unprotected (never Ok) without the standby since start (--degrade-after)",
-        );
-        let unprotected_acks = counters(
-            "replication_unprotected_acks",
-            "Replicated commits of a log a promoted primary answered Unprotected (never Ok) before a standby rejoined",
-        );
-        let mut family = |name: &str, help: &str| {
-            let family = Family::<LogLabel, Gauge<u64, AtomicU64>>::default();
-            registry.register(name, help, family.clone());
-            family
-        };
-        let standby = StandbyGauges {
-            connected: family(
-                "standby_connected",
-                "1 while a log's stream to (primary) or from (standby) the other node is up",
-            ),
-            received_lsn: family(
-                "standby_received_lsn",
-                "The highest LSN of a log the standby holds in memory",
-            ),
-            lag_records: family(
-                "standby_lag_records",
-                "Records of a log appended on the primary that the standby does not hold yet",
-            ),
-            lag_bytes: family(
-                "standby_lag_bytes",
-                "Segment bytes of a log between what the standby acknowledged and the log's end",
-            ),
-            lag_seconds,
-            shipped_bytes,
-            wire_bytes,
-            degraded: family(
-                "replication_degraded",
-                "1 while replicated commits of a log are answered Unprotected without the standby (--degrade-after)",
-            ),
-            degraded_acks,
-            degraded_through: family(
-                "replication_degraded_through_lsn",
-                "The highest LSN of a log acknowledged without the standby (--degrade-after); on the primary alone until the standby's received LSN reaches it",
-            ),
-            unprotected_acks,
-            stalled: family(
-                "replication_stalled",
-                "1 while a log's stream is up but the standby has acknowledged nothing within the link's deadline (black-holed or one-way link); the stream is then opened again",
-            ),
-        };
-        let mut gauge = |name: &str, help: &str| {
-            let gauge = Gauge::<u64, AtomicU64>::default();
-            registry.register(name, help, gauge.clone());
-            gauge
-        };
-        let node = NodeGauges {
-            epoch: gauge("epoch", "The failover pair's epoch as this node knows it"),
-            primary: gauge("primary", "1 while this node is the primary"),
-            coordinator_reachable: gauge(
-                "coordinator_reachable",
-                "1 while the failover coordinator answers (0: failover unavailable)",
-            ),
-            unprotected: gauge(
-                "unprotected",
-                "1 while a promoted primary has no standby and acknowledges replicated commits alone",
-            ),
-            last_failover_seconds: Gauge::default(),
-            last_failover_at: Gauge::default(),
-        };
-        registry.register(
-            "last_failover_duration_seconds",
-            "The last promotion of this node: from the old primary's last message to serving",
-            node.last_failover_seconds.clone(),
-        );
-        registry.register(
-            "last_failover_timestamp_seconds",
-            "When this node was last promoted, Unix time (0: never since start)",
-            node.last_failover_at.clone(),
-        );
+        register_build_info(r);
+        let standby = StandbyGauges::register(r);
+        let node = NodeGauges::register(r);
         let mut process_registry = Registry::default();
         let process = crate::process_metrics::ProcessMetrics::register(&mut process_registry);
         Metrics {

@@ -13,13 +13,14 @@ use crate::config::DaemonConfig;
 use crate::engine::Engine;
 use crate::error::{ShutdownError, StartError};
 use crate::net::{self, LoopHandle};
+use crate::replication::standby::Standby;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use stela_proto::{EmergencyFlush, StatusReport};
 
@@ -35,7 +36,7 @@ pub struct Server {
     stop_requested: Arc<(Mutex<bool>, Condvar)>,
     signals: Option<(signal_hook::iterator::Handle, JoinHandle<()>)>,
     /// The standby role's listener for the primary's streams (`--repl-listen`).
-    standby: Option<Arc<crate::replication::standby::Standby>>,
+    standby: Option<Arc<Standby>>,
     /// Set when this node stepped down (a newer epoch exists): why.
     stepped_down: Arc<OnceLock<String>>,
     /// The thread a promotion starts to open every log for shipping: joined at shutdown, so
@@ -47,7 +48,7 @@ impl Server {
     /// Starts a daemon: measures the disk, binds the socket(s), starts the flushers, workers and
     /// the event loop. Returns once clients can connect.
     pub fn start(config: DaemonConfig) -> Result<Server, StartError> {
-        config.check().map_err(StartError::Config)?;
+        config.check()?;
         // Credentials and the socket's group are checked before the engine touches the disk.
         let auth = Arc::new(net::auth::Auth::load(&config)?);
         let socket_group = config
@@ -57,75 +58,17 @@ impl Server {
             .transpose()?;
         let engine = Engine::start(&config)?;
         // With a failover coordinator the role is its to say, before anything is served.
-        let coordinator = match &config.failover {
-            Some(failover) => {
-                let coordinator = stela_coord::connect(
-                    &failover.coordinator,
-                    &failover.cluster,
-                    failover.suspect_after,
-                )
-                .map_err(|e| StartError::Config(format!("--coordinator: {e}")))?;
-                engine.node().decide_role(coordinator.as_ref());
-                tracing::info!(
-                    role = engine.node().role_name(),
-                    epoch = engine.node().epoch(),
-                    coordinator = coordinator.describe(),
-                    "failover pair"
-                );
-                Some(coordinator)
-            }
-            None => None,
-        };
-        let standby = match config.repl_listen {
-            Some(addr) => Some(Arc::new(
-                crate::replication::standby::Standby::start(
-                    addr,
-                    &config.dir,
-                    Arc::clone(&config.storage),
-                    config.segment_bytes,
-                    crate::replication::standby::Security {
-                        tls: auth.server_tls(),
-                        auth: Arc::clone(&auth),
-                        trust_network: config.repl_insecure,
-                    },
-                    Arc::clone(engine.node()),
-                )
-                .map_err(|source| StartError::Bind {
-                    what: format!("the replication listener {addr}"),
-                    source,
-                })?,
-            )),
-            None => None,
-        };
-        if let Some(standby) = &standby {
-            engine.on_standby_status(standby.status_source());
-        }
+        let coordinator = connect_coordinator(&config, &engine)?;
+        let standby = start_standby(&config, &engine, &auth)?;
         let socket_path = config.socket_path();
         let unix = bind_unix(&socket_path, config.socket_mode, socket_group)?;
-        let tcp = match config.tcp {
-            Some(addr) => Some(TcpListener::bind(addr).map_err(|source| StartError::Bind {
-                what: addr.to_string(),
-                source,
-            })?),
-            None => None,
-        };
+        let tcp = bind_tcp(&config, &auth)?;
         let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
-        if let Some(addr) = tcp_addr {
-            if auth.tls().is_some() {
-                tracing::info!(%addr, "listening on TCP with TLS");
-            } else {
-                tracing::warn!(%addr, "listening on TCP WITHOUT TLS (--tcp-insecure, loopback only)");
-            }
-        }
         let (event_loop, net) =
             net::create(&config, Arc::clone(&engine), unix, tcp, Arc::clone(&auth))?;
-        let event_loop = std::thread::Builder::new()
-            .name("stela-loop".into())
-            .spawn(move || crate::engine::abort_on_panic("the event loop", || event_loop.run()))
-            .map_err(|source| StartError::Thread {
-                name: "stela-loop".into(),
-                source,
-            })?;
+        let event_loop = spawn("stela-loop", move || {
+            crate::engine::abort_on_panic("the event loop", || event_loop.run())
+        })?;
         let metrics_addr = match config.metrics {
             Some(addr) => Some(start_metrics(addr, &engine, &net)?),
             None => None,
@@ -137,106 +80,19 @@ impl Server {
             hook: OnceLock::new(),
             running: config.clone(),
         });
-        {
-            let (engine, reloadable) = (Arc::clone(&engine), Arc::clone(&reloadable));
-            std::thread::Builder::new()
-                .name("stela-retention".into())
-                .spawn(move || {
-                    // Ends with the daemon: it stops once shutdown has begun.
-                    while !engine.is_shut_down() {
-                        std::thread::sleep(std::time::Duration::from_secs(1));
-                        match reloadable.retain_bytes.load(Ordering::Relaxed) {
-                            0 => {}
-                            keep => {
-                                engine.apply_retention(keep);
-                            }
-                        }
-                    }
-                })
-                .map_err(|source| StartError::Thread {
-                    name: "stela-retention".into(),
-                    source,
-                })?;
-        }
-        let stop_requested = Arc::new((Mutex::new(false), Condvar::new()));
-        let stepped_down = Arc::new(OnceLock::new());
-        let ship_all: Arc<Mutex<Option<JoinHandle<()>>>> = Arc::default();
-        if let (Some(coordinator), Some(failover)) = (coordinator, config.failover.clone()) {
-            let node = Arc::clone(engine.node());
-            let (standby_ref, engine_ref, ship_all_ref) = (
-                standby.as_ref().map(Arc::downgrade),
-                Arc::downgrade(&engine),
-                Arc::clone(&ship_all),
-            );
-            {
-                let standby = standby.as_ref().map(Arc::downgrade);
-                let (dir, storage) = (config.dir.join("logs"), Arc::clone(&config.storage));
-                node.on_promise(Box::new(move || {
-                    if let Some(standby) = standby.as_ref().and_then(std::sync::Weak::upgrade) {
-                        standby.end_streams();
-                    }
-                    crate::replication::standby::log_positions(&dir, &storage)
-                }));
-            }
-            node.on_promote(Box::new(move |_epoch| {
-                if let Some(standby) = standby_ref.as_ref().and_then(std::sync::Weak::upgrade) {
-                    standby.end_streams();
-                }
-                // Once serving, every log is opened for shipping, so the old primary is
-                // reprotected on all of them when it returns.
-                let engine = engine_ref.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("stela-ship-all".into())
-                    .spawn(move || {
-                        let Some(engine) = engine.upgrade() else {
-                            return;
-                        };
-                        for _ in 0..1000 {
-                            if engine.node().stopping() {
-                                return;
-                            }
-                            if engine.node().is_primary() {
-                                engine.ship_every_log();
-                                return;
-                            }
-                            std::thread::sleep(std::time::Duration::from_millis(1));
-                        }
-                    });
-                match spawned {
-                    Ok(thread) => *crate::sync::lock(&*ship_all_ref) = Some(thread),
-                    Err(error) => {
-                        tracing::error!(%error, "could not start the thread that opens every log for shipping; each is shipped when a client opens it")
-                    }
-                }
-            }));
-            {
-                let (engine, stop, stepped_down) = (
-                    Arc::downgrade(&engine),
-                    Arc::clone(&stop_requested),
-                    Arc::clone(&stepped_down),
-                );
-                node.on_step_down(Box::new(move |why| {
-                    if let Some(engine) = engine.upgrade() {
-                        engine.step_down_shipping(&why);
-                    }
-                    let _ = stepped_down.set(why);
-                    let (flag, condvar) = &*stop;
-                    *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
-                    condvar.notify_all();
-                }));
-            }
-            std::thread::Builder::new()
-                .name("stela-cluster".into())
-                .spawn(move || node.run(coordinator.as_ref(), &failover))
-                .map_err(|source| StartError::Thread {
-                    name: "stela-cluster".into(),
-                    source,
-                })?;
+        spawn_retention(&engine, &reloadable)?;
+        let failover = Failover {
+            stop_requested: Arc::new((Mutex::new(false), Condvar::new())),
+            stepped_down: Arc::new(OnceLock::new()),
+            ship_all: Arc::default(),
+        };
+        if let (Some(coordinator), Some(settings)) = (coordinator, config.failover.clone()) {
+            failover.wire(&config, &engine, standby.as_ref(), coordinator, settings)?;
         }
         let signals = if config.handle_signals {
             Some(watch_signals(
                 Arc::clone(&engine),
-                Arc::clone(&stop_requested),
+                Arc::clone(&failover.stop_requested),
                 Arc::clone(&reloadable),
             )?)
         } else {
@@ -244,13 +100,7 @@ impl Server {
         };
         if engine.replication().is_some() && engine.node().is_primary() {
             let engine = Arc::clone(&engine);
-            std::thread::Builder::new()
-                .name("stela-ship-all".into())
-                .spawn(move || engine.ship_every_log())
-                .map_err(|source| StartError::Thread {
-                    name: "stela-ship-all".into(),
-                    source,
-                })?;
+            spawn("stela-ship-all", move || engine.ship_every_log())?;
         }
         Ok(Server {
             engine,
@@ -260,11 +110,11 @@ impl Server {
             metrics_addr,
             reloadable,
             event_loop: Some(event_loop),
-            stop_requested,
+            stop_requested: failover.stop_requested,
             signals,
             standby,
-            stepped_down,
-            ship_all,
+            stepped_down: failover.stepped_down,
+            ship_all: failover.ship_all,
         })
     }
 
@@ -385,6 +235,229 @@ impl Drop for Server {
     }
 }
 
+/// Starts a named thread; a failure to start it fails the start.
+fn spawn<T: Send + 'static>(
+    name: &str,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> Result<JoinHandle<T>, StartError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(body)
+        .map_err(|source| StartError::Thread {
+            name: name.into(),
+            source,
+        })
+}
+
+/// Connects to the failover coordinator (`--coordinator`), if there is one, and lets it decide
+/// this node's role before anything is served.
+fn connect_coordinator(
+    config: &DaemonConfig,
+    engine: &Arc<Engine>,
+) -> Result<Option<Box<dyn stela_coord::Coordinator>>, StartError> {
+    let Some(failover) = &config.failover else {
+        return Ok(None);
+    };
+    let coordinator = stela_coord::connect(
+        &failover.coordinator,
+        &failover.cluster,
+        failover.suspect_after,
+    )
+    .map_err(|e| StartError::Config(format!("--coordinator: {e}")))?;
+    engine.node().decide_role(coordinator.as_ref());
+    tracing::info!(
+        role = engine.node().role_name(),
+        epoch = engine.node().epoch(),
+        coordinator = coordinator.describe(),
+        "failover pair"
+    );
+    Ok(Some(coordinator))
+}
+
+/// Starts the standby role's listener for a primary's streams (`--repl-listen`), if asked, and
+/// lets the engine's status report it.
+fn start_standby(
+    config: &DaemonConfig,
+    engine: &Arc<Engine>,
+    auth: &Arc<net::auth::Auth>,
+) -> Result<Option<Arc<Standby>>, StartError> {
+    let Some(addr) = config.repl_listen else {
+        return Ok(None);
+    };
+    let security = crate::replication::standby::Security {
+        tls: auth.server_tls(),
+        auth: Arc::clone(auth),
+        trust_network: config.repl_insecure,
+    };
+    let standby = Standby::start(
+        addr,
+        &config.dir,
+        Arc::clone(&config.storage),
+        config.segment_bytes,
+        security,
+        Arc::clone(engine.node()),
+    )
+    .map_err(|source| StartError::Bind {
+        what: format!("the replication listener {addr}"),
+        source,
+    })?;
+    let standby = Arc::new(standby);
+    engine.on_standby_status(standby.status_source());
+    Ok(Some(standby))
+}
+
+/// Binds the TCP listener (`--tcp`), if asked, and says whether it speaks TLS.
+fn bind_tcp(
+    config: &DaemonConfig,
+    auth: &net::auth::Auth,
+) -> Result<Option<TcpListener>, StartError> {
+    let Some(addr) = config.tcp else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr).map_err(|source| StartError::Bind {
+        what: addr.to_string(),
+        source,
+    })?;
+    if let Ok(addr) = listener.local_addr() {
+        if auth.tls().is_some() {
+            tracing::info!(%addr, "listening on TCP with TLS");
+        } else {
+            tracing::warn!(%addr, "listening on TCP WITHOUT TLS (--tcp-insecure, loopback only)");
+        }
+    }
+    Ok(Some(listener))
+}
+
+/// Starts the thread that applies `--retain-bytes` once a second (the value SIGHUP may change);
+/// it ends with the daemon, once shutdown has begun.
+fn spawn_retention(engine: &Arc<Engine>, reloadable: &Arc<Reloadable>) -> Result<(), StartError> {
+    let (engine, reloadable) = (Arc::clone(engine), Arc::clone(reloadable));
+    spawn("stela-retention", move || {
+        while !engine.is_shut_down() {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            match reloadable.retain_bytes.load(Ordering::Relaxed) {
+                0 => {}
+                keep => {
+                    engine.apply_retention(keep);
+                }
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// What the failover hooks share with the [`Server`]: the stop a step-down requests, why it
+/// stepped down, and the thread a promotion starts to open every log for shipping.
+struct Failover {
+    stop_requested: Arc<(Mutex<bool>, Condvar)>,
+    stepped_down: Arc<OnceLock<String>>,
+    ship_all: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Failover {
+    /// Installs the node's promise, promote and step-down hooks, then starts the thread that
+    /// follows the coordinator. The hooks hold the engine and the standby weakly: they must not
+    /// keep a stopped daemon alive.
+    fn wire(
+        &self,
+        config: &DaemonConfig,
+        engine: &Arc<Engine>,
+        standby: Option<&Arc<Standby>>,
+        coordinator: Box<dyn stela_coord::Coordinator>,
+        settings: crate::config::FailoverConfig,
+    ) -> Result<(), StartError> {
+        let node = Arc::clone(engine.node());
+        node.on_promise(promise_hook(config, standby));
+        node.on_promote(self.promote_hook(engine, standby));
+        node.on_step_down(self.step_down_hook(engine));
+        spawn("stela-cluster", move || {
+            node.run(coordinator.as_ref(), &settings)
+        })?;
+        Ok(())
+    }
+
+    /// On promotion: end the streams this node took as a standby, then open every log for
+    /// shipping once serving, so the old primary is reprotected on all of them when it returns.
+    fn promote_hook(
+        &self,
+        engine: &Arc<Engine>,
+        standby: Option<&Arc<Standby>>,
+    ) -> crate::cluster::PromoteHook {
+        let (standby, engine, ship_all) = (
+            standby.map(Arc::downgrade),
+            Arc::downgrade(engine),
+            Arc::clone(&self.ship_all),
+        );
+        Box::new(move |_epoch| {
+            if let Some(standby) = standby.as_ref().and_then(Weak::upgrade) {
+                standby.end_streams();
+            }
+            let engine = engine.clone();
+            let spawned = std::thread::Builder::new()
+                .name("stela-ship-all".into())
+                .spawn(move || ship_every_log_once_serving(engine));
+            match spawned {
+                Ok(thread) => *crate::sync::lock(&*ship_all) = Some(thread),
+                Err(error) => {
+                    tracing::error!(%error, "could not start the thread that opens every log for shipping; each is shipped when a client opens it")
+                }
+            }
+        })
+    }
+
+    /// On stepping down (a newer epoch exists): fence replication, record why, request the stop.
+    fn step_down_hook(&self, engine: &Arc<Engine>) -> crate::cluster::StepDownHook {
+        let (engine, stop, stepped_down) = (
+            Arc::downgrade(engine),
+            Arc::clone(&self.stop_requested),
+            Arc::clone(&self.stepped_down),
+        );
+        Box::new(move |why| {
+            if let Some(engine) = engine.upgrade() {
+                engine.step_down_shipping(&why);
+            }
+            let _ = stepped_down.set(why);
+            let (flag, condvar) = &*stop;
+            *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            condvar.notify_all();
+        })
+    }
+}
+
+/// On a promise to a candidate: end the streams this node takes as a standby, then report
+/// every log's position.
+fn promise_hook(
+    config: &DaemonConfig,
+    standby: Option<&Arc<Standby>>,
+) -> crate::cluster::PromiseHook {
+    let standby = standby.map(Arc::downgrade);
+    let (dir, storage) = (config.dir.join("logs"), Arc::clone(&config.storage));
+    Box::new(move || {
+        if let Some(standby) = standby.as_ref().and_then(Weak::upgrade) {
+            standby.end_streams();
+        }
+        crate::replication::standby::log_positions(&dir, &storage)
+    })
+}
+
+/// Waits (up to about a second) for the node to serve as the primary, then opens every log
+/// for shipping; gives up when the node stops or the engine is gone.
+fn ship_every_log_once_serving(engine: Weak<Engine>) {
+    let Some(engine) = engine.upgrade() else {
+        return;
+    };
+    for _ in 0..1000 {
+        if engine.node().stopping() {
+            return;
+        }
+        if engine.node().is_primary() {
+            engine.ship_every_log();
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Starts the `/metrics` endpoint; each scrape reads the engine's and the loop's statistics.
 fn start_metrics(
     addr: SocketAddr,
@@ -421,8 +494,10 @@ fn start_metrics(
     })
 }
 
-/// What SIGHUP calls for the configuration to apply.
-pub type ReloadHook = Box<dyn Fn() -> Result<DaemonConfig, String> + Send + Sync>;
+/// What SIGHUP calls for the configuration to apply; its error (the caller's own type) says
+/// why there is none, and the running configuration stays.
+pub type ReloadHook =
+    Box<dyn Fn() -> Result<DaemonConfig, Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
 
 /// The settings a running daemon can change (SIGHUP), and the configuration it runs with.
 struct Reloadable {

@@ -271,82 +271,106 @@ impl Checker {
     /// Checks a chunk without writing: the header it starts (if any), the offset its frames
     /// start at, and each frame's length and sync base.
     fn examine(&self, chunk: Chunk<'_>) -> std::result::Result<Checked, MirrorError> {
-        let refuse = |why: String| Err(MirrorError::Refused(why));
-        let here = self.position;
-        let current = &self.header;
         let (header, frames_at, capacity) = if chunk.offset == 0 {
-            if chunk.bytes.len() < HEADER_BYTES {
-                return refuse(format!(
-                    "a chunk at offset 0 must start with the {HEADER_BYTES}-byte segment header; it has {} bytes",
-                    chunk.bytes.len()
-                ));
-            }
-            let header = match SegmentHeader::decode(&chunk.bytes[..HEADER_BYTES]) {
-                Ok(header) => header,
-                Err(error) => return refuse(format!("bad segment header: {error}")),
-            };
-            if header.start_lsn != chunk.segment_start || header.start_lsn != here.next_lsn {
-                return refuse(format!(
-                    "a segment starting at LSN {} (chunk says {}); the mirror's next LSN is {}",
-                    header.start_lsn, chunk.segment_start, here.next_lsn
-                ));
-            }
-            if let Err(why) = of_this_log(&header, current) {
-                return refuse(why);
-            }
-            let replaces = header.start_lsn == current.start_lsn;
-            let expected_seq = current.segment_seq + u64::from(!replaces);
-            if header.segment_seq != expected_seq {
-                return refuse(format!(
-                    "segment number {} where {} comes next",
-                    header.segment_seq, expected_seq
-                ));
-            }
-            if replaces && here.offset != HEADER_BYTES as u64 {
-                return refuse(format!(
-                    "a new segment starting at LSN {} would replace one that holds records",
-                    header.start_lsn
-                ));
-            }
-            if header.capacity < HEADER_BYTES as u64 || header.capacity > u64::from(u32::MAX) {
-                return refuse(format!("implausible segment capacity {}", header.capacity));
-            }
+            let header = self.new_segment(chunk)?;
             let capacity = header.capacity;
             (Some(header), HEADER_BYTES as u64, capacity)
         } else {
+            let here = self.position;
             if chunk.segment_start != here.segment_start || chunk.offset != here.offset {
-                return refuse(format!(
+                return Err(MirrorError::Refused(format!(
                     "bytes for segment {} at offset {}; the mirror continues segment {} at offset {}",
                     chunk.segment_start, chunk.offset, here.segment_start, here.offset
-                ));
+                )));
             }
-            (None, chunk.offset, current.capacity)
+            (None, chunk.offset, self.header.capacity)
         };
         let body = &chunk.bytes[(frames_at - chunk.offset) as usize..];
         if frames_at + body.len() as u64 > capacity {
-            return refuse(format!(
+            return Err(MirrorError::Refused(format!(
                 "{} bytes at offset {frames_at} go beyond the segment's capacity {capacity}",
                 body.len()
+            )));
+        }
+        let frames = self.frames(body, frames_at)?;
+        Ok(Checked {
+            header,
+            frames_at,
+            frames,
+        })
+    }
+
+    /// The header a chunk at offset 0 starts with, if it begins the segment that comes next:
+    /// of this log, at the mirror's next LSN, numbered next (or replacing an empty segment that
+    /// starts there), with a plausible capacity.
+    fn new_segment(&self, chunk: Chunk<'_>) -> std::result::Result<SegmentHeader, MirrorError> {
+        let refuse = |why: String| Err(MirrorError::Refused(why));
+        let (here, current) = (self.position, &self.header);
+        if chunk.bytes.len() < HEADER_BYTES {
+            return refuse(format!(
+                "a chunk at offset 0 must start with the {HEADER_BYTES}-byte segment header; it has {} bytes",
+                chunk.bytes.len()
             ));
         }
+        let header = match SegmentHeader::decode(&chunk.bytes[..HEADER_BYTES]) {
+            Ok(header) => header,
+            Err(error) => return refuse(format!("bad segment header: {error}")),
+        };
+        if header.start_lsn != chunk.segment_start || header.start_lsn != here.next_lsn {
+            return refuse(format!(
+                "a segment starting at LSN {} (chunk says {}); the mirror's next LSN is {}",
+                header.start_lsn, chunk.segment_start, here.next_lsn
+            ));
+        }
+        if let Err(why) = of_this_log(&header, current) {
+            return refuse(why.to_string());
+        }
+        let replaces = header.start_lsn == current.start_lsn;
+        let expected_seq = current.segment_seq + u64::from(!replaces);
+        if header.segment_seq != expected_seq {
+            return refuse(format!(
+                "segment number {} where {} comes next",
+                header.segment_seq, expected_seq
+            ));
+        }
+        if replaces && here.offset != HEADER_BYTES as u64 {
+            return refuse(format!(
+                "a new segment starting at LSN {} would replace one that holds records",
+                header.start_lsn
+            ));
+        }
+        if header.capacity < HEADER_BYTES as u64 || header.capacity > u64::from(u32::MAX) {
+            return refuse(format!("implausible segment capacity {}", header.capacity));
+        }
+        Ok(header)
+    }
+
+    /// Each frame of a chunk's `body` (which starts at segment offset `frames_at`): its length
+    /// and sync base. Every frame must be whole, the record the mirror expects next, and claim
+    /// no sync beyond its own offset.
+    fn frames(
+        &self,
+        body: &[u8],
+        frames_at: u64,
+    ) -> std::result::Result<Vec<(usize, u32)>, MirrorError> {
+        let refuse = |why: String| Err(MirrorError::Refused(why));
         let mut frames = Vec::new();
         let mut at = 0usize;
-        let mut lsn = here.next_lsn.get();
+        let mut lsn = self.position.next_lsn.get();
         while at < body.len() {
+            let offset = frames_at + at as u64;
             match frame::decode_with_limit(Layout::CURRENT, &body[at..], self.max_payload) {
                 Decoded::Record(record) => {
                     if record.lsn.get() != lsn {
                         return refuse(format!(
-                            "record {} at offset {} where record {lsn} comes next",
-                            record.lsn,
-                            frames_at + at as u64
+                            "record {} at offset {offset} where record {lsn} comes next",
+                            record.lsn
                         ));
                     }
                     let sync_base = record.sync_base.unwrap_or(HEADER_BYTES as u32);
-                    if u64::from(sync_base) > frames_at + at as u64 {
+                    if u64::from(sync_base) > offset {
                         return refuse(format!(
-                            "record {lsn} claims its segment was synced up to {sync_base}, beyond its own offset {}",
-                            frames_at + at as u64
+                            "record {lsn} claims its segment was synced up to {sync_base}, beyond its own offset {offset}"
                         ));
                     }
                     frames.push((record.frame_len(), sync_base));
@@ -354,27 +378,15 @@ impl Checker {
                     lsn += 1;
                 }
                 Decoded::Unwritten => {
-                    return refuse(format!(
-                        "blank bytes at offset {} inside a chunk",
-                        frames_at + at as u64
-                    ))
+                    return refuse(format!("blank bytes at offset {offset} inside a chunk"))
                 }
                 Decoded::Incomplete { .. } => {
-                    return refuse(format!(
-                        "the chunk ends inside a record at offset {}",
-                        frames_at + at as u64
-                    ))
+                    return refuse(format!("the chunk ends inside a record at offset {offset}"))
                 }
-                Decoded::Rejected(why) => {
-                    return refuse(format!("at offset {}: {why}", frames_at + at as u64))
-                }
+                Decoded::Rejected(why) => return refuse(format!("at offset {offset}: {why}")),
             }
         }
-        Ok(Checked {
-            header,
-            frames_at,
-            frames,
-        })
+        Ok(frames)
     }
 }
 
@@ -416,7 +428,8 @@ pub fn restart_at(
     header: &SegmentHeader,
 ) -> std::result::Result<usize, MirrorError> {
     let mirror = Mirror::open(dir, options, type_tag)?;
-    of_this_log(header, &mirror.checker.header).map_err(MirrorError::Refused)?;
+    of_this_log(header, &mirror.checker.header)
+        .map_err(|why| MirrorError::Refused(why.to_string()))?;
     let next_lsn = mirror.position().next_lsn;
     let segments = mirror.segments.list();
     let newest = segments.last().map_or(Lsn::FIRST, |s| s.start);
@@ -435,21 +448,41 @@ pub fn restart_at(
 
 /// Whether a copy whose newest segment has `current` for its header can take a segment of
 /// `header`: the layout that is shipped, and the same codec and record type; why not otherwise.
-fn of_this_log(header: &SegmentHeader, current: &SegmentHeader) -> std::result::Result<(), String> {
+fn of_this_log(
+    header: &SegmentHeader,
+    current: &SegmentHeader,
+) -> std::result::Result<(), ForeignSegment> {
     if header.layout != Layout::CURRENT {
-        return Err(format!(
-            "a version {} segment; only version {} is shipped",
-            header.layout.version(),
-            Layout::CURRENT.version()
-        ));
+        return Err(ForeignSegment::Layout {
+            version: header.layout.version(),
+            shipped: Layout::CURRENT.version(),
+        });
     }
     if header.codec != current.codec || !header.type_tag.same_as(&current.type_tag) {
-        return Err(format!(
-            "a segment of {} records in {}; this log holds {} records in {}",
-            header.type_tag.shown, header.codec, current.type_tag.shown, current.codec
-        ));
+        return Err(ForeignSegment::Records {
+            shown: header.type_tag.shown.clone(),
+            codec: header.codec,
+            ours: current.type_tag.shown.clone(),
+            our_codec: current.codec,
+        });
     }
     Ok(())
+}
+
+/// Why a segment cannot join a copy: another layout, or another log's records.
+#[derive(Debug, thiserror::Error)]
+enum ForeignSegment {
+    #[error("a version {version} segment; only version {shipped} is shipped")]
+    Layout { version: u16, shipped: u16 },
+    #[error(
+        "a segment of {shown} records in {codec}; this log holds {ours} records in {our_codec}"
+    )]
+    Records {
+        shown: String,
+        codec: stela_format::Codec,
+        ours: String,
+        our_codec: stela_format::Codec,
+    },
 }
 
 /// The next chunk to ship to a mirror standing at `from`, read from the primary's files: whole

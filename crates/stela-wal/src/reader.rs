@@ -12,6 +12,7 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 use std::sync::Arc;
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
+use stela_format::resync;
 use stela_format::Lsn;
 
 const CHUNK_BYTES: usize = 1 << 20;
@@ -264,7 +265,7 @@ impl RawReader {
         if let Err(e) = position.refill(usize::MAX) {
             return Some(Error::io("read", path, e));
         }
-        let resumes = frame::find_next_valid(
+        let resumes = resync::find_next_valid(
             position.layout,
             &position.buf,
             1,
@@ -275,7 +276,7 @@ impl RawReader {
             match resumes {
                 Some(at) => {
                     position.pos = at;
-                    self.expected = frame::lsn_field(&position.buf, at);
+                    self.expected = resync::lsn_field(&position.buf, at);
                 }
                 None => self.position = None,
             }

@@ -829,6 +829,7 @@ mod tests {
     use crate::scan::scan_segment;
     use crate::storage::FaultStorage;
     use proptest::prelude::*;
+    use stela_format::resync;
 
     proptest! {
         /// The streaming check of a segment accepts exactly what the whole-file scan
@@ -847,7 +848,7 @@ mod tests {
             for (i, p) in payloads.iter().enumerate() {
                 let lsn = Lsn::new(5 + i as u64);
                 match layout {
-                    Layout::V1 => frame::encode_v1(&mut bytes, lsn, p),
+                    Layout::V1 => resync::encode_v1(&mut bytes, lsn, p),
                     Layout::V2 => frame::encode(&mut bytes, lsn, p, frame::MIN_SYNC_BASE),
                 }
             }

@@ -33,6 +33,7 @@
 
 use stela_format::frame::{self, Decoded, Layout};
 use stela_format::header::HEADER_BYTES;
+use stela_format::resync;
 use stela_format::Lsn;
 
 /// A damaged stretch inside a segment.
@@ -116,80 +117,45 @@ pub fn scan_segment_marked(
     let mut pos = HEADER_BYTES.min(bytes.len());
     let mut expected = start;
     loop {
-        let problem = match frame::decode_with_limit(layout, &bytes[pos..], max_payload) {
-            Decoded::Record(rec) if rec.lsn == expected => {
+        let at = Place {
+            bytes,
+            pos,
+            layout,
+            max_payload,
+            synced_mark,
+        };
+        let problem = match at.next_frame(expected) {
+            Found::Record { lsn, frame_len } => {
                 scan.records += 1;
-                scan.first_lsn.get_or_insert(rec.lsn);
-                scan.last_lsn = Some(rec.lsn);
-                expected = rec.lsn.next();
-                pos += rec.frame_len();
+                scan.first_lsn.get_or_insert(lsn);
+                scan.last_lsn = Some(lsn);
+                expected = lsn.next();
+                pos += frame_len;
                 scan.end_offset = pos as u64;
                 continue;
             }
-            Decoded::Record(rec) => format!("found record LSN {} out of sequence", rec.lsn),
-            Decoded::Incomplete { .. } if pos == bytes.len() && (pos as u64) < synced_mark => {
-                format!("the segment ends at offset {pos}, below its synced-end mark")
-            }
-            Decoded::Incomplete { .. } if pos == bytes.len() => break,
-            Decoded::Incomplete { needed } => format!(
-                "record needs {needed} bytes but the segment ends after {}",
-                bytes.len() - pos
-            ),
-            Decoded::Unwritten => match first_nonzero(bytes, pos) {
-                None if (pos as u64) < synced_mark => {
-                    "zeros where a record was expected (the data ends here)".to_owned()
-                }
-                None => break, // clean end: only zeros follow
-                Some(nonzero) => {
-                    format!("unexpected bytes at offset {nonzero} after the end of the data")
-                }
-            },
-            Decoded::Rejected(why) => why.to_string(),
+            Found::End => break,
+            Found::Problem(problem) => at.in_synced_bytes(problem),
         };
-        let problem = if (pos as u64) < synced_mark {
-            format!(
-                "{problem}, below offset {synced_mark}, which the log had synced (its SYNCED \
-                 mark): durable bytes changed, this is not a torn write"
-            )
-        } else {
-            problem
-        };
-        let resumes_at = frame::find_next_valid(layout, bytes, pos + 1, expected, max_payload);
+        let resumes_at = resync::find_next_valid(layout, bytes, pos + 1, expected, max_payload);
         let unsynced_after = match resumes_at {
-            _ if (pos as u64) < synced_mark => None,
+            _ if at.below_mark() => None,
             None => Some(0),
-            Some(at) if is_last && layout == Layout::V2 => {
-                unsynced_records_from(bytes, at, pos, max_payload)
+            Some(resume) if is_last && layout == Layout::V2 => {
+                unsynced_records_from(bytes, resume, pos, max_payload)
             }
             Some(_) => None,
         };
         match unsynced_after {
             Some(unsynced_records) if is_last => {
-                let end = last_nonzero(bytes, pos).map_or(pos, |i| i + 1);
-                if end > pos {
-                    let reason = if unsynced_records == 0 {
-                        problem
-                    } else {
-                        format!(
-                            "{problem}, followed by {unsynced_records} valid record(s) framed \
-                             before any sync reached offset {pos}: the rest of a last write \
-                             that never completed"
-                        )
-                    };
-                    scan.torn_tail = Some(TornTail {
-                        offset: pos as u64,
-                        bytes: (end - pos) as u64,
-                        reason,
-                        unsynced_records,
-                    });
-                }
+                scan.torn_tail = torn_tail(bytes, pos, problem, unsynced_records);
                 break;
             }
             _ => {
                 scan.damage.push(Damage {
                     offset: pos as u64,
                     expected_lsn: expected,
-                    reason: if resumes_at.is_none() && (pos as u64) >= synced_mark {
+                    reason: if resumes_at.is_none() && !at.below_mark() {
                         format!("{problem} in a sealed segment")
                     } else {
                         problem
@@ -199,7 +165,7 @@ pub fn scan_segment_marked(
                 match resumes_at {
                     Some(at) if skip_damage => {
                         pos = at;
-                        expected = frame::lsn_field(bytes, at);
+                        expected = resync::lsn_field(bytes, at);
                     }
                     _ => break,
                 }
@@ -207,6 +173,104 @@ pub fn scan_segment_marked(
         }
     }
     scan
+}
+
+/// Where a scan stands in a segment's bytes, and what it knows about them.
+struct Place<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    layout: Layout,
+    max_payload: u32,
+    /// Bytes below this offset were made durable by a returned fdatasync.
+    synced_mark: u64,
+}
+
+/// What the bytes at a scan's place hold.
+enum Found {
+    /// The record expected next, `frame_len` bytes long.
+    Record { lsn: Lsn, frame_len: usize },
+    /// A clean end: the data ends (with no bytes, or only zeros, after it) at or above the
+    /// synced mark.
+    End,
+    /// Anything else, said in words.
+    Problem(String),
+}
+
+impl Place<'_> {
+    fn below_mark(&self) -> bool {
+        (self.pos as u64) < self.synced_mark
+    }
+
+    /// Decodes the frame here: the record expected, a clean end, or what is wrong.
+    fn next_frame(&self, expected: Lsn) -> Found {
+        let (bytes, pos) = (self.bytes, self.pos);
+        let problem = match frame::decode_with_limit(self.layout, &bytes[pos..], self.max_payload) {
+            Decoded::Record(rec) if rec.lsn == expected => {
+                return Found::Record {
+                    lsn: rec.lsn,
+                    frame_len: rec.frame_len(),
+                }
+            }
+            Decoded::Record(rec) => format!("found record LSN {} out of sequence", rec.lsn),
+            Decoded::Incomplete { .. } if pos == bytes.len() && self.below_mark() => {
+                format!("the segment ends at offset {pos}, below its synced-end mark")
+            }
+            Decoded::Incomplete { .. } if pos == bytes.len() => return Found::End,
+            Decoded::Incomplete { needed } => format!(
+                "record needs {needed} bytes but the segment ends after {}",
+                bytes.len() - pos
+            ),
+            Decoded::Unwritten => match first_nonzero(bytes, pos) {
+                None if self.below_mark() => {
+                    "zeros where a record was expected (the data ends here)".to_owned()
+                }
+                None => return Found::End, // clean end: only zeros follow
+                Some(nonzero) => {
+                    format!("unexpected bytes at offset {nonzero} after the end of the data")
+                }
+            },
+            Decoded::Rejected(why) => why.to_string(),
+        };
+        Found::Problem(problem)
+    }
+
+    /// A problem below the synced mark is changed durable bytes, never a torn write: says so.
+    fn in_synced_bytes(&self, problem: String) -> String {
+        if self.below_mark() {
+            format!(
+                "{problem}, below offset {}, which the log had synced (its SYNCED \
+                 mark): durable bytes changed, this is not a torn write",
+                self.synced_mark
+            )
+        } else {
+            problem
+        }
+    }
+}
+
+/// The torn tail of the last segment from `pos` (where `problem` was found) to its last
+/// nonzero byte, followed by `unsynced_records` valid records framed before any sync reached
+/// `pos`; `None` when only zeros follow `pos`.
+fn torn_tail(bytes: &[u8], pos: usize, problem: String, unsynced_records: u64) -> Option<TornTail> {
+    let end = last_nonzero(bytes, pos).map_or(pos, |i| i + 1);
+    if end <= pos {
+        return None;
+    }
+    let reason = if unsynced_records == 0 {
+        problem
+    } else {
+        format!(
+            "{problem}, followed by {unsynced_records} valid record(s) framed \
+             before any sync reached offset {pos}: the rest of a last write \
+             that never completed"
+        )
+    };
+    Some(TornTail {
+        offset: pos as u64,
+        bytes: (end - pos) as u64,
+        reason,
+        unsynced_records,
+    })
 }
 
 /// Counts the valid version 2 frames from `first` (a valid frame) to the end of `bytes`, found
@@ -232,7 +296,7 @@ fn unsynced_records_from(
         }
         count += 1;
         let after = at + rec.frame_len();
-        match frame::find_next_valid(Layout::V2, bytes, after, rec.lsn.next(), max_payload) {
+        match resync::find_next_valid(Layout::V2, bytes, after, rec.lsn.next(), max_payload) {
             Some(next) => at = next,
             None => return Some(count),
         }
@@ -408,7 +472,7 @@ mod tests {
         let mut starts = Vec::new();
         for lsn in 1..=4 {
             starts.push(bytes.len());
-            frame::encode_v1(&mut bytes, Lsn::new(lsn), &[lsn as u8; 40]);
+            resync::encode_v1(&mut bytes, Lsn::new(lsn), &[lsn as u8; 40]);
         }
         bytes.resize(2048, 0);
         flip(&mut bytes, (starts[2] + 20) * 8);

@@ -54,9 +54,9 @@ impl TermStore {
                 let bytes = file
                     .read_to_vec()
                     .map_err(|e| Error::io("read", &path, e))?;
-                decode(&bytes).map_err(|reason| Error::TermsDamaged {
+                decode(&bytes).map_err(|damage| Error::TermsDamaged {
                     path: path.clone(),
-                    reason,
+                    reason: damage.to_string(),
                 })?
             }
         };
@@ -198,25 +198,36 @@ fn encode(current: Term, history: &TermHistory) -> Vec<u8> {
 }
 
 /// The file's contents, or why they are not a term state.
-fn decode(bytes: &[u8]) -> std::result::Result<(Term, TermHistory), String> {
-    let short = || format!("{} bytes, too short", bytes.len());
+fn decode(bytes: &[u8]) -> std::result::Result<(Term, TermHistory), TermStateDamage> {
+    let short = || TermStateDamage::TooShort(bytes.len());
     let (body, crc) = bytes.split_last_chunk::<4>().ok_or_else(short)?;
     let (current, history) = body.split_first_chunk::<8>().ok_or_else(short)?;
     let (stored, computed) = (u32::from_le_bytes(*crc), crc32c::crc32c(body));
     if stored != computed {
-        return Err(format!(
-            "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
-        ));
+        return Err(TermStateDamage::Checksum { stored, computed });
     }
     let current = Term(u64::from_le_bytes(*current));
-    let history = TermHistory::decode(history).map_err(|e| e.to_string())?;
+    let history = TermHistory::decode(history)?;
     if current < history.last_term() {
-        return Err(format!(
-            "current {current} is below the history's last, {}",
-            history.last_term()
-        ));
+        return Err(TermStateDamage::BelowHistory {
+            current,
+            last: history.last_term(),
+        });
     }
     Ok((current, history))
+}
+
+/// Why a term state file's bytes are not a term state.
+#[derive(Debug, thiserror::Error)]
+enum TermStateDamage {
+    #[error("{0} bytes, too short")]
+    TooShort(usize),
+    #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("{0}")]
+    History(#[from] stela_format::term::TermError),
+    #[error("current {current} is below the history's last, {last}")]
+    BelowHistory { current: Term, last: Term },
 }
 
 #[cfg(test)]

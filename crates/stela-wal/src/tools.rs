@@ -21,7 +21,7 @@ use stela_format::{Codec, Lsn, SegmentHeader};
 pub struct SegmentReport {
     pub path: PathBuf,
     pub start: Lsn,
-    pub header: std::result::Result<SegmentHeader, String>,
+    pub header: std::result::Result<SegmentHeader, Error>,
     pub scan: Option<SegmentScan>,
 }
 
@@ -121,14 +121,14 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
         let mut entry = SegmentReport {
             path: seg.path.clone(),
             start: seg.start,
-            header: header.as_ref().map(Clone::clone).map_err(|e| e.to_string()),
+            header,
             scan: None,
         };
         // Where this segment's records should begin: a damaged header or a gap ends the valid
         // prefix there.
         let here = expected.unwrap_or(seg.start).min(seg.start);
-        let header = match header {
-            Ok(header) => header,
+        let header = match &entry.header {
+            Ok(header) => header.clone(),
             Err(error) => {
                 report.damaged_at(here, error.to_string());
                 report.segments.push(entry);
@@ -169,22 +169,8 @@ pub fn verify(dir: &Path, storage: &dyn Storage) -> Result<VerifyReport> {
                 ),
             );
         }
-        let bytes = file
-            .read_to_vec()
-            .map_err(|e| Error::io("read", &seg.path, e))?;
-        let mark = report
-            .synced_mark
-            .filter(|m| is_last && m.segment_start == seg.start)
-            .map_or(HEADER_BYTES as u64, |m| m.synced_offset);
-        let scan = scan_segment_marked(
-            &bytes,
-            seg.start,
-            header.layout,
-            is_last,
-            u32::MAX,
-            true,
-            mark,
-        );
+        let mark = synced_end_in(report.synced_mark, seg.start, is_last);
+        let scan = scan_segment_file(file.as_ref(), &seg, header.layout, is_last, mark)?;
         report.records += scan.records;
         if report.first_lsn.is_none() {
             report.first_lsn = scan.first_lsn;
@@ -223,26 +209,45 @@ pub fn tail_last_lsn(dir: &Path, storage: &dyn Storage) -> Result<Lsn> {
         .open(&newest.path, OpenMode::Read)
         .map_err(|e| Error::io("open", &newest.path, e))?;
     let header = segment::read_header(file.as_ref(), &newest.path)?;
-    let bytes = file
-        .read_to_vec()
-        .map_err(|e| Error::io("read", &newest.path, e))?;
-    let mark = crate::synced::read(storage, dir)?
-        .filter(|m| m.segment_start == newest.start)
-        .map_or(HEADER_BYTES as u64, |m| m.synced_offset);
-    let scan = scan_segment_marked(
-        &bytes,
-        newest.start,
-        header.layout,
-        true,
-        u32::MAX,
-        true,
-        mark,
-    );
+    // The mark is read before the segment's bytes (as `verify` does): bytes read after it are
+    // at least as new, so a mark can never be found beyond the bytes it describes.
+    let mark = synced_end_in(crate::synced::read(storage, dir)?, newest.start, true);
+    let scan = scan_segment_file(file.as_ref(), newest, header.layout, true, mark)?;
     let before_start = Lsn::new(newest.start.get() - 1);
     Ok(match scan.damage.first() {
         Some(damage) => Lsn::new(damage.expected_lsn.get().saturating_sub(1)).max(before_start),
         None => scan.last_lsn.unwrap_or(before_start),
     })
+}
+
+/// Where the bytes of the segment starting at `start` are known synced: the log's `SYNCED`
+/// mark when it names this segment (only ever the newest), else the header's end.
+fn synced_end_in(mark: Option<SyncedEnd>, start: Lsn, is_last: bool) -> u64 {
+    mark.filter(|m| is_last && m.segment_start == start)
+        .map_or(HEADER_BYTES as u64, |m| m.synced_offset)
+}
+
+/// One segment read whole and scanned as [`verify`] and [`tail_last_lsn`] scan it: past
+/// damage, with no payload limit, `mark` its synced end.
+fn scan_segment_file(
+    file: &dyn crate::storage::StorageFile,
+    seg: &SegmentFile,
+    layout: stela_format::frame::Layout,
+    is_last: bool,
+    mark: u64,
+) -> Result<SegmentScan> {
+    let bytes = file
+        .read_to_vec()
+        .map_err(|e| Error::io("read", &seg.path, e))?;
+    Ok(scan_segment_marked(
+        &bytes,
+        seg.start,
+        layout,
+        is_last,
+        u32::MAX,
+        true,
+        mark,
+    ))
 }
 
 fn describe(path: &Path, damage: &Damage) -> String {

@@ -2,7 +2,7 @@
 //! readable everywhere, and grow in version 2 segments.
 //!
 //! The version 1 segments here are built with the format crate's version 1 encoder
-//! (`frame::encode_v1` and a header with `Layout::V1`), byte for byte what an older build wrote;
+//! (`resync::encode_v1` and a header with `Layout::V1`), byte for byte what an older build wrote;
 //! `tests/data/skip-corrupt-damage-completed-by-append.wal` (used by `bad_input.rs`) is a
 //! checked-in one.
 //!
@@ -16,7 +16,8 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use stela_format::frame::{self, Layout};
+use stela_format::frame::Layout;
+use stela_format::resync;
 use stela_format::{Codec, Lsn, SegmentHeader, TypeTag};
 use stela_wal::storage::{CrashPlan, FaultStorage, OpenMode, Storage};
 use stela_wal::{tools, RecoveryMode, Wal, WalOptions};
@@ -58,7 +59,7 @@ fn v1_segment(seq: u64, start: u64, ids: std::ops::Range<u64>) -> Vec<u8> {
     let mut bytes = header.encode().to_vec();
     for (i, id) in ids.enumerate() {
         let payload = CODEC.encode(&rec(id)).unwrap();
-        frame::encode_v1(&mut bytes, Lsn::new(start + i as u64), &payload);
+        resync::encode_v1(&mut bytes, Lsn::new(start + i as u64), &payload);
     }
     assert!(
         bytes.len() as u64 <= CAPACITY,

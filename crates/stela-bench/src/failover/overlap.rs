@@ -73,7 +73,7 @@ pub(super) fn inject(
     choices: &mut Choices,
 ) -> anyhow::Result<FaultRun> {
     debug_assert!(kind.is_overlapping());
-    let (p, before) = super::wait_primary(cluster).context("no primary before the fault")?;
+    let (p, before) = wait_primary(cluster).context("no primary before the fault")?;
     let s = choose_standby(cluster, p, choices);
     let (p_host, s_host) = (cluster.nodes[p].host, cluster.nodes[s].host);
     let epoch_before = epoch(&before);

@@ -54,7 +54,7 @@ impl Engine {
     /// Measures the disk (unless told its rate), sizes the pool under the power window, and
     /// starts the flushers.
     pub fn start(config: &DaemonConfig) -> Result<Arc<Engine>, StartError> {
-        config.check().map_err(StartError::Config)?;
+        config.check()?;
         let logs_dir = config.dir.join("logs");
         if std::fs::symlink_metadata(&logs_dir).is_ok_and(|m| m.file_type().is_symlink()) {
             return Err(StartError::Symlink(logs_dir));

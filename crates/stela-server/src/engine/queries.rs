@@ -717,36 +717,8 @@ impl Engine {
             .logs
             .all()
             .iter()
-            .filter_map(|entry| {
-                // A log whose last handle is being closed may have left the pool already.
-                let (next, durable) = self.pool.positions_if_present(entry.id)?;
-                let mut status = LogStatus {
-                    name: entry.name.clone(),
-                    codec: entry.codec.name().to_owned(),
-                    positions: Positions {
-                        first_lsn: entry.segments.first_lsn().get(),
-                        last_lsn: next - 1,
-                        written_lsn: durable,
-                        durable_lsn: durable,
-                    },
-                    dirty_bytes: self.pool.log_dirty_bytes(entry.id) as u64,
-                    failure: None,
-                    waiting_for_space: None,
-                };
-                match self.pool.log_failure(entry.id) {
-                    Some(error @ PoolError::DiskFull(_)) => {
-                        status.waiting_for_space =
-                            Some(self.pool_error(entry.id, error).to_string());
-                    }
-                    Some(error) => {
-                        status.failure = Some(self.pool_error(entry.id, error).to_string())
-                    }
-                    None => {}
-                }
-                Some(status)
-            })
+            .filter_map(|entry| self.log_status(entry))
             .collect();
-        let budget_ms = self.config.power_window.as_secs_f64() * 1000.0 / 2.0;
         StatusReport {
             server: format!("stela {}", env!("CARGO_PKG_VERSION")),
             pid: std::process::id(),
@@ -781,31 +753,7 @@ impl Engine {
             threads: thread_count(),
             appends_waited: stats.appends_waited,
             bytes_written: stats.bytes_written,
-            crash_semantics: vec![
-                "client crash: loses nothing acknowledged (buffered or disk)".into(),
-                "daemon SIGTERM/SIGINT: writes and syncs every buffer, then exits: loses nothing acknowledged".into(),
-                format!(
-                    "daemon SIGKILL or crash: loses buffered records not yet written (now {} B); never disk records{}",
-                    stats.dirty_bytes,
-                    if self.ha.replication.is_some() {
-                        "; replicated and all records are on the standby, and fetched back when a log is opened after the restart"
-                    } else {
-                        ""
-                    }
-                ),
-                "OS crash: same as daemon crash (the flushers sync every write, so written = synced)".into(),
-                format!(
-                    "power loss with notice (SIGPWR, stela power-fail, UPS hook): flushes at most {} B in about {:.1} ms, within {budget_ms:.0} ms: loses nothing acknowledged",
-                    self.cap.bytes,
-                    self.cap.bytes as f64 / self.cap.measured_write_bytes_per_s.max(1) as f64 * 1000.0
-                ),
-                "power loss without notice: like a daemon crash".into(),
-                if self.ha.replication.is_some() {
-                    "machine or disk loss: replicated and all records are on the standby; buffered and disk ones only here".into()
-                } else {
-                    "machine or disk loss: loses everything (no standby: replicated and all are refused)".into()
-                },
-            ],
+            crash_semantics: self.crash_semantics(stats.dirty_bytes),
             replication: self.replication_status(|log| {
                 let last = self
                     .pool
@@ -814,6 +762,64 @@ impl Engine {
                 (last, self.pool.append_place(log))
             }),
         }
+    }
+
+    /// One log's line of `stela status`; `None` for a log whose last handle is being closed
+    /// (it may have left the pool already).
+    fn log_status(&self, entry: &LogEntry) -> Option<LogStatus> {
+        let (next, durable) = self.pool.positions_if_present(entry.id)?;
+        let mut status = LogStatus {
+            name: entry.name.clone(),
+            codec: entry.codec.name().to_owned(),
+            positions: Positions {
+                first_lsn: entry.segments.first_lsn().get(),
+                last_lsn: next - 1,
+                written_lsn: durable,
+                durable_lsn: durable,
+            },
+            dirty_bytes: self.pool.log_dirty_bytes(entry.id) as u64,
+            failure: None,
+            waiting_for_space: None,
+        };
+        match self.pool.log_failure(entry.id) {
+            Some(error @ PoolError::DiskFull(_)) => {
+                status.waiting_for_space = Some(self.pool_error(entry.id, error).to_string());
+            }
+            Some(error) => status.failure = Some(self.pool_error(entry.id, error).to_string()),
+            None => {}
+        }
+        Some(status)
+    }
+
+    /// What each kind of crash loses with this daemon's settings, one line each (with
+    /// `dirty_bytes` buffered records not yet written now).
+    fn crash_semantics(&self, dirty_bytes: usize) -> Vec<String> {
+        let budget_ms = self.config.power_window.as_secs_f64() * 1000.0 / 2.0;
+        vec![
+            "client crash: loses nothing acknowledged (buffered or disk)".into(),
+            "daemon SIGTERM/SIGINT: writes and syncs every buffer, then exits: loses nothing acknowledged".into(),
+            format!(
+                "daemon SIGKILL or crash: loses buffered records not yet written (now {} B); never disk records{}",
+                dirty_bytes,
+                if self.ha.replication.is_some() {
+                    "; replicated and all records are on the standby, and fetched back when a log is opened after the restart"
+                } else {
+                    ""
+                }
+            ),
+            "OS crash: same as daemon crash (the flushers sync every write, so written = synced)".into(),
+            format!(
+                "power loss with notice (SIGPWR, stela power-fail, UPS hook): flushes at most {} B in about {:.1} ms, within {budget_ms:.0} ms: loses nothing acknowledged",
+                self.cap.bytes,
+                self.cap.bytes as f64 / self.cap.measured_write_bytes_per_s.max(1) as f64 * 1000.0
+            ),
+            "power loss without notice: like a daemon crash".into(),
+            if self.ha.replication.is_some() {
+                "machine or disk loss: replicated and all records are on the standby; buffered and disk ones only here".into()
+            } else {
+                "machine or disk loss: loses everything (no standby: replicated and all are refused)".into()
+            },
+        ]
     }
 }
 

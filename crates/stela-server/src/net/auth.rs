@@ -126,25 +126,33 @@ struct TokenFiles {
     admin: Option<Tokens>,
 }
 
+/// Why a reload (SIGHUP) left the running token files or TLS files in place.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadRefused {
+    #[error("token files added or removed: needs a restart")]
+    TokenFilesAddedOrRemoved,
+    #[error("TLS switched on or off: needs a restart")]
+    TlsSwitchedOnOrOff,
+    /// A file could not be read or does not hold what it should.
+    #[error("{0}")]
+    Files(#[from] tls::TlsError),
+}
+
 impl Auth {
     /// Reads the token files of `config` again (SIGHUP: token rotation). Tokens can be
     /// re-read, not switched on or off: whether the TLS listener asks for a client certificate
     /// depends on them, and it was built at start. On any error the old tokens stay.
-    pub fn reload_tokens(&self, config: &DaemonConfig) -> Result<&'static str, String> {
+    pub fn reload_tokens(&self, config: &DaemonConfig) -> Result<&'static str, ReloadRefused> {
         let mut tokens = self.tokens.write().unwrap_or_else(|e| e.into_inner());
         if tokens.client.is_some() != config.token_file.is_some()
             || tokens.admin.is_some() != config.admin_token_file.is_some()
         {
-            return Err("token files added or removed: needs a restart".to_owned());
+            return Err(ReloadRefused::TokenFilesAddedOrRemoved);
         }
         if tokens.client.is_none() && tokens.admin.is_none() {
             return Ok("no token files");
         }
-        let load = |path: Option<&std::path::Path>| {
-            path.map(Tokens::load)
-                .transpose()
-                .map_err(|e| e.to_string())
-        };
+        let load = |path: Option<&std::path::Path>| path.map(Tokens::load).transpose();
         let client = load(config.token_file.as_deref())?;
         let admin = load(config.admin_token_file.as_deref())?;
         *tokens = TokenFiles { client, admin };
@@ -165,20 +173,20 @@ impl Auth {
     /// rotation). Only files can change, not whether TLS is on: that decides how the listeners
     /// were set up. The new configuration is built (certificate, key matching it, client CA)
     /// before it replaces the running one; on any error the running one stays.
-    pub fn reload_tls(&self, config: &DaemonConfig) -> Result<&'static str, String> {
+    pub fn reload_tls(&self, config: &DaemonConfig) -> Result<&'static str, ReloadRefused> {
         let files = config.tls.as_ref();
         let (Some(current), Some(files)) = (&self.tls, files) else {
             return if self.tls.is_some() == files.is_some() {
                 Ok("no TLS")
             } else {
-                Err("TLS switched on or off: needs a restart".to_owned())
+                Err(ReloadRefused::TlsSwitchedOnOrOff)
             };
         };
         let tokens = {
             let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
             tokens.client.is_some() || tokens.admin.is_some()
         };
-        let fresh = tls::server_config(files, tokens).map_err(|e| e.to_string())?;
+        let fresh = tls::server_config(files, tokens)?;
         current.replace(fresh);
         Ok("certificate, key and client CA read again; new connections (clients and replication streams) use them")
     }

@@ -16,12 +16,13 @@
 use super::auth::{self, Identity};
 use super::inbox::{Answer, ConnRef, Effect, Event, Inbox};
 use super::ring::RingConn;
+use super::stream::Stream;
 use crate::engine::{Engine, NetStats, Waiter};
 use crate::error::Error;
 use crate::pool::{LogId, Record};
 use crate::workers::Workers;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 use stela_proto::frame::{self, FRAME_HEADER_BYTES};
@@ -29,197 +30,6 @@ use stela_proto::{
     Durability, ErrorCode, Payload, Request, RequestBody, Response, ResponseBody, Role,
     PROTOCOL_VERSION,
 };
-
-/// A connected socket.
-pub(crate) enum Stream {
-    Unix(mio::net::UnixStream),
-    Tcp(mio::net::TcpStream),
-    Tls(Box<TlsStream>),
-}
-
-/// A TCP connection under TLS, driven without blocking: ciphertext is read from the socket
-/// only when no plaintext is left, and written out as far as the socket takes it; what it does
-/// not take waits for the next writable event ([`Stream::flush_pending`]).
-pub(crate) struct TlsStream {
-    tcp: mio::net::TcpStream,
-    tls: stela_net::tls::rustls::ServerConnection,
-    /// The peer closed the TCP connection.
-    eof: bool,
-    /// Ciphertext arrived from the peer (it is not a silent connection attempt).
-    heard: bool,
-}
-
-impl TlsStream {
-    pub fn new(tcp: mio::net::TcpStream, tls: stela_net::tls::rustls::ServerConnection) -> Self {
-        TlsStream {
-            tcp,
-            tls,
-            eof: false,
-            heard: false,
-        }
-    }
-
-    pub fn connection(&self) -> &stela_net::tls::rustls::ServerConnection {
-        &self.tls
-    }
-
-    /// Writes pending ciphertext. `Ok(true)`: none is left.
-    fn write_pending(&mut self) -> io::Result<bool> {
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut self.tcp) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
-    }
-
-    /// Plaintext the peer sent; `WouldBlock` once neither rustls nor the socket has more. A
-    /// failed handshake (a certificate that does not verify, no certificate where one is
-    /// required, a peer that does not speak TLS) is `PermissionDenied`, after the alert is sent;
-    /// a TLS error after the handshake is `InvalidData`.
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            match self.tls.reader().read(buf) {
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
-                Err(e) => return Err(e),
-            }
-            if self.eof {
-                return Ok(0);
-            }
-            match self.tls.read_tls(&mut self.tcp) {
-                Ok(0) => self.eof = true,
-                Ok(_) => self.heard = true,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-            if let Err(error) = self.tls.process_new_packets() {
-                // Failing the handshake is a refused login; failing later, a broken connection.
-                let kind = if self.tls.is_handshaking() {
-                    io::ErrorKind::PermissionDenied
-                } else {
-                    io::ErrorKind::InvalidData
-                };
-                let _ = self.write_pending();
-                return Err(io::Error::new(kind, format!("TLS: {error}")));
-            }
-            // Handshake messages to send back.
-            self.write_pending()?;
-        }
-    }
-
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        // Keep the ciphertext held here bounded: take more only once the socket took it all.
-        if !self.write_pending()? {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let taken = self.tls.writer().write(buf)?;
-        self.write_pending()?;
-        if taken == 0 && !buf.is_empty() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok(taken)
-    }
-}
-
-impl Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.read(buf),
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Tls(s) => s.read(buf),
-        }
-    }
-
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Tls(s) => s.write(buf),
-        }
-    }
-
-    /// Writes what the stream itself holds (TLS ciphertext). `Ok(true)`: nothing is left.
-    pub fn flush_pending(&mut self) -> io::Result<bool> {
-        match self {
-            Stream::Tls(s) => s.write_pending(),
-            Stream::Unix(_) | Stream::Tcp(_) => Ok(true),
-        }
-    }
-
-    /// Says goodbye in TLS (close_notify), as far as the socket takes it.
-    pub fn close_notify(&mut self) {
-        if let Stream::Tls(s) = self {
-            s.tls.send_close_notify();
-            let _ = s.write_pending();
-        }
-    }
-
-    pub fn source(&mut self) -> &mut dyn mio::event::Source {
-        match self {
-            Stream::Unix(s) => s,
-            Stream::Tcp(s) => s,
-            Stream::Tls(s) => &mut s.tcp,
-        }
-    }
-
-    fn fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Stream::Unix(s) => s.as_fd(),
-            Stream::Tcp(s) => s.as_fd(),
-            Stream::Tls(s) => s.tcp.as_fd(),
-        }
-    }
-
-    pub fn is_unix(&self) -> bool {
-        matches!(self, Stream::Unix(_))
-    }
-
-    /// The user of a Unix peer (whose rings share a wake board).
-    pub fn peer_uid(&self) -> Option<u32> {
-        match self {
-            Stream::Unix(s) => rustix::net::sockopt::socket_peercred(s.as_fd())
-                .ok()
-                .map(|cred| cred.uid.as_raw()),
-            _ => None,
-        }
-    }
-
-    /// The IP address of a TCP peer.
-    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
-        match self {
-            Stream::Unix(_) => None,
-            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
-            Stream::Tls(s) => s.tcp.peer_addr().ok().map(|a| a.ip()),
-        }
-    }
-
-    /// Who is on the other end, for the log: the process and user of a Unix peer, the
-    /// address of a TCP one.
-    pub fn peer(&self) -> String {
-        match self {
-            Stream::Unix(s) => match rustix::net::sockopt::socket_peercred(s.as_fd()) {
-                Ok(cred) => format!(
-                    "pid {} uid {}",
-                    cred.pid.as_raw_nonzero(),
-                    cred.uid.as_raw()
-                ),
-                Err(_) => "unix peer".into(),
-            },
-            Stream::Tcp(s) => s
-                .peer_addr()
-                .map_or_else(|_| "tcp peer".into(), |a| a.to_string()),
-            Stream::Tls(s) => s
-                .tcp
-                .peer_addr()
-                .map_or_else(|_| "tls peer".into(), |a| format!("tls {a}")),
-        }
-    }
-}
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -388,7 +198,7 @@ impl Conn {
     /// still waiting in the socket (peeked at: a connection accepted in the same turn as the
     /// ones it is weighed against has not been read yet).
     pub fn has_spoken(&mut self) -> bool {
-        if self.heard || matches!(&self.stream, Stream::Tls(s) if s.heard) {
+        if self.heard || matches!(&self.stream, Stream::Tls(s) if s.heard()) {
             return true;
         }
         let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
@@ -440,8 +250,8 @@ impl Conn {
                     }
                     sent
                 }
-                Some((at, _)) => write_some(&mut self.stream, &self.wbuf[self.wpos..*at])?,
-                None => write_some(&mut self.stream, &self.wbuf[self.wpos..])?,
+                Some((at, _)) => self.stream.write_some(&self.wbuf[self.wpos..*at])?,
+                None => self.stream.write_some(&self.wbuf[self.wpos..])?,
             };
             match written {
                 Some(n) => self.wpos += n,
@@ -723,206 +533,241 @@ impl Conn {
     /// Handles one request of a handshaken connection.
     fn handle(&mut self, ctx: &Ctx<'_>, request: Request, answered: bool) -> Progress {
         let Request { id, body } = request;
-        if let Some(what) = auth::administrative(&body) {
-            if !self.identity.may_administer() {
-                tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
-                    "administrative request refused: not authenticated as an administrator");
-                let refusal = Error::Forbidden {
-                    request: what,
-                    peer: self.peer.clone(),
-                };
-                self.answer(id, error_body(&refusal));
-                return Progress::Idle;
-            }
-            // At warn, so the default filter keeps it: it halts or changes what others rely on.
-            tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
-                "administrative request");
+        if let Some(refusal) = self.refusal(&body) {
+            return self.reply(id, Err(refusal));
         }
         if let RequestBody::Append { durability, .. } | RequestBody::Commit { durability, .. } =
             &body
         {
             ctx.engine.metrics.requested(*durability);
         }
-        let result: Result<ResponseBody, Error> = match body {
-            RequestBody::Hello { .. } => Err(Error::BadRequest("Hello was already sent".into())),
-            RequestBody::Open {
-                log,
-                codec,
-                type_tag,
-                create,
-                durability,
-                schema,
-            } => {
-                // A default level this daemon cannot serve is refused now, not at the first
-                // commit.
-                if let Some(Err(error)) = durability.map(|d| ctx.engine.check_level(d)) {
-                    self.answer(id, error_body(&error));
-                    return Progress::Idle;
-                }
-                return self.hand_to_worker(ctx, id, move |engine| {
-                    match engine.open(&log, &codec, &type_tag, create) {
-                        Ok(opened) => {
-                            if let Some(schema) = &schema {
-                                engine.keep_schema(&opened, schema);
-                            }
-                            (
-                                Ok(ResponseBody::Opened {
-                                    handle: 0, // set by the loop when it adds the handle
-                                    positions: opened.positions,
-                                    max_record_bytes: opened.max_record_bytes as u32,
-                                    term: opened.term,
-                                }),
-                                Effect::Opened(opened),
-                            )
-                        }
-                        Err(error) => (Err(error), Effect::None),
-                    }
-                });
+        match body {
+            RequestBody::Hello { .. } => {
+                self.reply(id, Err(Error::BadRequest("Hello was already sent".into())))
             }
-            RequestBody::Append {
-                handle,
-                durability,
-                records,
-            } => {
-                let request = Request {
-                    id,
-                    body: RequestBody::Append {
-                        handle,
-                        durability,
-                        records,
-                    },
-                };
-                return self.append(ctx, request, answered);
+            open @ RequestBody::Open { .. } => self.open(ctx, id, open),
+            append @ RequestBody::Append { .. } => {
+                self.append(ctx, Request { id, body: append }, answered)
             }
             RequestBody::Commit {
                 handle,
                 lsn,
                 durability,
-            } => match self
-                .log(handle)
-                .and_then(|log| ctx.engine.check_level(durability).map(|()| log))
-            {
-                Ok(log) => match ctx.engine.check_appended(log, lsn) {
-                    Ok(()) if Engine::waits(durability) && lsn > 0 => {
-                        return self.after_durable(
-                            ctx,
-                            id,
-                            (log, lsn, durability),
-                            ResponseBody::Committed { lsn },
-                        )
-                    }
-                    Ok(()) => {
-                        ctx.engine.metrics.acked(durability);
-                        Ok(ResponseBody::Committed { lsn })
-                    }
-                    Err(error) => Err(error),
-                },
-                Err(error) => Err(error),
-            },
-            RequestBody::Read {
-                handle,
-                from,
-                max_records,
-                max_bytes,
-            } => {
-                let max_records = max_records.clamp(1, 1 << 20) as usize;
-                let max_bytes = (max_bytes as usize).clamp(1, ctx.read_answer_bytes.max(1));
-                match self.log(handle) {
-                    Ok(log) => match ctx.engine.read(log, from, max_records, max_bytes, false) {
-                        Ok(Some(body)) => Ok(body),
-                        Ok(None) => {
-                            self.read_promised = max_bytes;
-                            return self.hand_to_worker(ctx, id, move |engine| {
-                                let result = engine
-                                    .read(log, from, max_records, max_bytes, true)
-                                    .map(|body| body.expect("a blocking read always answers"));
-                                (result, Effect::None)
-                            });
-                        }
-                        Err(error) => Err(error),
-                    },
-                    Err(error) => Err(error),
-                }
-            }
+            } => self.commit(ctx, id, (handle, lsn, durability)),
+            read @ RequestBody::Read { .. } => self.read(ctx, id, read),
             RequestBody::Truncate { handle, before } => match self.log(handle) {
-                Ok(log) => {
-                    return self.hand_to_worker(ctx, id, move |engine| {
-                        let result = engine
-                            .truncate(log, before)
-                            .map(|segments| ResponseBody::Truncated { segments });
-                        (result, Effect::None)
-                    })
-                }
-                Err(error) => Err(error),
+                Ok(log) => self.hand_to_worker(ctx, id, move |engine| {
+                    let result = engine
+                        .truncate(log, before)
+                        .map(|segments| ResponseBody::Truncated { segments });
+                    (result, Effect::None)
+                }),
+                Err(error) => self.reply(id, Err(error)),
             },
-            RequestBody::Positions { handle } => self
-                .log(handle)
-                .map(|log| ResponseBody::Positions(ctx.engine.positions(log))),
-            RequestBody::History { handle } => self.log(handle).and_then(|log| {
-                let history = ctx.engine.history(log)?;
-                Ok(ResponseBody::History {
-                    entries: history.entries,
-                    last_lsn: history.protected,
-                    log_end: Some(history.end),
-                })
-            }),
+            RequestBody::Positions { handle } => {
+                let result = self
+                    .log(handle)
+                    .map(|log| ResponseBody::Positions(ctx.engine.positions(log)));
+                self.reply(id, result)
+            }
+            RequestBody::History { handle } => {
+                let result = self.log(handle).and_then(|log| {
+                    let history = ctx.engine.history(log)?;
+                    Ok(ResponseBody::History {
+                        entries: history.entries,
+                        last_lsn: history.protected,
+                        log_end: Some(history.end),
+                    })
+                });
+                self.reply(id, result)
+            }
             RequestBody::Close { handle } => match self.log(handle) {
                 Ok(log) => {
                     self.handles[handle as usize] = None;
-                    return self.hand_to_worker(ctx, id, move |engine| {
+                    self.hand_to_worker(ctx, id, move |engine| {
                         engine.release(log);
                         (Ok(ResponseBody::Closed), Effect::None)
-                    });
+                    })
                 }
-                Err(error) => Err(error),
+                Err(error) => self.reply(id, Err(error)),
             },
-            RequestBody::MapRing { data_bytes } => self.map_ring(ctx, data_bytes),
-            RequestBody::Status => Ok(ResponseBody::Status(Box::new(ctx.engine.status(ctx.net)))),
-            RequestBody::PowerFail => {
-                return self.hand_to_worker(ctx, id, |engine| {
-                    (
-                        Ok(ResponseBody::PowerFailed(engine.power_fail())),
-                        Effect::None,
-                    )
-                })
+            RequestBody::MapRing { data_bytes } => {
+                let result = self.map_ring(ctx, data_bytes);
+                self.reply(id, result)
             }
+            RequestBody::Status => {
+                let status = ctx.engine.status(ctx.net);
+                self.reply(id, Ok(ResponseBody::Status(Box::new(status))))
+            }
+            RequestBody::PowerFail => self.hand_to_worker(ctx, id, |engine| {
+                (
+                    Ok(ResponseBody::PowerFailed(engine.power_fail())),
+                    Effect::None,
+                )
+            }),
             RequestBody::PowerRestore => {
                 ctx.engine.power_restore();
-                Ok(ResponseBody::PowerRestored)
+                self.reply(id, Ok(ResponseBody::PowerRestored))
             }
-            // Both read or change the directory: off the event loop.
-            RequestBody::ListLogs => {
-                return self.hand_to_worker(ctx, id, move |engine| {
-                    (engine.list_logs().map(ResponseBody::Logs), Effect::None)
-                });
-            }
-            RequestBody::DeleteLog { log } => {
-                return self.hand_to_worker(ctx, id, move |engine| {
-                    let result =
-                        engine
-                            .delete_log(&log)
-                            .map(|(segments, bytes)| ResponseBody::Deleted {
-                                log,
-                                segments,
-                                bytes,
-                            });
-                    (result, Effect::None)
-                });
-            }
-            RequestBody::ReleaseHold { log, holder } => {
-                return self.hand_to_worker(ctx, id, move |engine| {
-                    let result = engine
-                        .release_hold(&log, &holder)
-                        .map(|lsn| ResponseBody::HoldReleased { log, holder, lsn });
-                    (result, Effect::None)
-                });
-            }
-        };
+            directory @ (RequestBody::ListLogs
+            | RequestBody::DeleteLog { .. }
+            | RequestBody::ReleaseHold { .. }) => self.change_directory(ctx, id, directory),
+        }
+    }
+
+    /// Answers a request handled here and now (on the loop): the connection stays idle.
+    fn reply(&mut self, id: u64, result: Result<ResponseBody, Error>) -> Progress {
         match result {
             Ok(body) => self.answer(id, body),
             Err(error) => self.answer(id, error_body(&error)),
         }
         Progress::Idle
+    }
+
+    /// Why this connection may not send `body`, if it may not: an administrative request needs
+    /// an administrator's identity. Both the refusal and the admission are logged (at warn, so
+    /// the default filter keeps them: such a request halts or changes what others rely on).
+    fn refusal(&self, body: &RequestBody) -> Option<Error> {
+        let what = auth::administrative(body)?;
+        if !self.identity.may_administer() {
+            tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
+                "administrative request refused: not authenticated as an administrator");
+            return Some(Error::Forbidden {
+                request: what,
+                peer: self.peer.clone(),
+            });
+        }
+        tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
+            "administrative request");
+        None
+    }
+
+    /// An open: a default level this daemon cannot serve is refused now, not at the first
+    /// commit; the open itself (it may create files) goes to a worker.
+    fn open(&mut self, ctx: &Ctx<'_>, id: u64, open: RequestBody) -> Progress {
+        let RequestBody::Open {
+            log,
+            codec,
+            type_tag,
+            create,
+            durability,
+            schema,
+        } = open
+        else {
+            unreachable!("open() is given opens")
+        };
+        if let Some(Err(error)) = durability.map(|d| ctx.engine.check_level(d)) {
+            return self.reply(id, Err(error));
+        }
+        self.hand_to_worker(ctx, id, move |engine| {
+            match engine.open(&log, &codec, &type_tag, create) {
+                Ok(opened) => {
+                    if let Some(schema) = &schema {
+                        engine.keep_schema(&opened, schema);
+                    }
+                    (
+                        Ok(ResponseBody::Opened {
+                            handle: 0, // set by the loop when it adds the handle
+                            positions: opened.positions,
+                            max_record_bytes: opened.max_record_bytes as u32,
+                            term: opened.term,
+                        }),
+                        Effect::Opened(opened),
+                    )
+                }
+                Err(error) => (Err(error), Effect::None),
+            }
+        })
+    }
+
+    /// A commit: answered now when its level asks no wait (or nothing was appended), else once
+    /// the records up to `lsn` reach that level.
+    fn commit(
+        &mut self,
+        ctx: &Ctx<'_>,
+        id: u64,
+        (handle, lsn, durability): (u32, u64, Durability),
+    ) -> Progress {
+        let checked = self
+            .log(handle)
+            .and_then(|log| ctx.engine.check_level(durability).map(|()| log))
+            .and_then(|log| ctx.engine.check_appended(log, lsn).map(|()| log));
+        match checked {
+            Ok(log) if Engine::waits(durability) && lsn > 0 => self.after_durable(
+                ctx,
+                id,
+                (log, lsn, durability),
+                ResponseBody::Committed { lsn },
+            ),
+            Ok(_) => {
+                ctx.engine.metrics.acked(durability);
+                self.reply(id, Ok(ResponseBody::Committed { lsn }))
+            }
+            Err(error) => self.reply(id, Err(error)),
+        }
+    }
+
+    /// A read: answered from memory when it can be, else handed to a worker that waits for the
+    /// records (the bytes it may answer with are promised to it meanwhile).
+    fn read(&mut self, ctx: &Ctx<'_>, id: u64, read: RequestBody) -> Progress {
+        let RequestBody::Read {
+            handle,
+            from,
+            max_records,
+            max_bytes,
+        } = read
+        else {
+            unreachable!("read() is given reads")
+        };
+        let max_records = max_records.clamp(1, 1 << 20) as usize;
+        let max_bytes = (max_bytes as usize).clamp(1, ctx.read_answer_bytes.max(1));
+        let log = match self.log(handle) {
+            Ok(log) => log,
+            Err(error) => return self.reply(id, Err(error)),
+        };
+        match ctx.engine.read(log, from, max_records, max_bytes, false) {
+            Ok(Some(body)) => self.reply(id, Ok(body)),
+            Ok(None) => {
+                self.read_promised = max_bytes;
+                self.hand_to_worker(ctx, id, move |engine| {
+                    let result = engine
+                        .read(log, from, max_records, max_bytes, true)
+                        .map(|body| body.expect("a blocking read always answers"));
+                    (result, Effect::None)
+                })
+            }
+            Err(error) => self.reply(id, Err(error)),
+        }
+    }
+
+    /// Listing the logs, deleting one, releasing a hold: each reads or changes the directory,
+    /// so each runs off the event loop.
+    fn change_directory(&mut self, ctx: &Ctx<'_>, id: u64, request: RequestBody) -> Progress {
+        match request {
+            RequestBody::ListLogs => self.hand_to_worker(ctx, id, move |engine| {
+                (engine.list_logs().map(ResponseBody::Logs), Effect::None)
+            }),
+            RequestBody::DeleteLog { log } => self.hand_to_worker(ctx, id, move |engine| {
+                let result =
+                    engine
+                        .delete_log(&log)
+                        .map(|(segments, bytes)| ResponseBody::Deleted {
+                            log,
+                            segments,
+                            bytes,
+                        });
+                (result, Effect::None)
+            }),
+            RequestBody::ReleaseHold { log, holder } => {
+                self.hand_to_worker(ctx, id, move |engine| {
+                    let result = engine
+                        .release_hold(&log, &holder)
+                        .map(|lsn| ResponseBody::HoldReleased { log, holder, lsn });
+                    (result, Effect::None)
+                })
+            }
+            _ => unreachable!("change_directory() is given directory requests"),
+        }
     }
 
     /// An append: placed now, parked for space, or placed and then waited on for `disk`.
@@ -1034,16 +879,5 @@ impl Conn {
     pub fn add_handle(&mut self, log: LogId) -> u32 {
         self.handles.push(Some(log));
         (self.handles.len() - 1) as u32
-    }
-}
-
-fn write_some(stream: &mut Stream, bytes: &[u8]) -> io::Result<Option<usize>> {
-    loop {
-        match stream.write(bytes) {
-            Ok(n) => return Ok(Some(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
     }
 }
