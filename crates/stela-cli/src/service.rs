@@ -147,6 +147,18 @@ pub struct ServeArgs {
     /// Unsent answers held for all connections together.
     #[arg(long, value_name = "SIZE", default_value_t = Size(config::OUTPUT_BYTES as u64), value_parser = parse_size)]
     pub output_bytes: Size,
+    /// Logs each client credential may create (a Unix uid, a token, a certificate).
+    ///
+    /// Administrators have no quota. A creation past it is refused (`QuotaExceeded`) and makes
+    /// nothing. Default: unlimited.
+    #[arg(long, value_name = "N")]
+    pub quota_logs: Option<u64>,
+    /// Bytes of records each client credential's logs may hold (e.g. 10GiB).
+    ///
+    /// Charged to the credential that created the log, whoever appends; an append past it is
+    /// refused (`QuotaExceeded`) and places nothing. Default: unlimited.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub quota_bytes: Option<Size>,
     /// Data area of each shared-memory ring (a power of two).
     #[arg(long, value_name = "SIZE", default_value_t = Size(config::RING_BYTES as u64), value_parser = parse_size)]
     pub ring_size: Size,
@@ -472,6 +484,10 @@ impl ServeArgs {
         config.idle_timeout = self.idle_timeout.get();
         config.partial_frame_bytes = self.partial_frame_bytes.as_usize();
         config.output_bytes = self.output_bytes.as_usize();
+        config.quota = stela_server::quota::Limits {
+            logs: self.quota_logs,
+            bytes: self.quota_bytes.map(Size::get),
+        };
         config.ring_bytes = self.ring_size.as_usize();
         config.spin = self.spin_us.get();
         config.realtime_loop = !self.no_realtime;

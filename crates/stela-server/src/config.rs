@@ -107,6 +107,9 @@ pub struct DaemonConfig {
     pub idle_timeout: Duration,
     pub partial_frame_bytes: usize,
     pub output_bytes: usize,
+    /// What each non-administrative credential may create and hold (`--quota-logs`,
+    /// `--quota-bytes`; see [`crate::quota`]). Default: unlimited.
+    pub quota: crate::quota::Limits,
     pub ring_bytes: usize,
     /// How long the event loop polls before sleeping; zero: never poll.
     pub spin: Duration,
@@ -233,6 +236,7 @@ impl DaemonConfig {
             idle_timeout: IDLE_TIMEOUT,
             partial_frame_bytes: PARTIAL_FRAME_BYTES,
             output_bytes: OUTPUT_BYTES,
+            quota: crate::quota::Limits::default(),
             ring_bytes: RING_BYTES,
             spin: SPIN,
             realtime_loop: REALTIME_LOOP,

@@ -507,6 +507,7 @@ impl Reloadable {
                 old.partial_frame_bytes != new.partial_frame_bytes,
             ),
             ("output-bytes", old.output_bytes != new.output_bytes),
+            ("quota-logs, quota-bytes", old.quota != new.quota),
             ("ring-size", old.ring_bytes != new.ring_bytes),
             ("spin-us", old.spin != new.spin),
             ("no-realtime", old.realtime_loop != new.realtime_loop),

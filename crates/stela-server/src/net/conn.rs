@@ -19,6 +19,7 @@ use super::ring::RingConn;
 use crate::engine::{Engine, NetStats, Waiter};
 use crate::error::Error;
 use crate::pool::{LogId, Record};
+use crate::quota::Credential;
 use crate::workers::Workers;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -289,6 +290,9 @@ pub(crate) struct Conn {
     pub admitted: Option<Role>,
     /// Who it proved to be (set by the loop at its Hello; Unix peers are `Local`).
     pub identity: Identity,
+    /// What its creations and its logs' bytes are charged to; `None` for an administrator
+    /// (set with `identity`).
+    pub credential: Option<Credential>,
     /// Received bytes not yet handled, from `rpos` on.
     rbuf: Vec<u8>,
     rpos: usize,
@@ -340,6 +344,11 @@ impl Conn {
             Some(uid) => Identity::of_local_user(uid),
             None => Identity::Client,
         };
+        let credential = match (stream.peer_uid(), identity) {
+            (Some(uid), Identity::Client) => Some(Credential::uid(uid)),
+            // A TCP peer's is set at its Hello, once it proved who it is.
+            _ => None,
+        };
         let peer_ip = stream.peer_ip();
         Conn {
             serial,
@@ -347,6 +356,7 @@ impl Conn {
             peer_ip,
             stream,
             identity,
+            credential,
             phase: Phase::Handshake,
             admitted: None,
             rbuf: Vec::new(),
@@ -759,8 +769,9 @@ impl Conn {
                     self.answer(id, error_body(&error));
                     return Progress::Idle;
                 }
+                let owner = self.credential.clone();
                 return self.hand_to_worker(ctx, id, move |engine| {
-                    match engine.open(&log, &codec, &type_tag, create) {
+                    match engine.open(&log, &codec, &type_tag, create, owner.as_ref()) {
                         Ok(opened) => {
                             if let Some(schema) = &schema {
                                 engine.keep_schema(&opened, schema);

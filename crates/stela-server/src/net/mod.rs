@@ -869,6 +869,8 @@ impl EventLoop {
             match self.auth.identify(tls, token.as_deref()) {
                 Ok(identity) => {
                     conn.identity = identity;
+                    conn.credential = (!identity.may_administer())
+                        .then(|| auth::credential(tls, token.as_deref()));
                     tracing::info!(peer = %conn.peer, identity = identity.name(), "TCP client authenticated");
                 }
                 Err(why) => {
