@@ -214,6 +214,12 @@ pub struct ServeArgs {
     /// needed unless both run as one user on loopback, or the standby has --repl-insecure).
     #[arg(long, value_name = "FILE")]
     pub standby_token_file: Option<PathBuf>,
+    /// With --coordinator tcp://: a token file whose first token proves this node to the witness.
+    ///
+    /// One of the witness's --token-file tokens, sent in the Hello of each connection (plain
+    /// TCP). Without it the witness serves this node only on loopback as the witness's own user.
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    pub coordinator_token_file: Option<PathBuf>,
     /// The name the standby's certificate carries [default: its address].
     #[arg(long, value_name = "NAME")]
     pub standby_name: Option<String>,
@@ -524,6 +530,7 @@ impl ServeArgs {
                 identity: self.standby_cert.clone().zip(self.standby_key.clone()),
             });
         config.standby_token_file = self.standby_token_file.clone();
+        config.coordinator_token_file = self.coordinator_token_file.clone();
         config.standby_name = self.standby_name.clone();
         config
     }

@@ -145,6 +145,10 @@ pub struct DaemonConfig {
     pub standby_tls: Option<stela_net::tls::ClientTlsFiles>,
     pub standby_name: Option<String>,
     pub standby_token_file: Option<PathBuf>,
+    /// With `failover` on a witness: a token file whose first token proves this node to the
+    /// witness (one of its `--token-file`); without it the witness serves this node only on
+    /// loopback, running as the witness's own user.
+    pub coordinator_token_file: Option<PathBuf>,
     /// With a standby: once it has been unreachable this long, `replicated` and `all` commits are
     /// acknowledged without it (as `buffered` / `disk`), logged and counted, until it is back.
     /// `None`: they wait for it (the default).
@@ -253,6 +257,7 @@ impl DaemonConfig {
             standby_tls: None,
             standby_name: None,
             standby_token_file: None,
+            coordinator_token_file: None,
             failover: None,
         }
     }

@@ -59,10 +59,17 @@ impl Server {
         // With a failover coordinator the role is its to say, before anything is served.
         let coordinator = match &config.failover {
             Some(failover) => {
+                let token = config
+                    .coordinator_token_file
+                    .as_deref()
+                    .map(stela_net::tls::read_client_token)
+                    .transpose()
+                    .map_err(|e| StartError::Config(format!("--coordinator-token-file: {e}")))?;
                 let coordinator = stela_coord::connect(
                     &failover.coordinator,
                     &failover.cluster,
                     failover.suspect_after,
+                    token,
                 )
                 .map_err(|e| StartError::Config(format!("--coordinator: {e}")))?;
                 engine.node().decide_role(coordinator.as_ref());
@@ -520,6 +527,10 @@ impl Reloadable {
                 old.standby_tls != new.standby_tls,
             ),
             ("standby-name", old.standby_name != new.standby_name),
+            (
+                "coordinator-token-file",
+                old.coordinator_token_file != new.coordinator_token_file,
+            ),
             (
                 "standby-token-file",
                 old.standby_token_file != new.standby_token_file,
