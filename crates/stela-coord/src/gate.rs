@@ -32,8 +32,8 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            pending: 64,
-            per_address: 16,
+            pending: 256,
+            per_address: 64,
             sessions: 64,
         }
     }

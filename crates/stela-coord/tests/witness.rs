@@ -244,7 +244,7 @@ fn a_flood_of_handshakes_while_real_nodes_renew() {
         .collect();
     let renewing = node(&witness, Some(NODE_TOKEN));
     let started = Instant::now();
-    let (mut renewals, mut logins) = (0, 0);
+    let (mut renewals, mut logins, mut first_try) = (0, 0, 0);
     while started.elapsed() < Duration::from_secs(4) {
         assert_eq!(
             renewing.renew("a", 1).unwrap(),
@@ -253,10 +253,19 @@ fn a_flood_of_handshakes_while_real_nodes_renew() {
         );
         renewals += 1;
         if renewals % 10 == 0 {
-            // A node that connects anew (a restarted one) gets through too.
+            // A node that connects anew (a restarted one) gets through too: its connection may
+            // be the oldest silent one when the flood needs room (its Hello late by a moment),
+            // and a node connects again at its next heartbeat, as here.
             let fresh = node(&witness, Some(NODE_TOKEN));
-            assert_eq!(fresh.current().unwrap().holder.as_deref(), Some("a"));
+            let attempts = (1..=5)
+                .find(|_| {
+                    fresh
+                        .current()
+                        .is_ok_and(|h| h.holder.as_deref() == Some("a"))
+                })
+                .expect("a fresh node got through in none of 5 attempts");
             logins += 1;
+            first_try += u32::from(attempts == 1);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -267,8 +276,8 @@ fn a_flood_of_handshakes_while_real_nodes_renew() {
     }
     let flooded = flooded.load(Ordering::Relaxed);
     eprintln!(
-        "{flooded} flood connections; {renewals} renewals and {logins} fresh logins served; \
-         threads {threads_before} -> {during}"
+        "{flooded} flood connections; {renewals} renewals and {logins} fresh logins served \
+         ({first_try} at the first attempt); threads {threads_before} -> {during}"
     );
     assert!(
         flooded > 300,
