@@ -101,6 +101,9 @@ pub enum Command {
     /// Promotion to a first new transaction of stela-store on a standby: a warm follower's
     /// directory against a cold one, after N MiB of TPC-B-ish log.
     WarmStandby(crate::warm_standby::WarmStandbyArgs),
+    /// Issue 54's attacks on a real daemon beside honest `disk` committers, each beside the
+    /// same run without it: commits/s, status p99, RSS, threads, acknowledged records lost.
+    Hostile(crate::hostile::HostileArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -157,6 +160,7 @@ where
         Command::Restart(args) => crate::restart_bench::run(&args, &mut out).map(drop),
         Command::RestartChild(args) => crate::restart_bench::child(&args),
         Command::WarmStandby(args) => crate::warm_standby::run(&args, &mut out).map(drop),
+        Command::Hostile(args) => crate::hostile::run(&args, &mut out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -40,6 +40,7 @@ pub mod commit_chart;
 pub mod failover;
 pub mod fuse_passthrough;
 pub mod harness;
+pub mod hostile;
 pub mod impair;
 pub mod neighbour;
 pub mod netns;

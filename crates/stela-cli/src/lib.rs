@@ -146,6 +146,12 @@ pub struct WitnessArgs {
           default_value_t = units::Dur(std::time::Duration::from_millis(300)),
           value_parser = units::parse_ms)]
     pub lease_ms: units::Dur,
+    /// Tokens that prove a node (one a line; each node sends one with --coordinator-token-file).
+    ///
+    /// Needed unless --listen is a loopback address: without it only loopback peers running as
+    /// the witness's own user (or root) are served.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -540,10 +546,28 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
             Ok(ExitCode::SUCCESS)
         }
         Command::Witness(args) => {
-            let witness = stela_coord::witness::Witness::start(
+            if args.token_file.is_none() && !args.listen.ip().is_loopback() {
+                anyhow::bail!(
+                    "the witness on {} needs --token-file: without tokens it serves only loopback \
+                     peers running as its own user",
+                    args.listen
+                );
+            }
+            let tokens = args
+                .token_file
+                .as_deref()
+                .map(stela_coord::witness::Tokens::load)
+                .transpose()
+                .context("--token-file")?;
+            let auth = stela_coord::witness::WitnessAuth {
+                tokens,
+                ..Default::default()
+            };
+            let witness = stela_coord::witness::Witness::start_with(
                 args.listen,
                 &args.dir,
                 args.lease_ms.get().max(std::time::Duration::from_millis(1)),
+                auth,
             )
             .with_context(|| {
                 format!(

@@ -570,3 +570,24 @@ fn repair_says_what_it_cuts_first_and_accounts_for_every_record() {
         assert!(name.contains('T') && !name.contains(':'), "{name}");
     }
 }
+
+/// Issue 54: a witness reachable from other machines authenticates its nodes by token; without
+/// a token file it refuses to start there (on loopback it serves its own user's nodes).
+#[test]
+fn a_witness_off_loopback_needs_a_token_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("w");
+    let output = stela(&[
+        "witness",
+        "--listen",
+        "0.0.0.0:0",
+        "--dir",
+        state.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success(), "{}", text(&output));
+    assert!(
+        text(&output).contains("needs --token-file"),
+        "{}",
+        text(&output)
+    );
+}

@@ -11,6 +11,7 @@
 //! never as "step down".
 
 pub mod etcd;
+pub mod gate;
 pub mod rules;
 pub mod witness;
 
@@ -136,7 +137,8 @@ pub const WITNESS_TIMEOUT: std::time::Duration = std::time::Duration::from_milli
 
 /// A coordinator from its URL: `tcp://HOST:PORT` or `HOST:PORT` (a `stela witness`), or
 /// `etcd://HOST:PORT` (an etcd cluster's client endpoint; the pair's keys live under
-/// `/stela/<cluster>/`).
+/// `/stela/<cluster>/`). `token` is this node's credential at a witness (sent in each
+/// connection's Hello; etcd takes none here).
 ///
 /// # Errors
 /// The URL names no reachable-looking address, or a backend not built in.
@@ -144,6 +146,7 @@ pub fn connect(
     url: &str,
     cluster: &str,
     lease: std::time::Duration,
+    token: Option<String>,
 ) -> Result<Box<dyn Coordinator>, CoordError> {
     let bad = |why: &str| CoordError::Other(format!("coordinator {url:?}: {why}"));
     if let Some(host_port) = url.strip_prefix("etcd://") {
@@ -167,9 +170,7 @@ pub fn connect(
         .map_err(|e| bad(&e.to_string()))?
         .next()
         .ok_or_else(|| bad("the host has no address"))?;
-    Ok(Box::new(witness::WitnessClient::new(
-        addr,
-        cluster,
-        WITNESS_TIMEOUT,
-    )))
+    Ok(Box::new(
+        witness::WitnessClient::new(addr, cluster, WITNESS_TIMEOUT).with_token(token),
+    ))
 }

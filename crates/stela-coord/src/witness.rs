@@ -13,10 +13,15 @@
 //!   agree, and a restarted witness waits a whole lease before it grants.
 //! - **Bad input closes one connection**, never the witness; frames are bounded before their body
 //!   is read.
+//! - **Nothing is served before a Hello** ([`crate::gate`]): a new connection waits in a bounded
+//!   table, read without blocking by the accept thread, until its Hello (at most 512 bytes,
+//!   within the handshake deadline) proves it (a token, or a trusted local user); only then does
+//!   it get a thread, and sessions are bounded too.
 //!
 //! File layout: `epoch` (u64 LE), holder length (u32 LE), holder (UTF-8), CRC32C of the above
 //! (u32 LE).
 
+use crate::gate::{self, Limits, Token, Waiting};
 use crate::rules::{self, Ballot, Claim};
 use crate::{CoordError, Coordinator, Election, Grant, Holder, LogPosition, Renewal, Report};
 use std::io::{BufReader, Read, Write};
@@ -26,11 +31,40 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+pub use stela_net::tls::Tokens;
 use stela_proto::frame;
-use stela_proto::witness::{WitnessRequest, WitnessResponse, MAX_WITNESS_FRAME_BYTES};
+use stela_proto::witness::{
+    WitnessRequest, WitnessResponse, MAX_WITNESS_FRAME_BYTES, MAX_WITNESS_HELLO_BYTES,
+    WITNESS_VERSION,
+};
 
 const FILE: &str = "WITNESS";
 const TEMP: &str = "WITNESS.tmp";
+
+/// How the witness tells its nodes from anyone else who reaches its port.
+#[derive(Clone, Debug)]
+pub struct WitnessAuth {
+    /// Tokens a node may present in its Hello (`stela witness --token-file`).
+    pub tokens: Option<Tokens>,
+    /// Serve a Hello without a token from a loopback peer whose socket the witness's own user
+    /// (or root) owns, as the kernel's socket table says (a pair and its witness on one machine).
+    pub trust_local_user: bool,
+    /// Time a new connection has to send its whole Hello.
+    pub handshake_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl Default for WitnessAuth {
+    /// No tokens; local peers of the witness's user trusted; 2 s for the Hello.
+    fn default() -> WitnessAuth {
+        WitnessAuth {
+            tokens: None,
+            trust_local_user: true,
+            handshake_timeout: Duration::from_secs(2),
+            limits: Limits::default(),
+        }
+    }
+}
 
 /// A running witness. Dropping it stops it.
 pub struct Witness {
@@ -47,6 +81,9 @@ struct State {
     claim: Mutex<Held>,
     /// The connections open now, cut when the witness stops (as a dead process's would be).
     connections: Mutex<Vec<TcpStream>>,
+    auth: WitnessAuth,
+    /// Authenticated sessions running now (a thread each).
+    sessions: std::sync::atomic::AtomicUsize,
 }
 
 struct Held {
@@ -66,6 +103,19 @@ impl Witness {
     /// The directory or the state file cannot be read, the file is damaged, or the address
     /// cannot be bound.
     pub fn start(listen: SocketAddr, dir: &Path, lease: Duration) -> std::io::Result<Witness> {
+        Witness::start_with(listen, dir, lease, WitnessAuth::default())
+    }
+
+    /// As [`Witness::start`], authenticating nodes as `auth` says.
+    ///
+    /// # Errors
+    /// As [`Witness::start`].
+    pub fn start_with(
+        listen: SocketAddr,
+        dir: &Path,
+        lease: Duration,
+        auth: WitnessAuth,
+    ) -> std::io::Result<Witness> {
         // The witness's state is its owner's alone, as the logs' files are.
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
             .create(dir)?;
@@ -85,6 +135,8 @@ impl Witness {
                 failed: None,
             }),
             connections: Mutex::new(Vec::new()),
+            auth,
+            sessions: std::sync::atomic::AtomicUsize::new(0),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -125,61 +177,237 @@ impl Drop for Witness {
     }
 }
 
-fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                if let Ok(copy) = stream.try_clone() {
-                    let mut connections =
-                        state.connections.lock().unwrap_or_else(|e| e.into_inner());
-                    // Forget the ones that ended (their peers closed them).
-                    connections.retain(|c| c.peer_addr().is_ok());
-                    connections.push(copy);
-                }
-                let state = Arc::clone(state);
-                let spawned = std::thread::Builder::new()
-                    .name("stela-witness-conn".into())
-                    .spawn(move || {
-                        if let Err(why) = serve(stream, &state) {
-                            tracing::debug!(%peer, %why, "witness: connection ended");
-                        }
-                    });
-                if let Err(error) = spawned {
-                    tracing::error!(%peer, %error, "witness: cannot start a connection thread");
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(error) => {
-                tracing::warn!(%error, "witness: accept failed");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+/// A connection that has not said Hello yet: read without blocking by the accept thread.
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    since: Instant,
+    /// The Hello's bytes so far (at most [`gate::MAX_HELLO_FRAME_BYTES`]).
+    bytes: Vec<u8>,
+}
+
+impl Pending {
+    fn waiting(&self) -> Waiting {
+        Waiting {
+            ip: self.peer.ip(),
+            since: self.since,
+            heard: !self.bytes.is_empty(),
         }
     }
 }
 
-/// Why one exchange with a peer (a request and its answer) failed.
-#[derive(Debug, thiserror::Error)]
-enum Exchange {
-    #[error("{0}")]
-    Send(#[from] frame::WriteError),
-    #[error("{0}")]
-    Receive(#[from] frame::ReadError),
-    /// The socket could not be cloned into a reader and a writer.
-    #[error("{0}")]
-    Clone(std::io::Error),
+/// What reading a pending connection found.
+enum Heard {
+    Nothing,
+    More,
+    Hello(Box<WitnessRequest>),
+    /// Closed, or bad bytes: drop it (with the reason to tell, if any).
+    Gone(Option<String>),
 }
 
-fn serve(stream: TcpStream, state: &State) -> Result<(), Exchange> {
+fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
+    let mut pending: Vec<Pending> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        let mut busy = false;
+        let mut index = 0;
+        while index < pending.len() {
+            match read_hello(&mut pending[index]) {
+                Heard::Nothing if pending[index].since.elapsed() > state.auth.handshake_timeout => {
+                    let gone = pending.swap_remove(index);
+                    tracing::debug!(peer = %gone.peer, "witness: no Hello within the handshake timeout");
+                }
+                Heard::Nothing => index += 1,
+                Heard::More => {
+                    busy = true;
+                    index += 1;
+                }
+                Heard::Hello(hello) => {
+                    busy = true;
+                    greet(state, pending.swap_remove(index), &hello);
+                }
+                Heard::Gone(why) => {
+                    let gone = pending.swap_remove(index);
+                    if let Some(why) = why {
+                        refuse(&gone.stream, gone.peer, &why);
+                    }
+                }
+            }
+        }
+        // A few at a time: each connection accepted is read at the next pass, before later
+        // newcomers could make room by evicting it.
+        for _ in 0..(state.auth.limits.per_address / 2).max(1) {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    busy = true;
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    let waiting: Vec<Waiting> = pending.iter().map(Pending::waiting).collect();
+                    if let Some(victim) = gate::make_room(&waiting, peer.ip(), &state.auth.limits) {
+                        let evicted = pending.swap_remove(victim);
+                        tracing::debug!(peer = %evicted.peer, "witness: handshake evicted to make room");
+                    }
+                    pending.push(Pending {
+                        stream,
+                        peer,
+                        since: Instant::now(),
+                        bytes: Vec::new(),
+                    });
+                    debug_assert!(pending.len() <= state.auth.limits.pending.max(1));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(error) => {
+                    tracing::warn!(%error, "witness: accept failed");
+                    std::thread::sleep(Duration::from_millis(20));
+                    break;
+                }
+            }
+        }
+        if !busy {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// Reads what has arrived of `pending`'s Hello, never more than a Hello may take.
+fn read_hello(pending: &mut Pending) -> Heard {
+    let header_bytes = stela_proto::FRAME_HEADER_BYTES;
+    let mut heard = Heard::Nothing;
+    loop {
+        let mut want = header_bytes;
+        if pending.bytes.len() >= header_bytes {
+            let header: [u8; stela_proto::FRAME_HEADER_BYTES] =
+                pending.bytes[..header_bytes].try_into().expect("a header");
+            let parsed = match frame::parse_header(header, MAX_WITNESS_HELLO_BYTES) {
+                Ok(parsed) => parsed,
+                Err(error) => {
+                    return Heard::Gone(Some(format!(
+                        "the first frame must be a Hello of at most {MAX_WITNESS_HELLO_BYTES} bytes: {error}"
+                    )))
+                }
+            };
+            want = header_bytes + parsed.body_len;
+            if pending.bytes.len() == want {
+                return match frame::decode_body(parsed, &pending.bytes[header_bytes..]) {
+                    Ok(hello) => Heard::Hello(Box::new(hello)),
+                    Err(error) => Heard::Gone(Some(format!(
+                        "the first request cannot be read ({error}): is this node older than the witness?"
+                    ))),
+                };
+            }
+        }
+        debug_assert!(want <= gate::MAX_HELLO_FRAME_BYTES);
+        let mut chunk = [0u8; gate::MAX_HELLO_FRAME_BYTES];
+        let room = want - pending.bytes.len();
+        match pending.stream.read(&mut chunk[..room]) {
+            Ok(0) => return Heard::Gone(None),
+            Ok(n) => {
+                pending.bytes.extend_from_slice(&chunk[..n]);
+                heard = Heard::More;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return heard,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Heard::Gone(None),
+        }
+    }
+}
+
+/// Serves `pending`, whose first frame is `hello`, if it proves itself; refuses it otherwise.
+fn greet(state: &Arc<State>, pending: Pending, hello: &WitnessRequest) {
+    let Pending { stream, peer, .. } = pending;
+    let token = match hello {
+        WitnessRequest::Hello {
+            token: Some(token), ..
+        } => match &state.auth.tokens {
+            Some(tokens) if tokens.matches(token.as_bytes()) => Token::Valid,
+            _ => Token::Wrong,
+        },
+        _ => Token::None,
+    };
+    let local_user = state.auth.trust_local_user
+        && token == Token::None
+        && stela_net::peer::loopback_peer_uid(&stream)
+            .ok()
+            .flatten()
+            .is_some_and(|uid| uid == 0 || uid == rustix_euid());
+    let mut verdict = gate::admit(hello, token, local_user);
+    let sessions = state.sessions.load(Ordering::SeqCst);
+    if verdict.is_ok() && sessions >= state.auth.limits.sessions {
+        verdict = Err(format!("{sessions} sessions open, the witness's limit"));
+    }
+    if let Err(why) = verdict {
+        refuse(&stream, peer, &why);
+        return;
+    }
+    if stream.set_nonblocking(false).is_err() {
+        return;
+    }
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut writer = &stream;
+    if send(
+        &mut writer,
+        &WitnessResponse::Welcome {
+            version: WITNESS_VERSION,
+        },
+    )
+    .is_err()
+    {
+        return;
+    }
+    if let Ok(copy) = stream.try_clone() {
+        let mut connections = state.connections.lock().unwrap_or_else(|e| e.into_inner());
+        // Forget the ones that ended (their peers closed them).
+        connections.retain(|c| c.peer_addr().is_ok());
+        connections.push(copy);
+    }
+    state.sessions.fetch_add(1, Ordering::SeqCst);
+    let session_state = Arc::clone(state);
+    let spawned = std::thread::Builder::new()
+        .name("stela-witness-conn".into())
+        .spawn(move || {
+            if let Err(why) = serve(stream, &session_state) {
+                tracing::debug!(%peer, why, "witness: connection ended");
+            }
+            session_state.sessions.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(error) = spawned {
+        state.sessions.fetch_sub(1, Ordering::SeqCst);
+        tracing::error!(%peer, %error, "witness: cannot start a connection thread");
+    }
+}
+
+/// Tells `peer` why it is refused (best effort, without blocking) and logs it.
+fn refuse(stream: &TcpStream, peer: SocketAddr, why: &str) {
+    tracing::warn!(%peer, why, "witness: connection refused");
+    let mut writer = stream;
+    let _ = send(
+        &mut writer,
+        &WitnessResponse::Error {
+            message: format!("refused: {why}"),
+        },
+    );
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+fn rustix_euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn serve(stream: TcpStream, state: &State) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     // A peer that sends nothing for a minute is gone; its thread ends.
     let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
-    let mut writer = stream.try_clone().map_err(Exchange::Clone)?;
+    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
     let mut reader = BufReader::new(stream);
     loop {
         let request: WitnessRequest = receive(&mut reader)?;
-        let response = answer(state, request);
+        let response = match request {
+            WitnessRequest::Hello { .. } => WitnessResponse::Error {
+                message: "Hello was already sent".into(),
+            },
+            request => answer(state, request),
+        };
         send(&mut writer, &response)?;
     }
 }
@@ -233,6 +461,11 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
                 new,
             ),
         },
+        WitnessRequest::Hello { .. } => {
+            return WitnessResponse::Error {
+                message: "Hello was already sent".into(),
+            }
+        }
         WitnessRequest::Current { .. } => {
             return WitnessResponse::Current {
                 epoch: held.claim.epoch,
@@ -370,35 +603,22 @@ fn encode_claim(claim: &Claim) -> Vec<u8> {
     out
 }
 
-/// Why the witness's claim file is not a claim.
-#[derive(Debug, thiserror::Error)]
-enum ClaimDamage {
-    #[error("{0} bytes, too short")]
-    Short(usize),
-    #[error("too short")]
-    NoFields,
-    #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
-    Checksum { stored: u32, computed: u32 },
-    #[error("the holder's length does not match the file")]
-    HolderLength,
-    #[error("holder: {0}")]
-    Holder(std::str::Utf8Error),
-}
-
-fn decode_claim(bytes: &[u8]) -> Result<Claim, ClaimDamage> {
+fn decode_claim(bytes: &[u8]) -> Result<Claim, String> {
     let (body, crc) = bytes
         .split_last_chunk::<4>()
-        .ok_or(ClaimDamage::Short(bytes.len()))?;
+        .ok_or_else(|| format!("{} bytes, too short", bytes.len()))?;
     let (stored, computed) = (u32::from_le_bytes(*crc), crc32c::crc32c(body));
     if stored != computed {
-        return Err(ClaimDamage::Checksum { stored, computed });
+        return Err(format!(
+            "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+        ));
     }
-    let (epoch, rest) = body.split_first_chunk::<8>().ok_or(ClaimDamage::NoFields)?;
-    let (len, holder) = rest.split_first_chunk::<4>().ok_or(ClaimDamage::NoFields)?;
+    let (epoch, rest) = body.split_first_chunk::<8>().ok_or("too short")?;
+    let (len, holder) = rest.split_first_chunk::<4>().ok_or("too short")?;
     if u32::from_le_bytes(*len) as usize != holder.len() {
-        return Err(ClaimDamage::HolderLength);
+        return Err("the holder's length does not match the file".into());
     }
-    let holder = std::str::from_utf8(holder).map_err(ClaimDamage::Holder)?;
+    let holder = std::str::from_utf8(holder).map_err(|e| format!("holder: {e}"))?;
     Ok(Claim {
         epoch: u64::from_le_bytes(*epoch),
         holder: (!holder.is_empty()).then(|| holder.to_owned()),
@@ -439,15 +659,25 @@ fn store(dir: &Path, claim: &Claim) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-fn send<M: serde::Serialize>(
-    writer: &mut impl Write,
-    message: &M,
-) -> Result<(), frame::WriteError> {
-    frame::write_blocking(writer, message)
+fn send<M: serde::Serialize>(writer: &mut impl Write, message: &M) -> Result<(), String> {
+    let mut out = Vec::new();
+    frame::encode(message, &mut out).map_err(|e| e.to_string())?;
+    writer.write_all(&out).map_err(|e| e.to_string())
 }
 
-fn receive<M: serde::de::DeserializeOwned>(reader: &mut impl Read) -> Result<M, frame::ReadError> {
-    frame::read_blocking(reader, MAX_WITNESS_FRAME_BYTES)
+fn receive<M: serde::de::DeserializeOwned>(reader: &mut impl Read) -> Result<M, String> {
+    let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
+    reader.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let parsed = frame::parse_header(header, MAX_WITNESS_FRAME_BYTES).map_err(|e| e.to_string())?;
+    let mut body = Vec::new();
+    reader
+        .take(parsed.body_len as u64)
+        .read_to_end(&mut body)
+        .map_err(|e| e.to_string())?;
+    if body.len() != parsed.body_len {
+        return Err("the peer closed the connection inside a frame".into());
+    }
+    frame::decode_body(parsed, &body).map_err(|e| e.to_string())
 }
 
 /// A node's connection to a witness. Every call is bounded by the timeout, so a dead or stopped
@@ -457,6 +687,8 @@ pub struct WitnessClient {
     addr: SocketAddr,
     cluster: String,
     timeout: Duration,
+    /// Sent in the Hello of each connection.
+    token: Option<String>,
     connection: Mutex<Option<(BufReader<TcpStream>, TcpStream)>>,
 }
 
@@ -466,7 +698,41 @@ impl WitnessClient {
             addr,
             cluster: cluster.to_owned(),
             timeout,
+            token: None,
             connection: Mutex::new(None),
+        }
+    }
+
+    /// Proves this node with `token` (one of the witness's `--token-file`) in each Hello.
+    #[must_use]
+    pub fn with_token(mut self, token: Option<String>) -> WitnessClient {
+        self.token = token;
+        self
+    }
+
+    /// Connects and says Hello; the witness's refusal is this node's to report.
+    fn connect(&self) -> Result<(BufReader<TcpStream>, TcpStream), String> {
+        let stream =
+            TcpStream::connect_timeout(&self.addr, self.timeout).map_err(|e| e.to_string())?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(self.timeout))
+            .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
+            .map_err(|e| e.to_string())?;
+        let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+        let mut reader = BufReader::new(stream);
+        let hello = WitnessRequest::Hello {
+            version: WITNESS_VERSION,
+            token: self.token.clone(),
+        };
+        send(&mut writer, &hello)?;
+        match receive::<WitnessResponse>(&mut reader) {
+            Ok(WitnessResponse::Welcome { .. }) => Ok((reader, writer)),
+            Ok(WitnessResponse::Error { message }) => Err(format!("the witness {message}")),
+            Ok(other) => Err(format!("unexpected answer to the Hello: {other:?}")),
+            Err(why) => Err(format!(
+                "no answer to the Hello ({why}): a witness older than protocol {WITNESS_VERSION} closes the connection"
+            )),
         }
     }
 
@@ -475,28 +741,18 @@ impl WitnessClient {
         let unreachable =
             |why: String| CoordError::Unreachable(format!("witness {}: {why}", self.addr));
         if connection.is_none() {
-            let stream = TcpStream::connect_timeout(&self.addr, self.timeout)
-                .map_err(|e| unreachable(e.to_string()))?;
-            let _ = stream.set_nodelay(true);
-            stream
-                .set_read_timeout(Some(self.timeout))
-                .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
-                .map_err(|e| unreachable(e.to_string()))?;
-            let writer = stream.try_clone().map_err(|e| unreachable(e.to_string()))?;
-            *connection = Some((BufReader::new(stream), writer));
+            *connection = Some(self.connect().map_err(unreachable)?);
         }
         let Some((reader, writer)) = connection.as_mut() else {
             return Err(unreachable("no connection".into()));
         };
-        let result = send(writer, request)
-            .map_err(Exchange::from)
-            .and_then(|()| Ok(receive::<WitnessResponse>(reader)?));
+        let result = send(writer, request).and_then(|()| receive::<WitnessResponse>(reader));
         match result {
             Ok(WitnessResponse::Error { message }) => Err(CoordError::Other(message)),
             Ok(response) => Ok(response),
             Err(why) => {
                 *connection = None;
-                Err(unreachable(why.to_string()))
+                Err(unreachable(why))
             }
         }
     }
@@ -603,10 +859,7 @@ mod tests {
             holder: Some("b".into()),
         });
         bytes[0] ^= 1;
-        assert!(decode_claim(&bytes)
-            .unwrap_err()
-            .to_string()
-            .contains("checksum"));
+        assert!(decode_claim(&bytes).unwrap_err().contains("checksum"));
         assert!(decode_claim(&[1, 2]).is_err());
     }
 }

@@ -29,7 +29,7 @@ fn etcd_grants_and_fences_as_the_witness_does() {
     let coordinator = EtcdCoordinator::new(&etcd.client_url, "pair", LEASE).unwrap();
     fences(&coordinator, LEASE + LEASE / 2);
     // Through the URL the daemon is given.
-    let by_url = stela_coord::connect(&etcd.coordinator_url(), "pair", LEASE).unwrap();
+    let by_url = stela_coord::connect(&etcd.coordinator_url(), "pair", LEASE, None).unwrap();
     assert_eq!(by_url.current().unwrap().epoch, 2);
     assert!(by_url.describe().contains("etcd"));
 }

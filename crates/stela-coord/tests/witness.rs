@@ -106,3 +106,191 @@ fn garbage_closes_one_connection_and_the_witness_serves_on() {
         Renewal::Renewed { epoch: 1 }
     );
 }
+
+const NODE_TOKEN: &str = "witness-node-token-7d2a9c41e0b5";
+
+/// A witness that serves only nodes with a token of its file (no trusted local user: the
+/// tests run as the witness's own user).
+fn guarded_witness(dir: &std::path::Path) -> Witness {
+    let file = dir.join("tokens");
+    stela_testkit::write_secret(&file, format!("{NODE_TOKEN}\n"));
+    let auth = stela_coord::witness::WitnessAuth {
+        tokens: Some(stela_coord::witness::Tokens::load(&file).unwrap()),
+        trust_local_user: false,
+        ..Default::default()
+    };
+    Witness::start_with(
+        "127.0.0.1:0".parse().unwrap(),
+        &dir.join("state"),
+        LEASE,
+        auth,
+    )
+    .unwrap()
+}
+
+fn node(witness: &Witness, token: Option<&str>) -> WitnessClient {
+    WitnessClient::new(witness.addr(), "test", Duration::from_secs(2))
+        .with_token(token.map(str::to_owned))
+}
+
+/// Sends `bytes` on a fresh connection and reads until the witness closes it (or 5 s).
+fn exchange(witness: &Witness, bytes: &[u8]) -> (Vec<u8>, Duration) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(witness.addr()).unwrap();
+    stream.write_all(bytes).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    (answer, started.elapsed())
+}
+
+#[test]
+fn an_unauthenticated_peer_is_refused_before_anything_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let witness = guarded_witness(dir.path());
+    for (token, why) in [
+        (None, "no token"),
+        (Some("witness-node-token-7d2a9c41e0b6"), "wrong token"),
+    ] {
+        let error = node(&witness, token).renew("a", 1).unwrap_err();
+        assert!(
+            matches!(&error, CoordError::Unreachable(m) if m.contains(why)),
+            "{error}"
+        );
+    }
+    // A node of the old protocol (a request without a Hello) is told to upgrade, and nothing
+    // it asked is done: the epoch is still unheld.
+    let mut renew = Vec::new();
+    stela_proto::frame::encode(
+        &stela_proto::witness::WitnessRequest::Renew {
+            cluster: "test".into(),
+            node: "intruder".into(),
+            epoch: 1 << 40,
+        },
+        &mut renew,
+    )
+    .unwrap();
+    let (answer, _) = exchange(&witness, &renew);
+    assert!(
+        String::from_utf8_lossy(&answer).contains("must be a Hello"),
+        "{answer:?}"
+    );
+    // A header announcing a large first frame is refused at once, before its body is awaited.
+    let mut big = Vec::new();
+    stela_proto::frame::encode(
+        &stela_proto::witness::WitnessRequest::Hello {
+            version: stela_proto::witness::WITNESS_VERSION,
+            token: Some("x".repeat(4096)),
+        },
+        &mut big,
+    )
+    .unwrap();
+    let (_, waited) = exchange(&witness, &big[..stela_proto::FRAME_HEADER_BYTES]);
+    assert!(
+        waited < Duration::from_secs(1),
+        "waited {waited:?} for a body it must not read"
+    );
+    let holder = node(&witness, Some(NODE_TOKEN)).current().unwrap();
+    assert_eq!(
+        (holder.epoch, holder.holder),
+        (0, None),
+        "an unauthenticated request was served"
+    );
+    assert_eq!(
+        node(&witness, Some(NODE_TOKEN)).renew("a", 1).unwrap(),
+        Renewal::Renewed { epoch: 1 }
+    );
+}
+
+/// Issue 54 finding 5, at the witness: connections that send nothing, or half a Hello, fill
+/// no more than the handshake table, never hold a thread, and do not keep real nodes out.
+#[test]
+fn a_flood_of_handshakes_while_real_nodes_renew() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let witness = guarded_witness(dir.path());
+    let threads_before = threads();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooded = Arc::new(AtomicUsize::new(0));
+    let addr = witness.addr();
+    let flooders: Vec<_> = (0..3)
+        .map(|kind| {
+            let (stop, flooded) = (Arc::clone(&stop), Arc::clone(&flooded));
+            std::thread::spawn(move || {
+                let mut held = std::collections::VecDeque::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+                        continue;
+                    };
+                    // Silent; half a header; a header announcing a Hello, and half of it.
+                    let _ = match kind {
+                        0 => Ok(()),
+                        1 => stream.write_all(&[0x53, 0x54]),
+                        _ => stream.write_all(&[0u8; 20]),
+                    };
+                    flooded.fetch_add(1, Ordering::Relaxed);
+                    held.push_back(stream);
+                    if held.len() > 300 {
+                        held.pop_front();
+                    }
+                }
+            })
+        })
+        .collect();
+    let renewing = node(&witness, Some(NODE_TOKEN));
+    let started = Instant::now();
+    let (mut renewals, mut logins, mut first_try) = (0, 0, 0);
+    while started.elapsed() < Duration::from_secs(4) {
+        assert_eq!(
+            renewing.renew("a", 1).unwrap(),
+            Renewal::Renewed { epoch: 1 },
+            "a renewal failed during the flood"
+        );
+        renewals += 1;
+        if renewals % 10 == 0 {
+            // A node that connects anew (a restarted one) gets through too: its connection may
+            // be the oldest silent one when the flood needs room (its Hello late by a moment),
+            // and a node connects again at its next heartbeat, as here.
+            let fresh = node(&witness, Some(NODE_TOKEN));
+            let attempts = (1..=5)
+                .find(|_| {
+                    fresh
+                        .current()
+                        .is_ok_and(|h| h.holder.as_deref() == Some("a"))
+                })
+                .expect("a fresh node got through in none of 5 attempts");
+            logins += 1;
+            first_try += u32::from(attempts == 1);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let during = threads();
+    stop.store(true, Ordering::Relaxed);
+    for flooder in flooders {
+        flooder.join().unwrap();
+    }
+    let flooded = flooded.load(Ordering::Relaxed);
+    eprintln!(
+        "{flooded} flood connections; {renewals} renewals and {logins} fresh logins served \
+         ({first_try} at the first attempt); threads {threads_before} -> {during}"
+    );
+    assert!(
+        flooded > 300,
+        "the flood was too small to mean anything: {flooded}"
+    );
+    // The flood's own 3 threads, the fresh logins' sessions (ended or ending); never a thread
+    // per flood connection.
+    assert!(
+        during < threads_before + 20,
+        "threads {threads_before} -> {during} under a flood of {flooded}"
+    );
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}

@@ -348,6 +348,12 @@ pub enum ErrorCode {
     /// record survives this primary's crash only as `buffered` (`disk` for `all`) does; the
     /// message says which policy answered. Commit again later to learn when it is protected.
     Unprotected,
+    /// The client's credential is at its quota (`--quota-logs`: logs it created;
+    /// `--quota-bytes`: bytes its logs hold): the log was not created, or the append placed
+    /// nothing (no LSN; it can be sent again once space under the quota is freed). The message
+    /// names the credential, what it holds and the limit. Added in protocol version 1 after
+    /// the other codes: older clients cannot decode it.
+    QuotaExceeded,
 }
 
 /// Who a connection is, for the connection limit.

@@ -7,6 +7,15 @@ use serde::{Deserialize, Serialize};
 /// Largest witness frame either side accepts: names and reasons only.
 pub const MAX_WITNESS_FRAME_BYTES: usize = 64 << 10;
 
+/// The witness exchange's version, sent in [`WitnessRequest::Hello`]. Version 2 (issue 54)
+/// added the Hello itself: a witness of version 2 answers nothing before an authenticated Hello,
+/// and a witness of version 1 cannot decode one and closes the connection, which the node
+/// reports as unreachable.
+pub const WITNESS_VERSION: u32 = 2;
+
+/// Largest first frame (the Hello) a witness reads from a connection not yet authenticated.
+pub const MAX_WITNESS_HELLO_BYTES: usize = 512;
+
 /// A node's request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WitnessRequest {
@@ -44,6 +53,11 @@ pub enum WitnessRequest {
         prefers_primary: bool,
         positions: Vec<(String, u64, u64)>,
     },
+    /// The first frame of every connection (version 2): the node's version and its credential,
+    /// a token of the witness's `--token-file` (none: the witness accepts it only from a
+    /// loopback peer running as the witness's own user or root). At most
+    /// [`MAX_WITNESS_HELLO_BYTES`].
+    Hello { version: u32, token: Option<String> },
 }
 
 /// The witness's answer.
@@ -83,5 +97,9 @@ pub enum WitnessResponse {
         heard: u32,
         needed: u32,
         reason: String,
+    },
+    /// The Hello is accepted: requests may follow.
+    Welcome {
+        version: u32,
     },
 }

@@ -107,6 +107,9 @@ pub struct DaemonConfig {
     pub idle_timeout: Duration,
     pub partial_frame_bytes: usize,
     pub output_bytes: usize,
+    /// What each non-administrative credential may create and hold (`--quota-logs`,
+    /// `--quota-bytes`; see [`crate::quota`]). Default: unlimited.
+    pub quota: crate::quota::Limits,
     pub ring_bytes: usize,
     /// How long the event loop polls before sleeping; zero: never poll.
     pub spin: Duration,
@@ -142,6 +145,10 @@ pub struct DaemonConfig {
     pub standby_tls: Option<stela_net::tls::ClientTlsFiles>,
     pub standby_name: Option<String>,
     pub standby_token_file: Option<PathBuf>,
+    /// With `failover` on a witness: a token file whose first token proves this node to the
+    /// witness (one of its `--token-file`); without it the witness serves this node only on
+    /// loopback, running as the witness's own user.
+    pub coordinator_token_file: Option<PathBuf>,
     /// With a standby: once it has been unreachable this long, `replicated` and `all` commits are
     /// acknowledged without it (as `buffered` / `disk`), logged and counted, until it is back.
     /// `None`: they wait for it (the default).
@@ -285,6 +292,7 @@ impl DaemonConfig {
             idle_timeout: IDLE_TIMEOUT,
             partial_frame_bytes: PARTIAL_FRAME_BYTES,
             output_bytes: OUTPUT_BYTES,
+            quota: crate::quota::Limits::default(),
             ring_bytes: RING_BYTES,
             spin: SPIN,
             realtime_loop: REALTIME_LOOP,
@@ -301,6 +309,7 @@ impl DaemonConfig {
             standby_tls: None,
             standby_name: None,
             standby_token_file: None,
+            coordinator_token_file: None,
             failover: None,
         }
     }

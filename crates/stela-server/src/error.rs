@@ -99,6 +99,10 @@ pub enum Error {
     /// An administrative request from a TCP client not authenticated as an administrator.
     #[error("{request} is an administrative request: refused for {peer}, which is not authenticated as an administrator")]
     Forbidden { request: &'static str, peer: String },
+    /// A creation or an append past the credential's quota (`--quota-logs`, `--quota-bytes`):
+    /// nothing was made or placed.
+    #[error("quota exceeded for {credential}: {what}")]
+    QuotaExceeded { credential: String, what: String },
     #[error("durability {0} needs a standby, which this daemon does not have")]
     Unsupported(stela_proto::Durability),
     /// Daemon-side I/O that is not a log's: the socket, a ring's memory, a measurement.
@@ -136,6 +140,7 @@ impl Error {
             Error::UnknownHandle(_) => ErrorCode::UnknownHandle,
             Error::BadRequest(_) => ErrorCode::BadRequest,
             Error::Forbidden { .. } => ErrorCode::Forbidden,
+            Error::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
             Error::Unsupported(_) => ErrorCode::Unsupported,
         }
     }

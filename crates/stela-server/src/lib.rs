@@ -12,6 +12,7 @@
 //! - [`flusher`]: the threads that write those bytes unchanged through stela-wal's segment
 //!   writer and sync them.
 //! - [`logs`]: the table of open logs, each an ordinary stela-wal directory.
+//! - [`quota`]: per-credential limits on log creation and bytes, and who owns each log.
 //! - [`engine`]: the daemon's state behind append / commit / read / status / power-fail.
 //! - [`measure`]: the start-up disk measurement and the dirty-byte cap.
 //! - [`cap`]: the live dirty-byte cap, lowered at once by a slow flush and grown back slowly.
@@ -51,6 +52,7 @@ mod process_metrics;
 #[cfg(not(stela_loom))]
 mod net;
 pub mod pool;
+pub mod quota;
 pub mod replication;
 mod sched;
 #[cfg(not(stela_loom))]

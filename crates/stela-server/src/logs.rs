@@ -14,6 +14,7 @@
 use crate::error::{Error, Result};
 use crate::measure;
 use crate::pool::{LogId, LogSetup, Pool};
+use crate::quota::{Credential, Limits, Quotas};
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,8 @@ pub struct Logs {
     /// Held across a whole open or close (file I/O), never by a lookup.
     opening: Mutex<()>,
     table: Mutex<Table>,
+    /// Who owns which log, and what each credential holds.
+    quotas: Quotas,
 }
 
 #[derive(Debug, Default)]
@@ -87,14 +90,22 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 impl Logs {
-    pub fn new(dir: &Path, storage: Arc<dyn Storage>, segment_bytes: u64) -> Logs {
+    /// The logs of `dir`; reads every log's `OWNER` file (the quotas' ledger).
+    pub fn new(dir: &Path, storage: Arc<dyn Storage>, segment_bytes: u64, quota: Limits) -> Logs {
+        let logs_dir = dir.join("logs");
+        let quotas = Quotas::load(quota, storage.as_ref(), &logs_dir);
         Logs {
-            dir: dir.join("logs"),
+            dir: logs_dir,
             storage,
             segment_bytes,
             opening: Mutex::new(()),
             table: Mutex::new(Table::default()),
+            quotas,
         }
+    }
+
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     pub fn dir(&self) -> &Path {
@@ -102,7 +113,9 @@ impl Logs {
     }
 
     /// Opens `name` for one more handle, recovering its files and adding it to `pool` if it was
-    /// not open. Blocking (recovery reads the files): not for the event loop.
+    /// not open. A log it creates belongs to `owner` (`None`: an administrator or the daemon
+    /// itself; no quota), which must be under its quota of logs. Blocking (recovery reads the
+    /// files): not for the event loop.
     pub fn open<W>(
         &self,
         pool: &Pool<W>,
@@ -110,6 +123,7 @@ impl Logs {
         codec_name: &str,
         type_tag: &str,
         create: bool,
+        owner: Option<&Credential>,
     ) -> Result<Arc<LogEntry>> {
         if !valid_name(name) {
             return Err(Error::BadLogName(name.to_owned()));
@@ -142,6 +156,9 @@ impl Logs {
         if !exists && !create {
             return Err(Error::NoSuchLog(name.to_owned()));
         }
+        if let (false, Some(owner)) = (exists, owner) {
+            self.quotas.may_create(owner)?;
+        }
         let segment_bytes = fit_segment_bytes(self.segment_bytes, measure::free_bytes(&self.dir));
         if segment_bytes < self.segment_bytes {
             tracing::warn!(
@@ -168,7 +185,26 @@ impl Logs {
                 });
             }
         };
+        if let (false, Some(owner)) = (exists, owner) {
+            if let Err(source) = self
+                .quotas
+                .record_owner(self.storage.as_ref(), &dir, name, owner)
+            {
+                drop(files); // its directory lock, before the directory goes
+                self.undo_creation(&dir);
+                return Err(Error::Io {
+                    what: format!("recording the owner of the new log {name:?}"),
+                    source,
+                });
+            }
+        }
         tracing::info!(log = name, codec = %codec, type_tag, next_lsn = files.next_lsn.get(), "log opened");
+        let records_bytes = self.quotas.limits().any().then(|| {
+            // The sealed segments whole, the newest up to where the next frame goes.
+            crate::quota::files_bytes(self.storage.as_ref(), &dir)
+                .saturating_sub(files.writer.capacity())
+                + files.write_offset
+        });
         let id = pool.add_log(LogSetup {
             next_lsn: files.next_lsn.get(),
             segment_start: files.writer.segment_start().get(),
@@ -185,6 +221,9 @@ impl Logs {
             writer: Mutex::new(files.writer),
             segments: files.segments,
         });
+        if let Some(bytes) = records_bytes {
+            self.quotas.opened(id, name, bytes);
+        }
         let mut table = lock(&self.table);
         table.by_id.insert(id, (Arc::clone(&entry), 1));
         table.by_name.insert(name.to_owned(), id);
@@ -242,6 +281,7 @@ impl Logs {
             table.by_name.remove(&name);
             table.by_id.remove(&log).map(|(entry, _)| entry)
         };
+        self.quotas.closed(log);
         // Everything is written and synced: record how far, so that damage to the last write
         // is never taken for a torn one when the log is next opened.
         if let Some(entry) = &entry {
@@ -380,6 +420,7 @@ impl Logs {
         // under the same name from being truncated.
         let holds = stela_wal::holds::release_all(self.storage.as_ref(), &dir)
             .map_err(io(format!("releasing the holds on {}", dir.display())))?;
+        self.quotas.deleted(name);
         tracing::warn!(log = name, segments, bytes, holds, "log deleted");
         Ok((segments, bytes))
     }

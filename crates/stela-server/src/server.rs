@@ -258,10 +258,17 @@ fn connect_coordinator(
     let Some(failover) = &config.failover else {
         return Ok(None);
     };
+    let token = config
+        .coordinator_token_file
+        .as_deref()
+        .map(stela_net::tls::read_client_token)
+        .transpose()
+        .map_err(|e| StartError::Config(format!("--coordinator-token-file: {e}")))?;
     let coordinator = stela_coord::connect(
         &failover.coordinator,
         &failover.cluster,
         failover.suspect_after,
+        token,
     )
     .map_err(|e| StartError::Config(format!("--coordinator: {e}")))?;
     engine.node().decide_role(coordinator.as_ref());
@@ -578,6 +585,7 @@ impl Reloadable {
                 old.partial_frame_bytes != new.partial_frame_bytes,
             ),
             ("output-bytes", old.output_bytes != new.output_bytes),
+            ("quota-logs, quota-bytes", old.quota != new.quota),
             ("ring-size", old.ring_bytes != new.ring_bytes),
             ("spin-us", old.spin != new.spin),
             ("no-realtime", old.realtime_loop != new.realtime_loop),
@@ -590,6 +598,10 @@ impl Reloadable {
                 old.standby_tls != new.standby_tls,
             ),
             ("standby-name", old.standby_name != new.standby_name),
+            (
+                "coordinator-token-file",
+                old.coordinator_token_file != new.coordinator_token_file,
+            ),
             (
                 "standby-token-file",
                 old.standby_token_file != new.standby_token_file,

@@ -693,8 +693,13 @@ fn the_pair_fails_over_the_same_way_with_etcd() {
     let root = tempfile::tempdir().unwrap();
     let pair = Pair::with(root.path(), etcd.coordinator_url());
     // etcd answers once it is up; the nodes start meanwhile with their configured roles.
-    let probe =
-        stela_coord::connect(&etcd.coordinator_url(), "probe", Duration::from_millis(300)).unwrap();
+    let probe = stela_coord::connect(
+        &etcd.coordinator_url(),
+        "probe",
+        Duration::from_millis(300),
+        None,
+    )
+    .unwrap();
     wait_until("etcd", Duration::from_secs(30), || probe.current().is_ok());
     let a = pair.start(0, NodeRole::Primary);
     let b = pair.start(1, NodeRole::Standby);

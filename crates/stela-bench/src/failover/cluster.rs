@@ -146,6 +146,9 @@ impl Node {
         args.extend([
             "--coordinator".into(),
             format!("tcp://{}:{WITNESS_PORT}", topology.address(Host::Witness)),
+            // The witness is on another (namespaced) address: nodes prove themselves.
+            "--coordinator-token-file".into(),
+            witness_token_file(base).display().to_string(),
             "--heartbeat-ms".into(),
             timing.heartbeat_ms.to_string(),
             "--suspect-after-ms".into(),
@@ -453,6 +456,31 @@ pub fn protected_log(report: &StatusReport, log: &str) -> bool {
             .is_some_and(|l| l.connected && l.stopped.is_none() && l.lag_records <= 64)
 }
 
+/// The token file the witness takes its nodes' tokens from, and each node sends the first of.
+fn witness_token_file(base: &Path) -> PathBuf {
+    base.join("witness.token")
+}
+
+/// Writes [`witness_token_file`]: one token, the owner's alone (the witness and the nodes
+/// refuse a token file others may read).
+fn write_witness_token(base: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let token = format!("stela-bench-witness-{nanos:x}-{:x}", std::process::id());
+    let path = witness_token_file(base);
+    let _ = std::fs::remove_file(&path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?
+        .write_all(format!("{token}\n").as_bytes())
+}
+
 /// The witness (`stela witness`).
 pub struct Witness {
     args: Vec<String>,
@@ -471,6 +499,8 @@ impl Witness {
                 base.join("witness").display().to_string(),
                 "--lease-ms".into(),
                 timing.lease_ms.to_string(),
+                "--token-file".into(),
+                witness_token_file(base).display().to_string(),
             ],
             log: base.join("witness.log"),
             process: None,
@@ -478,6 +508,11 @@ impl Witness {
     }
 
     pub fn start(&mut self, stela: &Path, topology: &Topology) -> anyhow::Result<()> {
+        let tokens = Path::new(&self.args[self.args.len() - 1]);
+        if !tokens.exists() {
+            let base = tokens.parent().unwrap_or(Path::new("."));
+            write_witness_token(base)?;
+        }
         let child = topology
             .namespace(Host::Witness)
             .spawn(stela, &self.args, &self.log)?;

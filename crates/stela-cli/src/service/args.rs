@@ -144,6 +144,18 @@ pub struct ServeArgs {
     /// Unsent answers held for all connections together.
     #[arg(long, value_name = "SIZE", default_value_t = Size(config::OUTPUT_BYTES as u64), value_parser = parse_size)]
     pub output_bytes: Size,
+    /// Logs each client credential may create (a Unix uid, a token, a certificate).
+    ///
+    /// Administrators have no quota. A creation past it is refused (`QuotaExceeded`) and makes
+    /// nothing. Default: unlimited.
+    #[arg(long, value_name = "N")]
+    pub quota_logs: Option<u64>,
+    /// Bytes of records each client credential's logs may hold (e.g. 10GiB).
+    ///
+    /// Charged to the credential that created the log, whoever appends; an append past it is
+    /// refused (`QuotaExceeded`) and places nothing. Default: unlimited.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub quota_bytes: Option<Size>,
     /// Data area of each shared-memory ring (a power of two).
     #[arg(long, value_name = "SIZE", default_value_t = Size(config::RING_BYTES as u64), value_parser = parse_size)]
     pub ring_size: Size,
@@ -199,6 +211,12 @@ pub struct ServeArgs {
     /// needed unless both run as one user on loopback, or the standby has --repl-insecure).
     #[arg(long, value_name = "FILE")]
     pub standby_token_file: Option<PathBuf>,
+    /// With --coordinator tcp://: a token file whose first token proves this node to the witness.
+    ///
+    /// One of the witness's --token-file tokens, sent in the Hello of each connection (plain
+    /// TCP). Without it the witness serves this node only on loopback as the witness's own user.
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    pub coordinator_token_file: Option<PathBuf>,
     /// The name the standby's certificate carries [default: its address].
     #[arg(long, value_name = "NAME")]
     pub standby_name: Option<String>,
@@ -469,6 +487,10 @@ impl ServeArgs {
         config.idle_timeout = self.idle_timeout.get();
         config.partial_frame_bytes = self.partial_frame_bytes.as_usize();
         config.output_bytes = self.output_bytes.as_usize();
+        config.quota = stela_server::quota::Limits {
+            logs: self.quota_logs,
+            bytes: self.quota_bytes.map(Size::get),
+        };
         config.ring_bytes = self.ring_size.as_usize();
         config.spin = self.spin_us.get();
         config.realtime_loop = !self.no_realtime;
@@ -505,6 +527,7 @@ impl ServeArgs {
                 identity: self.standby_cert.clone().zip(self.standby_key.clone()),
             });
         config.standby_token_file = self.standby_token_file.clone();
+        config.coordinator_token_file = self.coordinator_token_file.clone();
         config.standby_name = self.standby_name.clone();
         config
     }

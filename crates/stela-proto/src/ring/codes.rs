@@ -219,6 +219,7 @@ pub fn status_of(code: ErrorCode) -> u32 {
         ErrorCode::NotPrimary => 21,
         ErrorCode::InDoubt => 22,
         ErrorCode::Unprotected => 23,
+        ErrorCode::QuotaExceeded => 24,
     }
 }
 
@@ -247,6 +248,7 @@ pub fn error_of_status(status: u32) -> Option<ErrorCode> {
         21 => ErrorCode::NotPrimary,
         22 => ErrorCode::InDoubt,
         23 => ErrorCode::Unprotected,
+        24 => ErrorCode::QuotaExceeded,
         _ => return None,
     })
 }

@@ -78,6 +78,7 @@ impl Engine {
             &config.dir,
             Arc::clone(&config.storage),
             config.segment_bytes,
+            config.quota,
         ));
         let release_hook: Arc<OnceLock<ReleaseHook>> = Arc::new(OnceLock::new());
         let cap_keeper = Arc::new(crate::cap::Keeper::new(crate::cap::Governor::new(
@@ -150,8 +151,25 @@ impl Engine {
     /// placed, retry after the release hook reports freed space. With a standby the records are
     /// shipped when the caller ends its turn ([`Engine::end_turn`]), or by the shipper thread
     /// within a heartbeat if it never does.
+    ///
+    /// The records are charged to the log's owner first (`Error::QuotaExceeded`: nothing was
+    /// placed), and the charge given back if they are not placed.
     pub fn append(&self, log: LogId, records: &[Record<'_>]) -> Result<(u64, u64)> {
+        let quotas = self.logs.quotas();
+        let bytes = if quotas.limits().any() {
+            let bytes = records
+                .iter()
+                .map(|r| crate::quota::record_bytes(r.payload.len()))
+                .sum();
+            quotas.charge(log, bytes)?;
+            bytes
+        } else {
+            0
+        };
         let placed = self.pool.try_append(log, records);
+        if placed.is_err() {
+            quotas.refund(log, bytes);
+        }
         self.shipper_has_work(log);
         placed.map_err(|e| self.pool_error(log, e))
     }

@@ -100,7 +100,16 @@ impl Engine {
 
     /// Opens (or with `create`, creates) a log for one more handle. Blocking: recovery reads
     /// the log's files.
-    pub fn open(&self, name: &str, codec: &str, type_tag: &str, create: bool) -> Result<Opened> {
+    /// A log it creates belongs to `owner` and counts against its quota (`None`: an
+    /// administrator's, no quota).
+    pub fn open(
+        &self,
+        name: &str,
+        codec: &str,
+        type_tag: &str,
+        create: bool,
+        owner: Option<&crate::quota::Credential>,
+    ) -> Result<Opened> {
         if let Some(why) = self.ha.node.refusal() {
             return Err(Error::NotPrimary(why));
         }
@@ -113,7 +122,9 @@ impl Engine {
         {
             self.catch_up(replication, name, codec, type_tag);
         }
-        let entry = self.logs.open(&self.pool, name, codec, type_tag, create)?;
+        let entry = self
+            .logs
+            .open(&self.pool, name, codec, type_tag, create, owner)?;
         let term = match self.ship(&entry, codec, type_tag) {
             Ok(term) => term,
             Err(error) => {
@@ -137,9 +148,9 @@ impl Engine {
             return Ok(0);
         };
         if lock(&self.ha.opens.held).insert(entry.id) {
-            if let Err(error) = self
-                .logs
-                .open(&self.pool, &entry.name, codec, type_tag, false)
+            if let Err(error) =
+                self.logs
+                    .open(&self.pool, &entry.name, codec, type_tag, false, None)
             {
                 lock(&self.ha.opens.held).remove(&entry.id);
                 return Err(error);
@@ -189,7 +200,7 @@ impl Engine {
             let Some((codec, type_tag)) = self.log_header(&name) else {
                 continue;
             };
-            match self.open(&name, codec.name(), &type_tag, false) {
+            match self.open(&name, codec.name(), &type_tag, false, None) {
                 // The client handle `open` took is given back; the hold stays.
                 Ok(opened) => self.release(opened.log),
                 Err(error) => {
@@ -610,7 +621,7 @@ impl Engine {
                 continue;
             }
             let before = self.held_back(&entry, segments[first_kept].start.get());
-            match entry.segments.truncate_before(Lsn::new(before)) {
+            match self.truncate_segments(&entry, before) {
                 Ok(0) => {}
                 Ok(count) => {
                     removed += count;
@@ -628,14 +639,33 @@ impl Engine {
     pub fn truncate(&self, log: LogId, before: u64) -> Result<u64> {
         let entry = self.entry(log)?;
         let before = self.held_back(&entry, before);
-        let removed = entry
-            .segments
-            .truncate_before(Lsn::new(before))
+        let removed = self
+            .truncate_segments(&entry, before)
             .map_err(|source| Error::Files {
                 log: entry.name.clone(),
                 source,
             })?;
         Ok(removed as u64)
+    }
+
+    /// Removes `entry`'s whole segments below `before`; with quotas, their bytes are given
+    /// back to the log's owner.
+    fn truncate_segments(
+        &self,
+        entry: &LogEntry,
+        before: u64,
+    ) -> std::result::Result<usize, stela_wal::Error> {
+        let quotas = self.logs.quotas();
+        let storage = self.config.storage.as_ref();
+        let dir = entry.segments.dir();
+        let counted = quotas.limits().any();
+        let bytes_before = counted.then(|| crate::quota::files_bytes(storage, dir));
+        let removed = entry.segments.truncate_before(Lsn::new(before))?;
+        if let (Some(bytes_before), true) = (bytes_before, removed > 0) {
+            let freed = bytes_before.saturating_sub(crate::quota::files_bytes(storage, dir));
+            quotas.released(&entry.name, freed);
+        }
+        Ok(removed)
     }
 
     /// `before`, lowered to the lowest hold on `entry`'s copy: a standby's, which its primary

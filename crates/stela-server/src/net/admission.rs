@@ -10,7 +10,7 @@
 //! evicted connection is still in its handshake; `clients` and `admins` count the admitted
 //! connections of each role (the closing side gives them back).
 
-use super::auth::Identity;
+use super::auth::{self, Identity};
 use super::conn::{Conn, Phase};
 use super::inbox::ConnRef;
 use super::stream::{Stream, TlsStream};
@@ -208,6 +208,8 @@ impl EventLoop {
             match self.auth.identify(tls, token.as_deref()) {
                 Ok(identity) => {
                     conn.identity = identity;
+                    conn.credential = (!identity.may_administer())
+                        .then(|| auth::credential(tls, token.as_deref()));
                     tracing::info!(peer = %conn.peer, identity = identity.name(), "TCP client authenticated");
                 }
                 Err(why) => {

@@ -20,6 +20,7 @@
 
 use crate::config::DaemonConfig;
 use crate::error::StartError;
+use crate::quota::Credential;
 use std::sync::Arc;
 use stela_net::tls::{self, rustls, Tokens};
 use stela_proto::RequestBody;
@@ -79,6 +80,24 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
         | RequestBody::MapRing { .. }
         | RequestBody::ListLogs
         | RequestBody::Status => None,
+    }
+}
+
+/// The credential quotas charge a TCP client to (see [`crate::quota`]): the token it sent,
+/// else its verified client certificate, else `anonymous` (an insecure loopback listener).
+pub(crate) fn credential(
+    tls: Option<&rustls::ServerConnection>,
+    token: Option<&str>,
+) -> Credential {
+    if let Some(token) = token {
+        return Credential::token(token);
+    }
+    match tls
+        .and_then(|c| c.peer_certificates())
+        .and_then(|chain| chain.first())
+    {
+        Some(cert) => Credential::certificate(cert.as_ref()),
+        None => Credential::anonymous(),
     }
 }
 

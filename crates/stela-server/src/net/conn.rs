@@ -20,6 +20,7 @@ use super::stream::Stream;
 use crate::engine::{Engine, NetStats, Waiter};
 use crate::error::Error;
 use crate::pool::{LogId, Record};
+use crate::quota::Credential;
 use crate::workers::Workers;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -99,6 +100,9 @@ pub(crate) struct Conn {
     pub admitted: Option<Role>,
     /// Who it proved to be (set by the loop at its Hello; Unix peers are `Local`).
     pub identity: Identity,
+    /// What its creations and its logs' bytes are charged to; `None` for an administrator
+    /// (set with `identity`).
+    pub credential: Option<Credential>,
     /// Received bytes not yet handled, from `rpos` on.
     rbuf: Vec<u8>,
     rpos: usize,
@@ -150,6 +154,11 @@ impl Conn {
             Some(uid) => Identity::of_local_user(uid),
             None => Identity::Client,
         };
+        let credential = match (stream.peer_uid(), identity) {
+            (Some(uid), Identity::Client) => Some(Credential::uid(uid)),
+            // A TCP peer's is set at its Hello, once it proved who it is.
+            _ => None,
+        };
         let peer_ip = stream.peer_ip();
         Conn {
             serial,
@@ -157,6 +166,7 @@ impl Conn {
             peer_ip,
             stream,
             identity,
+            credential,
             phase: Phase::Handshake,
             admitted: None,
             rbuf: Vec::new(),
@@ -659,8 +669,9 @@ impl Conn {
         if let Some(Err(error)) = durability.map(|d| ctx.engine.check_level(d)) {
             return self.reply(id, Err(error));
         }
+        let owner = self.credential.clone();
         self.hand_to_worker(ctx, id, move |engine| {
-            match engine.open(&log, &codec, &type_tag, create) {
+            match engine.open(&log, &codec, &type_tag, create, owner.as_ref()) {
                 Ok(opened) => {
                     if let Some(schema) = &schema {
                         engine.keep_schema(&opened, schema);
