@@ -101,6 +101,9 @@ pub enum Command {
     /// Promotion to a first new transaction of stela-store on a standby: a warm follower's
     /// directory against a cold one, after N MiB of TPC-B-ish log.
     WarmStandby(crate::warm_standby::WarmStandbyArgs),
+    /// Time and bytes of `stela backup` of a daemon under `disk` load, and the clients'
+    /// commits/s and p99 latency during a backup against a window without one.
+    Backup(crate::backup_bench::BackupBenchArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -157,6 +160,7 @@ where
         Command::Restart(args) => crate::restart_bench::run(&args, &mut out).map(drop),
         Command::RestartChild(args) => crate::restart_bench::child(&args),
         Command::WarmStandby(args) => crate::warm_standby::run(&args, &mut out).map(drop),
+        Command::Backup(args) => crate::backup_bench::run(&args, &mut out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -17,6 +17,7 @@
 //! opening the log would cut records whose checksums are good.
 
 pub mod alloc;
+pub mod backup;
 pub mod demo;
 pub mod drive;
 pub mod exit;
@@ -100,6 +101,15 @@ pub enum Command {
     PowerFail(service::TargetArgs),
     /// Tell a running daemon power is back: writes are admitted again.
     PowerRestore(service::TargetArgs),
+    /// Copy a running daemon's logs into a new directory, verified (pg_basebackup).
+    ///
+    /// Every record acknowledged at `disk` before it began is in the copy; the daemon keeps
+    /// serving. Run on the daemon's machine: it reads DIR/logs. See docs/BACKUP.md.
+    Backup(backup::BackupArgs),
+    /// Check a backup and lay its logs out as a daemon's directory (`stela serve --dir` it).
+    ///
+    /// Refuses a damaged backup (exit 1) and never overwrites a log. `--check` writes nothing.
+    Restore(backup::RestoreArgs),
     /// The logs a running daemon holds: list, tail, delete.
     #[command(subcommand)]
     Logs(logs_cmd::LogsCommand),
@@ -581,6 +591,14 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::PowerRestore(target) => {
             service::power_restore(target, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup(args) => {
+            backup::run_backup(&args, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Restore(args) => {
+            backup::run_restore(&args, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs(command) => {

@@ -185,6 +185,11 @@ pub struct LogListing {
     /// Warm followers' holds on this copy (a standby's): it is never cut below the lowest.
     #[serde(default)]
     pub holds: Vec<HoldListing>,
+    /// The last LSN fdatasync'ed (every record acknowledged at `disk` is at or below it), known
+    /// while the log is open; a closed log's files are whole and synced. `stela backup` reads
+    /// it as the least its copy must hold.
+    #[serde(default)]
+    pub durable_lsn: Option<u64>,
 }
 
 /// One hold of [`LogListing::holds`].

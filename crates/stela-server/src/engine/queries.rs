@@ -479,9 +479,9 @@ impl Engine {
                 // The handle a primary holds for shipping is not a client's.
                 let handles = handles
                     - u32::from(entry.is_some_and(|e| lock(&self.ha.opens.held).contains(&e.id)));
-                let last_lsn = entry
-                    .and_then(|e| self.pool.positions_if_present(e.id))
-                    .map(|(next, _)| next - 1);
+                let positions = entry.and_then(|e| self.pool.positions_if_present(e.id));
+                let last_lsn = positions.map(|(next, _)| next - 1);
+                let durable_lsn = positions.map(|(_, durable)| durable);
                 let state = match entry.and_then(|e| self.pool.log_failure(e.id)) {
                     Some(error @ PoolError::DiskFull(_)) => format!(
                         "waiting for space: {}",
@@ -502,6 +502,7 @@ impl Engine {
                     bytes_on_disk,
                     first_lsn,
                     last_lsn,
+                    durable_lsn,
                     state,
                     holds,
                 }
