@@ -18,6 +18,7 @@
 
 pub mod alloc;
 pub mod backup;
+pub mod cluster_cmd;
 pub mod demo;
 pub mod drive;
 pub mod exit;
@@ -113,6 +114,9 @@ pub enum Command {
     /// The logs a running daemon holds: list, tail, delete.
     #[command(subcommand)]
     Logs(logs_cmd::LogsCommand),
+    /// A failover pair at a glance, and a planned switchover.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Run the witness of a failover pair (the arbiter on a third machine).
     ///
     /// It grants the next epoch to a standby only once its primary has stopped renewing for a
@@ -591,6 +595,10 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::PowerRestore(target) => {
             service::power_restore(target, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cluster(command) => {
+            cluster_cmd::run(command, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Backup(args) => {

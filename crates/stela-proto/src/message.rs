@@ -166,6 +166,13 @@ pub enum RequestBody {
         log: String,
         holder: String,
     },
+    /// A planned switchover (administrative, on the primary): refuse appends, wait up to
+    /// `within_ms` until the standbys hold every record, hand the next epoch to the node named
+    /// `to` through the coordinator, and step down (docs/DAEMON.md, "Switchover").
+    Switchover {
+        to: String,
+        within_ms: u64,
+    },
 }
 
 /// One log of [`ResponseBody::Logs`].
@@ -278,6 +285,12 @@ pub enum ResponseBody {
         log: String,
         holder: String,
         lsn: u64,
+    },
+    /// `Switchover` is done: `epoch` is `to`'s, and this node steps down (it exits 75 and,
+    /// restarted, rejoins as `to`'s standby).
+    SwitchedOver {
+        epoch: u64,
+        to: String,
     },
 }
 
@@ -421,6 +434,9 @@ pub struct StatusReport {
     /// daemon sees; zero from a daemon that does not say.
     #[serde(default)]
     pub live_dirty_cap: LiveDirtyCap,
+    /// This node's name in its failover pair (`--node`); `None` without one.
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 /// The live dirty-byte cap: shrunk at once when a flush shows the disk slower than the start-up

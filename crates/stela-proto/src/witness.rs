@@ -44,6 +44,15 @@ pub enum WitnessRequest {
         prefers_primary: bool,
         positions: Vec<(String, u64, u64)>,
     },
+    /// A planned switchover: the primary `node`, holding `epoch`, hands the next epoch to `to`
+    /// (its standby, which holds every record it acknowledged). A witness that predates it
+    /// cannot decode this and closes the connection, which the node reports.
+    HandOver {
+        cluster: String,
+        node: String,
+        epoch: u64,
+        to: String,
+    },
 }
 
 /// The witness's answer.

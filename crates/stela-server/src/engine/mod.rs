@@ -11,6 +11,7 @@
 
 mod levels;
 mod queries;
+mod switchover;
 
 pub use queries::{NetStats, Opened};
 

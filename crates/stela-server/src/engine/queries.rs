@@ -757,6 +757,7 @@ impl Engine {
                 Admission::Open => "normal",
                 Admission::PowerFailing => "failed: writes refused until power-restore",
                 Admission::ShuttingDown => "shutting down",
+                Admission::HandingOver => "handing over: appends refused during a switchover",
             }
             .to_owned(),
             last_emergency_flush: lock(&self.last_emergency_flush).clone(),
@@ -771,6 +772,7 @@ impl Engine {
             output_bytes: net.output_bytes,
             output_cap: net.output_cap,
             live_dirty_cap: self.cap_keeper.status(),
+            node: self.ha.node.clustered_node().then(|| self.ha.node.name.clone()),
             realtime_loop: net.realtime_loop,
             loop_spins: net.loop_spins,
             threads: thread_count(),

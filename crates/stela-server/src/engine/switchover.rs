@@ -1,0 +1,135 @@
+//! A planned switchover on the primary (`stela cluster switchover`): the primary stops taking
+//! appends, waits until its standbys hold every record it appended, hands the next epoch to the
+//! named node through the coordinator ([`stela_coord::rules::hand_over`]), and steps down; the
+//! node handed the epoch promotes itself as soon as its primary goes quiet
+//! ([`crate::cluster::Node`], `take_handover`), without waiting out a suspicion period.
+//!
+//! Invariants:
+//! - **Nothing acknowledged is left behind.** The epoch is handed over only once every
+//!   standby's durable acknowledgement covers every LSN this primary appended (it appends
+//!   nothing more from the moment it starts), so the new primary's logs hold every record any
+//!   client was answered for, at any level.
+//! - **A switchover that cannot finish changes nothing**: appends are admitted again and the
+//!   primary keeps its epoch if the standbys do not catch up in time or the coordinator
+//!   refuses; once the coordinator has recorded the handover, the primary steps down whatever
+//!   happens next.
+
+use super::Engine;
+use crate::error::{Error, Result};
+use std::time::{Duration, Instant};
+use stela_coord::Grant;
+
+/// How often the standbys' acknowledgements are looked at while waiting.
+const POLL: Duration = Duration::from_millis(1);
+
+impl Engine {
+    /// Hands this primary's epoch to the node named `to` (see the module's comment); returns
+    /// the epoch handed over. Blocking (up to `within` for the standbys, then the coordinator).
+    ///
+    /// # Errors
+    /// [`Error::NotPrimary`] on a node that is not the primary; [`Error::Switchover`] when this
+    /// daemon has no coordinator or standby, the standbys do not catch up within `within`, or
+    /// the coordinator refuses or cannot be reached.
+    pub fn switchover(&self, to: &str, within: Duration) -> Result<u64> {
+        let node = &self.ha.node;
+        let refused = |why: String| Error::Switchover(why);
+        let failover = self.config.failover.as_ref().ok_or_else(|| {
+            refused("this daemon has no --coordinator: it is not a node of a failover pair".into())
+        })?;
+        let replication = self
+            .ha
+            .replication
+            .as_ref()
+            .ok_or_else(|| refused("this daemon has no standby to hand its epoch to".into()))?;
+        if !node.is_primary() {
+            return Err(Error::NotPrimary(format!(
+                "{} is the {}",
+                node.name,
+                node.role_name()
+            )));
+        }
+        let epoch = node.epoch();
+        if !self.pool.hand_over(true) {
+            return Err(refused(
+                "appends are already refused (power failure, shutdown or another switchover)"
+                    .into(),
+            ));
+        }
+        tracing::warn!(
+            to,
+            epoch,
+            "switchover: appends refused; waiting for the standbys"
+        );
+        let outcome = self
+            .wait_standbys_hold_everything(replication, within)
+            .and_then(|()| {
+                let coordinator = stela_coord::connect(
+                    &failover.coordinator,
+                    &failover.cluster,
+                    failover.suspect_after,
+                )
+                .map_err(|e| refused(e.to_string()))?;
+                match coordinator.hand_over(&node.name, epoch, to) {
+                    Ok(Grant::Granted { epoch }) => Ok(epoch),
+                    Ok(Grant::Refused { reason, .. }) => {
+                        Err(refused(format!("the coordinator refused: {reason}")))
+                    }
+                    Err(error) => Err(refused(error.to_string())),
+                }
+            });
+        match outcome {
+            Ok(handed) => {
+                debug_assert!(handed > epoch);
+                node.step_down(format!("switchover: epoch {handed} handed to {to}"));
+                Ok(handed)
+            }
+            Err(error) => {
+                self.pool.hand_over(false);
+                tracing::warn!(%error, "switchover abandoned: appends admitted again");
+                Err(error)
+            }
+        }
+    }
+
+    /// Waits until every standby's durable acknowledgement of every shipped log covers the
+    /// log's last appended LSN.
+    fn wait_standbys_hold_everything(
+        &self,
+        replication: &crate::replication::Replicas,
+        within: Duration,
+    ) -> Result<()> {
+        let deadline = Instant::now() + within;
+        let holders = replication.standby_holders();
+        loop {
+            let behind: Vec<String> = self
+                .logs
+                .all()
+                .iter()
+                .filter_map(|entry| {
+                    let (next, _) = self.pool.positions_if_present(entry.id)?;
+                    let lacking = holders.iter().find(|holder| {
+                        replication
+                            .standby_stored(holder, entry.id)
+                            .is_none_or(|first_missing| first_missing < next)
+                    })?;
+                    Some(format!(
+                        "{} (LSN {} not held by {lacking})",
+                        entry.name,
+                        next - 1
+                    ))
+                })
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Switchover(format!(
+                    "the standbys did not hold every record within {} ms: {}",
+                    within.as_millis(),
+                    behind.join(", ")
+                )));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
