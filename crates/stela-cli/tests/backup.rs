@@ -152,7 +152,7 @@ fn a_backup_under_load_restored_holds_every_record_acknowledged_at_disk_before_i
         }
         assert!(required > 1000, "{log}: only {required} records checked");
         assert!(
-            present.keys().last() >= acked.keys().filter(|l| acked[l].1 < began).last(),
+            present.keys().next_back() >= acked.keys().rfind(|l| acked[l].1 < began),
             "{log}: the restored log ends before the last record acknowledged before the backup"
         );
         if !truncate {
