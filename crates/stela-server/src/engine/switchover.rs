@@ -17,10 +17,37 @@
 use super::Engine;
 use crate::error::{Error, Result};
 use std::time::{Duration, Instant};
-use stela_coord::Grant;
+use stela_coord::{CoordError, Coordinator, Grant};
 
 /// How often the standbys' acknowledgements are looked at while waiting.
 const POLL: Duration = Duration::from_millis(1);
+/// How long an unreachable coordinator is asked again: a handover whose answer was lost is
+/// granted again (the rule is idempotent), so a retry never hands over twice.
+const COORDINATOR_RETRIES: Duration = Duration::from_secs(2);
+
+/// Asks `coordinator` to hand `epoch` from `from` to `to`, again while it is unreachable (a
+/// witness slow to answer on a loaded machine), for at most [`COORDINATOR_RETRIES`].
+fn hand_over(coordinator: &dyn Coordinator, from: &str, epoch: u64, to: &str) -> Result<u64> {
+    let deadline = Instant::now() + COORDINATOR_RETRIES;
+    loop {
+        match coordinator.hand_over(from, epoch, to) {
+            Ok(Grant::Granted { epoch }) => return Ok(epoch),
+            Ok(Grant::Refused { reason, .. }) => {
+                return Err(Error::Switchover(format!(
+                    "the coordinator refused: {reason}"
+                )))
+            }
+            Err(CoordError::Unreachable(why)) if Instant::now() < deadline => {
+                tracing::warn!(
+                    why,
+                    "switchover: the coordinator did not answer; asking again"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => return Err(Error::Switchover(error.to_string())),
+        }
+    }
+}
 
 impl Engine {
     /// Hands this primary's epoch to the node named `to` (see the module's comment); returns
@@ -69,13 +96,7 @@ impl Engine {
                     failover.suspect_after,
                 )
                 .map_err(|e| refused(e.to_string()))?;
-                match coordinator.hand_over(&node.name, epoch, to) {
-                    Ok(Grant::Granted { epoch }) => Ok(epoch),
-                    Ok(Grant::Refused { reason, .. }) => {
-                        Err(refused(format!("the coordinator refused: {reason}")))
-                    }
-                    Err(error) => Err(refused(error.to_string())),
-                }
+                hand_over(coordinator.as_ref(), &node.name, epoch, to)
             });
         match outcome {
             Ok(handed) => {
