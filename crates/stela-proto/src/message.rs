@@ -167,7 +167,7 @@ pub enum RequestBody {
         holder: String,
     },
     /// A planned switchover (administrative, on the primary): refuse appends, wait up to
-    /// `within_ms` until the standbys hold every record, hand the next epoch to the node named
+    /// `within_ms` until the standbys acknowledge receiving every record, hand the next epoch to the node named
     /// `to` through the coordinator, and step down (docs/DAEMON.md, "Switchover").
     Switchover {
         to: String,
