@@ -104,6 +104,9 @@ pub enum Command {
     /// Issue 54's attacks on a real daemon beside honest `disk` committers, each beside the
     /// same run without it: commits/s, status p99, RSS, threads, acknowledged records lost.
     Hostile(crate::hostile::HostileArgs),
+    /// Time and bytes of `stela backup` of a daemon under `disk` load, and the clients'
+    /// commits/s and p99 latency during a backup against a window without one.
+    Backup(crate::backup_bench::BackupBenchArgs),
 }
 
 /// Parses `args` and runs the command; returns the process exit code.
@@ -161,6 +164,7 @@ where
         Command::RestartChild(args) => crate::restart_bench::child(&args),
         Command::WarmStandby(args) => crate::warm_standby::run(&args, &mut out).map(drop),
         Command::Hostile(args) => crate::hostile::run(&args, &mut out),
+        Command::Backup(args) => crate::backup_bench::run(&args, &mut out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@
 //! - [`power_bench`]: `stela-bench power-fail`, the emergency flush against its budget.
 //! - [`repl_bench`]: `stela-bench replicated`, `buffered` against `replicated` with the standby
 //!   across a veth link in a network namespace of its own.
+//! - [`backup_bench`]: `stela-bench backup`, time and bytes of `stela backup` under `disk` load.
 //! - [`failover`]: `stela-bench failover`, faults injected into a witness and a failover pair in
 //!   namespaces of their own, with a client committing throughout (RemusDB's Figures 5 to 7).
 //! - [`tpcb`]: `stela-bench tpcb`, TPC-B on stela-store with classical against decoupled
@@ -33,6 +34,7 @@
 //! - [`impair`]: a lossy, slow link by netfilter, for the failover run on kernels without netem.
 
 mod affinity;
+pub mod backup_bench;
 pub mod chart;
 pub mod cli;
 pub mod commit_bench;

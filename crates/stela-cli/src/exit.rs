@@ -8,14 +8,15 @@ use std::process::ExitCode;
 
 /// Success; for `wal verify` the log is clean, for `status` the daemon is healthy.
 pub const OK: u8 = 0;
-/// The log is damaged (`wal verify`, `wal dump`).
+/// The log is damaged (`wal verify`, `wal dump`), or a backup is (`backup`, `restore`).
 pub const DAMAGED: u8 = 1;
 /// Bad arguments, or a failure with no code of its own below.
 pub const USAGE_OR_FAILURE: u8 = 2;
 /// `status`: the daemon answers but does not take writes (power failing, a log stopped or
 /// waiting for disk space).
 pub const UNHEALTHY: u8 = 3;
-/// The path holds no log (missing, a file, or a directory without segment files).
+/// The path holds no log (missing, a file, or a directory without segment files); for
+/// `restore`, no backup (no MANIFEST).
 pub const NOT_A_LOG: u8 = 4;
 /// The log is open in another process (a running daemon, or an application's `Wal`), or, for
 /// `logs delete`, by a client of the daemon; for `serve`, another daemon already serves on the
@@ -29,8 +30,8 @@ pub const DAEMON_UNREACHABLE: u8 = 6;
 pub const WOULD_CUT_RECORDS: u8 = 7;
 
 /// The text `stela --help` shows under the commands.
-pub const HELP: &str = "Exit codes: 0 ok (verify: clean; status: healthy), 1 the log is damaged, \
-2 bad arguments or another failure, 3 status: the daemon is unhealthy, 4 not a log, \
+pub const HELP: &str = "Exit codes: 0 ok (verify: clean; status: healthy), 1 the log (or a backup) is damaged, \
+2 bad arguments or another failure, 3 status: the daemon is unhealthy, 4 not a log (restore: not a backup), \
 5 the log is locked by another process, 6 no daemon answers at the address, 7 verify: not \
 damaged, but opening the log would cut records whose checksums are good (it says how many).";
 
@@ -55,6 +56,14 @@ pub fn code_number(error: &anyhow::Error) -> u8 {
                     return DAMAGED
                 }
                 _ => {}
+            }
+        }
+        if let Some(backup) = cause.downcast_ref::<crate::backup::BackupError>() {
+            if backup.is_damage() {
+                return DAMAGED;
+            }
+            if let crate::backup::BackupError::NoManifest(_) = backup {
+                return NOT_A_LOG;
             }
         }
         match cause.downcast_ref::<stela_client::Error>() {

@@ -17,6 +17,8 @@
 //! opening the log would cut records whose checksums are good.
 
 pub mod alloc;
+pub mod backup;
+pub mod cluster_cmd;
 pub mod demo;
 pub mod drive;
 pub mod exit;
@@ -100,9 +102,21 @@ pub enum Command {
     PowerFail(service::TargetArgs),
     /// Tell a running daemon power is back: writes are admitted again.
     PowerRestore(service::TargetArgs),
+    /// Copy a running daemon's logs into a new directory, verified (pg_basebackup).
+    ///
+    /// Every record acknowledged at `disk` before it began is in the copy; the daemon keeps
+    /// serving. Run on the daemon's machine: it reads DIR/logs. See docs/BACKUP.md.
+    Backup(backup::BackupArgs),
+    /// Check a backup and lay its logs out as a daemon's directory (`stela serve --dir` it).
+    ///
+    /// Refuses a damaged backup (exit 1) and never overwrites a log. `--check` writes nothing.
+    Restore(backup::RestoreArgs),
     /// The logs a running daemon holds: list, tail, delete.
     #[command(subcommand)]
     Logs(logs_cmd::LogsCommand),
+    /// A failover pair at a glance, and a planned switchover.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Run the witness of a failover pair (the arbiter on a third machine).
     ///
     /// It grants the next epoch to a standby only once its primary has stopped renewing for a
@@ -619,6 +633,18 @@ pub fn execute(command: Command, out: &mut dyn Write) -> anyhow::Result<ExitCode
         }
         Command::PowerRestore(target) => {
             service::power_restore(target, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cluster(command) => {
+            cluster_cmd::run(command, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup(args) => {
+            backup::run_backup(&args, out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Restore(args) => {
+            backup::run_restore(&args, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs(command) => {

@@ -98,6 +98,19 @@ pub trait Coordinator: Send + Sync {
     fn current(&self) -> Result<Holder, CoordError>;
     fn describe(&self) -> String;
 
+    /// A planned switchover ([`rules::hand_over`]): the primary `node`, holding `epoch`,
+    /// hands the next epoch to `to`, which takes it with [`Coordinator::promote`] at once.
+    ///
+    /// # Errors
+    /// Unreachable, or this coordinator has no switchover.
+    fn hand_over(&self, node: &str, epoch: u64, to: &str) -> Result<Grant, CoordError> {
+        let _ = (node, epoch, to);
+        Err(CoordError::Other(format!(
+            "{} has no planned switchover (the built-in witness has)",
+            self.describe()
+        )))
+    }
+
     /// A standby that has heard nothing from its primary asks for an election (clusters of
     /// more than two nodes; `needed` is N − K, the promises a grant needs).
     ///

@@ -21,6 +21,15 @@
 //!   high); the preference breaks a tie, and only a tie. If no promising node covers the
 //!   others, nothing is granted yet;
 //! - a promotion by [`promote`] (the two-node rule) is refused while an election is open.
+//!
+//! Planned switchover ([`hand_over`]):
+//! - only the holder of the current epoch, naming that epoch, may hand the next epoch to
+//!   another node, and never while an election is open; the claim becomes (epoch + 1, that
+//!   node), so the old holder's renewals are `Superseded` from then on (it steps down), and the
+//!   new holder takes the epoch with [`promote`] at once (an epoch recorded for it that it has
+//!   not seen is its own), without waiting out a lease: the holder gave the epoch up itself.
+//!   The holder hands over only once it has seen the node hold every record it acknowledged;
+//!   the coordinator cannot check that, as it cannot check a promotion's either.
 
 use crate::{Election, Grant, Holder, Renewal, Report};
 use std::collections::BTreeMap;
@@ -133,6 +142,54 @@ pub fn promote(
         holder: Some(node.to_owned()),
     };
     (Grant::Granted { epoch }, Some(granted))
+}
+
+/// The answer to `hand_over(from, epoch, to)` (a planned switchover, see the module's
+/// comment), and the claim to record first if it changes. A repeat of a handover already
+/// recorded (its answer was lost) is granted again without a change.
+pub fn hand_over(claim: &Claim, from: &str, epoch: u64, to: &str) -> (Grant, Option<Claim>) {
+    let refuse = |reason: String| {
+        (
+            Grant::Refused {
+                epoch: claim.epoch,
+                holder: claim.holder.clone(),
+                reason,
+            },
+            None,
+        )
+    };
+    let handed = Claim {
+        epoch: epoch.saturating_add(1),
+        holder: Some(to.to_owned()),
+    };
+    if *claim == handed && from != to && epoch > 0 {
+        return (
+            Grant::Granted {
+                epoch: handed.epoch,
+            },
+            None,
+        );
+    }
+    if from == to || to.is_empty() {
+        return refuse(format!("{from} cannot hand epoch {epoch} over to {to:?}"));
+    }
+    if claim.holder.as_deref() != Some(from) || claim.epoch != epoch || epoch == 0 {
+        return refuse(format!(
+            "{from} does not hold epoch {epoch}: the coordinator is at epoch {} held by {}",
+            claim.epoch,
+            claim
+                .holder
+                .as_deref()
+                .unwrap_or("nobody (an election is open)")
+        ));
+    }
+    debug_assert!(handed.epoch > claim.epoch && handed.holder != claim.holder);
+    (
+        Grant::Granted {
+            epoch: handed.epoch,
+        },
+        Some(handed),
+    )
 }
 
 /// An election by promises in progress. The witness keeps it in memory only: the open epoch
@@ -387,13 +444,55 @@ mod tests {
     enum Step {
         Renew(u8, u64),
         Promote(u8, u64, u64),
+        HandOver(u8, u64, u8),
     }
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
             (0u8..3, 0u64..6).prop_map(|(n, e)| Step::Renew(n, e)),
             (0u8..3, 0u64..6, 0u64..600).prop_map(|(n, s, ms)| Step::Promote(n, s, ms)),
+            (0u8..3, 0u64..6, 0u8..3).prop_map(|(f, e, t)| Step::HandOver(f, e, t)),
         ]
+    }
+
+    #[test]
+    fn a_handover_goes_from_the_holder_to_another_node_at_the_next_epoch() {
+        let claim = held(3, "a");
+        assert_eq!(
+            hand_over(&claim, "a", 3, "b"),
+            (Grant::Granted { epoch: 4 }, Some(held(4, "b")))
+        );
+        // The answer was lost: asked again, granted again, nothing changes.
+        assert_eq!(
+            hand_over(&held(4, "b"), "a", 3, "b"),
+            (Grant::Granted { epoch: 4 }, None)
+        );
+        // The old holder is superseded; the new one takes its epoch at once, lease or not.
+        assert!(matches!(
+            renew(&held(4, "b"), "a", 3),
+            Ok((Renewal::Superseded { epoch: 4, .. }, None))
+        ));
+        assert_eq!(
+            promote(&held(4, "b"), "b", 3, Duration::ZERO, LEASE),
+            (Grant::Granted { epoch: 4 }, None)
+        );
+        for (from, epoch, to) in [("b", 3, "c"), ("a", 2, "b"), ("a", 3, "a"), ("a", 3, "")] {
+            assert!(
+                matches!(
+                    hand_over(&claim, from, epoch, to),
+                    (Grant::Refused { .. }, None)
+                ),
+                "{from} at {epoch} to {to:?}"
+            );
+        }
+        let open = Claim {
+            epoch: 4,
+            holder: None,
+        };
+        assert!(matches!(
+            hand_over(&open, "a", 4, "b"),
+            (Grant::Refused { .. }, None)
+        ));
     }
 
     proptest! {
@@ -417,6 +516,21 @@ mod tests {
                             (None, new)
                         }
                     },
+                    Step::HandOver(f, e, t) => {
+                        let (from, to) = (format!("n{f}"), format!("n{t}"));
+                        match hand_over(&claim, &from, *e, &to) {
+                            (Grant::Granted { epoch }, new) => {
+                                prop_assert_ne!(&from, &to);
+                                prop_assert_eq!(epoch, *e + 1);
+                                if new.is_some() {
+                                    prop_assert_eq!(before.holder.as_deref(), Some(from.as_str()));
+                                    prop_assert_eq!(before.epoch, *e);
+                                }
+                                (Some((epoch, to)), new)
+                            }
+                            (Grant::Refused { .. }, new) => { prop_assert!(new.is_none()); (None, new) }
+                        }
+                    }
                     Step::Promote(n, s, ms) => {
                         match promote(&claim, &format!("n{n}"), *s, Duration::from_millis(*ms), LEASE) {
                             (Grant::Granted { epoch }, new) => {

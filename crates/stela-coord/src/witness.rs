@@ -466,6 +466,36 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
                 message: "Hello was already sent".into(),
             }
         }
+        WitnessRequest::HandOver {
+            node, epoch, to, ..
+        } => match rules::hand_over(&held.claim, &node, epoch, &to) {
+            (Grant::Granted { epoch }, new) => {
+                if new.is_some() {
+                    tracing::warn!(
+                        from = node,
+                        to,
+                        epoch,
+                        "witness: the primary hands the next epoch over (switchover)"
+                    );
+                }
+                (WitnessResponse::Granted { epoch }, new)
+            }
+            (
+                Grant::Refused {
+                    epoch,
+                    holder,
+                    reason,
+                },
+                new,
+            ) => (
+                WitnessResponse::Refused {
+                    epoch,
+                    holder,
+                    reason,
+                },
+                new,
+            ),
+        },
         WitnessRequest::Current { .. } => {
             return WitnessResponse::Current {
                 epoch: held.claim.epoch,
@@ -778,6 +808,27 @@ impl Coordinator for WitnessClient {
             cluster: self.cluster.clone(),
             node: node.to_owned(),
             seen_epoch,
+        })? {
+            WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
+            WitnessResponse::Refused {
+                epoch,
+                holder,
+                reason,
+            } => Ok(Grant::Refused {
+                epoch,
+                holder,
+                reason,
+            }),
+            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    fn hand_over(&self, node: &str, epoch: u64, to: &str) -> Result<Grant, CoordError> {
+        match self.call(&WitnessRequest::HandOver {
+            cluster: self.cluster.clone(),
+            node: node.to_owned(),
+            epoch,
+            to: to.to_owned(),
         })? {
             WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
             WitnessResponse::Refused {

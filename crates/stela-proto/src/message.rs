@@ -166,6 +166,13 @@ pub enum RequestBody {
         log: String,
         holder: String,
     },
+    /// A planned switchover (administrative, on the primary): refuse appends, wait up to
+    /// `within_ms` until the standbys acknowledge receiving every record, hand the next epoch to the node named
+    /// `to` through the coordinator, and step down (docs/DAEMON.md, "Switchover").
+    Switchover {
+        to: String,
+        within_ms: u64,
+    },
 }
 
 /// One log of [`ResponseBody::Logs`].
@@ -185,6 +192,11 @@ pub struct LogListing {
     /// Warm followers' holds on this copy (a standby's): it is never cut below the lowest.
     #[serde(default)]
     pub holds: Vec<HoldListing>,
+    /// The last LSN fdatasync'ed (every record acknowledged at `disk` is at or below it), known
+    /// while the log is open; a closed log's files are whole and synced. `stela backup` reads
+    /// it as the least its copy must hold.
+    #[serde(default)]
+    pub durable_lsn: Option<u64>,
 }
 
 /// One hold of [`LogListing::holds`].
@@ -273,6 +285,12 @@ pub enum ResponseBody {
         log: String,
         holder: String,
         lsn: u64,
+    },
+    /// `Switchover` is done: `epoch` is `to`'s, and this node steps down (it exits 75 and,
+    /// restarted, rejoins as `to`'s standby).
+    SwitchedOver {
+        epoch: u64,
+        to: String,
     },
 }
 
@@ -422,6 +440,9 @@ pub struct StatusReport {
     /// daemon sees; zero from a daemon that does not say.
     #[serde(default)]
     pub live_dirty_cap: LiveDirtyCap,
+    /// This node's name in its failover pair (`--node`); `None` without one.
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 /// The live dirty-byte cap: shrunk at once when a flush shows the disk slower than the start-up

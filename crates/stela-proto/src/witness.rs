@@ -58,6 +58,15 @@ pub enum WitnessRequest {
     /// loopback peer running as the witness's own user or root). At most
     /// [`MAX_WITNESS_HELLO_BYTES`].
     Hello { version: u32, token: Option<String> },
+    /// A planned switchover: the primary `node`, holding `epoch`, hands the next epoch to `to`
+    /// (its standby, which holds every record it acknowledged). A witness that predates it
+    /// cannot decode this and closes the connection, which the node reports.
+    HandOver {
+        cluster: String,
+        node: String,
+        epoch: u64,
+        to: String,
+    },
 }
 
 /// The witness's answer.

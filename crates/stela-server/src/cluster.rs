@@ -630,6 +630,12 @@ impl Node {
                     } else {
                         lock(&self.heard).elapsed()
                     };
+                    if silent >= config.heartbeat * 2
+                        && silent < config.suspect_after
+                        && self.take_handover(coordinator, &describe, silent)
+                    {
+                        continue;
+                    }
                     if silent < config.suspect_after {
                         // A healthy standby still looks at the coordinator now and then, so
                         // that `stela status` says whether failover is available; with
@@ -697,6 +703,36 @@ impl Node {
             && shown.holder.is_none()
             && shown.epoch > 0
             && shown.epoch >= self.epoch()
+    }
+
+    /// A planned switchover (`stela cluster switchover`, [`stela_coord::rules::hand_over`])
+    /// handed this node the next epoch: its primary went quiet because it stepped down, so it
+    /// takes the epoch now rather than a suspicion period later. Asked once the primary has
+    /// missed two heartbeats; `true` if this node was promoted.
+    fn take_handover(
+        &self,
+        coordinator: &dyn Coordinator,
+        describe: &str,
+        silent: Duration,
+    ) -> bool {
+        let Ok(current) = coordinator.current() else {
+            return false;
+        };
+        if current.holder.as_deref() != Some(self.name.as_str()) || current.epoch <= self.epoch() {
+            return false;
+        }
+        match coordinator.promote(&self.name, self.epoch()) {
+            Ok(Grant::Granted { epoch }) => {
+                tracing::warn!(
+                    epoch,
+                    "the primary handed this node the next epoch (switchover): promoting"
+                );
+                self.answered(describe, epoch, Some(self.name.clone()));
+                self.promote(epoch, silent);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// One step of an election by promises (more than two nodes), once the primary has been

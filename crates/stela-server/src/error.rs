@@ -30,6 +30,9 @@ pub enum Error {
     /// This node does not serve writes: it is a standby, or a primary that stepped down.
     #[error("not the primary: {0}")]
     NotPrimary(String),
+    /// A planned switchover could not be made (nothing changed: the primary keeps its epoch).
+    #[error("switchover refused: {0}")]
+    Switchover(String),
     /// The primary stepped down while the commit waited for the standby.
     #[error(
         "log {log:?}: commit in doubt: {why}; resolve it by its term and LSN on the new primary"
@@ -130,6 +133,7 @@ impl Error {
             Error::BadLogName(_) | Error::NoSuchLog(_) => ErrorCode::BadLogName,
             Error::LogInUse { .. } => ErrorCode::LogInUse,
             Error::NotPrimary(_) => ErrorCode::NotPrimary,
+            Error::Switchover(_) => ErrorCode::BadRequest,
             Error::InDoubt { .. } => ErrorCode::InDoubt,
             Error::Unprotected { .. } => ErrorCode::Unprotected,
             Error::UnknownCodec(_)
@@ -154,6 +158,7 @@ impl Error {
             PoolError::BatchTooLarge { bytes, cap } => Error::BatchTooLarge { bytes, cap },
             PoolError::PowerFailing => Error::PowerFailing,
             PoolError::ShuttingDown => Error::ShuttingDown,
+            PoolError::HandingOver => Error::NotPrimary(PoolError::HandingOver.to_string()),
             PoolError::Closed => Error::Closing { log },
             PoolError::InDoubt(why) => Error::InDoubt { log, why },
             PoolError::Unprotected(why) => Error::Unprotected { log, why },

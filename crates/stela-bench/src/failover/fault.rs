@@ -68,6 +68,11 @@ pub enum FaultKind {
     /// has no standby to hold a record, so no commit begun meanwhile may be acknowledged
     /// (`replicated` waits for K = 1 standby). Then both started again. No failover.
     KillStandbys,
+    /// Not a fault: a planned `stela cluster switchover` to the standby, run as an operator
+    /// would; the old primary steps down (exit 75) and is restarted, as `Restart=on-failure`
+    /// would. Only with `--kinds switchover` (not in the default cycle, so the default
+    /// schedules of earlier runs repeat from their seeds).
+    Switchover,
 }
 
 impl FaultKind {
@@ -104,6 +109,7 @@ impl FaultKind {
             FaultKind::WitnessDownRestartOld => "witness-down-restart-old",
             FaultKind::KillStandbyThenPrimary => "kill-standby-then-primary",
             FaultKind::KillStandbys => "kill-standbys",
+            FaultKind::Switchover => "switchover",
         }
     }
 
@@ -137,6 +143,7 @@ impl FaultKind {
                 | FaultKind::PauseNew
                 | FaultKind::WitnessDownRestartOld
                 | FaultKind::KillStandbyThenPrimary
+                | FaultKind::Switchover
         )
     }
 
@@ -188,13 +195,15 @@ pub(super) fn inject(
         FaultKind::LossyStandby => topology.set_lossy(s_host, 20, 20, true)?,
         FaultKind::KillStandby => cluster.nodes[s].kill(),
         FaultKind::KillWitness => cluster.witness.kill(),
+        FaultKind::Switchover => switch_over(cluster, p, s)?,
         _ => unreachable!("{kind:?} is injected by overlap::inject"),
     }
     let inject_ms = match kind {
         FaultKind::KillPrimary
         | FaultKind::StopPrimary
         | FaultKind::KillStandby
-        | FaultKind::KillWitness => start_ms,
+        | FaultKind::KillWitness
+        | FaultKind::Switchover => start_ms,
         _ => mono_ms(),
     };
     let mut old_primary_exit = None;
@@ -210,6 +219,10 @@ pub(super) fn inject(
                 promoted_other(cluster, p, epoch_before).is_some()
             })?;
             rejoin = Some(p);
+        }
+        FaultKind::Switchover => {
+            old_primary_exit = Some(cluster.nodes[p].wait_exit(STEP_DOWN_WAIT)?);
+            rejoin = (!cluster.nodes[p].running()).then_some(p);
         }
         FaultKind::StopPrimary => {
             pause(hold)?;
@@ -305,6 +318,26 @@ pub(super) fn inject(
             .then_some((inject_ms, restore_ms)),
         alone_primary: 0,
     })
+}
+
+/// `stela cluster switchover` from the primary `p` to the standby `s`, through the nodes'
+/// sockets, as an operator would run it; returns once `s` says it is the primary.
+fn switch_over(cluster: &Cluster, p: usize, s: usize) -> anyhow::Result<()> {
+    let output = std::process::Command::new(&cluster.stela)
+        .args(["cluster", "switchover", "--node"])
+        .arg(&cluster.nodes[p].dir)
+        .arg("--node")
+        .arg(&cluster.nodes[s].dir)
+        .args(["--to", cluster.nodes[s].name])
+        .output()
+        .context("run stela cluster switchover")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "stela cluster switchover failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(())
 }
 
 /// The standby a fault aimed at "the standby" hits: with one, that one; with two, one chosen

@@ -242,10 +242,12 @@ pub(super) fn fault_rows(
         .collect()
 }
 
-/// The rows summed per kind, in the order of [`FaultKind::ALL`] (kinds not run left out).
+/// The rows summed per kind, in the order of [`FaultKind::ALL`], then `switchover` (kinds not
+/// run left out).
 pub(super) fn kind_rows(rows: &[FaultRow]) -> Vec<KindRow> {
     FaultKind::ALL
         .iter()
+        .chain([&FaultKind::Switchover])
         .filter_map(|kind| {
             let of: Vec<&FaultRow> = rows.iter().filter(|r| r.fault == kind.name()).collect();
             if of.is_empty() {
@@ -335,6 +337,7 @@ pub(super) fn print_kinds(out: &mut dyn Write, summary: &Summary) -> anyhow::Res
     for k in &summary.kinds {
         let single = FaultKind::ALL
             .iter()
+            .chain([&FaultKind::Switchover])
             .find(|kind| kind.name() == k.kind)
             .is_some_and(|kind| kind.is_single());
         if summary.nodes >= 3 && single {

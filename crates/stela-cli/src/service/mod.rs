@@ -14,6 +14,7 @@ mod args;
 mod status;
 
 pub use args::{config_file_flags, AfterFailoverArg, RoleArg, ServeArgs};
+pub(crate) use status::{health_problems, standby_unreachable};
 pub use status::{status, status_failure_json, EXIT_UNHEALTHY};
 
 use anyhow::Context;

@@ -42,7 +42,7 @@ pub fn status(target: TargetArgs, json: bool, out: &mut dyn Write) -> anyhow::Re
 /// A primary with no log open ships nothing, so no log says whether its standby is there: a
 /// TCP connection to the standby's replication address (closed at once) does. A standby that
 /// does not exist would otherwise show only at the first `replicated` commit, which waits.
-fn standby_unreachable(report: &StatusReport) -> Option<String> {
+pub(crate) fn standby_unreachable(report: &StatusReport) -> Option<String> {
     let replication = report.replication.as_ref()?;
     if replication.role != "primary" || !replication.logs.is_empty() {
         return None;
@@ -77,7 +77,7 @@ fn degraded_not_on_standby(log: &stela_proto::ReplicaStatus) -> bool {
 
 /// What keeps the daemon from taking writes: a power-fail notice in force, a stopped log, a
 /// log waiting for space. (Shutting down is not a problem of health: the daemon is leaving.)
-fn health_problems(report: &StatusReport) -> Vec<String> {
+pub(crate) fn health_problems(report: &StatusReport) -> Vec<String> {
     let mut problems = Vec::new();
     if report.power != "normal" && !report.power.starts_with("shutting down") {
         problems.push(format!("power {}", report.power));

@@ -12,6 +12,7 @@
 mod levels;
 mod local_copy;
 mod queries;
+mod switchover;
 
 pub use queries::{NetStats, Opened};
 

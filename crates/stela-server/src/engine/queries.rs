@@ -496,9 +496,9 @@ impl Engine {
                 // The handle a primary holds for shipping is not a client's.
                 let handles = handles
                     - u32::from(entry.is_some_and(|e| lock(&self.ha.opens.held).contains(&e.id)));
-                let last_lsn = entry
-                    .and_then(|e| self.pool.positions_if_present(e.id))
-                    .map(|(next, _)| next - 1);
+                let positions = entry.and_then(|e| self.pool.positions_if_present(e.id));
+                let last_lsn = positions.map(|(next, _)| next - 1);
+                let durable_lsn = positions.map(|(_, durable)| durable);
                 let state = match entry.and_then(|e| self.pool.log_failure(e.id)) {
                     Some(error @ PoolError::DiskFull(_)) => format!(
                         "waiting for space: {}",
@@ -519,6 +519,7 @@ impl Engine {
                     bytes_on_disk,
                     first_lsn,
                     last_lsn,
+                    durable_lsn,
                     state,
                     holds,
                 }
@@ -764,6 +765,7 @@ impl Engine {
                 Admission::Open => "normal",
                 Admission::PowerFailing => "failed: writes refused until power-restore",
                 Admission::ShuttingDown => "shutting down",
+                Admission::HandingOver => "handing over: appends refused during a switchover",
             }
             .to_owned(),
             last_emergency_flush: lock(&self.last_emergency_flush).clone(),
@@ -778,6 +780,11 @@ impl Engine {
             output_bytes: net.output_bytes,
             output_cap: net.output_cap,
             live_dirty_cap: self.cap_keeper.status(),
+            node: self
+                .ha
+                .node
+                .clustered_node()
+                .then(|| self.ha.node.name.clone()),
             realtime_loop: net.realtime_loop,
             loop_spins: net.loop_spins,
             threads: thread_count(),

@@ -69,6 +69,7 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
         RequestBody::Truncate { .. } => Some("truncate"),
         RequestBody::DeleteLog { .. } => Some("delete"),
         RequestBody::ReleaseHold { .. } => Some("release-hold"),
+        RequestBody::Switchover { .. } => Some("switchover"),
         RequestBody::Hello { .. }
         | RequestBody::Open { .. }
         | RequestBody::Append { .. }

@@ -615,6 +615,16 @@ impl Conn {
                     Effect::None,
                 )
             }),
+            RequestBody::Switchover { to, within_ms } => {
+                self.hand_to_worker(ctx, id, move |engine| {
+                    let within = std::time::Duration::from_millis(within_ms);
+                    let answer = engine.switchover(&to, within);
+                    (
+                        answer.map(|epoch| ResponseBody::SwitchedOver { epoch, to }),
+                        Effect::None,
+                    )
+                })
+            }
             RequestBody::PowerRestore => {
                 ctx.engine.power_restore();
                 self.reply(id, Ok(ResponseBody::PowerRestored))

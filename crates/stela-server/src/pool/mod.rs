@@ -130,6 +130,8 @@ pub enum PoolError {
     Failed(Failure),
     #[error("the disk is full: {0}; appends are refused until a new segment can be created")]
     DiskFull(Failure),
+    #[error("a switchover is handing this primary's epoch to another node")]
+    HandingOver,
     #[error("LSN {lsn} has not been appended (next is {next})")]
     NotAppended { lsn: u64, next: u64 },
     #[error("no LSNs left: the next is {next} and {records} records were appended")]
@@ -142,6 +144,9 @@ pub enum Admission {
     Open,
     PowerFailing,
     ShuttingDown,
+    /// A planned switchover: appends refused while the standbys catch up
+    /// ([`Pool::hand_over`]).
+    HandingOver,
 }
 
 /// A run of one log's frames in one buffer, all in one segment.
@@ -394,6 +399,7 @@ impl<W> Pool<W> {
             Admission::Open => {}
             Admission::PowerFailing => return Err(PoolError::PowerFailing),
             Admission::ShuttingDown => return Err(PoolError::ShuttingDown),
+            Admission::HandingOver => return Err(PoolError::HandingOver),
         }
         let entry = log_mut(&mut state, log);
         if let Some(failure) = &entry.failure {
@@ -836,6 +842,19 @@ impl<W> Pool<W> {
         }
         self.work.notify_all();
         state.dirty
+    }
+
+    /// A planned switchover: with `refusing`, refuses appends from now on (`HandingOver`);
+    /// without, admits them again (the switchover was abandoned). Never overrides a power
+    /// failure or a shutdown: `false` when nothing changed.
+    pub fn hand_over(&self, refusing: bool) -> bool {
+        let mut state = lock(&self.state);
+        match (state.admission, refusing) {
+            (Admission::Open, true) => state.admission = Admission::HandingOver,
+            (Admission::HandingOver, false) => state.admission = Admission::Open,
+            _ => return false,
+        }
+        true
     }
 
     /// Admits appends again after a power failure (not after shutdown).

@@ -488,6 +488,14 @@ impl Replication {
         (durable > 0).then_some(durable + 1)
     }
 
+    /// The first LSN of `log` the standby has not acknowledged receiving (what `replicated`
+    /// waits for); `None` while it has acknowledged nothing (a planned switchover's wait).
+    pub fn standby_received(&self, log: LogId) -> Option<u64> {
+        let link = lock(&self.links).get(&log).cloned()?;
+        let (received, _) = link.protection.acknowledged_lsns();
+        (received > 0).then_some(received + 1)
+    }
+
     /// Stops shipping `log` (it was closed); its waiters are told.
     pub fn unwatch(&self, log: LogId) {
         if let Some(link) = lock(&self.links).remove(&log) {

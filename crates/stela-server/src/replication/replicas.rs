@@ -115,6 +115,15 @@ impl Replicas {
             .and_then(|p| p.standby_stored(log))
     }
 
+    /// The first LSN of `log` the standby holding `holder` has not acknowledged receiving
+    /// ([`Replication::standby_received`]).
+    pub fn standby_received(&self, holder: &str, log: LogId) -> Option<u64> {
+        self.peers
+            .iter()
+            .find(|p| p.standby_holder() == holder)
+            .and_then(|p| p.standby_received(log))
+    }
+
     pub fn unwatch(&self, log: LogId) {
         for peer in &self.peers {
             peer.unwatch(log);

@@ -1,0 +1,274 @@
+//! `stela backup` and `stela restore` against a real daemon.
+//!
+//! - Under load: four clients commit at `disk` to two logs (one of them truncated behind its
+//!   writer all along, so the backup's hold is what keeps its segments) while a backup is
+//!   taken; the daemon keeps acknowledging during the backup, and the backup, restored and
+//!   served by a second daemon, holds every record acknowledged before the backup began, with
+//!   its bytes, at its LSN.
+//! - A damaged backup is refused (exit 1, naming the file) before anything is written; a
+//!   directory without a manifest is not a backup (exit 4); a log is never overwritten; a
+//!   backup is not written into a non-empty directory; the backup's holds are gone after it.
+
+mod common;
+
+use common::{stela, text, Daemon};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use stela_client::{Durability, Wal, WalOptions};
+use stela_wal::Lsn;
+
+/// Every acknowledged record of one log: LSN -> (text, when its acknowledgement returned).
+type Acked = Arc<Mutex<BTreeMap<u64, (String, Instant)>>>;
+
+/// A client committing `disk` records to `log` until `stop`; with `truncate`, it also
+/// truncates the log behind itself every 200 records (a checkpointing database).
+fn writer(
+    socket: std::path::PathBuf,
+    log: &'static str,
+    id: u32,
+    truncate: bool,
+    stop: Arc<AtomicBool>,
+    acked: Acked,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let wal: Wal<String> = Wal::open(socket.as_path(), log, at_disk()).unwrap();
+        let mut seq = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let record = format!("{log} writer {id} record {seq} {}", "x".repeat(200));
+            let lsn = wal.append_durable(&record).unwrap();
+            acked
+                .lock()
+                .unwrap()
+                .insert(lsn.get(), (record, Instant::now()));
+            seq += 1;
+            if truncate && seq.is_multiple_of(200) && lsn.get() > 2000 {
+                wal.truncate_before(Lsn::new(lsn.get() - 2000)).unwrap();
+            }
+        }
+    })
+}
+
+fn at_disk() -> WalOptions {
+    WalOptions::default().durability(Durability::Disk)
+}
+
+fn records_through(socket: &Path, log: &str) -> BTreeMap<u64, String> {
+    let wal: Wal<String> = Wal::open(socket, log, WalOptions::default()).unwrap();
+    let first = wal.positions().unwrap().first_lsn.max(1);
+    let records = wal.iter_from(Lsn::new(first)).unwrap();
+    records
+        .map(|entry| {
+            let (lsn, record) = entry.unwrap();
+            (lsn.get(), record)
+        })
+        .collect()
+}
+
+#[test]
+fn a_backup_under_load_restored_holds_every_record_acknowledged_at_disk_before_it_began() {
+    let base = tempfile::tempdir().unwrap();
+    let (dir, backup, restored) = (
+        base.path().join("d"),
+        base.path().join("backup"),
+        base.path().join("r"),
+    );
+    // Small segments: the backup copies several, and the truncating writer removes some.
+    let daemon = Daemon::start(&dir, &["--segment-size", "1MiB"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let logs: [(&str, bool, Acked); 2] = [
+        ("orders", false, Acked::default()),
+        ("events", true, Acked::default()),
+    ];
+    let mut writers = Vec::new();
+    for (log, truncate, acked) in &logs {
+        for id in 0..2 {
+            let (stop, acked) = (stop.clone(), acked.clone());
+            writers.push(writer(daemon.socket(), log, id, *truncate, stop, acked));
+        }
+    }
+    let busy = |acked: &Acked| acked.lock().unwrap().len();
+    testkit_eventually("8,000 records acknowledged before the backup", || {
+        logs.iter().map(|(_, _, a)| busy(a)).sum::<usize>() > 8000
+    });
+
+    let began = Instant::now();
+    let before: usize = logs.iter().map(|(_, _, a)| busy(a)).sum();
+    let made = stela(&[
+        "backup",
+        "--dir",
+        daemon.dir_arg(),
+        "--to",
+        backup.to_str().unwrap(),
+    ]);
+    let ended = Instant::now();
+    let during = logs.iter().map(|(_, _, a)| busy(a)).sum::<usize>() - before;
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    assert!(
+        during > 0,
+        "the daemon acknowledged nothing during the backup ({:?})",
+        ended - began
+    );
+    let listed = stela(&["logs", "list", "--dir", daemon.dir_arg(), "--json"]);
+    assert!(
+        !text(&listed).contains(backup.file_name().unwrap().to_str().unwrap()),
+        "the backup's hold was left behind: {}",
+        text(&listed)
+    );
+    daemon.terminate();
+
+    let laid = stela(&[
+        "restore",
+        "--from",
+        backup.to_str().unwrap(),
+        "--to",
+        restored.to_str().unwrap(),
+    ]);
+    assert_eq!(laid.status.code(), Some(0), "{}", text(&laid));
+    let second = Daemon::start(&restored, &[]);
+    for (log, truncate, acked) in &logs {
+        let present = records_through(&second.socket(), log);
+        let acked = acked.lock().unwrap();
+        let first = *present.keys().next().expect("the restored log has records");
+        let mut required = 0;
+        for (lsn, (record, at)) in acked.iter() {
+            if let Some(found) = present.get(lsn) {
+                assert_eq!(found, record, "{log}: LSN {lsn} holds another record");
+            }
+            if *at >= began || (*truncate && *lsn < first) {
+                continue;
+            }
+            required += 1;
+            assert!(
+                present.contains_key(lsn),
+                "{log}: LSN {lsn} was acknowledged at disk before the backup began and is not in it"
+            );
+        }
+        assert!(required > 1000, "{log}: only {required} records checked");
+        assert!(
+            present.keys().next_back() >= acked.keys().rfind(|l| acked[l].1 < began),
+            "{log}: the restored log ends before the last record acknowledged before the backup"
+        );
+        if !truncate {
+            assert_eq!(first, 1, "{log}: never truncated, yet it starts at {first}");
+        }
+    }
+    second.terminate();
+}
+
+fn testkit_eventually(what: &str, condition: impl FnMut() -> bool) {
+    stela_testkit::eventually(what, Duration::from_secs(60), condition);
+}
+
+/// A small daemon with one log of `records` records, backed up into `backup`.
+fn backed_up(base: &Path, records: u64) -> std::path::PathBuf {
+    let dir = base.join("d");
+    let daemon = Daemon::start(&dir, &[]);
+    let wal: Wal<String> = Wal::open(daemon.socket(), "orders", at_disk()).unwrap();
+    for i in 0..records {
+        wal.append_durable(&format!("order {i}")).unwrap();
+    }
+    let backup = base.join("backup");
+    let made = stela(&[
+        "backup",
+        "--dir",
+        daemon.dir_arg(),
+        "--to",
+        backup.to_str().unwrap(),
+    ]);
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    let again = stela(&[
+        "backup",
+        "--dir",
+        daemon.dir_arg(),
+        "--to",
+        backup.to_str().unwrap(),
+    ]);
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again));
+    assert!(text(&again).contains("not empty"), "{}", text(&again));
+    drop(wal);
+    daemon.terminate();
+    backup
+}
+
+#[test]
+fn a_damaged_backup_is_refused_before_anything_is_written() {
+    let base = tempfile::tempdir().unwrap();
+    let backup = backed_up(base.path(), 100);
+    let check = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
+    assert_eq!(check.status.code(), Some(0), "{}", text(&check));
+
+    // One bit of one record in the copied segment.
+    let segment = backup.join("logs/orders/00000000000000000001.wal");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = stela_format::header::HEADER_BYTES + 40;
+    bytes[at] ^= 0x10;
+    std::fs::write(&segment, &bytes).unwrap();
+    let target = base.path().join("r");
+    for args in [
+        vec!["restore", "--from", backup.to_str().unwrap(), "--check"],
+        vec![
+            "restore",
+            "--from",
+            backup.to_str().unwrap(),
+            "--to",
+            target.to_str().unwrap(),
+        ],
+    ] {
+        let refused = stela(&args);
+        assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+        assert!(
+            text(&refused).contains("damaged backup") && text(&refused).contains(".wal"),
+            "{}",
+            text(&refused)
+        );
+    }
+    assert!(
+        !target.join("logs/orders").exists(),
+        "a damaged log was laid out"
+    );
+    bytes[at] ^= 0x10;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    // The manifest itself: edited, then gone.
+    let manifest = backup.join("MANIFEST");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, original.replace("\"orders\"", "\"orderz\"")).unwrap();
+    let edited = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
+    assert_eq!(edited.status.code(), Some(1), "{}", text(&edited));
+    assert!(text(&edited).contains("checksum"), "{}", text(&edited));
+    std::fs::remove_file(&manifest).unwrap();
+    let none = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
+    assert_eq!(none.status.code(), Some(4), "{}", text(&none));
+    assert!(
+        text(&none).contains("not a stela backup"),
+        "{}",
+        text(&none)
+    );
+    std::fs::write(&manifest, original).unwrap();
+
+    // Restored once; a second restore into the same directory does not overwrite the log.
+    let restore = [
+        "restore",
+        "--from",
+        backup.to_str().unwrap(),
+        "--to",
+        target.to_str().unwrap(),
+    ];
+    let first = stela(&restore);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    let second = stela(&restore);
+    assert_eq!(second.status.code(), Some(2), "{}", text(&second));
+    assert!(text(&second).contains("already there"), "{}", text(&second));
+    let daemon = Daemon::start(&target, &[]);
+    let present = records_through(&daemon.socket(), "orders");
+    assert_eq!(present.len(), 100);
+    assert_eq!(present[&100], "order 99");
+    daemon.terminate();
+}
