@@ -301,10 +301,10 @@ mod tests {
         );
         assert_eq!(completion.error_code(), Some(ErrorCode::Io));
         assert!(Completion::ok(1, 2).is_ok());
-        for status in 1..=23 {
+        for status in 1..=24 {
             assert_eq!(status_of(error_of_status(status).unwrap()), status);
         }
-        assert_eq!(error_of_status(24), None);
+        assert_eq!(error_of_status(25), None);
         let (seq, text) = decode_message(&encode_message(9, &"é".repeat(2000)));
         assert_eq!(seq, 9);
         assert!(text.len() <= MESSAGE_TEXT_BYTES && text.chars().all(|c| c == 'é'));
