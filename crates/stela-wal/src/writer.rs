@@ -11,9 +11,11 @@
 //!   unwritten space reads as zeros.
 //! - Zeros are written ahead of the data (`WalOptions::zero_ahead_bytes`), so that a commit's
 //!   fdatasync rarely finds unwritten extents to convert (see [`SegmentWriter::zero_ahead`]).
-//!   They go only above the highest byte this writer has written and below the capacity:
-//!   they never overwrite a record, and unwritten space reads as the same zeros, so recovery
-//!   and the format cannot tell whether they were written.
+//!   They go only above the highest byte this writer has written, above the highest byte
+//!   written through its [`WrittenAhead`] (the daemon's primary copy of `replicated` records,
+//!   which writes the same framed bytes ahead of the flushers), and below the capacity: they
+//!   never overwrite a record, and unwritten space reads as the same zeros, so recovery and the
+//!   format cannot tell whether they were written.
 //! - Only the newest segment is written, only between its header and its capacity.
 //! - A segment is fdatasync'ed before its successor is created, so only the newest segment can
 //!   end in a torn write.
@@ -33,7 +35,7 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::synced::SyncedMark;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use stela_format::frame::Layout;
 use stela_format::header::HEADER_BYTES;
 use stela_format::segment_name::{segment_file_name, temp_file_name};
@@ -62,6 +64,43 @@ pub struct SegmentWriter {
     mark: Arc<SyncedMark>,
     /// The first failure; every later call is refused with it.
     failure: Option<Arc<Error>>,
+    /// Bytes another writer put ahead of this one's data: zeros go above them.
+    ahead: Arc<WrittenAhead>,
+}
+
+/// Writes into the newest segment made ahead of its [`SegmentWriter`] by someone else (the
+/// daemon writes the framed bytes of a `replicated` record before the flusher writes them
+/// again with their sync, `stela-server/src/engine/local_copy.rs`), and how far they reach: the
+/// writer's zeros ahead of its data start above them. Both take one lock, so zeros are never
+/// written over such bytes, whichever comes first. (Without it, the writer's zeros ahead wiped
+/// records written ahead of it, and a daemon killed before the flusher wrote them again came
+/// back without them: `stela-bench failover --nodes 3`, pause-new, 2026-12-07.)
+#[derive(Debug, Default)]
+pub struct WrittenAhead {
+    /// The segment written into (its first LSN) and the end of the highest write in it.
+    reach: Mutex<(u64, u64)>,
+}
+
+impl WrittenAhead {
+    /// Runs `write`, which writes `[offset, end)` of the segment that starts at `segment`,
+    /// under the lock the writer's zeros take, and records how far it reached.
+    ///
+    /// # Errors
+    /// `write`'s.
+    pub fn write(
+        &self,
+        segment: u64,
+        end: u64,
+        write: impl FnOnce() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let mut reach = self.reach.lock().unwrap_or_else(|e| e.into_inner());
+        write()?;
+        if reach.0 != segment {
+            *reach = (segment, 0);
+        }
+        reach.1 = reach.1.max(end);
+        Ok(())
+    }
 }
 
 impl fmt::Debug for SegmentWriter {
@@ -103,7 +142,13 @@ impl SegmentWriter {
             written_to: 0,
             zeroed_to: 0,
             failure: None,
+            ahead: Arc::default(),
         }
+    }
+
+    /// Where writes ahead of this writer go through (see [`WrittenAhead`]).
+    pub fn written_ahead(&self) -> Arc<WrittenAhead> {
+        Arc::clone(&self.ahead)
     }
 
     /// The first LSN of the newest segment.
@@ -185,9 +230,17 @@ impl SegmentWriter {
         if self.written_to + self.zero_ahead / 2 < self.zeroed_to {
             return Ok(());
         }
-        // Never below `zeroed_to`: that only grows, with `written_to`.
+        // Never below `zeroed_to`: that only grows, with `written_to`. Nor below what was
+        // written ahead of this writer in this segment: the lock is held until the zeros are
+        // written, so no such write lands under them meanwhile.
+        let reach = self.ahead.reach.lock().unwrap_or_else(|e| e.into_inner());
+        let ahead_to = if reach.0 == self.header.start_lsn.get() {
+            reach.1
+        } else {
+            0
+        };
         let to = (self.written_to + self.zero_ahead).min(self.header.capacity);
-        let mut at = self.zeroed_to.max(self.written_to);
+        let mut at = self.zeroed_to.max(self.written_to).max(ahead_to);
         while at < to {
             let n = (to - at).min(ZEROS.len() as u64);
             self.file
@@ -195,7 +248,8 @@ impl SegmentWriter {
                 .map_err(|e| Error::io("write zeros ahead in", &self.path, e))?;
             at += n;
         }
-        self.zeroed_to = to;
+        drop(reach);
+        self.zeroed_to = self.zeroed_to.max(to);
         Ok(())
     }
 
@@ -392,6 +446,46 @@ mod tests {
     const AHEAD: u64 = 1 << 20;
 
     /// The writes a sequence of data writes (offset, length) caused, and the segment's bytes.
+    /// Bytes written ahead of the writer through its [`WrittenAhead`] (as the daemon's primary
+    /// copy does) are never wiped by the zeros the writer writes ahead of its own data.
+    #[test]
+    fn zeros_never_go_over_bytes_written_ahead_of_the_writer() {
+        let fault = FaultStorage::new();
+        let options = WalOptions::default()
+            .storage(Arc::new(fault.clone()))
+            .segment_bytes(CAPACITY)
+            .zero_ahead_bytes(1 << 20);
+        let mut files = LogFiles::open(Path::new("/log"), options, "t").unwrap();
+        let start = HEADER_BYTES as u64;
+        let segment = files.writer.segment_start().get();
+        // The writer's first write zeroes the next MiB; bytes then written ahead, past it.
+        files.writer.write_at(start, &[&[7u8; 100]]).unwrap();
+        let ahead = files.writer.written_ahead();
+        let ahead_at = start + 100;
+        let ahead_end = ahead_at + (1536 << 10);
+        let (path, storage) = (files.writer.path().to_path_buf(), fault.clone());
+        ahead
+            .write(segment, ahead_end, || {
+                let file = storage.open(&path, OpenMode::ReadWrite)?;
+                file.write_all_at(&vec![9u8; (ahead_end - ahead_at) as usize], ahead_at)
+            })
+            .unwrap();
+        // The writer's next write comes within half a MiB of its zeros: it zeroes ahead again,
+        // which on its own would start at its data's end, over the bytes written ahead.
+        files
+            .writer
+            .write_at(ahead_at, &[&[9u8; 600 << 10]])
+            .unwrap();
+        files.writer.sync().unwrap();
+        let bytes = fault.read_file(files.writer.path()).unwrap();
+        assert!(
+            bytes[ahead_at as usize..ahead_end as usize]
+                .iter()
+                .all(|&b| b == 9),
+            "zeros were written over bytes written ahead of the writer"
+        );
+    }
+
     fn run(zero_ahead: u64, data: &[(u64, u64)]) -> (Vec<Vec<Range<u64>>>, Vec<u8>) {
         let fault = FaultStorage::new();
         let hooked = Hooked::wrap(Arc::new(fault.clone()), SegmentWrites::default());

@@ -21,6 +21,9 @@
 //!   ([`Pool::ship`]) are written, at the segment and offset the pool gave them, and only into a
 //!   segment file that exists (created, with its header, by a flusher): a segment not created
 //!   yet is never made here; a wait on it becomes a `disk` wait, which creates it.
+//! - **Never under the flusher's zeros.** Every write goes through the log writer's
+//!   [`WrittenAhead`], whose lock the writer's zeros ahead of its data also take: they start
+//!   above what was written here, so they never wipe it.
 //! - **In order, no hole.** A log's bytes are written strictly in LSN order from where the pool
 //!   holds them; `written` is the last LSN of a contiguous prefix and never goes down.
 //! - **Nothing written after the log is forgotten or the node stepped down**: the writes and
@@ -36,6 +39,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use stela_wal::storage::{OpenMode, Storage, StorageFile};
+use stela_wal::writer::WrittenAhead;
 
 /// Most bytes copied out of the pool per write.
 const WRITE_BYTES: usize = 1 << 20;
@@ -58,6 +62,8 @@ struct Logs {
 
 struct LogCopy {
     dir: PathBuf,
+    /// The log writer's fence for writes ahead of it.
+    ahead: Arc<WrittenAhead>,
     /// Where the next bytes go: (segment, offset, next LSN); `None`: from the pool's oldest
     /// buffered record.
     at: Option<(u64, u64, u64)>,
@@ -87,10 +93,12 @@ impl LocalCopy {
         }
     }
 
-    /// Starts keeping the copy of `log`, whose segments are in `dir` (once per open).
-    pub fn watch(&self, log: LogId, dir: PathBuf) {
+    /// Starts keeping the copy of `log`, whose segments are in `dir` and whose writer's fence
+    /// is `ahead` (once per open).
+    pub fn watch(&self, log: LogId, dir: PathBuf, ahead: Arc<WrittenAhead>) {
         lock(&self.logs).each.entry(log).or_insert(LogCopy {
             dir,
+            ahead,
             at: None,
             written: 0,
             file: None,
@@ -266,10 +274,12 @@ impl LocalCopy {
                 next_lsn > copy.written,
                 "the copy's written LSN never goes down"
             );
+            let end = offset + bytes.len() as u64;
+            let ahead = Arc::clone(&copy.ahead);
             let Some(file) = self.segment_file(copy, segment)? else {
                 return Ok(Pass::NoSegment);
             };
-            file.write_all_at(&bytes, offset)?;
+            ahead.write(segment, end, || file.write_all_at(&bytes, offset))?;
             copy.at = Some((segment, offset + bytes.len() as u64, next_lsn));
             copy.written = copy.written.max(next_lsn - 1);
         }

@@ -157,7 +157,8 @@ impl Engine {
             }
         }
         if let Some(local) = &self.ha.local_copy {
-            local.watch(entry.id, entry.segments.dir().to_path_buf());
+            let ahead = lock(&entry.writer).written_ahead();
+            local.watch(entry.id, entry.segments.dir().to_path_buf(), ahead);
         }
         replication
             .watch(
