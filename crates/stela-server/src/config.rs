@@ -109,7 +109,7 @@ pub struct DaemonConfig {
     pub output_bytes: usize,
     /// What each non-administrative credential may create and hold (`--quota-logs`,
     /// `--quota-bytes`; see [`crate::quota`]). Default: unlimited.
-    pub quota: crate::quota::Limits,
+    pub quota: QuotaLimits,
     pub ring_bytes: usize,
     /// How long the event loop polls before sleeping; zero: never poll.
     pub spin: Duration,
@@ -292,7 +292,7 @@ impl DaemonConfig {
             idle_timeout: IDLE_TIMEOUT,
             partial_frame_bytes: PARTIAL_FRAME_BYTES,
             output_bytes: OUTPUT_BYTES,
-            quota: crate::quota::Limits::default(),
+            quota: QuotaLimits::default(),
             ring_bytes: RING_BYTES,
             spin: SPIN,
             realtime_loop: REALTIME_LOOP,
@@ -449,6 +449,20 @@ impl DaemonConfig {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// The limits every credential gets (`--quota-logs`, `--quota-bytes`; see [`crate::quota`]);
+/// `None`: unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuotaLimits {
+    pub logs: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+impl QuotaLimits {
+    pub fn any(&self) -> bool {
+        self.logs.is_some() || self.bytes.is_some()
     }
 }
 

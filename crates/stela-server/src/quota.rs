@@ -96,18 +96,9 @@ fn fingerprint(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The limits every credential gets (`--quota-logs`, `--quota-bytes`); `None`: unlimited.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Limits {
-    pub logs: Option<u64>,
-    pub bytes: Option<u64>,
-}
-
-impl Limits {
-    pub fn any(&self) -> bool {
-        self.logs.is_some() || self.bytes.is_some()
-    }
-}
+/// Kept with the other settings (config.rs), so that the configuration does not import this
+/// module, which imports the error type, which imports the configuration's.
+pub use crate::config::QuotaLimits as Limits;
 
 /// One credential's totals.
 #[derive(Debug)]
