@@ -146,6 +146,20 @@ fn both_standbys_connected(socket: &Path) -> bool {
     shown.replicas == 1 && shown.standbys.len() == 2 && shown.standbys.iter().all(|s| s.connected)
 }
 
+/// Once a is the primary with both standbys connected: a client of a, its ledger's handle and
+/// term.
+fn a_serving(daemon_a: &Daemon) -> (Connection, u32, u64) {
+    wait_for("a to be the primary", Duration::from_secs(10), || {
+        status(&daemon_a.socket()).role == "primary"
+    });
+    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
+    let (handle, term) = open(&mut client).unwrap();
+    wait_for("a's two standbys", Duration::from_secs(10), || {
+        both_standbys_connected(&daemon_a.socket())
+    });
+    (client, handle, term)
+}
+
 fn open(connection: &mut Connection) -> Result<(u32, u64), stela_client::Error> {
     match connection.request(RequestBody::Open {
         log: "ledger".into(),
@@ -227,15 +241,8 @@ fn with_three_nodes_the_new_primary_is_protected_at_once_and_the_old_one_rejoins
     let daemon_a = a.start(&witness_addr, "primary", &[]);
     let daemon_b = b.start(&witness_addr, "standby", &[]);
     let daemon_c = c.start(&witness_addr, "standby", &[]);
-    wait_for("a to be the primary", Duration::from_secs(10), || {
-        status(&daemon_a.socket()).role == "primary"
-    });
-    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
-    let (handle, term) = open(&mut client).unwrap();
+    let (mut client, handle, term) = a_serving(&daemon_a);
     assert_eq!(term >> 32, 1);
-    wait_for("a's two standbys", Duration::from_secs(10), || {
-        both_standbys_connected(&daemon_a.socket())
-    });
     let writer = std::thread::spawn(move || {
         let mut acked = BTreeMap::new();
         let _ = append(&mut client, handle, 0..1_000_000, &mut acked);
@@ -326,14 +333,7 @@ fn a_standby_that_is_behind_asks_first_and_is_not_granted() {
     // b, up to date, suspects its primary only after 5 s; c, behind, after 1 s.
     let daemon_b = b.start(&witness_addr, "standby", &["--suspect-after-ms", "5000"]);
     let daemon_c = c.start(&witness_addr, "standby", &[]);
-    wait_for("a to be the primary", Duration::from_secs(10), || {
-        status(&daemon_a.socket()).role == "primary"
-    });
-    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
-    let (handle, _) = open(&mut client).unwrap();
-    wait_for("a's two standbys", Duration::from_secs(10), || {
-        both_standbys_connected(&daemon_a.socket())
-    });
+    let (mut client, handle, _) = a_serving(&daemon_a);
     let mut acked = BTreeMap::new();
     append(&mut client, handle, 0..20, &mut acked).unwrap();
     // c stops: a's commits go on with b alone (K = 1), so c falls behind. (More than 1,024 of
@@ -387,14 +387,7 @@ fn records_acknowledged_on_one_standby_survive_the_primary_and_that_standby() {
     let daemon_a = a.start(&witness_addr, "primary", &slow_flush);
     let daemon_b = b.start(&witness_addr, "standby", &[]);
     let daemon_c = c.start(&witness_addr, "standby", &[]);
-    wait_for("a to be the primary", Duration::from_secs(10), || {
-        status(&daemon_a.socket()).role == "primary"
-    });
-    let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
-    let (handle, _) = open(&mut client).unwrap();
-    wait_for("a's two standbys", Duration::from_secs(10), || {
-        both_standbys_connected(&daemon_a.socket())
-    });
+    let (mut client, handle, _) = a_serving(&daemon_a);
     let mut acked = BTreeMap::new();
     append(&mut client, handle, 0..5, &mut acked).unwrap();
     // c is killed: the next records are acknowledged on b's receipt alone. (Killed, not
