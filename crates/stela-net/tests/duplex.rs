@@ -159,3 +159,30 @@ fn dropping_both_ends_still_sends_what_was_queued() {
     client_reader.read_to_end(&mut answer).unwrap();
     assert!(answer == pattern(LEN, 9), "{} bytes of {LEN}", answer.len());
 }
+
+#[test]
+fn a_peer_that_never_answers_fails_the_handshake_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, _) = certificate(dir.path(), "server");
+    // Accepts and then says nothing: the client's hello is never answered.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = std::thread::spawn(move || listener.accept().unwrap());
+    let client_config = tls::client_config(&ClientTlsFiles {
+        ca: cert,
+        identity: None,
+    })
+    .unwrap();
+    let connection =
+        rustls::ClientConnection::new(client_config, tls::server_name("localhost").unwrap())
+            .unwrap();
+    let error = duplex(
+        TcpStream::connect(addr).unwrap(),
+        connection,
+        Duration::from_millis(200),
+    )
+    .err()
+    .expect("no handshake with a silent peer");
+    assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
+    drop(silent.join().unwrap());
+}
