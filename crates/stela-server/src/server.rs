@@ -440,10 +440,26 @@ fn promise_hook(
     let standby = standby.map(Arc::downgrade);
     let (dir, storage) = (config.dir.join("logs"), Arc::clone(&config.storage));
     Box::new(move || {
-        if let Some(standby) = standby.as_ref().and_then(Weak::upgrade) {
+        let started = std::time::Instant::now();
+        let standby = standby.as_ref().and_then(Weak::upgrade);
+        if let Some(standby) = &standby {
             standby.end_streams();
         }
-        crate::replication::standby::log_positions(&dir, &storage)
+        let ended = started.elapsed();
+        let positions = match &standby {
+            Some(standby) => standby.positions(),
+            None => crate::replication::standby::log_positions(
+                &dir,
+                &storage,
+                &std::collections::HashMap::new(),
+            ),
+        };
+        tracing::info!(
+            end_streams_ms = ended.as_millis() as u64,
+            read_positions_ms = (started.elapsed() - ended).as_millis() as u64,
+            "promise: the streams ended and the positions read"
+        );
+        positions
     })
 }
 
