@@ -509,7 +509,8 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
     }
 
     /// Sends `body` on `shared` and waits for its answer. With an endpoint list, a wait past
-    /// `probe_after` has the other endpoints asked, every 50 ms, whether a newer primary took
+    /// `probe_after` has the other endpoints asked, every 20 ms (as the blocking client's
+    /// watch: `failover::PROBE_EVERY`), whether a newer primary took
     /// over; if one did, the connection is failed, so the call ends at once (in doubt, for a
     /// commit). A primary that is merely slow is never abandoned.
     async fn watched(
@@ -527,7 +528,7 @@ impl<T: Serialize + DeserializeOwned> AsyncWal<T> {
         let newer_primary = async {
             tokio::time::sleep(self.options.probe_after).await;
             while !newer_primary_elsewhere(endpoints, endpoint, term >> 32).await {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(crate::failover::PROBE_EVERY).await;
             }
         };
         tokio::select! {
