@@ -989,6 +989,30 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_wakes_when_its_suspicion_period_ends_not_a_heartbeat_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = node(dir.path(), NodeRole::Standby);
+        a.decide_role(&scripted(None));
+        let config = FailoverConfig {
+            coordinator: "scripted".into(),
+            cluster: "test".into(),
+            initial_role: NodeRole::Standby,
+            heartbeat: Duration::from_millis(50),
+            suspect_after: Duration::from_millis(300),
+            after_failover: AfterFailover::Unprotected,
+        };
+        // Heard 290 ms ago: the period ends in about 10 ms, long before the next heartbeat.
+        *lock(&a.heard) = Instant::now() - Duration::from_millis(290);
+        assert!(a.pause(&config) <= Duration::from_millis(11));
+        // Heard just now: a whole heartbeat.
+        a.heard_from_primary();
+        assert_eq!(a.pause(&config), config.heartbeat);
+        // Past the period (asking the coordinator): every heartbeat.
+        *lock(&a.heard) = Instant::now() - Duration::from_millis(400);
+        assert_eq!(a.pause(&config), config.heartbeat);
+    }
+
+    #[test]
     fn an_unreachable_coordinator_at_start_makes_a_standby_whatever_the_preference() {
         let dir = tempfile::tempdir().unwrap();
         let a = node(dir.path(), NodeRole::Primary);
