@@ -188,6 +188,18 @@ impl Conn {
         }
     }
 
+    /// A connection the TCP gate hands over: `first` is what it received (its Hello's bytes),
+    /// and the stream may hold more (TLS plaintext already decrypted): read it once.
+    pub fn arrived_with(&mut self, first: Vec<u8>, accepted_at: Instant) {
+        debug_assert!(self.rbuf.is_empty());
+        self.accepted_at = accepted_at;
+        if !first.is_empty() {
+            self.heard = true;
+            self.unread = true;
+            self.rbuf = first;
+        }
+    }
+
     /// Received bytes not yet handled (counted against the loop's cap).
     pub fn held_bytes(&self) -> usize {
         self.rbuf.len() - self.rpos
