@@ -230,8 +230,16 @@ pub(crate) fn create(
     let poll = Poll::new().map_err(StartError::EventLoop)?;
     let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(StartError::EventLoop)?);
     let unix = register_unix(&poll, unix).map_err(StartError::EventLoop)?;
-    let (counters, limits) = start_counters(config);
+    let (counters, mut limits) = start_counters(config);
     let inbox = Arc::new(Inbox::new(Arc::clone(&waker)));
+    // With TCP, the handshake slots the file limit was budgeted for are shared: half in the
+    // gate (TCP), half in the loop (the Unix socket, and TCP arrivals about to be admitted).
+    let gate_slots = if tcp.is_some() {
+        limits.handshakes / 2
+    } else {
+        0
+    };
+    limits.handshakes -= gate_slots;
     let gate = match tcp {
         Some(listener) => Some(
             gate::start(
@@ -239,7 +247,7 @@ pub(crate) fn create(
                 Arc::clone(&auth),
                 Arc::clone(&inbox),
                 Arc::clone(&counters),
-                limits.handshakes,
+                gate_slots,
                 config.handshake_timeout,
             )
             .map_err(|source| StartError::Thread {
