@@ -1,5 +1,6 @@
 //! Admission: who gets a connection slot and who keeps it through the handshake. Accepting on
-//! the listeners (TCP under TLS unless insecure), the handshake slots (one address holds at
+//! the Unix socket (TCP connections arrive from [`super::gate`] with their Hello's bytes, TLS
+//! done, and enter here), the handshake slots (one address holds at
 //! most its share; a full table evicts the oldest silent handshake first), the Hello (a TCP
 //! peer authenticates there; clients and administrators are counted against their limits, read
 //! per Hello so a reload applies to the next one), and running out of descriptors (a spare one
@@ -13,8 +14,8 @@
 use super::auth::{self, Identity};
 use super::conn::{Conn, Phase};
 use super::inbox::ConnRef;
-use super::stream::{Stream, TlsStream};
-use super::{EventLoop, CONN_BASE, HANDSHAKE_SHARE_PER_ADDRESS, UNIX_LISTENER};
+use super::stream::Stream;
+use super::{EventLoop, CONN_BASE, HANDSHAKE_SHARE_PER_ADDRESS};
 use mio::{Interest, Token};
 use std::io;
 use std::sync::atomic::Ordering;
@@ -22,26 +23,16 @@ use std::time::{Duration, Instant};
 use stela_proto::{ErrorCode, Role};
 
 impl EventLoop {
-    pub(super) fn accept(&mut self, listener: Token) {
+    /// Accepts on the Unix socket (TCP connections come through the gate, whole Hello first:
+    /// [`super::gate`]).
+    pub(super) fn accept(&mut self) {
         loop {
-            let accepted = if listener == UNIX_LISTENER {
-                self.unix.accept().map(|(s, _)| Stream::Unix(s))
-            } else {
-                match &self.tcp {
-                    Some(tcp) => tcp.accept().map(|(s, _)| {
-                        let _ = s.set_nodelay(true);
-                        s
-                    }),
-                    None => return,
-                }
-                .and_then(|s| self.secure(s))
-            };
-            match accepted {
-                Ok(stream) => self.add_conn(stream),
+            match self.unix.accept() {
+                Ok((stream, _)) => self.add_conn(Stream::Unix(stream), Vec::new(), Instant::now()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if is_out_of_descriptors(&e) => {
-                    self.out_of_descriptors(listener, &e);
+                    self.out_of_descriptors(&e);
                     return;
                 }
                 Err(error) => {
@@ -52,28 +43,12 @@ impl EventLoop {
         }
     }
 
-    /// A TCP connection as the listener serves it: under TLS unless insecure.
-    pub(super) fn secure(&self, tcp: mio::net::TcpStream) -> io::Result<Stream> {
-        let Some(config) = self.auth.tls() else {
-            return Ok(Stream::Tcp(tcp));
-        };
-        let tls =
-            stela_net::tls::rustls::ServerConnection::new(config).map_err(io::Error::other)?;
-        Ok(Stream::Tls(Box::new(TlsStream::new(tcp, tls))))
-    }
-
     /// The process has no descriptor left: free the spare one, accept one connection to tell it
     /// why, close it, and take the spare back. The error is logged (at most once a second).
-    pub(super) fn out_of_descriptors(&mut self, listener: Token, error: &io::Error) {
+    pub(super) fn out_of_descriptors(&mut self, error: &io::Error) {
         self.log_accept_error(error);
         drop(self.spare_fd.take());
-        let refused = if listener == UNIX_LISTENER {
-            self.unix.accept().ok().map(|(s, _)| Stream::Unix(s))
-        } else {
-            self.tcp
-                .as_ref()
-                .and_then(|t| t.accept().ok().map(|(s, _)| Stream::Tcp(s)))
-        };
+        let refused = self.unix.accept().ok().map(|(s, _)| Stream::Unix(s));
         if let Some(stream) = refused {
             self.refuse_now(stream, "the daemon has no file descriptor left");
         }
@@ -100,7 +75,9 @@ impl EventLoop {
         tracing::warn!(peer = %conn.peer, why, "connection refused");
     }
 
-    pub(super) fn add_conn(&mut self, stream: Stream) {
+    /// Admits a connection to its handshake: from the Unix socket (`first` empty), or from the
+    /// TCP gate with the bytes of its first frame (`first`) and when it was accepted.
+    pub(super) fn add_conn(&mut self, stream: Stream, first: Vec<u8>, accepted_at: Instant) {
         let conns = &self.conns;
         self.handshakes.retain(|c| {
             conns
@@ -137,6 +114,8 @@ impl EventLoop {
         let serial = self.next_serial;
         self.next_serial += 1;
         let mut conn = Conn::new(serial, stream);
+        let first_bytes = first.len();
+        conn.arrived_with(first, accepted_at);
         if let Err(error) = self.poll.registry().register(
             conn.stream.source(),
             Token(CONN_BASE + 2 * slot),
@@ -150,6 +129,7 @@ impl EventLoop {
         // an administrator's probe (`stela status` every few seconds) stays at debug.
         tracing::debug!(peer = %conn.peer, "connection opened");
         self.conns[slot] = Some(conn);
+        self.held += first_bytes;
         self.handshakes.push_back(ConnRef { slot, serial });
         self.counters.connections.fetch_add(1, Ordering::Relaxed);
         self.ready.push_back(slot);

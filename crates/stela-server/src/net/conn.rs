@@ -188,6 +188,18 @@ impl Conn {
         }
     }
 
+    /// A connection the TCP gate hands over: `first` is what it received (its Hello's bytes),
+    /// and the stream may hold more (TLS plaintext already decrypted): read it once.
+    pub fn arrived_with(&mut self, first: Vec<u8>, accepted_at: Instant) {
+        debug_assert!(self.rbuf.is_empty());
+        self.accepted_at = accepted_at;
+        if !first.is_empty() {
+            self.heard = true;
+            self.unread = true;
+            self.rbuf = first;
+        }
+    }
+
     /// Received bytes not yet handled (counted against the loop's cap).
     pub fn held_bytes(&self) -> usize {
         self.rbuf.len() - self.rpos
@@ -498,17 +510,37 @@ impl Conn {
         id: u64,
         job: impl FnOnce(&Engine) -> (Result<ResponseBody, Error>, Effect) + Send + 'static,
     ) -> Progress {
+        self.hand_to_lane(ctx, id, false, job)
+    }
+
+    /// Runs `job` on a worker, in the bulk lane (a read of records: behind every other job)
+    /// or not; its result answers request `id`.
+    fn hand_to_lane(
+        &mut self,
+        ctx: &Ctx<'_>,
+        id: u64,
+        bulk: bool,
+        job: impl FnOnce(&Engine) -> (Result<ResponseBody, Error>, Effect) + Send + 'static,
+    ) -> Progress {
         let (engine, inbox, me) = (Arc::clone(ctx.engine), Arc::clone(ctx.inbox), ctx.me);
         self.waiting = Some(Waiting::Answer);
-        ctx.workers.submit(Box::new(move || {
-            let (result, effect) = job(&engine);
-            inbox.post(Event::Answer(Box::new(Answer {
-                conn: me,
-                id,
-                result,
-                effect,
-            })));
-        }));
+        let submit = if bulk {
+            Workers::submit_bulk
+        } else {
+            Workers::submit
+        };
+        submit(
+            ctx.workers,
+            Box::new(move || {
+                let (result, effect) = job(&engine);
+                inbox.post(Event::Answer(Box::new(Answer {
+                    conn: me,
+                    id,
+                    result,
+                    effect,
+                })));
+            }),
+        );
         Progress::Waiting
     }
 
@@ -750,7 +782,7 @@ impl Conn {
             Ok(Some(body)) => self.reply(id, Ok(body)),
             Ok(None) => {
                 self.read_promised = max_bytes;
-                self.hand_to_worker(ctx, id, move |engine| {
+                self.hand_to_lane(ctx, id, true, move |engine| {
                     let result = engine
                         .read(log, from, max_records, max_bytes, true)
                         .map(|body| body.expect("a blocking read always answers"));

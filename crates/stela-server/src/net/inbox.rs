@@ -53,6 +53,8 @@ pub(crate) enum Event {
     /// A ring's `disk` entry is settled: publish its completion (and wake its client).
     RingDone(Box<RingDone>),
     SpaceFreed,
+    /// A TCP connection through the gate's handshake, its first frame received: admit it.
+    Arrived(Box<super::gate::Arrival>),
 }
 
 pub(crate) struct Inbox {

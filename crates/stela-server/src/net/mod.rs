@@ -1,6 +1,9 @@
 //! The daemon's connections, served by one event loop thread without a thread per connection.
 //!
-//! The loop (mio) accepts on the Unix socket (and TCP, if configured), reads each connection's
+//! The loop (mio) accepts on the Unix socket, takes TCP connections (if configured) from the
+//! [`gate`] once they have sent their Hello (a thread of its own accepts them, runs their TLS
+//! handshake and reads their first frame, so that a flood of connection attempts costs the loop
+//! nothing), reads each connection's
 //! bytes as they arrive, hands complete requests to [`conn`], copies entries out of the
 //! shared-memory rings ([`ring`]), and writes answers. Requests that wait for the disk go to a
 //! worker or to the pool's `disk` waiters and come back through the [`inbox`]. While there is
@@ -18,8 +21,8 @@
 //! cap (a connection past it is not read until the others' bytes are handled). Failures to
 //! accept are logged, never dropped silently.
 //!
-//! Security ([`auth`]): TCP connections run TLS (rustls, driven without blocking inside the
-//! loop: a TLS connection costs no thread), unless the listener is an explicit insecure loopback
+//! Security ([`auth`]): TCP connections run TLS (rustls, driven without blocking, by the gate
+//! and then by the loop: a TLS connection costs no thread of its own), unless the listener is an explicit insecure loopback
 //! one. A peer that fails the TLS handshake or does not authenticate at its Hello is refused,
 //! logged with its address and counted in [`NetCounters::refused_logins`]. Administrative
 //! requests are refused to TCP peers not authenticated as administrators.
@@ -33,6 +36,7 @@ mod admission;
 pub(crate) mod auth;
 mod closing;
 pub(crate) mod conn;
+mod gate;
 pub(crate) mod inbox;
 pub mod limits;
 pub(crate) mod ring;
@@ -58,7 +62,6 @@ use std::time::{Duration, Instant};
 
 const WAKER: Token = Token(0);
 const UNIX_LISTENER: Token = Token(1);
-const TCP_LISTENER: Token = Token(2);
 /// Connection `slot` has token `CONN_BASE + 2 * slot`, its ring's doorbell the next one.
 const CONN_BASE: usize = 16;
 
@@ -166,7 +169,8 @@ pub(crate) struct EventLoop {
     counters: Arc<NetCounters>,
     stop: Arc<AtomicBool>,
     unix: mio::net::UnixListener,
-    tcp: Option<mio::net::TcpListener>,
+    /// The thread that accepts TCP connections and takes them through their handshake.
+    gate: Option<gate::GateHandle>,
     auth: Arc<Auth>,
     conns: Vec<Option<Conn>>,
     free_slots: Vec<usize>,
@@ -225,9 +229,34 @@ pub(crate) fn create(
 ) -> Result<(EventLoop, LoopHandle), StartError> {
     let poll = Poll::new().map_err(StartError::EventLoop)?;
     let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(StartError::EventLoop)?);
-    let (unix, tcp) = register_listeners(&poll, unix, tcp).map_err(StartError::EventLoop)?;
-    let (counters, limits) = start_counters(config);
+    let unix = register_unix(&poll, unix).map_err(StartError::EventLoop)?;
+    let (counters, mut limits) = start_counters(config);
     let inbox = Arc::new(Inbox::new(Arc::clone(&waker)));
+    // With TCP, the handshake slots the file limit was budgeted for are shared: half in the
+    // gate (TCP), half in the loop (the Unix socket, and TCP arrivals about to be admitted).
+    let gate_slots = if tcp.is_some() {
+        limits.handshakes / 2
+    } else {
+        0
+    };
+    limits.handshakes -= gate_slots;
+    let gate = match tcp {
+        Some(listener) => Some(
+            gate::start(
+                listener,
+                Arc::clone(&auth),
+                Arc::clone(&inbox),
+                Arc::clone(&counters),
+                gate_slots,
+                config.handshake_timeout,
+            )
+            .map_err(|source| StartError::Thread {
+                name: "stela-gate".into(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
     let workers =
         Arc::new(
             Workers::start(config.workers).map_err(|source| StartError::Thread {
@@ -253,7 +282,7 @@ pub(crate) fn create(
             counters,
             stop,
             unix,
-            tcp,
+            gate,
             auth,
             conns: Vec::new(),
             free_slots: Vec::new(),
@@ -287,27 +316,16 @@ pub(crate) fn create(
     ))
 }
 
-/// Makes the listeners non-blocking and registers them with the loop's poll.
-fn register_listeners(
+/// Makes the Unix listener non-blocking and registers it with the loop's poll.
+fn register_unix(
     poll: &Poll,
     unix: std::os::unix::net::UnixListener,
-    tcp: Option<std::net::TcpListener>,
-) -> io::Result<(mio::net::UnixListener, Option<mio::net::TcpListener>)> {
+) -> io::Result<mio::net::UnixListener> {
     unix.set_nonblocking(true)?;
     let mut unix = mio::net::UnixListener::from_std(unix);
     poll.registry()
         .register(&mut unix, UNIX_LISTENER, Interest::READABLE)?;
-    let tcp = match tcp {
-        Some(listener) => {
-            listener.set_nonblocking(true)?;
-            let mut listener = mio::net::TcpListener::from_std(listener);
-            poll.registry()
-                .register(&mut listener, TCP_LISTENER, Interest::READABLE)?;
-            Some(listener)
-        }
-        None => None,
-    };
-    Ok((unix, tcp))
+    Ok(unix)
 }
 
 /// Raises the file limit, derives the connection limits under it, and starts the counters a
@@ -403,6 +421,9 @@ impl EventLoop {
                 self.sweep();
             }
         }
+        if let Some(gate) = self.gate.take() {
+            gate.stop();
+        }
         self.close_all();
         // The jobs closing connections' logs finish before the daemon reports itself stopped,
         // so every log's files (and directory lock) are released by then.
@@ -463,7 +484,7 @@ impl EventLoop {
             active = true;
             match event.token() {
                 WAKER => {}
-                UNIX_LISTENER | TCP_LISTENER => self.accept(event.token()),
+                UNIX_LISTENER => self.accept(),
                 Token(token) if token >= CONN_BASE => {
                     let slot = (token - CONN_BASE) / 2;
                     let doorbell = (token - CONN_BASE) % 2 == 1;

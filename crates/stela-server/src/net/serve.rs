@@ -260,6 +260,14 @@ impl EventLoop {
                     ring::complete(&completer, seq, result, &mut board_wakes);
                 }
                 Event::SpaceFreed => self.retry_parked(),
+                Event::Arrived(arrival) => {
+                    let super::gate::Arrival {
+                        stream,
+                        first,
+                        accepted_at,
+                    } = *arrival;
+                    self.add_conn(stream, first, accepted_at);
+                }
                 Event::Answer(answer) => {
                     let Answer {
                         conn,
