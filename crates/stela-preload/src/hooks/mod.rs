@@ -15,7 +15,10 @@
 //! removals, each made durable before it is logged). This file keeps what they share: finding
 //! libc's definitions, errno, the guard that turns a panic into EIO, and a real fsync by name.
 
-use libc::c_int;
+use libc::{c_char, c_int, mode_t};
+
+/// The C signature of `open` (its variadic mode declared: see `open::open`).
+type OpenFn = unsafe extern "C" fn(*const c_char, c_int, mode_t) -> c_int;
 
 /// libc's definition of `$name` with type `$ty`, found once.
 macro_rules! real {
@@ -85,7 +88,7 @@ fn parent(path: &[u8]) -> &[u8] {
 /// functions, not this library's (which would answer it from the daemon).
 fn sync_path(path: &[u8], data_only: bool) -> std::io::Result<()> {
     let missing = || std::io::Error::from_raw_os_error(libc::ENOSYS);
-    let open = real!(open: open::OpenFn).ok_or_else(missing)?;
+    let open = real!(open: OpenFn).ok_or_else(missing)?;
     let close = real!(close: unsafe extern "C" fn(c_int) -> c_int).ok_or_else(missing)?;
     let sync = if data_only {
         real!(fdatasync: unsafe extern "C" fn(c_int) -> c_int)

@@ -2,7 +2,7 @@
 //! file makes its creation durable and logs it (and a truncation), strips O_DSYNC/O_SYNC (the
 //! daemon acknowledges its writes instead) and enters the descriptor in the table.
 
-use super::{errno, fail, guarded, parent, set_errno, sync_path};
+use super::{errno, fail, guarded, parent, set_errno, sync_path, OpenFn};
 use crate::conn;
 use crate::fds::{self, Tracked};
 use crate::paths;
@@ -11,7 +11,6 @@ use serde_bytes::ByteBuf;
 use std::sync::Arc;
 use stela_run::RunRecord;
 
-pub(super) type OpenFn = unsafe extern "C" fn(*const c_char, c_int, mode_t) -> c_int;
 type OpenatFn = unsafe extern "C" fn(c_int, *const c_char, c_int, mode_t) -> c_int;
 type Open2Fn = unsafe extern "C" fn(*const c_char, c_int) -> c_int;
 type Openat2Fn = unsafe extern "C" fn(c_int, *const c_char, c_int) -> c_int;
