@@ -522,16 +522,27 @@ fn decide(
                     .collect(),
                 prefers_primary,
             };
-            let claim = held.claim.clone();
-            let (answer, new) =
-                rules::promise(&claim, &mut held.ballot, &node, epoch, needed, &report);
-            if let Some(new) = &new {
-                tracing::warn!(epoch, holder = ?new.holder, promises = held.ballot.promises.len(),
-                    "witness: granting the epoch to the most up-to-date node that promised it (failover)");
-            }
-            (election_response(answer), new)
+            promised(held, &node, epoch, needed, &report)
         }
     }
+}
+
+/// A node's promise for `epoch` with its `report`, counted in the open election; the answer,
+/// and the claim to record if this promise decides it.
+fn promised(
+    held: &mut Held,
+    node: &str,
+    epoch: u64,
+    needed: u32,
+    report: &Report,
+) -> (WitnessResponse, Option<Claim>) {
+    let claim = held.claim.clone();
+    let (answer, new) = rules::promise(&claim, &mut held.ballot, node, epoch, needed, report);
+    if let Some(new) = &new {
+        tracing::warn!(epoch, holder = ?new.holder, promises = held.ballot.promises.len(),
+            "witness: granting the epoch to the most up-to-date node that promised it (failover)");
+    }
+    (election_response(answer), new)
 }
 
 /// Records `new` in the state file, then in memory; `Err` is the answer instead (this write

@@ -118,14 +118,7 @@ fn read_welcome(stream: &mut UnixStream) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stela_server::{DaemonConfig, Server};
-
-    fn daemon_in(dir: &Path, max_connections: usize) -> Server {
-        let mut config = DaemonConfig::new(dir);
-        config.assume_write_rate = Some(1 << 30);
-        config.max_connections = max_connections;
-        Server::start(config).unwrap()
-    }
+    use crate::drive::timed::tests::daemon_in;
 
     #[test]
     fn idle_connections_past_the_daemons_limit_fail_naming_which_and_why() {

@@ -355,15 +355,8 @@ fn daemon_threads_in_process(before: &HashSet<u32>) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drive::timed::tests::{short, Same};
+    use crate::drive::timed::tests::{daemon_in, short, Same};
     use crate::drive::{run_mode_with, Mode};
-
-    fn daemon_in(dir: &Path, max_connections: usize) -> Server {
-        let mut config = DaemonConfig::new(dir);
-        config.assume_write_rate = Some(1 << 30);
-        config.max_connections = max_connections;
-        Server::start(config).unwrap()
-    }
 
     #[test]
     fn a_run_holds_its_idle_connections_and_samples_the_daemon() {

@@ -192,4 +192,12 @@ pub(super) mod tests {
             window: Duration::from_millis(100),
         }
     }
+
+    /// A daemon in this process in `dir`, taking at most `max_connections` clients.
+    pub(in crate::drive) fn daemon_in(dir: &Path, max_connections: usize) -> stela_server::Server {
+        let mut config = stela_server::DaemonConfig::new(dir);
+        config.assume_write_rate = Some(1 << 30);
+        config.max_connections = max_connections;
+        stela_server::Server::start(config).unwrap()
+    }
 }
