@@ -106,103 +106,135 @@ where
     S: RecordSource,
     S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    let clients = sources.len();
     let options = stela_client::WalOptions::default()
         .codec(Codec::MessagePack)
         .durability(durability)
         .transport(service.transport);
     match service.daemon {
-        Daemon::InProcess(env) => {
-            settle_writeback(dir)?;
-            check_descriptors(service.idle_connections, clients, true)?;
-            let mut config = env.config(dir);
-            let short_socket = if config.socket_path().as_os_str().len() > MAX_SOCKET_PATH {
-                let socket_dir = tempfile::Builder::new()
-                    .prefix("stela-")
-                    .tempdir()
-                    .context("create a directory for the daemon's socket")?;
-                config.socket = Some(socket_dir.path().join("stela.sock"));
-                Some(socket_dir)
-            } else {
-                None
-            };
-            let served = stela_server::limits::limits(
-                stela_server::limits::raise_file_limit(),
-                config.max_connections,
-                config.admin_connections,
-            )
-            .clients;
-            anyhow::ensure!(
-                service.idle_connections + clients <= served,
-                "{} idle connections and {clients} clients are more than the daemon serves at \
-                 once with this file limit ({served})",
-                service.idle_connections
-            );
-            let threads_before: HashSet<u32> = tasks().into_iter().map(|(tid, _)| tid).collect();
-            let server = Server::start(config).context("start the daemon")?;
-            let probe = || -> anyhow::Result<DaemonSample> {
-                let status = server.status();
-                Ok(DaemonSample {
-                    pid: status.pid,
-                    rss_kib: rss_kib(Path::new("/proc/self/status")),
-                    threads: daemon_threads_in_process(&threads_before),
-                    connections: status.connections,
-                    in_process: true,
-                })
-            };
-            let result = connect_and_drive(
-                server.socket_path(),
-                LOG_NAME,
-                service.idle_connections,
-                &options,
-                timing,
-                sources,
-                &probe,
-            );
-            let stopped = server.shutdown();
-            drop(short_socket);
-            let outcome = result?;
-            stopped.map_err(|e| anyhow!("stopping the daemon: {e}"))?;
-            Ok(outcome)
-        }
+        Daemon::InProcess(env) => run_in_process(env, dir, service, &options, timing, sources),
         Daemon::Running { socket, log } => {
-            check_descriptors(service.idle_connections, clients, false)?;
-            let report = daemon_status(socket)?;
-            let free = report.max_connections.saturating_sub(report.connections) as usize;
-            anyhow::ensure!(
-                service.idle_connections + clients <= free,
-                "the daemon at {} serves at most {} client connections and holds {} now: no room \
-                 for {} idle connections and {clients} clients",
-                socket.display(),
-                report.max_connections,
-                report.connections,
-                service.idle_connections
-            );
-            // Its logs are in its directory: settle that file system when it is on this machine.
-            if Path::new(&report.dir).is_dir() {
-                settle_writeback(Path::new(&report.dir))?;
-            }
-            let probe = || -> anyhow::Result<DaemonSample> {
-                let report = daemon_status(socket)?;
-                Ok(DaemonSample {
-                    pid: report.pid,
-                    rss_kib: rss_kib(Path::new(&format!("/proc/{}/status", report.pid))),
-                    threads: report.threads,
-                    connections: report.connections,
-                    in_process: false,
-                })
-            };
-            connect_and_drive(
-                socket,
-                log,
-                service.idle_connections,
-                &options,
-                timing,
-                sources,
-                &probe,
-            )
+            run_against(socket, log, service, &options, timing, sources)
         }
     }
+}
+
+/// A service run through a daemon started in this process in `dir` for the run (its socket in
+/// a short temporary directory when `dir` is too deep for one), stopped afterwards.
+fn run_in_process<S>(
+    env: &DaemonEnv,
+    dir: &Path,
+    service: &ServiceRun<'_>,
+    options: &stela_client::WalOptions,
+    timing: Timing,
+    sources: Vec<S>,
+) -> anyhow::Result<Outcome>
+where
+    S: RecordSource,
+    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    let clients = sources.len();
+    settle_writeback(dir)?;
+    check_descriptors(service.idle_connections, clients, true)?;
+    let mut config = env.config(dir);
+    let short_socket = if config.socket_path().as_os_str().len() > MAX_SOCKET_PATH {
+        let socket_dir = tempfile::Builder::new()
+            .prefix("stela-")
+            .tempdir()
+            .context("create a directory for the daemon's socket")?;
+        config.socket = Some(socket_dir.path().join("stela.sock"));
+        Some(socket_dir)
+    } else {
+        None
+    };
+    let served = stela_server::limits::limits(
+        stela_server::limits::raise_file_limit(),
+        config.max_connections,
+        config.admin_connections,
+    )
+    .clients;
+    anyhow::ensure!(
+        service.idle_connections + clients <= served,
+        "{} idle connections and {clients} clients are more than the daemon serves at \
+         once with this file limit ({served})",
+        service.idle_connections
+    );
+    let threads_before: HashSet<u32> = tasks().into_iter().map(|(tid, _)| tid).collect();
+    let server = Server::start(config).context("start the daemon")?;
+    let probe = || -> anyhow::Result<DaemonSample> {
+        let status = server.status();
+        Ok(DaemonSample {
+            pid: status.pid,
+            rss_kib: rss_kib(Path::new("/proc/self/status")),
+            threads: daemon_threads_in_process(&threads_before),
+            connections: status.connections,
+            in_process: true,
+        })
+    };
+    let result = connect_and_drive(
+        server.socket_path(),
+        LOG_NAME,
+        service.idle_connections,
+        options,
+        timing,
+        sources,
+        &probe,
+    );
+    let stopped = server.shutdown();
+    drop(short_socket);
+    let outcome = result?;
+    stopped.map_err(|e| anyhow!("stopping the daemon: {e}"))?;
+    Ok(outcome)
+}
+
+/// A service run through the daemon already running at `socket`, on its log `log`.
+fn run_against<S>(
+    socket: &Path,
+    log: &str,
+    service: &ServiceRun<'_>,
+    options: &stela_client::WalOptions,
+    timing: Timing,
+    sources: Vec<S>,
+) -> anyhow::Result<Outcome>
+where
+    S: RecordSource,
+    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    let clients = sources.len();
+    check_descriptors(service.idle_connections, clients, false)?;
+    let report = daemon_status(socket)?;
+    let free = report.max_connections.saturating_sub(report.connections) as usize;
+    anyhow::ensure!(
+        service.idle_connections + clients <= free,
+        "the daemon at {} serves at most {} client connections and holds {} now: no room \
+         for {} idle connections and {clients} clients",
+        socket.display(),
+        report.max_connections,
+        report.connections,
+        service.idle_connections
+    );
+    // Its logs are in its directory: settle that file system when it is on this machine.
+    if Path::new(&report.dir).is_dir() {
+        settle_writeback(Path::new(&report.dir))?;
+    }
+    let probe = || -> anyhow::Result<DaemonSample> {
+        let report = daemon_status(socket)?;
+        Ok(DaemonSample {
+            pid: report.pid,
+            rss_kib: rss_kib(Path::new(&format!("/proc/{}/status", report.pid))),
+            threads: report.threads,
+            connections: report.connections,
+            in_process: false,
+        })
+    };
+    connect_and_drive(
+        socket,
+        log,
+        service.idle_connections,
+        options,
+        timing,
+        sources,
+        &probe,
+    )
 }
 
 /// Opens the idle connections, then one client per source on `log`, and drives them.
