@@ -8,14 +8,19 @@
 
 mod common;
 
+use common::cluster::{
+    append_replicated, check_ledger, check_resolutions, free_addr, nodes, open_ledger, signal,
+    status, wait_for, Node, Outcomes, Witness, LEDGER,
+};
 use common::{stela, text, Daemon};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use stela_client::{Address, Connection};
+use stela_client::{Address, Connection, Lsn, Resolution};
 use stela_proto::{Durability, Payload, RequestBody, ResponseBody};
-use stela_wal::{Codec, Wal, WalOptions};
+use stela_wal::Codec;
 
 const TYPE_TAG: &str = "failover_crash::Rec";
 type Rec = (u64, String);
@@ -27,101 +32,29 @@ fn rec(seq: u64) -> Rec {
     )
 }
 
-/// A free loopback address, as the text the processes' command lines take.
-fn free_addr() -> String {
-    stela_testkit::free_addr().to_string()
-}
-
-struct Witness(Child);
-
-impl Drop for Witness {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn witness(dir: &Path, addr: &str) -> Witness {
-    let child = Command::new(env!("CARGO_BIN_EXE_stela"))
-        .args(["witness", "--listen", addr, "--dir"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the witness");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "the witness did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Witness(child)
+    Witness::start(dir, addr, &[])
 }
 
-/// The two nodes' settings: directory, name, own and peer replication addresses.
-struct Node {
-    dir: PathBuf,
-    name: &'static str,
-    repl: String,
-    peer: String,
+/// The pair a, b, each the other's peer.
+fn pair(root: &Path) -> [Node; 2] {
+    let nodes = nodes(root, &["a", "b"]);
+    nodes
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("two names"))
 }
 
-impl Node {
-    fn start(&self, witness: &str, role: &str) -> Daemon {
-        self.start_with(witness, role, &[])
-    }
-
-    fn start_with(&self, witness: &str, role: &str, more: &[&str]) -> Daemon {
-        let coordinator = format!("tcp://{witness}");
-        let mut args = vec![
-            "--node",
-            self.name,
-            "--repl-listen",
-            &self.repl,
-            "--peer",
-            &self.peer,
-            "--coordinator",
-            &coordinator,
-            "--role",
-            role,
-            "--segment-size",
-            "256K",
-        ];
-        args.extend_from_slice(more);
-        Daemon::start(&self.dir, &args)
-    }
+/// Starts `node` with small segments and `more`.
+fn start(node: &Node, witness: &str, role: &str, more: &[&str]) -> Daemon {
+    node.start(
+        witness,
+        role,
+        &[&["--segment-size", "256K"][..], more].concat(),
+    )
 }
 
-fn status(socket: &Path) -> stela_proto::ReplicationStatus {
-    let mut connection =
-        Connection::connect_admin(&Address::Unix(socket.to_owned())).expect("connect for status");
-    match connection.request(RequestBody::Status) {
-        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
-        other => panic!("status: {other:?}"),
-    }
-}
-
-fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Opens the ledger on the daemon at `socket`; the handle and its term.
 fn open(connection: &mut Connection) -> Result<(u32, u64), stela_client::Error> {
-    match connection.request(RequestBody::Open {
-        log: "ledger".into(),
-        codec: "msgpack".into(),
-        type_tag: TYPE_TAG.into(),
-        create: true,
-        durability: None,
-        schema: None,
-    })? {
-        ResponseBody::Opened { handle, term, .. } => Ok((handle, term)),
-        other => panic!("open: {other:?}"),
-    }
+    open_ledger(connection, TYPE_TAG)
 }
 
 /// Appends records `seqs` at `replicated` one by one, recording each acknowledged one; stops at
@@ -132,47 +65,13 @@ fn append(
     seqs: std::ops::Range<u64>,
     acked: &mut BTreeMap<u64, Rec>,
 ) -> Result<(), stela_client::Error> {
-    for seq in seqs {
-        let record = rec(seq);
-        let payload = Codec::MessagePack.encode(&record).unwrap();
-        match connection.request(RequestBody::Append {
-            handle,
-            durability: Durability::Replicated,
-            records: vec![Payload(payload)],
-        })? {
-            ResponseBody::Appended { last_lsn, .. } => {
-                acked.insert(last_lsn, record);
-            }
-            other => panic!("append: {other:?}"),
-        }
-    }
-    Ok(())
+    append_replicated(connection, handle, seqs.map(rec), acked)
 }
 
 fn check(dir: &Path, acked: &BTreeMap<u64, Rec>, whose: &str) -> Vec<Rec> {
-    let wal: Wal<Rec> = Wal::open(
-        dir.join("logs").join("ledger"),
-        WalOptions::default()
-            .codec(Codec::MessagePack)
-            .type_tag(TYPE_TAG)
-            .create_if_missing(false),
-    )
-    .unwrap_or_else(|e| panic!("{whose}'s copy does not open: {e}"));
-    let mut held = Vec::new();
-    for item in wal.iter().unwrap() {
-        let (lsn, record) = item.unwrap_or_else(|e| panic!("{whose}'s copy: {e}"));
-        assert_eq!(lsn.get(), held.len() as u64 + 1, "{whose}: contiguous LSNs");
-        assert_eq!(record, rec(record.0), "{whose}: a record never sent");
-        held.push(record);
-    }
-    for (lsn, record) in acked {
-        assert_eq!(
-            held.get(*lsn as usize - 1),
-            Some(record),
-            "{whose}: LSN {lsn} was acknowledged at replicated and is not there"
-        );
-    }
-    held
+    check_ledger(dir, TYPE_TAG, acked, whose, |record| {
+        *record == rec(record.0)
+    })
 }
 
 #[test]
@@ -180,21 +79,9 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
     let root = tempfile::tempdir().unwrap();
     let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
-    let (repl_a, repl_b) = (free_addr(), free_addr());
-    let a = Node {
-        dir: root.path().join("a"),
-        name: "a",
-        repl: repl_a.clone(),
-        peer: repl_b.clone(),
-    };
-    let b = Node {
-        dir: root.path().join("b"),
-        name: "b",
-        repl: repl_b,
-        peer: repl_a,
-    };
-    let daemon_a = a.start(&witness_addr, "primary");
-    let mut daemon_b = b.start(&witness_addr, "standby");
+    let [a, b] = pair(root.path());
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
+    let mut daemon_b = start(&b, &witness_addr, "standby", &[]);
     wait_for("a to be the primary", Duration::from_secs(10), || {
         status(&daemon_a.socket()).role == "primary"
     });
@@ -268,7 +155,7 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
     );
 
     // a comes back: the witness names b, so a is b's standby and catches up.
-    let daemon_a = a.start(&witness_addr, "primary");
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
     assert_eq!(status(&daemon_a.socket()).role, "standby");
     let last = alone_through;
     wait_for("a to catch up", Duration::from_secs(10), || {
@@ -293,11 +180,7 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
     drop(client);
 
     // b (now primary) is stopped: a is promoted; b, resumed, steps down and exits 75.
-    let stop = Command::new("kill")
-        .args(["-STOP", &daemon_b.pid()])
-        .status()
-        .unwrap();
-    assert!(stop.success());
+    signal(&daemon_b, "STOP");
     wait_for("a to be promoted", Duration::from_secs(10), || {
         status(&daemon_a.socket()).role == "primary"
     });
@@ -316,7 +199,7 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
     );
     // b rejoins as a's standby; once it has acknowledged a record of a's (one appended at
     // `buffered`), a is protected again and `replicated` is acknowledged.
-    let daemon_b = b.start(&witness_addr, "primary");
+    let daemon_b = start(&b, &witness_addr, "primary", &[]);
     assert_eq!(status(&daemon_b.socket()).role, "standby");
     let mut client = Connection::connect(&Address::Unix(daemon_a.socket())).unwrap();
     let (handle, term) = open(&mut client).unwrap();
@@ -373,36 +256,57 @@ fn sigkill_and_sigstop_of_the_primary_fail_over_and_lose_no_replicated_acknowled
     );
 }
 
-/// A client given both nodes (`tcp://A,tcp://B`) keeps committing at `replicated` while its
-/// primary is stopped: the commit in flight is reported in doubt with its term and LSN, the
-/// next ones go to the promoted node in the new epoch, and `Wal::resolve` settles the doubtful
-/// one against the new primary's history, which agrees with its log.
-#[test]
-fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doubt() {
-    use stela_client::{Lsn, Resolution, Wal, WalOptions as ClientOptions};
+/// Files the answer to a `replicated` commit appended at (`term`, `lsn`). One answered
+/// `Unprotected` (on the promoted node with its old primary stopped: on it alone, and said so,
+/// issue 52, never a plain `Ok`) names that very commit.
+fn file(
+    outcomes: &mut Outcomes<Rec>,
+    answer: Result<(), stela_client::Error>,
+    term: u64,
+    lsn: Lsn,
+    record: Rec,
+) {
+    if let Err(stela_client::Error::Unprotected {
+        term: t,
+        lsn: Some(l),
+        ..
+    }) = &answer
+    {
+        assert_eq!((*t, *l), (term, lsn));
+    }
+    outcomes.file(answer, term, lsn.get(), record);
+}
+
+/// What a client reported after the failover: its last term, its commits, and each commit in
+/// doubt settled against the new primary (LSN, record, resolution).
+struct Reported {
+    last_term: u64,
+    outcomes: Outcomes<Rec>,
+    settled: Vec<(u64, Rec, Resolution)>,
+}
+
+/// The pair a (primary) and b, each with a TCP listener, and `client` on a thread of its own:
+/// it opens the ledger through both endpoints (`tcp://A,tcp://B`), sends its first term on
+/// `opened`, commits at `replicated` until `stop`, then settles what was in doubt. a is stopped
+/// under it until b is promoted; resumed, a must step down (exit 75), and b's copy must agree
+/// with every answer the client got.
+fn through_a_stopped_primary<C>(client: C) -> Reported
+where
+    C: FnOnce(String, Arc<AtomicBool>, mpsc::Sender<u64>) -> Reported + Send + 'static,
+{
     let root = tempfile::tempdir().unwrap();
     let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
-    let (repl_a, repl_b) = (free_addr(), free_addr());
     let (tcp_a, tcp_b) = (free_addr(), free_addr());
-    let a = Node {
-        dir: root.path().join("a"),
-        name: "a",
-        repl: repl_a.clone(),
-        peer: repl_b.clone(),
-    };
-    let b = Node {
-        dir: root.path().join("b"),
-        name: "b",
-        repl: repl_b,
-        peer: repl_a,
-    };
-    let mut daemon_a = a.start_with(
+    let [a, b] = pair(root.path());
+    let mut daemon_a = start(
+        &a,
         &witness_addr,
         "primary",
         &["--tcp", &tcp_a, "--tcp-insecure"],
     );
-    let daemon_b = b.start_with(
+    let daemon_b = start(
+        &b,
         &witness_addr,
         "standby",
         &["--tcp", &tcp_b, "--tcp-insecure"],
@@ -411,152 +315,118 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
         status(&daemon_a.socket()).role == "primary"
     });
     let endpoints = format!("tcp://{tcp_a},tcp://{tcp_b}");
-    let wal: Wal<Rec> = Wal::open(
-        endpoints.as_str(),
-        "ledger",
-        ClientOptions::default()
-            .type_tag(TYPE_TAG)
-            .durability(Durability::Replicated),
-    )
-    .expect("opens on the primary");
-    assert_eq!(wal.term() >> 32, 1);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let committer = {
-        let stop = std::sync::Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
-            let mut seq = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                seq += 1;
-                let record = rec(seq);
-                let lsn = match wal.append(&record) {
-                    Ok(lsn) => lsn,
-                    Err(_) => continue, // lost with its primary before it was placed
-                };
-                let term = wal.term();
-                match wal.commit_at(lsn, Durability::Replicated) {
-                    Ok(()) => acked.push((term, lsn.get(), record)),
-                    Err(stela_client::Error::InDoubt {
-                        term,
-                        lsn: Some(lsn),
-                        ..
-                    }) => doubtful.push((term, lsn.get(), record)),
-                    // On the promoted node with its old primary stopped: on it alone, and
-                    // said so (issue 52), never a plain `Ok`.
-                    Err(stela_client::Error::Unprotected {
-                        term: t,
-                        lsn: Some(l),
-                        ..
-                    }) => {
-                        assert_eq!((t, l), (term, lsn));
-                        alone.push((term, lsn.get(), record));
-                    }
-                    Err(error) => panic!("a commit failed other than in doubt: {error}"),
-                }
-            }
-            (wal, acked, doubtful, alone)
-        })
+    let stop = Arc::new(AtomicBool::new(false));
+    let (opened, opened_rx) = mpsc::channel();
+    let client = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || client(endpoints, stop, opened))
     };
+    let first_term = opened_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the client opened the log");
+    assert_eq!(first_term >> 32, 1);
     std::thread::sleep(Duration::from_millis(300));
-    let stopped = Command::new("kill")
-        .args(["-STOP", &daemon_a.pid()])
-        .status()
-        .unwrap();
-    assert!(stopped.success());
+    signal(&daemon_a, "STOP");
     wait_for("b to be promoted", Duration::from_secs(10), || {
         status(&daemon_b.socket()).role == "primary"
     });
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (wal, acked, doubtful, alone) = committer.join().unwrap();
-    assert_eq!(wal.term() >> 32, 2, "the client follows to the new epoch");
+    stop.store(true, Ordering::SeqCst);
+    let reported = client.join().unwrap();
+    assert_eq!(
+        reported.last_term >> 32,
+        2,
+        "the client follows to the new epoch"
+    );
     // b has no standby (a is stopped): nothing of epoch 2 is acknowledged `replicated`, every
-    // commit there is answered `Unprotected`.
+    // commit there is answered `Unprotected` (on b alone, and said so: issue 52).
+    let outcomes = &reported.outcomes;
     assert!(
-        acked.iter().all(|(t, _, _)| t >> 32 == 1),
+        outcomes.acked.iter().all(|(t, _, _)| t >> 32 == 1),
         "an epoch-2 commit acknowledged with no standby"
     );
     assert!(
-        alone.iter().any(|(t, _, _)| t >> 32 == 2),
+        outcomes.alone.iter().any(|(t, _, _)| t >> 32 == 2),
         "commits in the new epoch"
     );
-    // Settle the doubtful commits on the new primary.
-    let mut settled = Vec::new();
-    for (term, lsn, record) in &doubtful {
-        let outcome = wal.resolve(*term, Lsn::new(*lsn)).expect("resolve");
-        assert_ne!(
-            outcome,
-            Resolution::NotYet,
-            "an appended record is decided by now"
-        );
-        settled.push((*lsn, record.clone(), outcome));
-    }
     // The old primary, resumed, steps down.
     let exit = daemon_a.signal_and_wait("CONT");
     assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
-    drop(wal);
     daemon_b.terminate();
-    let acked_map: BTreeMap<u64, Rec> = acked.iter().map(|(_, l, r)| (*l, r.clone())).collect();
-    let held = check(&b.dir, &acked_map, "b");
-    for (lsn, record, outcome) in settled {
-        let there = held.get(lsn as usize - 1) == Some(&record);
-        assert_eq!(
-            there,
-            outcome == Resolution::Kept,
-            "LSN {lsn} resolved {outcome:?} but the log {} it",
-            if there { "holds" } else { "does not hold" }
-        );
-    }
+    let held = check(&b.dir, &outcomes.acked_by_lsn(), "b");
+    check_resolutions(&held, &reported.settled);
     eprintln!(
         "{} acknowledged, {} in doubt (resolved against the log)",
-        acked.len(),
-        doubtful.len()
+        outcomes.acked.len(),
+        reported.settled.len()
     );
+    reported
 }
 
-/// What an async committer got: acknowledged, in doubt and unprotected commits, each with
-/// the term and LSN the client knew it by.
-type Outcomes = (
-    Vec<(u64, u64, Rec)>,
-    Vec<(u64, u64, Rec)>,
-    Vec<(u64, u64, Rec)>,
-);
+/// A client given both nodes (`tcp://A,tcp://B`) keeps committing at `replicated` while its
+/// primary is stopped: the commit in flight is reported in doubt with its term and LSN, the
+/// next ones go to the promoted node in the new epoch, and `Wal::resolve` settles the doubtful
+/// one against the new primary's history, which agrees with its log.
+#[test]
+fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doubt() {
+    use stela_client::{Wal, WalOptions as ClientOptions};
+    through_a_stopped_primary(|endpoints, stop, opened| {
+        let wal: Wal<Rec> = Wal::open(
+            endpoints.as_str(),
+            LEDGER,
+            ClientOptions::default()
+                .type_tag(TYPE_TAG)
+                .durability(Durability::Replicated),
+        )
+        .expect("opens on the primary");
+        opened.send(wal.term()).unwrap();
+        let mut outcomes = Outcomes::default();
+        let mut seq = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            seq += 1;
+            let record = rec(seq);
+            let Ok(lsn) = wal.append(&record) else {
+                continue; // lost with its primary before it was placed
+            };
+            let term = wal.term();
+            let answer = wal.commit_at(lsn, Durability::Replicated);
+            file(&mut outcomes, answer, term, lsn, record);
+        }
+        let settled = outcomes
+            .doubtful
+            .iter()
+            .map(|(term, lsn, record)| {
+                let outcome = wal.resolve(*term, Lsn::new(*lsn)).expect("resolve");
+                (*lsn, record.clone(), outcome)
+            })
+            .collect();
+        Reported {
+            last_term: wal.term(),
+            outcomes,
+            settled,
+        }
+    });
+}
 
 /// Appends and commits at `replicated` records numbered `task`, `task + 4`, ... until `stop`.
 async fn commit_until(
-    wal: &stela_client::AsyncWal<Rec>,
-    stop: &std::sync::atomic::AtomicBool,
+    wal: stela_client::AsyncWal<Rec>,
+    stop: Arc<AtomicBool>,
     task: u64,
-) -> Outcomes {
-    let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+) -> Outcomes<Rec> {
+    let mut outcomes = Outcomes::default();
     let mut seq = task;
-    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+    while !stop.load(Ordering::SeqCst) {
         seq += 4;
         let record = rec(seq);
         let Ok(lsn) = wal.append(&record).await else {
             continue; // lost with its primary before it was placed
         };
         let term = wal.term();
-        match wal.commit_at(lsn, Durability::Replicated).await {
-            Ok(()) => acked.push((term, lsn.get(), record)),
-            Err(stela_client::Error::InDoubt {
-                term,
-                lsn: Some(lsn),
-                ..
-            }) => doubtful.push((term, lsn.get(), record)),
-            // On the promoted node with its old primary stopped: on it alone, and said so.
-            Err(stela_client::Error::Unprotected {
-                term: t,
-                lsn: Some(l),
-                ..
-            }) => {
-                assert_eq!((t, l), (term, lsn));
-                alone.push((term, lsn.get(), record));
-            }
-            Err(error) => panic!("a commit failed other than in doubt: {error}"),
-        }
+        let answer = wal.commit_at(lsn, Durability::Replicated).await;
+        file(&mut outcomes, answer, term, lsn, record);
     }
-    (acked, doubtful, alone)
+    outcomes
 }
 
 /// The same with `AsyncWal` (issue 55): given both nodes, it keeps committing at `replicated`
@@ -565,136 +435,49 @@ async fn commit_until(
 /// settles each doubtful one against the new primary's history, which agrees with its log.
 #[test]
 fn an_async_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doubt() {
-    use stela_client::{AsyncWal, Lsn, Resolution, WalOptions as ClientOptions};
-    let root = tempfile::tempdir().unwrap();
-    let witness_addr = free_addr();
-    let _witness = witness(&root.path().join("w"), &witness_addr);
-    let (repl_a, repl_b) = (free_addr(), free_addr());
-    let (tcp_a, tcp_b) = (free_addr(), free_addr());
-    let a = Node {
-        dir: root.path().join("a"),
-        name: "a",
-        repl: repl_a.clone(),
-        peer: repl_b.clone(),
-    };
-    let b = Node {
-        dir: root.path().join("b"),
-        name: "b",
-        repl: repl_b,
-        peer: repl_a,
-    };
-    let mut daemon_a = a.start_with(
-        &witness_addr,
-        "primary",
-        &["--tcp", &tcp_a, "--tcp-insecure"],
-    );
-    let daemon_b = b.start_with(
-        &witness_addr,
-        "standby",
-        &["--tcp", &tcp_b, "--tcp-insecure"],
-    );
-    wait_for("a to be the primary", Duration::from_secs(10), || {
-        status(&daemon_a.socket()).role == "primary"
-    });
-    let endpoints = format!("tcp://{tcp_a},tcp://{tcp_b}");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (opened, opened_rx) = std::sync::mpsc::channel();
+    use stela_client::{AsyncWal, WalOptions as ClientOptions};
     // The client runs on its own thread and runtime: committing until told to stop, then
-    // resolving what was in doubt, while this thread stops and watches the nodes.
-    let client = {
-        let stop = std::sync::Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let wal: AsyncWal<Rec> = AsyncWal::open(
-                    endpoints.as_str(),
-                    "ledger",
-                    ClientOptions::default()
-                        .type_tag(TYPE_TAG)
-                        .durability(Durability::Replicated),
-                )
-                .await
-                .expect("opens on the primary");
-                opened.send(wal.term()).unwrap();
-                // Four committers on the one connection, so that commits are in flight when
-                // the primary stops.
-                let committers: Vec<_> = (0..4u64)
-                    .map(|task| {
-                        let (wal, stop) = (wal.clone(), std::sync::Arc::clone(&stop));
-                        tokio::spawn(async move { commit_until(&wal, &stop, task).await })
-                    })
-                    .collect();
-                let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
-                for committer in committers {
-                    let (a, d, u) = committer.await.unwrap();
-                    acked.extend(a);
-                    doubtful.extend(d);
-                    alone.extend(u);
-                }
-                let mut settled = Vec::new();
-                for (term, lsn, record) in &doubtful {
-                    let outcome = wal.resolve(*term, Lsn::new(*lsn)).await.expect("resolve");
-                    settled.push((*lsn, record.clone(), outcome));
-                }
-                (wal.term(), acked, settled, alone)
-            })
+    // resolving what was in doubt, while the test's thread stops and watches the nodes.
+    let reported = through_a_stopped_primary(|endpoints, stop, opened| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let wal: AsyncWal<Rec> = AsyncWal::open(
+                endpoints.as_str(),
+                LEDGER,
+                ClientOptions::default()
+                    .type_tag(TYPE_TAG)
+                    .durability(Durability::Replicated),
+            )
+            .await
+            .expect("opens on the primary");
+            opened.send(wal.term()).unwrap();
+            // Four committers on the one connection, so that commits are in flight when the
+            // primary stops.
+            let committers: Vec<_> = (0..4u64)
+                .map(|task| tokio::spawn(commit_until(wal.clone(), Arc::clone(&stop), task)))
+                .collect();
+            let mut outcomes = Outcomes::default();
+            for committer in committers {
+                outcomes.extend(committer.await.unwrap());
+            }
+            let mut settled = Vec::new();
+            for (term, lsn, record) in &outcomes.doubtful {
+                let outcome = wal.resolve(*term, Lsn::new(*lsn)).await.expect("resolve");
+                settled.push((*lsn, record.clone(), outcome));
+            }
+            Reported {
+                last_term: wal.term(),
+                outcomes,
+                settled,
+            }
         })
-    };
-    let first_term = opened_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the client opened the log");
-    assert_eq!(first_term >> 32, 1);
-    std::thread::sleep(Duration::from_millis(300));
-    let stopped = Command::new("kill")
-        .args(["-STOP", &daemon_a.pid()])
-        .status()
-        .unwrap();
-    assert!(stopped.success());
-    wait_for("b to be promoted", Duration::from_secs(10), || {
-        status(&daemon_b.socket()).role == "primary"
     });
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (last_term, acked, settled, alone) = client.join().unwrap();
-    assert_eq!(last_term >> 32, 2, "the client follows to the new epoch");
     assert!(
-        acked.iter().all(|(t, _, _)| t >> 32 == 1),
-        "an epoch-2 commit acknowledged with no standby"
-    );
-    assert!(
-        alone.iter().any(|(t, _, _)| t >> 32 == 2),
-        "commits in the new epoch"
-    );
-    assert!(
-        !settled.is_empty(),
+        !reported.settled.is_empty(),
         "the commit waiting on the stopped primary was not reported in doubt"
-    );
-    let exit = daemon_a.signal_and_wait("CONT");
-    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
-    daemon_b.terminate();
-    let acked_map: BTreeMap<u64, Rec> = acked.iter().map(|(_, l, r)| (*l, r.clone())).collect();
-    let held = check(&b.dir, &acked_map, "b");
-    for (lsn, record, outcome) in &settled {
-        assert_ne!(
-            *outcome,
-            Resolution::NotYet,
-            "an appended record is decided by now"
-        );
-        let there = held.get(*lsn as usize - 1) == Some(record);
-        assert_eq!(
-            there,
-            *outcome == Resolution::Kept,
-            "LSN {lsn} resolved {outcome:?} but the log {} it",
-            if there { "holds" } else { "does not hold" }
-        );
-    }
-    eprintln!(
-        "{} acknowledged, {} in doubt (resolved against the log)",
-        acked.len(),
-        settled.len()
     );
 }
 
@@ -709,21 +492,9 @@ fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primar
     let witness_addr = free_addr();
     let witness_dir = root.path().join("w");
     let the_witness = witness(&witness_dir, &witness_addr);
-    let (repl_a, repl_b) = (free_addr(), free_addr());
-    let a = Node {
-        dir: root.path().join("a"),
-        name: "a",
-        repl: repl_a.clone(),
-        peer: repl_b.clone(),
-    };
-    let b = Node {
-        dir: root.path().join("b"),
-        name: "b",
-        repl: repl_b,
-        peer: repl_a,
-    };
-    let daemon_a = a.start(&witness_addr, "primary");
-    let daemon_b = b.start(&witness_addr, "standby");
+    let [a, b] = pair(root.path());
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
+    let daemon_b = start(&b, &witness_addr, "standby", &[]);
     wait_for("a to be the primary", Duration::from_secs(10), || {
         status(&daemon_a.socket()).role == "primary"
     });
@@ -739,7 +510,7 @@ fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primar
     assert_eq!(status(&daemon_b.socket()).epoch, 2);
 
     // a comes back as b's standby and takes up epoch 2 from b's stream.
-    let daemon_a = a.start(&witness_addr, "primary");
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
     wait_for("a to follow b in epoch 2", Duration::from_secs(10), || {
         let on_a = status(&daemon_a.socket());
         on_a.role == "standby" && on_a.epoch == 2 && on_a.logs.iter().any(|l| l.connected)
@@ -764,7 +535,7 @@ fn a_node_restarted_while_the_witness_is_down_is_a_standby_never_a_second_primar
     // The witness goes down; a is killed and started again with --role primary.
     drop(the_witness);
     daemon_a.kill();
-    let daemon_a = a.start(&witness_addr, "primary");
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
     let on_a = status(&daemon_a.socket());
     assert_eq!(
         (on_a.role.as_str(), on_a.epoch),
@@ -824,28 +595,18 @@ fn a_record_no_standby_holds_resolves_not_yet_and_kept_only_once_protected() {
     let root = tempfile::tempdir().unwrap();
     let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
-    let (repl_a, repl_b) = (free_addr(), free_addr());
     let (tcp_a, tcp_b) = (free_addr(), free_addr());
-    let a = Node {
-        dir: root.path().join("a"),
-        name: "a",
-        repl: repl_a.clone(),
-        peer: repl_b.clone(),
-    };
-    let b = Node {
-        dir: root.path().join("b"),
-        name: "b",
-        repl: repl_b,
-        peer: repl_a,
-    };
+    let [a, b] = pair(root.path());
     // A long suspicion, so that b stopped for a while is not replaced meanwhile.
     let slow = ["--tcp-insecure", "--suspect-after-ms", "5000"];
-    let daemon_a = a.start_with(
+    let daemon_a = start(
+        &a,
         &witness_addr,
         "primary",
         &[&["--tcp", tcp_a.as_str()][..], &slow[..]].concat(),
     );
-    let mut daemon_b = b.start_with(
+    let mut daemon_b = start(
+        &b,
         &witness_addr,
         "standby",
         &[&["--tcp", tcp_b.as_str()][..], &slow[..]].concat(),
@@ -866,11 +627,7 @@ fn a_record_no_standby_holds_resolves_not_yet_and_kept_only_once_protected() {
         let lsn = wal.append(&rec(seq)).unwrap();
         wal.commit(lsn).expect("replicated with the standby up");
     }
-    let stopped = Command::new("kill")
-        .args(["-STOP", &daemon_b.pid()])
-        .status()
-        .unwrap();
-    assert!(stopped.success());
+    signal(&daemon_b, "STOP");
     // SIGSTOP takes effect asynchronously: wait until every thread of b is stopped.
     wait_for("b to be stopped", Duration::from_secs(10), || {
         let tasks = std::fs::read_dir(format!("/proc/{}/task", daemon_b.pid())).unwrap();
@@ -888,11 +645,7 @@ fn a_record_no_standby_holds_resolves_not_yet_and_kept_only_once_protected() {
         Resolution::NotYet,
         "a record on the primary alone resolved as kept"
     );
-    let resumed = Command::new("kill")
-        .args(["-CONT", &daemon_b.pid()])
-        .status()
-        .unwrap();
-    assert!(resumed.success());
+    signal(&daemon_b, "CONT");
     wait_for(
         "the record to be protected",
         Duration::from_secs(10),

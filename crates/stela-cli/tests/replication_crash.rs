@@ -23,10 +23,11 @@ use stela_proto::frame::{self, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
 use stela_proto::{
     Durability, Payload, Request, RequestBody, Response, ResponseBody, PROTOCOL_VERSION,
 };
-use stela_wal::{Codec, Wal, WalOptions};
+use stela_wal::Codec;
 
 mod common;
 
+use common::cluster::check_ledger;
 use common::Daemon;
 
 const TYPE_TAG: &str = "replication_crash::Rec";
@@ -260,37 +261,9 @@ fn round(seed: u64, restart: bool) -> usize {
 /// The copy of the log under `dir` holds every acknowledged record at its LSN, and only records
 /// that were sent, contiguous from LSN 1.
 fn check(dir: &Path, acked: &BTreeMap<u64, Rec>, whose: &str) {
-    let wal: Wal<Rec> = Wal::open(
-        dir.join("logs").join("ledger"),
-        WalOptions::default()
-            .codec(Codec::MessagePack)
-            .type_tag(TYPE_TAG)
-            .create_if_missing(false),
-    )
-    .unwrap_or_else(|e| panic!("{whose}'s copy does not open as a log: {e}"));
-    let mut held = BTreeMap::new();
-    for item in wal.iter().unwrap() {
-        let (lsn, record) = item.unwrap_or_else(|e| panic!("{whose}'s copy: {e}"));
-        assert_eq!(
-            lsn.get(),
-            held.len() as u64 + 1,
-            "{whose}: LSNs contiguous from 1"
-        );
-        let (writer, seq, _) = record.clone();
-        assert_eq!(
-            record,
-            rec(writer, seq),
-            "{whose}: a record that was never sent"
-        );
-        held.insert(lsn.get(), record);
-    }
-    for (lsn, record) in acked {
-        assert_eq!(
-            held.get(lsn),
-            Some(record),
-            "LSN {lsn} was acknowledged at replicated but {whose} does not hold it"
-        );
-    }
+    check_ledger(dir, TYPE_TAG, acked, whose, |(writer, seq, filler)| {
+        *filler == rec(*writer, *seq).2
+    });
 }
 
 #[test]

@@ -7,16 +7,14 @@
 
 mod common;
 
+use common::cluster::{check_ledger, free_addr, nodes, status, Node, Outcomes, Witness, LEDGER};
 use common::{exit_within, stela, text, Daemon};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stela_client::{Address, Connection, Durability};
-use stela_proto::{RequestBody, ResponseBody};
-use stela_wal::{Codec, Wal, WalOptions};
+use stela_client::Durability;
 
 const TYPE_TAG: &str = "switchover::Rec";
 type Rec = (u64, String);
@@ -28,93 +26,44 @@ fn rec(seq: u64) -> Rec {
     )
 }
 
-struct Witness(Child);
-
-impl Drop for Witness {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn witness(dir: &Path, addr: &str) -> Witness {
-    let child = Command::new(env!("CARGO_BIN_EXE_stela"))
-        .args(["witness", "--listen", addr, "--dir"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the witness");
-    stela_testkit::eventually("the witness", Duration::from_secs(20), || {
-        std::net::TcpStream::connect(addr).is_ok()
-    });
-    Witness(child)
-}
-
-struct Node {
-    dir: PathBuf,
-    name: &'static str,
-    repl: String,
-    peer: String,
+/// A node of the pair and the address of its TCP listener (the client's endpoint).
+struct Member {
+    node: Node,
     tcp: String,
 }
 
-impl Node {
+impl Member {
+    /// Starts the node with its TCP listener; the nodes suspect only after 5 s, so that a
+    /// promotion here is the handover's.
     fn start(&self, witness: &str, role: &str) -> Daemon {
-        let coordinator = format!("tcp://{witness}");
-        let args = [
-            "--node",
-            self.name,
-            "--repl-listen",
-            &self.repl,
-            "--peer",
-            &self.peer,
-            "--coordinator",
-            &coordinator,
-            "--role",
-            role,
+        let more = [
             "--tcp",
             &self.tcp,
             "--tcp-insecure",
             "--suspect-after-ms",
             "5000",
         ];
-        Daemon::start(&self.dir, &args)
+        self.node.start(witness, role, &more)
     }
 }
 
 fn role(socket: &Path) -> (String, u64) {
-    let mut connection =
-        Connection::connect_admin(&Address::Unix(socket.to_owned())).expect("connect for status");
-    match connection.request(RequestBody::Status) {
-        Ok(ResponseBody::Status(report)) => {
-            let replication = report.replication.expect("a replication section");
-            (replication.role, replication.epoch)
-        }
-        other => panic!("status: {other:?}"),
-    }
+    let shown = status(socket);
+    (shown.role, shown.epoch)
 }
 
-/// What the committer got: acknowledged (term, LSN, record), in doubt, on one node alone.
-type Outcomes = (
-    Vec<(u64, u64, Rec)>,
-    Vec<(u64, u64, Rec)>,
-    Vec<(u64, u64, Rec)>,
-);
-
-fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Outcomes> {
+fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Outcomes<Rec>> {
     std::thread::spawn(move || {
         let wal: stela_client::Wal<Rec> = stela_client::Wal::open(
             endpoints.as_str(),
-            "ledger",
+            LEDGER,
             stela_client::WalOptions::default()
                 .type_tag(TYPE_TAG)
                 .durability(Durability::Replicated)
                 .reconnect_within(Duration::from_secs(30)),
         )
         .expect("opens on the primary");
-        let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+        let mut outcomes = Outcomes::default();
         let mut seq = 0u64;
         while !stop.load(Ordering::SeqCst) {
             seq += 1;
@@ -123,67 +72,31 @@ fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
                 continue; // refused while the epoch is handed over: never placed
             };
             let term = wal.term();
-            match wal.commit_at(lsn, Durability::Replicated) {
-                Ok(()) => acked.push((term, lsn.get(), record)),
-                Err(stela_client::Error::InDoubt {
-                    term,
-                    lsn: Some(lsn),
-                    ..
-                }) => doubtful.push((term, lsn.get(), record)),
-                Err(stela_client::Error::Unprotected {
-                    term,
-                    lsn: Some(lsn),
-                    ..
-                }) => alone.push((term, lsn.get(), record)),
-                Err(error) => panic!("a commit failed other than in doubt or alone: {error}"),
-            }
+            let answer = wal.commit_at(lsn, Durability::Replicated);
+            outcomes.file(answer, term, lsn.get(), record);
         }
-        (acked, doubtful, alone)
+        outcomes
     })
-}
-
-fn held(dir: &Path) -> Vec<Rec> {
-    let wal: Wal<Rec> = Wal::open(
-        dir.join("logs").join("ledger"),
-        WalOptions::default()
-            .codec(Codec::MessagePack)
-            .type_tag(TYPE_TAG)
-            .create_if_missing(false),
-    )
-    .expect("the new primary's copy opens");
-    wal.iter()
-        .unwrap()
-        .map(|item| item.expect("a record of the new primary's copy").1)
-        .collect()
 }
 
 #[test]
 fn a_switchover_hands_the_epoch_to_the_standby_and_loses_no_acknowledged_commit() {
     let root = tempfile::tempdir().unwrap();
-    let witness_addr = stela_testkit::free_addr().to_string();
-    let _witness = witness(&root.path().join("w"), &witness_addr);
-    let addr = || stela_testkit::free_addr().to_string();
-    let (repl_a, repl_b) = (addr(), addr());
-    let a = Node {
-        dir: root.path().join("a"),
-        name: "a",
-        repl: repl_a.clone(),
-        peer: repl_b.clone(),
-        tcp: addr(),
-    };
-    let b = Node {
-        dir: root.path().join("b"),
-        name: "b",
-        repl: repl_b,
-        peer: repl_a,
-        tcp: addr(),
-    };
+    let witness_addr = free_addr();
+    let _witness = Witness::start(&root.path().join("w"), &witness_addr, &[]);
+    let [a, b] = <[Node; 2]>::try_from(nodes(root.path(), &["a", "b"]))
+        .unwrap_or_else(|_| unreachable!("two names"))
+        .map(|node| Member {
+            node,
+            tcp: free_addr(),
+        });
     let mut daemon_a = a.start(&witness_addr, "primary");
     let daemon_b = b.start(&witness_addr, "standby");
     stela_testkit::eventually("a primary, b its standby", Duration::from_secs(20), || {
         role(&daemon_a.socket()).0 == "primary" && role(&daemon_b.socket()).0 == "standby"
     });
-    let (dir_a, dir_b) = (a.dir.display().to_string(), b.dir.display().to_string());
+    let (dir_a, dir_b) = (a.node.dir.display(), b.node.dir.display());
+    let (dir_a, dir_b) = (dir_a.to_string(), dir_b.to_string());
     let nodes = ["--node", dir_a.as_str(), "--node", dir_b.as_str()];
     let stop = Arc::new(AtomicBool::new(false));
     let client = committer(format!("tcp://{},tcp://{}", a.tcp, b.tcp), stop.clone());
@@ -229,7 +142,11 @@ fn a_switchover_hands_the_epoch_to_the_standby_and_loses_no_acknowledged_commit(
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
-    let (acked, doubtful, alone) = client.join().unwrap();
+    let Outcomes {
+        acked,
+        doubtful,
+        alone,
+    } = client.join().unwrap();
     let relisted = text(&stela(&[&["cluster", "list"][..], &nodes].concat()));
     assert!(
         relisted
@@ -258,15 +175,14 @@ fn a_switchover_hands_the_epoch_to_the_standby_and_loses_no_acknowledged_commit(
     );
     daemon_a.terminate();
     daemon_b.terminate();
-    let copy = held(&b.dir);
     let acked: BTreeMap<u64, Rec> = acked.into_iter().map(|(_, l, r)| (l, r)).collect();
-    for (lsn, record) in &acked {
-        assert_eq!(
-            copy.get(*lsn as usize - 1),
-            Some(record),
-            "LSN {lsn} was acknowledged at replicated and is not in the new primary's log"
-        );
-    }
+    check_ledger(
+        &b.node.dir,
+        TYPE_TAG,
+        &acked,
+        "b, the new primary",
+        |record| *record == rec(record.0),
+    );
     eprintln!(
         "{} acknowledged, {} on one node alone, none in doubt",
         acked.len(),

@@ -18,14 +18,15 @@
 
 mod common;
 
+use common::cluster::{
+    append_replicated, check_ledger, free_addr, nodes, open_ledger, signal, status, wait_for, Node,
+    Witness,
+};
 use common::Daemon;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 use stela_client::{Address, Connection};
-use stela_proto::{Durability, Payload, RequestBody, ResponseBody};
-use stela_wal::{Codec, Wal, WalOptions};
 
 const TYPE_TAG: &str = "three_nodes::Rec";
 type Rec = (u64, String);
@@ -37,107 +38,32 @@ fn rec(seq: u64) -> Rec {
     )
 }
 
-fn free_addr() -> String {
-    stela_testkit::free_addr().to_string()
-}
-
-struct Witness(Child);
-
-impl Drop for Witness {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The witness's lease and every node's suspicion: longer than the defaults, so that a
 /// promoted node on this shared, loaded test machine is not deposed for renewing late.
 const LEASE_MS: &str = "1000";
 
 fn witness(dir: &Path, addr: &str) -> Witness {
-    let child = Command::new(env!("CARGO_BIN_EXE_stela"))
-        .args(["witness", "--lease-ms", LEASE_MS, "--listen", addr, "--dir"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the witness");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "the witness did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Witness(child)
-}
-
-/// One node: directory, name, replication address, the others' replication addresses.
-struct Node {
-    dir: PathBuf,
-    name: &'static str,
-    repl: String,
-    peers: Vec<String>,
+    Witness::start(dir, addr, &["--lease-ms", LEASE_MS])
 }
 
 /// Three nodes a, b, c; each lists the others with a first, so that a node that ships to its
 /// first `--peer` only (a pair's daemon) would ship to the node the tests kill.
 fn three(root: &Path) -> [Node; 3] {
-    let repl = [free_addr(), free_addr(), free_addr()];
-    let node = |i: usize, name: &'static str| Node {
-        dir: root.join(name),
-        name,
-        repl: repl[i].clone(),
-        peers: (0..3)
-            .filter(|&j| j != i)
-            .map(|j| repl[j].clone())
-            .collect(),
-    };
-    [node(0, "a"), node(1, "b"), node(2, "c")]
+    let nodes = nodes(root, &["a", "b", "c"]);
+    nodes
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("three names"))
 }
 
-impl Node {
-    fn start(&self, witness: &str, role: &str, more: &[&str]) -> Daemon {
-        let coordinator = format!("tcp://{witness}");
-        let mut args = vec![
-            "--node",
-            self.name,
-            "--repl-listen",
-            &self.repl,
-            "--coordinator",
-            &coordinator,
-            "--role",
-            role,
-            "--replicas",
-            "1",
-            "--segment-size",
-            "256K",
-        ];
-        if !more.contains(&"--suspect-after-ms") {
-            args.extend_from_slice(&["--suspect-after-ms", LEASE_MS]);
-        }
-        for peer in &self.peers {
-            args.extend_from_slice(&["--peer", peer]);
-        }
-        args.extend_from_slice(more);
-        Daemon::start(&self.dir, &args)
+/// Starts `node` with K = 1, small segments, the witness's lease as its suspicion (unless
+/// `more` says otherwise) and `more`.
+fn start(node: &Node, witness: &str, role: &str, more: &[&str]) -> Daemon {
+    let mut args = vec!["--replicas", "1", "--segment-size", "256K"];
+    if !more.contains(&"--suspect-after-ms") {
+        args.extend_from_slice(&["--suspect-after-ms", LEASE_MS]);
     }
-}
-
-fn status(socket: &Path) -> stela_proto::ReplicationStatus {
-    let mut connection =
-        Connection::connect_admin(&Address::Unix(socket.to_owned())).expect("connect for status");
-    match connection.request(RequestBody::Status) {
-        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
-        other => panic!("status: {other:?}"),
-    }
-}
-
-fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    args.extend_from_slice(more);
+    node.start(witness, role, &args)
 }
 
 /// Whether the primary at `socket` has both standbys connected on every log.
@@ -161,17 +87,7 @@ fn a_serving(daemon_a: &Daemon) -> (Connection, u32, u64) {
 }
 
 fn open(connection: &mut Connection) -> Result<(u32, u64), stela_client::Error> {
-    match connection.request(RequestBody::Open {
-        log: "ledger".into(),
-        codec: "msgpack".into(),
-        type_tag: TYPE_TAG.into(),
-        create: true,
-        durability: None,
-        schema: None,
-    })? {
-        ResponseBody::Opened { handle, term, .. } => Ok((handle, term)),
-        other => panic!("open: {other:?}"),
-    }
+    open_ledger(connection, TYPE_TAG)
 }
 
 /// Appends `seqs` at `replicated` one by one, recording each acknowledged one; stops at the
@@ -182,54 +98,14 @@ fn append(
     seqs: std::ops::Range<u64>,
     acked: &mut BTreeMap<u64, Rec>,
 ) -> Result<(), stela_client::Error> {
-    for seq in seqs {
-        let record = rec(seq);
-        let payload = Codec::MessagePack.encode(&record).unwrap();
-        match connection.request(RequestBody::Append {
-            handle,
-            durability: Durability::Replicated,
-            records: vec![Payload(payload)],
-        })? {
-            ResponseBody::Appended { last_lsn, .. } => {
-                acked.insert(last_lsn, record);
-            }
-            other => panic!("append: {other:?}"),
-        }
-    }
-    Ok(())
+    append_replicated(connection, handle, seqs.map(rec), acked)
 }
 
 /// The node's copy of the ledger (its daemon stopped): every acknowledged record at its LSN.
 fn check(dir: &Path, acked: &BTreeMap<u64, Rec>, whose: &str) {
-    let wal: Wal<Rec> = Wal::open(
-        dir.join("logs").join("ledger"),
-        WalOptions::default()
-            .codec(Codec::MessagePack)
-            .type_tag(TYPE_TAG)
-            .create_if_missing(false),
-    )
-    .unwrap_or_else(|e| panic!("{whose}'s copy does not open: {e}"));
-    let mut held = Vec::new();
-    for item in wal.iter().unwrap() {
-        let (lsn, record) = item.unwrap_or_else(|e| panic!("{whose}'s copy: {e}"));
-        assert_eq!(lsn.get(), held.len() as u64 + 1, "{whose}: contiguous LSNs");
-        held.push(record);
-    }
-    for (lsn, record) in acked {
-        assert_eq!(
-            held.get(*lsn as usize - 1),
-            Some(record),
-            "{whose}: LSN {lsn} was acknowledged at replicated and is not there"
-        );
-    }
-}
-
-fn signal(daemon: &Daemon, signal: &str) {
-    let sent = Command::new("kill")
-        .args([&format!("-{signal}"), &daemon.pid()])
-        .status()
-        .unwrap();
-    assert!(sent.success(), "kill -{signal}");
+    check_ledger(dir, TYPE_TAG, acked, whose, |record| {
+        *record == rec(record.0)
+    });
 }
 
 #[test]
@@ -238,9 +114,9 @@ fn with_three_nodes_the_new_primary_is_protected_at_once_and_the_old_one_rejoins
     let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
     let [a, b, c] = three(root.path());
-    let daemon_a = a.start(&witness_addr, "primary", &[]);
-    let daemon_b = b.start(&witness_addr, "standby", &[]);
-    let daemon_c = c.start(&witness_addr, "standby", &[]);
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
+    let daemon_b = start(&b, &witness_addr, "standby", &[]);
+    let daemon_c = start(&c, &witness_addr, "standby", &[]);
     let (mut client, handle, term) = a_serving(&daemon_a);
     assert_eq!(term >> 32, 1);
     let writer = std::thread::spawn(move || {
@@ -302,7 +178,7 @@ fn with_three_nodes_the_new_primary_is_protected_at_once_and_the_old_one_rejoins
 
     // a comes back: the witness names the new primary, so a rejoins as a standby and catches
     // up; the primary then lists both standbys connected, each holding the last record.
-    let daemon_a = a.start(&witness_addr, "primary", &[]);
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
     assert_eq!(status(&daemon_a.socket()).role, "standby");
     wait_for("a to catch up", Duration::from_secs(15), || {
         let shown = status(&primary.socket());
@@ -329,10 +205,15 @@ fn a_standby_that_is_behind_asks_first_and_is_not_granted() {
     let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
     let [a, b, c] = three(root.path());
-    let daemon_a = a.start(&witness_addr, "primary", &[]);
+    let daemon_a = start(&a, &witness_addr, "primary", &[]);
     // b, up to date, suspects its primary only after 5 s; c, behind, after 1 s.
-    let daemon_b = b.start(&witness_addr, "standby", &["--suspect-after-ms", "5000"]);
-    let daemon_c = c.start(&witness_addr, "standby", &[]);
+    let daemon_b = start(
+        &b,
+        &witness_addr,
+        "standby",
+        &["--suspect-after-ms", "5000"],
+    );
+    let daemon_c = start(&c, &witness_addr, "standby", &[]);
     let (mut client, handle, _) = a_serving(&daemon_a);
     let mut acked = BTreeMap::new();
     append(&mut client, handle, 0..20, &mut acked).unwrap();
@@ -384,9 +265,9 @@ fn records_acknowledged_on_one_standby_survive_the_primary_and_that_standby() {
     let _witness = witness(&root.path().join("w"), &witness_addr);
     let [a, b, c] = three(root.path());
     let slow_flush = ["--flush-interval", "60s"];
-    let daemon_a = a.start(&witness_addr, "primary", &slow_flush);
-    let daemon_b = b.start(&witness_addr, "standby", &[]);
-    let daemon_c = c.start(&witness_addr, "standby", &[]);
+    let daemon_a = start(&a, &witness_addr, "primary", &slow_flush);
+    let daemon_b = start(&b, &witness_addr, "standby", &[]);
+    let daemon_c = start(&c, &witness_addr, "standby", &[]);
     let (mut client, handle, _) = a_serving(&daemon_a);
     let mut acked = BTreeMap::new();
     append(&mut client, handle, 0..5, &mut acked).unwrap();
@@ -399,8 +280,8 @@ fn records_acknowledged_on_one_standby_survive_the_primary_and_that_standby() {
     daemon_b.kill();
 
     // a and c come back: two nodes, an election (or a resumes its epoch); b stays down.
-    let daemon_a = a.start(&witness_addr, "primary", &slow_flush);
-    let daemon_c = c.start(&witness_addr, "standby", &[]);
+    let daemon_a = start(&a, &witness_addr, "primary", &slow_flush);
+    let daemon_c = start(&c, &witness_addr, "standby", &[]);
     wait_for("a or c elected", Duration::from_secs(30), || {
         status(&daemon_a.socket()).role == "primary" || status(&daemon_c.socket()).role == "primary"
     });

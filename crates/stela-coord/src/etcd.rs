@@ -150,7 +150,7 @@ impl Coordinator for EtcdCoordinator {
                 let (claim, revision) = read_claim(gateway, &holder_key)?;
                 let (answer, new) = match rules::renew(&claim, node, epoch) {
                     Ok(decided) => decided,
-                    Err(why) => return Ok(Err(CoordError::Other(why))),
+                    Err(why) => return Ok(Err(CoordError::Other(why.to_string()))),
                 };
                 if matches!(answer, Renewal::Superseded { .. }) {
                     return Ok(Ok(answer));

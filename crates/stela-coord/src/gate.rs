@@ -17,6 +17,7 @@
 use std::net::IpAddr;
 use std::time::Instant;
 use stela_proto::witness::{WitnessRequest, MAX_WITNESS_HELLO_BYTES, WITNESS_VERSION};
+use stela_proto::FrameError;
 
 /// Bounds on connections that have not yet said Hello, and on sessions.
 #[derive(Clone, Copy, Debug)]
@@ -79,29 +80,47 @@ pub enum Token {
     Wrong,
 }
 
-/// Whether a connection whose first frame is `first` is served: `Err` says why not (told to
-/// the peer and logged). `local_user`: the peer is on loopback and runs as the witness's own
-/// user or root, and such peers are trusted without a token.
-pub fn admit(first: &WitnessRequest, token: Token, local_user: bool) -> Result<(), String> {
+/// Why a connection is not served (told to the peer and logged).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "the first request must be a Hello (witness protocol {WITNESS_VERSION}); this node \
+         speaks an older protocol: upgrade it"
+    )]
+    NoHello,
+    #[error(
+        "witness protocol {version} is not spoken here (this witness speaks {WITNESS_VERSION})"
+    )]
+    Version { version: u32 },
+    #[error("wrong token")]
+    WrongToken,
+    #[error(
+        "no token, and not a loopback peer running as the witness's user (--coordinator-token-file)"
+    )]
+    NoProof,
+    #[error("{open} sessions open, the witness's limit")]
+    Sessions { open: usize },
+    #[error("the first frame must be a Hello of at most {MAX_WITNESS_HELLO_BYTES} bytes: {0}")]
+    Oversized(FrameError),
+    #[error("the first request cannot be read ({0}): is this node older than the witness?")]
+    Unreadable(FrameError),
+}
+
+/// Whether a connection whose first frame is `first` is served: `Err` says why not.
+/// `local_user`: the peer is on loopback and runs as the witness's own user or root, and such
+/// peers are trusted without a token.
+pub fn admit(first: &WitnessRequest, token: Token, local_user: bool) -> Result<(), Refusal> {
     let WitnessRequest::Hello { version, .. } = first else {
-        return Err(format!(
-            "the first request must be a Hello (witness protocol {WITNESS_VERSION}); this node \
-             speaks an older protocol: upgrade it"
-        ));
+        return Err(Refusal::NoHello);
     };
     if *version != WITNESS_VERSION {
-        return Err(format!(
-            "witness protocol {version} is not spoken here (this witness speaks {WITNESS_VERSION})"
-        ));
+        return Err(Refusal::Version { version: *version });
     }
     match (token, local_user) {
         (Token::Valid, _) => Ok(()),
-        (Token::Wrong, _) => Err("wrong token".into()),
+        (Token::Wrong, _) => Err(Refusal::WrongToken),
         (Token::None, true) => Ok(()),
-        (Token::None, false) => Err(
-            "no token, and not a loopback peer running as the witness's user (--coordinator-token-file)"
-                .into(),
-        ),
+        (Token::None, false) => Err(Refusal::NoProof),
     }
 }
 
@@ -126,15 +145,14 @@ mod tests {
         assert!(admit(&hello(WITNESS_VERSION), Token::None, true).is_ok());
         assert!(admit(&hello(WITNESS_VERSION), Token::None, false).is_err());
         assert!(admit(&hello(WITNESS_VERSION), Token::Wrong, true).is_err());
-        assert!(admit(&hello(1), Token::Valid, true)
-            .unwrap_err()
-            .contains("protocol 1"));
+        let refused = admit(&hello(1), Token::Valid, true).unwrap_err();
+        assert_eq!(refused, Refusal::Version { version: 1 });
+        assert!(refused.to_string().contains("protocol 1"));
         let renew = WitnessRequest::Current {
             cluster: "c".into(),
         };
-        assert!(admit(&renew, Token::Valid, true)
-            .unwrap_err()
-            .contains("must be a Hello"));
+        let refused = admit(&renew, Token::Valid, true).unwrap_err();
+        assert!(refused.to_string().contains("must be a Hello"), "{refused}");
     }
 
     #[test]

@@ -51,10 +51,15 @@ impl From<&Claim> for Holder {
     }
 }
 
+/// A renewal no coordinator answers: it names no epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("epoch 0 is not an epoch a primary can hold")]
+pub struct EpochZero;
+
 /// The answer to `renew(node, epoch)`, and the claim to record first if it changes.
-pub fn renew(claim: &Claim, node: &str, epoch: u64) -> Result<(Renewal, Option<Claim>), String> {
+pub fn renew(claim: &Claim, node: &str, epoch: u64) -> Result<(Renewal, Option<Claim>), EpochZero> {
     if epoch == 0 {
-        return Err("epoch 0 is not an epoch a primary can hold".into());
+        return Err(EpochZero);
     }
     let holds = claim.holder.as_deref() == Some(node);
     if epoch == claim.epoch && holds {
@@ -391,7 +396,7 @@ mod tests {
             renew(&held(1, "a"), "a", 1).unwrap(),
             (Renewal::Renewed { epoch: 1 }, None)
         );
-        assert!(renew(&Claim::default(), "a", 0).is_err());
+        assert_eq!(renew(&Claim::default(), "a", 0), Err(EpochZero));
     }
 
     #[test]

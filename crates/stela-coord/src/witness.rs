@@ -21,7 +21,7 @@
 //! File layout: `epoch` (u64 LE), holder length (u32 LE), holder (UTF-8), CRC32C of the above
 //! (u32 LE).
 
-use crate::gate::{self, Limits, Token, Waiting};
+use crate::gate::{self, Limits, Refusal, Token, Waiting};
 use crate::rules::{self, Ballot, Claim};
 use crate::{CoordError, Coordinator, Election, Grant, Holder, LogPosition, Renewal, Report};
 use std::io::{BufReader, Read, Write};
@@ -202,7 +202,7 @@ enum Heard {
     More,
     Hello(Box<WitnessRequest>),
     /// Closed, or bad bytes: drop it (with the reason to tell, if any).
-    Gone(Option<String>),
+    Gone(Option<Refusal>),
 }
 
 fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
@@ -280,19 +280,13 @@ fn read_hello(pending: &mut Pending) -> Heard {
                 pending.bytes[..header_bytes].try_into().expect("a header");
             let parsed = match frame::parse_header(header, MAX_WITNESS_HELLO_BYTES) {
                 Ok(parsed) => parsed,
-                Err(error) => {
-                    return Heard::Gone(Some(format!(
-                        "the first frame must be a Hello of at most {MAX_WITNESS_HELLO_BYTES} bytes: {error}"
-                    )))
-                }
+                Err(error) => return Heard::Gone(Some(Refusal::Oversized(error))),
             };
             want = header_bytes + parsed.body_len;
             if pending.bytes.len() == want {
                 return match frame::decode_body(parsed, &pending.bytes[header_bytes..]) {
                     Ok(hello) => Heard::Hello(Box::new(hello)),
-                    Err(error) => Heard::Gone(Some(format!(
-                        "the first request cannot be read ({error}): is this node older than the witness?"
-                    ))),
+                    Err(error) => Heard::Gone(Some(Refusal::Unreadable(error))),
                 };
             }
         }
@@ -333,7 +327,7 @@ fn greet(state: &Arc<State>, pending: Pending, hello: &WitnessRequest) {
     let mut verdict = gate::admit(hello, token, local_user);
     let sessions = state.sessions.load(Ordering::SeqCst);
     if verdict.is_ok() && sessions >= state.auth.limits.sessions {
-        verdict = Err(format!("{sessions} sessions open, the witness's limit"));
+        verdict = Err(Refusal::Sessions { open: sessions });
     }
     if let Err(why) = verdict {
         refuse(&stream, peer, &why);
@@ -344,14 +338,10 @@ fn greet(state: &Arc<State>, pending: Pending, hello: &WitnessRequest) {
     }
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
     let mut writer = &stream;
-    if send(
-        &mut writer,
-        &WitnessResponse::Welcome {
-            version: WITNESS_VERSION,
-        },
-    )
-    .is_err()
-    {
+    let welcome = WitnessResponse::Welcome {
+        version: WITNESS_VERSION,
+    };
+    if frame::write_blocking(&mut writer, &welcome).is_err() {
         return;
     }
     if let Ok(copy) = stream.try_clone() {
@@ -366,7 +356,7 @@ fn greet(state: &Arc<State>, pending: Pending, hello: &WitnessRequest) {
         .name("stela-witness-conn".into())
         .spawn(move || {
             if let Err(why) = serve(stream, &session_state) {
-                tracing::debug!(%peer, why, "witness: connection ended");
+                tracing::debug!(%peer, %why, "witness: connection ended");
             }
             session_state.sessions.fetch_sub(1, Ordering::SeqCst);
         });
@@ -377,10 +367,10 @@ fn greet(state: &Arc<State>, pending: Pending, hello: &WitnessRequest) {
 }
 
 /// Tells `peer` why it is refused (best effort, without blocking) and logs it.
-fn refuse(stream: &TcpStream, peer: SocketAddr, why: &str) {
-    tracing::warn!(%peer, why, "witness: connection refused");
+fn refuse(stream: &TcpStream, peer: SocketAddr, why: &Refusal) {
+    tracing::warn!(%peer, %why, "witness: connection refused");
     let mut writer = stream;
-    let _ = send(
+    let _ = frame::write_blocking(
         &mut writer,
         &WitnessResponse::Error {
             message: format!("refused: {why}"),
@@ -394,21 +384,36 @@ fn rustix_euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-fn serve(stream: TcpStream, state: &State) -> Result<(), String> {
+/// Why a witness connection ended or could not begin, on either side.
+#[derive(Debug, thiserror::Error)]
+enum WireError {
+    #[error(transparent)]
+    Read(#[from] frame::ReadError),
+    #[error(transparent)]
+    Write(#[from] frame::WriteError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The witness refused this node's Hello, saying why.
+    #[error("the witness {0}")]
+    Refused(String),
+    #[error("unexpected answer to the Hello: {0:?}")]
+    Unexpected(Box<WitnessResponse>),
+    #[error(
+        "no answer to the Hello ({0}): a witness older than protocol {WITNESS_VERSION} closes \
+         the connection"
+    )]
+    NoWelcome(frame::ReadError),
+}
+
+fn serve(stream: TcpStream, state: &State) -> Result<(), WireError> {
     let _ = stream.set_nodelay(true);
     // A peer that sends nothing for a minute is gone; its thread ends.
     let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
-    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     loop {
-        let request: WitnessRequest = receive(&mut reader)?;
-        let response = match request {
-            WitnessRequest::Hello { .. } => WitnessResponse::Error {
-                message: "Hello was already sent".into(),
-            },
-            request => answer(state, request),
-        };
-        send(&mut writer, &response)?;
+        let request: WitnessRequest = frame::read_blocking(&mut reader, MAX_WITNESS_FRAME_BYTES)?;
+        frame::write_blocking(&mut writer, &answer(state, request))?;
     }
 }
 
@@ -418,10 +423,28 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
     let silent = held
         .renewed
         .map_or_else(|| state.started.elapsed(), |at| at.elapsed());
-    let (response, new) = match request {
+    let (response, new) = decide(&mut held, request, silent, state.lease);
+    match new {
+        Some(new) => record(state, &mut held, new).map_or_else(|refusal| refusal, |()| response),
+        None => response,
+    }
+}
+
+/// The rules' answer to `request` and the claim to record before it is sent, if any.
+/// `silent`: how long the holder has not renewed.
+fn decide(
+    held: &mut Held,
+    request: WitnessRequest,
+    silent: Duration,
+    lease: Duration,
+) -> (WitnessResponse, Option<Claim>) {
+    match request {
         WitnessRequest::Renew { node, epoch, .. } => {
             match rules::renew(&held.claim, &node, epoch) {
-                Err(message) => return WitnessResponse::Error { message },
+                Err(refused) => {
+                    let message = refused.to_string();
+                    (WitnessResponse::Error { message }, None)
+                }
                 Ok((Renewal::Renewed { epoch }, new)) => {
                     held.renewed = Some(Instant::now());
                     (WitnessResponse::Renewed { epoch }, new)
@@ -433,79 +456,47 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
         }
         WitnessRequest::Promote {
             node, seen_epoch, ..
-        } => match rules::promote(&held.claim, &node, seen_epoch, silent, state.lease) {
-            (Grant::Granted { epoch }, new) => {
-                if new.is_some() {
-                    tracing::warn!(
-                        node,
-                        epoch,
-                        silent_ms = silent.as_millis() as u64,
-                        "witness: granting a new epoch (failover)"
-                    );
-                }
-                (WitnessResponse::Granted { epoch }, new)
+        } => {
+            let (grant, new) = rules::promote(&held.claim, &node, seen_epoch, silent, lease);
+            if let (Grant::Granted { epoch }, Some(_)) = (&grant, &new) {
+                tracing::warn!(
+                    node,
+                    epoch,
+                    silent_ms = silent.as_millis() as u64,
+                    "witness: granting a new epoch (failover)"
+                );
             }
-            (
-                Grant::Refused {
-                    epoch,
-                    holder,
-                    reason,
-                },
-                new,
-            ) => (
-                WitnessResponse::Refused {
-                    epoch,
-                    holder,
-                    reason,
-                },
-                new,
-            ),
-        },
+            (grant_response(grant), new)
+        }
         WitnessRequest::Hello { .. } => {
-            return WitnessResponse::Error {
-                message: "Hello was already sent".into(),
-            }
+            let message = "Hello was already sent".into();
+            (WitnessResponse::Error { message }, None)
         }
         WitnessRequest::HandOver {
             node, epoch, to, ..
-        } => match rules::hand_over(&held.claim, &node, epoch, &to) {
-            (Grant::Granted { epoch }, new) => {
-                if new.is_some() {
-                    tracing::warn!(
-                        from = node,
-                        to,
-                        epoch,
-                        "witness: the primary hands the next epoch over (switchover)"
-                    );
-                }
-                (WitnessResponse::Granted { epoch }, new)
+        } => {
+            let (grant, new) = rules::hand_over(&held.claim, &node, epoch, &to);
+            if let (Grant::Granted { epoch }, Some(_)) = (&grant, &new) {
+                tracing::warn!(
+                    from = node,
+                    to,
+                    epoch,
+                    "witness: the primary hands the next epoch over (switchover)"
+                );
             }
-            (
-                Grant::Refused {
-                    epoch,
-                    holder,
-                    reason,
-                },
-                new,
-            ) => (
-                WitnessResponse::Refused {
-                    epoch,
-                    holder,
-                    reason,
-                },
-                new,
-            ),
-        },
-        WitnessRequest::Current { .. } => {
-            return WitnessResponse::Current {
+            (grant_response(grant), new)
+        }
+        WitnessRequest::Current { .. } => (
+            WitnessResponse::Current {
                 epoch: held.claim.epoch,
                 holder: held.claim.holder.clone(),
-            }
-        }
+            },
+            None,
+        ),
         WitnessRequest::Ask {
             node, seen_epoch, ..
         } => {
-            let (answer, new) = rules::ask(&held.claim, &node, seen_epoch, silent, state.lease);
+            let (answer, new) = rules::ask(&held.claim, &node, seen_epoch, silent, lease);
             if let Some(new) = &new {
                 tracing::warn!(
                     node,
@@ -531,41 +522,70 @@ fn answer(state: &State, request: WitnessRequest) -> WitnessResponse {
                     .collect(),
                 prefers_primary,
             };
-            let claim = held.claim.clone();
-            let (answer, new) =
-                rules::promise(&claim, &mut held.ballot, &node, epoch, needed, &report);
-            if let Some(new) = &new {
-                tracing::warn!(epoch, holder = ?new.holder, promises = held.ballot.promises.len(),
-                    "witness: granting the epoch to the most up-to-date node that promised it (failover)");
-            }
-            (election_response(answer), new)
+            promised(held, &node, epoch, needed, &report)
         }
-    };
-    if let Some(new) = new {
-        if let Some(first) = &held.failed {
-            return WitnessResponse::Error {
-                message: format!("the witness cannot record changes since a failed write: {first}"),
-            };
-        }
-        if let Err(error) = store(&state.dir, &new) {
-            let message = format!(
-                "recording epoch {} for {:?}: {error}",
-                new.epoch, new.holder
-            );
-            tracing::error!(
-                message,
-                "witness: write failed; refusing every change until restarted"
-            );
-            held.failed = Some(message.clone());
-            return WitnessResponse::Error { message };
-        }
-        if new.holder != held.claim.holder {
-            // A new holder starts its lease now.
-            held.renewed = Some(Instant::now());
-        }
-        held.claim = new;
     }
-    response
+}
+
+/// A node's promise for `epoch` with its `report`, counted in the open election; the answer,
+/// and the claim to record if this promise decides it.
+fn promised(
+    held: &mut Held,
+    node: &str,
+    epoch: u64,
+    needed: u32,
+    report: &Report,
+) -> (WitnessResponse, Option<Claim>) {
+    let claim = held.claim.clone();
+    let (answer, new) = rules::promise(&claim, &mut held.ballot, node, epoch, needed, report);
+    if let Some(new) = &new {
+        tracing::warn!(epoch, holder = ?new.holder, promises = held.ballot.promises.len(),
+            "witness: granting the epoch to the most up-to-date node that promised it (failover)");
+    }
+    (election_response(answer), new)
+}
+
+/// Records `new` in the state file, then in memory; `Err` is the answer instead (this write
+/// failed, or an earlier one did: then every change is refused until a restart).
+fn record(state: &State, held: &mut Held, new: Claim) -> Result<(), WitnessResponse> {
+    if let Some(first) = &held.failed {
+        return Err(WitnessResponse::Error {
+            message: format!("the witness cannot record changes since a failed write: {first}"),
+        });
+    }
+    if let Err(error) = store(&state.dir, &new) {
+        let message = format!(
+            "recording epoch {} for {:?}: {error}",
+            new.epoch, new.holder
+        );
+        tracing::error!(
+            message,
+            "witness: write failed; refusing every change until restarted"
+        );
+        held.failed = Some(message.clone());
+        return Err(WitnessResponse::Error { message });
+    }
+    if new.holder != held.claim.holder {
+        // A new holder starts its lease now.
+        held.renewed = Some(Instant::now());
+    }
+    held.claim = new;
+    Ok(())
+}
+
+fn grant_response(grant: Grant) -> WitnessResponse {
+    match grant {
+        Grant::Granted { epoch } => WitnessResponse::Granted { epoch },
+        Grant::Refused {
+            epoch,
+            holder,
+            reason,
+        } => WitnessResponse::Refused {
+            epoch,
+            holder,
+            reason,
+        },
+    }
 }
 
 fn election_response(answer: Election) -> WitnessResponse {
@@ -633,22 +653,32 @@ fn encode_claim(claim: &Claim) -> Vec<u8> {
     out
 }
 
-fn decode_claim(bytes: &[u8]) -> Result<Claim, String> {
-    let (body, crc) = bytes
-        .split_last_chunk::<4>()
-        .ok_or_else(|| format!("{} bytes, too short", bytes.len()))?;
+/// Why the state file does not hold a claim.
+#[derive(Debug, thiserror::Error)]
+enum DamagedClaim {
+    #[error("{0} bytes, too short")]
+    Short(usize),
+    #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("the holder's length does not match the file")]
+    HolderLength,
+    #[error("holder: {0}")]
+    Holder(#[from] std::str::Utf8Error),
+}
+
+fn decode_claim(bytes: &[u8]) -> Result<Claim, DamagedClaim> {
+    let short = || DamagedClaim::Short(bytes.len());
+    let (body, crc) = bytes.split_last_chunk::<4>().ok_or_else(short)?;
     let (stored, computed) = (u32::from_le_bytes(*crc), crc32c::crc32c(body));
     if stored != computed {
-        return Err(format!(
-            "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
-        ));
+        return Err(DamagedClaim::Checksum { stored, computed });
     }
-    let (epoch, rest) = body.split_first_chunk::<8>().ok_or("too short")?;
-    let (len, holder) = rest.split_first_chunk::<4>().ok_or("too short")?;
+    let (epoch, rest) = body.split_first_chunk::<8>().ok_or_else(short)?;
+    let (len, holder) = rest.split_first_chunk::<4>().ok_or_else(short)?;
     if u32::from_le_bytes(*len) as usize != holder.len() {
-        return Err("the holder's length does not match the file".into());
+        return Err(DamagedClaim::HolderLength);
     }
-    let holder = std::str::from_utf8(holder).map_err(|e| format!("holder: {e}"))?;
+    let holder = std::str::from_utf8(holder)?;
     Ok(Claim {
         epoch: u64::from_le_bytes(*epoch),
         holder: (!holder.is_empty()).then(|| holder.to_owned()),
@@ -689,27 +719,6 @@ fn store(dir: &Path, claim: &Claim) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-fn send<M: serde::Serialize>(writer: &mut impl Write, message: &M) -> Result<(), String> {
-    let mut out = Vec::new();
-    frame::encode(message, &mut out).map_err(|e| e.to_string())?;
-    writer.write_all(&out).map_err(|e| e.to_string())
-}
-
-fn receive<M: serde::de::DeserializeOwned>(reader: &mut impl Read) -> Result<M, String> {
-    let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
-    reader.read_exact(&mut header).map_err(|e| e.to_string())?;
-    let parsed = frame::parse_header(header, MAX_WITNESS_FRAME_BYTES).map_err(|e| e.to_string())?;
-    let mut body = Vec::new();
-    reader
-        .take(parsed.body_len as u64)
-        .read_to_end(&mut body)
-        .map_err(|e| e.to_string())?;
-    if body.len() != parsed.body_len {
-        return Err("the peer closed the connection inside a frame".into());
-    }
-    frame::decode_body(parsed, &body).map_err(|e| e.to_string())
-}
-
 /// A node's connection to a witness. Every call is bounded by the timeout, so a dead or stopped
 /// witness never holds its caller longer; a failed call drops the connection and the next one
 /// connects again.
@@ -741,42 +750,38 @@ impl WitnessClient {
     }
 
     /// Connects and says Hello; the witness's refusal is this node's to report.
-    fn connect(&self) -> Result<(BufReader<TcpStream>, TcpStream), String> {
-        let stream =
-            TcpStream::connect_timeout(&self.addr, self.timeout).map_err(|e| e.to_string())?;
+    fn connect(&self) -> Result<(BufReader<TcpStream>, TcpStream), WireError> {
+        let stream = TcpStream::connect_timeout(&self.addr, self.timeout)?;
         let _ = stream.set_nodelay(true);
-        stream
-            .set_read_timeout(Some(self.timeout))
-            .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
-            .map_err(|e| e.to_string())?;
-        let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+        stream.set_read_timeout(Some(self.timeout))?;
+        stream.set_write_timeout(Some(self.timeout))?;
+        let mut writer = stream.try_clone()?;
         let mut reader = BufReader::new(stream);
         let hello = WitnessRequest::Hello {
             version: WITNESS_VERSION,
             token: self.token.clone(),
         };
-        send(&mut writer, &hello)?;
-        match receive::<WitnessResponse>(&mut reader) {
+        frame::write_blocking(&mut writer, &hello)?;
+        match frame::read_blocking(&mut reader, MAX_WITNESS_FRAME_BYTES) {
             Ok(WitnessResponse::Welcome { .. }) => Ok((reader, writer)),
-            Ok(WitnessResponse::Error { message }) => Err(format!("the witness {message}")),
-            Ok(other) => Err(format!("unexpected answer to the Hello: {other:?}")),
-            Err(why) => Err(format!(
-                "no answer to the Hello ({why}): a witness older than protocol {WITNESS_VERSION} closes the connection"
-            )),
+            Ok(WitnessResponse::Error { message }) => Err(WireError::Refused(message)),
+            Ok(other) => Err(WireError::Unexpected(Box::new(other))),
+            Err(why) => Err(WireError::NoWelcome(why)),
         }
     }
 
     fn call(&self, request: &WitnessRequest) -> Result<WitnessResponse, CoordError> {
         let mut connection = self.connection.lock().unwrap_or_else(|e| e.into_inner());
         let unreachable =
-            |why: String| CoordError::Unreachable(format!("witness {}: {why}", self.addr));
-        if connection.is_none() {
-            *connection = Some(self.connect().map_err(unreachable)?);
-        }
-        let Some((reader, writer)) = connection.as_mut() else {
-            return Err(unreachable("no connection".into()));
+            |why: WireError| CoordError::Unreachable(format!("witness {}: {why}", self.addr));
+        let open = match connection.take() {
+            Some(open) => open,
+            None => self.connect().map_err(unreachable)?,
         };
-        let result = send(writer, request).and_then(|()| receive::<WitnessResponse>(reader));
+        let (reader, writer) = connection.insert(open);
+        let result = frame::write_blocking(writer, request)
+            .map_err(WireError::from)
+            .and_then(|()| Ok(frame::read_blocking(reader, MAX_WITNESS_FRAME_BYTES)?));
         match result {
             Ok(WitnessResponse::Error { message }) => Err(CoordError::Other(message)),
             Ok(response) => Ok(response),
@@ -910,7 +915,10 @@ mod tests {
             holder: Some("b".into()),
         });
         bytes[0] ^= 1;
-        assert!(decode_claim(&bytes).unwrap_err().contains("checksum"));
+        assert!(matches!(
+            decode_claim(&bytes),
+            Err(DamagedClaim::Checksum { .. })
+        ));
         assert!(decode_claim(&[1, 2]).is_err());
     }
 }

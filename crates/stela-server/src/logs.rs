@@ -131,43 +131,66 @@ impl Logs {
         let codec = Codec::from_name(codec_name)
             .ok_or_else(|| Error::UnknownCodec(codec_name.to_owned()))?;
         let _opening = lock(&self.opening);
-        {
-            let mut table = lock(&self.table);
-            if let Some(&id) = table.by_name.get(name) {
-                let (entry, handles) = table.by_id.get_mut(&id).expect("named logs are listed");
-                if entry.codec != codec
-                    || !TypeTag::new(&entry.type_tag).names_same_type(&TypeTag::new(type_tag))
-                {
-                    return Err(Error::Mismatch {
-                        name: name.to_owned(),
-                        open: entry.codec,
-                        open_type: entry.type_tag.clone(),
-                        asked: codec,
-                        asked_type: type_tag.to_owned(),
-                    });
-                }
-                *handles += 1;
-                return Ok(Arc::clone(entry));
-            }
+        if let Some(entry) = self.open_again(name, codec, type_tag)? {
+            return Ok(entry);
         }
+        let (files, segment_bytes) = self.open_files(name, codec, type_tag, create, owner)?;
+        tracing::info!(log = name, codec = %codec, type_tag, next_lsn = files.next_lsn.get(), "log opened");
+        Ok(self.register(pool, name, codec, type_tag, files, segment_bytes))
+    }
+
+    /// One more handle on `name` if it is open already, with the codec and record type it was
+    /// opened with; a different one is refused. Called under `opening`.
+    fn open_again(
+        &self,
+        name: &str,
+        codec: Codec,
+        type_tag: &str,
+    ) -> Result<Option<Arc<LogEntry>>> {
+        let mut table = lock(&self.table);
+        let Some(&id) = table.by_name.get(name) else {
+            return Ok(None);
+        };
+        let (entry, handles) = table.by_id.get_mut(&id).expect("named logs are listed");
+        if entry.codec != codec
+            || !TypeTag::new(&entry.type_tag).names_same_type(&TypeTag::new(type_tag))
+        {
+            return Err(Error::Mismatch {
+                name: name.to_owned(),
+                open: entry.codec,
+                open_type: entry.type_tag.clone(),
+                asked: codec,
+                asked_type: type_tag.to_owned(),
+            });
+        }
+        *handles += 1;
+        Ok(Some(Arc::clone(entry)))
+    }
+
+    /// Opens (recovers) or creates the files of the log `name`, with segments fitted to the
+    /// free space; returns its files and that segment size. A log it creates
+    /// belongs to `owner` (recorded in its `OWNER` file, after the quota allowed it); a creation
+    /// that fails leaves nothing behind.
+    fn open_files(
+        &self,
+        name: &str,
+        codec: Codec,
+        type_tag: &str,
+        create: bool,
+        owner: Option<&Credential>,
+    ) -> Result<(LogFiles, u64)> {
         let dir = self.dir.join(name);
         refuse_link(name, &dir)?;
         let exists = self.storage.list(&dir).is_ok_and(|names| !names.is_empty());
         if !exists && !create {
             return Err(Error::NoSuchLog(name.to_owned()));
         }
-        if let (false, Some(owner)) = (exists, owner) {
+        // Only a creation is charged: reopening a log someone holds already is not.
+        let creator = if exists { None } else { owner };
+        if let Some(owner) = creator {
             self.quotas.may_create(owner)?;
         }
-        let segment_bytes = fit_segment_bytes(self.segment_bytes, measure::free_bytes(&self.dir));
-        if segment_bytes < self.segment_bytes {
-            tracing::warn!(
-                log = name,
-                segment_bytes,
-                configured = self.segment_bytes,
-                "little free space: this log's new segments are smaller than configured"
-            );
-        }
+        let segment_bytes = self.fitted_segment_bytes(name);
         let options = WalOptions::default()
             .codec(codec)
             .segment_bytes(segment_bytes)
@@ -185,7 +208,7 @@ impl Logs {
                 });
             }
         };
-        if let (false, Some(owner)) = (exists, owner) {
+        if let Some(owner) = creator {
             if let Err(source) = self
                 .quotas
                 .record_owner(self.storage.as_ref(), &dir, name, owner)
@@ -198,10 +221,38 @@ impl Logs {
                 });
             }
         }
-        tracing::info!(log = name, codec = %codec, type_tag, next_lsn = files.next_lsn.get(), "log opened");
+        Ok((files, segment_bytes))
+    }
+
+    /// The segment size for the new segments of `name`: the configured one, or less when the
+    /// file system is nearly full (said in a warning).
+    fn fitted_segment_bytes(&self, name: &str) -> u64 {
+        let segment_bytes = fit_segment_bytes(self.segment_bytes, measure::free_bytes(&self.dir));
+        if segment_bytes < self.segment_bytes {
+            tracing::warn!(
+                log = name,
+                segment_bytes,
+                configured = self.segment_bytes,
+                "little free space: this log's new segments are smaller than configured"
+            );
+        }
+        segment_bytes
+    }
+
+    /// Enters the log whose files were just opened into `pool` and the table (one handle), and
+    /// into the quotas' count of bytes held when quotas are on.
+    fn register<W>(
+        &self,
+        pool: &Pool<W>,
+        name: &str,
+        codec: Codec,
+        type_tag: &str,
+        files: LogFiles,
+        segment_bytes: u64,
+    ) -> Arc<LogEntry> {
         let records_bytes = self.quotas.limits().any().then(|| {
             // The sealed segments whole, the newest up to where the next frame goes.
-            crate::quota::files_bytes(self.storage.as_ref(), &dir)
+            crate::quota::files_bytes(self.storage.as_ref(), &self.dir.join(name))
                 .saturating_sub(files.writer.capacity())
                 + files.write_offset
         });
@@ -225,9 +276,13 @@ impl Logs {
             self.quotas.opened(id, name, bytes);
         }
         let mut table = lock(&self.table);
+        debug_assert!(
+            !table.by_name.contains_key(name),
+            "a log is open at most once"
+        );
         table.by_id.insert(id, (Arc::clone(&entry), 1));
         table.by_name.insert(name.to_owned(), id);
-        Ok(entry)
+        entry
     }
 
     /// A creation that failed (a full disk, say) leaves nothing behind (issue 54, finding 6:

@@ -63,7 +63,8 @@ pub(crate) const LOOP_PRIORITY_WINDOW: std::time::Duration = std::time::Duration
 /// for, but the committers, woken together when their round completes, must all run before the
 /// next round can cover them; on two CPUs they then get one. A lone committer competes with
 /// nobody, and its commit waits for every hop through the loop, so it keeps the realtime loop.
-/// Measured on the 2-vCPU machine, sides taking turns (`bench/results/commit-loop-priority.txt`):
+/// Measured on the 2-vCPU machine, sides taking turns (the loop-priority block of
+/// `bench/results/commit-changes.txt`):
 /// `disk` commits against the embedded group commit at 16 clients 0.88-1.07 with this policy,
 /// 0.80-0.92 with the loop always realtime, at 64 clients 0.83-0.94 against 0.75-0.89;
 /// `replicated` commits of 16 clients 103-107k/s against 35-41k/s. Never realtime,

@@ -223,7 +223,7 @@ impl SegmentWriter {
     /// last zeros, up to `zero_ahead` past the data (or the capacity); the caller's next sync
     /// makes them durable with its data, and later fdatasyncs find the blocks written (the
     /// saving PostgreSQL gets from filling its WAL segments with zeros, `wal_init_zero`;
-    /// figures in `bench/results/zero-ahead.txt`). A failure is a failed write like any
+    /// figures in `bench/results/commit-changes.txt`). A failure is a failed write like any
     /// other: the writer stops.
     fn zero_ahead(&mut self) -> Result<()> {
         static ZEROS: [u8; 64 << 10] = [0; 64 << 10];

@@ -74,15 +74,17 @@ pub enum Resolution {
 
 /// The calls the client loop makes on an open log.
 pub trait ReplicatedLog {
+    /// Why an open, an append or a resolution failed (written into the run's events).
+    type Error: std::fmt::Display;
     /// Appends one record; its LSN.
-    fn append(&mut self, record: &Rec) -> Result<u64, String>;
+    fn append(&mut self, record: &Rec) -> Result<u64, Self::Error>;
     /// Waits until every record up to `lsn` is held by the standby too (one answer: the loop
     /// asks again after [`CommitError::Unprotected`]).
     fn commit_replicated(&mut self, lsn: u64) -> Result<(), CommitError>;
     /// The term the node serves this log in.
     fn term(&self) -> u64;
     /// Settles a commit in doubt at (`term`, `lsn`).
-    fn resolve(&mut self, term: u64, lsn: u64) -> Result<Resolution, String>;
+    fn resolve(&mut self, term: u64, lsn: u64) -> Result<Resolution, Self::Error>;
 }
 
 /// A commit in doubt, waiting to be settled.
@@ -119,7 +121,7 @@ const REOPEN_PAUSE: Duration = Duration::from_millis(10);
 /// # Errors
 /// Only writing to `out` (the run reading it has gone).
 pub fn client_loop<L: ReplicatedLog>(
-    mut open: impl FnMut() -> Result<L, String>,
+    mut open: impl FnMut() -> Result<L, L::Error>,
     record_bytes: usize,
     stop: &AtomicBool,
     out: &mut dyn Write,
@@ -148,7 +150,7 @@ pub fn client_loop<L: ReplicatedLog>(
                     emit(Event::Failed {
                         t_ms: mono_ms(),
                         during: "open".into(),
-                        error,
+                        error: error.to_string(),
                     })?;
                     std::thread::sleep(REOPEN_PAUSE);
                 }
@@ -161,7 +163,7 @@ pub fn client_loop<L: ReplicatedLog>(
                 emit(Event::Failed {
                     t_ms: mono_ms(),
                     during: "resolve".into(),
-                    error,
+                    error: error.to_string(),
                 })?;
                 log = None;
                 continue;
@@ -174,7 +176,7 @@ pub fn client_loop<L: ReplicatedLog>(
                 emit(Event::Failed {
                     t_ms: mono_ms(),
                     during: "append".into(),
-                    error,
+                    error: error.to_string(),
                 })?;
                 log = None;
                 continue;
@@ -250,11 +252,12 @@ pub fn client_loop<L: ReplicatedLog>(
         if log.is_none() {
             log = open().ok();
         }
-        let outcome = match log.as_mut() {
-            Some(current) => resolve_pending(current, &mut pending, &mut tally, &mut emit)?,
-            None => Err("no node opens the log".into()),
+        // No node opens the log, or the one that did failed: open again.
+        let settled = match log.as_mut() {
+            Some(current) => resolve_pending(current, &mut pending, &mut tally, &mut emit)?.is_ok(),
+            None => false,
         };
-        if outcome.is_err() {
+        if !settled {
             log = None;
         }
         if !pending.is_empty() {
@@ -272,7 +275,7 @@ fn resolve_pending<L: ReplicatedLog>(
     pending: &mut Vec<Pending>,
     tally: &mut Tally,
     emit: &mut impl FnMut(Event) -> std::io::Result<()>,
-) -> std::io::Result<Result<(), String>> {
+) -> std::io::Result<Result<(), L::Error>> {
     let mut still = Vec::new();
     let mut failure = None;
     for p in pending.drain(..) {
@@ -372,25 +375,22 @@ mod daemon {
     impl DaemonLog {
         /// Opens the log on whichever node of `address` takes it. The client library's own
         /// reconnection is off: the loop reopens, and says so in its events.
-        pub fn open(address: &Address, args: &ClientArgs) -> Result<DaemonLog, String> {
+        pub fn open(address: &Address, args: &ClientArgs) -> Result<DaemonLog, Error> {
             let options = WalOptions::default()
                 .durability(Durability::Replicated)
                 .type_tag(super::super::events::TYPE_TAG)
                 .transport(Transport::Socket)
                 .reconnect_within(Duration::ZERO)
                 .probe_after(Duration::from_millis(args.probe_after_ms));
-            Wal::open(address.clone(), &args.log, options)
-                .map(DaemonLog)
-                .map_err(|e| e.to_string())
+            Wal::open(address.clone(), &args.log, options).map(DaemonLog)
         }
     }
 
     impl ReplicatedLog for DaemonLog {
-        fn append(&mut self, record: &Rec) -> Result<u64, String> {
-            self.0
-                .append(record)
-                .map(Lsn::get)
-                .map_err(|e| e.to_string())
+        type Error = Error;
+
+        fn append(&mut self, record: &Rec) -> Result<u64, Error> {
+            self.0.append(record).map(Lsn::get)
         }
 
         /// `Ok` only once a standby holds the record: a commit the primary answers without one
@@ -418,13 +418,12 @@ mod daemon {
             self.0.term()
         }
 
-        fn resolve(&mut self, term: u64, lsn: u64) -> Result<Resolution, String> {
-            match self.0.resolve(term, Lsn::new(lsn)) {
-                Ok(stela_client::Resolution::Kept) => Ok(Resolution::Kept),
-                Ok(stela_client::Resolution::Lost) => Ok(Resolution::Lost),
-                Ok(stela_client::Resolution::NotYet) => Ok(Resolution::NotYet),
-                Err(e) => Err(e.to_string()),
-            }
+        fn resolve(&mut self, term: u64, lsn: u64) -> Result<Resolution, Error> {
+            Ok(match self.0.resolve(term, Lsn::new(lsn))? {
+                stela_client::Resolution::Kept => Resolution::Kept,
+                stela_client::Resolution::Lost => Resolution::Lost,
+                stela_client::Resolution::NotYet => Resolution::NotYet,
+            })
         }
     }
 }
@@ -458,8 +457,20 @@ mod tests {
         acks: u64,
     }
 
+    /// The only failure the script plays: an open refused.
+    #[derive(Debug)]
+    struct Refused;
+
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("connection refused")
+        }
+    }
+
     impl ReplicatedLog for Scripted<'_> {
-        fn append(&mut self, record: &Rec) -> Result<u64, String> {
+        type Error = Refused;
+
+        fn append(&mut self, record: &Rec) -> Result<u64, Refused> {
             assert!(super::super::events::genuine(record));
             let mut s = self.script.borrow_mut();
             s.next_lsn += 1;
@@ -479,7 +490,7 @@ mod tests {
         fn term(&self) -> u64 {
             self.term
         }
-        fn resolve(&mut self, _term: u64, lsn: u64) -> Result<Resolution, String> {
+        fn resolve(&mut self, _term: u64, lsn: u64) -> Result<Resolution, Refused> {
             let mut s = self.script.borrow_mut();
             if s.not_yet > 0 {
                 s.not_yet -= 1;
@@ -522,7 +533,7 @@ mod tests {
                 let mut s = script.borrow_mut();
                 if s.next_lsn >= 2 && s.failed_opens > 0 {
                     s.failed_opens -= 1;
-                    return Err("connection refused".into());
+                    return Err(Refused);
                 }
                 // Every open lands on a node of a newer epoch than the one before.
                 let term = s.term;

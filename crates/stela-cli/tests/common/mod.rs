@@ -2,6 +2,7 @@
 //! a `stela serve` daemon process to start, signal and kill.
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod cluster;
 pub mod postgres;
 pub mod raw;
 
