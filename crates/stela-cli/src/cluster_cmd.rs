@@ -27,14 +27,17 @@ pub enum ClusterCommand {
     },
     /// Hand the primary's epoch to a standby: planned, nothing acknowledged lost.
     ///
-    /// The primary refuses appends, waits until its standby holds every record, hands the next
-    /// epoch to it through the coordinator and steps down (exit 75: restarted, it rejoins as
-    /// the standby); the standby takes the epoch at once. See docs/DAEMON.md, "Switchover".
+    /// The primary refuses appends, waits until the chosen standby holds every record, hands
+    /// the next epoch to it through the coordinator and steps down (exit 75: restarted, it
+    /// rejoins as a standby); the standby takes the epoch at once, and any other standby
+    /// follows it. A standby that is down does not hold the switchover up unless it is the one
+    /// chosen. See docs/DAEMON.md, "Switchover".
     Switchover {
         /// A node: its directory, its socket, or tcp://HOST:PORT (once per node).
         #[arg(long = "node", value_name = "NODE", required = true)]
         nodes: Vec<String>,
-        /// The node (its --node name) to hand the epoch to [default: the only standby].
+        /// The node (its --node name) to hand the epoch to [default: the standby that answers
+        /// holding the most records].
         #[arg(long, value_name = "NAME")]
         to: Option<String>,
         /// How long the primary waits for the standby to hold every record before it gives up
@@ -112,6 +115,19 @@ pub fn run(command: ClusterCommand, out: &mut dyn Write) -> anyhow::Result<()> {
             switchover(&nodes, to.as_deref(), within.get(), out)
         }
     }
+}
+
+/// The records a standby says it holds, over its logs (how a switchover without `--to` picks
+/// the most caught-up one; the primary still waits until it holds every record).
+fn received_records(seen: &Seen) -> u64 {
+    let logs = seen
+        .status
+        .as_ref()
+        .ok()
+        .and_then(|r| r.replication.as_ref())
+        .map(|r| r.logs.as_slice())
+        .unwrap_or_default();
+    logs.iter().map(|l| l.received_lsn).sum()
 }
 
 /// The most records any standby of this primary lacks, over its logs.
@@ -203,10 +219,10 @@ fn switchover(
             .iter()
             .find(|n| n.name() == Some(name))
             .with_context(|| format!("--to {name}: no standby of that name among the nodes"))?,
-        None => match standbys.as_slice() {
-            [only] => only,
-            _ => bail!("{} standbys answer: name one with --to", standbys.len()),
-        },
+        None => standbys
+            .iter()
+            .max_by_key(|n| received_records(n))
+            .context("no standby answers: start one, or name one with --to")?,
     };
     let to = target
         .name()
