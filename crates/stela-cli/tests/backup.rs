@@ -272,3 +272,62 @@ fn a_damaged_backup_is_refused_before_anything_is_written() {
     assert_eq!(present[&100], "order 99");
     daemon.terminate();
 }
+
+/// `--max-rate` (a size per second, bytesize's syntax): the backup reads the daemon's files no
+/// faster than the limit on average (its time is at least what it read over the rate; the limit
+/// holds by sleeping, so a slow machine cannot make this fail) and is complete and verified. A
+/// rate that is not a size is refused as a usage error.
+#[test]
+fn a_rate_limited_backup_reads_no_faster_than_its_limit_and_is_whole() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("d");
+    let daemon = Daemon::start(&dir, &["--segment-size", "1MiB"]);
+    let wal: Wal<String> = Wal::open(daemon.socket(), "orders", WalOptions::default()).unwrap();
+    let mut last = Lsn::new(0);
+    for i in 0..3000 {
+        last = wal
+            .append(&format!("order {i} {}", "o".repeat(1000)))
+            .unwrap();
+    }
+    wal.commit_at(last, Durability::Disk).unwrap();
+    let backup = base.path().join("backup");
+    const RATE: u64 = 8 << 20;
+    let made = stela(&[
+        "backup",
+        "--dir",
+        daemon.dir_arg(),
+        "--to",
+        backup.to_str().unwrap(),
+        "--max-rate",
+        "8MiB/s",
+        "--json",
+    ]);
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    let totals: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
+    let (read, seconds) = (
+        totals["read_bytes"].as_u64().unwrap(),
+        totals["seconds"].as_f64().unwrap(),
+    );
+    assert!(read > 3_000_000, "read only {read} bytes");
+    assert!(
+        seconds >= read as f64 / RATE as f64 * 0.999,
+        "{read} bytes read in {seconds} s: faster than 8 MiB/s"
+    );
+    let logs = totals["manifest"]["logs"].as_array().unwrap();
+    assert_eq!(logs[0]["last_lsn"].as_u64(), Some(last.get()), "{totals}");
+    let checked = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
+    assert_eq!(checked.status.code(), Some(0), "{}", text(&checked));
+
+    let bad = stela(&[
+        "backup",
+        "--dir",
+        daemon.dir_arg(),
+        "--to",
+        base.path().join("other").to_str().unwrap(),
+        "--max-rate",
+        "fast",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    drop(wal);
+    daemon.terminate();
+}
