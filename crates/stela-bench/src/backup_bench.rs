@@ -4,11 +4,12 @@
 //! A daemon runs in this process on a fresh directory; one client fills a log with `--fill`
 //! of 4 KiB records (buffered, then one `disk` commit), then `--clients` clients commit
 //! `--record-bytes` records at `disk` to a second log until the end. Each repeat takes a backup
-//! (`stela::backup::backup`, the code `stela backup` runs) into a new directory, checks it as
-//! `stela restore --check` does, and measures a window of the same length without a backup;
-//! which comes first alternates. Reported per repeat: seconds, bytes read and written (the
+//! (`stela::backup::backup`, the code `stela backup` runs) without a rate limit and one at
+//! `--max-rate`, each into a new directory and checked as `stela restore --check` does, and
+//! measures a window without a backup as long as the unlimited one; the three take turns
+//! (their order rotates each repeat). Reported per repeat: seconds, bytes read and written (the
 //! copies' holes excluded), the backup directory's blocks on disk, and the clients' commits/s
-//! and p99 commit latency inside and outside the backup. Medians at the end.
+//! and p99 commit latency during each backup and outside. Medians at the end.
 
 use anyhow::Context;
 use std::io::Write;
@@ -35,17 +36,26 @@ pub struct BackupBenchArgs {
     /// Where the daemon's directory and the backups go [default: a temporary directory].
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// The rate limit of the limited backups (`stela backup --max-rate`).
+    #[arg(long, default_value = "32MiB", value_parser = stela::units::parse_rate)]
+    pub max_rate: stela::units::Size,
 }
 
 /// One commit: when it returned and how long it took.
 type Samples = Arc<Mutex<Vec<(Instant, Duration)>>>;
 
-struct Row {
+/// One backup: its totals and what the clients did meanwhile.
+struct Taken {
     seconds: f64,
     read: u64,
     written: u64,
     on_disk: u64,
     during: Window,
+}
+
+struct Row {
+    unlimited: Taken,
+    limited: Taken,
     outside: Window,
 }
 
@@ -73,36 +83,38 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .map(|_| commit_loop(&socket, args.record_bytes, stop.clone(), samples.clone()))
         .collect();
     std::thread::sleep(Duration::from_secs(1));
-    let (mut rows, mut last) = (Vec::new(), Duration::from_secs(2));
+    let address = Address::Unix(socket.clone());
+    let mut rows = Vec::new();
+    let mut quiet_length = Duration::from_secs(2);
     for repeat in 0..args.repeats {
-        let backup_first = repeat % 2 == 0;
-        let quiet = |length: Duration| {
-            let start = Instant::now();
-            std::thread::sleep(length);
-            (start, Instant::now())
-        };
-        let outside = if backup_first {
-            None
-        } else {
-            Some(quiet(last))
-        };
-        let to = base.path().join(format!("backup-{repeat}"));
-        let start = Instant::now();
-        let report = stela::backup::backup(&dir, &Address::Unix(socket.clone()), &to)?;
-        let during = (start, Instant::now());
-        stela::backup::check(&to).context("the backup just taken does not check")?;
-        let on_disk = blocks_bytes(&to)?;
-        std::fs::remove_dir_all(&to)?;
-        last = report.elapsed;
-        let outside = outside.unwrap_or_else(|| quiet(last));
-        let samples = samples.lock().unwrap().clone();
+        let (mut unlimited, mut limited, mut outside) = (None, None, None);
+        // Each repeat starts its rotation one place further: every side comes first once in
+        // three repeats.
+        for turn in 0..3 {
+            match (repeat + turn) % 3 {
+                0 => {
+                    let taken =
+                        take_backup(&dir, &address, &base.path().join("b"), None, &samples)?;
+                    quiet_length = Duration::from_secs_f64(taken.seconds);
+                    unlimited = Some(taken);
+                }
+                1 => {
+                    let rate = Some(args.max_rate.get());
+                    let to = base.path().join("b");
+                    limited = Some(take_backup(&dir, &address, &to, rate, &samples)?);
+                }
+                _ => {
+                    let start = Instant::now();
+                    std::thread::sleep(quiet_length);
+                    let samples = samples.lock().unwrap().clone();
+                    outside = Some(window(&samples, (start, Instant::now())));
+                }
+            }
+        }
         rows.push(Row {
-            seconds: report.elapsed.as_secs_f64(),
-            read: report.read,
-            written: report.written,
-            on_disk,
-            during: window(&samples, during),
-            outside: window(&samples, outside),
+            unlimited: unlimited.expect("taken in the rotation"),
+            limited: limited.expect("taken in the rotation"),
+            outside: outside.expect("measured in the rotation"),
         });
     }
     stop.store(true, Ordering::Relaxed);
@@ -111,6 +123,31 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     server.shutdown().context("stop the daemon")?;
     print_rows(args, &rows, out)
+}
+
+/// One backup into `to` at `max_rate`, checked and removed: its totals and the clients' window
+/// during it.
+fn take_backup(
+    dir: &Path,
+    address: &Address,
+    to: &Path,
+    max_rate: Option<u64>,
+    samples: &Samples,
+) -> anyhow::Result<Taken> {
+    let start = Instant::now();
+    let report = stela::backup::backup(dir, address, to, max_rate)?;
+    let end = Instant::now();
+    stela::backup::check(to).context("the backup just taken does not check")?;
+    let on_disk = blocks_bytes(to)?;
+    std::fs::remove_dir_all(to)?;
+    let samples = samples.lock().unwrap().clone();
+    Ok(Taken {
+        seconds: report.elapsed.as_secs_f64(),
+        read: report.read,
+        written: report.written,
+        on_disk,
+        during: window(&samples, (start, end)),
+    })
 }
 
 /// One client writes `mib` MiB of 4 KiB records into the log `filled`, then commits at `disk`.
@@ -191,48 +228,55 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn print_rows(args: &BackupBenchArgs, rows: &[Row], out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(
         out,
-        "stela-bench backup: {} clients committing {} B records at disk, a {} MiB log filled first",
-        args.clients, args.record_bytes, args.fill_mib
+        "stela-bench backup: {} clients committing {} B records at disk, a {} MiB log filled first; limited backups at {} B/s",
+        args.clients, args.record_bytes, args.fill_mib, args.max_rate.get()
     )?;
     writeln!(
         out,
-        "{:>6} {:>8} {:>12} {:>12} {:>12} {:>9} {:>13} {:>13} {:>11} {:>11}",
+        "{:>6} {:>9} {:>8} {:>12} {:>12} {:>12} {:>9} {:>13} {:>11}",
         "repeat",
+        "backup",
         "seconds",
         "read B",
         "written B",
         "on disk B",
         "MiB/s",
-        "commits/s in",
-        "commits/s out",
-        "p99 us in",
-        "p99 us out"
+        "commits/s",
+        "p99 us"
     )?;
     for (repeat, row) in rows.iter().enumerate() {
+        for (side, taken) in [("unlimited", &row.unlimited), ("limited", &row.limited)] {
+            writeln!(
+                out,
+                "{:>6} {:>9} {:>8.2} {:>12} {:>12} {:>12} {:>9.0} {:>13.0} {:>11}",
+                repeat,
+                side,
+                taken.seconds,
+                taken.read,
+                taken.written,
+                taken.on_disk,
+                taken.read as f64 / (1 << 20) as f64 / taken.seconds.max(1e-9),
+                taken.during.commits_per_s,
+                taken.during.p99_us
+            )?;
+        }
         writeln!(
             out,
-            "{:>6} {:>8.2} {:>12} {:>12} {:>12} {:>9.0} {:>13.0} {:>13.0} {:>11} {:>11}",
-            repeat,
-            row.seconds,
-            row.read,
-            row.written,
-            row.on_disk,
-            row.read as f64 / (1 << 20) as f64 / row.seconds.max(1e-9),
-            row.during.commits_per_s,
-            row.outside.commits_per_s,
-            row.during.p99_us,
-            row.outside.p99_us
+            "{:>6} {:>9} {:>8} {:>12} {:>12} {:>12} {:>9} {:>13.0} {:>11}",
+            repeat, "none", "-", "-", "-", "-", "-", row.outside.commits_per_s, row.outside.p99_us
         )?;
     }
     let of = |f: fn(&Row) -> f64| median(rows.iter().map(f).collect());
     writeln!(
         out,
-        "median: {:.2} s, {:.0} B written, commits/s {:.0} during a backup and {:.0} outside, p99 {:.0} us during and {:.0} us outside",
-        of(|r| r.seconds),
-        of(|r| r.written as f64),
-        of(|r| r.during.commits_per_s),
+        "median: unlimited {:.2} s at {:.0} commits/s (p99 {:.0} us); limited {:.2} s at {:.0} commits/s (p99 {:.0} us); no backup {:.0} commits/s (p99 {:.0} us)",
+        of(|r| r.unlimited.seconds),
+        of(|r| r.unlimited.during.commits_per_s),
+        of(|r| r.unlimited.during.p99_us as f64),
+        of(|r| r.limited.seconds),
+        of(|r| r.limited.during.commits_per_s),
+        of(|r| r.limited.during.p99_us as f64),
         of(|r| r.outside.commits_per_s),
-        of(|r| r.during.p99_us as f64),
         of(|r| r.outside.p99_us as f64)
     )?;
     Ok(())

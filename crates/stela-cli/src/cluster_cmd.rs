@@ -2,45 +2,74 @@
 //! from the nodes' own status, and a planned switchover (`patronictl switchover`).
 //!
 //! Nodes are named by `--node`, once per node: a daemon directory (its socket is
-//! DIR/stela.sock), a socket path, or a plain `tcp://HOST:PORT`. Nothing here decides anything:
+//! DIR/stela.sock), a socket path, a plain `tcp://HOST:PORT`, or `tls://HOST:PORT` (TLS,
+//! trusting `--tls-ca`, authenticated by `--token-file` or `--tls-cert`/`--tls-key`, the same
+//! for every TLS node). Nothing here decides anything:
 //! the switchover itself is the primary's ([`stela_server`]'s `Engine::switchover`) and the
 //! coordinator's (`stela_coord::rules::hand_over`); this asks for it and watches it happen.
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use stela_client::{Address, Connection};
 use stela_proto::{RequestBody, ResponseBody, StatusReport};
+
+/// How `tls://HOST:PORT` nodes are reached: the same CA and credential for each.
+#[derive(Args, Debug, Clone, Default)]
+pub struct NodeTls {
+    /// The CA the nodes' certificates chain to (PEM); needed for tls:// nodes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for nodes with --tls-client-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// A file whose first token authenticates to each tls:// node (an admin token for
+    /// `switchover`).
+    #[arg(long, value_name = "FILE", requires = "tls_ca")]
+    pub token_file: Option<PathBuf>,
+}
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
     /// Each node's name, role, epoch, health and lag, from the nodes' own status.
     List {
-        /// A node: its directory, its socket, or tcp://HOST:PORT (once per node).
+        /// A node: its directory, its socket, tcp://HOST:PORT or tls://HOST:PORT (once per
+        /// node).
         #[arg(long = "node", value_name = "NODE", required = true)]
         nodes: Vec<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        tls: NodeTls,
     },
     /// Hand the primary's epoch to a standby: planned, nothing acknowledged lost.
     ///
-    /// The primary refuses appends, waits until its standby holds every record, hands the next
-    /// epoch to it through the coordinator and steps down (exit 75: restarted, it rejoins as
-    /// the standby); the standby takes the epoch at once. See docs/DAEMON.md, "Switchover".
+    /// The primary refuses appends, waits until the chosen standby holds every record, hands
+    /// the next epoch to it through the coordinator and steps down (exit 75: restarted, it
+    /// rejoins as a standby); the standby takes the epoch at once, and any other standby
+    /// follows it. A standby that is down does not hold the switchover up unless it is the one
+    /// chosen. See docs/DAEMON.md, "Switchover".
     Switchover {
-        /// A node: its directory, its socket, or tcp://HOST:PORT (once per node).
+        /// A node: its directory, its socket, tcp://HOST:PORT or tls://HOST:PORT (once per
+        /// node).
         #[arg(long = "node", value_name = "NODE", required = true)]
         nodes: Vec<String>,
-        /// The node (its --node name) to hand the epoch to [default: the only standby].
+        /// The node (its --node name) to hand the epoch to [default: the standby that answers
+        /// holding the most records].
         #[arg(long, value_name = "NAME")]
         to: Option<String>,
         /// How long the primary waits for the standby to hold every record before it gives up
         /// (and takes appends again).
         #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::units::parse_secs)]
         within: crate::units::Dur,
+        #[command(flatten)]
+        tls: NodeTls,
     },
 }
 
@@ -75,11 +104,25 @@ impl Seen {
     }
 }
 
-fn address_of(node: &str) -> anyhow::Result<Address> {
+fn address_of(node: &str, tls: &NodeTls) -> anyhow::Result<Address> {
     if Path::new(node).is_dir() {
         return Ok(Address::Unix(Path::new(node).join("stela.sock")));
     }
-    Address::parse(node).with_context(|| format!("--node {node}"))
+    if !node.starts_with("tls://") {
+        return Address::parse(node).with_context(|| format!("--node {node}"));
+    }
+    let ca = tls.tls_ca.as_ref().with_context(|| {
+        format!("--node {node} needs --tls-ca FILE (the CA of its certificate)")
+    })?;
+    let mut target =
+        stela_client::TlsTarget::new(node, ca).with_context(|| format!("--node {node}"))?;
+    if let (Some(cert), Some(key)) = (&tls.tls_cert, &tls.tls_key) {
+        target = target.client_cert(cert, key);
+    }
+    if let Some(file) = &tls.token_file {
+        target = target.token_file(file);
+    }
+    Ok(Address::Tls(Box::new(target)))
 }
 
 fn status_of(address: &Address) -> anyhow::Result<StatusReport> {
@@ -90,11 +133,11 @@ fn status_of(address: &Address) -> anyhow::Result<StatusReport> {
     }
 }
 
-fn look(nodes: &[String]) -> anyhow::Result<Vec<Seen>> {
+fn look(nodes: &[String], tls: &NodeTls) -> anyhow::Result<Vec<Seen>> {
     nodes
         .iter()
         .map(|given| {
-            let address = address_of(given)?;
+            let address = address_of(given, tls)?;
             let status = status_of(&address);
             Ok(Seen {
                 given: given.clone(),
@@ -107,11 +150,27 @@ fn look(nodes: &[String]) -> anyhow::Result<Vec<Seen>> {
 
 pub fn run(command: ClusterCommand, out: &mut dyn Write) -> anyhow::Result<()> {
     match command {
-        ClusterCommand::List { nodes, json } => list(&look(&nodes)?, json, out),
-        ClusterCommand::Switchover { nodes, to, within } => {
-            switchover(&nodes, to.as_deref(), within.get(), out)
-        }
+        ClusterCommand::List { nodes, json, tls } => list(&look(&nodes, &tls)?, json, out),
+        ClusterCommand::Switchover {
+            nodes,
+            to,
+            within,
+            tls,
+        } => switchover(&look(&nodes, &tls)?, to.as_deref(), within.get(), out),
     }
+}
+
+/// The records a standby says it holds, over its logs (how a switchover without `--to` picks
+/// the most caught-up one; the primary still waits until it holds every record).
+fn received_records(seen: &Seen) -> u64 {
+    let logs = seen
+        .status
+        .as_ref()
+        .ok()
+        .and_then(|r| r.replication.as_ref())
+        .map(|r| r.logs.as_slice())
+        .unwrap_or_default();
+    logs.iter().map(|l| l.received_lsn).sum()
 }
 
 /// The most records any standby of this primary lacks, over its logs.
@@ -186,12 +245,11 @@ fn list(seen: &[Seen], json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 fn switchover(
-    nodes: &[String],
+    seen: &[Seen],
     to: Option<&str>,
     within: Duration,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let seen = look(nodes)?;
     let primary = seen
         .iter()
         .find(|node| node.role() == "primary")
@@ -203,10 +261,10 @@ fn switchover(
             .iter()
             .find(|n| n.name() == Some(name))
             .with_context(|| format!("--to {name}: no standby of that name among the nodes"))?,
-        None => match standbys.as_slice() {
-            [only] => only,
-            _ => bail!("{} standbys answer: name one with --to", standbys.len()),
-        },
+        None => standbys
+            .iter()
+            .max_by_key(|n| received_records(n))
+            .context("no standby answers: start one, or name one with --to")?,
     };
     let to = target
         .name()

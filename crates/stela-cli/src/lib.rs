@@ -107,7 +107,9 @@ pub enum Command {
     /// Every record acknowledged at `disk` before it began is in the copy; the daemon keeps
     /// serving. Run on the daemon's machine: it reads DIR/logs. See docs/BACKUP.md.
     Backup(backup::BackupArgs),
-    /// Check a backup and lay its logs out as a daemon's directory (`stela serve --dir` it).
+    /// Check a backup and lay its logs out as a daemon's directory
+    ///
+    /// `stela serve --dir` that directory then serves them.
     ///
     /// Refuses a damaged backup (exit 1) and never overwrites a log. `--check` writes nothing.
     Restore(backup::RestoreArgs),
@@ -132,14 +134,17 @@ pub enum Command {
     /// After a promotion `stela mount` on it starts at once. Runs until SIGTERM or SIGINT
     /// (then applies what is readable, writes its snapshot and exits).
     MountFollow(mount_cmd::FollowArgs),
-    /// Run a program with its files under --durable directories made durable through the
-    /// daemon, without FUSE: a preload library logs every write and answers their fsyncs at
-    /// the level. Replays the log onto the files first; stays until every process of the
-    /// program has exited, syncing the files and truncating the log behind them.
+    /// Run a program with its --durable directories made durable by the daemon, no FUSE
+    ///
+    /// A preload library logs every write and answers their fsyncs at the level. Replays the
+    /// log onto the files first; stays until every process of the program has exited, syncing
+    /// the files and truncating the log behind them.
     Run(run_cmd::RunArgs),
-    /// On a standby node: keep a stela-store directory current from the standby daemon's copy
-    /// of the store's log, so that after a promotion the store opened on it has little to redo.
-    /// Runs until SIGTERM or SIGINT (then applies what is readable and exits).
+    /// On a standby node: keep a stela-store directory current from the standby's log
+    ///
+    /// The standby daemon's copy of the store's log is applied as it arrives, so that after a
+    /// promotion the store opened on it has little to redo. Runs until SIGTERM or SIGINT (then
+    /// applies what is readable and exits).
     StoreFollow(store_cmd::StoreFollowArgs),
 }
 

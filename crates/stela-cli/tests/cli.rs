@@ -591,3 +591,29 @@ fn a_witness_off_loopback_needs_a_token_file() {
         text(&output)
     );
 }
+
+/// Each command's short help, as `stela --help` (and each command group's `--help`) lists it,
+/// is one short line; the detail is in the command's own long help.
+#[test]
+fn every_commands_short_help_is_one_short_line() {
+    for group in [&[][..], &["wal"], &["logs"], &["cluster"]] {
+        let out = stela(&[group, &["--help"][..]].concat());
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let help = String::from_utf8_lossy(&out.stdout).into_owned();
+        let commands = help
+            .split("Commands:\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n\n").next())
+            .unwrap_or_else(|| panic!("no commands in {group:?}'s help:\n{help}"));
+        let long: Vec<&str> = commands
+            .lines()
+            .filter(|line| line.chars().count() > 100)
+            .collect();
+        assert!(
+            long.is_empty(),
+            "`stela {} --help`: short helps over 100 characters:\n{}",
+            group.join(" "),
+            long.join("\n")
+        );
+    }
+}

@@ -1046,3 +1046,63 @@ fn a_flood_of_silent_connections_lets_real_logins_through() {
     daemon.assert_alive("after a flood of silent connections");
     daemon.terminate();
 }
+
+/// `stela cluster list` reaches nodes served over TLS (`tls://HOST:PORT` with `--tls-ca`), with
+/// a token or a client certificate; without a credential the node is listed unreachable (the
+/// login is refused), and a tls:// node without `--tls-ca` is an error naming the flag.
+#[test]
+fn cluster_list_reaches_tls_nodes_with_a_token_or_a_certificate() {
+    let setup = setup();
+    let (cert, key) = &setup.server;
+    let client_ca = setup.ca.cert.clone();
+    let (client_cert, client_key) = setup.ca.issue(&setup.pki, "ops", &["ops"]);
+    let mut daemon = Daemon::start(
+        &setup.dir,
+        &[
+            "--tcp",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(cert),
+            "--tls-key",
+            s(key),
+            "--tls-client-ca",
+            s(&client_ca),
+            "--token-file",
+            s(&setup.client_tokens),
+        ],
+    );
+    let node = format!("tls://{}", tcp_addr(&mut daemon));
+    let ca = s(&setup.ca.cert);
+    let list = |more: &[&str]| stela(&[&["cluster", "list", "--node", &node][..], more].concat());
+
+    for credential in [
+        &["--token-file", s(&setup.client_tokens)][..],
+        &["--tls-cert", s(&client_cert), "--tls-key", s(&client_key)][..],
+    ] {
+        let listed = list(&[&["--tls-ca", ca][..], credential].concat());
+        assert_eq!(listed.status.code(), Some(0), "{}", text(&listed));
+        let row = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .find(|l| l.contains(&node))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no row for {node}: {}", text(&listed)));
+        // A daemon outside a failover pair: it answered, with its own health.
+        assert!(row.contains("no pair"), "{row}");
+        assert!(row.ends_with(" ok"), "{row}");
+    }
+
+    let anonymous = list(&["--tls-ca", ca]);
+    assert_eq!(anonymous.status.code(), Some(0), "{}", text(&anonymous));
+    assert!(
+        text(&anonymous).contains("unreachable"),
+        "{}",
+        text(&anonymous)
+    );
+    let wrong = list(&["--tls-ca", ca, "--token-file", s(&setup.wrong_token)]);
+    assert!(text(&wrong).contains("unreachable"), "{}", text(&wrong));
+
+    let no_ca = list(&[]);
+    assert!(!no_ca.status.success(), "{}", text(&no_ca));
+    assert!(text(&no_ca).contains("--tls-ca"), "{}", text(&no_ca));
+    daemon.terminate();
+}

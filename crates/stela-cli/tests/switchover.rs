@@ -4,17 +4,24 @@
 //! the handover (not a suspicion period: the nodes suspect only after 5 s), the old primary
 //! exits 75 and, started again, rejoins as the standby; no commit is left in doubt, and the new
 //! primary's log holds every record acknowledged before, during and after, at its LSN.
+//!
+//! With three nodes (K = 1) the same, with one standby SIGKILLed just before the switchover:
+//! it is handed to the standby that is up (no `--to`: the one that answers holding the most),
+//! without waiting for the one that is down; both others, started again, follow the new
+//! primary, and every acknowledged record is on all three.
 
 mod common;
 
-use common::cluster::{check_ledger, free_addr, nodes, status, Node, Outcomes, Witness, LEDGER};
 use common::{exit_within, stela, text, Daemon};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stela_client::Durability;
+use stela_client::{Address, Connection, Durability};
+use stela_proto::{RequestBody, ResponseBody};
+use stela_wal::{Codec, Wal, WalOptions};
 
 const TYPE_TAG: &str = "switchover::Rec";
 type Rec = (u64, String);
@@ -26,44 +33,140 @@ fn rec(seq: u64) -> Rec {
     )
 }
 
-/// A node of the pair and the address of its TCP listener (the client's endpoint).
-struct Member {
-    node: Node,
+struct Witness(Child);
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn witness(dir: &Path, addr: &str) -> Witness {
+    let child = Command::new(env!("CARGO_BIN_EXE_stela"))
+        .args(["witness", "--listen", addr, "--dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the witness");
+    stela_testkit::eventually("the witness", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(addr).is_ok()
+    });
+    Witness(child)
+}
+
+struct Node {
+    dir: PathBuf,
+    name: &'static str,
+    repl: String,
+    peers: Vec<String>,
     tcp: String,
 }
 
-impl Member {
-    /// Starts the node with its TCP listener; the nodes suspect only after 5 s, so that a
-    /// promotion here is the handover's.
-    fn start(&self, witness: &str, role: &str) -> Daemon {
-        let more = [
+impl Node {
+    /// Starts the node on the coordinator at `coordinator` (a URL).
+    fn start(&self, coordinator: &str, role: &str) -> Daemon {
+        let mut args = vec![
+            "--node",
+            self.name,
+            "--repl-listen",
+            &self.repl,
+            "--coordinator",
+            coordinator,
+            "--role",
+            role,
             "--tcp",
             &self.tcp,
             "--tcp-insecure",
             "--suspect-after-ms",
             "5000",
         ];
-        self.node.start(witness, role, &more)
+        for peer in &self.peers {
+            args.extend_from_slice(&["--peer", peer]);
+        }
+        if self.peers.len() > 1 {
+            args.extend_from_slice(&["--replicas", "1"]);
+        }
+        Daemon::start(&self.dir, &args)
+    }
+}
+
+/// Nodes named `names`, each with every other one as a `--peer`.
+fn nodes(root: &Path, names: &[&'static str]) -> Vec<Node> {
+    let addr = || stela_testkit::free_addr().to_string();
+    let repl: Vec<String> = names.iter().map(|_| addr()).collect();
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, &name)| Node {
+            dir: root.join(name),
+            name,
+            repl: repl[i].clone(),
+            peers: (0..names.len())
+                .filter(|&j| j != i)
+                .map(|j| repl[j].clone())
+                .collect(),
+            tcp: addr(),
+        })
+        .collect()
+}
+
+fn replication(socket: &Path) -> stela_proto::ReplicationStatus {
+    let mut connection =
+        Connection::connect_admin(&Address::Unix(socket.to_owned())).expect("connect for status");
+    match connection.request(RequestBody::Status) {
+        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
+        other => panic!("status: {other:?}"),
     }
 }
 
 fn role(socket: &Path) -> (String, u64) {
-    let shown = status(socket);
-    (shown.role, shown.epoch)
+    let replication = replication(socket);
+    (replication.role, replication.epoch)
 }
 
-fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Outcomes<Rec>> {
+/// Whether the primary at `socket` has `standbys` standbys connected, with a log open.
+fn standbys_connected(socket: &Path, standbys: usize) -> bool {
+    let shown = replication(socket);
+    shown.standbys.len() == standbys
+        && shown
+            .standbys
+            .iter()
+            .all(|s| s.connected && !s.logs.is_empty())
+}
+
+/// Whether the primary at `socket` has `standbys` standbys connected, each holding every
+/// record of every log.
+fn standbys_caught_up(socket: &Path, standbys: usize) -> bool {
+    let shown = replication(socket);
+    shown.standbys.len() == standbys
+        && shown
+            .standbys
+            .iter()
+            .all(|s| s.connected && s.logs.iter().all(|l| l.lag_records == 0))
+}
+
+/// What the committer got: acknowledged (term, LSN, record), in doubt, on one node alone.
+type Outcomes = (
+    Vec<(u64, u64, Rec)>,
+    Vec<(u64, u64, Rec)>,
+    Vec<(u64, u64, Rec)>,
+);
+
+fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Outcomes> {
     std::thread::spawn(move || {
         let wal: stela_client::Wal<Rec> = stela_client::Wal::open(
             endpoints.as_str(),
-            LEDGER,
+            "ledger",
             stela_client::WalOptions::default()
                 .type_tag(TYPE_TAG)
                 .durability(Durability::Replicated)
                 .reconnect_within(Duration::from_secs(30)),
         )
         .expect("opens on the primary");
-        let mut outcomes = Outcomes::default();
+        let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
         let mut seq = 0u64;
         while !stop.load(Ordering::SeqCst) {
             seq += 1;
@@ -72,31 +175,72 @@ fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
                 continue; // refused while the epoch is handed over: never placed
             };
             let term = wal.term();
-            let answer = wal.commit_at(lsn, Durability::Replicated);
-            outcomes.file(answer, term, lsn.get(), record);
+            match wal.commit_at(lsn, Durability::Replicated) {
+                Ok(()) => acked.push((term, lsn.get(), record)),
+                Err(stela_client::Error::InDoubt {
+                    term,
+                    lsn: Some(lsn),
+                    ..
+                }) => doubtful.push((term, lsn.get(), record)),
+                Err(stela_client::Error::Unprotected {
+                    term,
+                    lsn: Some(lsn),
+                    ..
+                }) => alone.push((term, lsn.get(), record)),
+                Err(error) => panic!("a commit failed other than in doubt or alone: {error}"),
+            }
         }
-        outcomes
+        (acked, doubtful, alone)
     })
+}
+
+fn held(dir: &Path) -> Vec<Rec> {
+    let wal: Wal<Rec> = Wal::open(
+        dir.join("logs").join("ledger"),
+        WalOptions::default()
+            .codec(Codec::MessagePack)
+            .type_tag(TYPE_TAG)
+            .create_if_missing(false),
+    )
+    .expect("the new primary's copy opens");
+    wal.iter()
+        .unwrap()
+        .map(|item| item.expect("a record of the new primary's copy").1)
+        .collect()
 }
 
 #[test]
 fn a_switchover_hands_the_epoch_to_the_standby_and_loses_no_acknowledged_commit() {
     let root = tempfile::tempdir().unwrap();
-    let witness_addr = free_addr();
-    let _witness = Witness::start(&root.path().join("w"), &witness_addr, &[]);
-    let [a, b] = <[Node; 2]>::try_from(nodes(root.path(), &["a", "b"]))
-        .unwrap_or_else(|_| unreachable!("two names"))
-        .map(|node| Member {
-            node,
-            tcp: free_addr(),
-        });
-    let mut daemon_a = a.start(&witness_addr, "primary");
-    let daemon_b = b.start(&witness_addr, "standby");
+    let witness_addr = stela_testkit::free_addr().to_string();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    pair_switches_over(root.path(), &format!("tcp://{witness_addr}"));
+}
+
+/// The same switchover with etcd as the coordinator: the handover is an etcd transaction.
+#[test]
+fn a_switchover_through_etcd_loses_no_acknowledged_commit() {
+    let root = tempfile::tempdir().unwrap();
+    let etcd = stela_testkit::Etcd::start();
+    let url = etcd.coordinator_url();
+    let probe = stela_coord::connect(&url, "probe", Duration::from_secs(1), None).unwrap();
+    stela_testkit::eventually("etcd to answer", Duration::from_secs(30), || {
+        probe.current().is_ok()
+    });
+    pair_switches_over(root.path(), &url);
+}
+
+/// A pair a (primary) and b under `replicated` commits on the coordinator at `coordinator`:
+/// switched over to b, a restarted as b's standby, nothing in doubt, every acknowledged record
+/// in b's log.
+fn pair_switches_over(root: &Path, coordinator: &str) {
+    let [a, b]: [Node; 2] = nodes(root, &["a", "b"]).try_into().ok().unwrap();
+    let mut daemon_a = a.start(coordinator, "primary");
+    let daemon_b = b.start(coordinator, "standby");
     stela_testkit::eventually("a primary, b its standby", Duration::from_secs(20), || {
         role(&daemon_a.socket()).0 == "primary" && role(&daemon_b.socket()).0 == "standby"
     });
-    let (dir_a, dir_b) = (a.node.dir.display(), b.node.dir.display());
-    let (dir_a, dir_b) = (dir_a.to_string(), dir_b.to_string());
+    let (dir_a, dir_b) = (a.dir.display().to_string(), b.dir.display().to_string());
     let nodes = ["--node", dir_a.as_str(), "--node", dir_b.as_str()];
     let stop = Arc::new(AtomicBool::new(false));
     let client = committer(format!("tcp://{},tcp://{}", a.tcp, b.tcp), stop.clone());
@@ -136,17 +280,13 @@ fn a_switchover_hands_the_epoch_to_the_standby_and_loses_no_acknowledged_commit(
         daemon_b.output()
     );
     drop(daemon_a);
-    let daemon_a = a.start(&witness_addr, "primary");
+    let daemon_a = a.start(coordinator, "primary");
     stela_testkit::eventually("a back as b's standby", Duration::from_secs(30), || {
         role(&daemon_a.socket()) == ("standby".to_owned(), 2)
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
-    let Outcomes {
-        acked,
-        doubtful,
-        alone,
-    } = client.join().unwrap();
+    let (acked, doubtful, alone) = client.join().unwrap();
     let relisted = text(&stela(&[&["cluster", "list"][..], &nodes].concat()));
     assert!(
         relisted
@@ -175,17 +315,127 @@ fn a_switchover_hands_the_epoch_to_the_standby_and_loses_no_acknowledged_commit(
     );
     daemon_a.terminate();
     daemon_b.terminate();
+    let copy = held(&b.dir);
     let acked: BTreeMap<u64, Rec> = acked.into_iter().map(|(_, l, r)| (l, r)).collect();
-    check_ledger(
-        &b.node.dir,
-        TYPE_TAG,
-        &acked,
-        "b, the new primary",
-        |record| *record == rec(record.0),
-    );
+    for (lsn, record) in &acked {
+        assert_eq!(
+            copy.get(*lsn as usize - 1),
+            Some(record),
+            "LSN {lsn} was acknowledged at replicated and is not in the new primary's log"
+        );
+    }
     eprintln!(
         "{} acknowledged, {} on one node alone, none in doubt",
         acked.len(),
         alone.len()
     );
+}
+
+#[test]
+fn with_three_nodes_a_switchover_goes_to_the_standby_that_is_up_and_the_others_follow_it() {
+    let root = tempfile::tempdir().unwrap();
+    let witness_addr = stela_testkit::free_addr().to_string();
+    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let coordinator = format!("tcp://{witness_addr}");
+    let [a, b, c]: [Node; 3] = nodes(root.path(), &["a", "b", "c"])
+        .try_into()
+        .ok()
+        .unwrap();
+    let mut daemon_a = a.start(&coordinator, "primary");
+    let daemon_b = b.start(&coordinator, "standby");
+    let mut daemon_c = c.start(&coordinator, "standby");
+    stela_testkit::eventually("a primary", Duration::from_secs(30), || {
+        role(&daemon_a.socket()).0 == "primary"
+    });
+    let dirs = [&a.dir, &b.dir, &c.dir].map(|d| d.display().to_string());
+    let nodes: Vec<&str> = dirs.iter().flat_map(|d| ["--node", d.as_str()]).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let endpoints = format!("tcp://{},tcp://{},tcp://{}", a.tcp, b.tcp, c.tcp);
+    let client = committer(endpoints, stop.clone());
+    stela_testkit::eventually("a's two standbys", Duration::from_secs(30), || {
+        standbys_connected(&daemon_a.socket(), 2)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    // c goes down amid the commits: b alone acknowledges them from here (K = 1).
+    daemon_c.child.kill().unwrap();
+    daemon_c.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let switched = stela(&[&["cluster", "switchover"][..], &nodes].concat());
+    assert_eq!(switched.status.code(), Some(0), "{}", text(&switched));
+    assert!(
+        text(&switched).contains("switched over: b is the primary of epoch 2"),
+        "{}",
+        text(&switched)
+    );
+    let exit = exit_within(&mut daemon_a.child, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("a did not step down:\n{}", daemon_a.output()));
+    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
+    assert!(
+        daemon_b
+            .output()
+            .contains("handed this node the next epoch"),
+        "b was promoted otherwise than by the handover:\n{}",
+        daemon_b.output()
+    );
+
+    // The old primary and the node that was down both come back as b's standbys.
+    drop(daemon_a);
+    drop(daemon_c);
+    let daemon_a = a.start(&coordinator, "primary");
+    let daemon_c = c.start(&coordinator, "standby");
+    stela_testkit::eventually(
+        "a and c back as b's standbys",
+        Duration::from_secs(30),
+        || {
+            role(&daemon_a.socket()) == ("standby".to_owned(), 2)
+                && role(&daemon_c.socket()) == ("standby".to_owned(), 2)
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    let (acked, doubtful, alone) = client.join().unwrap();
+    stela_testkit::eventually("b's standbys caught up", Duration::from_secs(30), || {
+        standbys_caught_up(&daemon_b.socket(), 2)
+    });
+    let listed = text(&stela(&[&["cluster", "list"][..], &nodes].concat()));
+    for (name, role) in [("a", "standby"), ("b", "primary"), ("c", "standby")] {
+        assert!(
+            listed
+                .lines()
+                .any(|l| l.starts_with(&format!("{name} ")) && l.contains(role)),
+            "{listed}"
+        );
+    }
+
+    assert!(
+        doubtful.is_empty(),
+        "commits left in doubt by a switchover: {doubtful:?}"
+    );
+    assert!(
+        alone.is_empty(),
+        "acknowledged on one node alone: {alone:?}"
+    );
+    for epoch in [1, 2] {
+        assert!(
+            acked.iter().any(|(t, _, _)| t >> 32 == epoch),
+            "nothing acknowledged in epoch {epoch}"
+        );
+    }
+    for daemon in [daemon_a, daemon_b, daemon_c] {
+        daemon.terminate();
+    }
+    let acked: BTreeMap<u64, Rec> = acked.into_iter().map(|(_, l, r)| (l, r)).collect();
+    for node in [&a, &b, &c] {
+        let copy = held(&node.dir);
+        for (lsn, record) in &acked {
+            assert_eq!(
+                copy.get(*lsn as usize - 1),
+                Some(record),
+                "LSN {lsn} was acknowledged at replicated and is not in {}'s log",
+                node.name
+            );
+        }
+    }
+    eprintln!("{} acknowledged, none in doubt", acked.len());
 }

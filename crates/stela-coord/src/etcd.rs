@@ -11,7 +11,8 @@
 //! Keys under `/stela/<cluster>/`:
 //! - `holder`: the epoch and its holder (JSON), changed only by a transaction that compares its
 //!   mod revision with the one the decision was made on, so two nodes can never both change it
-//!   from the same state (one holder per epoch);
+//!   from the same state (one holder per epoch); a planned switchover
+//!   ([`rules::hand_over`]) is one such transaction;
 //! - `renew`: written by every renewal of the holder, in a transaction that also checks
 //!   `holder` is unchanged, and attached to an etcd lease (a few seconds, re-granted as it
 //!   goes) so that a pair gone for good leaves no renewal behind.
@@ -212,6 +213,34 @@ impl Coordinator for EtcdCoordinator {
                     epoch: claim.epoch,
                     holder: claim.holder,
                     reason: "the primary renewed (or another node was granted) while this grant was being made".into(),
+                })
+            }
+        })
+    }
+
+    fn hand_over(&self, node: &str, epoch: u64, to: &str) -> Result<Grant, CoordError> {
+        let holder_key = self.key("holder");
+        self.with_state(|gateway, _| {
+            let (claim, revision) = read_claim(gateway, &holder_key)?;
+            let (answer, new) = rules::hand_over(&claim, node, epoch, to);
+            let Some(new) = new else {
+                return Ok(answer);
+            };
+            let write = Put {
+                key: &holder_key,
+                value: encode(&new),
+                lease: 0,
+            };
+            // Decided on `revision`: a renewal that adopted a newer epoch, a grant or another
+            // handover in between makes the transaction fail, and nothing is handed over.
+            if gateway.txn(&[Compare::unchanged(&holder_key, revision)], &[write])? {
+                Ok(answer)
+            } else {
+                Ok(Grant::Refused {
+                    epoch: claim.epoch,
+                    holder: claim.holder,
+                    reason: "the epoch's holder changed while the handover was being recorded"
+                        .into(),
                 })
             }
         })

@@ -15,8 +15,10 @@ pub mod gate;
 pub mod rules;
 pub mod witness;
 
-/// Why a coordinator call failed.
+/// Why a coordinator call failed (`#[non_exhaustive]`: a `match` outside this crate needs a
+/// wildcard arm).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CoordError {
     #[error("the coordinator is unreachable: {0}")]
     Unreachable(String),

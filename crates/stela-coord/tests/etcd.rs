@@ -9,7 +9,7 @@ use stela_coord::etcd::EtcdCoordinator;
 use stela_coord::{CoordError, Coordinator, Grant, Renewal};
 
 mod common;
-use common::{fences, LEASE};
+use common::{fences, hands_over, LEASE};
 
 /// A real etcd, answering.
 fn etcd() -> stela_testkit::Etcd {
@@ -32,6 +32,16 @@ fn etcd_grants_and_fences_as_the_witness_does() {
     let by_url = stela_coord::connect(&etcd.coordinator_url(), "pair", LEASE, None).unwrap();
     assert_eq!(by_url.current().unwrap().epoch, 2);
     assert!(by_url.describe().contains("etcd"));
+}
+
+#[test]
+fn etcd_hands_an_epoch_over_as_the_witness_does() {
+    let etcd = etcd();
+    let coordinator = EtcdCoordinator::new(&etcd.client_url, "handover", LEASE).unwrap();
+    hands_over(&coordinator);
+    // Another coordinator instance (the new primary's own) sees the handover at once.
+    let other = EtcdCoordinator::new(&etcd.client_url, "handover", LEASE).unwrap();
+    assert_eq!(other.promote("b", 1).unwrap(), Grant::Granted { epoch: 2 });
 }
 
 #[test]

@@ -9,7 +9,7 @@ use stela_coord::witness::{Witness, WitnessClient};
 use stela_coord::{CoordError, Coordinator, Grant, Renewal};
 
 mod common;
-use common::{fences, LEASE};
+use common::{fences, hands_over, LEASE};
 
 fn client(witness: &Witness) -> WitnessClient {
     WitnessClient::new(witness.addr(), "test", Duration::from_secs(2))
@@ -20,6 +20,13 @@ fn the_witness_grants_only_after_a_silent_lease_and_fences_the_old_primary() {
     let dir = tempfile::tempdir().unwrap();
     let witness = Witness::start("127.0.0.1:0".parse().unwrap(), dir.path(), LEASE).unwrap();
     fences(&client(&witness), Duration::ZERO);
+}
+
+#[test]
+fn the_witness_hands_an_epoch_over_only_from_its_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let witness = Witness::start("127.0.0.1:0".parse().unwrap(), dir.path(), LEASE).unwrap();
+    hands_over(&client(&witness));
 }
 
 #[test]

@@ -50,6 +50,10 @@ pub enum ReplMessage {
         durable_lsn: u64,
         /// The copy's term history: (term, first LSN).
         history: Vec<(u64, u64)>,
+        /// The standby's `--node` name (empty from a daemon that predates it, or one without a
+        /// name): how a primary knows which standby a planned switchover may hand its epoch to.
+        #[serde(default)]
+        node: String,
     },
     /// Primary → standby: segment bytes to mirror (`stela_wal::mirror::Chunk`).
     Chunk {
@@ -235,6 +239,7 @@ mod tests {
                 next_lsn: 1,
                 durable_lsn: 0,
                 history: vec![(1, 1), (3, 40)],
+                node: "b".into(),
             },
             chunk_message(3, 1, 256, &[7; 1000]),
             ReplMessage::Ack {

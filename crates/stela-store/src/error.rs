@@ -8,7 +8,23 @@ use stela_format::Lsn;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A failure of the store. New kinds may be added in a later version (`#[non_exhaustive]`): a
+/// `match` outside this crate needs a wildcard arm. Naming every kind there is not enough:
+///
+/// ```compile_fail
+/// use stela_store::Error;
+/// fn kind(error: &Error) -> u8 {
+///     match error {
+///         Error::Deadlock { .. } | Error::LockTimeout { .. } => 0,
+///         Error::Corrupt { .. } | Error::BadLogRecord { .. } | Error::Archive { .. } => 1,
+///         Error::Io(_) | Error::Log(_) | Error::Daemon(_) => 2,
+///         Error::Unsupported(_) | Error::Follow(_) | Error::Poisoned => 3,
+///         Error::KeyTooLarge { .. } | Error::ValueTooLarge { .. } => 4,
+///     }
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The transaction was chosen as the victim of a deadlock. Nothing it did is undone yet:
     /// abort it (or drop it) and run it again.

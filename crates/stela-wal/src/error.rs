@@ -8,7 +8,25 @@ use stela_format::{Codec, CodecError, HeaderError, Lsn, TypeTag};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A failure of the log. New kinds may be added in a later version (`#[non_exhaustive]`): a
+/// `match` outside this crate needs a wildcard arm. Naming every kind there is not enough:
+///
+/// ```compile_fail
+/// use stela_wal::Error;
+/// fn kind(error: &Error) -> u8 {
+///     match error {
+///         Error::Io { .. } | Error::DiskFull { .. } | Error::CutRefused { .. } => 0,
+///         Error::Poisoned { .. } | Error::Corruption(_) | Error::WrongCodec { .. } => 1,
+///         Error::WrongRecordType { .. } | Error::BadHeader { .. } | Error::Codec { .. } => 2,
+///         Error::RecordTooLarge { .. } | Error::SegmentTooLarge { .. } => 3,
+///         Error::Locked { .. } | Error::NotFound { .. } | Error::NotALog { .. } => 4,
+///         Error::TermsDamaged { .. } | Error::TermRefused { .. } => 5,
+///         Error::NotAppended { .. } | Error::LsnExhausted { .. } | Error::Truncated { .. } => 6,
+///     }
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An I/O call failed. `op` says which (open, read, write, fdatasync, ...).
     #[error("{op} {}: {source}", path.display())]

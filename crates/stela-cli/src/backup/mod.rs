@@ -130,6 +130,10 @@ pub struct BackupArgs {
     /// The daemon's Unix socket [default: DIR/stela.sock].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Read the daemon's files at most this fast (e.g. 50MiB, 50MiB/s), so the copy leaves its
+    /// disk to the commits [default: no limit].
+    #[arg(long, value_name = "SIZE/s", value_parser = crate::units::parse_rate)]
+    pub max_rate: Option<crate::units::Size>,
     /// Print the manifest and the totals as JSON.
     #[arg(long)]
     pub json: bool,
@@ -162,12 +166,18 @@ pub struct BackupReport {
     pub elapsed: Duration,
 }
 
-/// Backs up every log of the daemon serving `dir` (reached at `address`) into `to`.
+/// Backs up every log of the daemon serving `dir` (reached at `address`) into `to`, reading its
+/// files at most `max_rate` bytes per second on average (`None`: as fast as they read).
 ///
 /// # Errors
 /// [`BackupError`]: the destination is not empty, the daemon does not answer, a file cannot be
 /// read or written, or a copy does not verify or does not hold what was durable at the start.
-pub fn backup(dir: &Path, address: &Address, to: &Path) -> Result<BackupReport> {
+pub fn backup(
+    dir: &Path,
+    address: &Address,
+    to: &Path,
+    max_rate: Option<u64>,
+) -> Result<BackupReport> {
     let (began, clock) = (SystemTime::now(), Instant::now());
     prepare_destination(to)?;
     let listing = list_logs(address)?;
@@ -178,8 +188,9 @@ pub fn backup(dir: &Path, address: &Address, to: &Path) -> Result<BackupReport> 
     let holder = std::fs::canonicalize(to).map_err(io(to, "resolving"))?;
     let _holds = Holds::take(dir, &holder, &listing)?;
     let (mut logs, mut read, mut written) = (Vec::new(), 0, 0);
+    let mut pace = copy::Pace::new(max_rate);
     for (log, required) in required {
-        let (copy, totals) = copy_log(dir, to, &log.name, required)?;
+        let (copy, totals) = copy_log(dir, to, &log.name, required, &mut pace)?;
         logs.push(copy);
         read += totals.0;
         written += totals.1;
@@ -279,14 +290,21 @@ impl Drop for Holds {
 
 /// Copies the log `name` of the daemon's `dir` into `to/logs/name` and verifies the copy.
 /// Returns it as the manifest lists it, with the bytes read and written.
-fn copy_log(dir: &Path, to: &Path, name: &str, required: u64) -> Result<(LogCopy, (u64, u64))> {
+fn copy_log(
+    dir: &Path,
+    to: &Path,
+    name: &str,
+    required: u64,
+    pace: &mut copy::Pace,
+) -> Result<(LogCopy, (u64, u64))> {
     let (source, target) = (dir.join("logs").join(name), to.join("logs").join(name));
     copy::create_private_dir(&target).map_err(io(&target, "creating"))?;
     let opened = open_in_order(&source)?;
     let (mut files, mut read, mut written) = (Vec::new(), 0, 0);
     for (file_name, file, bytes) in opened {
         let path = target.join(&file_name);
-        let copied = copy::copy_file(&file, bytes, &path).map_err(io(&path, "copying into"))?;
+        let copied =
+            copy::copy_file(&file, bytes, &path, pace).map_err(io(&path, "copying into"))?;
         read += copied.bytes;
         written += copied.written;
         files.push(FileCopy {
@@ -489,8 +507,9 @@ fn restore_log(source: &Path, logs: &Path, log: &LogCopy) -> Result<()> {
         let from = source.join(&file.name);
         let opened = File::open(&from).map_err(io(&from, "opening"))?;
         let path = staging.join(&file.name);
-        let copied =
-            copy::copy_file(&opened, file.bytes, &path).map_err(io(&path, "copying into"))?;
+        let unpaced = &mut copy::Pace::new(None);
+        let copied = copy::copy_file(&opened, file.bytes, &path, unpaced)
+            .map_err(io(&path, "copying into"))?;
         if copied.crc32c != file.crc32c {
             return Err(BackupError::Damaged {
                 path: from,
@@ -507,7 +526,8 @@ fn restore_log(source: &Path, logs: &Path, log: &LogCopy) -> Result<()> {
 pub fn run_backup(args: &BackupArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let socket = args.socket.clone();
     let address = Address::Unix(socket.unwrap_or_else(|| args.dir.join("stela.sock")));
-    let report = backup(&args.dir, &address, &args.to)?;
+    let max_rate = args.max_rate.map(crate::units::Size::get);
+    let report = backup(&args.dir, &address, &args.to, max_rate)?;
     if args.json {
         let totals = serde_json::json!({
             "manifest": report.manifest,

@@ -67,3 +67,60 @@ pub fn fences(coordinator: &dyn Coordinator, extra: Duration) {
         Renewal::Renewed { epoch: 2 }
     );
 }
+
+/// A planned switchover ([`stela_coord::rules::hand_over`]): only the holder of the current
+/// epoch hands the next one to another node; the handover is granted again if asked again
+/// (its answer was lost), the old holder is superseded from then on, and the new holder's
+/// promotion is granted at once, without a lease of silence; the node taking it is then alive.
+pub fn hands_over(coordinator: &dyn Coordinator) {
+    assert_eq!(
+        coordinator.renew("a", 1).unwrap(),
+        Renewal::Renewed { epoch: 1 }
+    );
+    for (from, epoch, to) in [("b", 1, "c"), ("a", 2, "b"), ("a", 0, "b"), ("a", 1, "a")] {
+        assert!(
+            matches!(
+                coordinator.hand_over(from, epoch, to).unwrap(),
+                Grant::Refused { .. }
+            ),
+            "{from} handed epoch {epoch} to {to}"
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(
+            coordinator.hand_over("a", 1, "b").unwrap(),
+            Grant::Granted { epoch: 2 }
+        );
+    }
+    assert_eq!(
+        coordinator.renew("a", 1).unwrap(),
+        Renewal::Superseded {
+            epoch: 2,
+            holder: "b".into()
+        }
+    );
+    assert_eq!(
+        coordinator.promote("b", 1).unwrap(),
+        Grant::Granted { epoch: 2 }
+    );
+    assert_eq!(
+        coordinator.renew("b", 2).unwrap(),
+        Renewal::Renewed { epoch: 2 }
+    );
+    let holder = coordinator.current().unwrap();
+    assert_eq!((holder.epoch, holder.holder.as_deref()), (2, Some("b")));
+    // The old holder cannot hand over again, nor can the new one hand over an epoch it
+    // does not hold.
+    assert!(matches!(
+        coordinator.hand_over("a", 1, "c").unwrap(),
+        Grant::Refused { .. }
+    ));
+    assert!(matches!(
+        coordinator.hand_over("b", 1, "c").unwrap(),
+        Grant::Refused { .. }
+    ));
+    assert!(matches!(
+        coordinator.promote("c", 2).unwrap(),
+        Grant::Refused { .. }
+    ));
+}

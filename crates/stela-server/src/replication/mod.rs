@@ -109,6 +109,9 @@ pub struct Replication {
     /// Sent in `Open` (one of the standby's admin tokens), over TLS or plain TCP, if this
     /// primary is not proven otherwise (a certificate; its user, on loopback).
     token: Option<String>,
+    /// The standby's `--node` name, as its last `Position` said (a planned switchover hands
+    /// the epoch to a standby by name).
+    standby_name: Mutex<Option<String>>,
 }
 
 /// How a primary reaches its standby over TLS.
@@ -294,6 +297,7 @@ impl Replication {
             degrade_after,
             tls,
             token,
+            standby_name: Mutex::new(None),
         }
     }
 
@@ -471,6 +475,12 @@ impl Replication {
             .flatten()
             .unwrap_or(0);
         received.max(term_began)
+    }
+
+    /// The standby's `--node` name, once one of its streams has opened (`None` before, or from
+    /// a standby that does not say it).
+    pub fn standby_name(&self) -> Option<String> {
+        lock(&self.standby_name).clone()
     }
 
     /// The holder's name of the hold this primary keeps for its standby (`standby at ADDR`).
@@ -913,6 +923,9 @@ impl Replication {
                 }) => return Err(self.fence(link, theirs, term, message)),
                 Err(StreamError::Broken(why)) => return Err(why),
             };
+        if !theirs.node.is_empty() {
+            *lock(&self.standby_name) = Some(theirs.node.clone());
+        }
         // A standby that holds records this primary's history does not carry: cut them (its
         // own salvage keeps them) when they are of an older epoch (it was the primary before a
         // failover); otherwise they may be acknowledged records this primary lost, and
@@ -1336,6 +1349,8 @@ struct TheirCopy {
     position: Position,
     durable_lsn: u64,
     history: stela_format::term::TermHistory,
+    /// The standby's `--node` name (empty if it does not say).
+    node: String,
 }
 
 impl TheirCopy {
@@ -1362,6 +1377,7 @@ fn read_position(reader: &mut impl Read) -> Result<TheirCopy, StreamError> {
             next_lsn,
             durable_lsn,
             history,
+            node,
             ..
         } => {
             let history = stela_format::term::TermHistory::from_entries(
@@ -1376,6 +1392,7 @@ fn read_position(reader: &mut impl Read) -> Result<TheirCopy, StreamError> {
                 },
                 durable_lsn,
                 history,
+                node,
             })
         }
         ReplMessage::Refuse { term, message } => Err(StreamError::Refused { term, message }),

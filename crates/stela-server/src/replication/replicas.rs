@@ -106,6 +106,15 @@ impl Replicas {
         self.peers.iter().map(|p| p.standby_holder()).collect()
     }
 
+    /// The holder name ([`Replicas::standby_holders`]) of the standby whose streams say it is
+    /// the node `name` (`None`: no stream of that node has opened on this primary).
+    pub fn holder_named(&self, name: &str) -> Option<String> {
+        self.peers
+            .iter()
+            .find(|p| p.standby_name().as_deref() == Some(name))
+            .map(|p| p.standby_holder())
+    }
+
     /// The first LSN of `log` the standby holding `holder` has not stored, as its
     /// acknowledgements stand now ([`Replication::standby_stored`]).
     pub fn standby_stored(&self, holder: &str, log: LogId) -> Option<u64> {

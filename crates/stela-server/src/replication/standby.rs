@@ -555,7 +555,13 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     }
     send(
         &mut writer,
-        &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
+        &position_message(
+            term,
+            mirror.position(),
+            mirror.durable_lsn(),
+            &terms,
+            &shared.node.name,
+        ),
     )?;
     // Before anything is shipped the primary may ask this copy to cut what diverged (this node
     // was the primary of an older epoch: the suffix goes to salvage), or, when the copy ends
@@ -607,7 +613,13 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         mirror = Mirror::open(&dir, options.clone(), &type_tag).map_err(|e| e.to_string())?;
         send(
             &mut writer,
-            &position_message(term, mirror.position(), mirror.durable_lsn(), &terms),
+            &position_message(
+                term,
+                mirror.position(),
+                mirror.durable_lsn(),
+                &terms,
+                &shared.node.name,
+            ),
         )?;
         drop(step);
         first = receive(&mut reader)?;
@@ -962,6 +974,7 @@ fn receive_chunks(
                 terms,
                 pipe,
                 segments,
+                &node.name,
             )?;
             continue;
         }
@@ -1135,6 +1148,7 @@ fn send_back(
     terms: &TermStore,
     pipe: &Pipe,
     segments: &stela_wal::SegmentSet,
+    node: &str,
 ) -> Result<(), String> {
     let mut at = stela_wal::mirror::Position {
         segment_start: stela_format::Lsn::new(segment_start),
@@ -1179,18 +1193,20 @@ fn send_back(
     let position = checker.position();
     send(
         &mut *lock(&pipe.socket),
-        &position_message(term, position, durable, terms),
+        &position_message(term, position, durable, terms, node),
     )?;
     pipe.heard();
     Ok(())
 }
 
-/// Where this copy stands, as the primary is told it (after `Open`, and after a `Fetch`).
+/// Where this copy stands, as the primary is told it (after `Open`, and after a `Fetch`), with
+/// this node's name (which standby it is, for a planned switchover).
 fn position_message(
     term: u64,
     position: stela_wal::mirror::Position,
     durable_lsn: u64,
     terms: &TermStore,
+    node: &str,
 ) -> ReplMessage {
     ReplMessage::Position {
         term,
@@ -1204,6 +1220,7 @@ fn position_message(
             .iter()
             .map(|&(t, f)| (t.0, f))
             .collect(),
+        node: node.to_owned(),
     }
 }
 
