@@ -872,6 +872,8 @@ fn print_rows(args: &PgBenchArgs, rows: &[PgRow], out: &mut dyn Write) -> anyhow
         ("stela-wal-buffered", 0.95, "native-async"),
         ("stela-wal-disk", 0.9, "native-sync"),
         ("stela-pgdata-buffered", 0.9, "native-async"),
+        ("stela-run-buffered", 0.95, "native-async"),
+        ("stela-run-disk", 0.9, "native-sync"),
     ] {
         for &clients in &args.clients {
             let (Some(stela), Some(off), Some(on)) = (

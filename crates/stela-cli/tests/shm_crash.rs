@@ -701,3 +701,76 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, Ordering::SeqCst);
     }
 }
+
+/// `stela run`'s fsync at `disk` is one ring entry: a commit of the log's end
+/// (`stela_proto::ring::COMMIT_END`). It must cover every append answered before it on any
+/// connection (another process's WAL write), answer with that LSN, and leave it synced; and it
+/// must be answered by the daemon through the ring itself (a daemon that does not know the
+/// marker refuses it with `NotAppended`, and the client would then need a socket round trip).
+#[test]
+fn a_ring_commit_of_the_end_covers_appends_of_other_connections() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    let daemon = Daemon::start(&dir, &[]);
+    let socket = daemon.socket();
+    let open = |conn: &mut RawConnection| match conn.request(RequestBody::Open {
+        log: LOG.into(),
+        codec: "msgpack".into(),
+        type_tag: TYPE_TAG.into(),
+        create: true,
+        durability: None,
+        schema: None,
+    }) {
+        ResponseBody::Opened { handle, .. } => handle,
+        other => panic!("Open answered {other:?}"),
+    };
+    let (mut writer, mut committer) = (
+        RawConnection::connect(&socket),
+        RawConnection::connect(&socket),
+    );
+    let (write_handle, commit_handle) = (open(&mut writer), open(&mut committer));
+    let (mut writes, _) = writer.map_ring();
+    let (mut commits, _) = committer.map_ring();
+    let end_commit = |commits: &mut ClientRing| {
+        let seq = commits
+            .submit(
+                commit_handle,
+                EntryKind::Commit,
+                Durability::Disk,
+                stela_proto::ring::COMMIT_END,
+                &[],
+            )
+            .expect("publish the commit");
+        commits.wait_patiently(seq).expect("the daemon answers")
+    };
+    // An empty log: the end is LSN 0, nothing to wait for.
+    let empty = end_commit(&mut commits);
+    assert!(empty.is_ok(), "{empty:?}");
+    assert_eq!(empty.last_lsn, 0);
+    for round in 0..5u64 {
+        let payloads: Vec<Vec<u8>> = (0..3)
+            .map(|seq| encode(&rec(Key::new(0, 1, round * 3 + seq))))
+            .collect();
+        let slices: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+        let seq = writes
+            .submit(
+                write_handle,
+                EntryKind::Append,
+                Durability::Buffered,
+                0,
+                &slices,
+            )
+            .unwrap();
+        let appended = writes.wait(seq).unwrap();
+        assert!(appended.is_ok(), "{appended:?}");
+        let done = end_commit(&mut commits);
+        assert!(done.is_ok(), "the end commit was refused: {done:?}");
+        assert_eq!(done.last_lsn, appended.last_lsn, "the end it committed");
+        match committer.request(RequestBody::Positions {
+            handle: commit_handle,
+        }) {
+            ResponseBody::Positions(p) => assert!(p.durable_lsn >= appended.last_lsn, "{p:?}"),
+            other => panic!("Positions answered {other:?}"),
+        }
+    }
+}

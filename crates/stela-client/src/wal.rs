@@ -731,6 +731,41 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
         committed.map_err(|error| in_doubt(error, durability, term, Some(lsn)))
     }
 
+    /// Returns once every record the log holds when the daemon takes this request (appended by
+    /// anyone, on any connection) is at `durability`, and that LSN; `Lsn::ZERO` for an empty
+    /// log. Through the ring this is one entry (a commit of
+    /// [`stela_proto::ring::COMMIT_END`]) instead of a `Positions` round trip on the socket
+    /// followed by a commit; without a ring, or from a daemon that does not know the end marker
+    /// (it answers `NotAppended`), it is those two.
+    pub fn commit_end(&self, durability: Durability) -> Result<Lsn> {
+        let mut term = 0;
+        let through_ring = self.call("commit", |session| {
+            term = session.term;
+            Self::through_ring(
+                &mut session.connection,
+                session.handle,
+                EntryKind::Commit,
+                durability,
+                stela_proto::ring::COMMIT_END,
+                &[],
+            )
+        });
+        match through_ring {
+            Ok(Some((_, last))) => return Ok(Lsn::new(last)),
+            Ok(None) => {}
+            Err(Error::Server {
+                code: crate::ErrorCode::NotAppended,
+                ..
+            }) => {}
+            Err(error) => return Err(in_doubt(error, durability, term, None)),
+        }
+        let last = Lsn::new(self.positions()?.last_lsn);
+        if last.get() > 0 {
+            self.commit_at(last, durability)?;
+        }
+        Ok(last)
+    }
+
     /// The term records appended now get (0 from a daemon without replication). With an LSN
     /// it names a record across a failover ([`Wal::resolve`]).
     pub fn term(&self) -> u64 {

@@ -145,6 +145,12 @@ impl FaultCode {
     }
 }
 
+/// The `lsn` of a commit entry that commits the log's end: every record the log holds when the
+/// daemon reads the entry (never a real LSN: the largest is `u64::MAX - 1`). The completion
+/// carries the LSN it stood for (0 for an empty log). A daemon older than this marker answers
+/// `NotAppended`, which tells a client to ask the end on the socket instead.
+pub const COMMIT_END: u64 = u64::MAX;
+
 /// What a ring entry asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EntryKind {

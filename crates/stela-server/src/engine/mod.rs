@@ -82,9 +82,10 @@ impl Engine {
             config.quota,
         ));
         let release_hook: Arc<OnceLock<ReleaseHook>> = Arc::new(OnceLock::new());
-        let cap_keeper = Arc::new(crate::cap::Keeper::new(crate::cap::Governor::new(
+        let cap_keeper = Arc::new(crate::cap::Keeper::new(crate::cap::Governor::for_pool(
             cap.bytes.max(4096),
-            crate::cap::FLOOR_BYTES,
+            config.buffer_bytes as u64,
+            config.write_threshold.max(1) as u64,
             (config.power_window / 2).mul_f64(measure::RATE_SAFETY),
         )));
         let metrics = Arc::new(crate::metrics::Metrics::new());

@@ -14,6 +14,8 @@
 //!   call per waiter and goes straight on to its next round.
 //! - An append that finds no buffer space is left in the ring, unconsumed, and retried when
 //!   space is freed: the client simply waits longer (backpressure), nothing is dropped.
+//! - A commit of [`COMMIT_END`] stands for the log's last LSN when the entry is read, which is
+//!   at or above every append answered before the client published it.
 
 use super::inbox::{Event, Inbox};
 use crate::engine::Engine;
@@ -21,7 +23,7 @@ use crate::error::Error;
 use crate::pool::{LogId, Record};
 use std::sync::Arc;
 use stela_net::shm::{Completer, Completion, DaemonRing, RingFault, WakeBatch};
-use stela_proto::ring::{Entry, EntryKind};
+use stela_proto::ring::{Entry, EntryKind, COMMIT_END};
 
 pub(crate) struct RingConn {
     pub(super) ring: DaemonRing,
@@ -143,10 +145,18 @@ fn place_entry(engine: &Engine, handles: &[Option<LogId>], entry: &Entry<'_>) ->
                 Err(error) => Placed::Refused(error),
             }
         }
-        EntryKind::Commit => match engine.check_appended(log, entry.lsn) {
-            Ok(()) => Placed::At(log, entry.lsn, entry.lsn),
-            Err(error) => Placed::Refused(error),
-        },
+        EntryKind::Commit => {
+            // The log's end as this entry is read: every append that was answered before the
+            // client sent it (on any connection) is placed, so it is at or below.
+            let lsn = match entry.lsn {
+                COMMIT_END => engine.positions(log).last_lsn,
+                lsn => lsn,
+            };
+            match engine.check_appended(log, lsn) {
+                Ok(()) => Placed::At(log, lsn, lsn),
+                Err(error) => Placed::Refused(error),
+            }
+        }
     }
 }
 
