@@ -3,6 +3,9 @@
 //! standby's segment files are the primary's and a promoted standby opens them as ordinary logs.
 //!
 //! Invariants:
+//! - **Nothing before proof.** A connection gets a thread, a buffer and a say over a log's
+//!   terms only once its `Open` proved its primary an administrator of this standby; until
+//!   then it waits at the door ([`door`]), in a bounded table, with no thread of its own.
 //! - **Terms fence.** Each log keeps its term state (`stela_wal::TermStore`). A stream from a
 //!   term below the log's current term is refused before a byte of it is written; a higher one is
 //!   adopted durably before its first chunk is written, and its first LSN enters the history.
@@ -21,13 +24,15 @@
 //!   continue the mirror, a stale term: the primary is told why (`Refuse`) and the connection
 //!   closes; what was mirrored stays.
 
-use super::{receive, receive_within, send, Reader, Writer};
+mod door;
+
+use super::{receive, send, Reader, Writer};
 use crate::sync::lock;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::BufReader;
+use std::io::{BufReader, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use stela_format::term::Term;
@@ -36,17 +41,6 @@ use stela_proto::repl::{chunk_bytes, ReplMessage};
 use stela_wal::mirror::{Chunk, Mirror};
 use stela_wal::storage::Storage;
 use stela_wal::{TermStore, WalOptions};
-
-/// Connections to the replication port not yet authenticated: when another arrives past this
-/// many, the oldest of them is cut (its thread's read fails and it ends), so a flood of
-/// connection attempts holds at most this many threads and no buffer, and cannot lock out the
-/// primary, which connects again 100 ms after a failed attempt.
-const MAX_HANDSHAKES: usize = 16;
-/// The largest `Open` a primary may send: its names, token and the log's term history (16 bytes
-/// a term). Nothing larger is read from a peer that has proved nothing.
-const MAX_OPEN_BYTES: usize = 256 << 10;
-/// A connection must have finished its TLS handshake and sent its whole `Open` within this.
-const OPEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The standby's replication listener.
 pub struct Standby {
@@ -73,60 +67,8 @@ struct Shared {
     sockets: Mutex<HashMap<String, TcpStream>>,
     /// Where cut suffixes are kept (`DIR/salvage`).
     salvage: PathBuf,
-    /// Connections between accept and authentication, oldest first, by a number of their own
-    /// (at most [`MAX_HANDSHAKES`]), with a handle on each socket to cut it.
-    handshakes: Mutex<VecDeque<(u64, TcpStream)>>,
-    next_handshake: AtomicU64,
-}
-
-impl Shared {
-    /// Enters `stream` among the connections not yet authenticated, cutting the oldest of
-    /// them if they are as many as allowed.
-    fn handshaking(&self, stream: &TcpStream) -> std::io::Result<Handshaking<'_>> {
-        let id = self.next_handshake.fetch_add(1, Ordering::Relaxed);
-        let mut handshakes = lock(&self.handshakes);
-        while handshakes.len() >= MAX_HANDSHAKES {
-            let Some((_, oldest)) = handshakes.pop_front() else {
-                break;
-            };
-            if let Ok(peer) = oldest.peer_addr() {
-                tracing::warn!(%peer, "standby: cutting a connection not authenticated yet: newer ones need its slot");
-            }
-            let _ = oldest.shutdown(std::net::Shutdown::Both);
-        }
-        handshakes.push_back((id, stream.try_clone()?));
-        debug_assert!(handshakes.len() <= MAX_HANDSHAKES);
-        Ok(Handshaking(&self.handshakes, id))
-    }
-}
-
-/// A connection among those not yet authenticated, until dropped.
-struct Handshaking<'a>(&'a Mutex<VecDeque<(u64, TcpStream)>>, u64);
-
-impl Drop for Handshaking<'_> {
-    fn drop(&mut self) {
-        lock(self.0).retain(|(id, _)| *id != self.1);
-    }
-}
-
-/// Reads from `inner` until `deadline`, then fails every read: each read of the socket is bounded
-/// by its timeout, so the whole handshake is bounded by the deadline plus one timeout, however
-/// slowly the peer sends.
-struct Deadline<'a> {
-    inner: &'a mut Reader,
-    deadline: std::time::Instant,
-}
-
-impl std::io::Read for Deadline<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if std::time::Instant::now() >= self.deadline {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no whole Open within {OPEN_WITHIN:?}"),
-            ));
-        }
-        self.inner.read(buf)
-    }
+    /// Authenticated streams running now (at most [`door::LIMITS`]`.sessions`).
+    sessions: AtomicUsize,
 }
 
 /// TLS on the replication listener, and who may ship to it.
@@ -139,6 +81,24 @@ pub(crate) struct Security {
     /// `--repl-insecure`: on plain TCP, a peer that proves nothing is trusted (the operator
     /// said the network is private).
     pub(crate) trust_network: bool,
+}
+
+impl Security {
+    /// The TLS configuration new connections get now (none: plain TCP).
+    fn tls_config(&self) -> Option<Arc<stela_net::tls::rustls::ServerConfig>> {
+        self.tls.as_ref().map(|tls| tls.current())
+    }
+
+    /// Whether a peer presenting `certificates` (TLS) and `token` is an administrator of this
+    /// daemon.
+    fn is_admin(
+        &self,
+        certificates: Option<&[stela_net::tls::rustls::pki_types::CertificateDer<'_>]>,
+        token: Option<&str>,
+    ) -> bool {
+        self.auth.identify_certificates(certificates, token)
+            == Ok(crate::net::auth::Identity::Admin)
+    }
 }
 
 impl Standby {
@@ -169,14 +129,13 @@ impl Standby {
             node,
             sockets: Mutex::new(HashMap::new()),
             salvage: dir.join("salvage"),
-            handshakes: Mutex::new(VecDeque::new()),
-            next_handshake: AtomicU64::new(0),
+            sessions: AtomicUsize::new(0),
         });
         let thread = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("stela-standby".into())
-                .spawn(move || accept_loop(&listener, &shared))?
+                .spawn(move || door::accept_loop(&listener, &shared))?
         };
         tracing::info!(%addr, "standby: waiting for the primary's streams");
         Ok(Standby {
@@ -307,33 +266,6 @@ impl Drop for Standby {
     }
 }
 
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
-    while !shared.stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                let shared = Arc::clone(shared);
-                let spawned = std::thread::Builder::new()
-                    .name("stela-mirror".into())
-                    .spawn(move || {
-                        if let Err(why) = serve(stream, &shared) {
-                            tracing::warn!(%peer, why, "standby: stream ended");
-                        }
-                    });
-                if let Err(error) = spawned {
-                    tracing::error!(%peer, %error, "standby: cannot start a mirror thread; stream refused");
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(error) => {
-                tracing::warn!(%error, "standby: accept failed");
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
-    }
-}
-
 /// A stream as `stela status` sees it: the primary's node, its term, the stream's state.
 type StreamView = (String, u64, std::sync::Weak<Pipe>);
 
@@ -348,9 +280,14 @@ impl Drop for Busy<'_> {
     }
 }
 
-fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
-    let handshaking = shared.handshaking(&stream).map_err(|e| e.to_string())?;
-    let opened_by = std::time::Instant::now() + OPEN_WITHIN;
+fn serve(opened: door::Opened, shared: &Shared) -> Result<(), String> {
+    let door::Opened {
+        stream,
+        tls,
+        open,
+        after_open,
+        ..
+    } = opened;
     if shared.node.realtime_threads() {
         crate::sched::become_realtime("standby receiver");
     }
@@ -358,50 +295,42 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
     // A primary heard from not even by a heartbeat for the link's deadline is behind a
     // black-holed or one-way link, or stopped: the stream ends (every read fails after the
     // deadline), and the primary opens a new one when it can.
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(super::LINK_DEADLINE))
         .map_err(|e| e.to_string())?;
     let socket = stream.try_clone().map_err(|e| e.to_string())?;
-    // Over TLS when this daemon has a certificate; the primary then proves itself an
-    // administrator (an admin token in `Open`, or a client certificate named by
-    // --tls-admin-name). On plain TCP, the kernel may already vouch for it (`plain_primary`).
-    let security = &shared.security;
-    let (reader, mut writer, certificates): (Reader, Writer, _) = match &security.tls {
+    // The primary proved itself at the door (`door::admit`); what it sent after its `Open`
+    // comes first.
+    let (reader, mut writer): (Reader, Writer) = match tls {
         None => {
             let writer = stream.try_clone().map_err(|e| e.to_string())?;
-            (Box::new(stream), Box::new(writer), None)
+            (
+                Box::new(std::io::Cursor::new(after_open).chain(stream)),
+                Box::new(writer),
+            )
         }
         Some(tls) => {
-            let connection = stela_net::tls::rustls::ServerConnection::new(tls.current())
-                .map_err(|e| e.to_string())?;
             let (reader, writer) =
-                stela_net::duplex::duplex(stream, connection, std::time::Duration::from_secs(10))
+                stela_net::duplex::duplex(stream, *tls, std::time::Duration::from_secs(10))
                     .map_err(|e| format!("TLS: {e}"))?;
-            let certificates = reader.peer_certificates();
-            (Box::new(reader), Box::new(writer), certificates)
+            (
+                Box::new(std::io::Cursor::new(after_open).chain(reader)),
+                Box::new(writer),
+            )
         }
     };
-    // Nothing is buffered for a peer before it is authenticated: the Open is read as it
-    // arrives, up to its bound, within the deadline.
-    let mut reader = reader;
-    let open = receive_within(
-        &mut Deadline {
-            inner: &mut reader,
-            deadline: opened_by,
-        },
-        MAX_OPEN_BYTES,
-    )?;
     let ReplMessage::Open {
         term,
         node,
         log,
         codec,
         type_tag,
-        token,
         history: primary_history,
+        ..
     } = open
     else {
-        return Err("the stream did not start with Open".into());
+        unreachable!("the door hands on only an Open");
     };
     let refuse = |writer: &mut Writer, ours: u64, why: String| {
         let _ = send(
@@ -413,37 +342,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> Result<(), String> {
         );
         Err(why)
     };
-    let proven = if security.tls.is_some() {
-        security
-            .auth
-            .identify_certificates(certificates.as_deref(), token.as_deref())
-            == Ok(crate::net::auth::Identity::Admin)
-    } else {
-        plain_primary(security, &socket, token.as_deref())
-    };
-    if !proven {
-        tracing::warn!(
-            primary = node,
-            log,
-            peer = ?socket.peer_addr().ok(),
-            "standby: stream refused: the primary is not authenticated as an administrator"
-        );
-        let how = if security.tls.is_some() {
-            "send one of its admin tokens (--standby-token-file) or a client certificate it \
-             names (--tls-admin-name)"
-        } else {
-            "without TLS a primary must run as this daemon's user on loopback, or send one of \
-             its admin tokens (--standby-token-file)"
-        };
-        return refuse(
-            &mut writer,
-            0,
-            format!("not authenticated as an administrator of this standby: {how}"),
-        );
-    }
-    // Authenticated: its slot among the handshakes is free, and the stream gets its buffer;
-    // only now may its term change this standby's (a higher one is adopted below).
-    drop(handshaking);
+    // Authenticated: the stream gets its buffer; only now may its term change this standby's
+    // (a higher one is adopted below).
     let mut reader = BufReader::with_capacity(1 << 20, reader);
     if !crate::logs::valid_name(&log) {
         return refuse(&mut writer, 0, format!("{log:?} is not a log name"));
@@ -701,29 +601,6 @@ fn adopt_terms(terms: &mut TermStore, primary: &[(u64, u64)], next: u64) -> Resu
         }
     }
     Ok(())
-}
-
-/// Whether a primary on plain TCP has proved itself (issue 54, finding 4: any local user could
-/// open a log with a huge term and fence the real primary out of it). A token, when sent,
-/// decides (one of this daemon's admin tokens); without one, a loopback peer whose socket the
-/// kernel says this daemon's own user owns is the operator's process; anything else only under
-/// `--repl-insecure`.
-fn plain_primary(security: &Security, socket: &TcpStream, token: Option<&str>) -> bool {
-    if token.is_some() {
-        return security.auth.identify_certificates(None, token)
-            == Ok(crate::net::auth::Identity::Admin);
-    }
-    match stela_net::peer::loopback_peer_uid(socket) {
-        Ok(Some(uid)) if uid == rustix::process::geteuid().as_raw() => return true,
-        Ok(owner) => {
-            tracing::debug!(
-                ?owner,
-                "standby: plain-TCP peer not owned by this daemon's user"
-            )
-        }
-        Err(error) => tracing::warn!(%error, "standby: cannot tell who owns a loopback peer"),
-    }
-    security.trust_network
 }
 
 /// Whether a stream of `term` from `primary` may be mirrored by this node: not while this
