@@ -29,6 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stela_coord::gate::{self, Limits, Waiting};
+use stela_net::tls::rustls::pki_types::CertificateDer;
 use stela_net::tls::rustls::ServerConnection;
 use stela_proto::repl::ReplMessage;
 use stela_proto::{frame, FRAME_HEADER_BYTES};
@@ -391,7 +392,7 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
 fn proven(
     security: &Security,
     stream: &TcpStream,
-    certificates: Option<&[stela_net::tls::rustls::pki_types::CertificateDer<'_>]>,
+    certificates: Option<&[CertificateDer<'_>]>,
     token: Option<&str>,
 ) -> bool {
     if security.tls.is_some() {

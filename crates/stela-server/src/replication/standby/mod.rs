@@ -36,6 +36,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use stela_format::term::Term;
+use stela_net::tls::rustls::pki_types::CertificateDer;
+use stela_net::tls::rustls::ServerConfig;
 use stela_format::Codec;
 use stela_proto::repl::{chunk_bytes, ReplMessage};
 use stela_wal::mirror::{Chunk, Mirror};
@@ -71,13 +73,23 @@ struct Shared {
     sessions: AtomicUsize,
 }
 
-/// TLS on the replication listener, and who may ship to it.
+/// The TLS configuration a new connection gets, read at each accept: a SIGHUP reload that
+/// rotates the daemon's certificate rotates it here too, for the streams that connect from
+/// then on.
+pub(crate) type TlsSource = Arc<dyn Fn() -> Arc<ServerConfig> + Send + Sync>;
+/// Whether a peer presenting these certificates (over TLS) and this token is an administrator
+/// of this daemon.
+pub(crate) type AdminCheck =
+    Arc<dyn Fn(Option<&[CertificateDer<'_>]>, Option<&str>) -> bool + Send + Sync>;
+
+/// TLS on the replication listener, and who may ship to it: given by the daemon, which owns
+/// its credentials (the client listeners' authentication), so that replication needs nothing
+/// of the layers above it.
 pub(crate) struct Security {
-    /// The daemon's TLS configuration, the TCP listener's: a SIGHUP reload that rotates the
-    /// certificate rotates it here too (for the streams that connect from then on). `None`:
-    /// plain TCP, where a primary proves itself by [`plain_primary`]'s rules.
-    pub(crate) tls: Option<Arc<crate::net::auth::ServerTls>>,
-    pub(crate) auth: Arc<crate::net::auth::Auth>,
+    /// The daemon's TLS configuration, the TCP listener's. `None`: plain TCP, where a primary
+    /// proves itself by the door's rules (`door::plain_primary`).
+    pub(crate) tls: Option<TlsSource>,
+    pub(crate) is_admin: AdminCheck,
     /// `--repl-insecure`: on plain TCP, a peer that proves nothing is trusted (the operator
     /// said the network is private).
     pub(crate) trust_network: bool,
@@ -85,19 +97,12 @@ pub(crate) struct Security {
 
 impl Security {
     /// The TLS configuration new connections get now (none: plain TCP).
-    fn tls_config(&self) -> Option<Arc<stela_net::tls::rustls::ServerConfig>> {
-        self.tls.as_ref().map(|tls| tls.current())
+    fn tls_config(&self) -> Option<Arc<ServerConfig>> {
+        self.tls.as_ref().map(|tls| tls())
     }
 
-    /// Whether a peer presenting `certificates` (TLS) and `token` is an administrator of this
-    /// daemon.
-    fn is_admin(
-        &self,
-        certificates: Option<&[stela_net::tls::rustls::pki_types::CertificateDer<'_>]>,
-        token: Option<&str>,
-    ) -> bool {
-        self.auth.identify_certificates(certificates, token)
-            == Ok(crate::net::auth::Identity::Admin)
+    fn is_admin(&self, certificates: Option<&[CertificateDer<'_>]>, token: Option<&str>) -> bool {
+        (self.is_admin)(certificates, token)
     }
 }
 
