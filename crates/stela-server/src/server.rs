@@ -452,7 +452,7 @@ fn promise_hook(
         if let Some(standby) = standby.as_ref().and_then(Weak::upgrade) {
             standby.end_streams();
         }
-        crate::replication::standby::log_positions(&dir, &storage)
+        crate::replication::standby::log_positions(&dir, &storage).map_err(|e| e.to_string())
     })
 }
 

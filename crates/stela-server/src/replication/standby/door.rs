@@ -23,6 +23,7 @@
 //!   run at once; one more is refused with the reason.
 
 use super::{Security, Shared};
+use crate::replication::SessionEnd;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
@@ -211,7 +212,7 @@ fn read_open(connection: &mut Pending) -> Heard {
     match whole_open(&connection.bytes) {
         Ok(None) => Heard::Waiting,
         Ok(Some((open, used))) => Heard::Open(Box::new(open), connection.bytes.split_off(used)),
-        Err(why) => Heard::Gone(Some(why)),
+        Err(why) => Heard::Gone(Some(why.to_string())),
     }
 }
 
@@ -229,7 +230,7 @@ struct Bad(Option<String>);
 fn read_plain(mut stream: &TcpStream, bytes: &mut Vec<u8>) -> Result<Progress, Bad> {
     let mut read = Progress::Nothing;
     loop {
-        let want = open_frame_len(bytes).map_err(|why| Bad(Some(why)))?;
+        let want = open_frame_len(bytes).map_err(|why| Bad(Some(why.to_string())))?;
         if bytes.len() >= want {
             return Ok(read);
         }
@@ -264,7 +265,7 @@ fn read_tls(
                 Err(_) => return Ok(Progress::Closed),
             }
         }
-        let want = open_frame_len(bytes).map_err(|why| Bad(Some(why)))?;
+        let want = open_frame_len(bytes).map_err(|why| Bad(Some(why.to_string())))?;
         if bytes.len() >= want {
             return Ok(read);
         }
@@ -295,19 +296,21 @@ fn read_tls(
 
 /// How many bytes the `Open` at the start of `bytes` takes, header included, as far as its
 /// header says (a header's length while the header is not whole).
-fn open_frame_len(bytes: &[u8]) -> Result<usize, String> {
+fn open_frame_len(bytes: &[u8]) -> Result<usize, SessionEnd> {
     let Some(header) = bytes.get(..FRAME_HEADER_BYTES) else {
         return Ok(FRAME_HEADER_BYTES);
     };
     let header: [u8; FRAME_HEADER_BYTES] = header.try_into().expect("a whole header");
     let parsed = frame::parse_header(header, MAX_OPEN_BYTES).map_err(|error| {
-        format!("the stream must begin with an Open of at most {MAX_OPEN_BYTES} bytes: {error}")
+        SessionEnd::Protocol(format!(
+            "the stream must begin with an Open of at most {MAX_OPEN_BYTES} bytes: {error}"
+        ))
     })?;
     Ok(FRAME_HEADER_BYTES + parsed.body_len)
 }
 
 /// The `Open` at the start of `bytes` and the bytes it took, once it is whole.
-fn whole_open(bytes: &[u8]) -> Result<Option<(ReplMessage, usize)>, String> {
+fn whole_open(bytes: &[u8]) -> Result<Option<(ReplMessage, usize)>, SessionEnd> {
     let want = open_frame_len(bytes)?;
     if bytes.len() < want {
         return Ok(None);
@@ -315,11 +318,14 @@ fn whole_open(bytes: &[u8]) -> Result<Option<(ReplMessage, usize)>, String> {
     let header: [u8; FRAME_HEADER_BYTES] = bytes[..FRAME_HEADER_BYTES]
         .try_into()
         .expect("a whole header");
-    let parsed = frame::parse_header(header, MAX_OPEN_BYTES).map_err(|e| e.to_string())?;
-    let open = frame::decode_body(parsed, &bytes[FRAME_HEADER_BYTES..want])
-        .map_err(|error| format!("the stream's first frame cannot be read: {error}"))?;
+    let parsed = frame::parse_header(header, MAX_OPEN_BYTES)?;
+    let open = frame::decode_body(parsed, &bytes[FRAME_HEADER_BYTES..want]).map_err(|error| {
+        SessionEnd::Protocol(format!("the stream's first frame cannot be read: {error}"))
+    })?;
     if !matches!(open, ReplMessage::Open { .. }) {
-        return Err("the stream did not start with Open".into());
+        return Err(SessionEnd::Protocol(
+            "the stream did not start with Open".into(),
+        ));
     }
     Ok(Some((open, want)))
 }
@@ -350,15 +356,16 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
             "standby: stream refused: the primary is not authenticated as an administrator"
         );
         let why = not_authenticated(&shared.security);
-        refuse(&mut connection, &why);
+        refuse(&mut connection, &why.to_string());
         return;
     }
     let sessions = shared.sessions.fetch_add(1, Ordering::SeqCst);
     if sessions >= LIMITS.sessions {
         shared.sessions.fetch_sub(1, Ordering::SeqCst);
-        let why = format!("{sessions} streams are open, this standby's limit");
-        tracing::warn!(primary = node, log, peer = %connection.peer, why, "standby: stream refused");
-        refuse(&mut connection, &why);
+        let why =
+            SessionEnd::Rejected(format!("{sessions} streams are open, this standby's limit"));
+        tracing::warn!(primary = node, log, peer = %connection.peer, why = %why, "standby: stream refused");
+        refuse(&mut connection, &why.to_string());
         return;
     }
     let Pending {
@@ -377,7 +384,7 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
         .spawn(move || {
             let (peer, shared) = (opened.peer, thread_shared);
             if let Err(why) = super::serve(opened, &shared) {
-                tracing::warn!(%peer, why, "standby: stream ended");
+                tracing::warn!(%peer, why = %why, kind = why.kind(), "standby: stream ended");
             }
             shared.sessions.fetch_sub(1, Ordering::SeqCst);
         });
@@ -425,7 +432,7 @@ fn plain_primary(security: &Security, socket: &TcpStream, token: Option<&str>) -
 }
 
 /// What a primary that did not prove itself is told.
-fn not_authenticated(security: &Security) -> String {
+fn not_authenticated(security: &Security) -> SessionEnd {
     let how = if security.tls.is_some() {
         "send one of its admin tokens (--standby-token-file) or a client certificate it \
          names (--tls-admin-name)"
@@ -433,7 +440,9 @@ fn not_authenticated(security: &Security) -> String {
         "without TLS a primary must run as this daemon's user on loopback, or send one of \
          its admin tokens (--standby-token-file)"
     };
-    format!("not authenticated as an administrator of this standby: {how}")
+    SessionEnd::Rejected(format!(
+        "not authenticated as an administrator of this standby: {how}"
+    ))
 }
 
 /// Tells `connection` why it is refused, without blocking (a `Refuse` is a few hundred bytes:
@@ -518,10 +527,15 @@ mod tests {
         // A header announcing more than an Open may take is refused before its body is read.
         let mut big = [0u8; FRAME_HEADER_BYTES];
         big[..4].copy_from_slice(&(64u32 << 20).to_le_bytes());
-        assert!(open_frame_len(&big).unwrap_err().contains("at most"));
+        let refused = open_frame_len(&big).unwrap_err();
+        assert!(refused.to_string().contains("at most"), "{refused}");
+        assert_eq!(refused.kind(), "protocol");
         // Any other first frame is refused.
         let mut heartbeat = Vec::new();
         frame::encode(&ReplMessage::Heartbeat { term: 1 }, &mut heartbeat).unwrap();
-        assert!(whole_open(&heartbeat).unwrap_err().contains("Open"));
+        assert!(whole_open(&heartbeat)
+            .unwrap_err()
+            .to_string()
+            .contains("Open"));
     }
 }
