@@ -63,6 +63,10 @@ impl Replication {
         if their_end <= ours_end || agreed < ours_end {
             return Ok(0);
         }
+        debug_assert!(
+            agreed >= ours_end,
+            "only a copy that extends this one is fetched from"
+        );
         let at = mirror.position();
         let fetch = ReplMessage::Fetch {
             term,
@@ -73,6 +77,10 @@ impl Replication {
         send(&mut writer, &fetch)?;
         let bytes_back = fetch_into(&mut mirror, &mut reader)?;
         mirror.sync()?;
+        debug_assert!(
+            mirror.received_lsn() >= ours_end,
+            "fetching only adds records"
+        );
         let fetched = mirror.received_lsn() - ours_end;
         tracing::warn!(
             log,

@@ -59,9 +59,8 @@ mod wire;
 use acks::{AckInbox, AckReading};
 pub use error::SessionEnd;
 use hold::StandbyHold;
-use policy::Policy;
 pub use protection::Holds;
-use protection::{Protection, Registered};
+use protection::Protection;
 pub use replicas::Replicas;
 use reprotection::Reprotection;
 use ship::{ship_inline, Live};
@@ -525,60 +524,6 @@ impl Replication {
             }
             lock(&link.state).dirty = true;
             link.appended.notify_one();
-        }
-    }
-
-    /// Calls `waiter` once the standby holds `lsn` of `log` as `holds` asks (in memory, or
-    /// synced). `Ok(true)`: it already does (the waiter is dropped uncalled).
-    /// [`PoolError::Unprotected`]: a policy answered without the standby (the waiter is dropped
-    /// uncalled; the record stays appended).
-    pub fn when_received(
-        &self,
-        log: LogId,
-        lsn: u64,
-        holds: Holds,
-        waiter: Waiter,
-        decided: Option<Arc<AtomicBool>>,
-    ) -> Result<bool, PoolError> {
-        let Some(link) = lock(&self.links).get(&log).cloned() else {
-            return Err(PoolError::Closed);
-        };
-        let waiting = link.protection.waiting();
-        if waiting >= PRUNE_PAST && waiting.is_power_of_two() {
-            let dropped = link.protection.prune(|w| !w.decided());
-            tracing::debug!(log = %link.name, standby = %self.standby, dropped, "dropped waits decided without this standby");
-        }
-        let waiter = LinkWaiter {
-            tell: waiter,
-            decided,
-        };
-        // Policies that answer without the standby: `--degrade-after` while it is unreachable,
-        // and a promoted primary whose old primary has not rejoined (unprotected). Asked under
-        // the protection's lock, so a wait never slips past the moment a policy ends or begins.
-        // The unprotected policy is asked of `Reprotection`, which records the LSN under the
-        // same lock that ends unprotected mode.
-        let policy = std::cell::Cell::new(None);
-        let answer_now = || {
-            let mut state = lock(&link.state);
-            if state.degraded {
-                self.count_degraded(&link, &mut state, 1, lsn);
-                policy.set(Some(Policy::Degraded));
-                return true;
-            }
-            if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
-                state.unprotected_acks += 1;
-                policy.set(Some(Policy::Unprotected));
-                return true;
-            }
-            false
-        };
-        match link.protection.wait(lsn, holds, waiter, answer_now) {
-            Registered::Waiting => Ok(false),
-            Registered::Already(_) => match policy.get() {
-                Some(policy) => Err(policy.answer(&link.name, lsn)),
-                None => Ok(true),
-            },
-            Registered::Fenced(_, why) => Err(PoolError::InDoubt(why)),
         }
     }
 

@@ -1,4 +1,5 @@
-//! Policies that answer `replicated` waits without the standby: `--degrade-after` (the standby
+//! Registering a `replicated` wait with a link ([`Replication::when_received`]), and the
+//! policies that answer such waits without the standby: `--degrade-after` (the standby
 //! has been unreachable too long) and a promoted primary's unprotected mode (no standby holds
 //! what it acknowledged since). Neither ever answers `Ok`: the answer says the record is on this
 //! primary alone ([`PoolError::Unprotected`]).
@@ -11,9 +12,11 @@
 //!   answered; those that must wait after all are registered again ([`Replication::wait_again`]).
 
 use super::protection::{Holds, Registered};
-use super::{Link, LinkState, LinkWaiter, Replication};
-use crate::pool::PoolError;
+use super::{Link, LinkState, LinkWaiter, Replication, Waiter, PRUNE_PAST};
+use crate::pool::{LogId, PoolError};
 use crate::sync::lock;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// A policy that answers `replicated` waits without the standby.
 #[derive(Clone, Copy)]
@@ -40,6 +43,60 @@ impl Policy {
 }
 
 impl Replication {
+    /// Calls `waiter` once the standby holds `lsn` of `log` as `holds` asks (in memory, or
+    /// synced). `Ok(true)`: it already does (the waiter is dropped uncalled).
+    /// [`PoolError::Unprotected`]: a policy answered without the standby (the waiter is dropped
+    /// uncalled; the record stays appended).
+    pub fn when_received(
+        &self,
+        log: LogId,
+        lsn: u64,
+        holds: Holds,
+        waiter: Waiter,
+        decided: Option<Arc<AtomicBool>>,
+    ) -> Result<bool, PoolError> {
+        let Some(link) = lock(&self.links).get(&log).cloned() else {
+            return Err(PoolError::Closed);
+        };
+        let waiting = link.protection.waiting();
+        if waiting >= PRUNE_PAST && waiting.is_power_of_two() {
+            let dropped = link.protection.prune(|w| !w.decided());
+            tracing::debug!(log = %link.name, standby = %self.standby, dropped, "dropped waits decided without this standby");
+        }
+        let waiter = LinkWaiter {
+            tell: waiter,
+            decided,
+        };
+        // Policies that answer without the standby: `--degrade-after` while it is unreachable,
+        // and a promoted primary whose old primary has not rejoined (unprotected). Asked under
+        // the protection's lock, so a wait never slips past the moment a policy ends or begins.
+        // The unprotected policy is asked of `Reprotection`, which records the LSN under the
+        // same lock that ends unprotected mode.
+        let policy = std::cell::Cell::new(None);
+        let answer_now = || {
+            let mut state = lock(&link.state);
+            if state.degraded {
+                self.count_degraded(&link, &mut state, 1, lsn);
+                policy.set(Some(Policy::Degraded));
+                return true;
+            }
+            if !state.connected && self.reprotection.acknowledge_alone(&link.name, lsn) {
+                state.unprotected_acks += 1;
+                policy.set(Some(Policy::Unprotected));
+                return true;
+            }
+            false
+        };
+        match link.protection.wait(lsn, holds, waiter, answer_now) {
+            Registered::Waiting => Ok(false),
+            Registered::Already(_) => match policy.get() {
+                Some(policy) => Err(policy.answer(&link.name, lsn)),
+                None => Ok(true),
+            },
+            Registered::Fenced(_, why) => Err(PoolError::InDoubt(why)),
+        }
+    }
+
     /// `--degrade-after`: once the standby has been unreachable that long, answers every
     /// `replicated` waiter (the records stay in this primary's buffers: `buffered`'s promise) and
     /// every later one at once, loudly, until the standby is back.
@@ -74,6 +131,10 @@ impl Replication {
         answered: u64,
         through: u64,
     ) {
+        debug_assert!(
+            state.degraded,
+            "only the degrade policy counts degraded answers"
+        );
         state.count_degraded(answered, through);
         self.reprotection.acknowledge_alone(&link.name, through);
     }

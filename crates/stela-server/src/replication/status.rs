@@ -12,7 +12,7 @@ use stela_wal::SegmentSet;
 
 impl Replication {
     /// Where each log's standby stands, for `stela status`; `end` gives a log's newest LSN and
-    /// where its next frame goes ([`Pool::append_place`]).
+    /// where its next frame goes ([`crate::pool::Pool::append_place`]).
     pub fn status(
         &self,
         end: impl Fn(LogId) -> (u64, Option<(u64, u64, u64)>),

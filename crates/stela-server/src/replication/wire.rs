@@ -5,7 +5,7 @@
 //! - **Bounded before read.** A frame's header is checked against its limit before a byte of
 //!   its body is read, and the body buffer grows only with what arrived.
 
-use super::SessionEnd;
+use super::error::SessionEnd;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use stela_proto::repl::ReplMessage;
@@ -23,6 +23,10 @@ pub(crate) fn receive(reader: &mut impl Read) -> Result<ReplMessage, SessionEnd>
     let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
     reader.read_exact(&mut header)?;
     let parsed = frame::parse_header(header, MAX_FRAME_BYTES)?;
+    debug_assert!(
+        parsed.body_len <= MAX_FRAME_BYTES,
+        "a body is bounded before it is read"
+    );
     // The body is read as it arrives: a peer announcing a large body and sending nothing costs
     // no more than what it sent.
     let mut body = Vec::new();
@@ -32,7 +36,6 @@ pub(crate) fn receive(reader: &mut impl Read) -> Result<ReplMessage, SessionEnd>
             "the peer closed the connection inside a frame".into(),
         ));
     }
-    debug_assert_eq!(body.len(), parsed.body_len);
     Ok(frame::decode_body(parsed, &body)?)
 }
 

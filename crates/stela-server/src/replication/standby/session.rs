@@ -172,6 +172,14 @@ fn refuse(writer: &mut Writer, ours: u64, why: SessionEnd) -> Result<(), Session
 /// tells the primary where it stands.
 fn open_copy(shared: &Shared, asked: &Asked, writer: &mut Writer) -> Result<Copy, SessionEnd> {
     let (log, term) = (&asked.log, asked.term);
+    debug_assert!(
+        crate::logs::valid_name(log),
+        "a log is touched only by a valid name"
+    );
+    debug_assert!(
+        lock(&shared.busy).contains(log),
+        "a copy is opened only while busy"
+    );
     let dir = shared.dir.join(log);
     // As for the daemon's own opens: no log directory is followed through a link.
     if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
@@ -191,6 +199,10 @@ fn open_copy(shared: &Shared, asked: &Asked, writer: &mut Writer) -> Result<Copy
         refuse(writer, ours, SessionEnd::Fenced(why))?;
     }
     terms.observe(Term(term))?;
+    debug_assert!(
+        terms.current() >= Term(term),
+        "the stream's term is observed before use"
+    );
     release_own_holds(shared, &dir, log);
     let options = WalOptions::default()
         .codec(asked.codec)
