@@ -6,7 +6,7 @@ mod common;
 
 use common::{rec, NoHang, RawClient};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use stela_proto::Durability;
 use stela_server::{DaemonConfig, Server};
@@ -18,17 +18,53 @@ fn config(dir: &Path) -> DaemonConfig {
     config
 }
 
-fn standby(dir: &Path) -> NoHang {
+/// The standby's certificate (the primary trusts it) and an admin token file.
+struct Tls {
+    cert: PathBuf,
+    key: PathBuf,
+    tokens: PathBuf,
+}
+
+impl Tls {
+    fn new(dir: &Path) -> Tls {
+        let made = stela_testkit::self_signed(dir, "standby");
+        let tokens = dir.join("admin-tokens");
+        stela_testkit::write_secret(&tokens, "an-admin-token-of-some-length\n");
+        Tls {
+            cert: made.cert,
+            key: made.key,
+            tokens,
+        }
+    }
+}
+
+fn standby(dir: &Path, tls: Option<&Tls>) -> NoHang {
     let mut config = config(dir);
     config.repl_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     config.node = "standby".into();
+    if let Some(tls) = tls {
+        config.tls = Some(stela_server::ServerTlsFiles {
+            cert: tls.cert.clone(),
+            key: tls.key.clone(),
+            client_ca: None,
+        });
+        config.admin_token_file = Some(tls.tokens.clone());
+    }
     NoHang::new(Server::start(config).expect("the standby starts"))
 }
 
-fn primary(dir: &Path, standby: SocketAddr) -> NoHang {
+fn primary(dir: &Path, standby: SocketAddr, tls: Option<&Tls>) -> NoHang {
     let mut config = config(dir);
     config.standby = Some(standby);
     config.node = "primary".into();
+    if let Some(tls) = tls {
+        config.standby_tls = Some(stela_server::ClientTlsFiles {
+            ca: tls.cert.clone(),
+            identity: None,
+        });
+        config.standby_name = Some("localhost".into());
+        config.standby_token_file = Some(tls.tokens.clone());
+    }
     NoHang::new(Server::start(config).expect("the primary starts"))
 }
 
@@ -55,7 +91,9 @@ fn tasks() -> u64 {
 /// A flood of the standby's replication port (issue 54, finding 3; the `repl-flood` attack of
 /// `stela-bench hostile`): for 3 s, connections that say nothing are made as fast as they can
 /// be (300 kept open, the oldest closed), and 30 more announce a 64 MiB `Open` and keep sending
-/// its body, while a real primary ships to the standby and a client commits at `replicated`.
+/// its body (over TLS: a handshake record announced and never finished), while a real primary
+/// ships to the standby and a client commits at `replicated`; over plain TCP, then over TLS
+/// (the primary proving itself with an admin token).
 /// Connections awaiting their `Open` cost the standby a slot in a bounded table, no thread:
 /// the process's thread count, sampled every few milliseconds through the flood, stays within
 /// a few of what it was before it, and the commits keep being acknowledged.
@@ -66,13 +104,19 @@ fn tasks() -> u64 {
 /// one).
 #[test]
 fn a_flood_of_the_replication_port_costs_the_standby_neither_threads_nor_memory() {
+    let root = tempfile::tempdir().unwrap();
+    flood_while_replicating(&root.path().join("plain"), None);
+    let tls = Tls::new(root.path());
+    flood_while_replicating(&root.path().join("tls"), Some(&tls));
+}
+
+fn flood_while_replicating(root: &Path, tls: Option<&Tls>) {
     use std::io::Write;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let root = tempfile::tempdir().unwrap();
-    let (p_dir, s_dir) = (root.path().join("p"), root.path().join("s"));
-    let standby = standby(&s_dir);
+    let (p_dir, s_dir) = (root.join("p"), root.join("s"));
+    let standby = standby(&s_dir, tls);
     let repl = standby.repl_addr().expect("listening");
-    let primary = primary(&p_dir, repl);
+    let primary = primary(&p_dir, repl, tls);
     let mut client = RawClient::connect(primary.socket_path());
     let handle = client.open("ledger");
     let (_, last) = client
@@ -96,11 +140,17 @@ fn a_flood_of_the_replication_port_costs_the_standby_neither_threads_nor_memory(
                 }
             }
         });
-        // Partial `Open`s: a 64 MiB body announced, 64 KiB of it sent every 50 ms.
+        // Partial `Open`s: a 64 MiB body announced, 64 KiB of it sent every 50 ms (over TLS: a
+        // handshake record of 16 KiB announced, never finished).
         scope.spawn(|| {
-            let mut header = [0u8; stela_proto::FRAME_HEADER_BYTES];
-            header[..4].copy_from_slice(&(64u32 << 20).to_le_bytes());
-            let body = vec![0x5Au8; 64 << 10];
+            let header = if tls.is_some() {
+                vec![0x16, 0x03, 0x01, 0x40, 0x00]
+            } else {
+                let mut header = vec![0u8; stela_proto::FRAME_HEADER_BYTES];
+                header[..4].copy_from_slice(&(64u32 << 20).to_le_bytes());
+                header
+            };
+            let body = vec![0x5Au8; if tls.is_some() { 1 << 10 } else { 64 << 10 }];
             let mut held: Vec<std::net::TcpStream> = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 held.retain(|s| s.peer_addr().is_ok());
@@ -142,8 +192,9 @@ fn a_flood_of_the_replication_port_costs_the_standby_neither_threads_nor_memory(
         stop.store(true, Ordering::Relaxed);
         (peak, committer.join().unwrap(), rss)
     });
+    let over = if tls.is_some() { "TLS" } else { "plain TCP" };
     eprintln!(
-        "3 s of flood: threads {threads_before} -> peak {peak}, RSS {:.1} -> {:.1} MB, {commits} replicated commits",
+        "{over}, 3 s of flood: threads {threads_before} -> peak {peak}, RSS {:.1} -> {:.1} MB, {commits} replicated commits",
         rss_before as f64 / 1e6,
         rss as f64 / 1e6
     );
@@ -155,7 +206,7 @@ fn a_flood_of_the_replication_port_costs_the_standby_neither_threads_nor_memory(
     // own comings and goings (a stream reopened, a TLS-less acknowledgement reader replaced).
     assert!(
         peak <= threads_before + 3 + 8,
-        "the flood took the process from {threads_before} to {peak} threads"
+        "{over}: the flood took the process from {threads_before} to {peak} threads"
     );
     assert!(
         rss < rss_before + (64 << 20),
