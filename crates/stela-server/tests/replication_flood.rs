@@ -99,9 +99,9 @@ fn tasks() -> u64 {
 /// a few of what it was before it, and the commits keep being acknowledged.
 ///
 /// On the code before the table (a thread per connection until its `Open` was read, the
-/// oldest of 16 cut when another came) this took the process from 21 to 71 threads (load 12;
-/// `stela-bench hostile` saw a standby at 408); with it, 21 to 25 (the test's own three and
-/// one).
+/// oldest of 16 cut when another came) this took the process from 21 to 71 threads at load 12
+/// and to 171 at load 30 over plain TCP, and from 23 to 219 over TLS (`stela-bench hostile` saw
+/// a standby at 408); with it, 21 -> 25 and 26 -> 29, the test's own three threads included.
 #[test]
 fn a_flood_of_the_replication_port_costs_the_standby_neither_threads_nor_memory() {
     let root = tempfile::tempdir().unwrap();
