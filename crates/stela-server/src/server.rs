@@ -291,9 +291,18 @@ fn start_standby(
     let Some(addr) = config.repl_listen else {
         return Ok(None);
     };
+    // Replication is given what it needs of the daemon's credentials, rather than reaching up
+    // into the client listeners' authentication for it.
+    let tls = auth.server_tls().map(|tls| {
+        let source: crate::replication::standby::TlsSource = Arc::new(move || tls.current());
+        source
+    });
+    let admins = Arc::clone(auth);
     let security = crate::replication::standby::Security {
-        tls: auth.server_tls(),
-        auth: Arc::clone(auth),
+        tls,
+        is_admin: Arc::new(move |certificates, token| {
+            admins.identify_certificates(certificates, token) == Ok(net::auth::Identity::Admin)
+        }),
         trust_network: config.repl_insecure,
     };
     let standby = Standby::start(
@@ -453,7 +462,8 @@ fn promise_hook(
                 &storage,
                 &std::collections::HashMap::new(),
             ),
-        };
+        }
+        .map_err(|e| e.to_string());
         tracing::info!(
             end_streams_ms = ended.as_millis() as u64,
             read_positions_ms = (started.elapsed() - ended).as_millis() as u64,

@@ -316,7 +316,7 @@ impl Engine {
         if let Err(why) = replication.catch_up(name, &dir, type_tag, options) {
             tracing::warn!(
                 log = name,
-                why,
+                why = %why,
                 "could not fetch from the standby what this primary may lack"
             );
         }

@@ -13,7 +13,7 @@
 //!   every standby's [`Replication`] together.
 
 use super::tally::Tally;
-use super::{Holds, LogInfo, Replication, Waiter};
+use super::{Holds, LogInfo, Replication, SessionEnd, Waiter};
 use crate::pool::{LogId, Pool, PoolError};
 use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,7 +71,7 @@ impl Replicas {
         pool: &Arc<Pool<W>>,
         log: LogInfo,
         storage: Arc<dyn stela_wal::storage::Storage>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, SessionEnd> {
         let _one_at_a_time = lock(&self.watching);
         if let Some(term) = self.first().watching(log.id) {
             return Ok(term);
@@ -195,7 +195,7 @@ impl Replicas {
         dir: &std::path::Path,
         type_tag: &str,
         options: stela_wal::WalOptions,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, SessionEnd> {
         let mut fetched = 0;
         for peer in &self.peers {
             fetched += peer.catch_up(log, dir, type_tag, options.clone())?;
