@@ -336,14 +336,23 @@ fn cpu_ticks(pid: &str, name: Option<&str>) -> u64 {
     let Some(name) = name else {
         return ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap());
     };
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let task = task.unwrap().path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.trim() == name {
-            return ticks(&std::fs::read_to_string(task.join("stat")).unwrap());
+    // A thread takes its name when it first runs: just after start (the daemon printed its
+    // address), a loaded machine may not have run it yet (seen once in CI).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let task = task.unwrap().path();
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if comm.trim() == name {
+                return ticks(&std::fs::read_to_string(task.join("stat")).unwrap());
+            }
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon has no thread named {name}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
-    panic!("the daemon has no thread named {name}");
 }
 
 /// The TCP address the daemon printed (`--tcp 127.0.0.1:0` picks a free port).

@@ -52,7 +52,56 @@ pub type PromoteHook = Box<dyn Fn(u64) + Send + Sync>;
 pub type StepDownHook = Box<dyn Fn(String) + Send + Sync>;
 /// What a standby does before it promises an epoch (it has recorded the epoch already): end
 /// every stream it takes (each writes and syncs what it held), then say where each log ends.
-pub type PromiseHook = Box<dyn Fn() -> Result<Vec<stela_coord::LogPosition>, String> + Send + Sync>;
+pub type PromiseHook = Box<
+    dyn Fn() -> Result<Vec<stela_coord::LogPosition>, Box<dyn std::error::Error + Send + Sync>>
+        + Send
+        + Sync,
+>;
+
+/// Why this node cannot take, record or follow an epoch. The messages are what the logs and a
+/// refused stream say.
+#[derive(Debug, thiserror::Error)]
+pub enum EpochError {
+    /// The epoch file (`DIR/cluster/TERMS`) could not be created, read or written.
+    #[error("{what}: {error}")]
+    Store {
+        what: String,
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A node with a fixed role holds no grant.
+    #[error("a node without a coordinator holds no grant")]
+    NoCoordinator,
+    /// A grant of an epoch older than one this node has seen, or one it followed as a standby.
+    #[error("epoch {epoch} cannot be this node's: it has seen epoch {seen}{}", if *.as_standby { " as another node's standby" } else { "" })]
+    NotThisNodes {
+        epoch: u64,
+        seen: u64,
+        as_standby: bool,
+    },
+    /// A stream of an epoch older than this node's.
+    #[error("stale epoch {epoch}: this standby is in epoch {ours}")]
+    Stale { epoch: u64, ours: u64 },
+    /// A stream claiming the epoch the coordinator granted this node.
+    #[error("{primary} ships in epoch {epoch}, which the coordinator granted to this node ({node}): refused")]
+    GrantedHere {
+        primary: String,
+        epoch: u64,
+        node: String,
+    },
+    /// A second node shipping in one epoch.
+    #[error("{primary} ships in epoch {epoch}, which {other} already shipped in: refused (one primary per epoch)")]
+    SecondPrimary {
+        primary: String,
+        epoch: u64,
+        other: String,
+    },
+    /// No way to read where this node's logs end (no promise hook installed).
+    #[error("no way to read this node's positions")]
+    NoPositions,
+    /// Reading where this node's logs end failed.
+    #[error("{0}")]
+    Positions(Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// A step of a stream's handshake in progress ([`Node::handshake_step`]).
 pub struct HandshakeStep<'a>(&'a Node);
@@ -116,7 +165,7 @@ impl Node {
     ///
     /// # Errors
     /// The pair's epoch file cannot be read.
-    pub fn from_config(config: &crate::config::DaemonConfig) -> Result<Node, String> {
+    pub fn from_config(config: &crate::config::DaemonConfig) -> Result<Node, EpochError> {
         let node = match &config.failover {
             Some(failover) => Node::clustered(
                 &config.node,
@@ -124,7 +173,10 @@ impl Node {
                 Arc::clone(&config.storage),
                 failover,
             )
-            .map_err(|e| format!("the node's epoch: {e}")),
+            .map_err(|e| EpochError::Store {
+                what: "the node's epoch".into(),
+                error: Box::new(e),
+            }),
             None if config.repl_listen.is_some() && config.standby.is_none() => {
                 Ok(Node::fixed(&config.node, NodeRole::Standby))
             }
@@ -157,12 +209,18 @@ impl Node {
         dir: &Path,
         storage: Arc<dyn Storage>,
         config: &FailoverConfig,
-    ) -> Result<Node, String> {
+    ) -> Result<Node, EpochError> {
         let dir = dir.join("cluster");
         storage
             .create_dir_all(&dir)
-            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let store = TermStore::open(storage, &dir).map_err(|e| e.to_string())?;
+            .map_err(|e| EpochError::Store {
+                what: format!("creating {}", dir.display()),
+                error: Box::new(e),
+            })?;
+        let store = TermStore::open(storage, &dir).map_err(|e| EpochError::Store {
+            what: format!("reading {}", dir.display()),
+            error: Box::new(e),
+        })?;
         let epoch = store.current().0;
         Ok(Node::new(
             name,
@@ -288,15 +346,16 @@ impl Node {
 
     /// Raises the epoch durably to `epoch` (no-op if not higher). Fails if the file cannot be
     /// written: the node must not act in an epoch it could forget.
-    fn observe_epoch(&self, epoch: u64) -> Result<(), String> {
+    fn observe_epoch(&self, epoch: u64) -> Result<(), EpochError> {
         let mut store = lock(&self.store);
         if epoch <= self.epoch() {
             return Ok(());
         }
         if let Some(store) = store.as_mut() {
-            store
-                .observe(Term(epoch))
-                .map_err(|e| format!("recording epoch {epoch}: {e}"))?;
+            store.observe(Term(epoch)).map_err(|e| EpochError::Store {
+                what: format!("recording epoch {epoch}"),
+                error: Box::new(e),
+            })?;
         }
         self.epoch.store(epoch, Ordering::SeqCst);
         Ok(())
@@ -458,7 +517,7 @@ impl Node {
                     Some(name) if name == self.name => match self.take_grant(holder.epoch) {
                         Ok(()) => self.role.store(PRIMARY, Ordering::SeqCst),
                         Err(why) => tracing::warn!(
-                            why,
+                            why = %why,
                             "the coordinator names this node, but it cannot resume that epoch: starting as a standby"
                         ),
                     },
@@ -508,7 +567,9 @@ impl Node {
                 self.answered(&describe, epoch, Some(self.name.clone()));
                 match self.take_grant(epoch) {
                     Ok(()) => self.role.store(PRIMARY, Ordering::SeqCst),
-                    Err(why) => tracing::error!(why, "cannot take the granted epoch: standby"),
+                    Err(why) => {
+                        tracing::error!(why = %why, "cannot take the granted epoch: standby")
+                    }
                 }
             }
             Ok(Grant::Refused {
@@ -528,7 +589,7 @@ impl Node {
     /// one. Refused for an epoch older than the newest this node has seen, and for one it has
     /// seen without holding it (it followed another node's stream in it): a node never
     /// acknowledges in an epoch older than one it has seen, and never shares one.
-    fn take_grant(&self, epoch: u64) -> Result<(), String> {
+    fn take_grant(&self, epoch: u64) -> Result<(), EpochError> {
         // An epoch this node promised (and followed no one in) is one it may take: it saw it
         // only as a candidate, and the coordinator grants it to one node. Read before the
         // store's lock, which `accept_stream` takes under `followed`.
@@ -537,24 +598,22 @@ impl Node {
         let promised_here = promised == Some(epoch) && followed != Some(epoch);
         let mut store = lock(&self.store);
         let Some(store) = store.as_mut() else {
-            return Err("a node without a coordinator holds no grant".into());
+            return Err(EpochError::NoCoordinator);
         };
         let ours = self.epoch();
         let held = store.history().last_term() == Term(epoch);
         if epoch == 0 || epoch < ours || (epoch == ours && !held && !promised_here) {
-            return Err(format!(
-                "epoch {epoch} cannot be this node's: it has seen epoch {ours}{}",
-                if epoch == ours {
-                    " as another node's standby"
-                } else {
-                    ""
-                }
-            ));
+            return Err(EpochError::NotThisNodes {
+                epoch,
+                seen: ours,
+                as_standby: epoch == ours,
+            });
         }
         if !held {
-            store
-                .begin(Term(epoch), 1)
-                .map_err(|e| format!("recording the grant of epoch {epoch}: {e}"))?;
+            store.begin(Term(epoch), 1).map_err(|e| EpochError::Store {
+                what: format!("recording the grant of epoch {epoch}"),
+                error: Box::new(e),
+            })?;
         }
         debug_assert_eq!(store.current(), Term(epoch));
         debug_assert_eq!(store.history().last_term(), Term(epoch));
@@ -566,31 +625,32 @@ impl Node {
     /// epoch is recorded first. Refused: a stream from an epoch older than this node's, one
     /// claiming an epoch this node holds itself, or one another node already ships in (two
     /// nodes claiming one epoch: at most one was granted it).
-    pub(crate) fn accept_stream(&self, epoch: u64, primary: &str) -> Result<(), String> {
+    pub(crate) fn accept_stream(&self, epoch: u64, primary: &str) -> Result<(), EpochError> {
         let mut followed = lock(&self.followed);
         let ours = self.epoch();
         if epoch < ours {
-            return Err(format!(
-                "stale epoch {epoch}: this standby is in epoch {ours}"
-            ));
+            return Err(EpochError::Stale { epoch, ours });
         }
         if epoch == ours {
             let held_here = lock(&self.store)
                 .as_ref()
                 .is_some_and(|s| s.history().last_term() == Term(epoch));
             if held_here {
-                return Err(format!(
-                    "{primary} ships in epoch {epoch}, which the coordinator granted to this node ({}): refused",
-                    self.name
-                ));
+                return Err(EpochError::GrantedHere {
+                    primary: primary.to_owned(),
+                    epoch,
+                    node: self.name.clone(),
+                });
             }
             if let Some((_, other)) = followed
                 .as_ref()
                 .filter(|(e, n)| *e == epoch && n != primary)
             {
-                return Err(format!(
-                    "{primary} ships in epoch {epoch}, which {other} already shipped in: refused (one primary per epoch)"
-                ));
+                return Err(EpochError::SecondPrimary {
+                    primary: primary.to_owned(),
+                    epoch,
+                    other: other.clone(),
+                });
             }
         }
         self.observe_epoch(epoch)?;
@@ -781,7 +841,7 @@ impl Node {
                 Err(why) => {
                     tracing::error!(
                         epoch,
-                        why,
+                        why = %why,
                         "cannot promise the epoch: this node takes no part in the election"
                     );
                     return;
@@ -799,13 +859,13 @@ impl Node {
     /// takes no stream of an older epoch), ends the streams it takes (each writes and syncs
     /// what it held), and reads where each log ends: what it promises with. Its position
     /// cannot grow after this but by the stream of the epoch's winner.
-    fn make_promise(&self, epoch: u64) -> Result<Report, String> {
+    fn make_promise(&self, epoch: u64) -> Result<Report, EpochError> {
         let started = Instant::now();
         self.observe_epoch(epoch)?;
         let recorded = started.elapsed();
         let positions = match self.on_promise.get() {
-            Some(hook) => hook()?,
-            None => return Err("no way to read this node's positions".into()),
+            Some(hook) => hook().map_err(EpochError::Positions)?,
+            None => return Err(EpochError::NoPositions),
         };
         let report = Report {
             positions,
@@ -893,7 +953,7 @@ impl Node {
     fn promote(&self, epoch: u64, silent: Duration) {
         let started = Instant::now();
         if let Err(why) = self.take_grant(epoch) {
-            tracing::error!(why, "cannot take the granted epoch: not promoting");
+            tracing::error!(why = %why, "cannot take the granted epoch: not promoting");
             return;
         }
         let recorded = started.elapsed();
@@ -934,142 +994,4 @@ impl Node {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::AfterFailover;
-    use stela_coord::Holder;
-
-    /// A coordinator whose answers the test sets: `None` is unreachable.
-    struct Scripted {
-        holder: Mutex<Option<Holder>>,
-    }
-
-    impl Coordinator for Scripted {
-        fn renew(&self, _: &str, epoch: u64) -> Result<Renewal, CoordError> {
-            Ok(Renewal::Renewed { epoch })
-        }
-        fn promote(&self, node: &str, seen: u64) -> Result<Grant, CoordError> {
-            let mut holder = lock(&self.holder);
-            let Some(current) = holder.as_mut() else {
-                return Err(CoordError::Unreachable("scripted".into()));
-            };
-            let epoch = current.epoch.max(seen) + 1;
-            *current = Holder {
-                epoch,
-                holder: Some(node.to_owned()),
-            };
-            Ok(Grant::Granted { epoch })
-        }
-        fn current(&self) -> Result<Holder, CoordError> {
-            lock(&self.holder)
-                .clone()
-                .ok_or_else(|| CoordError::Unreachable("scripted".into()))
-        }
-        fn describe(&self) -> String {
-            "scripted".into()
-        }
-    }
-
-    fn node(dir: &Path, role: NodeRole) -> Node {
-        let config = FailoverConfig {
-            coordinator: "scripted".into(),
-            cluster: "test".into(),
-            initial_role: role,
-            heartbeat: Duration::from_millis(50),
-            suspect_after: Duration::from_millis(300),
-            after_failover: AfterFailover::Unprotected,
-        };
-        Node::clustered("a", dir, Arc::new(stela_wal::storage::StdStorage), &config).unwrap()
-    }
-
-    fn scripted(holder: Option<Holder>) -> Scripted {
-        Scripted {
-            holder: Mutex::new(holder),
-        }
-    }
-
-    #[test]
-    fn a_standby_wakes_when_its_suspicion_period_ends_not_a_heartbeat_later() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = node(dir.path(), NodeRole::Standby);
-        a.decide_role(&scripted(None));
-        let config = FailoverConfig {
-            coordinator: "scripted".into(),
-            cluster: "test".into(),
-            initial_role: NodeRole::Standby,
-            heartbeat: Duration::from_millis(50),
-            suspect_after: Duration::from_millis(300),
-            after_failover: AfterFailover::Unprotected,
-        };
-        // Heard 290 ms ago: the period ends in about 10 ms, long before the next heartbeat.
-        *lock(&a.heard) = Instant::now() - Duration::from_millis(290);
-        assert!(a.pause(&config) <= Duration::from_millis(11));
-        // Heard just now: a whole heartbeat.
-        a.heard_from_primary();
-        assert_eq!(a.pause(&config), config.heartbeat);
-        // Past the period (asking the coordinator): every heartbeat.
-        *lock(&a.heard) = Instant::now() - Duration::from_millis(400);
-        assert_eq!(a.pause(&config), config.heartbeat);
-    }
-
-    #[test]
-    fn an_unreachable_coordinator_at_start_makes_a_standby_whatever_the_preference() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = node(dir.path(), NodeRole::Primary);
-        a.decide_role(&scripted(None));
-        assert_eq!(a.role_name(), "standby");
-        assert!(a.refusal().is_some() && a.resolution_refusal().is_some());
-    }
-
-    #[test]
-    fn a_node_never_resumes_an_epoch_it_followed_and_answers_resolutions_only_while_newest() {
-        let dir = tempfile::tempdir().unwrap();
-        // A new pair: the preferred primary asks for the first grant and gets epoch 1.
-        let a = node(dir.path(), NodeRole::Primary);
-        a.decide_role(&scripted(Some(Holder {
-            epoch: 0,
-            holder: None,
-        })));
-        assert_eq!((a.role_name(), a.epoch()), ("primary", 1));
-        assert_eq!(a.resolution_refusal(), None);
-        // The coordinator has granted a newer epoch: this primary's history is not final.
-        a.answered("scripted", 2, Some("b".into()));
-        assert!(a.resolution_refusal().is_some());
-        drop(a);
-        // Restarted, it follows b's stream in epoch 2; restarted again, a coordinator that
-        // (wrongly) names it the holder of epoch 2 does not make it a second primary of 2.
-        let a = node(dir.path(), NodeRole::Primary);
-        a.accept_stream(2, "b").unwrap();
-        assert!(a.accept_stream(2, "c").is_err(), "a second node in epoch 2");
-        assert!(a.accept_stream(1, "b").is_err(), "an older epoch");
-        drop(a);
-        let a = node(dir.path(), NodeRole::Primary);
-        a.decide_role(&scripted(Some(Holder {
-            epoch: 2,
-            holder: Some("a".into()),
-        })));
-        assert_eq!((a.role_name(), a.epoch()), ("standby", 2));
-        // A grant of a newer epoch makes it primary.
-        a.promote(3, Duration::ZERO);
-        assert_eq!((a.role_name(), a.epoch()), ("primary", 3));
-        assert!(
-            a.accept_stream(3, "b").is_err(),
-            "its own epoch from another node"
-        );
-    }
-
-    #[test]
-    fn a_primary_that_has_seen_a_newer_epoch_holds_none_to_begin_terms_in() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = node(dir.path(), NodeRole::Primary);
-        a.decide_role(&scripted(Some(Holder {
-            epoch: 0,
-            holder: None,
-        })));
-        assert_eq!(a.primary_epoch(), Some(1));
-        // Another node's epoch 2 is seen before this node has stepped down.
-        a.observe_epoch(2).unwrap();
-        assert_eq!(a.role_name(), "primary");
-        assert_eq!(a.primary_epoch(), None, "epoch 2 is not this node's");
-    }
-}
+mod tests;

@@ -463,7 +463,7 @@ fn promise_hook(
                 &std::collections::HashMap::new(),
             ),
         }
-        .map_err(|e| e.to_string());
+        .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
         tracing::info!(
             end_streams_ms = ended.as_millis() as u64,
             read_positions_ms = (started.elapsed() - ended).as_millis() as u64,

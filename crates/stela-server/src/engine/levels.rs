@@ -38,7 +38,8 @@ pub(super) fn availability(
     hook: &Arc<OnceLock<ReleaseHook>>,
 ) -> std::result::Result<Availability, crate::error::StartError> {
     let node = Arc::new(
-        crate::cluster::Node::from_config(config).map_err(crate::error::StartError::Config)?,
+        crate::cluster::Node::from_config(config)
+            .map_err(|e| crate::error::StartError::Config(e.to_string()))?,
     );
     let replication = replication(config, &node, hook)?;
     let local_copy = (replication.is_some() && node.elects_by_promises()).then(|| {

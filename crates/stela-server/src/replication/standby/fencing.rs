@@ -25,7 +25,7 @@ pub(super) fn check_epoch(node: &Node, term: u64, primary: &str) -> Result<(), S
     let (theirs, ours) = (term >> 32, node.epoch());
     if !node.is_primary() {
         node.accept_stream(theirs, primary)
-            .map_err(SessionEnd::Fenced)?;
+            .map_err(|e| SessionEnd::Fenced(e.to_string()))?;
         node.heard_from_primary();
         return Ok(());
     }
