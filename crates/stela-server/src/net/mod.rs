@@ -439,11 +439,14 @@ impl EventLoop {
         let now = Instant::now();
         let quiet = now.duration_since(pace.last_activity);
         let owed = self.answers_owed(pace.standby_owed);
+        // A standby's acknowledgement owed is polled for even on a crowded machine (see
+        // `spin::spins_for_standby`); the rest only while it is not crowded.
         let spinning = !self.spin.is_zero()
-            && !pace.crowding.crowded(now)
-            && (quiet < pace.spin.budget()
-                || (owed && quiet < self.spin)
-                || (self.disk_waits > 0 && quiet < DISK_SPIN && !realtime));
+            && (spin::spins_for_standby(pace.standby_owed, quiet, self.spin)
+                || (!pace.crowding.crowded(now)
+                    && (quiet < pace.spin.budget()
+                        || (owed && quiet < self.spin)
+                        || (self.disk_waits > 0 && quiet < DISK_SPIN && !realtime))));
         let mut sleeping = false;
         let timeout = if spinning {
             if now.duration_since(pace.last_socket_poll) < SOCKET_POLL_EVERY
