@@ -408,7 +408,13 @@ fn a_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_in_doub
     });
 }
 
-/// Appends and commits at `replicated` records numbered `task`, `task + 4`, ... until `stop`.
+/// Tasks committing on the one `AsyncWal`. With four, every task was sometimes between its
+/// commit and its next append's answer when the primary stopped (3 of 10 runs reported nothing
+/// in doubt once `replicated` commits got faster, 2026-12-07); with sixteen a commit is in flight.
+const COMMITTERS: u64 = 16;
+
+/// Appends and commits at `replicated` records numbered `task`, `task + COMMITTERS`, ... until
+/// `stop`.
 async fn commit_until(
     wal: stela_client::AsyncWal<Rec>,
     stop: Arc<AtomicBool>,
@@ -417,7 +423,7 @@ async fn commit_until(
     let mut outcomes = Outcomes::default();
     let mut seq = task;
     while !stop.load(Ordering::SeqCst) {
-        seq += 4;
+        seq += COMMITTERS;
         let record = rec(seq);
         let Ok(lsn) = wal.append(&record).await else {
             continue; // lost with its primary before it was placed
@@ -438,46 +444,57 @@ fn an_async_client_with_both_endpoints_follows_a_failover_and_resolves_what_was_
     use stela_client::{AsyncWal, WalOptions as ClientOptions};
     // The client runs on its own thread and runtime: committing until told to stop, then
     // resolving what was in doubt, while the test's thread stops and watches the nodes.
-    let reported = through_a_stopped_primary(|endpoints, stop, opened| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let wal: AsyncWal<Rec> = AsyncWal::open(
-                endpoints.as_str(),
-                LEDGER,
-                ClientOptions::default()
-                    .type_tag(TYPE_TAG)
-                    .durability(Durability::Replicated),
-            )
-            .await
-            .expect("opens on the primary");
-            opened.send(wal.term()).unwrap();
-            // Four committers on the one connection, so that commits are in flight when the
-            // primary stops.
-            let committers: Vec<_> = (0..4u64)
-                .map(|task| tokio::spawn(commit_until(wal.clone(), Arc::clone(&stop), task)))
-                .collect();
-            let mut outcomes = Outcomes::default();
-            for committer in committers {
-                outcomes.extend(committer.await.unwrap());
-            }
-            let mut settled = Vec::new();
-            for (term, lsn, record) in &outcomes.doubtful {
-                let outcome = wal.resolve(*term, Lsn::new(*lsn)).await.expect("resolve");
-                settled.push((*lsn, record.clone(), outcome));
-            }
-            Reported {
-                last_term: wal.term(),
-                outcomes,
-                settled,
-            }
-        })
-    });
+    // The scenario again (at most three times in all) when no commit was in flight as the
+    // primary stopped: nothing was in doubt then, so nothing was resolved (seen in 1 of 10 runs
+    // at 5241860; every check of `through_a_stopped_primary` holds in each attempt).
+    let mut attempts = 0;
+    let reported = loop {
+        attempts += 1;
+        let reported = through_a_stopped_primary(|endpoints, stop, opened| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let wal: AsyncWal<Rec> = AsyncWal::open(
+                    endpoints.as_str(),
+                    LEDGER,
+                    ClientOptions::default()
+                        .type_tag(TYPE_TAG)
+                        .durability(Durability::Replicated),
+                )
+                .await
+                .expect("opens on the primary");
+                opened.send(wal.term()).unwrap();
+                // COMMITTERS committers on the one connection, so that a commit is in flight when the
+                // primary stops.
+                let committers: Vec<_> = (0..COMMITTERS)
+                    .map(|task| tokio::spawn(commit_until(wal.clone(), Arc::clone(&stop), task)))
+                    .collect();
+                let mut outcomes = Outcomes::default();
+                for committer in committers {
+                    outcomes.extend(committer.await.unwrap());
+                }
+                let mut settled = Vec::new();
+                for (term, lsn, record) in &outcomes.doubtful {
+                    let outcome = wal.resolve(*term, Lsn::new(*lsn)).await.expect("resolve");
+                    settled.push((*lsn, record.clone(), outcome));
+                }
+                Reported {
+                    last_term: wal.term(),
+                    outcomes,
+                    settled,
+                }
+            })
+        });
+        if !reported.settled.is_empty() || attempts == 3 {
+            break reported;
+        }
+        eprintln!("nothing was in doubt when the primary stopped: the scenario again");
+    };
     assert!(
         !reported.settled.is_empty(),
-        "the commit waiting on the stopped primary was not reported in doubt"
+        "the commit waiting on the stopped primary was not reported in doubt ({attempts} attempts)"
     );
 }
 
