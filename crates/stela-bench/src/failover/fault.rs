@@ -207,7 +207,7 @@ pub(super) fn inject(
         | FaultKind::KillStandby
         | FaultKind::KillWitness
         | FaultKind::Switchover => start_ms,
-        _ => mono_ms(),
+        _ => in_force_ms,
     };
     let mut old_primary_exit = None;
     // The node to start again once the fault is over.

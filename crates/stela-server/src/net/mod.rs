@@ -438,14 +438,13 @@ impl EventLoop {
     fn wait(&mut self, events: &mut Events, pace: &mut Pace, realtime: bool) -> (bool, bool) {
         let now = Instant::now();
         let quiet = now.duration_since(pace.last_activity);
-        let owed = self.answers_owed(pace.standby_owed);
         // A standby's acknowledgement owed is polled for even on a crowded machine (see
-        // `spin::spins_for_standby`); the rest only while it is not crowded.
+        // `spin::spins_for_standby`); the disk's, and speculative spins, only while it is not.
         let spinning = !self.spin.is_zero()
             && (spin::spins_for_standby(pace.standby_owed, quiet, self.spin)
                 || (!pace.crowding.crowded(now)
                     && (quiet < pace.spin.budget()
-                        || (owed && quiet < self.spin)
+                        || (self.disk_waits > 0 && quiet < self.spin)
                         || (self.disk_waits > 0 && quiet < DISK_SPIN && !realtime))));
         let mut sleeping = false;
         let timeout = if spinning {
