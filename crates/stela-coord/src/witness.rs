@@ -242,18 +242,13 @@ fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
-                    let waiting: Vec<Waiting> = pending.iter().map(Pending::waiting).collect();
-                    if let Some(victim) = gate::make_room(&waiting, peer.ip(), &state.auth.limits) {
-                        let evicted = pending.swap_remove(victim);
-                        tracing::debug!(peer = %evicted.peer, "witness: handshake evicted to make room");
-                    }
-                    pending.push(Pending {
+                    let newcomer = Pending {
                         stream,
                         peer,
                         since: Instant::now(),
                         bytes: Vec::new(),
-                    });
-                    debug_assert!(pending.len() <= state.auth.limits.pending.max(1));
+                    };
+                    admit_or_queue(state, &mut pending, newcomer);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(error) => {
@@ -267,6 +262,30 @@ fn accept_loop(listener: &TcpListener, state: &Arc<State>, stop: &AtomicBool) {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+}
+
+/// A connection just accepted: served at once if its whole Hello is here already (a real node
+/// sends it with its connect, so it needs no room in the table and a flood of silent
+/// connections from its own address cannot evict it before it is read); otherwise it waits in
+/// `pending`, making room by evicting another ([`gate::make_room`]).
+fn admit_or_queue(state: &Arc<State>, pending: &mut Vec<Pending>, mut newcomer: Pending) {
+    match read_hello(&mut newcomer) {
+        Heard::Hello(hello) => return greet(state, newcomer, &hello),
+        Heard::Gone(why) => {
+            if let Some(why) = why {
+                refuse(&newcomer.stream, newcomer.peer, &why);
+            }
+            return;
+        }
+        Heard::Nothing | Heard::More => {}
+    }
+    let waiting: Vec<Waiting> = pending.iter().map(Pending::waiting).collect();
+    if let Some(victim) = gate::make_room(&waiting, newcomer.peer.ip(), &state.auth.limits) {
+        let evicted = pending.swap_remove(victim);
+        tracing::debug!(peer = %evicted.peer, "witness: handshake evicted to make room");
+    }
+    pending.push(newcomer);
+    debug_assert!(pending.len() <= state.auth.limits.pending.max(1));
 }
 
 /// Reads what has arrived of `pending`'s Hello, never more than a Hello may take.

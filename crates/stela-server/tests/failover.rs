@@ -85,6 +85,25 @@ fn open(client: &mut RawClient, log: &str) -> Result<(u32, u64), common::Refused
     }
 }
 
+/// Opens `log` on the primary of a pair just started and waits until its stream to the standby
+/// is up. A fresh pair's first primary counts as promoted (unprotected) until its standby holds
+/// something: a `replicated` commit sent before the stream connects is acknowledged alone
+/// (`Unprotected`), which a loaded machine made happen now and then.
+fn open_on_fresh_pair(client: &mut RawClient, primary: &NoHang, log: &str) -> (u32, u64) {
+    let opened = open(client, log).expect("the primary opens");
+    wait_until(
+        &format!("{log}'s stream to the standby"),
+        Duration::from_secs(10),
+        || {
+            replication(primary.socket_path())
+                .logs
+                .iter()
+                .any(|l| l.log == log && l.connected)
+        },
+    );
+    opened
+}
+
 fn replication(socket: &Path) -> stela_proto::ReplicationStatus {
     let mut client = RawClient::connect(socket);
     match client.request(RequestBody::Status) {
@@ -112,6 +131,16 @@ fn witness(dir: &Path) -> stela_coord::witness::Witness {
 
 /// A witness and a pair under `root`: a started as the primary, b as its standby, and a
 /// answering as the primary.
+/// The nodes' log lines (info and above) go to the test's captured output: a failing test
+/// shows what each node did (the threads a test starts inherit its capture).
+fn show_node_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .with_thread_names(true)
+        .try_init();
+}
+
 fn running_pair(root: &Path) -> (stela_coord::witness::Witness, Pair, NoHang, NoHang) {
     running_pair_with(root, |_| {})
 }
@@ -121,11 +150,12 @@ fn running_pair_with(
     root: &Path,
     adjust_b: impl FnOnce(&mut DaemonConfig),
 ) -> (stela_coord::witness::Witness, Pair, NoHang, NoHang) {
+    show_node_logs();
     let witness = witness(&root.join("w"));
     let pair = Pair::new(root, witness.addr());
     let a = pair.start(0, NodeRole::Primary);
     let b = pair.start_with(1, NodeRole::Standby, adjust_b);
-    wait_until("a to be the primary", Duration::from_secs(5), || {
+    wait_until("a to be the primary", Duration::from_secs(15), || {
         replication(a.socket_path()).role == "primary"
     });
     (witness, pair, a, b)
@@ -227,7 +257,7 @@ fn a_silent_primary_is_replaced_and_rejoins_as_the_standby_fetching_only_what_it
     assert_eq!(refused.code, ErrorCode::NotPrimary, "{refused:?}");
 
     let mut client = RawClient::connect(a.socket_path());
-    let (handle, term) = open(&mut client, "ledger").expect("the primary opens");
+    let (handle, term) = open_on_fresh_pair(&mut client, &a, "ledger");
     assert_eq!(
         term >> 32,
         1,
@@ -336,7 +366,7 @@ fn a_rejoined_standby_ends_unprotected_mode_only_once_it_holds_what_was_acknowle
     let root = tempfile::tempdir().unwrap();
     let (_witness, pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let (handle, _) = open_on_fresh_pair(&mut client, &a, "ledger");
     write(&mut client, handle, 0, 10);
     drop(client);
     stop_until_promoted(a, &b);
@@ -362,7 +392,7 @@ fn commits_a_degraded_unprotected_primary_acknowledges_are_caught_up_before_prot
         config.degrade_after = Some(Duration::from_millis(200));
     });
     let mut client = RawClient::connect(a.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let (handle, _) = open_on_fresh_pair(&mut client, &a, "ledger");
     write(&mut client, handle, 0, 10);
     drop(client);
     stop_until_promoted(a, &b);
@@ -398,7 +428,7 @@ fn an_old_primary_back_without_its_newest_records_is_caught_up_before_protected(
     let root = tempfile::tempdir().unwrap();
     let (_witness, pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let (handle, _) = open_on_fresh_pair(&mut client, &a, "ledger");
     for seq in (0..512).step_by(8) {
         let batch: Vec<Rec> = (seq..seq + 8).map(|s| rec(1, s, 16 << 10)).collect();
         client
@@ -446,7 +476,7 @@ fn with_several_logs_the_node_is_protected_again_only_once_every_logs_standby_ca
     let (_witness, pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
     for log in ["ledger", "audit"] {
-        let (handle, _) = open(&mut client, log).unwrap();
+        let (handle, _) = open_on_fresh_pair(&mut client, &a, log);
         write(&mut client, handle, 0, 5);
     }
     drop(client);
@@ -513,7 +543,7 @@ fn a_diverged_suffix_of_the_old_primary_is_cut_into_salvage() {
     let root = tempfile::tempdir().unwrap();
     let (_witness, pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let (handle, _) = open_on_fresh_pair(&mut client, &a, "ledger");
     let mut acked = write(&mut client, handle, 0, 100);
     // The standby goes away; the primary takes five more at `disk`, which only it holds.
     b.shutdown().unwrap();
@@ -604,7 +634,7 @@ fn an_old_primary_that_missed_an_epoch_is_promoted_only_after_following_it() {
     let root = tempfile::tempdir().unwrap();
     let (_witness, pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let (handle, _) = open_on_fresh_pair(&mut client, &a, "ledger");
     let mut acked = write(&mut client, handle, 0, 20);
     drop(client);
     a.shutdown().unwrap();
@@ -670,7 +700,7 @@ fn losing_the_witness_leaves_a_healthy_pair_running() {
     let root = tempfile::tempdir().unwrap();
     let (witness, _pair, a, b) = running_pair(root.path());
     let mut client = RawClient::connect(a.socket_path());
-    let (handle, _) = open(&mut client, "ledger").unwrap();
+    let (handle, _) = open_on_fresh_pair(&mut client, &a, "ledger");
     write(&mut client, handle, 0, 10);
     drop(witness);
     std::thread::sleep(Duration::from_millis(1000));
@@ -703,7 +733,7 @@ fn the_pair_fails_over_the_same_way_with_etcd() {
     wait_until("etcd", Duration::from_secs(30), || probe.current().is_ok());
     let a = pair.start(0, NodeRole::Primary);
     let b = pair.start(1, NodeRole::Standby);
-    wait_until("a to be the primary", Duration::from_secs(5), || {
+    wait_until("a to be the primary", Duration::from_secs(15), || {
         replication(a.socket_path()).role == "primary"
     });
     let mut client = RawClient::connect(a.socket_path());
