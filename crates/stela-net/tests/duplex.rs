@@ -186,3 +186,42 @@ fn a_peer_that_never_answers_fails_the_handshake_at_its_deadline() {
     assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
     drop(silent.join().unwrap());
 }
+
+/// The sender that never waits (the event loop's way in): its bytes and the writer's, taken in
+/// turns, arrive in the order they were given, whatever the socket could not take at once going
+/// out through the flusher; once the writer is gone (its close_notify sent) the sender is
+/// refused rather than sending after the end.
+#[test]
+fn a_sender_that_never_waits_interleaves_with_the_writer_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let ((_client_reader, mut writer), (mut server_reader, _server_writer)) =
+        connected(dir.path());
+    let sender = writer.sender();
+    const LEN: usize = 4 << 20;
+    let expected = pattern(LEN, 11);
+    let receiver = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        server_reader.read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut through_sender = 0;
+    for (i, chunk) in expected.chunks(40_000).enumerate() {
+        if i % 2 == 0 {
+            writer.write_all(chunk).unwrap();
+            continue;
+        }
+        // Whatever the sender could not take now, the writer sends next (as the shipper does
+        // with a frame the event loop began).
+        let taken = sender.try_send(chunk).unwrap();
+        through_sender += taken;
+        writer.write_all(&chunk[taken..]).unwrap();
+    }
+    assert!(through_sender > 0, "the sender took nothing");
+    drop(writer);
+    assert!(
+        sender.try_send(b"after the end").is_err(),
+        "a sender after the writer closed"
+    );
+    let got = receiver.join().unwrap();
+    assert!(got == expected, "{} bytes of {LEN}", got.len());
+}
