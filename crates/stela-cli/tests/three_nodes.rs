@@ -243,12 +243,15 @@ fn a_standby_that_is_behind_asks_first_and_is_not_granted() {
             && c_said.contains("the election waits for more promises"),
         "c did not promise first:\n{c_said}"
     );
-    // The election went on without c's grant, and b was elected in the same epoch c promised.
-    assert_eq!(status(&daemon_b.socket()).epoch, 2);
+    // The election went on without c's grant, and b was elected in the epoch c promised (2);
+    // on a loaded machine a renewal b missed can start one more election, which b, ahead,
+    // wins again (seen once: epoch 3 at load 10).
+    let epoch = status(&daemon_b.socket()).epoch;
+    assert!(epoch >= 2, "b's epoch {epoch}");
 
     let mut client = Connection::connect(&Address::Unix(daemon_b.socket())).unwrap();
     let (handle, term) = open(&mut client).unwrap();
-    assert_eq!(term >> 32, 2);
+    assert_eq!(term >> 32, epoch);
     append(&mut client, handle, 5_000_000..5_000_010, &mut acked)
         .expect("b, protected by c, answers replicated Ok");
     drop(client);
