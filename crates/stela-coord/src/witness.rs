@@ -21,9 +21,11 @@
 //! File layout: `epoch` (u64 LE), holder length (u32 LE), holder (UTF-8), CRC32C of the above
 //! (u32 LE).
 
+use crate::coordinator::{
+    CoordError, Coordinator, Election, Grant, Holder, LogPosition, Renewal, Report,
+};
 use crate::gate::{self, Limits, Refusal, Token, Waiting};
 use crate::rules::{self, Ballot, Claim};
-use crate::{CoordError, Coordinator, Election, Grant, Holder, LogPosition, Renewal, Report};
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
