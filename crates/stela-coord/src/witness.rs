@@ -636,6 +636,24 @@ fn election_response(answer: Election) -> WitnessResponse {
     }
 }
 
+/// The witness's answer to a promotion or a handover, as the client's [`Grant`] (the inverse
+/// of [`grant_response`]).
+fn response_grant(response: WitnessResponse) -> Result<Grant, CoordError> {
+    match response {
+        WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
+        WitnessResponse::Refused {
+            epoch,
+            holder,
+            reason,
+        } => Ok(Grant::Refused {
+            epoch,
+            holder,
+            reason,
+        }),
+        other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
+    }
+}
+
 fn response_election(response: WitnessResponse) -> Result<Election, CoordError> {
     match response {
         WitnessResponse::Prepare { epoch } => Ok(Election::Prepare { epoch }),
@@ -830,44 +848,20 @@ impl Coordinator for WitnessClient {
     }
 
     fn promote(&self, node: &str, seen_epoch: u64) -> Result<Grant, CoordError> {
-        match self.call(&WitnessRequest::Promote {
+        response_grant(self.call(&WitnessRequest::Promote {
             cluster: self.cluster.clone(),
             node: node.to_owned(),
             seen_epoch,
-        })? {
-            WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
-            WitnessResponse::Refused {
-                epoch,
-                holder,
-                reason,
-            } => Ok(Grant::Refused {
-                epoch,
-                holder,
-                reason,
-            }),
-            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
-        }
+        })?)
     }
 
     fn hand_over(&self, node: &str, epoch: u64, to: &str) -> Result<Grant, CoordError> {
-        match self.call(&WitnessRequest::HandOver {
+        response_grant(self.call(&WitnessRequest::HandOver {
             cluster: self.cluster.clone(),
             node: node.to_owned(),
             epoch,
             to: to.to_owned(),
-        })? {
-            WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
-            WitnessResponse::Refused {
-                epoch,
-                holder,
-                reason,
-            } => Ok(Grant::Refused {
-                epoch,
-                holder,
-                reason,
-            }),
-            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
-        }
+        })?)
     }
 
     fn current(&self) -> Result<Holder, CoordError> {
