@@ -11,8 +11,10 @@
 //!   and says so (the log keeps every record; replay at the next start covers them).
 
 use crate::elf::{find_program, linkage, Linkage};
+use crate::error::RunError;
+use crate::log::{open_log, recover};
+use crate::record::RunRecord;
 use crate::settings::Settings;
-use crate::{open_log, recover, RunError, RunRecord};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
