@@ -14,7 +14,6 @@ mod common;
 
 use common::cluster::{check_ledger, free_addr, nodes, status, Node, Outcomes, Witness};
 use common::{exit_within, stela, text, Daemon};
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -121,6 +120,58 @@ fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
     })
 }
 
+/// `stela cluster switchover` of `nodes` hands epoch 2 to b by the handover, and the old
+/// primary a steps down (exit 75).
+fn switch_over_to_b(nodes: &[&str], daemon_a: &mut Daemon, daemon_b: &Daemon) {
+    let started = Instant::now();
+    let switched = stela(&[&["cluster", "switchover"][..], nodes].concat());
+    assert_eq!(switched.status.code(), Some(0), "{}", text(&switched));
+    assert!(
+        text(&switched).contains("switched over: b is the primary of epoch 2"),
+        "{}",
+        text(&switched)
+    );
+    eprintln!("switchover: {} ms", started.elapsed().as_millis());
+    let exit = exit_within(&mut daemon_a.child, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("a did not step down:\n{}", daemon_a.output()));
+    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
+    assert!(
+        daemon_b
+            .output()
+            .contains("handed this node the next epoch"),
+        "b was promoted otherwise than by the handover:\n{}",
+        daemon_b.output()
+    );
+}
+
+/// `stela cluster list` of `nodes`, as text.
+fn cluster_list(nodes: &[&str]) -> String {
+    text(&stela(&[&["cluster", "list"][..], nodes].concat()))
+}
+
+/// Whether the `stela cluster list` output `listing` shows `name` with each of `words`.
+fn shows(listing: &str, name: &str, words: &[&str]) -> bool {
+    listing
+        .lines()
+        .any(|l| l.starts_with(&format!("{name} ")) && words.iter().all(|w| l.contains(w)))
+}
+
+/// No commit was left in doubt by the switchover, and commits were acknowledged in epoch 1
+/// (before it) and in epoch 2 (after it).
+fn none_in_doubt_and_both_epochs(outcomes: &Outcomes<Rec>) {
+    let doubtful = &outcomes.doubtful;
+    assert!(
+        doubtful.is_empty(),
+        "commits left in doubt by a switchover: {doubtful:?}"
+    );
+    for epoch in [1, 2] {
+        assert!(
+            outcomes.acked.iter().any(|(t, _, _)| t >> 32 == epoch),
+            "nothing acknowledged in epoch {epoch}"
+        );
+    }
+}
+
 /// Every record a copy holds was sent.
 fn sent(record: &Rec) -> bool {
     *record == rec(record.0)
@@ -167,36 +218,10 @@ fn pair_switches_over(root: &Path, coordinator: &str) {
     let listed = stela(&[&["cluster", "list"][..], &nodes].concat());
     assert_eq!(listed.status.code(), Some(0), "{}", text(&listed));
     let list = text(&listed);
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("a ") && l.contains("primary") && l.contains(" ok")),
-        "{list}"
-    );
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("b ") && l.contains("standby")),
-        "{list}"
-    );
+    assert!(shows(&list, "a", &["primary", " ok"]), "{list}");
+    assert!(shows(&list, "b", &["standby"]), "{list}");
 
-    let started = Instant::now();
-    let switched = stela(&[&["cluster", "switchover"][..], &nodes].concat());
-    assert_eq!(switched.status.code(), Some(0), "{}", text(&switched));
-    assert!(
-        text(&switched).contains("switched over: b is the primary of epoch 2"),
-        "{}",
-        text(&switched)
-    );
-    eprintln!("switchover: {} ms", started.elapsed().as_millis());
-    let exit = exit_within(&mut daemon_a.child, Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("a did not step down:\n{}", daemon_a.output()));
-    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
-    assert!(
-        daemon_b
-            .output()
-            .contains("handed this node the next epoch"),
-        "b was promoted otherwise than by the handover:\n{}",
-        daemon_b.output()
-    );
+    switch_over_to_b(&nodes, &mut daemon_a, &daemon_b);
     drop(daemon_a);
     let daemon_a = a.start(coordinator, "primary");
     stela_testkit::eventually("a back as b's standby", Duration::from_secs(30), || {
@@ -204,45 +229,20 @@ fn pair_switches_over(root: &Path, coordinator: &str) {
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
-    let Outcomes {
-        acked,
-        doubtful,
-        alone,
-    } = client.join().unwrap();
-    let relisted = text(&stela(&[&["cluster", "list"][..], &nodes].concat()));
-    assert!(
-        relisted
-            .lines()
-            .any(|l| l.starts_with("b ") && l.contains("primary")),
-        "{relisted}"
-    );
-    assert!(
-        relisted
-            .lines()
-            .any(|l| l.starts_with("a ") && l.contains("standby")),
-        "{relisted}"
-    );
+    let outcomes = client.join().unwrap();
+    let relisted = cluster_list(&nodes);
+    assert!(shows(&relisted, "b", &["primary"]), "{relisted}");
+    assert!(shows(&relisted, "a", &["standby"]), "{relisted}");
 
-    assert!(
-        doubtful.is_empty(),
-        "commits left in doubt by a switchover: {doubtful:?}"
-    );
-    assert!(
-        acked.iter().any(|(t, _, _)| t >> 32 == 1),
-        "nothing acknowledged in epoch 1"
-    );
-    assert!(
-        acked.iter().any(|(t, _, _)| t >> 32 == 2),
-        "nothing acknowledged in epoch 2"
-    );
+    none_in_doubt_and_both_epochs(&outcomes);
     daemon_a.terminate();
     daemon_b.terminate();
-    let acked: BTreeMap<u64, Rec> = acked.into_iter().map(|(_, l, r)| (l, r)).collect();
+    let acked = outcomes.acked_by_lsn();
     check_ledger(&b.node.dir, TYPE_TAG, &acked, "the new primary b", sent);
     eprintln!(
         "{} acknowledged, {} on one node alone, none in doubt",
         acked.len(),
-        alone.len()
+        outcomes.alone.len()
     );
 }
 
@@ -276,23 +276,7 @@ fn with_three_nodes_a_switchover_goes_to_the_standby_that_is_up_and_the_others_f
     daemon_c.child.kill().unwrap();
     daemon_c.child.wait().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let switched = stela(&[&["cluster", "switchover"][..], &nodes].concat());
-    assert_eq!(switched.status.code(), Some(0), "{}", text(&switched));
-    assert!(
-        text(&switched).contains("switched over: b is the primary of epoch 2"),
-        "{}",
-        text(&switched)
-    );
-    let exit = exit_within(&mut daemon_a.child, Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("a did not step down:\n{}", daemon_a.output()));
-    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
-    assert!(
-        daemon_b
-            .output()
-            .contains("handed this node the next epoch"),
-        "b was promoted otherwise than by the handover:\n{}",
-        daemon_b.output()
-    );
+    switch_over_to_b(&nodes, &mut daemon_a, &daemon_b);
 
     // The old primary and the node that was down both come back as b's standbys.
     drop(daemon_a);
@@ -309,42 +293,25 @@ fn with_three_nodes_a_switchover_goes_to_the_standby_that_is_up_and_the_others_f
     );
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
-    let Outcomes {
-        acked,
-        doubtful,
-        alone,
-    } = client.join().unwrap();
+    let outcomes = client.join().unwrap();
     stela_testkit::eventually("b's standbys caught up", Duration::from_secs(30), || {
         standbys_caught_up(&daemon_b.socket(), 2)
     });
-    let listed = text(&stela(&[&["cluster", "list"][..], &nodes].concat()));
+    let listed = cluster_list(&nodes);
     for (name, role) in [("a", "standby"), ("b", "primary"), ("c", "standby")] {
-        assert!(
-            listed
-                .lines()
-                .any(|l| l.starts_with(&format!("{name} ")) && l.contains(role)),
-            "{listed}"
-        );
+        assert!(shows(&listed, name, &[role]), "{listed}");
     }
 
-    assert!(
-        doubtful.is_empty(),
-        "commits left in doubt by a switchover: {doubtful:?}"
-    );
+    none_in_doubt_and_both_epochs(&outcomes);
+    let alone = &outcomes.alone;
     assert!(
         alone.is_empty(),
         "acknowledged on one node alone: {alone:?}"
     );
-    for epoch in [1, 2] {
-        assert!(
-            acked.iter().any(|(t, _, _)| t >> 32 == epoch),
-            "nothing acknowledged in epoch {epoch}"
-        );
-    }
     for daemon in [daemon_a, daemon_b, daemon_c] {
         daemon.terminate();
     }
-    let acked: BTreeMap<u64, Rec> = acked.into_iter().map(|(_, l, r)| (l, r)).collect();
+    let acked = outcomes.acked_by_lsn();
     for member in [&a, &b, &c] {
         let node = &member.node;
         check_ledger(&node.dir, TYPE_TAG, &acked, node.name, sent);
