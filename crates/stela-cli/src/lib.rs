@@ -316,10 +316,20 @@ pub fn expand_config_file(mut args: Vec<OsString>) -> anyhow::Result<Vec<OsStrin
         }
     });
     if let Some(file) = file {
-        let flags = service::config_file_flags(Path::new(&file))?;
+        let flags = service::config_file_flags(Path::new(&file), &serve_command())?;
         args.splice(serve + 1..serve + 1, flags);
     }
     Ok(args)
+}
+
+/// `stela serve` as clap sees it: the flags a config file may set, and their parsers.
+fn serve_command() -> clap::Command {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    cli.build();
+    cli.find_subcommand("serve")
+        .cloned()
+        .expect("`stela serve` is a subcommand")
 }
 
 /// What SIGHUP re-reads for a daemon started with `--config`: this process's command line with

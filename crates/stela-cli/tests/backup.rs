@@ -14,6 +14,7 @@ mod common;
 use common::{stela, text, Daemon};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -50,6 +51,31 @@ fn writer(
             }
         }
     })
+}
+
+/// `stela backup --dir DIR --to TO`, then `more` flags.
+fn backup(dir: &str, to: &Path, more: &[&str]) -> Output {
+    let to = to.to_str().unwrap();
+    stela(&[&["backup", "--dir", dir, "--to", to][..], more].concat())
+}
+
+/// `stela restore --from FROM`, then `how` (`--check`, or `--to DIR`).
+fn restore(from: &Path, how: &[&str]) -> Output {
+    stela(&[&["restore", "--from", from.to_str().unwrap()][..], how].concat())
+}
+
+/// `stela restore --from FROM --to TO`.
+fn restore_to(from: &Path, to: &Path) -> Output {
+    restore(from, &["--to", to.to_str().unwrap()])
+}
+
+/// The command exited with `code`, saying each of `saying`.
+fn answered(output: &Output, code: i32, saying: &[&str]) {
+    let said = text(output);
+    assert_eq!(output.status.code(), Some(code), "{said}");
+    for words in saying {
+        assert!(said.contains(words), "{said}");
+    }
 }
 
 fn at_disk() -> WalOptions {
@@ -104,7 +130,7 @@ fn a_backup_of_a_standby_holds_every_record_acknowledged_at_all_before_it_began(
 /// holds every record acknowledged before the backup began, with its bytes, and the backup's
 /// hold is gone from `source`.
 fn backed_up_under_load(base: &Path, primary: &Daemon, source: &Daemon, level: Durability) {
-    let (backup, restored) = (base.join("backup"), base.join("r"));
+    let (backup_dir, restored) = (base.join("backup"), base.join("r"));
     let daemon = primary;
     // Small segments: the backup copies several, and the truncating writer removes some.
     let stop = Arc::new(AtomicBool::new(false));
@@ -127,20 +153,14 @@ fn backed_up_under_load(base: &Path, primary: &Daemon, source: &Daemon, level: D
 
     let began = Instant::now();
     let before: usize = logs.iter().map(|(_, _, a)| busy(a)).sum();
-    let made = stela(&[
-        "backup",
-        "--dir",
-        source.dir_arg(),
-        "--to",
-        backup.to_str().unwrap(),
-    ]);
+    let made = backup(source.dir_arg(), &backup_dir, &[]);
     let ended = Instant::now();
     let during = logs.iter().map(|(_, _, a)| busy(a)).sum::<usize>() - before;
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
         writer.join().unwrap();
     }
-    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    answered(&made, 0, &[]);
     assert!(
         during > 0,
         "the daemon acknowledged nothing during the backup ({:?})",
@@ -148,19 +168,12 @@ fn backed_up_under_load(base: &Path, primary: &Daemon, source: &Daemon, level: D
     );
     let listed = stela(&["logs", "list", "--dir", source.dir_arg(), "--json"]);
     assert!(
-        !text(&listed).contains(backup.file_name().unwrap().to_str().unwrap()),
+        !text(&listed).contains(backup_dir.file_name().unwrap().to_str().unwrap()),
         "the backup's hold was left behind: {}",
         text(&listed)
     );
 
-    let laid = stela(&[
-        "restore",
-        "--from",
-        backup.to_str().unwrap(),
-        "--to",
-        restored.to_str().unwrap(),
-    ]);
-    assert_eq!(laid.status.code(), Some(0), "{}", text(&laid));
+    answered(&restore_to(&backup_dir, &restored), 0, &[]);
     let second = Daemon::start(&restored, &[]);
     for (log, truncate, acked) in &logs {
         let present = records_through(&second.socket(), log);
@@ -204,35 +217,19 @@ fn backed_up(base: &Path, records: u64) -> std::path::PathBuf {
     for i in 0..records {
         wal.append_durable(&format!("order {i}")).unwrap();
     }
-    let backup = base.join("backup");
-    let made = stela(&[
-        "backup",
-        "--dir",
-        daemon.dir_arg(),
-        "--to",
-        backup.to_str().unwrap(),
-    ]);
-    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
-    let again = stela(&[
-        "backup",
-        "--dir",
-        daemon.dir_arg(),
-        "--to",
-        backup.to_str().unwrap(),
-    ]);
-    assert_eq!(again.status.code(), Some(2), "{}", text(&again));
-    assert!(text(&again).contains("not empty"), "{}", text(&again));
+    let copy = base.join("backup");
+    answered(&backup(daemon.dir_arg(), &copy, &[]), 0, &[]);
+    answered(&backup(daemon.dir_arg(), &copy, &[]), 2, &["not empty"]);
     drop(wal);
     daemon.terminate();
-    backup
+    copy
 }
 
 #[test]
 fn a_damaged_backup_is_refused_before_anything_is_written() {
     let base = tempfile::tempdir().unwrap();
     let backup = backed_up(base.path(), 100);
-    let check = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
-    assert_eq!(check.status.code(), Some(0), "{}", text(&check));
+    answered(&restore(&backup, &["--check"]), 0, &[]);
 
     // One bit of one record in the copied segment.
     let segment = backup.join("logs/orders/00000000000000000001.wal");
@@ -241,23 +238,8 @@ fn a_damaged_backup_is_refused_before_anything_is_written() {
     bytes[at] ^= 0x10;
     std::fs::write(&segment, &bytes).unwrap();
     let target = base.path().join("r");
-    for args in [
-        vec!["restore", "--from", backup.to_str().unwrap(), "--check"],
-        vec![
-            "restore",
-            "--from",
-            backup.to_str().unwrap(),
-            "--to",
-            target.to_str().unwrap(),
-        ],
-    ] {
-        let refused = stela(&args);
-        assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
-        assert!(
-            text(&refused).contains("damaged backup") && text(&refused).contains(".wal"),
-            "{}",
-            text(&refused)
-        );
+    for refused in [restore(&backup, &["--check"]), restore_to(&backup, &target)] {
+        answered(&refused, 1, &["damaged backup", ".wal"]);
     }
     assert!(
         !target.join("logs/orders").exists(),
@@ -270,32 +252,14 @@ fn a_damaged_backup_is_refused_before_anything_is_written() {
     let manifest = backup.join("MANIFEST");
     let original = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(&manifest, original.replace("\"orders\"", "\"orderz\"")).unwrap();
-    let edited = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
-    assert_eq!(edited.status.code(), Some(1), "{}", text(&edited));
-    assert!(text(&edited).contains("checksum"), "{}", text(&edited));
+    answered(&restore(&backup, &["--check"]), 1, &["checksum"]);
     std::fs::remove_file(&manifest).unwrap();
-    let none = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
-    assert_eq!(none.status.code(), Some(4), "{}", text(&none));
-    assert!(
-        text(&none).contains("not a stela backup"),
-        "{}",
-        text(&none)
-    );
+    answered(&restore(&backup, &["--check"]), 4, &["not a stela backup"]);
     std::fs::write(&manifest, original).unwrap();
 
     // Restored once; a second restore into the same directory does not overwrite the log.
-    let restore = [
-        "restore",
-        "--from",
-        backup.to_str().unwrap(),
-        "--to",
-        target.to_str().unwrap(),
-    ];
-    let first = stela(&restore);
-    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
-    let second = stela(&restore);
-    assert_eq!(second.status.code(), Some(2), "{}", text(&second));
-    assert!(text(&second).contains("already there"), "{}", text(&second));
+    answered(&restore_to(&backup, &target), 0, &[]);
+    answered(&restore_to(&backup, &target), 2, &["already there"]);
     let daemon = Daemon::start(&target, &[]);
     let present = records_through(&daemon.socket(), "orders");
     assert_eq!(present.len(), 100);
@@ -320,19 +284,10 @@ fn a_rate_limited_backup_reads_no_faster_than_its_limit_and_is_whole() {
             .unwrap();
     }
     wal.commit_at(last, Durability::Disk).unwrap();
-    let backup = base.path().join("backup");
+    let copy = base.path().join("backup");
     const RATE: u64 = 8 << 20;
-    let made = stela(&[
-        "backup",
-        "--dir",
-        daemon.dir_arg(),
-        "--to",
-        backup.to_str().unwrap(),
-        "--max-rate",
-        "8MiB/s",
-        "--json",
-    ]);
-    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    let made = backup(daemon.dir_arg(), &copy, &["--max-rate", "8MiB/s", "--json"]);
+    answered(&made, 0, &[]);
     let totals: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
     let (read, seconds) = (
         totals["read_bytes"].as_u64().unwrap(),
@@ -345,19 +300,14 @@ fn a_rate_limited_backup_reads_no_faster_than_its_limit_and_is_whole() {
     );
     let logs = totals["manifest"]["logs"].as_array().unwrap();
     assert_eq!(logs[0]["last_lsn"].as_u64(), Some(last.get()), "{totals}");
-    let checked = stela(&["restore", "--from", backup.to_str().unwrap(), "--check"]);
-    assert_eq!(checked.status.code(), Some(0), "{}", text(&checked));
+    answered(&restore(&copy, &["--check"]), 0, &[]);
 
-    let bad = stela(&[
-        "backup",
-        "--dir",
-        daemon.dir_arg(),
-        "--to",
-        base.path().join("other").to_str().unwrap(),
-        "--max-rate",
-        "fast",
-    ]);
-    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    let other = base.path().join("other");
+    answered(
+        &backup(daemon.dir_arg(), &other, &["--max-rate", "fast"]),
+        2,
+        &[],
+    );
     drop(wal);
     daemon.terminate();
 }

@@ -12,16 +12,13 @@
 
 mod common;
 
+use common::cluster::{check_ledger, free_addr, nodes, status, Node, Outcomes, Witness};
 use common::{exit_within, stela, text, Daemon};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stela_client::{Address, Connection, Durability};
-use stela_proto::{RequestBody, ResponseBody};
-use stela_wal::{Codec, Wal, WalOptions};
+use stela_client::Durability;
 
 const TYPE_TAG: &str = "switchover::Rec";
 type Rec = (u64, String);
@@ -33,103 +30,49 @@ fn rec(seq: u64) -> Rec {
     )
 }
 
-struct Witness(Child);
-
-impl Drop for Witness {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn witness(dir: &Path, addr: &str) -> Witness {
-    let child = Command::new(env!("CARGO_BIN_EXE_stela"))
-        .args(["witness", "--listen", addr, "--dir"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the witness");
-    stela_testkit::eventually("the witness", Duration::from_secs(20), || {
-        std::net::TcpStream::connect(addr).is_ok()
-    });
-    Witness(child)
-}
-
-struct Node {
-    dir: PathBuf,
-    name: &'static str,
-    repl: String,
-    peers: Vec<String>,
+/// A node of these tests: the cluster's [`Node`] and its client address (`--tcp`).
+struct Member {
+    node: Node,
     tcp: String,
 }
 
-impl Node {
-    /// Starts the node on the coordinator at `coordinator` (a URL).
+impl Member {
+    /// Starts the node on the coordinator at `coordinator` (a URL). It suspects its primary
+    /// only after 5 s, so that the epoch moves by the handover, not by a suspicion.
     fn start(&self, coordinator: &str, role: &str) -> Daemon {
-        let mut args = vec![
-            "--node",
-            self.name,
-            "--repl-listen",
-            &self.repl,
-            "--coordinator",
-            coordinator,
-            "--role",
-            role,
+        let mut more = vec![
             "--tcp",
             &self.tcp,
             "--tcp-insecure",
             "--suspect-after-ms",
             "5000",
         ];
-        for peer in &self.peers {
-            args.extend_from_slice(&["--peer", peer]);
+        if self.node.peers.len() > 1 {
+            more.extend_from_slice(&["--replicas", "1"]);
         }
-        if self.peers.len() > 1 {
-            args.extend_from_slice(&["--replicas", "1"]);
-        }
-        Daemon::start(&self.dir, &args)
+        self.node.start_on(coordinator, role, &more)
     }
 }
 
-/// Nodes named `names`, each with every other one as a `--peer`.
-fn nodes(root: &Path, names: &[&'static str]) -> Vec<Node> {
-    let addr = || stela_testkit::free_addr().to_string();
-    let repl: Vec<String> = names.iter().map(|_| addr()).collect();
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, &name)| Node {
-            dir: root.join(name),
-            name,
-            repl: repl[i].clone(),
-            peers: (0..names.len())
-                .filter(|&j| j != i)
-                .map(|j| repl[j].clone())
-                .collect(),
-            tcp: addr(),
+/// Members named `names`, each with every other one as a `--peer`.
+fn members(root: &Path, names: &[&'static str]) -> Vec<Member> {
+    nodes(root, names)
+        .into_iter()
+        .map(|node| Member {
+            node,
+            tcp: free_addr(),
         })
         .collect()
 }
 
-fn replication(socket: &Path) -> stela_proto::ReplicationStatus {
-    let mut connection =
-        Connection::connect_admin(&Address::Unix(socket.to_owned())).expect("connect for status");
-    match connection.request(RequestBody::Status) {
-        Ok(ResponseBody::Status(report)) => report.replication.expect("a replication section"),
-        other => panic!("status: {other:?}"),
-    }
-}
-
 fn role(socket: &Path) -> (String, u64) {
-    let replication = replication(socket);
+    let replication = status(socket);
     (replication.role, replication.epoch)
 }
 
 /// Whether the primary at `socket` has `standbys` standbys connected, with a log open.
 fn standbys_connected(socket: &Path, standbys: usize) -> bool {
-    let shown = replication(socket);
+    let shown = status(socket);
     shown.standbys.len() == standbys
         && shown
             .standbys
@@ -140,7 +83,7 @@ fn standbys_connected(socket: &Path, standbys: usize) -> bool {
 /// Whether the primary at `socket` has `standbys` standbys connected, each holding every
 /// record of every log.
 fn standbys_caught_up(socket: &Path, standbys: usize) -> bool {
-    let shown = replication(socket);
+    let shown = status(socket);
     shown.standbys.len() == standbys
         && shown
             .standbys
@@ -148,14 +91,9 @@ fn standbys_caught_up(socket: &Path, standbys: usize) -> bool {
             .all(|s| s.connected && s.logs.iter().all(|l| l.lag_records == 0))
 }
 
-/// What the committer got: acknowledged (term, LSN, record), in doubt, on one node alone.
-type Outcomes = (
-    Vec<(u64, u64, Rec)>,
-    Vec<(u64, u64, Rec)>,
-    Vec<(u64, u64, Rec)>,
-);
-
-fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Outcomes> {
+/// Commits `rec(1)`, `rec(2)`, ... at `replicated` through `endpoints` until `stop`; what each
+/// commit got. An append refused while the epoch is handed over is never placed.
+fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Outcomes<Rec>> {
     std::thread::spawn(move || {
         let wal: stela_client::Wal<Rec> = stela_client::Wal::open(
             endpoints.as_str(),
@@ -166,54 +104,84 @@ fn committer(endpoints: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
                 .reconnect_within(Duration::from_secs(30)),
         )
         .expect("opens on the primary");
-        let (mut acked, mut doubtful, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+        let mut outcomes = Outcomes::default();
         let mut seq = 0u64;
         while !stop.load(Ordering::SeqCst) {
             seq += 1;
             let record = rec(seq);
             let Ok(lsn) = wal.append(&record) else {
-                continue; // refused while the epoch is handed over: never placed
+                continue;
             };
             let term = wal.term();
-            match wal.commit_at(lsn, Durability::Replicated) {
-                Ok(()) => acked.push((term, lsn.get(), record)),
-                Err(stela_client::Error::InDoubt {
-                    term,
-                    lsn: Some(lsn),
-                    ..
-                }) => doubtful.push((term, lsn.get(), record)),
-                Err(stela_client::Error::Unprotected {
-                    term,
-                    lsn: Some(lsn),
-                    ..
-                }) => alone.push((term, lsn.get(), record)),
-                Err(error) => panic!("a commit failed other than in doubt or alone: {error}"),
-            }
+            let answer = wal.commit_at(lsn, Durability::Replicated);
+            outcomes.file(answer, term, lsn.get(), record);
         }
-        (acked, doubtful, alone)
+        outcomes
     })
 }
 
-fn held(dir: &Path) -> Vec<Rec> {
-    let wal: Wal<Rec> = Wal::open(
-        dir.join("logs").join("ledger"),
-        WalOptions::default()
-            .codec(Codec::MessagePack)
-            .type_tag(TYPE_TAG)
-            .create_if_missing(false),
-    )
-    .expect("the new primary's copy opens");
-    wal.iter()
-        .unwrap()
-        .map(|item| item.expect("a record of the new primary's copy").1)
-        .collect()
+/// `stela cluster switchover` of `nodes` hands epoch 2 to b by the handover, and the old
+/// primary a steps down (exit 75).
+fn switch_over_to_b(nodes: &[&str], daemon_a: &mut Daemon, daemon_b: &Daemon) {
+    let started = Instant::now();
+    let switched = stela(&[&["cluster", "switchover"][..], nodes].concat());
+    assert_eq!(switched.status.code(), Some(0), "{}", text(&switched));
+    assert!(
+        text(&switched).contains("switched over: b is the primary of epoch 2"),
+        "{}",
+        text(&switched)
+    );
+    eprintln!("switchover: {} ms", started.elapsed().as_millis());
+    let exit = exit_within(&mut daemon_a.child, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("a did not step down:\n{}", daemon_a.output()));
+    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
+    assert!(
+        daemon_b
+            .output()
+            .contains("handed this node the next epoch"),
+        "b was promoted otherwise than by the handover:\n{}",
+        daemon_b.output()
+    );
+}
+
+/// `stela cluster list` of `nodes`, as text.
+fn cluster_list(nodes: &[&str]) -> String {
+    text(&stela(&[&["cluster", "list"][..], nodes].concat()))
+}
+
+/// Whether the `stela cluster list` output `listing` shows `name` with each of `words`.
+fn shows(listing: &str, name: &str, words: &[&str]) -> bool {
+    listing
+        .lines()
+        .any(|l| l.starts_with(&format!("{name} ")) && words.iter().all(|w| l.contains(w)))
+}
+
+/// No commit was left in doubt by the switchover, and commits were acknowledged in epoch 1
+/// (before it) and in epoch 2 (after it).
+fn none_in_doubt_and_both_epochs(outcomes: &Outcomes<Rec>) {
+    let doubtful = &outcomes.doubtful;
+    assert!(
+        doubtful.is_empty(),
+        "commits left in doubt by a switchover: {doubtful:?}"
+    );
+    for epoch in [1, 2] {
+        assert!(
+            outcomes.acked.iter().any(|(t, _, _)| t >> 32 == epoch),
+            "nothing acknowledged in epoch {epoch}"
+        );
+    }
+}
+
+/// Every record a copy holds was sent.
+fn sent(record: &Rec) -> bool {
+    *record == rec(record.0)
 }
 
 #[test]
 fn a_switchover_hands_the_epoch_to_the_standby_and_loses_no_acknowledged_commit() {
     let root = tempfile::tempdir().unwrap();
-    let witness_addr = stela_testkit::free_addr().to_string();
-    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let witness_addr = free_addr();
+    let _witness = Witness::start(&root.path().join("w"), &witness_addr, &[]);
     pair_switches_over(root.path(), &format!("tcp://{witness_addr}"));
 }
 
@@ -234,13 +202,14 @@ fn a_switchover_through_etcd_loses_no_acknowledged_commit() {
 /// switched over to b, a restarted as b's standby, nothing in doubt, every acknowledged record
 /// in b's log.
 fn pair_switches_over(root: &Path, coordinator: &str) {
-    let [a, b]: [Node; 2] = nodes(root, &["a", "b"]).try_into().ok().unwrap();
+    let [a, b]: [Member; 2] = members(root, &["a", "b"]).try_into().ok().unwrap();
     let mut daemon_a = a.start(coordinator, "primary");
     let daemon_b = b.start(coordinator, "standby");
     stela_testkit::eventually("a primary, b its standby", Duration::from_secs(20), || {
         role(&daemon_a.socket()).0 == "primary" && role(&daemon_b.socket()).0 == "standby"
     });
-    let (dir_a, dir_b) = (a.dir.display().to_string(), b.dir.display().to_string());
+    let dir_a = a.node.dir.display().to_string();
+    let dir_b = b.node.dir.display().to_string();
     let nodes = ["--node", dir_a.as_str(), "--node", dir_b.as_str()];
     let stop = Arc::new(AtomicBool::new(false));
     let client = committer(format!("tcp://{},tcp://{}", a.tcp, b.tcp), stop.clone());
@@ -249,36 +218,10 @@ fn pair_switches_over(root: &Path, coordinator: &str) {
     let listed = stela(&[&["cluster", "list"][..], &nodes].concat());
     assert_eq!(listed.status.code(), Some(0), "{}", text(&listed));
     let list = text(&listed);
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("a ") && l.contains("primary") && l.contains(" ok")),
-        "{list}"
-    );
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("b ") && l.contains("standby")),
-        "{list}"
-    );
+    assert!(shows(&list, "a", &["primary", " ok"]), "{list}");
+    assert!(shows(&list, "b", &["standby"]), "{list}");
 
-    let started = Instant::now();
-    let switched = stela(&[&["cluster", "switchover"][..], &nodes].concat());
-    assert_eq!(switched.status.code(), Some(0), "{}", text(&switched));
-    assert!(
-        text(&switched).contains("switched over: b is the primary of epoch 2"),
-        "{}",
-        text(&switched)
-    );
-    eprintln!("switchover: {} ms", started.elapsed().as_millis());
-    let exit = exit_within(&mut daemon_a.child, Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("a did not step down:\n{}", daemon_a.output()));
-    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
-    assert!(
-        daemon_b
-            .output()
-            .contains("handed this node the next epoch"),
-        "b was promoted otherwise than by the handover:\n{}",
-        daemon_b.output()
-    );
+    switch_over_to_b(&nodes, &mut daemon_a, &daemon_b);
     drop(daemon_a);
     let daemon_a = a.start(coordinator, "primary");
     stela_testkit::eventually("a back as b's standby", Duration::from_secs(30), || {
@@ -286,58 +229,30 @@ fn pair_switches_over(root: &Path, coordinator: &str) {
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
-    let (acked, doubtful, alone) = client.join().unwrap();
-    let relisted = text(&stela(&[&["cluster", "list"][..], &nodes].concat()));
-    assert!(
-        relisted
-            .lines()
-            .any(|l| l.starts_with("b ") && l.contains("primary")),
-        "{relisted}"
-    );
-    assert!(
-        relisted
-            .lines()
-            .any(|l| l.starts_with("a ") && l.contains("standby")),
-        "{relisted}"
-    );
+    let outcomes = client.join().unwrap();
+    let relisted = cluster_list(&nodes);
+    assert!(shows(&relisted, "b", &["primary"]), "{relisted}");
+    assert!(shows(&relisted, "a", &["standby"]), "{relisted}");
 
-    assert!(
-        doubtful.is_empty(),
-        "commits left in doubt by a switchover: {doubtful:?}"
-    );
-    assert!(
-        acked.iter().any(|(t, _, _)| t >> 32 == 1),
-        "nothing acknowledged in epoch 1"
-    );
-    assert!(
-        acked.iter().any(|(t, _, _)| t >> 32 == 2),
-        "nothing acknowledged in epoch 2"
-    );
+    none_in_doubt_and_both_epochs(&outcomes);
     daemon_a.terminate();
     daemon_b.terminate();
-    let copy = held(&b.dir);
-    let acked: BTreeMap<u64, Rec> = acked.into_iter().map(|(_, l, r)| (l, r)).collect();
-    for (lsn, record) in &acked {
-        assert_eq!(
-            copy.get(*lsn as usize - 1),
-            Some(record),
-            "LSN {lsn} was acknowledged at replicated and is not in the new primary's log"
-        );
-    }
+    let acked = outcomes.acked_by_lsn();
+    check_ledger(&b.node.dir, TYPE_TAG, &acked, "the new primary b", sent);
     eprintln!(
         "{} acknowledged, {} on one node alone, none in doubt",
         acked.len(),
-        alone.len()
+        outcomes.alone.len()
     );
 }
 
 #[test]
 fn with_three_nodes_a_switchover_goes_to_the_standby_that_is_up_and_the_others_follow_it() {
     let root = tempfile::tempdir().unwrap();
-    let witness_addr = stela_testkit::free_addr().to_string();
-    let _witness = witness(&root.path().join("w"), &witness_addr);
+    let witness_addr = free_addr();
+    let _witness = Witness::start(&root.path().join("w"), &witness_addr, &[]);
     let coordinator = format!("tcp://{witness_addr}");
-    let [a, b, c]: [Node; 3] = nodes(root.path(), &["a", "b", "c"])
+    let [a, b, c]: [Member; 3] = members(root.path(), &["a", "b", "c"])
         .try_into()
         .ok()
         .unwrap();
@@ -347,7 +262,7 @@ fn with_three_nodes_a_switchover_goes_to_the_standby_that_is_up_and_the_others_f
     stela_testkit::eventually("a primary", Duration::from_secs(30), || {
         role(&daemon_a.socket()).0 == "primary"
     });
-    let dirs = [&a.dir, &b.dir, &c.dir].map(|d| d.display().to_string());
+    let dirs = [&a, &b, &c].map(|m| m.node.dir.display().to_string());
     let nodes: Vec<&str> = dirs.iter().flat_map(|d| ["--node", d.as_str()]).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let endpoints = format!("tcp://{},tcp://{},tcp://{}", a.tcp, b.tcp, c.tcp);
@@ -361,23 +276,7 @@ fn with_three_nodes_a_switchover_goes_to_the_standby_that_is_up_and_the_others_f
     daemon_c.child.kill().unwrap();
     daemon_c.child.wait().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let switched = stela(&[&["cluster", "switchover"][..], &nodes].concat());
-    assert_eq!(switched.status.code(), Some(0), "{}", text(&switched));
-    assert!(
-        text(&switched).contains("switched over: b is the primary of epoch 2"),
-        "{}",
-        text(&switched)
-    );
-    let exit = exit_within(&mut daemon_a.child, Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("a did not step down:\n{}", daemon_a.output()));
-    assert_eq!(exit.code(), Some(75), "{}", daemon_a.output());
-    assert!(
-        daemon_b
-            .output()
-            .contains("handed this node the next epoch"),
-        "b was promoted otherwise than by the handover:\n{}",
-        daemon_b.output()
-    );
+    switch_over_to_b(&nodes, &mut daemon_a, &daemon_b);
 
     // The old primary and the node that was down both come back as b's standbys.
     drop(daemon_a);
@@ -394,48 +293,28 @@ fn with_three_nodes_a_switchover_goes_to_the_standby_that_is_up_and_the_others_f
     );
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
-    let (acked, doubtful, alone) = client.join().unwrap();
+    let outcomes = client.join().unwrap();
     stela_testkit::eventually("b's standbys caught up", Duration::from_secs(30), || {
         standbys_caught_up(&daemon_b.socket(), 2)
     });
-    let listed = text(&stela(&[&["cluster", "list"][..], &nodes].concat()));
+    let listed = cluster_list(&nodes);
     for (name, role) in [("a", "standby"), ("b", "primary"), ("c", "standby")] {
-        assert!(
-            listed
-                .lines()
-                .any(|l| l.starts_with(&format!("{name} ")) && l.contains(role)),
-            "{listed}"
-        );
+        assert!(shows(&listed, name, &[role]), "{listed}");
     }
 
-    assert!(
-        doubtful.is_empty(),
-        "commits left in doubt by a switchover: {doubtful:?}"
-    );
+    none_in_doubt_and_both_epochs(&outcomes);
+    let alone = &outcomes.alone;
     assert!(
         alone.is_empty(),
         "acknowledged on one node alone: {alone:?}"
     );
-    for epoch in [1, 2] {
-        assert!(
-            acked.iter().any(|(t, _, _)| t >> 32 == epoch),
-            "nothing acknowledged in epoch {epoch}"
-        );
-    }
     for daemon in [daemon_a, daemon_b, daemon_c] {
         daemon.terminate();
     }
-    let acked: BTreeMap<u64, Rec> = acked.into_iter().map(|(_, l, r)| (l, r)).collect();
-    for node in [&a, &b, &c] {
-        let copy = held(&node.dir);
-        for (lsn, record) in &acked {
-            assert_eq!(
-                copy.get(*lsn as usize - 1),
-                Some(record),
-                "LSN {lsn} was acknowledged at replicated and is not in {}'s log",
-                node.name
-            );
-        }
+    let acked = outcomes.acked_by_lsn();
+    for member in [&a, &b, &c] {
+        let node = &member.node;
+        check_ledger(&node.dir, TYPE_TAG, &acked, node.name, sent);
     }
     eprintln!("{} acknowledged, none in doubt", acked.len());
 }

@@ -21,8 +21,8 @@
 //! the waiting), so a round trip includes a thread wake-up (about 60 us on virtual CPUs).
 
 use crate::connection::{unexpected, Address};
+use crate::error::{Error, Result};
 use crate::wal::{encode_records, in_doubt, WalOptions};
-use crate::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::HashMap;

@@ -7,7 +7,7 @@
 //! write and reads their answers in order; a ring, once mapped, is watched for the daemon's
 //! death (its socket closing) so that a client waiting in the ring learns of it at once.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;

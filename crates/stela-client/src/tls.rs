@@ -11,7 +11,7 @@
 //! that is not the one expected fails the connect, naming the address, before any request is
 //! sent. The token is read from its file at each connect and sent only over TLS.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;

@@ -13,7 +13,7 @@
 //! are busy. Reads, positions and truncation always use the socket.
 
 use crate::connection::{unexpected, Address, Connection};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::marker::PhantomData;
@@ -284,7 +284,7 @@ impl<T> std::fmt::Debug for Wal<T> {
 /// they are.
 pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Option<Lsn>) -> Error {
     if let Error::Server {
-        code: crate::ErrorCode::Unprotected,
+        code: stela_proto::ErrorCode::Unprotected,
         message,
     } = error
     {
@@ -303,7 +303,7 @@ pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Opt
         Error::Server { code, .. } => {
             matches!(
                 code,
-                crate::ErrorCode::InDoubt | crate::ErrorCode::NotPrimary
+                stela_proto::ErrorCode::InDoubt | stela_proto::ErrorCode::NotPrimary
             )
         }
         _ => false,
@@ -324,7 +324,7 @@ pub(crate) fn in_doubt(error: Error, durability: Durability, term: u64, lsn: Opt
 pub(crate) fn node_replaced(error: &Error) -> bool {
     matches!(
         error.code(),
-        Some(crate::ErrorCode::InDoubt | crate::ErrorCode::NotPrimary)
+        Some(stela_proto::ErrorCode::InDoubt | stela_proto::ErrorCode::NotPrimary)
     )
 }
 
@@ -754,7 +754,7 @@ impl<T: Serialize + DeserializeOwned> Wal<T> {
             Ok(Some((_, last))) => return Ok(Lsn::new(last)),
             Ok(None) => {}
             Err(Error::Server {
-                code: crate::ErrorCode::NotAppended,
+                code: stela_proto::ErrorCode::NotAppended,
                 ..
             }) => {}
             Err(error) => return Err(in_doubt(error, durability, term, None)),

@@ -29,8 +29,8 @@
 
 mod gateway;
 
+use crate::coordinator::{CoordError, Coordinator, Grant, Holder, Renewal};
 use crate::rules::{self, Claim};
-use crate::{CoordError, Coordinator, Grant, Holder, Renewal};
 use gateway::{Compare, Gateway, GatewayError, Put};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

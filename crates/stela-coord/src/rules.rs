@@ -31,7 +31,7 @@
 //!   The holder hands over only once it has seen the node hold every record it acknowledged;
 //!   the coordinator cannot check that, as it cannot check a promotion's either.
 
-use crate::{Election, Grant, Holder, Renewal, Report};
+use crate::coordinator::{Election, Grant, Holder, Renewal, Report};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -565,7 +565,7 @@ mod tests {
         Report {
             positions: logs
                 .iter()
-                .map(|&(log, term, lsn)| crate::LogPosition {
+                .map(|&(log, term, lsn)| crate::coordinator::LogPosition {
                     log: log.into(),
                     term,
                     lsn,

@@ -21,9 +21,11 @@
 //! File layout: `epoch` (u64 LE), holder length (u32 LE), holder (UTF-8), CRC32C of the above
 //! (u32 LE).
 
+use crate::coordinator::{
+    CoordError, Coordinator, Election, Grant, Holder, LogPosition, Renewal, Report,
+};
 use crate::gate::{self, Limits, Refusal, Token, Waiting};
 use crate::rules::{self, Ballot, Claim};
-use crate::{CoordError, Coordinator, Election, Grant, Holder, LogPosition, Renewal, Report};
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -634,6 +636,24 @@ fn election_response(answer: Election) -> WitnessResponse {
     }
 }
 
+/// The witness's answer to a promotion or a handover, as the client's [`Grant`] (the inverse
+/// of [`grant_response`]).
+fn response_grant(response: WitnessResponse) -> Result<Grant, CoordError> {
+    match response {
+        WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
+        WitnessResponse::Refused {
+            epoch,
+            holder,
+            reason,
+        } => Ok(Grant::Refused {
+            epoch,
+            holder,
+            reason,
+        }),
+        other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
+    }
+}
+
 fn response_election(response: WitnessResponse) -> Result<Election, CoordError> {
     match response {
         WitnessResponse::Prepare { epoch } => Ok(Election::Prepare { epoch }),
@@ -828,44 +848,20 @@ impl Coordinator for WitnessClient {
     }
 
     fn promote(&self, node: &str, seen_epoch: u64) -> Result<Grant, CoordError> {
-        match self.call(&WitnessRequest::Promote {
+        response_grant(self.call(&WitnessRequest::Promote {
             cluster: self.cluster.clone(),
             node: node.to_owned(),
             seen_epoch,
-        })? {
-            WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
-            WitnessResponse::Refused {
-                epoch,
-                holder,
-                reason,
-            } => Ok(Grant::Refused {
-                epoch,
-                holder,
-                reason,
-            }),
-            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
-        }
+        })?)
     }
 
     fn hand_over(&self, node: &str, epoch: u64, to: &str) -> Result<Grant, CoordError> {
-        match self.call(&WitnessRequest::HandOver {
+        response_grant(self.call(&WitnessRequest::HandOver {
             cluster: self.cluster.clone(),
             node: node.to_owned(),
             epoch,
             to: to.to_owned(),
-        })? {
-            WitnessResponse::Granted { epoch } => Ok(Grant::Granted { epoch }),
-            WitnessResponse::Refused {
-                epoch,
-                holder,
-                reason,
-            } => Ok(Grant::Refused {
-                epoch,
-                holder,
-                reason,
-            }),
-            other => Err(CoordError::Other(format!("unexpected answer {other:?}"))),
-        }
+        })?)
     }
 
     fn current(&self) -> Result<Holder, CoordError> {

@@ -24,7 +24,7 @@
 //! - **One writer of the backing directory.** The follower must stop (SIGTERM: it applies what
 //!   is readable, checkpoints and exits) before the node mounts the same backing directory.
 
-use crate::materialise::Source;
+use crate::materialise::{MaterialiseError, Source};
 use crate::record::FsRecord;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,7 +68,7 @@ impl MirroredLog {
     }
 
     /// Holds the copy from the record after `applied` on (see the module's invariants).
-    pub fn hold(&self, applied: u64) -> Result<(), String> {
+    pub fn hold(&self, applied: u64) -> Result<(), MaterialiseError> {
         stela_wal::holds::record(
             self.storage.as_ref(),
             &self.dir,
@@ -76,12 +76,10 @@ impl MirroredLog {
             Lsn::new(applied + 1),
         )
         .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "recording the hold on {} for {}: {e}",
-                self.dir.display(),
-                self.holder.display()
-            )
+        .map_err(|source| MaterialiseError::Hold {
+            dir: self.dir.clone(),
+            holder: self.holder.clone(),
+            source,
         })
     }
 }
@@ -111,7 +109,11 @@ impl MirroredLog {
 }
 
 impl Source for MirroredLog {
-    fn next_batch(&mut self, after: u64, max: usize) -> Result<Vec<(u64, FsRecord)>, String> {
+    fn next_batch(
+        &mut self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, FsRecord)>, MaterialiseError> {
         let agreed = self.agreed_lsn();
         if agreed <= after {
             return Ok(Vec::new());
@@ -128,7 +130,12 @@ impl Source for MirroredLog {
             Ok(available) => available,
             // Nothing shipped yet: nothing to apply.
             Err(stela_wal::Error::NotALog { .. }) if !self.seen => return Ok(Vec::new()),
-            Err(e) => return Err(format!("reading {}: {e}", self.dir.display())),
+            Err(source) => {
+                return Err(MaterialiseError::ReadCopy {
+                    dir: self.dir.clone(),
+                    source: Box::new(source),
+                })
+            }
         };
         self.seen = true;
         // The standby daemon writes behind its acknowledgements: the records are made durable
@@ -136,7 +143,10 @@ impl Source for MirroredLog {
         for segment in &available.segments {
             std::fs::File::open(segment)
                 .and_then(|file| file.sync_data())
-                .map_err(|e| format!("fdatasync of {}: {e}", segment.display()))?;
+                .map_err(|source| MaterialiseError::SyncCopy {
+                    segment: segment.clone(),
+                    source,
+                })?;
         }
         self.point = available.next;
         let codec = available.codec;
@@ -147,12 +157,16 @@ impl Source for MirroredLog {
                 codec
                     .decode::<FsRecord>(&payload)
                     .map(|record| (lsn.get(), record))
-                    .map_err(|e| format!("record {lsn} of {}: {e}", self.dir.display()))
+                    .map_err(|source| MaterialiseError::DecodeCopy {
+                        lsn: lsn.get(),
+                        dir: self.dir.clone(),
+                        source,
+                    })
             })
             .collect()
     }
 
-    fn checkpointed(&mut self, applied: u64) -> Result<(), String> {
+    fn checkpointed(&mut self, applied: u64) -> Result<(), MaterialiseError> {
         // The standby's copy is the primary's byte for byte: nothing is logged or truncated
         // here, only the hold moved up. (After a promotion the node's mount checkpoints and
         // truncates its own log.)

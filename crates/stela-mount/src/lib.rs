@@ -92,17 +92,17 @@ pub enum MountError {
         problem: String,
     },
     #[error("replaying the log: {0}")]
-    Replay(String),
+    Replay(#[source] fs::ReplayError),
     #[error("following the standby's copy of the log: {0}")]
-    Follow(String),
+    Follow(#[source] materialise::MaterialiseError),
     #[error("mounting {mountpoint}: {source}{hint}")]
     Fuse {
         mountpoint: PathBuf,
         source: std::io::Error,
         hint: &'static str,
     },
-    #[error("{0}")]
-    StaleMountPoint(String),
+    #[error(transparent)]
+    StaleMountPoint(mountpoint::StaleMount),
     #[error(
         "{mountpoint} is already a live {kind} mount; stop the process serving it (or \
          `fusermount3 -u {mountpoint}`) first"
@@ -285,7 +285,7 @@ fn start_materialiser(materialiser: Materialiser<DaemonLog>, handle: MountHandle
             let progress = move |applied| progress_handle.checkpointed(applied);
             if let Err(why) = materialiser.run(&stop_flag, &progress) {
                 tracing::error!("stela mount: the materialiser stopped: {why}");
-                handle.materialiser_failed(why);
+                handle.materialiser_failed(why.to_string());
             }
         })
         .expect("spawning the materialiser thread");

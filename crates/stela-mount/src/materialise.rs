@@ -23,11 +23,12 @@
 
 use crate::backing::{sync_dir, Backing};
 use crate::record::{falloc, FsRecord, Kind};
-use crate::tree::Tree;
+use crate::tree::{Inconsistent, Tree};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,13 +48,143 @@ const BATCH: usize = 4096;
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 const CHECKPOINT_BYTES: u64 = 32 << 20;
 
+/// Why the materialiser stopped (it stops for good: see the module's invariants).
+#[derive(Debug, thiserror::Error)]
+pub enum MaterialiseError {
+    /// The daemon's log ([`DaemonLog`]) could not be asked, read, checkpointed or truncated.
+    #[error("{op}: {source}")]
+    Log {
+        op: LogOp,
+        #[source]
+        source: Box<stela_client::Error>,
+    },
+    /// The records up to `lsn` are durable on the primary, but waiting for its standby to
+    /// hold them failed.
+    #[error("waiting for the standby to hold LSN {lsn}: {source}")]
+    Standby {
+        lsn: u64,
+        #[source]
+        source: Box<stela_client::Error>,
+    },
+    /// A standby's copy ([`crate::follow::MirroredLog`]) could not be held.
+    #[error("recording the hold on {} for {}: {source}", dir.display(), holder.display())]
+    Hold {
+        dir: PathBuf,
+        holder: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A standby's copy could not be read.
+    #[error("reading {}: {source}", dir.display())]
+    ReadCopy {
+        dir: PathBuf,
+        #[source]
+        source: Box<stela_wal::Error>,
+    },
+    /// A segment of a standby's copy could not be made durable before it was applied.
+    #[error("fdatasync of {}: {source}", segment.display())]
+    SyncCopy {
+        segment: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A record of a standby's copy does not decode.
+    #[error("record {lsn} of {}: {source}", dir.display())]
+    DecodeCopy {
+        lsn: u64,
+        dir: PathBuf,
+        #[source]
+        source: stela_format::CodecError,
+    },
+    /// A backing data file could not be opened, written, cut, fallocated, removed or synced.
+    #[error("{op} data file {ino}: {source}")]
+    DataFile {
+        op: FileOp,
+        ino: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("fsync of the data directory: {0}")]
+    DataDir(#[source] std::io::Error),
+    #[error("writing the snapshot: {0}")]
+    Snapshot(#[source] std::io::Error),
+    /// A record that does not fit the materialiser's tree.
+    #[error("log record {lsn}: {source}")]
+    Record {
+        lsn: u64,
+        #[source]
+        source: Inconsistent,
+    },
+}
+
+/// What the materialiser asked of the daemon's log when it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogOp {
+    Positions,
+    Read,
+    LogCheckpoint,
+    Truncate,
+}
+
+impl std::fmt::Display for LogOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogOp::Positions => "log positions",
+            LogOp::Read => "reading the log",
+            LogOp::LogCheckpoint => "logging the checkpoint",
+            LogOp::Truncate => "truncating the log",
+        })
+    }
+}
+
+/// What the materialiser did to a backing data file when it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileOp {
+    Open,
+    Write,
+    Truncate,
+    Fallocate,
+    Remove,
+    Sync,
+}
+
+impl std::fmt::Display for FileOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FileOp::Open => "opening",
+            FileOp::Write => "writing",
+            FileOp::Truncate => "truncating",
+            FileOp::Fallocate => "fallocate on",
+            FileOp::Remove => "removing",
+            FileOp::Sync => "fsync of",
+        })
+    }
+}
+
+impl MaterialiseError {
+    fn log(op: LogOp) -> impl FnOnce(stela_client::Error) -> MaterialiseError {
+        move |source| MaterialiseError::Log {
+            op,
+            source: Box::new(source),
+        }
+    }
+
+    fn data_file(op: FileOp, ino: u64) -> impl FnOnce(std::io::Error) -> MaterialiseError {
+        move |source| MaterialiseError::DataFile { op, ino, source }
+    }
+}
+
 /// Where the materialiser's records come from and where its progress goes.
 pub trait Source: Send {
     /// The next records after `after` (at most `max`, in log order) that may be applied: ones
     /// the log can no longer lose.
-    fn next_batch(&mut self, after: u64, max: usize) -> Result<Vec<(u64, FsRecord)>, String>;
+    fn next_batch(
+        &mut self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, FsRecord)>, MaterialiseError>;
     /// Every record up to `applied` is durable in the backing directory (and its snapshot).
-    fn checkpointed(&mut self, applied: u64) -> Result<(), String>;
+    fn checkpointed(&mut self, applied: u64) -> Result<(), MaterialiseError>;
 }
 
 /// The mount's own log in the daemon (the primary's): applies what is durable at the mount's
@@ -110,11 +241,15 @@ impl DaemonLog {
 }
 
 impl Source for DaemonLog {
-    fn next_batch(&mut self, after: u64, max: usize) -> Result<Vec<(u64, FsRecord)>, String> {
+    fn next_batch(
+        &mut self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, FsRecord)>, MaterialiseError> {
         let durable = self
             .log
             .positions()
-            .map_err(|e| format!("log positions: {e}"))?
+            .map_err(MaterialiseError::log(LogOp::Positions))?
             .durable_lsn;
         if durable <= after {
             return Ok(Vec::new());
@@ -128,10 +263,11 @@ impl Source for DaemonLog {
             match self.log.commit_at(Lsn::new(durable), self.level) {
                 Ok(()) => {}
                 Err(stela_client::Error::Unprotected { .. }) => return Ok(Vec::new()),
-                Err(e) => {
-                    return Err(format!(
-                        "waiting for the standby to hold LSN {durable}: {e}"
-                    ))
+                Err(source) => {
+                    return Err(MaterialiseError::Standby {
+                        lsn: durable,
+                        source: Box::new(source),
+                    })
                 }
             }
         }
@@ -139,9 +275,9 @@ impl Source for DaemonLog {
         for item in self
             .log
             .iter_from(Lsn::new(after + 1))
-            .map_err(|e| format!("reading the log: {e}"))?
+            .map_err(MaterialiseError::log(LogOp::Read))?
         {
-            let (lsn, record) = item.map_err(|e| format!("reading the log: {e}"))?;
+            let (lsn, record) = item.map_err(MaterialiseError::log(LogOp::Read))?;
             if lsn.get() > durable || batch.len() >= max {
                 break;
             }
@@ -150,17 +286,17 @@ impl Source for DaemonLog {
         Ok(batch)
     }
 
-    fn checkpointed(&mut self, applied: u64) -> Result<(), String> {
+    fn checkpointed(&mut self, applied: u64) -> Result<(), MaterialiseError> {
         self.log
             .append(&FsRecord::Checkpoint { applied })
-            .map_err(|e| format!("logging the checkpoint: {e}"))?;
+            .map_err(MaterialiseError::log(LogOp::LogCheckpoint))?;
         let keep_from = match self.standby_holds() {
             Some(held) => applied.min(held) + 1,
             None => applied + 1,
         };
         self.log
             .truncate_before(Lsn::new(keep_from))
-            .map_err(|e| format!("truncating the log: {e}"))?;
+            .map_err(MaterialiseError::log(LogOp::Truncate))?;
         Ok(())
     }
 }
@@ -204,7 +340,11 @@ impl<S: Source> Materialiser<S> {
 
     /// Runs until `stop` is set (then applies and checkpoints what is durable, and returns),
     /// or until a step fails (returns the error). `progress` is told each checkpoint's LSN.
-    pub fn run(mut self, stop: &AtomicBool, progress: &dyn Fn(u64)) -> Result<(), String> {
+    pub fn run(
+        mut self,
+        stop: &AtomicBool,
+        progress: &dyn Fn(u64),
+    ) -> Result<(), MaterialiseError> {
         loop {
             let stopping = stop.load(Ordering::Acquire);
             let applied = self.step()?;
@@ -227,7 +367,7 @@ impl<S: Source> Materialiser<S> {
     }
 
     /// Applies the source's next records after the tree's point (one batch); returns how many.
-    fn step(&mut self) -> Result<usize, String> {
+    fn step(&mut self) -> Result<usize, MaterialiseError> {
         let batch = self.source.next_batch(self.tree.applied, BATCH)?;
         let applied = batch.len();
         for (lsn, record) in batch {
@@ -239,18 +379,18 @@ impl<S: Source> Materialiser<S> {
         Ok(applied)
     }
 
-    fn file(&mut self, ino: u64) -> Result<&File, String> {
+    fn file(&mut self, ino: u64) -> Result<&File, MaterialiseError> {
         if !self.files.contains_key(&ino) {
             let file = self
                 .backing
                 .open_for_write(ino)
-                .map_err(|e| format!("opening data file {ino}: {e}"))?;
+                .map_err(MaterialiseError::data_file(FileOp::Open, ino))?;
             self.files.insert(ino, file);
         }
         Ok(&self.files[&ino])
     }
 
-    fn apply(&mut self, lsn: u64, record: &FsRecord) -> Result<(), String> {
+    fn apply(&mut self, lsn: u64, record: &FsRecord) -> Result<(), MaterialiseError> {
         if lsn <= self.tree.applied {
             return Ok(());
         }
@@ -268,7 +408,7 @@ impl<S: Source> Materialiser<S> {
             } => {
                 self.file(*ino)?
                     .write_all_at(data, *offset)
-                    .map_err(|e| format!("writing data file {ino}: {e}"))?;
+                    .map_err(MaterialiseError::data_file(FileOp::Write, *ino))?;
                 self.touched.insert(*ino);
                 self.applied_bytes += data.len() as u64;
             }
@@ -279,7 +419,7 @@ impl<S: Source> Materialiser<S> {
             } => {
                 self.file(*ino)?
                     .set_len(*size)
-                    .map_err(|e| format!("truncating data file {ino}: {e}"))?;
+                    .map_err(MaterialiseError::data_file(FileOp::Truncate, *ino))?;
                 self.touched.insert(*ino);
             }
             FsRecord::Fallocate {
@@ -291,7 +431,7 @@ impl<S: Source> Materialiser<S> {
             } => {
                 let file = self.file(*ino)?;
                 fallocate(file, *mode, *offset, *length)
-                    .map_err(|e| format!("fallocate on data file {ino}: {e}"))?;
+                    .map_err(MaterialiseError::data_file(FileOp::Fallocate, *ino))?;
                 self.touched.insert(*ino);
             }
             FsRecord::Drop { ino } => {
@@ -301,28 +441,27 @@ impl<S: Source> Materialiser<S> {
                 match std::fs::remove_file(self.backing.data_path(*ino)) {
                     Ok(()) => self.names_changed = true,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(format!("removing data file {ino}: {e}")),
+                    Err(e) => return Err(MaterialiseError::data_file(FileOp::Remove, *ino)(e)),
                 }
             }
             _ => {}
         }
         self.tree
             .apply(lsn, record)
-            .map_err(|e| format!("log record {lsn}: {e}"))
+            .map_err(|source| MaterialiseError::Record { lsn, source })
     }
 
     /// Makes everything applied durable in the backing directory and its snapshot, then tells
     /// the source.
-    fn checkpoint(&mut self) -> Result<(), String> {
+    fn checkpoint(&mut self) -> Result<(), MaterialiseError> {
         for ino in self.touched.drain() {
             if let Some(file) = self.files.get(&ino) {
                 file.sync_data()
-                    .map_err(|e| format!("fsync of data file {ino}: {e}"))?;
+                    .map_err(MaterialiseError::data_file(FileOp::Sync, ino))?;
             }
         }
         if self.names_changed {
-            sync_dir(&self.backing.data_dir())
-                .map_err(|e| format!("fsync of the data directory: {e}"))?;
+            sync_dir(&self.backing.data_dir()).map_err(MaterialiseError::DataDir)?;
             self.names_changed = false;
         }
         // Descriptors of files not written lately are closed, so a long-lived mount does not
@@ -332,7 +471,7 @@ impl<S: Source> Materialiser<S> {
         }
         self.backing
             .save_snapshot(&self.tree)
-            .map_err(|e| format!("writing the snapshot: {e}"))?;
+            .map_err(MaterialiseError::Snapshot)?;
         let applied = self.tree.applied;
         self.checkpointed = applied;
         self.last_checkpoint = Instant::now();
@@ -374,4 +513,48 @@ fn fallocate(file: &File, mode: i32, offset: u64, length: u64) -> std::io::Resul
         at += n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed errors read as the messages the materialiser logged before they were typed
+    /// (the mount reports them, and an operator searches for them).
+    #[test]
+    fn a_stop_names_what_failed_and_on_which_file() {
+        let io = || std::io::Error::from_raw_os_error(libc::EIO);
+        let cases = [
+            (
+                MaterialiseError::data_file(FileOp::Sync, 7)(io()),
+                "fsync of data file 7: ",
+            ),
+            (
+                MaterialiseError::data_file(FileOp::Fallocate, 9)(io()),
+                "fallocate on data file 9: ",
+            ),
+            (
+                MaterialiseError::DataDir(io()),
+                "fsync of the data directory: ",
+            ),
+            (
+                MaterialiseError::log(LogOp::LogCheckpoint)(stela_client::Error::Io(io())),
+                "logging the checkpoint: talking to the daemon: ",
+            ),
+            (
+                MaterialiseError::SyncCopy {
+                    segment: PathBuf::from("/d/logs/m/00000001.seg"),
+                    source: io(),
+                },
+                "fdatasync of /d/logs/m/00000001.seg: ",
+            ),
+        ];
+        for (error, starts) in cases {
+            let text = error.to_string();
+            assert!(
+                text.starts_with(starts),
+                "{text:?} does not start {starts:?}"
+            );
+        }
+    }
 }

@@ -128,8 +128,21 @@ pub fn unmount(point: &Path, lazy: bool) -> bool {
         .is_ok_and(|status| status.success())
 }
 
+/// A dead FUSE mount that could not be detached (the message says how to do it by hand).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{shown} is a dead FUSE mount (\"Transport endpoint is not connected\": the process \
+     that served it was killed) and could not be detached; run `fusermount3 -u {shown}` (as \
+     root: `umount -l {shown}`), then start stela mount again",
+    shown = point.display()
+)]
+pub struct StaleMount {
+    /// The mount point, made absolute.
+    pub point: PathBuf,
+}
+
 /// Detaches the dead mount at `point`, if there is one; `Err` says why it stays.
-pub fn clear_stale(point: &Path) -> Result<(), String> {
+pub fn clear_stale(point: &Path) -> Result<(), StaleMount> {
     if state(point) != PointState::Stale {
         return Ok(());
     }
@@ -142,12 +155,7 @@ pub fn clear_stale(point: &Path) -> Result<(), String> {
         );
         return Ok(());
     }
-    Err(format!(
-        "{0} is a dead FUSE mount (\"Transport endpoint is not connected\": the process that \
-         served it was killed) and could not be detached; run `fusermount3 -u {0}` (as root: \
-         `umount -l {0}`), then start stela mount again",
-        point.display()
-    ))
+    Err(StaleMount { point })
 }
 
 /// Unmounts after a stop request: plainly, again and again while the kernel says busy, until

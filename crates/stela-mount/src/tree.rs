@@ -47,6 +47,17 @@ pub struct Node {
 #[error("record does not fit the file tree: {0}")]
 pub struct Inconsistent(pub String);
 
+/// A backing snapshot that cannot be read back (the mount refuses it rather than start empty).
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("not a stela mount snapshot (bad magic)")]
+    BadMagic,
+    #[error("snapshot checksum mismatch")]
+    Checksum,
+    #[error("snapshot does not decode: {0}")]
+    Body(#[source] rmp_serde::decode::Error),
+}
+
 /// The names and attributes of the whole file system, as of `applied`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tree {
@@ -389,16 +400,16 @@ impl Tree {
 
     /// Reads a snapshot written by [`Tree::encode`]; a wrong magic, a CRC mismatch or a body
     /// that does not decode is an error naming which.
-    pub fn decode(bytes: &[u8]) -> Result<Tree, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Tree, SnapshotError> {
         if bytes.len() < 12 || &bytes[..8] != SNAPSHOT_MAGIC {
-            return Err("not a stela mount snapshot (bad magic)".to_owned());
+            return Err(SnapshotError::BadMagic);
         }
         let crc = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
         let body = &bytes[12..];
         if crc32c::crc32c(body) != crc {
-            return Err("snapshot checksum mismatch".to_owned());
+            return Err(SnapshotError::Checksum);
         }
-        rmp_serde::from_slice(body).map_err(|e| format!("snapshot does not decode: {e}"))
+        rmp_serde::from_slice(body).map_err(SnapshotError::Body)
     }
 }
 
@@ -485,8 +496,12 @@ mod tests {
         assert_eq!(Tree::decode(&bytes).unwrap().next_ino, 2);
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
-        assert!(Tree::decode(&bytes).unwrap_err().contains("checksum"));
-        assert!(Tree::decode(b"nonsense").unwrap_err().contains("magic"));
+        let damaged = Tree::decode(&bytes).unwrap_err();
+        assert!(matches!(damaged, SnapshotError::Checksum), "{damaged}");
+        assert!(damaged.to_string().contains("checksum"));
+        let foreign = Tree::decode(b"nonsense").unwrap_err();
+        assert!(matches!(foreign, SnapshotError::BadMagic), "{foreign}");
+        assert!(foreign.to_string().contains("magic"));
     }
 
     proptest! {

@@ -30,7 +30,7 @@
 //! applying them all onto any subset of them that reached the disk gives the files the
 //! program saw; and no record is ever applied to a file other than the one it was written
 //! to, whatever the program did after the log's end.
-//! Everything replay touched is synced before [`crate::recover`] returns, so the caller may
+//! Everything replay touched is synced before [`crate::log::recover`] returns, so the caller may
 //! truncate the log behind the tail.
 
 use crate::record::RunRecord;

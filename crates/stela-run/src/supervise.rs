@@ -11,8 +11,10 @@
 //!   and says so (the log keeps every record; replay at the next start covers them).
 
 use crate::elf::{find_program, linkage, Linkage};
+use crate::error::RunError;
+use crate::log::{open_log, recover};
+use crate::record::RunRecord;
 use crate::settings::Settings;
-use crate::{open_log, recover, RunError, RunRecord};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -119,21 +121,40 @@ fn sync_tree(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// Why a round of the background sync failed.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    /// The log could not be asked (the connection is opened again next round).
+    #[error("asking the log's positions: {0}")]
+    Positions(#[source] stela_client::Error),
+    /// The files could not be synced: the syncer stops for good (never retried on the same
+    /// files).
+    #[error("syncing {}: {source}", dir.display())]
+    Files {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The log could not be truncated (the connection is opened again next round).
+    #[error("truncating the log: {0}")]
+    Truncate(#[source] stela_client::Error),
+}
+
 /// One round of the background sync: the files hold every change up to the log's last LSN
 /// read first; sync them, then drop the log below it. Returns the LSN synced.
-fn sync_round(log: &Wal<RunRecord>, dirs: &[PathBuf], synced: u64) -> Result<u64, String> {
-    let last = log
-        .positions()
-        .map_err(|e| format!("asking the log's positions: {e}"))?
-        .last_lsn;
+fn sync_round(log: &Wal<RunRecord>, dirs: &[PathBuf], synced: u64) -> Result<u64, SyncError> {
+    let last = log.positions().map_err(SyncError::Positions)?.last_lsn;
     if last <= synced {
         return Ok(synced);
     }
     for dir in dirs {
-        sync_tree(dir).map_err(|e| format!("syncing {}: {e}", dir.display()))?;
+        sync_tree(dir).map_err(|source| SyncError::Files {
+            dir: dir.clone(),
+            source,
+        })?;
     }
     log.truncate_before(Lsn::new(last + 1))
-        .map_err(|e| format!("truncating the log: {e}"))?;
+        .map_err(SyncError::Truncate)?;
     Ok(last)
 }
 
@@ -155,7 +176,7 @@ fn start_syncer(
                 let Some(open) = &log else { continue };
                 match sync_round(open, &settings.dirs, synced) {
                     Ok(lsn) => synced = lsn,
-                    Err(why) if why.starts_with("syncing") => {
+                    Err(why @ SyncError::Files { .. }) => {
                         tracing::error!(
                             "stela run: {why}; the files are no longer synced in the \
                              background (the log keeps every record; restart to replay)"

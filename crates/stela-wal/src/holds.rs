@@ -148,18 +148,28 @@ impl Hold {
     }
 }
 
+/// The holds' directory of a copy could not be listed (so every hold on it counts as LSN 1).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", dir.display())]
+pub struct ListError {
+    /// The holds' directory (`DIR/holds/NAME`).
+    pub dir: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Every hold on the copy in `log_dir`, in file name order.
 ///
 /// # Errors
 /// The error of listing the holds' directory (its absence is no error: no holds).
-pub fn list(storage: &dyn Storage, log_dir: &Path) -> Result<Vec<Hold>, String> {
+pub fn list(storage: &dyn Storage, log_dir: &Path) -> Result<Vec<Hold>, ListError> {
     let Some(dir) = holds_dir(log_dir) else {
         return Ok(Vec::new());
     };
     let mut names = match storage.list(&dir) {
         Ok(names) => names,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Err(source) => return Err(ListError { dir, source }),
     };
     names.sort();
     // A hold being replaced (`.new`) is skipped: its final name follows.
@@ -217,7 +227,7 @@ fn lowest_where(
     counts: impl Fn(&Hold) -> bool,
 ) -> (Option<Lsn>, Vec<String>) {
     match list(storage, log_dir) {
-        Err(why) => (Some(Lsn::new(1)), vec![why]),
+        Err(why) => (Some(Lsn::new(1)), vec![why.to_string()]),
         Ok(holds) => {
             let holds: Vec<&Hold> = holds.iter().filter(|hold| counts(hold)).collect();
             let unreadable = holds.iter().filter_map(|hold| {
@@ -422,5 +432,22 @@ mod tests {
         assert_eq!(held, Some(Lsn::new(1)));
         assert_eq!(unreadable.len(), 1, "{unreadable:?}");
         assert!(unreadable[0].contains("garbled"), "{unreadable:?}");
+    }
+
+    #[test]
+    fn a_holds_directory_that_cannot_be_listed_keeps_everything_and_is_named() {
+        let daemon = tempfile::tempdir().unwrap();
+        let log_dir = daemon.path().join("logs").join("orders");
+        let dir = holds_dir(&log_dir).unwrap();
+        std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+        // A file where the holds' directory belongs: listing it fails (not a directory).
+        std::fs::write(&dir, "").unwrap();
+        let error = list(&StdStorage, &log_dir).unwrap_err();
+        assert_eq!(error.dir, dir);
+        assert_eq!(error.source.kind(), std::io::ErrorKind::NotADirectory);
+        let (held, unreadable) = lowest(&StdStorage, &log_dir);
+        assert_eq!(held, Some(Lsn::new(1)));
+        assert_eq!(unreadable, vec![error.to_string()]);
+        assert!(unreadable[0].starts_with(&format!("{}: ", dir.display())));
     }
 }

@@ -2,26 +2,20 @@
 //! (in `embedded-sync` one at a time, so each commit pays its own fdatasync).
 
 use super::mode::Mode;
-use super::records::RecordSource;
+use super::records::LoggedSource;
 use super::timed::{drive, Commit, Outcome, Timing};
 use anyhow::Context;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use std::path::Path;
 use std::sync::Mutex;
 use stela_format::Codec;
 use stela_wal::SyncMode;
 
-pub(super) fn run_embedded<S>(
+pub(super) fn run_embedded<S: LoggedSource>(
     mode: Mode,
     dir: &Path,
     timing: Timing,
     sources: Vec<S>,
-) -> anyhow::Result<Outcome>
-where
-    S: RecordSource,
-    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
+) -> anyhow::Result<Outcome> {
     let sync = if mode == Mode::EmbeddedUnsafe {
         SyncMode::None
     } else {

@@ -41,28 +41,22 @@ mod timed;
 
 pub use idle::IdleConnections;
 pub use mode::Mode;
-pub use records::{RecordSource, SplitMix64};
+pub use records::{LoggedSource, RecordSource, SplitMix64};
 pub use service::{check_descriptors, daemon_status, Daemon, DaemonEnv, ServiceRun};
 pub use timed::{settle_writeback, DaemonSample, Outcome, Timing, WARMUP};
 
 use anyhow::anyhow;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use std::path::Path;
 
 /// One run: `sources.len()` clients commit records in `mode` to one log in `dir` (which must be
 /// fresh) for `timing`; the service modes through a daemon started in this process in `dir`.
-pub fn run_mode<S>(
+pub fn run_mode<S: LoggedSource>(
     mode: Mode,
     dir: &Path,
     daemon: Option<&DaemonEnv>,
     timing: Timing,
     sources: Vec<S>,
-) -> anyhow::Result<Outcome>
-where
-    S: RecordSource,
-    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
+) -> anyhow::Result<Outcome> {
     let service = daemon.map(ServiceRun::in_process);
     run_mode_with(mode, dir, service.as_ref(), timing, sources)
 }
@@ -70,17 +64,13 @@ where
 /// One run, the service modes as `service` says. `dir` holds the log of an embedded run and the
 /// daemon of an in-process one (fresh, in both cases); a run against a running daemon does not
 /// use it.
-pub fn run_mode_with<S>(
+pub fn run_mode_with<S: LoggedSource>(
     mode: Mode,
     dir: &Path,
     service: Option<&ServiceRun<'_>>,
     timing: Timing,
     sources: Vec<S>,
-) -> anyhow::Result<Outcome>
-where
-    S: RecordSource,
-    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
+) -> anyhow::Result<Outcome> {
     anyhow::ensure!(!sources.is_empty(), "at least one client is needed");
     match mode.durability() {
         None => {

@@ -2,11 +2,27 @@
 //! seeded generator the demo's and the benchmarks' sources draw from, fixed so that a seed names
 //! the same records on every machine and build.
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
 /// Where each client's next record comes from. Returns a reference so the timed loop neither
 /// allocates nor copies a record.
 pub trait RecordSource: Send {
     type Record;
     fn next_record(&mut self) -> &Self::Record;
+}
+
+/// A [`RecordSource`] whose records a log can carry: encoded and decoded with serde, and handed
+/// between the client threads. Every such source is one; the bound is written here once
+/// rather than at each step of a run.
+pub trait LoggedSource:
+    RecordSource<Record: Serialize + DeserializeOwned + Send + Sync + 'static>
+{
+}
+
+impl<S> LoggedSource for S where
+    S: RecordSource<Record: Serialize + DeserializeOwned + Send + Sync + 'static>
+{
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and fixed forever (unlike `rand`'s

@@ -5,11 +5,9 @@
 //! (memory, threads, connections) in the middle of the window.
 
 use super::idle::IdleConnections;
-use super::records::RecordSource;
+use super::records::LoggedSource;
 use super::timed::{drive, settle_writeback, Commit, DaemonSample, Outcome, Timing, CLIENT_THREAD};
 use anyhow::{anyhow, Context};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -95,46 +93,47 @@ impl<'a> ServiceRun<'a> {
     }
 }
 
-pub(super) fn run_service<S>(
+pub(super) fn run_service<S: LoggedSource>(
     durability: Durability,
     dir: &Path,
     service: &ServiceRun<'_>,
     timing: Timing,
     sources: Vec<S>,
-) -> anyhow::Result<Outcome>
-where
-    S: RecordSource,
-    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    let options = stela_client::WalOptions::default()
-        .codec(Codec::MessagePack)
-        .durability(durability)
-        .transport(service.transport);
+) -> anyhow::Result<Outcome> {
+    let run = Run {
+        idle_connections: service.idle_connections,
+        options: stela_client::WalOptions::default()
+            .codec(Codec::MessagePack)
+            .durability(durability)
+            .transport(service.transport),
+        timing,
+        sources,
+    };
     match service.daemon {
-        Daemon::InProcess(env) => run_in_process(env, dir, service, &options, timing, sources),
-        Daemon::Running { socket, log } => {
-            run_against(socket, log, service, &options, timing, sources)
-        }
+        Daemon::InProcess(env) => run_in_process(env, dir, run),
+        Daemon::Running { socket, log } => run_against(socket, log, run),
     }
+}
+
+/// What a service run puts on its daemon, whichever daemon that is: the idle connections,
+/// then one client per record source, opened with `options` and driven for `timing`.
+struct Run<S> {
+    idle_connections: usize,
+    options: stela_client::WalOptions,
+    timing: Timing,
+    sources: Vec<S>,
 }
 
 /// A service run through a daemon started in this process in `dir` for the run (its socket in
 /// a short temporary directory when `dir` is too deep for one), stopped afterwards.
-fn run_in_process<S>(
+fn run_in_process<S: LoggedSource>(
     env: &DaemonEnv,
     dir: &Path,
-    service: &ServiceRun<'_>,
-    options: &stela_client::WalOptions,
-    timing: Timing,
-    sources: Vec<S>,
-) -> anyhow::Result<Outcome>
-where
-    S: RecordSource,
-    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    let clients = sources.len();
+    run: Run<S>,
+) -> anyhow::Result<Outcome> {
+    let clients = run.sources.len();
     settle_writeback(dir)?;
-    check_descriptors(service.idle_connections, clients, true)?;
+    check_descriptors(run.idle_connections, clients, true)?;
     let mut config = env.config(dir);
     let short_socket = if config.socket_path().as_os_str().len() > MAX_SOCKET_PATH {
         let socket_dir = tempfile::Builder::new()
@@ -153,10 +152,10 @@ where
     )
     .clients;
     anyhow::ensure!(
-        service.idle_connections + clients <= served,
+        run.idle_connections + clients <= served,
         "{} idle connections and {clients} clients are more than the daemon serves at \
          once with this file limit ({served})",
-        service.idle_connections
+        run.idle_connections
     );
     let threads_before: HashSet<u32> = tasks().into_iter().map(|(tid, _)| tid).collect();
     let server = Server::start(config).context("start the daemon")?;
@@ -170,15 +169,7 @@ where
             in_process: true,
         })
     };
-    let result = connect_and_drive(
-        server.socket_path(),
-        LOG_NAME,
-        service.idle_connections,
-        options,
-        timing,
-        sources,
-        &probe,
-    );
+    let result = connect_and_drive(server.socket_path(), LOG_NAME, run, &probe);
     let stopped = server.shutdown();
     drop(short_socket);
     let outcome = result?;
@@ -187,30 +178,19 @@ where
 }
 
 /// A service run through the daemon already running at `socket`, on its log `log`.
-fn run_against<S>(
-    socket: &Path,
-    log: &str,
-    service: &ServiceRun<'_>,
-    options: &stela_client::WalOptions,
-    timing: Timing,
-    sources: Vec<S>,
-) -> anyhow::Result<Outcome>
-where
-    S: RecordSource,
-    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    let clients = sources.len();
-    check_descriptors(service.idle_connections, clients, false)?;
+fn run_against<S: LoggedSource>(socket: &Path, log: &str, run: Run<S>) -> anyhow::Result<Outcome> {
+    let clients = run.sources.len();
+    check_descriptors(run.idle_connections, clients, false)?;
     let report = daemon_status(socket)?;
     let free = report.max_connections.saturating_sub(report.connections) as usize;
     anyhow::ensure!(
-        service.idle_connections + clients <= free,
+        run.idle_connections + clients <= free,
         "the daemon at {} serves at most {} client connections and holds {} now: no room \
          for {} idle connections and {clients} clients",
         socket.display(),
         report.max_connections,
         report.connections,
-        service.idle_connections
+        run.idle_connections
     );
     // Its logs are in its directory: settle that file system when it is on this machine.
     if Path::new(&report.dir).is_dir() {
@@ -226,31 +206,22 @@ where
             in_process: false,
         })
     };
-    connect_and_drive(
-        socket,
-        log,
-        service.idle_connections,
-        options,
-        timing,
-        sources,
-        &probe,
-    )
+    connect_and_drive(socket, log, run, &probe)
 }
 
 /// Opens the idle connections, then one client per source on `log`, and drives them.
-fn connect_and_drive<S>(
+fn connect_and_drive<S: LoggedSource>(
     socket: &Path,
     log: &str,
-    idle_connections: usize,
-    options: &stela_client::WalOptions,
-    timing: Timing,
-    sources: Vec<S>,
+    run: Run<S>,
     probe: &dyn Fn() -> anyhow::Result<DaemonSample>,
-) -> anyhow::Result<Outcome>
-where
-    S: RecordSource,
-    S::Record: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
+) -> anyhow::Result<Outcome> {
+    let Run {
+        idle_connections,
+        options,
+        timing,
+        sources,
+    } = run;
     let idle = IdleConnections::open(socket, idle_connections)?;
     let clients = sources
         .iter()

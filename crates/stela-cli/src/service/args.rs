@@ -308,26 +308,29 @@ fn octal<S: serde::Serializer>(mode: &u32, serializer: S) -> Result<S::Ok, S::Er
 /// then override them): `key = value` becomes `--key value`, `key = true` `--key`, an array
 /// one `--key value` per element.
 ///
-/// Every key is checked against `stela serve`'s flags, and every value against its flag's
-/// parser, before anything runs: a misspelt key or a bad value is refused naming the file and
-/// line (`stela.toml:3: unknown setting `bufers``), at start and on SIGHUP alike.
+/// Every key is checked against `serve`, `stela serve` as clap sees it (its flags and their
+/// parsers: the command line's own `serve` subcommand, built), and every value against its
+/// flag's parser, before anything runs: a misspelt key or a bad value is refused naming the
+/// file and line (`stela.toml:3: unknown setting `bufers``), at start and on SIGHUP alike.
 ///
 /// # Errors
 /// An unreadable file, TOML that is not a table of settings, an unknown key, a bad value.
-pub fn config_file_flags(path: &std::path::Path) -> anyhow::Result<Vec<std::ffi::OsString>> {
+pub fn config_file_flags(
+    path: &std::path::Path,
+    serve: &clap::Command,
+) -> anyhow::Result<Vec<std::ffi::OsString>> {
     use toml::Spanned;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the config file {}", path.display()))?;
     let table: std::collections::BTreeMap<Spanned<String>, Spanned<toml::Value>> =
         toml::from_str(&text)
             .with_context(|| format!("{}: not a TOML table of settings", path.display()))?;
-    let serve = serve_command();
     let mut flags = Vec::new();
     for (key, value) in &table {
         let line = text[..key.span().start].matches('\n').count() + 1;
         let at = format!("{}:{line}", path.display());
-        let arg = setting_arg(&serve, key.get_ref())
-            .with_context(|| format!("{at}: {}", unknown_setting(&serve, key.get_ref())))?;
+        let arg = setting_arg(serve, key.get_ref())
+            .with_context(|| format!("{at}: {}", unknown_setting(serve, key.get_ref())))?;
         let flag = format!("--{}", arg.get_long().unwrap_or(key.get_ref()));
         let takes_value = arg.get_action().takes_values();
         let items: Vec<&toml::Value> = match value.get_ref() {
@@ -383,16 +386,6 @@ fn check_value(arg: &clap::Arg, value: &str) -> Result<(), clap::Error> {
         .arg(alone)
         .try_get_matches_from([value])
         .map(drop)
-}
-
-/// `stela serve` as clap sees it: the flags a config file may set, and their parsers.
-fn serve_command() -> clap::Command {
-    use clap::CommandFactory;
-    let mut cli = crate::Cli::command();
-    cli.build();
-    cli.find_subcommand("serve")
-        .cloned()
-        .expect("`stela serve` is a subcommand")
 }
 
 /// The flag a config key sets: its long name or an alias; never `config` or `print-config`.

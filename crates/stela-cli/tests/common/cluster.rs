@@ -85,14 +85,19 @@ impl Node {
     /// Starts `stela serve` for this node with the witness at `witness` as its coordinator,
     /// in `role`, with `more` flags after the cluster's own.
     pub fn start(&self, witness: &str, role: &str, more: &[&str]) -> Daemon {
-        let coordinator = format!("tcp://{witness}");
+        self.start_on(&format!("tcp://{witness}"), role, more)
+    }
+
+    /// As [`Node::start`], on the coordinator at the URL `coordinator` (`tcp://` for a
+    /// witness, `etcd://` for etcd).
+    pub fn start_on(&self, coordinator: &str, role: &str, more: &[&str]) -> Daemon {
         let mut args = vec![
             "--node",
             self.name,
             "--repl-listen",
             &self.repl,
             "--coordinator",
-            &coordinator,
+            coordinator,
             "--role",
             role,
         ];

@@ -20,7 +20,7 @@
 
 use crate::backing::Backing;
 use crate::record::{falloc, FsRecord, Kind, Time};
-use crate::tree::{Node, Tree};
+use crate::tree::{Inconsistent, Node, Tree};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Generation, INodeNo, RenameFlags, ReplyEntry, Request,
     TimeOrNow,
@@ -104,6 +104,22 @@ impl MountHandle {
     pub fn failure(&self) -> Option<String> {
         self.0.state.lock().expect("state lock").failed.clone()
     }
+}
+
+/// Why a mount could not start over its replayed log.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A record after the snapshot does not fit the tree.
+    #[error("replaying log record {lsn}: {source}")]
+    Record {
+        lsn: u64,
+        #[source]
+        source: Inconsistent,
+    },
+    /// Logging the drop of an inode left open without a name failed: the mount stopped, for
+    /// the reason it gives every request.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 pub struct StelaFs {
@@ -213,7 +229,7 @@ impl StelaFs {
         open_waiter: Box<dyn Fn() -> stela_client::Result<Wal<FsRecord>> + Send + Sync>,
         backing: Arc<Backing>,
         settings: MountSettings,
-    ) -> Result<StelaFs, String> {
+    ) -> Result<StelaFs, ReplayError> {
         let mut state = State {
             tree,
             last_lsn: HashMap::new(),
@@ -228,7 +244,7 @@ impl StelaFs {
                 continue;
             }
             apply_logged(&mut state, lsn, record)
-                .map_err(|e| format!("replaying log record {lsn}: {e}"))?;
+                .map_err(|source| ReplayError::Record { lsn, source })?;
         }
         let write_piece = log
             .max_record_bytes()
@@ -258,7 +274,7 @@ impl StelaFs {
             .collect();
         for ino in orphans {
             fs.log_record(&mut state, FsRecord::Drop { ino })
-                .map_err(|_| state.failed.clone().unwrap_or_default())?;
+                .map_err(|_| ReplayError::Stopped(state.failed.clone().unwrap_or_default()))?;
         }
         drop(state);
         Ok(fs)
@@ -616,7 +632,7 @@ impl StelaFs {
 
 /// Applies a record the log assigned `lsn` to the mount's memory: the tree, the overlay and
 /// the inodes' last LSNs.
-fn apply_logged(state: &mut State, lsn: u64, record: FsRecord) -> Result<(), String> {
+fn apply_logged(state: &mut State, lsn: u64, record: FsRecord) -> Result<(), Inconsistent> {
     let tree = &state.tree;
     let mut touched: Vec<u64> = Vec::with_capacity(4);
     match &record {
@@ -642,7 +658,7 @@ fn apply_logged(state: &mut State, lsn: u64, record: FsRecord) -> Result<(), Str
         }
         FsRecord::Drop { .. } | FsRecord::Checkpoint { .. } => {}
     }
-    state.tree.apply(lsn, &record).map_err(|e| e.to_string())?;
+    state.tree.apply(lsn, &record)?;
     for ino in touched {
         state.last_lsn.insert(ino, lsn);
     }

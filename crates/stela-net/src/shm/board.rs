@@ -27,9 +27,9 @@ pub use model::Board;
 
 #[cfg(not(stela_loom))]
 mod real {
+    use super::super::error::ShmError;
     use super::super::os::{self, Mapping};
     use super::super::sync::AtomicU32;
-    use super::super::ShmError;
     use std::os::fd::{AsFd, OwnedFd};
     use std::sync::Arc;
     use stela_proto::ring::{BoardSeat, RingError, BOARD_BYTES};
@@ -74,7 +74,7 @@ mod real {
         /// # Errors
         /// [`ShmError::Unsealed`], [`ShmError::Layout`] for a wrong size, [`ShmError::Io`].
         pub fn from_fd(memfd: OwnedFd) -> Result<Board, ShmError> {
-            let size = super::super::sealed_size(memfd.as_fd())?;
+            let size = super::super::os::sealed_size(memfd.as_fd())?;
             if size != BOARD_BYTES as u64 {
                 return Err(ShmError::Layout(RingError::BadRegionSize {
                     found: size,

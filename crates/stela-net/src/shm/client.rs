@@ -22,9 +22,9 @@
 //!   publishes what was written first.
 
 use super::board::{Board, Seat};
+use super::error::ShmError;
 use super::region::{Doorbell, Region};
 use super::sync::{crash_point, fence, Arc, AtomicBool};
-use super::ShmError;
 use std::fmt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::time::{Duration, Instant};
@@ -174,7 +174,7 @@ impl ClientRing {
         use super::os;
         use std::os::fd::AsFd;
         use stela_proto::ring::{HEADER_BYTES, MAX_DATA_BYTES};
-        let size = super::sealed_size(memfd.as_fd())?;
+        let size = super::os::sealed_size(memfd.as_fd())?;
         if size < HEADER_BYTES as u64 || size > HEADER_BYTES as u64 + MAX_DATA_BYTES {
             return Err(ShmError::Layout(RingError::BadRegionSize {
                 found: size,

@@ -366,6 +366,21 @@ pub fn recv_with_fds(
     Ok(n)
 }
 
+/// The size of a memfd a peer sent, once it is known to be sealed against resizing (a peer
+/// holding a descriptor it could shrink could make our mapping of it fault): the check every
+/// shared region (ring, wake board) passes before it is mapped.
+#[cfg(not(stela_loom))]
+pub(crate) fn sealed_size(memfd: BorrowedFd<'_>) -> Result<u64, super::error::ShmError> {
+    use super::error::ShmError;
+    let found = seals(memfd).map_err(ShmError::io("fcntl(F_GET_SEALS)"))?;
+    if found & RING_SEALS != RING_SEALS {
+        return Err(ShmError::Unsealed {
+            seals: found as u32,
+        });
+    }
+    file_size(memfd).map_err(ShmError::io("fstat"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

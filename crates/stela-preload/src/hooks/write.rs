@@ -45,27 +45,75 @@ unsafe fn gather(iov: *const iovec, count: c_int, len: usize) -> Vec<u8> {
     out
 }
 
+/// Where a write's bytes went: at the offset the call gave, or at the descriptor's own
+/// offset (which the write advanced past them).
+#[derive(Clone, Copy)]
+enum At {
+    Given(off_t),
+    Current,
+}
+
+/// The memory a write took its bytes from: one buffer, or an iovec array of `count`.
+#[derive(Clone, Copy)]
+enum Bytes {
+    Buf(*const c_void),
+    Iov(*const iovec, c_int),
+}
+
+/// Every write hook's one path: `call` the real function (`real`, which the hook looked up:
+/// ENOSYS without it); when `fd` is a tracked durable file and the call wrote, log the bytes
+/// it reports written (taken from `bytes`, at `at`) and, for an O_DSYNC descriptor or a
+/// `sync` call, wait for them at the level.
+///
+/// # Safety
+/// `call` calls `real` with the hook's own arguments, and `bytes` names the memory those
+/// arguments hand it.
+unsafe fn write_through<F>(
+    real: Option<F>,
+    fd: c_int,
+    call: impl FnOnce(F) -> ssize_t,
+    at: At,
+    bytes: Bytes,
+    sync: bool,
+) -> ssize_t {
+    let Some(real) = real else {
+        return fail(libc::ENOSYS) as ssize_t;
+    };
+    let Some(tracked) = fds::lookup(fd) else {
+        return call(real);
+    };
+    let n = call(real);
+    if n <= 0 {
+        return n;
+    }
+    let offset = match at {
+        At::Given(offset) => offset as u64,
+        At::Current => match offset_before(fd, n) {
+            Some(offset) => offset,
+            None => return fail(libc::EIO) as ssize_t,
+        },
+    };
+    let gathered;
+    let data = match bytes {
+        // SAFETY: the kernel read `n` bytes from `buf`.
+        Bytes::Buf(buf) => std::slice::from_raw_parts(buf.cast::<u8>(), n as usize),
+        Bytes::Iov(iov, count) => {
+            gathered = gather(iov, count, n as usize);
+            &gathered[..]
+        }
+    };
+    wrote(&tracked, offset, data, n, tracked.sync || sync)
+}
+
+type WriteFn = unsafe extern "C" fn(c_int, *const c_void, size_t) -> ssize_t;
+
 /// # Safety
 /// libc's `write`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
-    let Some(real) = real!(write: unsafe extern "C" fn(c_int, *const c_void, size_t) -> ssize_t)
-    else {
-        return fail(libc::ENOSYS) as ssize_t;
-    };
-    let Some(tracked) = fds::lookup(fd) else {
-        return real(fd, buf, count);
-    };
-    let n = real(fd, buf, count);
-    if n <= 0 {
-        return n;
-    }
-    let Some(offset) = offset_before(fd, n) else {
-        return fail(libc::EIO) as ssize_t;
-    };
-    // SAFETY: the kernel read `n` bytes from `buf`.
-    let data = std::slice::from_raw_parts(buf.cast::<u8>(), n as usize);
-    wrote(&tracked, offset, data, n, tracked.sync)
+    let call = |real: WriteFn| real(fd, buf, count);
+    let bytes = Bytes::Buf(buf);
+    write_through(real!(write: WriteFn), fd, call, At::Current, bytes, false)
 }
 
 type PwriteFn = unsafe extern "C" fn(c_int, *const c_void, size_t, off_t) -> ssize_t;
@@ -77,19 +125,8 @@ unsafe fn pwrite_with(
     count: size_t,
     offset: off_t,
 ) -> ssize_t {
-    let Some(real) = real else {
-        return fail(libc::ENOSYS) as ssize_t;
-    };
-    let Some(tracked) = fds::lookup(fd) else {
-        return real(fd, buf, count, offset);
-    };
-    let n = real(fd, buf, count, offset);
-    if n <= 0 {
-        return n;
-    }
-    // SAFETY: the kernel read `n` bytes from `buf`.
-    let data = std::slice::from_raw_parts(buf.cast::<u8>(), n as usize);
-    wrote(&tracked, offset as u64, data, n, tracked.sync)
+    let call = |real: PwriteFn| real(fd, buf, count, offset);
+    write_through(real, fd, call, At::Given(offset), Bytes::Buf(buf), false)
 }
 
 /// # Safety
@@ -116,26 +153,15 @@ pub unsafe extern "C" fn pwrite64(
     pwrite_with(real!(pwrite64: PwriteFn), fd, buf, count, offset)
 }
 
+type WritevFn = unsafe extern "C" fn(c_int, *const iovec, c_int) -> ssize_t;
+
 /// # Safety
 /// libc's `writev`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    let Some(real) = real!(writev: unsafe extern "C" fn(c_int, *const iovec, c_int) -> ssize_t)
-    else {
-        return fail(libc::ENOSYS) as ssize_t;
-    };
-    let Some(tracked) = fds::lookup(fd) else {
-        return real(fd, iov, count);
-    };
-    let n = real(fd, iov, count);
-    if n <= 0 {
-        return n;
-    }
-    let Some(offset) = offset_before(fd, n) else {
-        return fail(libc::EIO) as ssize_t;
-    };
-    let data = gather(iov, count, n as usize);
-    wrote(&tracked, offset, &data, n, tracked.sync)
+    let call = |real: WritevFn| real(fd, iov, count);
+    let bytes = Bytes::Iov(iov, count);
+    write_through(real!(writev: WritevFn), fd, call, At::Current, bytes, false)
 }
 
 type PwritevFn = unsafe extern "C" fn(c_int, *const iovec, c_int, off_t) -> ssize_t;
@@ -148,18 +174,9 @@ unsafe fn pwritev_with(
     count: c_int,
     offset: off_t,
 ) -> ssize_t {
-    let Some(real) = real else {
-        return fail(libc::ENOSYS) as ssize_t;
-    };
-    let Some(tracked) = fds::lookup(fd) else {
-        return real(fd, iov, count, offset);
-    };
-    let n = real(fd, iov, count, offset);
-    if n <= 0 {
-        return n;
-    }
-    let data = gather(iov, count, n as usize);
-    wrote(&tracked, offset as u64, &data, n, tracked.sync)
+    let call = |real: PwritevFn| real(fd, iov, count, offset);
+    let bytes = Bytes::Iov(iov, count);
+    write_through(real, fd, call, At::Given(offset), bytes, false)
 }
 
 /// # Safety
@@ -194,34 +211,17 @@ unsafe fn pwritev2_with(
     offset: off_t,
     flags: c_int,
 ) -> ssize_t {
-    let Some(real) = real else {
-        return fail(libc::ENOSYS) as ssize_t;
-    };
-    let Some(tracked) = fds::lookup(fd) else {
-        return real(fd, iov, count, offset, flags);
-    };
     // RWF_DSYNC/RWF_SYNC: acknowledged by the daemon instead of the disk.
     let sync_flags = libc::RWF_DSYNC | libc::RWF_SYNC;
-    let n = real(fd, iov, count, offset, flags & !sync_flags);
-    if n <= 0 {
-        return n;
-    }
+    let call = |real: Pwritev2Fn| real(fd, iov, count, offset, flags & !sync_flags);
+    // An offset of -1 writes at the descriptor's offset, as writev does.
     let at = if offset == -1 {
-        match offset_before(fd, n) {
-            Some(at) => at,
-            None => return fail(libc::EIO) as ssize_t,
-        }
+        At::Current
     } else {
-        offset as u64
+        At::Given(offset)
     };
-    let data = gather(iov, count, n as usize);
-    wrote(
-        &tracked,
-        at,
-        &data,
-        n,
-        tracked.sync || flags & sync_flags != 0,
-    )
+    let bytes = Bytes::Iov(iov, count);
+    write_through(real, fd, call, at, bytes, flags & sync_flags != 0)
 }
 
 /// # Safety

@@ -548,7 +548,7 @@ impl Engine {
             Err(why) => vec![HoldListing {
                 lsn: 1,
                 holder: String::new(),
-                unreadable: Some(why),
+                unreadable: Some(why.to_string()),
             }],
         }
     }
@@ -680,7 +680,7 @@ impl Engine {
         let holds = match stela_wal::holds::list(storage, entry.segments.dir()) {
             Ok(holds) => holds,
             Err(why) => {
-                tracing::warn!(log = %entry.name, why, "the log's holds cannot be listed; it keeps everything");
+                tracing::warn!(log = %entry.name, why = %why, "the log's holds cannot be listed; it keeps everything");
                 return 1;
             }
         };

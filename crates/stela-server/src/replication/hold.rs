@@ -51,7 +51,7 @@ impl StandbyHold {
                 .find(|hold| hold.holder.as_deref() == Some(holder.as_str()))
                 .map(|hold| hold.lsn.get()),
             Err(why) => {
-                tracing::warn!(dir = %dir.display(), why, "the log's holds cannot be listed");
+                tracing::warn!(dir = %dir.display(), why = %why, "the log's holds cannot be listed");
                 None
             }
         };

@@ -3,9 +3,9 @@
 //! on a wake board). Liveness, not the hand-off of records ([`super`]).
 
 use super::super::board::{Board, Seat, WakeBatch};
+use super::super::error::ShmError;
 use super::super::region::{Doorbell, Region};
 use super::super::sync::fence;
-use super::super::ShmError;
 use super::DaemonRing;
 use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
 use stela_proto::ring::{BoardSeat, WAITING_FOR_ANSWER, WAITING_ON_BOARD};
