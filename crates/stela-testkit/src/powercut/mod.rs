@@ -155,9 +155,17 @@ fn is_busy_unmount(mountpoint: &Path) -> bool {
 }
 
 impl Drop for PowerCutLayer {
+    /// Unmounts; if a process still holds a file on it (a failing test's leftovers), detaches
+    /// it lazily so that no dead mount outlives the test.
     fn drop(&mut self) {
         if let Some(session) = self.session.take() {
-            let _ = session.umount_and_join();
+            if session.umount_and_join().is_err() {
+                use std::os::unix::ffi::OsStrExt;
+                let path =
+                    std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes()).expect("no NUL");
+                // SAFETY: umount2 with a NUL-terminated path that outlives the call.
+                unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+            }
         }
     }
 }
