@@ -44,8 +44,12 @@ fn records_acknowledged_at_disk_in_new_logs_survive_a_power_cut_without_notice()
     let report = layer.cut();
     eprintln!("cut: {report:?}");
     let daemon = Daemon::start(&dir, &[]);
+    let wals = [
+        ("first", open(&daemon, "first")),
+        ("second", open(&daemon, "second")),
+    ];
     for (log, lsn, record) in &acknowledged {
-        let wal = open(&daemon, log);
+        let wal = &wals.iter().find(|(name, _)| name == log).expect("opened").1;
         let found = wal
             .iter_from(*lsn)
             .unwrap()
@@ -57,5 +61,6 @@ fn records_acknowledged_at_disk_in_new_logs_survive_a_power_cut_without_notice()
             "{log}: the record acknowledged at disk at {lsn:?} after the cut"
         );
     }
+    drop(wals);
     daemon.terminate();
 }
