@@ -5,7 +5,10 @@
 //! keeps every acknowledged commit across SIGKILLs of itself (at `buffered`), of itself and the
 //! daemon, and of the daemon alone (at `disk`), with its primary key index checked by amcheck;
 //! so does the unmodified sqlite3 shell in WAL and rollback-journal modes. The issue's 30
-//! rounds of each (`thirty_rounds`) run with `--ignored`.
+//! rounds of each (`thirty_rounds`) run with `--ignored`, and so do power cuts without notice:
+//! the daemon's directory and PostgreSQL's on stela-testkit's power-cut layer, which loses
+//! everything not fsynced; nothing lost at `disk`, losses counted and within the window at
+//! `buffered`.
 //!
 //! The preload library is a cdylib of the workspace, which `cargo test -p stela` does not build:
 //! each test builds it first (`cargo build -p stela-preload`, quick when it is current).
@@ -609,4 +612,241 @@ fn sqlite_kill_rounds(journal: &str, crashes: &[Crash]) {
          acknowledged, 0 lost, integrity_check ok after each",
         crashes.len()
     );
+}
+
+// ---- Power cuts without notice ----
+
+/// Both "disks" of a power-cut round: the daemon's directory on a layer that keeps names only
+/// by their directory's fsync (POSIX's letter: stela must make its own names durable), and
+/// PostgreSQL's data directory and pg_wal on a layer with a journaling file system's rule (any
+/// fsync also keeps earlier changes of names, which PostgreSQL relies on for the relation files
+/// it creates without an fsync of their directory, as on ext4 or XFS).
+struct Disks {
+    daemon: stela_testkit::powercut::PowerCutLayer,
+    postgres: stela_testkit::powercut::PowerCutLayer,
+}
+
+impl Disks {
+    fn mount(base: &Path) -> Disks {
+        use stela_testkit::powercut::{Namespace, PowerCutLayer};
+        let (daemon, postgres) = (base.join("daemon-disk"), base.join("postgres-disk"));
+        fs::create_dir(&daemon).unwrap();
+        fs::create_dir(&postgres).unwrap();
+        Disks {
+            daemon: PowerCutLayer::mount(&daemon, Namespace::Strict),
+            postgres: PowerCutLayer::mount(&postgres, Namespace::Journaled),
+        }
+    }
+}
+
+/// SIGKILL at one instant of everything the machine ran (PostgreSQL's process group, the
+/// daemon, `stela run`, the client), each reaped or gone; then both layers lose what was not
+/// fsynced and are mounted again. Returns the instant of the kill.
+fn cut_power(
+    pg: &Postgres,
+    daemon: Daemon,
+    run: &mut Child,
+    psql: &mut Child,
+    disks: &mut Disks,
+) -> Instant {
+    let postmaster: i32 = fs::read_to_string(pg.data.join("postmaster.pid"))
+        .ok()
+        .and_then(|pid| pid.lines().next()?.trim().parse().ok())
+        .expect("the running postmaster's pid");
+    let mut daemon = daemon;
+    let pids = [
+        -postmaster,
+        daemon.child.id() as i32,
+        run.id() as i32,
+        psql.id() as i32,
+    ];
+    let at = Instant::now();
+    for pid in pids {
+        // SAFETY: kill(2) with a pid or process group this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = daemon.child.wait();
+    let _ = run.wait();
+    let _ = psql.wait();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // SAFETY: signal 0 only asks whether the group still has a process.
+    while unsafe { libc::kill(-postmaster, 0) } == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "PostgreSQL's processes outlived SIGKILL by 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(daemon);
+    let lost_daemon = disks.daemon.cut();
+    let lost_postgres = disks.postgres.cut();
+    eprintln!(
+        "  cut: unsynced bytes dropped: daemon's directory {} in {} files, PostgreSQL's {} in {} files",
+        lost_daemon.unsynced_bytes,
+        lost_daemon.unsynced_files,
+        lost_postgres.unsynced_bytes,
+        lost_postgres.unsynced_files
+    );
+    at
+}
+
+/// After a restart: no gap below the highest row, the primary key index checks; returns the
+/// highest row.
+fn rows_without_gap(pg: &Postgres, round: &str) -> u64 {
+    let count: u64 = pg.psql("SELECT count(*) FROM t").parse().unwrap();
+    let max: u64 = pg
+        .psql("SELECT coalesce(max(n), 0) FROM t")
+        .parse()
+        .unwrap();
+    assert_eq!(count, max, "{round}: rows missing below {max}");
+    pg.psql("SELECT bt_index_check('t_pkey', true)");
+    max
+}
+
+/// The documented window of a `buffered` acknowledgement at a power cut without notice
+/// (docs/DURABILITY.md: lost unless already written; docs/DAEMON.md: a buffer is written once
+/// older than `--flush-interval`, 1 s by default), plus time for that write and its fdatasync on
+/// a loaded machine.
+const BUFFERED_WINDOW: Duration = Duration::from_millis(2000);
+
+/// What PostgreSQL does just before a power cut, besides committing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BeforeCut {
+    Nothing,
+    /// A `CHECKPOINT`: its data files and `pg_control` are fsynced by PostgreSQL itself (they
+    /// are not under `--durable`), its checkpoint record only at the level.
+    Checkpoint,
+}
+
+/// PostgreSQL under `stela run --durable PGWAL --level LEVEL`, its data directory, pg_wal and
+/// the daemon's directory on power-cut layers; a client inserting numbered rows; `rounds` power
+/// cuts without notice, each after at least 300 commits and a random further 0-1.5 s of them.
+/// After each, started as docs/POSTGRES.md says: the database starts, no gap, the index checks,
+/// and the acknowledged commits lost are counted: none at `disk`; at `buffered` only commits
+/// acknowledged within [`BUFFERED_WINDOW`] before the cut.
+fn postgres_survives_power_cuts_without_notice(
+    level: &str,
+    rounds: usize,
+    before_cut: BeforeCut,
+    port: u16,
+) {
+    build_preload();
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut disks = Disks::mount(tmp.path());
+    let daemon_dir = disks.daemon.path().join("stela");
+    let daemon_args = ["--socket-mode", "666"];
+    let mut daemon = Daemon::start(&daemon_dir, &daemon_args);
+    // Sockets and the server's log off the layers (a test's diagnostics, not the database).
+    let mut pg = Postgres::new(tmp.path(), port);
+    pg.data = disks.postgres.path().join("pgdata");
+    let wal = disks.postgres.path().join("pgwal");
+    fs::create_dir(&wal).unwrap();
+    chown_postgres(&wal);
+    pg.initdb(&wal, "");
+    // The settings the test appended (port, socket directory) are on the layer too: an
+    // administrator's editor fsyncs them; unsynced, the first cut would drop them.
+    fs::File::open(pg.data.join("postgresql.conf"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let mut run = start_under_stela_run(&pg, &wal, &daemon, level);
+    pg.create_table();
+    let (mut committed, mut acknowledged, mut lost_total) = (0u64, 0u64, 0u64);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(port);
+    for round in 0..rounds {
+        let name = format!("{level} power cut {round}");
+        let (mut psql, acks) = pg.inserting(committed + 1);
+        let started = committed;
+        committed = commits_until(&acks, committed, committed + 300, &name);
+        let mut acked_at = std::collections::BTreeMap::new();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let until = Instant::now() + Duration::from_millis(seed % 1500);
+        while Instant::now() < until {
+            if let Ok(n) = acks.recv_timeout(Duration::from_millis(5)) {
+                acked_at.insert(n, Instant::now());
+                committed = n;
+            }
+        }
+        if before_cut == BeforeCut::Checkpoint {
+            pg.psql("CHECKPOINT");
+        }
+        let cut = cut_power(&pg, daemon, &mut run, &mut psql, &mut disks);
+        // Answers read before the kill but not yet taken from the channel were acknowledged
+        // before the cut (at the latest at it).
+        while let Ok(n) = acks.try_recv() {
+            acked_at.insert(n, cut);
+            committed = n;
+        }
+        daemon = Daemon::start(&daemon_dir, &daemon_args);
+        run = start_under_stela_run(&pg, &wal, &daemon, level);
+        let max = rows_without_gap(&pg, &name);
+        let lost = committed.saturating_sub(max);
+        acknowledged += committed - started;
+        lost_total += lost;
+        let oldest_lost = acked_at.get(&(max + 1)).map(|t| cut.duration_since(*t));
+        eprintln!(
+            "{name}: acknowledged up to {committed}, recovered up to {max}, lost {lost} \
+             (the oldest acknowledged {oldest_lost:?} before the cut)"
+        );
+        if level == "disk" {
+            assert_eq!(lost, 0, "{name}: {lost} commits acknowledged at disk lost");
+        } else if lost > 0 {
+            let age = oldest_lost.unwrap_or_else(|| {
+                panic!(
+                    "{name}: commit {} lost, acknowledged before the last 300",
+                    max + 1
+                )
+            });
+            assert!(
+                age <= BUFFERED_WINDOW,
+                "{name}: a commit acknowledged {age:?} before the cut was lost (window {BUFFERED_WINDOW:?})"
+            );
+        }
+        committed = max;
+    }
+    eprintln!(
+        "stela run at {level}, power cuts without notice: {rounds} rounds, {acknowledged} commits \
+         acknowledged, {lost_total} lost, bt_index_check passed after each"
+    );
+    pg.stop();
+    let _ = run.wait();
+    daemon.terminate();
+}
+
+/// Three power cuts without notice at `disk`: nothing acknowledged may be lost.
+#[test]
+#[ignore = "3 PostgreSQL power-cut rounds on FUSE layers, about a minute or more"]
+fn postgres_under_stela_run_at_disk_survives_3_power_cuts_without_notice() {
+    postgres_survives_power_cuts_without_notice("disk", 3, BeforeCut::Nothing, 55_885);
+}
+
+/// Three power cuts without notice at `buffered`: only commits within the window may be lost,
+/// and they are counted.
+#[test]
+#[ignore = "3 PostgreSQL power-cut rounds on FUSE layers, about a minute or more"]
+fn postgres_under_stela_run_at_buffered_loses_only_its_window_at_3_power_cuts_without_notice() {
+    postgres_survives_power_cuts_without_notice("buffered", 3, BeforeCut::Nothing, 55_886);
+}
+
+/// At `disk` a checkpoint just before the cut changes nothing: its record was fdatasync'ed by
+/// the daemon before `pg_control` named it.
+#[test]
+#[ignore = "3 PostgreSQL power-cut rounds on FUSE layers, about a minute or more"]
+fn postgres_under_stela_run_at_disk_survives_3_power_cuts_without_notice_just_after_checkpoints() {
+    postgres_survives_power_cuts_without_notice("disk", 3, BeforeCut::Checkpoint, 55_887);
+}
+
+/// At `buffered` a checkpoint's record is acknowledged from the daemon's memory, while
+/// PostgreSQL fsyncs `pg_control` (naming that record) and the data files itself: `stela run`
+/// makes the log durable before it lets such a file be fsynced (`conn::barrier` in
+/// stela-preload). Without that barrier 2 of the first 4 such cuts left a cluster that did not
+/// start ("PANIC: could not locate a valid checkpoint record").
+#[test]
+#[ignore = "3 PostgreSQL power-cut rounds on FUSE layers, about a minute or more"]
+fn postgres_under_stela_run_at_buffered_starts_after_power_cuts_without_notice_just_after_checkpoints(
+) {
+    postgres_survives_power_cuts_without_notice("buffered", 3, BeforeCut::Checkpoint, 55_888);
 }

@@ -169,6 +169,31 @@ pub fn sync() -> io::Result<()> {
         .map_err(|e| failed("committing", e))
 }
 
+/// Before the program's own fsync of a file outside the durable directories, at `buffered`:
+/// every change logged so far, by any process, is made durable first (the log's end committed
+/// at `disk`). What the program makes durable by itself then never depends on records that a
+/// power cut without notice could still take: PostgreSQL fsyncs `pg_control`, naming its
+/// checkpoint record, and the data files holding changes from the WAL before it; without this a
+/// cut after the checkpoint left a `pg_control` naming WAL the daemon never wrote, and a cluster
+/// that did not start (`crates/stela-cli/tests/run.rs`). At `disk` and above every fsync of a
+/// durable file already waited for the same; `unsafe` promises nothing.
+pub fn barrier() -> io::Result<()> {
+    let Some(settings) = settings() else {
+        return Ok(());
+    };
+    if !matches!(settings.level, Durability::Buffered) {
+        return Ok(());
+    }
+    if FAILED.load(Ordering::Acquire) {
+        return Err(failed("syncing", "an earlier change failed to be logged"));
+    }
+    let conn = conn().map_err(|e| failed("opening the log", e))?;
+    conn.wal
+        .commit_end(Durability::Disk)
+        .map(|_| ())
+        .map_err(|e| failed("committing before a native fsync", e))
+}
+
 pub extern "C" fn before_fork() {
     std::mem::forget(OPENING.lock());
 }

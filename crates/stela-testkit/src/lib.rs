@@ -4,6 +4,8 @@
 //! a dev-dependency; it depends on no stela crate, so any of them may use it.
 
 pub mod child;
+#[cfg(feature = "powercut")]
+pub mod powercut;
 
 use std::path::{Path, PathBuf};
 

@@ -132,8 +132,7 @@ fn open_and_lock(
         });
     }
     if options.create_if_missing {
-        storage
-            .create_dir_all(dir)
+        crate::storage::create_dir_durably(storage, dir)
             .map_err(|e| Error::io("create directory", dir, e))?;
     } else if storage.list(dir).is_err() {
         return Err(Error::NotFound {

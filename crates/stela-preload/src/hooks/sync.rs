@@ -1,5 +1,7 @@
 //! Syncing: fsync, fdatasync and sync_file_range of a durable file are answered with the
-//! daemon's acknowledgement at the level instead of the disk's.
+//! daemon's acknowledgement at the level instead of the disk's. Any other file's sync is the
+//! disk's own, after a barrier ([`conn::barrier`]): at `buffered` the log is made durable
+//! first, so nothing the program makes durable by itself runs ahead of the log.
 
 use super::{fail, guarded};
 use crate::conn;
@@ -13,12 +15,20 @@ fn synced() -> c_int {
     }
 }
 
+/// The barrier before a native sync; `Err` holds what the sync must return instead.
+fn barrier() -> Result<(), c_int> {
+    guarded(conn::barrier).map_err(fail)
+}
+
 /// # Safety
 /// libc's `fsync`.
 #[no_mangle]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
     if fds::lookup(fd).is_some() {
         return synced();
+    }
+    if let Err(failed) = barrier() {
+        return failed;
     }
     let Some(real) = real!(fsync: unsafe extern "C" fn(c_int) -> c_int) else {
         return fail(libc::ENOSYS);
@@ -32,6 +42,9 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
     if fds::lookup(fd).is_some() {
         return synced();
+    }
+    if let Err(failed) = barrier() {
+        return failed;
     }
     let Some(real) = real!(fdatasync: unsafe extern "C" fn(c_int) -> c_int) else {
         return fail(libc::ENOSYS);
@@ -57,6 +70,11 @@ pub unsafe extern "C" fn sync_file_range(
             return synced();
         }
         return 0;
+    }
+    if flags & libc::SYNC_FILE_RANGE_WAIT_AFTER != 0 {
+        if let Err(failed) = barrier() {
+            return failed;
+        }
     }
     let Some(real) =
         real!(sync_file_range: unsafe extern "C" fn(c_int, off_t, off_t, c_uint) -> c_int)

@@ -60,13 +60,12 @@ impl Engine {
         if std::fs::symlink_metadata(&logs_dir).is_ok_and(|m| m.file_type().is_symlink()) {
             return Err(StartError::Symlink(logs_dir));
         }
-        config
-            .storage
-            .create_dir_all(&config.dir.join("logs"))
-            .map_err(|source| StartError::Dir {
+        stela_wal::storage::create_dir_durably(config.storage.as_ref(), &logs_dir).map_err(
+            |source| StartError::Dir {
                 path: config.dir.clone(),
                 source,
-            })?;
+            },
+        )?;
         let cap = measure::cap_for(config)?;
         let pool: Arc<Pool<Waiter>> = Arc::new(Pool::new(PoolConfig {
             buffers: config.buffers,
