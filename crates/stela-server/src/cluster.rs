@@ -211,12 +211,14 @@ impl Node {
         config: &FailoverConfig,
     ) -> Result<Node, EpochError> {
         let dir = dir.join("cluster");
-        storage
-            .create_dir_all(&dir)
-            .map_err(|e| EpochError::Store {
+        // Durably: the epoch and the promises kept here must not vanish with a directory entry
+        // a power cut took (found by the power-cut layer's runs for the logs' directories).
+        stela_wal::storage::create_dir_durably(storage.as_ref(), &dir).map_err(|e| {
+            EpochError::Store {
                 what: format!("creating {}", dir.display()),
                 error: Box::new(e),
-            })?;
+            }
+        })?;
         let store = TermStore::open(storage, &dir).map_err(|e| EpochError::Store {
             what: format!("reading {}", dir.display()),
             error: Box::new(e),

@@ -9,7 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-const BUDGET: usize = 2350;
+/// 2,350 until 2026-12-08; 2,360 since, for the pool's rule that a log stuck on a full disk does
+/// not hold the others' appends under the live cap (`tests/disk_full.rs` hung without it).
+const BUDGET: usize = 2360;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -189,9 +189,8 @@ fn open_copy(shared: &Shared, asked: &Asked, writer: &mut Writer) -> Result<Copy
             dir.display()
         )));
     }
-    shared
-        .storage
-        .create_dir_all(&dir)
+    // Durably: a copy whose directory entry a power cut took would be lost whole.
+    stela_wal::storage::create_dir_durably(shared.storage.as_ref(), &dir)
         .map_err(|e| SessionEnd::Storage(format!("{}: {e}", dir.display())))?;
     let mut terms = TermStore::open(Arc::clone(&shared.storage), &dir)?;
     if Term(term) < terms.current() {
