@@ -49,16 +49,13 @@ pub struct DuplexWriter {
     shared: Arc<Shared>,
 }
 
-/// A second way in to the connection for a thread that must never wait (the daemon's event
-/// loop shipping a `replicated` commit's records itself, and taking the standby's
-/// acknowledgements, rather than waking the shipper and acknowledgement threads):
-/// [`DuplexNoWait::try_send`] takes what rustls takes under its limit and hands the socket what
-/// it takes, the rest to the flusher, and never waits for room; [`DuplexNoWait::try_read`]
-/// decrypts what the socket holds now. Whoever uses it keeps frames whole between it and the
-/// [`DuplexWriter`] (the replication stream sends under one lock), and reads through it only
-/// while no one reads through the [`DuplexReader`].
+/// A second way in to the writing end for a thread that must never wait (the daemon's event
+/// loop shipping a `replicated` commit's records itself rather than waking the shipper thread):
+/// [`DuplexSender::try_send`] takes what rustls takes under its limit and hands the socket what
+/// it takes, the rest to the flusher, and never waits for room. Whoever uses it keeps frames
+/// whole between it and the [`DuplexWriter`] (the replication stream sends under one lock).
 #[derive(Clone)]
-pub struct DuplexNoWait {
+pub struct DuplexSender {
     shared: Arc<Shared>,
 }
 
@@ -305,61 +302,53 @@ impl DuplexReader {
 
 impl Read for DuplexReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        read_now(&self.shared, buf, true)
-    }
-}
-
-/// Reads plaintext into `buf`: what rustls holds decrypted, else what the socket holds; when
-/// it holds nothing, waits for it (`wait`) or says `WouldBlock`.
-fn read_now(shared: &Shared, buf: &mut [u8], wait: bool) -> io::Result<usize> {
-    if buf.is_empty() {
-        return Ok(0);
-    }
-    let mut state = lock(shared);
-    loop {
-        // Plaintext already decrypted first, then end of stream (Ok(0) after the peer's
-        // close_notify), then a failure.
-        match state.connection.reader().read(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            other => return other,
+        if buf.is_empty() {
+            return Ok(0);
         }
-        if let Some(error) = Shared::failure(&state) {
-            return Err(error);
-        }
-        match state.connection.read_tls(&mut &shared.tcp) {
-            // The socket's end: rustls now says whether it came after a close_notify.
-            Ok(0) => continue,
-            Ok(_) => {
-                if let Err(error) = state.connection.process_new_packets() {
-                    let _ = shared.send_or_hand_to_flusher(&mut state);
-                    return Err(fail(shared, &mut state, io::Error::other(error)));
-                }
-                // What reading asked to send (an alert, a key update's answer).
-                shared.send_or_hand_to_flusher(&mut state)?;
+        let shared = &*self.shared;
+        let mut state = lock(shared);
+        loop {
+            // Plaintext already decrypted first, then end of stream (Ok(0) after the peer's
+            // close_notify), then a failure.
+            match state.connection.reader().read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                other => return other,
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if !wait {
-                    return Err(e);
-                }
-                drop(state);
-                poll_one(&shared.tcp, libc::POLLIN, POLL_MS)?;
-                state = lock(shared);
+            if let Some(error) = Shared::failure(&state) {
+                return Err(error);
             }
-            Err(e) => return Err(fail(shared, &mut state, e)),
+            match state.connection.read_tls(&mut &shared.tcp) {
+                // The socket's end: rustls now says whether it came after a close_notify.
+                Ok(0) => continue,
+                Ok(_) => {
+                    if let Err(error) = state.connection.process_new_packets() {
+                        let _ = shared.send_or_hand_to_flusher(&mut state);
+                        return Err(fail(shared, &mut state, io::Error::other(error)));
+                    }
+                    // What reading asked to send (an alert, a key update's answer).
+                    shared.send_or_hand_to_flusher(&mut state)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    drop(state);
+                    poll_one(&shared.tcp, libc::POLLIN, POLL_MS)?;
+                    state = lock(shared);
+                }
+                Err(e) => return Err(fail(shared, &mut state, e)),
+            }
         }
     }
 }
 
 impl DuplexWriter {
-    /// A way in that never waits, on the same connection ([`DuplexNoWait`]).
-    pub fn no_wait(&self) -> DuplexNoWait {
-        DuplexNoWait {
+    /// A sender that never waits, on the same connection ([`DuplexSender`]).
+    pub fn sender(&self) -> DuplexSender {
+        DuplexSender {
             shared: Arc::clone(&self.shared),
         }
     }
 }
 
-impl DuplexNoWait {
+impl DuplexSender {
     /// Encrypts what rustls takes of `buf` now (0 when its limit of held ciphertext is
     /// reached) and hands the socket what it takes, the flusher the rest; never waits but for
     /// the connection's lock, which no one holds across a wait. An error once the connection
@@ -379,13 +368,6 @@ impl DuplexNoWait {
         let taken = state.connection.writer().write(buf)?;
         shared.send_or_hand_to_flusher(&mut state)?;
         Ok(taken)
-    }
-
-    /// Plaintext the connection holds now, or what the socket holds now decrypted:
-    /// `WouldBlock` when there is none yet, `Ok(0)` at the end of the stream (after the peer's
-    /// close_notify), an error once the connection failed.
-    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        read_now(&self.shared, buf, false)
     }
 
     /// Cuts the connection (both directions, at once): whoever waits on it sees an error.

@@ -194,8 +194,9 @@ fn a_peer_that_never_answers_fails_the_handshake_at_its_deadline() {
 #[test]
 fn a_sender_that_never_waits_interleaves_with_the_writer_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let ((_client_reader, mut writer), (mut server_reader, _server_writer)) = connected(dir.path());
-    let sender = writer.no_wait();
+    let ((_client_reader, mut writer), (mut server_reader, _server_writer)) =
+        connected(dir.path());
+    let sender = writer.sender();
     const LEN: usize = 4 << 20;
     let expected = pattern(LEN, 11);
     let receiver = std::thread::spawn(move || {

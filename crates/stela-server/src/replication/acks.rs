@@ -1,5 +1,5 @@
 //! The standby's acknowledgements on the primary: read by the event loop while `replicated`
-//! commits wait (plain TCP or TLS), else by the stream's acknowledgement thread; each releases the
+//! commits wait (plain TCP), else by the stream's acknowledgement thread; each releases the
 //! waiters it satisfies. A refusal fences the log.
 //!
 //! Invariants:
@@ -12,9 +12,10 @@
 //!   thread takes what came every `PARKED_AT_MOST`, so no acknowledgement is left unread
 //!   longer than that (the standby never blocks on a full socket).
 
-use super::Link;
+use super::{receive, Link, Reader};
 use crate::pool::PoolError;
 use crate::sync::lock;
+use std::io::BufReader;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +27,7 @@ use stela_proto::{frame, MAX_FRAME_BYTES};
 /// missed.
 const PARKED_AT_MOST: Duration = Duration::from_millis(5);
 
-/// Who reads a stream's acknowledgements: the acknowledgement thread, or the event
+/// Who reads a plain TCP stream's acknowledgements: the acknowledgement thread, or the event
 /// loop, which takes the reading over while `replicated` commits of the log wait and it turns
 /// (it reads at the end of each turn anyway). The thread then stays parked instead of being
 /// woken by every acknowledgement only to find the loop took it: at 16 committers that was
@@ -57,14 +58,10 @@ impl AckReading {
     }
 }
 
-/// The receiving end of a stream: bytes read but not yet a whole message. Whoever holds the
-/// link's `acks` lock reads, so a message is never split between two readers.
+/// The receiving end of a plain TCP stream: bytes read but not yet a whole message. Whoever
+/// holds the link's `acks` lock reads, so a message is never split between two readers.
 pub(super) struct AckInbox {
-    /// The socket: read directly on plain TCP, polled and cut on TLS too.
     pub(super) socket: TcpStream,
-    /// On TLS, the connection's way in that decrypts without waiting (its reading end is not
-    /// used once the inbox exists).
-    pub(super) tls: Option<stela_net::duplex::DuplexNoWait>,
     pub(super) pending: Vec<u8>,
     pub(super) term: u64,
     /// The stream ended (closed, failed, refused): the session is over.
@@ -133,7 +130,48 @@ pub(super) fn release(link: &Link, received: u64, durable: u64) -> bool {
     any
 }
 
-/// The acknowledgement thread of a stream (plain TCP or TLS): waits for bytes without holding the
+pub(super) fn read_acks(
+    mut reader: BufReader<Reader>,
+    link: &Arc<Link>,
+    node: &crate::cluster::Node,
+    term: u64,
+    released: &(dyn Fn() + Send + Sync),
+) {
+    if node.realtime_threads() {
+        crate::sched::become_realtime("replication acknowledgements");
+    }
+    loop {
+        match receive(&mut reader) {
+            Ok(ReplMessage::Ack {
+                term: theirs,
+                received_lsn,
+                durable_lsn,
+            }) if theirs == term => {
+                // Released first: once the node says it is protected, the standby's
+                // acknowledged LSN it shows already covers what was acknowledged without it.
+                if release(link, received_lsn, durable_lsn) {
+                    released();
+                }
+                confirm_rejoin(link, received_lsn);
+            }
+            Ok(ReplMessage::Refuse {
+                term: theirs,
+                message,
+            }) => {
+                tracing::warn!(log = %link.name, theirs, message, "the standby refused the stream");
+                fence(link, node, released, theirs, term, message);
+                return;
+            }
+            Ok(other) => {
+                tracing::warn!(log = %link.name, ?other, "unexpected message from the standby; reconnecting");
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// The acknowledgement thread of a plain TCP stream: waits for bytes without holding the
 /// inbox (the event loop may take them first), then takes what is there. Returns when the
 /// stream ends.
 pub(super) fn read_acks_polled(
@@ -201,19 +239,6 @@ pub(super) fn read_acks_polled(
 }
 
 impl AckInbox {
-    /// What the stream holds now, without waiting: `AGAIN` when nothing, 0 at its end.
-    fn receive_now(&mut self, buffer: &mut [u8]) -> Result<usize, rustix::io::Errno> {
-        let Some(tls) = &self.tls else {
-            return rustix::net::recv(&self.socket, buffer, rustix::net::RecvFlags::DONTWAIT)
-                .map(|(read, _)| read);
-        };
-        tls.try_read(buffer).map_err(|error| match error.kind() {
-            std::io::ErrorKind::WouldBlock => rustix::io::Errno::AGAIN,
-            std::io::ErrorKind::Interrupted => rustix::io::Errno::INTR,
-            _ => rustix::io::Errno::IO,
-        })
-    }
-
     /// Reads what the socket holds without blocking and acts on every whole message in it.
     /// `true`: waiters were released (the caller makes sure the event loop publishes them).
     pub(super) fn take(
@@ -224,12 +249,12 @@ impl AckInbox {
     ) -> bool {
         let mut buffer = [0u8; 4096];
         loop {
-            match self.receive_now(&mut buffer) {
-                Ok(0) => {
+            match rustix::net::recv(&self.socket, &mut buffer, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
                     self.ended = true;
                     break;
                 }
-                Ok(read) => self.pending.extend_from_slice(&buffer[..read]),
+                Ok((read, _)) => self.pending.extend_from_slice(&buffer[..read]),
                 Err(rustix::io::Errno::AGAIN) => break,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => {

@@ -13,7 +13,7 @@
 //! - **A dead link ends the session within its deadline**, however its threads are blocked
 //!   ([`watch_deadline`] cuts the socket), and the shipper opens a new one.
 
-use super::acks::{fence, read_acks_polled, release, AckInbox};
+use super::acks::{fence, read_acks, read_acks_polled, release, AckInbox};
 use super::hold::StandbyHold;
 use super::ship::{header_for, ship_next, Inline, Live, Source, Step};
 use super::wire::{receive, send, tune_stream, Reader, Writer};
@@ -68,7 +68,7 @@ impl Replication {
         let (reader, writer) =
             stela_net::duplex::duplex(tcp, connection, Duration::from_secs(5))
                 .map_err(|e| SessionEnd::Tls(format!("TLS to {}: {e}", self.standby)))?;
-        let inline = Inline::Tls(writer.no_wait());
+        let inline = Inline::Tls(writer.sender());
         Ok((Box::new(reader), Box::new(writer), socket, inline))
     }
 
@@ -132,9 +132,9 @@ impl Replication {
             reseeded,
         } = stream;
         self.now_connected(link, log, term, &theirs, reseeded, hold);
-        // Acknowledgements arrive on their own thread, so shipping never waits for them; the
-        // event loop may take them first (see `Replication::take_acks`), TLS or not.
-        let acks = self.read_acks_aside(link, term, reader, (&socket, &inline))?;
+        // Acknowledgements arrive on their own thread, so shipping never waits for them; on a
+        // plain TCP stream the event loop may take them first (see `Replication::take_acks`).
+        let acks = self.read_acks_aside(link, term, reader, &socket)?;
         let at = theirs.position;
         let header = header_for(&log.segments, at.segment_start, log, None)?;
         *lock(&link.live) = Some(Live {
@@ -327,15 +327,17 @@ impl Replication {
         link: &Arc<Link>,
         term: u64,
         reader: BufReader<Reader>,
-        (socket, inline): (&TcpStream, &Inline),
+        socket: &TcpStream,
     ) -> Result<std::thread::JoinHandle<()>, SessionEnd> {
-        *lock(&link.acks) = Some(AckInbox {
-            socket: socket.try_clone()?,
-            tls: inline.tls().cloned(),
-            pending: reader.buffer().to_vec(),
-            term,
-            ended: false,
-        });
+        let polled = self.tls.is_none();
+        if polled {
+            *lock(&link.acks) = Some(AckInbox {
+                socket: socket.try_clone()?,
+                pending: reader.buffer().to_vec(),
+                term,
+                ended: false,
+            });
+        }
         let (link, released, node) = (
             Arc::clone(link),
             Arc::clone(&self.released),
@@ -343,7 +345,13 @@ impl Replication {
         );
         let thread = std::thread::Builder::new()
             .name("stela-ship-acks".into())
-            .spawn(move || read_acks_polled(&link, &node, &*released))?;
+            .spawn(move || {
+                if polled {
+                    read_acks_polled(&link, &node, &*released);
+                } else {
+                    read_acks(reader, &link, &node, term, &*released);
+                }
+            })?;
         Ok(thread)
     }
 

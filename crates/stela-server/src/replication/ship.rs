@@ -48,7 +48,7 @@ pub(super) enum Inline {
     /// Plain TCP: the socket itself, `send` with `MSG_DONTWAIT`.
     Plain(TcpStream),
     /// TLS: rustls behind the duplex's lock, never waiting for room.
-    Tls(stela_net::duplex::DuplexNoWait),
+    Tls(stela_net::duplex::DuplexSender),
 }
 
 impl Inline {
@@ -65,14 +65,6 @@ impl Inline {
                 Err(error) => Err(SessionEnd::link(error)),
             },
             Inline::Tls(sender) => sender.try_send(bytes).map_err(SessionEnd::link),
-        }
-    }
-
-    /// The TLS connection's way in, on a TLS stream.
-    pub(super) fn tls(&self) -> Option<&stela_net::duplex::DuplexNoWait> {
-        match self {
-            Inline::Plain(_) => None,
-            Inline::Tls(no_wait) => Some(no_wait),
         }
     }
 
