@@ -49,16 +49,6 @@ pub struct DuplexWriter {
     shared: Arc<Shared>,
 }
 
-/// A second way in to the writing end for a thread that must never wait (the daemon's event
-/// loop shipping a `replicated` commit's records itself rather than waking the shipper thread):
-/// [`DuplexSender::try_send`] takes what rustls takes under its limit and hands the socket what
-/// it takes, the rest to the flusher, and never waits for room. Whoever uses it keeps frames
-/// whole between it and the [`DuplexWriter`] (the replication stream sends under one lock).
-#[derive(Clone)]
-pub struct DuplexSender {
-    shared: Arc<Shared>,
-}
-
 struct Shared {
     state: Mutex<State>,
     /// Signalled when the flusher sent something (writers waiting for room) or the connection
@@ -336,43 +326,6 @@ impl Read for DuplexReader {
                 Err(e) => return Err(fail(shared, &mut state, e)),
             }
         }
-    }
-}
-
-impl DuplexWriter {
-    /// A sender that never waits, on the same connection ([`DuplexSender`]).
-    pub fn sender(&self) -> DuplexSender {
-        DuplexSender {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-impl DuplexSender {
-    /// Encrypts what rustls takes of `buf` now (0 when its limit of held ciphertext is
-    /// reached) and hands the socket what it takes, the flusher the rest; never waits but for
-    /// the connection's lock, which no one holds across a wait. An error once the connection
-    /// failed or the writing end is gone (after its close_notify nothing may follow).
-    pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
-        let shared = &*self.shared;
-        let mut state = lock(shared);
-        if let Some(error) = Shared::failure(&state) {
-            return Err(error);
-        }
-        if state.writer_gone {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the stream's writing end is closed",
-            ));
-        }
-        let taken = state.connection.writer().write(buf)?;
-        shared.send_or_hand_to_flusher(&mut state)?;
-        Ok(taken)
-    }
-
-    /// Cuts the connection (both directions, at once): whoever waits on it sees an error.
-    pub fn cut(&self) {
-        let _ = self.shared.tcp.shutdown(std::net::Shutdown::Both);
     }
 }
 

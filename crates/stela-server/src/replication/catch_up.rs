@@ -46,7 +46,7 @@ impl Replication {
         let term = terms.current().0;
         let mut mirror = Mirror::open(dir, options, type_tag)?;
         let opened = self.open_stream(log, codec, type_tag, term, terms.history());
-        let (mut reader, mut writer, _socket, theirs, _inline) = match opened {
+        let (mut reader, mut writer, _socket, theirs) = match opened {
             Ok(stream) => stream,
             Err(refused @ SessionEnd::Refused { .. }) => return Err(refused),
             Err(why) => {

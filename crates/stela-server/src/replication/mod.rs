@@ -516,9 +516,9 @@ impl Replication {
     }
 
     /// The event loop's turn is over: ships what it appended. A log with `replicated` commits
-    /// waiting is sent from here when its stream is up and free (plain TCP or TLS), so the
-    /// commit does not wait for the shipper thread to be woken and scheduled; otherwise (and
-    /// for whatever cannot be sent without blocking) the shipper is woken.
+    /// waiting is sent from here when its stream is plain TCP and free, so the commit does not
+    /// wait for the shipper thread to be woken and scheduled; otherwise (and for whatever cannot
+    /// be sent without blocking) the shipper is woken.
     pub fn ship_unsent<W>(&self, pool: &Pool<W>) {
         if !self.any_unsent.swap(false, Ordering::AcqRel) {
             return;

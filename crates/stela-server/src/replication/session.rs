@@ -15,7 +15,7 @@
 
 use super::acks::{fence, read_acks, read_acks_polled, release, AckInbox};
 use super::hold::StandbyHold;
-use super::ship::{header_for, ship_next, Inline, Live, Source, Step};
+use super::ship::{header_for, ship_next, Live, Source, Step};
 use super::wire::{receive, send, tune_stream, Reader, Writer};
 use super::{
     Link, LogInfo, Replication, SessionEnd, HANDSHAKE, HEARTBEAT, LINK_DEADLINE, RETRY,
@@ -33,15 +33,10 @@ use stela_format::{Codec, Lsn};
 use stela_proto::repl::ReplMessage;
 use stela_wal::mirror::Position;
 
-/// A connection to the standby: reading end, writing end, the socket (to cut it), and the
-/// event loop's way to send without blocking.
-type Connected = (Reader, Writer, TcpStream, Inline);
-
 /// A stream open to the standby, its handshake settled.
 struct Stream {
     reader: BufReader<Reader>,
     writer: Writer,
-    inline: Inline,
     socket: TcpStream,
     theirs: TheirCopy,
     /// The standby's copy was begun again at this copy's oldest segment.
@@ -49,16 +44,15 @@ struct Stream {
 }
 
 impl Replication {
-    /// A connection to the standby: its reading and writing ends, the socket (to cut it), and
-    /// the event loop's way to send on it without blocking.
-    fn connect(&self) -> Result<Connected, SessionEnd> {
+    /// A connection to the standby: its reading and writing ends, and the socket (to cut it).
+    fn connect(&self) -> Result<(Reader, Writer, TcpStream), SessionEnd> {
         let tcp = TcpStream::connect_timeout(&self.standby, LINK_DEADLINE)
             .map_err(|e| SessionEnd::Link(format!("connect {}: {e}", self.standby)))?;
         tune_stream(&tcp);
         let socket = tcp.try_clone()?;
         let Some(tls) = &self.tls else {
-            let (writer, inline) = (tcp.try_clone()?, Inline::Plain(tcp.try_clone()?));
-            return Ok((Box::new(tcp), Box::new(writer), socket, inline));
+            let writer = tcp.try_clone()?;
+            return Ok((Box::new(tcp), Box::new(writer), socket));
         };
         let connection = stela_net::tls::rustls::ClientConnection::new(
             Arc::clone(&tls.config),
@@ -68,8 +62,7 @@ impl Replication {
         let (reader, writer) =
             stela_net::duplex::duplex(tcp, connection, Duration::from_secs(5))
                 .map_err(|e| SessionEnd::Tls(format!("TLS to {}: {e}", self.standby)))?;
-        let inline = Inline::Tls(writer.sender());
-        Ok((Box::new(reader), Box::new(writer), socket, inline))
+        Ok((Box::new(reader), Box::new(writer), socket))
     }
 
     /// The shipper thread of `log`: sessions one after another until the log is closed or
@@ -127,7 +120,6 @@ impl Replication {
             reader,
             writer,
             socket,
-            inline,
             theirs,
             reseeded,
         } = stream;
@@ -137,9 +129,14 @@ impl Replication {
         let acks = self.read_acks_aside(link, term, reader, &socket)?;
         let at = theirs.position;
         let header = header_for(&log.segments, at.segment_start, log, None)?;
+        let plain = if self.tls.is_none() {
+            socket.try_clone().ok()
+        } else {
+            None
+        };
         *lock(&link.live) = Some(Live {
             writer,
-            inline,
+            plain,
             term,
             at,
             header,
@@ -173,7 +170,7 @@ impl Replication {
         // (a stopped standby would hold it, and every commit and `stela status` with it).
         let history = lock(&link.state).history.clone();
         let opened = self.open_stream(&log.name, log.codec, &log.type_tag, term, &history);
-        let (mut reader, mut writer, socket, theirs, inline) = match opened {
+        let (mut reader, mut writer, socket, theirs) = match opened {
             Ok(stream) => stream,
             Err(SessionEnd::Refused {
                 term: theirs,
@@ -192,7 +189,6 @@ impl Replication {
             reader,
             writer,
             socket,
-            inline,
             theirs,
             reseeded,
         })
@@ -364,8 +360,8 @@ impl Replication {
         type_tag: &str,
         term: u64,
         history: &stela_format::term::TermHistory,
-    ) -> Result<(BufReader<Reader>, Writer, TcpStream, TheirCopy, Inline), SessionEnd> {
-        let (reader, mut writer, socket, inline) = self.connect()?;
+    ) -> Result<(BufReader<Reader>, Writer, TcpStream, TheirCopy), SessionEnd> {
+        let (reader, mut writer, socket) = self.connect()?;
         let mut reader = BufReader::new(reader);
         send(
             &mut writer,
@@ -396,7 +392,7 @@ impl Replication {
             drop(answered);
             theirs
         })?;
-        Ok((reader, writer, socket, theirs, inline))
+        Ok((reader, writer, socket, theirs))
     }
 
     /// The standby's `Position` after a `Cut` or a `Reseed`; a refusal fences as at the

@@ -28,8 +28,9 @@ use stela_wal::SegmentSet;
 /// sends, so frames never interleave and `at` always follows what went out.
 pub(super) struct Live {
     pub(super) writer: Writer,
-    /// How the event loop sends on this stream without blocking.
-    pub(super) inline: Inline,
+    /// The socket itself when the stream is plain TCP: the event loop sends on it without
+    /// blocking (a TLS stream is left to the shipper).
+    pub(super) plain: Option<TcpStream>,
     pub(super) term: u64,
     /// Where the next bytes go in the standby's copy.
     pub(super) at: Position,
@@ -38,45 +39,6 @@ pub(super) struct Live {
     /// The rest of a frame the event loop began but could not finish without blocking; the
     /// shipper writes it before anything else.
     pub(super) unfinished: Vec<u8>,
-}
-
-/// The event loop's way to send on a stream without blocking, so that a `replicated` commit's
-/// records leave at the end of the turn that appended them instead of after the shipper thread
-/// is woken and scheduled (with two standbys, two such wake-ups per commit on a machine whose
-/// CPUs the standbys need too).
-pub(super) enum Inline {
-    /// Plain TCP: the socket itself, `send` with `MSG_DONTWAIT`.
-    Plain(TcpStream),
-    /// TLS: rustls behind the duplex's lock, never waiting for room.
-    Tls(stela_net::duplex::DuplexSender),
-}
-
-impl Inline {
-    /// Sends what the stream takes of `bytes` now: how much (0: nothing went out).
-    fn try_send(&self, bytes: &[u8]) -> Result<usize, SessionEnd> {
-        match self {
-            Inline::Plain(socket) => match rustix::net::send(
-                socket,
-                bytes,
-                rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
-            ) {
-                Ok(sent) => Ok(sent),
-                Err(rustix::io::Errno::AGAIN) => Ok(0),
-                Err(error) => Err(SessionEnd::link(error)),
-            },
-            Inline::Tls(sender) => sender.try_send(bytes).map_err(SessionEnd::link),
-        }
-    }
-
-    /// Cuts the stream: the shipper meets it broken at its next send and reconnects.
-    fn cut(&self) {
-        match self {
-            Inline::Plain(socket) => {
-                let _ = socket.shutdown(std::net::Shutdown::Both);
-            }
-            Inline::Tls(sender) => sender.cut(),
-        }
-    }
 }
 
 /// What one attempt to ship did.
@@ -96,15 +58,15 @@ pub(super) enum Source<'a> {
     MemoryOrFiles(&'a LogInfo),
 }
 
-/// The event loop's part: sends what the pool holds of `link`'s log, if the stream is up and no
-/// one else is sending. `true`: all of it went out; `false`: the shipper must be woken.
+/// The event loop's part: sends what the pool holds of `link`'s log, if the stream is plain TCP
+/// and no one else is sending. `true`: all of it went out; `false`: the shipper must be woken.
 pub(super) fn ship_inline<W>(pool: &Pool<W>, log: LogId, link: &Link) -> bool {
     let mut guard = match link.live.try_lock() {
         Ok(guard) => guard,
         Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         Err(TryLockError::WouldBlock) => return false,
     };
-    let Some(live) = guard.as_mut() else {
+    let Some(live) = guard.as_mut().filter(|live| live.plain.is_some()) else {
         return false;
     };
     for _ in 0..INLINE_CHUNKS {
@@ -115,7 +77,9 @@ pub(super) fn ship_inline<W>(pool: &Pool<W>, log: LogId, link: &Link) -> bool {
             Err(why) => {
                 // The shipper meets the broken stream on its next send and reconnects.
                 tracing::debug!(log = %link.name, why = %why, "sending from the event loop failed");
-                live.inline.cut();
+                if let Some(socket) = &live.plain {
+                    let _ = socket.shutdown(std::net::Shutdown::Both);
+                }
                 return false;
             }
         }
@@ -253,7 +217,19 @@ fn send_chunk(live: &mut Live, message: &ReplMessage, blocking: bool) -> Result<
         live.writer.write_all(&out)?;
         return Ok(true);
     }
-    let sent = live.inline.try_send(&out)?;
+    let socket = live
+        .plain
+        .as_ref()
+        .ok_or_else(|| SessionEnd::Stopped("no plain socket".into()))?;
+    let sent = match rustix::net::send(
+        socket,
+        &out,
+        rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
+    ) {
+        Ok(sent) => sent,
+        Err(rustix::io::Errno::AGAIN) => 0,
+        Err(error) => return Err(SessionEnd::link(error)),
+    };
     if sent == 0 {
         return Ok(false);
     }
