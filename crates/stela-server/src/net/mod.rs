@@ -30,7 +30,8 @@
 //! Files: this one owns the loop itself (its state, its setup, the pacing of a turn: spin,
 //! poll or sleep); [`admission`] who gets and keeps a connection slot; [`serve`] a
 //! connection's turn (read, handle, write, the inbox, the rings); [`closing`] deadlines and
-//! closing; [`stream`] the socket under non-blocking TLS; [`conn`] one connection's requests.
+//! closing; [`stream`] the socket under non-blocking TLS; [`conn`] one connection's requests;
+//! [`trim`] when freed connection buffers are given back to the system.
 
 mod admission;
 pub(crate) mod auth;
@@ -44,6 +45,7 @@ mod ring_conn;
 mod serve;
 mod spin;
 mod stream;
+mod trim;
 
 use crate::config::DaemonConfig;
 use crate::engine::{Engine, NetStats};
@@ -217,6 +219,9 @@ pub(crate) struct EventLoop {
     /// connection can be accepted and told why it is refused.
     spare_fd: Option<std::fs::File>,
     last_accept_error: Option<Instant>,
+    /// When to give the buffers closed connections freed back to the system, and how.
+    trim: trim::TrimPolicy,
+    release_memory: fn(),
 }
 
 /// Sets up the loop on its listeners; [`EventLoop::run`] runs it.
@@ -311,6 +316,8 @@ pub(crate) fn create(
             scratch: vec![0u8; 64 << 10],
             spare_fd: std::fs::File::open("/dev/null").ok(),
             last_accept_error: None,
+            trim: trim::TrimPolicy::new(),
+            release_memory: config.release_memory.unwrap_or(trim::release_free_memory),
         },
         handle,
     ))
