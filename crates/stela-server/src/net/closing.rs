@@ -33,8 +33,8 @@ impl EventLoop {
                 && conn
                     .partial_since
                     .is_some_and(|since| now.duration_since(since) >= self.frame_timeout);
-            // Answers past the reserve that have not moved for as long: the client does not
-            // read them (its budget is what it holds; it may not keep it forever).
+            // Answers that have not moved for as long: the client does not read them (what it
+            // may make the daemon hold is bounded; holding it forever is not).
             let stalled_output = conn
                 .output_stalled_for(now)
                 .is_some_and(|stalled| stalled >= self.frame_timeout);

@@ -9,8 +9,8 @@
 //!   answer buffer holds what is unsent and little more: the part already sent is dropped from
 //!   its front once it is most of it ([`COMPACT_AFTER`]), so a client that reads slowly but
 //!   never lets it empty does not make it grow with everything it was ever sent; once empty,
-//!   a large buffer is freed. A connection whose answers past [`OUTPUT_RESERVE`] have not
-//!   moved for the frame timeout (a client that does not read) is closed by the loop.
+//!   a large buffer is freed. A connection whose unsent answers have not moved for the frame
+//!   timeout (a client that does not read) is closed by the loop.
 //! - **In order.** Requests are handled in the order received and answered in that order: a
 //!   request that waits (for space, the disk or a worker) holds back the ones behind it on this
 //!   connection only, and nothing more is read from the socket meanwhile.
@@ -223,10 +223,11 @@ impl Conn {
         self.wbuf.len() - self.wpos
     }
 
-    /// How long answers past [`OUTPUT_RESERVE`] have waited without a byte of them going out
-    /// (the client does not read); `None` while it holds no more than the reserve.
+    /// How long answers have waited here without a byte of them going out; `None` while none
+    /// waits. Answers wait here only once the socket's own buffer is full: the client has
+    /// left that much unread too.
     pub fn output_stalled_for(&self, now: Instant) -> Option<std::time::Duration> {
-        (self.pending_output() > OUTPUT_RESERVE).then(|| now.duration_since(self.output_moved_at))
+        (self.pending_output() > 0).then(|| now.duration_since(self.output_moved_at))
     }
 
     /// Capacity of the connection's buffers (what closing it, or emptying them, gives back).

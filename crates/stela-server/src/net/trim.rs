@@ -12,13 +12,20 @@
 //! [`TRIM_AFTER_FREED`] of connection buffers since the last trim, at most once per
 //! [`TRIM_EVERY`], and on a worker thread rather than on the loop.
 //!
+//! A burst (clients cut or gone together) frees over more than one second: each trim is
+//! followed by another a second later while at least [`TRIM_FOLLOW_UP`] more was freed, so the
+//! tail of the burst goes back too.
+//!
 //! Invariant: `freed` counts buffer capacity given back since the last trim asked for; a trim
-//! is asked for only when it is at least [`TRIM_AFTER_FREED`] (then it starts again at zero).
+//! is asked for only when it is at least [`TRIM_AFTER_FREED`], or [`TRIM_FOLLOW_UP`] right
+//! after one (then it starts again at zero), and never twice within [`TRIM_EVERY`].
 
 use std::time::{Duration, Instant};
 
 /// Connection buffers freed before a trim is worth its walk over the heaps.
 pub(super) const TRIM_AFTER_FREED: usize = 16 << 20;
+/// What the trim after a trim needs freed (the tail of the burst that asked for the first).
+pub(super) const TRIM_FOLLOW_UP: usize = 1 << 20;
 /// At most one trim this often.
 pub(super) const TRIM_EVERY: Duration = Duration::from_secs(1);
 
@@ -27,6 +34,8 @@ pub(super) const TRIM_EVERY: Duration = Duration::from_secs(1);
 pub(super) struct TrimPolicy {
     freed: usize,
     last: Option<Instant>,
+    /// The last check asked for a trim: the next needs only [`TRIM_FOLLOW_UP`].
+    following: bool,
 }
 
 impl TrimPolicy {
@@ -34,6 +43,7 @@ impl TrimPolicy {
         TrimPolicy {
             freed: 0,
             last: None,
+            following: false,
         }
     }
 
@@ -47,12 +57,20 @@ impl TrimPolicy {
         let rested = self
             .last
             .is_none_or(|last| now.duration_since(last) >= TRIM_EVERY);
-        if self.freed < TRIM_AFTER_FREED || !rested {
+        if !rested {
             return false;
         }
-        self.freed = 0;
-        self.last = Some(now);
-        true
+        let needed = if self.following {
+            TRIM_FOLLOW_UP
+        } else {
+            TRIM_AFTER_FREED
+        };
+        self.following = self.freed >= needed;
+        if self.following {
+            self.freed = 0;
+            self.last = Some(now);
+        }
+        self.following
     }
 }
 
@@ -89,9 +107,17 @@ mod tests {
             "too soon after the last"
         );
         assert!(policy.due(start + TRIM_EVERY), "the freed bytes were kept");
+        policy.freed(TRIM_FOLLOW_UP);
+        assert!(policy.due(start + TRIM_EVERY * 2), "the tail of the burst");
+        policy.freed(TRIM_FOLLOW_UP - 1);
         assert!(
             !policy.due(start + TRIM_EVERY * 3),
-            "counted from zero again"
+            "too little for a follow-up"
+        );
+        policy.freed(1);
+        assert!(
+            !policy.due(start + TRIM_EVERY * 4),
+            "a burst again needs the full amount"
         );
     }
 }
