@@ -555,3 +555,55 @@ fn a_flood_of_connection_attempts_costs_the_event_loop_nothing() {
     daemon.assert_alive("after the flood");
     daemon.terminate();
 }
+
+/// Silent connections to the Unix socket, made as fast as four threads can, each keeping its
+/// newest 200: the event loop accepts them itself (a local peer needs no gate), but only a
+/// bounded number a turn, so that between them it still answers `stela status` and an honest
+/// client's `disk` commits. Each status and commit is made while the flood runs (the count of
+/// connections it made moves across it).
+#[test]
+fn a_flood_of_unix_connections_leaves_the_event_loop_time_for_the_others() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const ROUNDS: usize = 5;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(&tmp.path().join("daemon"), &[]);
+    let socket = daemon.socket();
+    let stop = AtomicBool::new(false);
+    let made = AtomicUsize::new(0);
+    let served_during_flood = std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let mut held = std::collections::VecDeque::new();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(socket) = UnixStream::connect(&socket) {
+                        held.push_back(socket);
+                        made.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if held.len() > 200 {
+                        held.pop_front();
+                    }
+                }
+            });
+        }
+        eventually("the flood to begin", Duration::from_secs(30), || {
+            made.load(Ordering::Relaxed) >= 1000
+        });
+        let mut served = 0;
+        for _ in 0..ROUNDS {
+            let before = made.load(Ordering::Relaxed);
+            status_answers(&daemon);
+            honest_commits(&socket, 3);
+            served += usize::from(made.load(Ordering::Relaxed) > before);
+        }
+        stop.store(true, Ordering::Relaxed);
+        served
+    });
+    let flooded = made.load(Ordering::Relaxed);
+    eprintln!("{flooded} silent Unix connections; {served_during_flood} of {ROUNDS} rounds of status and commits served while they came");
+    assert_eq!(
+        served_during_flood, ROUNDS,
+        "status and commits were served only between the flood's connections"
+    );
+    daemon.assert_alive("after the flood");
+    daemon.terminate();
+}

@@ -67,6 +67,9 @@ const UNIX_LISTENER: Token = Token(1);
 /// Connection `slot` has token `CONN_BASE + 2 * slot`, its ring's doorbell the next one.
 const CONN_BASE: usize = 16;
 
+/// Connections accepted on the Unix socket in one turn at most (the TCP gate's rule, for the
+/// loop): past it, the loop serves the connections it has before it accepts more.
+const UNIX_ACCEPTS_PER_TURN: usize = 64;
 /// Bytes read from one connection before the loop turns to the others.
 const READ_BUDGET: usize = 256 << 10;
 /// Bytes of a partly received frame any connection may hold even when all connections together
@@ -171,6 +174,9 @@ pub(crate) struct EventLoop {
     counters: Arc<NetCounters>,
     stop: Arc<AtomicBool>,
     unix: mio::net::UnixListener,
+    /// Accepting on it stopped at [`UNIX_ACCEPTS_PER_TURN`]: more may wait in the kernel's
+    /// queue, so the loop accepts again next turn and does not sleep.
+    unix_backlog: bool,
     /// The thread that accepts TCP connections and takes them through their handshake.
     gate: Option<gate::GateHandle>,
     auth: Arc<Auth>,
@@ -287,6 +293,7 @@ pub(crate) fn create(
             counters,
             stop,
             unix,
+            unix_backlog: false,
             gate,
             auth,
             conns: Vec::new(),
@@ -411,6 +418,10 @@ impl EventLoop {
         while !self.stop.load(Ordering::SeqCst) {
             let (spinning, sleeping) = self.wait(&mut events, &mut pace, priority.realtime());
             let mut active = self.dispatch(&events);
+            if self.unix_backlog {
+                self.accept();
+                active = true;
+            }
             active |= self.take_inbox();
             let (scanned, served) = self.scan_rings();
             active |= scanned;
@@ -462,7 +473,7 @@ impl EventLoop {
             } else {
                 Some(Some(Duration::ZERO))
             }
-        } else if self.prepare_sleep() {
+        } else if !self.unix_backlog && self.prepare_sleep() {
             self.engine.loop_sleeps();
             sleeping = true;
             Some(Some(SWEEP_EVERY))
@@ -493,7 +504,8 @@ impl EventLoop {
             active = true;
             match event.token() {
                 WAKER => {}
-                UNIX_LISTENER => self.accept(),
+                // Accepted once a turn, after the events (see `accept`).
+                UNIX_LISTENER => self.unix_backlog = true,
                 Token(token) if token >= CONN_BASE => {
                     let slot = (token - CONN_BASE) / 2;
                     let doorbell = (token - CONN_BASE) % 2 == 1;
