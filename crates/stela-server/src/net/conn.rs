@@ -157,6 +157,19 @@ fn error_body(error: &Error) -> ResponseBody {
     }
 }
 
+/// About how many bytes `body` takes encoded, a little more rather than less, for the answers
+/// that can be large (records); 0 for the others (small: the buffer grows as they need).
+fn encoded_size_hint(body: &ResponseBody) -> usize {
+    match body {
+        // Each record: its bytes, their length's header, its LSN and the pair's header; then
+        // the frame's header and the variant's name and fields.
+        ResponseBody::Records { records, .. } => {
+            records.iter().map(|(_, p)| p.0.len() + 16).sum::<usize>() + 64
+        }
+        _ => 0,
+    }
+}
+
 impl Conn {
     pub fn new(serial: u64, stream: Stream) -> Conn {
         let now = Instant::now();
@@ -352,6 +365,9 @@ impl Conn {
             // Nothing was waiting to go out: the clock of this answer starts now.
             self.output_moved_at = Instant::now();
         }
+        // Room for a large answer is made once, at its size: grown while encoding, the buffer
+        // doubled up to twice the answer and left each smaller copy to the allocator.
+        self.wbuf.reserve_exact(encoded_size_hint(&body));
         let response = Response { id, body };
         if let Err(e) = frame::encode(&response, &mut self.wbuf) {
             let fallback = Response {
@@ -990,6 +1006,31 @@ impl Conn {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    /// A large answer takes its own size in the buffer, not the power of two above it.
+    #[test]
+    fn a_large_answer_is_buffered_at_its_size() {
+        let (daemon_end, _client_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        daemon_end.set_nonblocking(true).unwrap();
+        let mut conn = Conn::new(1, Stream::Unix(mio::net::UnixStream::from_std(daemon_end)));
+        let records: Vec<(u64, Payload)> = (1..=15)
+            .map(|lsn| (lsn, Payload(vec![7u8; 66_000])))
+            .collect();
+        conn.answer(
+            9,
+            ResponseBody::Records {
+                records,
+                next: 16,
+                at_end: false,
+            },
+        );
+        let (len, capacity) = (conn.wbuf.len(), conn.wbuf.capacity());
+        assert!(len > 15 * 66_000, "{len}");
+        assert!(
+            capacity <= len + (4 << 10),
+            "{capacity} B of buffer for a {len}-B answer"
+        );
+    }
 
     /// A peer that takes its answers about as fast as they are added: the buffer never
     /// empties, and must still hold only what is unsent (not all that was ever sent).
