@@ -23,6 +23,27 @@ pub fn keep_freed_memory() {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
 
+/// For the log daemon (`stela serve`): its memory follows what untrusted clients make it hold
+/// (answers they do not read, frames they do not finish), so what it frees once they are gone
+/// must go back to the system rather than stay at the attack's peak. Puts mimalloc's purge
+/// delay back to its default (1 s: memory still free a second after it was freed is purged;
+/// memory reused before then, the daemon's steady state, is not), undoing
+/// [`keep_freed_memory`] for this process. With it, [`release_freed_memory`] can purge at once.
+pub fn give_freed_memory_back() {
+    // SAFETY: as in `keep_freed_memory`.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
+}
+
+/// Purges now, in every arena of the process, the memory mimalloc holds free (the daemon
+/// calls it, on a worker thread, after closed connections freed enough: `DaemonConfig::
+/// release_memory`). Only memory freed while purging was allowed ([`give_freed_memory_back`])
+/// is purged.
+pub fn release_freed_memory() {
+    // SAFETY: mi_collect takes no pointer; it collects the calling thread's heap and, forced,
+    // purges the free slices of all arenas under mimalloc's own synchronisation.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

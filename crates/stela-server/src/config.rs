@@ -162,6 +162,11 @@ pub struct DaemonConfig {
     /// Automatic failover between this node and its peer (`--coordinator`); `None`: roles are
     /// fixed by `standby` / `repl_listen`.
     pub failover: Option<FailoverConfig>,
+    /// How the process's allocator gives memory it holds free back to the system, called (on
+    /// a worker) once closed connections have freed enough of it (see `net/trim.rs`): the
+    /// binary sets it for its global allocator (`stela serve`: mimalloc's). `None`: glibc's
+    /// `malloc_trim`.
+    pub release_memory: Option<fn()>,
 }
 
 /// Automatic failover: both nodes run with `standby` (the peer's replication address) and
@@ -308,6 +313,7 @@ impl DaemonConfig {
             standby_keep_max: None,
             standby_tls: None,
             standby_name: None,
+            release_memory: None,
             standby_token_file: None,
             coordinator_token_file: None,
             failover: None,

@@ -132,7 +132,8 @@ pub struct ServeArgs {
     pub handshake_timeout: Dur,
     /// Time a begun frame may take to arrive whole (a bare number: seconds).
     ///
-    /// A connection holding part of a frame for longer is closed.
+    /// A connection holding part of a frame for longer is closed; so is one whose answers
+    /// wait for longer without a byte of them read (its socket's buffer full).
     #[arg(long, value_name = "DURATION", default_value_t = Dur(config::FRAME_TIMEOUT), value_parser = parse_secs)]
     pub frame_timeout: Dur,
     /// Close a connection idle this long; 0: never (a bare number: seconds).

@@ -119,6 +119,8 @@ pub fn serve(
     }
     let mut config = args.config();
     config.handle_signals = true;
+    crate::alloc::give_freed_memory_back();
+    config.release_memory = Some(crate::alloc::release_freed_memory);
     let server = Server::start(config).context("starting the daemon")?;
     if let Some(reload) = reload {
         server.on_reload(reload);

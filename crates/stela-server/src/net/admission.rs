@@ -15,7 +15,7 @@ use super::auth::{self, Identity};
 use super::conn::{Conn, Phase};
 use super::inbox::ConnRef;
 use super::stream::Stream;
-use super::{EventLoop, CONN_BASE, HANDSHAKE_SHARE_PER_ADDRESS};
+use super::{EventLoop, CONN_BASE, HANDSHAKE_SHARE_PER_ADDRESS, UNIX_ACCEPTS_PER_TURN};
 use mio::{Interest, Token};
 use std::io;
 use std::sync::atomic::Ordering;
@@ -23,19 +23,30 @@ use std::time::{Duration, Instant};
 use stela_proto::{ErrorCode, Role};
 
 impl EventLoop {
-    /// Accepts on the Unix socket (TCP connections come through the gate, whole Hello first:
-    /// [`super::gate`]).
+    /// Accepts on the Unix socket, at most [`UNIX_ACCEPTS_PER_TURN`] connections a turn: a
+    /// local flood of connections must not keep the loop accepting while the connections it
+    /// already has wait (it never returned while peers connected faster than it accepted).
+    /// `unix_backlog` stays set while more may wait in the kernel's queue (the listener is
+    /// edge-triggered: no new event says so); the loop accepts again next turn, without
+    /// sleeping. TCP connections come through the gate, whole Hello first ([`super::gate`]).
     pub(super) fn accept(&mut self) {
-        loop {
+        self.unix_backlog = true;
+        for _ in 0..UNIX_ACCEPTS_PER_TURN {
             match self.unix.accept() {
                 Ok((stream, _)) => self.add_conn(Stream::Unix(stream), Vec::new(), Instant::now()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.unix_backlog = false;
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if is_out_of_descriptors(&e) => {
+                    // Tried again next turn: each refuses one more queued peer, with the reason,
+                    // on the spare descriptor.
                     self.out_of_descriptors(&e);
                     return;
                 }
                 Err(error) => {
+                    self.unix_backlog = false;
                     self.log_accept_error(&error);
                     return;
                 }

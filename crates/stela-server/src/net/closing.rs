@@ -1,5 +1,5 @@
 //! The end of connections: deadlines (a handshake, an idle connection, a frame begun and not
-//! finished), closing one (its handles given back on a worker, since closing a log writes it),
+//! finished, answers a client does not read), closing one (its handles given back on a worker, since closing a log writes it),
 //! and closing all at shutdown after taking the answers already in the inbox.
 //!
 //! Invariants: a connection closed while a request of its own is out keeps its handles as an
@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use stela_proto::{ErrorCode, Role};
 
 impl EventLoop {
-    /// Deadlines: handshakes and idle connections; parked appends are retried as a safety net.
+    /// Deadlines: handshakes, idle connections, frames begun and answers not read; parked
+    /// appends are retried as a safety net; a trim of freed memory is asked for when due.
     pub(super) fn sweep(&mut self) {
         let now = Instant::now();
         let idle_timeout =
@@ -32,7 +33,13 @@ impl EventLoop {
                 && conn
                     .partial_since
                     .is_some_and(|since| now.duration_since(since) >= self.frame_timeout);
+            // Answers that have not moved for as long: the client does not read them (what it
+            // may make the daemon hold is bounded; holding it forever is not).
+            let stalled_output = conn
+                .output_stalled_for(now)
+                .is_some_and(|stalled| stalled >= self.frame_timeout);
             let late = stalled_frame
+                || stalled_output
                 || match conn.phase {
                     Phase::Handshake => {
                         now.duration_since(conn.accepted_at) >= self.handshake_timeout
@@ -54,7 +61,14 @@ impl EventLoop {
                 continue;
             };
             let stalled_frame = conn.partial_since.is_some();
-            let why = if stalled_frame {
+            let unsent = conn.pending_output();
+            let why = if conn.output_stalled_for(now).is_some() {
+                // Logged where the default filter keeps it: the client loses the answers it
+                // asked for, and whoever runs it must be able to find out why.
+                tracing::info!(peer = %conn.peer, unsent,
+                    "closing a connection that does not read its answers: none of them went out within the frame timeout");
+                "answers were not read within the frame timeout"
+            } else if stalled_frame {
                 "a frame did not arrive whole within the frame timeout"
             } else if conn.phase == Phase::Handshake {
                 "no Hello within the handshake timeout"
@@ -67,6 +81,9 @@ impl EventLoop {
             self.close(slot);
         }
         self.retry_parked();
+        if self.trim.due(now) {
+            self.workers.submit(Box::new(self.release_memory));
+        }
         self.counters
             .partial_bytes
             .store(self.held as u64, Ordering::Relaxed);
@@ -93,6 +110,7 @@ impl EventLoop {
         }
         self.held -= conn.held_bytes().min(self.held);
         self.output -= conn.output_charge().min(self.output);
+        self.trim.freed(conn.buffer_capacity());
         match conn.admitted {
             Some(Role::Client) => self.clients -= 1,
             Some(Role::Admin) => self.admins -= 1,

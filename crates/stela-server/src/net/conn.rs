@@ -5,7 +5,12 @@
 //!
 //! Invariants:
 //! - **Bounded memory.** Bytes are read only as they arrive (a frame header is never trusted to
-//!   size a buffer); the loop caps the bytes all connections hold unhandled together.
+//!   size a buffer); the loop caps the bytes all connections hold unhandled together. The
+//!   answer buffer holds what is unsent and little more: the part already sent is dropped from
+//!   its front once it is most of it ([`COMPACT_AFTER`]), so a client that reads slowly but
+//!   never lets it empty does not make it grow with everything it was ever sent; once empty,
+//!   a large buffer is freed. A connection whose unsent answers have not moved for the frame
+//!   timeout (a client that does not read) is closed by the loop.
 //! - **In order.** Requests are handled in the order received and answered in that order: a
 //!   request that waits (for space, the disk or a worker) holds back the ones behind it on this
 //!   connection only, and nothing more is read from the socket meanwhile.
@@ -90,6 +95,11 @@ pub(crate) const MAX_PENDING_OUTPUT: usize = 2 << 20;
 /// Unsent answer bytes a connection may hold and still be served while all connections' are at
 /// their cap (`--output-bytes`).
 pub(crate) const OUTPUT_RESERVE: usize = 64 << 10;
+/// Sent bytes at the front of the answer buffer past which, when they are at least half of it,
+/// they are dropped (the unsent rest moves to the front: a copy no larger than what was sent).
+pub(crate) const COMPACT_AFTER: usize = 64 << 10;
+/// An emptied answer buffer keeps at most this capacity (a larger one is freed).
+const KEPT_OUTPUT_CAPACITY: usize = 64 << 10;
 
 pub(crate) struct Conn {
     pub serial: u64,
@@ -127,6 +137,8 @@ pub(crate) struct Conn {
     /// Bytes arrived from the peer (a connection attempt that sent nothing is evicted first
     /// when handshake slots run out).
     heard: bool,
+    /// When the unsent answers last moved: a byte went out, or an answer was added to none.
+    output_moved_at: Instant,
     /// Bytes of records a `Read` handed to a worker may answer with: counted as this
     /// connection's output from the moment the read is handed out, so that reads queued behind
     /// the workers cannot promise more than the output cap between them.
@@ -142,6 +154,19 @@ fn error_body(error: &Error) -> ResponseBody {
     ResponseBody::Error {
         code: error.code(),
         message: error.to_string(),
+    }
+}
+
+/// About how many bytes `body` takes encoded, a little more rather than less, for the answers
+/// that can be large (records); 0 for the others (small: the buffer grows as they need).
+fn encoded_size_hint(body: &ResponseBody) -> usize {
+    match body {
+        // Each record: its bytes, their length's header, its LSN and the pair's header; then
+        // the frame's header and the variant's name and fields.
+        ResponseBody::Records { records, .. } => {
+            records.iter().map(|(_, p)| p.0.len() + 16).sum::<usize>() + 64
+        }
+        _ => 0,
     }
 }
 
@@ -181,6 +206,7 @@ impl Conn {
             output_full: false,
             partial_since: None,
             read_promised: 0,
+            output_moved_at: now,
             heard: false,
             accepted_at: now,
             last_request: now,
@@ -208,6 +234,18 @@ impl Conn {
     /// Answer bytes not yet sent.
     pub fn pending_output(&self) -> usize {
         self.wbuf.len() - self.wpos
+    }
+
+    /// How long answers have waited here without a byte of them going out; `None` while none
+    /// waits. Answers wait here only once the socket's own buffer is full: the client has
+    /// left that much unread too.
+    pub fn output_stalled_for(&self, now: Instant) -> Option<std::time::Duration> {
+        (self.pending_output() > 0).then(|| now.duration_since(self.output_moved_at))
+    }
+
+    /// Capacity of the connection's buffers (what closing it, or emptying them, gives back).
+    pub fn buffer_capacity(&self) -> usize {
+        self.rbuf.capacity() + self.wbuf.capacity()
     }
 
     /// What this connection counts against the loop's output cap: its unsent answers and what
@@ -276,16 +314,38 @@ impl Conn {
                 None => self.stream.write_some(&self.wbuf[self.wpos..])?,
             };
             match written {
-                Some(n) => self.wpos += n,
-                None => return Ok(false),
+                Some(n) => {
+                    self.wpos += n;
+                    self.output_moved_at = Instant::now();
+                }
+                None => {
+                    self.compact_output();
+                    return Ok(false);
+                }
             }
         }
         self.wbuf.clear();
         self.wpos = 0;
-        if self.wbuf.capacity() > 64 << 10 {
+        if self.wbuf.capacity() > KEPT_OUTPUT_CAPACITY {
             self.wbuf = Vec::new();
         }
         self.stream.flush_pending()
+    }
+
+    /// Drops the sent bytes from the front of the answer buffer once they are most of it.
+    fn compact_output(&mut self) {
+        if self.wpos < COMPACT_AFTER || self.wpos < self.wbuf.len() / 2 {
+            return;
+        }
+        self.wbuf.drain(..self.wpos);
+        if let Some((at, _)) = &mut self.fds {
+            debug_assert!(*at >= self.wpos, "descriptors go with an unsent answer");
+            *at -= self.wpos;
+        }
+        self.wpos = 0;
+        // The capacity follows what is held (with room to grow by half), not what once was.
+        let keep = (self.wbuf.len() + self.wbuf.len() / 2).max(KEPT_OUTPUT_CAPACITY);
+        self.wbuf.shrink_to(keep);
     }
 
     fn answer(&mut self, id: u64, body: ResponseBody) {
@@ -301,6 +361,13 @@ impl Conn {
         ) {
             self.phase = Phase::Closing;
         }
+        if self.pending_output() == 0 {
+            // Nothing was waiting to go out: the clock of this answer starts now.
+            self.output_moved_at = Instant::now();
+        }
+        // Room for a large answer is made once, at its size: grown while encoding, the buffer
+        // doubled up to twice the answer and left each smaller copy to the allocator.
+        self.wbuf.reserve_exact(encoded_size_hint(&body));
         let response = Response { id, body };
         if let Err(e) = frame::encode(&response, &mut self.wbuf) {
             let fallback = Response {
@@ -932,5 +999,78 @@ impl Conn {
     pub fn add_handle(&mut self, log: LogId) -> u32 {
         self.handles.push(Some(log));
         (self.handles.len() - 1) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A large answer takes its own size in the buffer, not the power of two above it.
+    #[test]
+    fn a_large_answer_is_buffered_at_its_size() {
+        let (daemon_end, _client_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        daemon_end.set_nonblocking(true).unwrap();
+        let mut conn = Conn::new(1, Stream::Unix(mio::net::UnixStream::from_std(daemon_end)));
+        let records: Vec<(u64, Payload)> = (1..=15)
+            .map(|lsn| (lsn, Payload(vec![7u8; 66_000])))
+            .collect();
+        conn.answer(
+            9,
+            ResponseBody::Records {
+                records,
+                next: 16,
+                at_end: false,
+            },
+        );
+        let (len, capacity) = (conn.wbuf.len(), conn.wbuf.capacity());
+        assert!(len > 15 * 66_000, "{len}");
+        assert!(
+            capacity <= len + (4 << 10),
+            "{capacity} B of buffer for a {len}-B answer"
+        );
+    }
+
+    /// A peer that takes its answers about as fast as they are added: the buffer never
+    /// empties, and must still hold only what is unsent (not all that was ever sent).
+    #[test]
+    fn an_answer_buffer_that_never_empties_holds_only_its_unsent_bytes() {
+        let (daemon_end, client_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        daemon_end.set_nonblocking(true).unwrap();
+        let mut client_end = client_end;
+        client_end.set_nonblocking(true).unwrap();
+        let stream = Stream::Unix(mio::net::UnixStream::from_std(daemon_end));
+        let mut conn = Conn::new(1, stream);
+        let answer = ResponseBody::Error {
+            code: ErrorCode::BadRequest,
+            message: "x".repeat(256 << 10),
+        };
+        let mut scratch = vec![0u8; 256 << 10];
+        let mut largest = 0;
+        conn.answer(0, answer.clone()); // the lead that keeps it from emptying
+        for id in 1..200 {
+            conn.answer(id, answer.clone());
+            // Takes as many bytes as one answer adds, as the socket lets them through.
+            let mut taken = 0;
+            while taken < (256 << 10) {
+                conn.flush().unwrap();
+                match client_end.read(&mut scratch[..(256 << 10) - taken]) {
+                    Ok(n) => taken += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            largest = largest.max(conn.wbuf.len()).max(conn.wbuf.capacity());
+        }
+        assert!(
+            conn.pending_output() > 0,
+            "the buffer was meant never to empty"
+        );
+        assert!(
+            largest <= 4 << 20,
+            "the answer buffer grew to {largest} B for answers of 256 KiB ({} B unsent)",
+            conn.pending_output()
+        );
     }
 }

@@ -30,7 +30,8 @@
 //! Files: this one owns the loop itself (its state, its setup, the pacing of a turn: spin,
 //! poll or sleep); [`admission`] who gets and keeps a connection slot; [`serve`] a
 //! connection's turn (read, handle, write, the inbox, the rings); [`closing`] deadlines and
-//! closing; [`stream`] the socket under non-blocking TLS; [`conn`] one connection's requests.
+//! closing; [`stream`] the socket under non-blocking TLS; [`conn`] one connection's requests;
+//! [`trim`] when freed connection buffers are given back to the system.
 
 mod admission;
 pub(crate) mod auth;
@@ -44,6 +45,7 @@ mod ring_conn;
 mod serve;
 mod spin;
 mod stream;
+mod trim;
 
 use crate::config::DaemonConfig;
 use crate::engine::{Engine, NetStats};
@@ -65,6 +67,9 @@ const UNIX_LISTENER: Token = Token(1);
 /// Connection `slot` has token `CONN_BASE + 2 * slot`, its ring's doorbell the next one.
 const CONN_BASE: usize = 16;
 
+/// Connections accepted on the Unix socket in one turn at most (the TCP gate's rule, for the
+/// loop): past it, the loop serves the connections it has before it accepts more.
+const UNIX_ACCEPTS_PER_TURN: usize = 64;
 /// Bytes read from one connection before the loop turns to the others.
 const READ_BUDGET: usize = 256 << 10;
 /// Bytes of a partly received frame any connection may hold even when all connections together
@@ -169,6 +174,9 @@ pub(crate) struct EventLoop {
     counters: Arc<NetCounters>,
     stop: Arc<AtomicBool>,
     unix: mio::net::UnixListener,
+    /// Accepting on it stopped at [`UNIX_ACCEPTS_PER_TURN`]: more may wait in the kernel's
+    /// queue, so the loop accepts again next turn and does not sleep.
+    unix_backlog: bool,
     /// The thread that accepts TCP connections and takes them through their handshake.
     gate: Option<gate::GateHandle>,
     auth: Arc<Auth>,
@@ -217,6 +225,9 @@ pub(crate) struct EventLoop {
     /// connection can be accepted and told why it is refused.
     spare_fd: Option<std::fs::File>,
     last_accept_error: Option<Instant>,
+    /// When to give the buffers closed connections freed back to the system, and how.
+    trim: trim::TrimPolicy,
+    release_memory: fn(),
 }
 
 /// Sets up the loop on its listeners; [`EventLoop::run`] runs it.
@@ -282,6 +293,7 @@ pub(crate) fn create(
             counters,
             stop,
             unix,
+            unix_backlog: false,
             gate,
             auth,
             conns: Vec::new(),
@@ -311,6 +323,8 @@ pub(crate) fn create(
             scratch: vec![0u8; 64 << 10],
             spare_fd: std::fs::File::open("/dev/null").ok(),
             last_accept_error: None,
+            trim: trim::TrimPolicy::new(),
+            release_memory: config.release_memory.unwrap_or(trim::release_free_memory),
         },
         handle,
     ))
@@ -404,6 +418,10 @@ impl EventLoop {
         while !self.stop.load(Ordering::SeqCst) {
             let (spinning, sleeping) = self.wait(&mut events, &mut pace, priority.realtime());
             let mut active = self.dispatch(&events);
+            if self.unix_backlog {
+                self.accept();
+                active = true;
+            }
             active |= self.take_inbox();
             let (scanned, served) = self.scan_rings();
             active |= scanned;
@@ -455,7 +473,7 @@ impl EventLoop {
             } else {
                 Some(Some(Duration::ZERO))
             }
-        } else if self.prepare_sleep() {
+        } else if !self.unix_backlog && self.prepare_sleep() {
             self.engine.loop_sleeps();
             sleeping = true;
             Some(Some(SWEEP_EVERY))
@@ -486,7 +504,8 @@ impl EventLoop {
             active = true;
             match event.token() {
                 WAKER => {}
-                UNIX_LISTENER => self.accept(),
+                // Accepted once a turn, after the events (see `accept`).
+                UNIX_LISTENER => self.unix_backlog = true,
                 Token(token) if token >= CONN_BASE => {
                     let slot = (token - CONN_BASE) / 2;
                     let doorbell = (token - CONN_BASE) % 2 == 1;

@@ -130,9 +130,11 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let before = conn.output_charge();
+        let (before, capacity_before) = (conn.output_charge(), conn.buffer_capacity());
         let flushed = conn.flush();
         self.output -= before.saturating_sub(conn.output_charge()).min(self.output);
+        self.trim
+            .freed(capacity_before.saturating_sub(conn.buffer_capacity()));
         match flushed {
             Ok(true) if conn.phase == Phase::Closing => self.close(slot),
             Ok(true) if conn.output_full => {
@@ -199,7 +201,10 @@ impl EventLoop {
             boards: &self.boards,
         };
         let (held_before, output_before) = (conn.held_bytes(), conn.output_charge());
+        let capacity_before = conn.buffer_capacity();
         let progress = conn.process(&ctx);
+        self.trim
+            .freed(capacity_before.saturating_sub(conn.buffer_capacity()));
         let held_after = conn.held_bytes();
         self.output = (self.output + conn.output_charge()).saturating_sub(output_before);
         let had_ring = conn.ring.is_some();
