@@ -104,7 +104,7 @@ impl Seen {
     }
 }
 
-fn address_of(node: &str, tls: &NodeTls) -> anyhow::Result<Address> {
+pub(crate) fn address_of(node: &str, tls: &NodeTls) -> anyhow::Result<Address> {
     if Path::new(node).is_dir() {
         return Ok(Address::Unix(Path::new(node).join("stela.sock")));
     }

@@ -61,7 +61,8 @@ impl Identity {
 }
 
 /// The name of `request` if it is administrative: it halts or changes what other clients
-/// rely on (power-fail, power-restore, truncate, delete, release-hold).
+/// rely on (power-fail, power-restore, truncate, delete, release-hold), or reads every log's
+/// files and holds them from truncation (a backup over the network).
 pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
     match request {
         RequestBody::PowerFail => Some("power-fail"),
@@ -70,6 +71,8 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
         RequestBody::DeleteLog { .. } => Some("delete"),
         RequestBody::ReleaseHold { .. } => Some("release-hold"),
         RequestBody::Switchover { .. } => Some("switchover"),
+        RequestBody::BackupLog { .. } => Some("backup"),
+        RequestBody::ReadLogFile { .. } => Some("backup-read"),
         RequestBody::Hello { .. }
         | RequestBody::Open { .. }
         | RequestBody::Append { .. }
