@@ -69,9 +69,9 @@ pub enum BackupError {
     },
     #[error("the daemon answered {0}")]
     Unexpected(String),
-    #[error("the daemon at {address}: {what}")]
+    /// `what`: the daemon's address and what was asked of it.
+    #[error("{what}")]
     Remote {
-        address: String,
         what: String,
         #[source]
         source: stela_client::Error,

@@ -99,8 +99,7 @@ struct Daemon {
 impl Daemon {
     fn connect(address: &Address) -> Result<Daemon> {
         let conn = Connection::connect_admin(address).map_err(|source| BackupError::Remote {
-            address: address.to_string(),
-            what: "connecting as an administrator".to_owned(),
+            what: format!("the daemon at {address}: connecting as an administrator"),
             source,
         })?;
         Ok(Daemon {
@@ -114,8 +113,7 @@ impl Daemon {
         self.conn
             .request(body)
             .map_err(|source| BackupError::Remote {
-                address: self.address.to_string(),
-                what: what.to_owned(),
+                what: format!("the daemon at {}: {what}", self.address),
                 source,
             })
     }
@@ -302,5 +300,55 @@ impl Drop for Daemon {
                     "the backup's hold could not be released: `stela logs release-hold` it");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+    use stela_proto::Payload;
+
+    fn chunk(offset: u64, data: &[u8], zeros: u32, gone: bool) -> ResponseBody {
+        ResponseBody::FileChunk {
+            offset,
+            data: Payload(data.to_vec()),
+            zeros,
+            gone,
+        }
+    }
+
+    #[test]
+    fn a_chunk_fills_its_bytes_or_zeros_and_nothing_else_is_taken() {
+        let mut into = [9u8; 8];
+        assert_eq!(
+            take_chunk(chunk(4, b"abc", 0, false), 4, &mut into).unwrap(),
+            3
+        );
+        assert_eq!(&into[..4], b"abc\x09");
+        assert_eq!(
+            take_chunk(chunk(4, b"", 5, false), 4, &mut into).unwrap(),
+            5
+        );
+        assert_eq!(&into[..6], &[0, 0, 0, 0, 0, 9]);
+    }
+
+    #[test]
+    fn a_chunk_that_is_not_what_was_asked_is_refused() {
+        let mut into = [0u8; 4];
+        let kind = |answer, into: &mut [u8]| take_chunk(answer, 8, into).unwrap_err().kind();
+        assert_eq!(kind(chunk(8, b"", 0, true), &mut into), ErrorKind::NotFound);
+        assert_eq!(
+            kind(chunk(8, b"", 0, false), &mut into),
+            ErrorKind::UnexpectedEof
+        );
+        // Another offset, more bytes or zeros than asked, another answer.
+        assert_eq!(kind(chunk(0, b"ab", 0, false), &mut into), ErrorKind::Other);
+        assert_eq!(
+            kind(chunk(8, b"abcde", 0, false), &mut into),
+            ErrorKind::Other
+        );
+        assert_eq!(kind(chunk(8, b"", 5, false), &mut into), ErrorKind::Other);
+        assert_eq!(kind(ResponseBody::Closed, &mut into), ErrorKind::Other);
     }
 }
