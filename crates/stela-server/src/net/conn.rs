@@ -692,6 +692,12 @@ impl Conn {
                 peer: self.peer.clone(),
             });
         }
+        if what == auth::BACKUP_READ {
+            // One per MiB of a backup over the network: its `backup` request was logged.
+            tracing::debug!(peer = %self.peer, identity = self.identity.name(), request = what,
+                "administrative request");
+            return None;
+        }
         tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
             "administrative request");
         None
