@@ -11,7 +11,8 @@
 //! copies' holes excluded), the backup directory's blocks on disk, and the clients' commits/s
 //! and p99 commit latency during each backup and outside. Medians at the end. With `--from`,
 //! the limited backup is replaced by an unlimited one taken as `stela backup --from` takes it
-//! (`stela::backup::backup_remote`, the daemon sending its files over its socket).
+//! (`stela::backup::backup_remote`, the daemon sending its files over its socket; with `--tls`,
+//! over TCP on loopback under TLS, authenticated with an administrator's token).
 
 use anyhow::Context;
 use std::io::Write;
@@ -46,6 +47,10 @@ pub struct BackupBenchArgs {
     /// socket: the protocol's cost beside the local copy's (no TCP, no TLS).
     #[arg(long)]
     pub from: bool,
+    /// With --from: over TCP on loopback under TLS, authenticated with an administrator's
+    /// token (the daemon also listens there), not over the Unix socket.
+    #[arg(long, requires = "from")]
+    pub tls: bool,
 }
 
 /// One commit: when it returned and how long it took.
@@ -81,8 +86,21 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dir = base.path().join("daemon");
     let mut config = stela_server::DaemonConfig::new(&dir);
     config.assume_write_rate = Some(500_000_000);
+    let tls = args.tls.then(|| tls_files(base.path())).transpose()?;
+    if let Some((files, token)) = &tls {
+        config.tcp = Some("127.0.0.1:0".parse()?);
+        config.tls = Some(files.clone());
+        config.admin_token_file = Some(token.clone());
+    }
     let server = stela_server::Server::start(config).context("start the daemon")?;
     let socket = server.socket_path().to_owned();
+    let remote = match (&tls, server.tcp_addr()) {
+        (Some((files, token)), Some(tcp)) => {
+            let target = stela_client::TlsTarget::new(&format!("tls://{tcp}"), &files.cert)?;
+            Address::Tls(Box::new(target.token_file(token)))
+        }
+        _ => Address::Unix(socket.clone()),
+    };
     fill(&socket, args.fill_mib)?;
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Samples::default();
@@ -108,7 +126,7 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 1 => {
                     let rate = (!args.from).then(|| args.max_rate.get());
                     let to = base.path().join("b");
-                    let remote = args.from.then_some(&address);
+                    let remote = args.from.then_some(&remote);
                     let local = (dir.as_path(), &address);
                     limited = Some(take_backup(local, remote, &to, rate, &samples)?);
                 }
@@ -132,6 +150,28 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     server.shutdown().context("stop the daemon")?;
     print_rows(args, &rows, out)
+}
+
+/// A self-signed certificate for 127.0.0.1 and an administrator's token, written under `base`:
+/// the daemon's TLS files (its certificate is also the CA a client trusts) and the token file.
+fn tls_files(base: &Path) -> anyhow::Result<(stela_server::ServerTlsFiles, PathBuf)> {
+    let key = rcgen::KeyPair::generate()?;
+    let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let cert = rcgen::CertificateParams::new(names)?.self_signed(&key)?;
+    let (cert_path, key_path, token) = (
+        base.join("daemon.pem"),
+        base.join("daemon.key"),
+        base.join("admin-token"),
+    );
+    std::fs::write(&cert_path, cert.pem())?;
+    crate::harness::write_secret(&key_path, key.serialize_pem())?;
+    crate::harness::write_secret(&token, "a-backup-benchmark-admin-token\n")?;
+    let files = stela_server::ServerTlsFiles {
+        cert: cert_path,
+        key: key_path,
+        client_ca: None,
+    };
+    Ok((files, token))
 }
 
 /// One backup into `to` at `max_rate` (of the daemon's directory, or with `remote` over its
@@ -240,7 +280,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn print_rows(args: &BackupBenchArgs, rows: &[Row], out: &mut dyn Write) -> anyhow::Result<()> {
     let second = if args.from {
-        "`from` backups as `stela backup --from` takes them, over the daemon's socket, no limit (holes go as lengths)".to_owned()
+        let over = if args.tls {
+            "TCP on loopback under TLS with an admin token"
+        } else {
+            "the daemon's Unix socket"
+        };
+        format!("`from` backups as `stela backup --from` takes them, over {over}, no limit (holes go as lengths)")
     } else {
         format!("limited backups at {} B/s", args.max_rate.get())
     };
@@ -292,7 +337,11 @@ fn print_rows(args: &BackupBenchArgs, rows: &[Row], out: &mut dyn Write) -> anyh
         of(|r| r.unlimited.seconds),
         of(|r| r.unlimited.during.commits_per_s),
         of(|r| r.unlimited.during.p99_us as f64),
-        if args.from { "from (over the socket)" } else { "limited" },
+        match (args.from, args.tls) {
+            (true, true) => "from (TLS on loopback)",
+            (true, false) => "from (over the socket)",
+            _ => "limited",
+        },
         of(|r| r.limited.seconds),
         of(|r| r.limited.during.commits_per_s),
         of(|r| r.limited.during.p99_us as f64),
