@@ -334,6 +334,37 @@ mod tests {
     }
 
     #[test]
+    fn a_gone_segment_drops_itself_and_every_segment_before_it_but_not_the_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str| {
+            std::fs::write(dir.path().join(name), name).unwrap();
+            FileCopy {
+                name: name.to_owned(),
+                bytes: name.len() as u64,
+                crc32c: 0,
+            }
+        };
+        let mut copies = vec![
+            (0, file("SYNCED")),
+            (1, file("00000000000000000001.wal")),
+            (1, file("00000000000000001001.wal")),
+        ];
+        let partial = dir.path().join("00000000000000002001.wal");
+        std::fs::write(&partial, b"half").unwrap();
+        drop_segments(dir.path(), &partial, &mut copies).unwrap();
+        let names: Vec<&str> = copies.iter().map(|(_, f)| f.name.as_str()).collect();
+        assert_eq!(names, ["SYNCED"]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["SYNCED"]);
+        // A segment gone before any of its bytes were copied: nothing partial to remove.
+        drop_segments(dir.path(), &partial, &mut copies).unwrap();
+    }
+
+    #[test]
     fn a_chunk_that_is_not_what_was_asked_is_refused() {
         let mut into = [0u8; 4];
         let kind = |answer, into: &mut [u8]| take_chunk(answer, 8, into).unwrap_err().kind();
