@@ -183,3 +183,44 @@ fn io_error(path: &Path, source: std::io::Error) -> Error {
         source,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_one_plain_path_component_names_a_file_to_read() {
+        for good in ["SYNCED", "TERMS", "00000000000000000001.wal", ".hidden"] {
+            assert_eq!(plain_file_name(good).unwrap(), good);
+        }
+        let long = "x".repeat(256);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "/etc/passwd",
+            "a\0b",
+            long.as_str(),
+        ] {
+            assert!(plain_file_name(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn a_link_or_a_directory_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"secret").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("link")).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        assert!(open_regular(&target).is_ok());
+        assert!(open_regular(&dir.path().join("link")).is_err());
+        assert!(open_regular(&dir.path().join("sub")).is_err());
+        let listed = regular_files(dir.path()).unwrap();
+        let names: Vec<&str> = listed.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["target"]);
+        assert_eq!(listed[0].bytes, 6);
+    }
+}
