@@ -9,7 +9,10 @@
 //! measures a window without a backup as long as the unlimited one; the three take turns
 //! (their order rotates each repeat). Reported per repeat: seconds, bytes read and written (the
 //! copies' holes excluded), the backup directory's blocks on disk, and the clients' commits/s
-//! and p99 commit latency during each backup and outside. Medians at the end.
+//! and p99 commit latency during each backup and outside. Medians at the end. With `--from`,
+//! the limited backup is replaced by an unlimited one taken as `stela backup --from` takes it
+//! (`stela::backup::backup_remote`, the daemon sending its files over its socket; with `--tls`,
+//! over TCP on loopback under TLS, authenticated with an administrator's token).
 
 use anyhow::Context;
 use std::io::Write;
@@ -39,6 +42,15 @@ pub struct BackupBenchArgs {
     /// The rate limit of the limited backups (`stela backup --max-rate`).
     #[arg(long, default_value = "32MiB", value_parser = stela::units::parse_rate)]
     pub max_rate: stela::units::Size,
+    /// Instead of the limited backup, take one the way `stela backup --from` does (the daemon
+    /// sends its files' bytes in 1 MiB requests), without a limit, over the daemon's Unix
+    /// socket: the protocol's cost beside the local copy's (no TCP, no TLS).
+    #[arg(long)]
+    pub from: bool,
+    /// With --from: over TCP on loopback under TLS, authenticated with an administrator's
+    /// token (the daemon also listens there), not over the Unix socket.
+    #[arg(long, requires = "from")]
+    pub tls: bool,
 }
 
 /// One commit: when it returned and how long it took.
@@ -74,8 +86,21 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dir = base.path().join("daemon");
     let mut config = stela_server::DaemonConfig::new(&dir);
     config.assume_write_rate = Some(500_000_000);
+    let tls = args.tls.then(|| tls_files(base.path())).transpose()?;
+    if let Some((files, token)) = &tls {
+        config.tcp = Some("127.0.0.1:0".parse()?);
+        config.tls = Some(files.clone());
+        config.admin_token_file = Some(token.clone());
+    }
     let server = stela_server::Server::start(config).context("start the daemon")?;
     let socket = server.socket_path().to_owned();
+    let remote = match (&tls, server.tcp_addr()) {
+        (Some((files, token)), Some(tcp)) => {
+            let target = stela_client::TlsTarget::new(&format!("tls://{tcp}"), &files.cert)?;
+            Address::Tls(Box::new(target.token_file(token)))
+        }
+        _ => Address::Unix(socket.clone()),
+    };
     fill(&socket, args.fill_mib)?;
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Samples::default();
@@ -93,15 +118,17 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         for turn in 0..3 {
             match (repeat + turn) % 3 {
                 0 => {
-                    let taken =
-                        take_backup(&dir, &address, &base.path().join("b"), None, &samples)?;
+                    let to = base.path().join("b");
+                    let taken = take_backup((dir.as_path(), &address), None, &to, None, &samples)?;
                     quiet_length = Duration::from_secs_f64(taken.seconds);
                     unlimited = Some(taken);
                 }
                 1 => {
-                    let rate = Some(args.max_rate.get());
+                    let rate = (!args.from).then(|| args.max_rate.get());
                     let to = base.path().join("b");
-                    limited = Some(take_backup(&dir, &address, &to, rate, &samples)?);
+                    let remote = args.from.then_some(&remote);
+                    let local = (dir.as_path(), &address);
+                    limited = Some(take_backup(local, remote, &to, rate, &samples)?);
                 }
                 _ => {
                     let start = Instant::now();
@@ -125,17 +152,43 @@ pub fn run(args: &BackupBenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     print_rows(args, &rows, out)
 }
 
-/// One backup into `to` at `max_rate`, checked and removed: its totals and the clients' window
-/// during it.
+/// A self-signed certificate for 127.0.0.1 and an administrator's token, written under `base`:
+/// the daemon's TLS files (its certificate is also the CA a client trusts) and the token file.
+fn tls_files(base: &Path) -> anyhow::Result<(stela_server::ServerTlsFiles, PathBuf)> {
+    let key = rcgen::KeyPair::generate()?;
+    let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let cert = rcgen::CertificateParams::new(names)?.self_signed(&key)?;
+    let (cert_path, key_path, token) = (
+        base.join("daemon.pem"),
+        base.join("daemon.key"),
+        base.join("admin-token"),
+    );
+    std::fs::write(&cert_path, cert.pem())?;
+    crate::harness::write_secret(&key_path, key.serialize_pem())?;
+    crate::harness::write_secret(&token, "a-backup-benchmark-admin-token\n")?;
+    let files = stela_server::ServerTlsFiles {
+        cert: cert_path,
+        key: key_path,
+        client_ca: None,
+    };
+    Ok((files, token))
+}
+
+/// One backup into `to` at `max_rate` (of the daemon's directory, or with `remote` over its
+/// socket as `stela backup --from` takes it), checked and removed: its totals and the clients'
+/// window during it.
 fn take_backup(
-    dir: &Path,
-    address: &Address,
+    (dir, address): (&Path, &Address),
+    remote: Option<&Address>,
     to: &Path,
     max_rate: Option<u64>,
     samples: &Samples,
 ) -> anyhow::Result<Taken> {
     let start = Instant::now();
-    let report = stela::backup::backup(dir, address, to, max_rate)?;
+    let report = match remote {
+        Some(remote) => stela::backup::backup_remote(remote, to, max_rate)?,
+        None => stela::backup::backup(dir, address, to, max_rate)?,
+    };
     let end = Instant::now();
     stela::backup::check(to).context("the backup just taken does not check")?;
     let on_disk = blocks_bytes(to)?;
@@ -226,10 +279,20 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn print_rows(args: &BackupBenchArgs, rows: &[Row], out: &mut dyn Write) -> anyhow::Result<()> {
+    let second = if args.from {
+        let over = if args.tls {
+            "TCP on loopback under TLS with an admin token"
+        } else {
+            "the daemon's Unix socket"
+        };
+        format!("`from` backups as `stela backup --from` takes them, over {over}, no limit (holes go as lengths)")
+    } else {
+        format!("limited backups at {} B/s", args.max_rate.get())
+    };
     writeln!(
         out,
-        "stela-bench backup: {} clients committing {} B records at disk, a {} MiB log filled first; limited backups at {} B/s",
-        args.clients, args.record_bytes, args.fill_mib, args.max_rate.get()
+        "stela-bench backup: {} clients committing {} B records at disk, a {} MiB log filled first; {second}",
+        args.clients, args.record_bytes, args.fill_mib
     )?;
     writeln!(
         out,
@@ -245,7 +308,8 @@ fn print_rows(args: &BackupBenchArgs, rows: &[Row], out: &mut dyn Write) -> anyh
         "p99 us"
     )?;
     for (repeat, row) in rows.iter().enumerate() {
-        for (side, taken) in [("unlimited", &row.unlimited), ("limited", &row.limited)] {
+        let second = if args.from { "from" } else { "limited" };
+        for (side, taken) in [("unlimited", &row.unlimited), (second, &row.limited)] {
             writeln!(
                 out,
                 "{:>6} {:>9} {:>8.2} {:>12} {:>12} {:>12} {:>9.0} {:>13.0} {:>11}",
@@ -269,10 +333,15 @@ fn print_rows(args: &BackupBenchArgs, rows: &[Row], out: &mut dyn Write) -> anyh
     let of = |f: fn(&Row) -> f64| median(rows.iter().map(f).collect());
     writeln!(
         out,
-        "median: unlimited {:.2} s at {:.0} commits/s (p99 {:.0} us); limited {:.2} s at {:.0} commits/s (p99 {:.0} us); no backup {:.0} commits/s (p99 {:.0} us)",
+        "median: unlimited {:.2} s at {:.0} commits/s (p99 {:.0} us); {} {:.2} s at {:.0} commits/s (p99 {:.0} us); no backup {:.0} commits/s (p99 {:.0} us)",
         of(|r| r.unlimited.seconds),
         of(|r| r.unlimited.during.commits_per_s),
         of(|r| r.unlimited.during.p99_us as f64),
+        match (args.from, args.tls) {
+            (true, true) => "from (TLS on loopback)",
+            (true, false) => "from (over the socket)",
+            _ => "limited",
+        },
         of(|r| r.limited.seconds),
         of(|r| r.limited.during.commits_per_s),
         of(|r| r.limited.during.p99_us as f64),

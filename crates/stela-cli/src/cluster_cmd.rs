@@ -29,7 +29,7 @@ pub struct NodeTls {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// A file whose first token authenticates to each tls:// node (an admin token for
-    /// `switchover`).
+    /// `switchover` and `backup --from`).
     #[arg(long, value_name = "FILE", requires = "tls_ca")]
     pub token_file: Option<PathBuf>,
 }
@@ -104,7 +104,7 @@ impl Seen {
     }
 }
 
-fn address_of(node: &str, tls: &NodeTls) -> anyhow::Result<Address> {
+pub(crate) fn address_of(node: &str, tls: &NodeTls) -> anyhow::Result<Address> {
     if Path::new(node).is_dir() {
         return Ok(Address::Unix(Path::new(node).join("stela.sock")));
     }

@@ -105,7 +105,9 @@ pub enum Command {
     /// Copy a running daemon's logs into a new directory, verified (pg_basebackup).
     ///
     /// Every record acknowledged at `disk` before it began is in the copy; the daemon keeps
-    /// serving. Run on the daemon's machine: it reads DIR/logs. See docs/BACKUP.md.
+    /// serving. With --dir it runs on the daemon's machine and reads DIR/logs; with --from
+    /// ADDRESS it runs anywhere and the daemon sends its files to an authenticated
+    /// administrator. See docs/BACKUP.md.
     Backup(backup::BackupArgs),
     /// Check a backup and lay its logs out as a daemon's directory
     ///

@@ -173,6 +173,34 @@ pub enum RequestBody {
         to: String,
         within_ms: u64,
     },
+    /// The first step of a backup over the network (`stela backup --from`, administrative):
+    /// records a hold named `holder` on `log` that keeps every segment from the log's first on
+    /// (released with `ReleaseHold`), then lists the log directory's files with their lengths.
+    /// With `last_in_files`, also the last record in the log's files (the bound a closed log's
+    /// copy must reach). Answered with [`ResponseBody::BackupFiles`].
+    BackupLog {
+        log: String,
+        holder: String,
+        #[serde(default)]
+        last_in_files: bool,
+    },
+    /// Up to `max_bytes` of the file `file` of `log` from `offset` on (administrative): the
+    /// bytes a backup over the network copies, byte for byte. The daemon answers at most its
+    /// read answer size (1 MiB) at a time. Answered with [`ResponseBody::FileChunk`].
+    ReadLogFile {
+        log: String,
+        file: String,
+        offset: u64,
+        max_bytes: u32,
+    },
+}
+
+/// One file of [`ResponseBody::BackupFiles`]: a plain file of the log's directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogFile {
+    pub name: String,
+    /// Its length when it was listed.
+    pub bytes: u64,
 }
 
 /// One log of [`ResponseBody::Logs`].
@@ -291,6 +319,28 @@ pub enum ResponseBody {
     SwitchedOver {
         epoch: u64,
         to: String,
+    },
+    /// `BackupLog` is done: the hold `holder` keeps `log` from LSN `held_from` on, and these
+    /// are the log directory's plain files as they were listed after the hold was recorded.
+    /// `last_in_files`: the last record in the files, if it was asked for and there is one.
+    BackupFiles {
+        log: String,
+        holder: String,
+        held_from: u64,
+        files: Vec<LogFile>,
+        #[serde(default)]
+        last_in_files: Option<u64>,
+    },
+    /// A chunk of a log's file from `offset`: `data`, or, when every byte read was zero,
+    /// `zeros` bytes of zeros (a hole: nothing is sent). Both empty: the file ends at
+    /// `offset`. `gone`: the file no longer exists (a truncation removed the segment).
+    FileChunk {
+        offset: u64,
+        data: Payload,
+        #[serde(default)]
+        zeros: u32,
+        #[serde(default)]
+        gone: bool,
     },
 }
 

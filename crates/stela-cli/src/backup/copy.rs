@@ -19,7 +19,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How much is read at a time: bounds memory whatever the segment size.
-const CHUNK: usize = 1 << 20;
+pub const CHUNK: usize = 1 << 20;
 /// With a rate limit, written bytes are synced at least this often.
 const PACED_SYNC: u64 = 8 << 20;
 
@@ -83,6 +83,22 @@ pub fn copy_file(
     target: &Path,
     pace: &mut Pace,
 ) -> std::io::Result<Copied> {
+    copy_from(
+        &mut |chunk, at| source.read_exact_at(chunk, at),
+        bytes,
+        target,
+        pace,
+    )
+}
+
+/// Copies `bytes` bytes that `read_exact_at` fills chunk by chunk (a local file, or a daemon
+/// over the network) to a new file at `target`, as [`copy_file`] does.
+pub fn copy_from(
+    read_exact_at: &mut dyn FnMut(&mut [u8], u64) -> std::io::Result<()>,
+    bytes: u64,
+    target: &Path,
+    pace: &mut Pace,
+) -> std::io::Result<Copied> {
     let out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -93,7 +109,7 @@ pub fn copy_file(
     while at < bytes {
         let want = CHUNK.min((bytes - at) as usize);
         let chunk = &mut buffer[..want];
-        source.read_exact_at(chunk, at)?;
+        read_exact_at(chunk, at)?;
         crc = crc32c::crc32c_append(crc, chunk);
         if chunk.iter().any(|&b| b != 0) {
             out.write_all_at(chunk, at)?;

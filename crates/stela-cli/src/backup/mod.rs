@@ -34,6 +34,9 @@
 
 mod copy;
 pub mod manifest;
+mod remote;
+
+pub use remote::backup_remote;
 
 use manifest::{FileCopy, LogCopy, Manifest, ManifestError};
 use std::fs::File;
@@ -64,8 +67,15 @@ pub enum BackupError {
         #[source]
         source: stela_client::Error,
     },
-    #[error("the daemon answered ListLogs with {0}")]
+    #[error("the daemon answered {0}")]
     Unexpected(String),
+    /// `what`: the daemon's address and what was asked of it.
+    #[error("{what}")]
+    Remote {
+        what: String,
+        #[source]
+        source: stela_client::Error,
+    },
     #[error("log {log}: {source}")]
     Wal {
         log: String,
@@ -130,6 +140,13 @@ pub struct BackupArgs {
     /// The daemon's Unix socket [default: DIR/stela.sock].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Take the backup over the network from the daemon at ADDRESS (tls://HOST:PORT with
+    /// --tls-ca and an admin --token-file or --tls-cert/--tls-key; tcp://HOST:PORT; a socket
+    /// or a daemon's directory): the daemon sends its files' bytes, so this runs anywhere.
+    #[arg(long, value_name = "ADDRESS", conflicts_with_all = ["dir", "socket"])]
+    pub from: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::cluster_cmd::NodeTls,
     /// Read the daemon's files at most this fast (e.g. 50MiB, 50MiB/s), so the copy leaves its
     /// disk to the commits [default: no limit].
     #[arg(long, value_name = "SIZE/s", value_parser = crate::units::parse_rate)]
@@ -524,10 +541,19 @@ fn restore_log(source: &Path, logs: &Path, log: &LogCopy) -> Result<()> {
 
 /// `stela backup`: runs it and prints what it copied.
 pub fn run_backup(args: &BackupArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let socket = args.socket.clone();
-    let address = Address::Unix(socket.unwrap_or_else(|| args.dir.join("stela.sock")));
     let max_rate = args.max_rate.map(crate::units::Size::get);
-    let report = backup(&args.dir, &address, &args.to, max_rate)?;
+    let (report, source) = match &args.from {
+        Some(from) => {
+            let address = crate::cluster_cmd::address_of(from, &args.tls)?;
+            (backup_remote(&address, &args.to, max_rate)?, from.clone())
+        }
+        None => {
+            let socket = args.socket.clone();
+            let address = Address::Unix(socket.unwrap_or_else(|| args.dir.join("stela.sock")));
+            let report = backup(&args.dir, &address, &args.to, max_rate)?;
+            (report, args.dir.display().to_string())
+        }
+    };
     if args.json {
         let totals = serde_json::json!({
             "manifest": report.manifest,
@@ -541,7 +567,7 @@ pub fn run_backup(args: &BackupArgs, out: &mut dyn Write) -> anyhow::Result<()> 
     writeln!(
         out,
         "backup of {} into {}: {} log(s), every copy verified",
-        args.dir.display(),
+        source,
         args.to.display(),
         report.manifest.logs.len()
     )?;

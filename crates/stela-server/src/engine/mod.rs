@@ -9,6 +9,7 @@
 //! one round by that one completion; the emergency flush stops admission before it measures what
 //! it must write, so nothing is acknowledged that it does not then write.
 
+mod backup;
 mod levels;
 mod local_copy;
 mod queries;

@@ -60,8 +60,13 @@ impl Identity {
     }
 }
 
+/// A chunk of a backup over the network: refused as any administrative request, but admitted
+/// quietly (one per MiB copied; the backup's hold, `backup`, is logged).
+pub(crate) const BACKUP_READ: &str = "backup-read";
+
 /// The name of `request` if it is administrative: it halts or changes what other clients
-/// rely on (power-fail, power-restore, truncate, delete, release-hold).
+/// rely on (power-fail, power-restore, truncate, delete, release-hold), or reads every log's
+/// files and holds them from truncation (a backup over the network).
 pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
     match request {
         RequestBody::PowerFail => Some("power-fail"),
@@ -70,6 +75,8 @@ pub(crate) fn administrative(request: &RequestBody) -> Option<&'static str> {
         RequestBody::DeleteLog { .. } => Some("delete"),
         RequestBody::ReleaseHold { .. } => Some("release-hold"),
         RequestBody::Switchover { .. } => Some("switchover"),
+        RequestBody::BackupLog { .. } => Some("backup"),
+        RequestBody::ReadLogFile { .. } => Some(BACKUP_READ),
         RequestBody::Hello { .. }
         | RequestBody::Open { .. }
         | RequestBody::Append { .. }

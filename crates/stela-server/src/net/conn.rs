@@ -731,6 +731,9 @@ impl Conn {
             directory @ (RequestBody::ListLogs
             | RequestBody::DeleteLog { .. }
             | RequestBody::ReleaseHold { .. }) => self.change_directory(ctx, id, directory),
+            backup @ (RequestBody::BackupLog { .. } | RequestBody::ReadLogFile { .. }) => {
+                self.backup(ctx, id, backup)
+            }
         }
     }
 
@@ -755,6 +758,12 @@ impl Conn {
                 request: what,
                 peer: self.peer.clone(),
             });
+        }
+        if what == auth::BACKUP_READ {
+            // One per MiB of a backup over the network: its `backup` request was logged.
+            tracing::debug!(peer = %self.peer, identity = self.identity.name(), request = what,
+                "administrative request");
+            return None;
         }
         tracing::warn!(peer = %self.peer, identity = self.identity.name(), request = what,
             "administrative request");
@@ -887,6 +896,38 @@ impl Conn {
                 })
             }
             _ => unreachable!("change_directory() is given directory requests"),
+        }
+    }
+
+    /// A backup over the network (`engine::backup`): the hold and listing on a worker; a
+    /// file's chunk in the bulk lane, like a read of records, its bytes promised meanwhile and
+    /// clamped as a `Read` answer is.
+    fn backup(&mut self, ctx: &Ctx<'_>, id: u64, request: RequestBody) -> Progress {
+        match request {
+            RequestBody::BackupLog {
+                log,
+                holder,
+                last_in_files,
+            } => self.hand_to_worker(ctx, id, move |engine| {
+                (
+                    engine.backup_log(&log, &holder, last_in_files),
+                    Effect::None,
+                )
+            }),
+            RequestBody::ReadLogFile {
+                log,
+                file,
+                offset,
+                max_bytes,
+            } => {
+                let max_bytes = (max_bytes as usize).clamp(1, ctx.read_answer_bytes.max(1));
+                self.read_promised = max_bytes;
+                self.hand_to_lane(ctx, id, true, move |engine| {
+                    let result = engine.read_log_file(&log, &file, offset, max_bytes);
+                    (result, Effect::None)
+                })
+            }
+            _ => unreachable!("backup() is given backup requests"),
         }
     }
 
