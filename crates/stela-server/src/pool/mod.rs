@@ -898,17 +898,13 @@ impl<W> Pool<W> {
 /// (`tests/disk_full.rs`: the other log's append waited for ever). Called only when the whole
 /// count is over the cap, so the logs are walked only then.
 fn over_live_cap<W>(state: &State<W>, total: usize) -> bool {
-    let stuck: usize = state
-        .logs
-        .iter()
-        .flatten()
-        .filter(|l| l.failure.is_some() || l.disk_full.is_some())
-        .map(|l| l.dirty)
-        .sum();
-    debug_assert!(
-        stuck <= state.dirty,
-        "a log's dirty bytes are counted in the pool's"
-    );
+    let mut stuck = 0;
+    for l in state.logs.iter().flatten() {
+        if l.failure.is_some() || l.disk_full.is_some() {
+            stuck += l.dirty;
+        }
+    }
+    debug_assert!(stuck <= state.dirty, "stuck bytes are dirty bytes");
     let flushable = state.dirty - stuck;
     flushable > 0 && flushable + total > state.live_cap
 }
