@@ -9,30 +9,14 @@
 //! coordinator's (`stela_coord::rules::hand_over`); this asks for it and watches it happen.
 
 use anyhow::{bail, Context};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use stela_client::{Address, Connection};
 use stela_proto::{RequestBody, ResponseBody, StatusReport};
 
-/// How `tls://HOST:PORT` nodes are reached: the same CA and credential for each.
-#[derive(Args, Debug, Clone, Default)]
-pub struct NodeTls {
-    /// The CA the nodes' certificates chain to (PEM); needed for tls:// nodes.
-    #[arg(long, value_name = "FILE")]
-    pub tls_ca: Option<PathBuf>,
-    /// A client certificate (PEM) for nodes with --tls-client-ca.
-    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of --tls-cert (PEM).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// A file whose first token authenticates to each tls:// node (an admin token for
-    /// `switchover` and `backup --from`).
-    #[arg(long, value_name = "FILE", requires = "tls_ca")]
-    pub token_file: Option<PathBuf>,
-}
+use crate::node_address::address_of;
+pub use crate::node_address::NodeTls;
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
@@ -102,27 +86,6 @@ impl Seen {
             .and_then(|r| r.replication.as_ref())
             .map_or(0, |r| r.epoch)
     }
-}
-
-pub(crate) fn address_of(node: &str, tls: &NodeTls) -> anyhow::Result<Address> {
-    if Path::new(node).is_dir() {
-        return Ok(Address::Unix(Path::new(node).join("stela.sock")));
-    }
-    if !node.starts_with("tls://") {
-        return Address::parse(node).with_context(|| format!("--node {node}"));
-    }
-    let ca = tls.tls_ca.as_ref().with_context(|| {
-        format!("--node {node} needs --tls-ca FILE (the CA of its certificate)")
-    })?;
-    let mut target =
-        stela_client::TlsTarget::new(node, ca).with_context(|| format!("--node {node}"))?;
-    if let (Some(cert), Some(key)) = (&tls.tls_cert, &tls.tls_key) {
-        target = target.client_cert(cert, key);
-    }
-    if let Some(file) = &tls.token_file {
-        target = target.token_file(file);
-    }
-    Ok(Address::Tls(Box::new(target)))
 }
 
 fn status_of(address: &Address) -> anyhow::Result<StatusReport> {

@@ -25,6 +25,7 @@ pub mod exit;
 pub mod latency;
 pub mod logs_cmd;
 pub mod mount_cmd;
+pub mod node_address;
 pub mod run_cmd;
 pub mod service;
 pub mod store_cmd;

@@ -146,7 +146,7 @@ pub struct BackupArgs {
     #[arg(long, value_name = "ADDRESS", conflicts_with_all = ["dir", "socket"])]
     pub from: Option<String>,
     #[command(flatten)]
-    pub tls: crate::cluster_cmd::NodeTls,
+    pub tls: crate::node_address::NodeTls,
     /// Read the daemon's files at most this fast (e.g. 50MiB, 50MiB/s), so the copy leaves its
     /// disk to the commits [default: no limit].
     #[arg(long, value_name = "SIZE/s", value_parser = crate::units::parse_rate)]
@@ -544,7 +544,7 @@ pub fn run_backup(args: &BackupArgs, out: &mut dyn Write) -> anyhow::Result<()> 
     let max_rate = args.max_rate.map(crate::units::Size::get);
     let (report, source) = match &args.from {
         Some(from) => {
-            let address = crate::cluster_cmd::address_of(from, &args.tls)?;
+            let address = crate::node_address::address_of(from, &args.tls)?;
             (backup_remote(&address, &args.to, max_rate)?, from.clone())
         }
         None => {

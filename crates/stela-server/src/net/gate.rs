@@ -19,7 +19,7 @@
 //! either in the table, handed to the loop, or closed (never leaked, never both).
 
 use super::auth::Auth;
-use super::inbox::{Event, Inbox};
+use super::inbox::{Arrival, Event, Inbox};
 use super::stream::{Stream, TlsStream};
 use super::{NetCounters, HANDSHAKE_HOLD};
 use mio::{Events, Interest, Poll, Token};
@@ -43,14 +43,6 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// The gate's niceness: under a shortage of CPU the event loop (admitted clients, the Unix
 /// socket) goes first, and a flood slows down the door, not the house.
 const NICENESS: i32 = 5;
-
-/// A TCP connection whose first frame has arrived, for the loop to admit.
-pub(crate) struct Arrival {
-    pub stream: Stream,
-    /// The plaintext received so far: a whole Hello frame (or a header announcing too much).
-    pub first: Vec<u8>,
-    pub accepted_at: Instant,
-}
 
 /// A connection in its handshake.
 struct Pending {

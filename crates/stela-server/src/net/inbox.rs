@@ -14,6 +14,15 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use stela_proto::ResponseBody;
 
+/// A TCP connection whose first frame has arrived (the gate's thread took it that far), for
+/// the loop to admit.
+pub(crate) struct Arrival {
+    pub stream: super::stream::Stream,
+    /// The plaintext received so far: a whole Hello frame (or a header announcing too much).
+    pub first: Vec<u8>,
+    pub accepted_at: std::time::Instant,
+}
+
 /// A connection, as a slot and the serial of the connection that had it (slots are reused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ConnRef {
@@ -54,7 +63,7 @@ pub(crate) enum Event {
     RingDone(Box<RingDone>),
     SpaceFreed,
     /// A TCP connection through the gate's handshake, its first frame received: admit it.
-    Arrived(Box<super::gate::Arrival>),
+    Arrived(Box<Arrival>),
 }
 
 pub(crate) struct Inbox {

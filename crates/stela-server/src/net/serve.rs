@@ -266,7 +266,7 @@ impl EventLoop {
                 }
                 Event::SpaceFreed => self.retry_parked(),
                 Event::Arrived(arrival) => {
-                    let super::gate::Arrival {
+                    let super::inbox::Arrival {
                         stream,
                         first,
                         accepted_at,
