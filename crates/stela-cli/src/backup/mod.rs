@@ -204,11 +204,31 @@ pub fn backup(
         .collect::<Result<Vec<_>>>()?;
     let holder = std::fs::canonicalize(to).map_err(io(to, "resolving"))?;
     let _holds = Holds::take(dir, &holder, &listing)?;
-    let (mut logs, mut read, mut written) = (Vec::new(), 0, 0);
+    let source = (dir.display().to_string(), max_rate);
+    copy_and_record(
+        to,
+        (began, clock),
+        source,
+        required,
+        |(log, required), pace| copy_log(dir, to, &log.name, required, pace),
+    )
+}
+
+/// What a local and a network backup share once the logs are held: copies each of `logs`
+/// with `copy_one` (one pace for all, at most `max_rate` bytes per second), then writes the
+/// manifest naming `source` and the time the backup `began`. Returns the report.
+fn copy_and_record<L>(
+    to: &Path,
+    (began, clock): (SystemTime, Instant),
+    (source, max_rate): (String, Option<u64>),
+    logs: impl IntoIterator<Item = L>,
+    mut copy_one: impl FnMut(L, &mut copy::Pace) -> Result<(LogCopy, (u64, u64))>,
+) -> Result<BackupReport> {
+    let (mut copies, mut read, mut written) = (Vec::new(), 0, 0);
     let mut pace = copy::Pace::new(max_rate);
-    for (log, required) in required {
-        let (copy, totals) = copy_log(dir, to, &log.name, required, &mut pace)?;
-        logs.push(copy);
+    for log in logs {
+        let (copy, totals) = copy_one(log, &mut pace)?;
+        copies.push(copy);
         read += totals.0;
         written += totals.1;
     }
@@ -217,8 +237,8 @@ pub fn backup(
         version: manifest::VERSION,
         began: humantime::format_rfc3339_seconds(began).to_string(),
         finished: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-        source: dir.display().to_string(),
-        logs,
+        source,
+        logs: copies,
     };
     write_manifest(to, &manifest)?;
     Ok(BackupReport {

@@ -26,7 +26,7 @@
 //! Memory is bounded on both sides: one chunk in flight, one buffer of [`copy::CHUNK`] here,
 //! at most that much in the daemon's answer.
 
-use super::manifest::{self, FileCopy, LogCopy, Manifest};
+use super::manifest::{FileCopy, LogCopy};
 use super::{copy, io, BackupError, BackupReport, Result};
 use std::path::Path;
 use std::time::{Instant, SystemTime};
@@ -52,30 +52,14 @@ pub fn backup_remote(address: &Address, to: &Path, max_rate: Option<u64>) -> Res
     for log in &listing {
         planned.push(daemon.hold(log, &label)?);
     }
-    let (mut logs, mut read, mut written) = (Vec::new(), 0, 0);
-    let mut pace = copy::Pace::new(max_rate);
-    for (name, required, files) in planned {
-        let (copy, totals) = daemon.copy_log(to, &name, required, files, &mut pace)?;
-        logs.push(copy);
-        read += totals.0;
-        written += totals.1;
-    }
-    let manifest = Manifest {
-        format: manifest::FORMAT.to_owned(),
-        version: manifest::VERSION,
-        began: humantime::format_rfc3339_seconds(began).to_string(),
-        finished: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-        source: address.to_string(),
-        logs,
-    };
-    super::write_manifest(to, &manifest)?;
+    let source = (address.to_string(), max_rate);
+    let report = super::copy_and_record(to, (began, clock), source, planned, |planned, pace| {
+        let (name, required, files) = planned;
+        daemon.copy_log(to, &name, required, files, pace)
+    })?;
+    // The backup's holds are released only now, its manifest written.
     drop(daemon);
-    Ok(BackupReport {
-        manifest,
-        read,
-        written,
-        elapsed: clock.elapsed(),
-    })
+    Ok(report)
 }
 
 /// Who the backup's holds name: this machine and the backup's directory.
