@@ -169,6 +169,18 @@ fn refuse(writer: &mut Writer, ours: u64, why: SessionEnd) -> Result<(), Session
     Err(why)
 }
 
+/// Tells the primary where `mirror`'s copy stands in `term` (after `Open`, a cut or a reseed).
+fn tell_position(
+    writer: &mut Writer,
+    term: u64,
+    mirror: &Mirror,
+    terms: &TermStore,
+    node: &str,
+) -> Result<(), SessionEnd> {
+    let position = position_message(term, mirror.position(), mirror.durable_lsn(), terms, node);
+    send(writer, &position)
+}
+
 /// Opens the log's copy for a stream of `asked.term` (refused if the copy's term is newer) and
 /// tells the primary where it stands.
 fn open_copy(shared: &Shared, asked: &Asked, writer: &mut Writer) -> Result<Copy, SessionEnd> {
@@ -221,14 +233,7 @@ fn open_copy(shared: &Shared, asked: &Asked, writer: &mut Writer) -> Result<Copy
     {
         terms.truncate_after(end)?;
     }
-    let position = position_message(
-        term,
-        mirror.position(),
-        mirror.durable_lsn(),
-        &terms,
-        &shared.node.name,
-    );
-    send(writer, &position)?;
+    tell_position(writer, term, &mirror, &terms, &shared.node.name)?;
     Ok(Copy {
         dir,
         options,
@@ -304,14 +309,7 @@ fn settle(
         let mut terms = TermStore::open(Arc::clone(&shared.storage), &dir)?;
         terms.observe(Term(term))?;
         let mirror = Mirror::open(&dir, options.clone(), &asked.type_tag)?;
-        let position = position_message(
-            term,
-            mirror.position(),
-            mirror.durable_lsn(),
-            &terms,
-            &shared.node.name,
-        );
-        send(writer, &position)?;
+        tell_position(writer, term, &mirror, &terms, &shared.node.name)?;
         copy = Copy {
             dir,
             options,
