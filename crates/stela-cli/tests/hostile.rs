@@ -206,6 +206,18 @@ fn a_frame_before_hello_may_be_no_larger_than_a_hello() {
     daemon.terminate();
 }
 
+/// `clients` clients take the same reads the test's never-reading ones send, answers and all:
+/// the daemon's memory then already holds what serving them costs (its allocator keeps what
+/// it once used), which is not what the tests measure.
+fn serve_reads_once(daemon: &Daemon, clients: usize) {
+    for _ in 0..clients {
+        let mut stream = pipelined_reads(&daemon.socket(), false);
+        for _ in 0..8 {
+            read_answer_body(&mut stream);
+        }
+    }
+}
+
 #[test]
 fn clients_that_never_read_stay_within_the_output_cap() {
     const READERS: usize = 32;
@@ -217,14 +229,7 @@ fn clients_that_never_read_stay_within_the_output_cap() {
     );
     fill_big_log(&daemon);
     let pid = daemon.child.id();
-    // The same reads by clients that take their answers first: what serving them costs the
-    // daemon's memory at all (its allocator keeps what it once used) is not what is measured.
-    for _ in 0..READERS {
-        let mut stream = pipelined_reads(&daemon.socket(), false);
-        for _ in 0..8 {
-            read_answer_body(&mut stream);
-        }
-    }
+    serve_reads_once(&daemon, READERS);
     let rss_before = rss_bytes(pid);
     let readers: Vec<UnixStream> = (0..READERS)
         .map(|_| pipelined_reads(&daemon.socket(), true))
@@ -283,12 +288,7 @@ fn clients_that_never_read_are_cut_and_their_memory_given_back() {
     );
     fill_big_log(&daemon);
     let pid = daemon.child.id();
-    for _ in 0..READERS {
-        let mut stream = pipelined_reads(&daemon.socket(), false);
-        for _ in 0..8 {
-            read_answer_body(&mut stream);
-        }
-    }
+    serve_reads_once(&daemon, READERS);
     let rss_before = rss_bytes(pid);
     // The documented bound on unsent answers (as in the test above), and what the rest of the
     // daemon may take beside them (its reads in flight, the allocator's slack).
