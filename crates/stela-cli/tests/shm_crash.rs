@@ -240,12 +240,9 @@ fn encode(record: &Rec) -> Vec<u8> {
     Codec::MessagePack.encode(record).unwrap()
 }
 
-/// Publishes a few entries and reports their acknowledgements, then writes three entries
-/// without publishing them, rings the doorbell, reports `WRITTEN`, and waits to be killed.
-fn unpublished_child(socket: &Path, round: u32) {
-    let key = |seq| Key::new(round, UNPUBLISHED_WRITER, seq);
-    let mut conn = RawConnection::connect(socket);
-    let handle = match conn.request(RequestBody::Open {
+/// Opens (creating) the test's log on `conn`: its handle.
+fn open_log(conn: &mut RawConnection) -> u32 {
+    match conn.request(RequestBody::Open {
         log: LOG.into(),
         codec: "msgpack".into(),
         type_tag: TYPE_TAG.into(),
@@ -255,7 +252,15 @@ fn unpublished_child(socket: &Path, round: u32) {
     }) {
         ResponseBody::Opened { handle, .. } => handle,
         other => panic!("Open answered {other:?}"),
-    };
+    }
+}
+
+/// Publishes a few entries and reports their acknowledgements, then writes three entries
+/// without publishing them, rings the doorbell, reports `WRITTEN`, and waits to be killed.
+fn unpublished_child(socket: &Path, round: u32) {
+    let key = |seq| Key::new(round, UNPUBLISHED_WRITER, seq);
+    let mut conn = RawConnection::connect(socket);
+    let handle = open_log(&mut conn);
     let (mut ring, doorbell) = conn.map_ring();
     let published = 1 + u64::from(round % 4);
     for seq in 0..published {
@@ -713,22 +718,11 @@ fn a_ring_commit_of_the_end_covers_appends_of_other_connections() {
     let dir = tmp.path().join("d");
     let daemon = Daemon::start(&dir, &[]);
     let socket = daemon.socket();
-    let open = |conn: &mut RawConnection| match conn.request(RequestBody::Open {
-        log: LOG.into(),
-        codec: "msgpack".into(),
-        type_tag: TYPE_TAG.into(),
-        create: true,
-        durability: None,
-        schema: None,
-    }) {
-        ResponseBody::Opened { handle, .. } => handle,
-        other => panic!("Open answered {other:?}"),
-    };
     let (mut writer, mut committer) = (
         RawConnection::connect(&socket),
         RawConnection::connect(&socket),
     );
-    let (write_handle, commit_handle) = (open(&mut writer), open(&mut committer));
+    let (write_handle, commit_handle) = (open_log(&mut writer), open_log(&mut committer));
     let (mut writes, _) = writer.map_ring();
     let (mut commits, _) = committer.map_ring();
     let end_commit = |commits: &mut ClientRing| {
