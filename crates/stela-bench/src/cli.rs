@@ -11,7 +11,9 @@
 //!   ([`crate::repl_bench`]).
 //! - `stela-bench pgbench`: PostgreSQL's pgbench on `stela mount` against the local disk
 //!   ([`crate::pg_bench`]); `stela-bench pg-failover`: PostgreSQL failing over between two
-//!   nodes on a `replicated` mount ([`crate::pg_failover`]).
+//!   nodes on a `replicated` mount ([`crate::pg_failover`]); `stela-bench pg-standby`: native
+//!   PostgreSQL with a synchronous streaming standby beside PostgreSQL under `stela run` at
+//!   `replicated` ([`crate::pg_standby`]).
 //! - `stela-bench tpcb`: TPC-B on stela-store by checkpoint kind, cleaner and service interval
 //!   ([`crate::tpcb`]); `stela-bench tpcb-crash`: the same transactions in a child SIGKILLed
 //!   round after round, the store checked after each kill ([`crate::tpcb_crash`]).
@@ -75,6 +77,10 @@ pub enum Command {
     /// against the same PostgreSQL on the local disk with synchronous_commit on and off
     /// (root; Debian's postgresql and fuse3).
     Pgbench(crate::pg_bench::PgBenchArgs),
+    /// The anchor for `replicated`: native PostgreSQL with a synchronous streaming standby
+    /// (remote_write, on) beside PostgreSQL under `stela run --level replicated`, both standbys
+    /// across one veth link in a namespace this command creates (root).
+    PgStandby(crate::pg_standby::PgStandbyArgs),
     /// The plain FUSE passthrough `pgbench`'s `fuse-floor` mode mounts (writeback cache, 1 MiB
     /// writes, several threads); serves until unmounted or SIGTERM.
     #[command(hide = true)]
@@ -155,6 +161,7 @@ where
         Command::Failover(args) => crate::failover::run(&args, &mut out).map(drop),
         Command::FailoverClient(args) => crate::failover::client::run(&args),
         Command::Pgbench(args) => crate::pg_bench::run(&args, &mut out).map(drop),
+        Command::PgStandby(args) => crate::pg_standby::run(&args, &mut out).map(drop),
         Command::FusePassthrough(args) => crate::fuse_passthrough::run(&args),
         Command::PgFailover(args) => crate::pg_failover::run(&args, &mut out).map(drop),
         Command::Tpcb(args) => crate::tpcb::run(&args, &mut out).map(drop),

@@ -49,6 +49,7 @@ pub mod netns;
 pub mod peers;
 pub mod pg_bench;
 pub mod pg_failover;
+pub mod pg_standby;
 pub mod pg_wire;
 pub mod power_bench;
 pub mod record;

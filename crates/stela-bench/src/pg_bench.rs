@@ -96,11 +96,11 @@ const MODES: [&str; 10] = [
 
 /// How a cluster's server is started: by pg_ctl alone, or under `stela run` with its WAL
 /// directory durable through the daemon.
-struct UnderRun<'a> {
-    stela: &'a Path,
-    socket: &'a Path,
-    waldir: &'a Path,
-    level: &'a str,
+pub(crate) struct UnderRun<'a> {
+    pub(crate) stela: &'a Path,
+    pub(crate) socket: &'a Path,
+    pub(crate) waldir: &'a Path,
+    pub(crate) level: &'a str,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -344,17 +344,17 @@ impl Drop for FloorMount {
 
 /// A PostgreSQL cluster started with pg_ctl (under `stela run`, if `run` is set); stopped
 /// when dropped.
-struct Cluster {
+pub(crate) struct Cluster {
     bin: PathBuf,
-    data: PathBuf,
-    port: u16,
+    pub(crate) data: PathBuf,
+    pub(crate) port: u16,
     sockets: PathBuf,
     /// The `stela run` process the server runs under (it exits after the server).
     run: Option<std::process::Child>,
 }
 
 impl Cluster {
-    fn create(
+    pub(crate) fn create(
         bin: &Path,
         data: &Path,
         waldir: Option<&Path>,
@@ -472,7 +472,18 @@ impl Cluster {
         Ok(())
     }
 
-    fn pgbench(&self, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    /// `psql -Atc SQL` on this cluster's socket: the result's rows, one a line.
+    pub(crate) fn psql(&self, sql: &str) -> anyhow::Result<String> {
+        let sockets = self.sockets.display().to_string();
+        let port = self.port.to_string();
+        as_postgres(
+            &self.bin.join("psql"),
+            &["-h", &sockets, "-p", &port, "-Atc", sql, "postgres"],
+            &[],
+        )
+    }
+
+    pub(crate) fn pgbench(&self, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<String> {
         let mut all = vec![
             "-h".to_owned(),
             self.sockets.display().to_string(),
@@ -507,7 +518,7 @@ impl Drop for Cluster {
 }
 
 /// tps and average latency from pgbench's report.
-fn parse_pgbench(report: &str) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn parse_pgbench(report: &str) -> anyhow::Result<(f64, f64)> {
     let field = |prefix: &str| {
         report.lines().find_map(|line| {
             let rest = line.trim().strip_prefix(prefix)?;
@@ -524,7 +535,7 @@ fn parse_pgbench(report: &str) -> anyhow::Result<(f64, f64)> {
 const REPL_PORT: u16 = 17_611;
 
 /// Starts `stela serve --dir DIR` with `flags` and `extra`; returns once its socket answers.
-fn start_daemon(
+pub(crate) fn start_daemon(
     stela: &Path,
     dir: &Path,
     flags: &str,

@@ -149,16 +149,16 @@ fn echo_every_connection(listener: TcpListener) -> anyhow::Result<()> {
 }
 
 /// The namespace and the veth pair joining it to this one, removed when dropped.
-struct Network {
+pub(crate) struct Network {
     host_if: String,
-    here: String,
-    there: String,
+    pub(crate) here: String,
+    pub(crate) there: String,
     /// Dropped after `host_if` is deleted (fields drop in order, after `Drop::drop`).
-    namespace: Namespace,
+    pub(crate) namespace: Namespace,
 }
 
 impl Network {
-    fn create() -> anyhow::Result<Network> {
+    pub(crate) fn create() -> anyhow::Result<Network> {
         let pid = std::process::id();
         let n = pid % 250 + 1;
         let namespace = Namespace::create(&format!("stela-rb-{pid}"))?;
@@ -198,7 +198,12 @@ impl Network {
     }
 
     /// `program args` inside the namespace.
-    fn spawn(&self, program: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+    pub(crate) fn spawn(
+        &self,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> anyhow::Result<Child> {
         self.namespace.spawn(program, args, log)
     }
 }
