@@ -356,6 +356,7 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
             "standby: stream refused: the primary is not authenticated as an administrator"
         );
         let why = not_authenticated(&shared.security);
+        shared.session_ends.count(&why);
         refuse(&mut connection, &why.to_string());
         return;
     }
@@ -365,9 +366,11 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
         let why =
             SessionEnd::Rejected(format!("{sessions} streams are open, this standby's limit"));
         tracing::warn!(primary = node, log, peer = %connection.peer, why = %why, "standby: stream refused");
+        shared.session_ends.count(&why);
         refuse(&mut connection, &why.to_string());
         return;
     }
+    let log = log.clone();
     let Pending {
         stream, peer, tls, ..
     } = connection;
@@ -385,6 +388,7 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
             let (peer, shared) = (opened.peer, thread_shared);
             if let Err(why) = super::serve(opened, &shared) {
                 tracing::warn!(%peer, why = %why, kind = why.kind(), "standby: stream ended");
+                shared.session_ends.record(&log, &why);
             }
             shared.sessions.fetch_sub(1, Ordering::SeqCst);
         });
