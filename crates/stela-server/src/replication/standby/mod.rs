@@ -34,6 +34,7 @@ mod session;
 mod writer;
 
 use crate::sync::lock;
+pub use door::{open_frame_len, whole_open, MAX_OPEN_BYTES};
 use session::serve;
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener, TcpStream};
