@@ -7,12 +7,12 @@
 //!
 //! `cargo test` inside `fuzz/` (with `RUSTC_BOOTSTRAP=1`, like every command here).
 
-use stela_proto::frame;
 use std::collections::BTreeSet;
+use stela_proto::frame;
 use stela_proto::{
-    Durability, EmergencyFlush, EndedStream, ErrorCode, HoldListing, LogFile, LogListing,
-    Payload, Positions, ReplicaStatus, ReplicationStatus, Request, RequestBody, Response,
-    ResponseBody, SessionEndReport, StatusReport, PROTOCOL_VERSION,
+    Durability, EmergencyFlush, EndedStream, ErrorCode, HoldListing, LogFile, LogListing, Payload,
+    Positions, ReplicaStatus, ReplicationStatus, Request, RequestBody, Response, ResponseBody,
+    SessionEndReport, StatusReport, PROTOCOL_VERSION,
 };
 
 fn framed<M: serde::Serialize>(message: &M) -> Vec<u8> {
@@ -27,9 +27,25 @@ fn request(id: u64, body: RequestBody) -> Vec<u8> {
 
 /// Every request kind, as [`request_kind`] names them.
 const REQUEST_KINDS: [&str; 19] = [
-    "hello", "open", "append", "commit", "read", "truncate", "positions", "close", "map-ring",
-    "status", "power-fail", "power-restore", "list-logs", "delete-log", "history",
-    "release-hold", "switchover", "backup-log", "read-log-file",
+    "hello",
+    "open",
+    "append",
+    "commit",
+    "read",
+    "truncate",
+    "positions",
+    "close",
+    "map-ring",
+    "status",
+    "power-fail",
+    "power-restore",
+    "list-logs",
+    "delete-log",
+    "history",
+    "release-hold",
+    "switchover",
+    "backup-log",
+    "read-log-file",
 ];
 
 /// The kind of a request (every variant: a new one must be named here).
@@ -59,9 +75,26 @@ fn request_kind(body: &RequestBody) -> &'static str {
 
 /// Every response kind, as [`response_kind`] names them.
 const RESPONSE_KINDS: [&str; 20] = [
-    "welcome", "opened", "appended", "committed", "records", "truncated", "positions", "closed",
-    "ring-mapped", "status", "power-failed", "power-restored", "logs", "deleted", "history",
-    "error", "hold-released", "switched-over", "backup-files", "file-chunk",
+    "welcome",
+    "opened",
+    "appended",
+    "committed",
+    "records",
+    "truncated",
+    "positions",
+    "closed",
+    "ring-mapped",
+    "status",
+    "power-failed",
+    "power-restored",
+    "logs",
+    "deleted",
+    "history",
+    "error",
+    "hold-released",
+    "switched-over",
+    "backup-files",
+    "file-chunk",
 ];
 
 /// The kind of a response (every variant: a new one must be named here).
@@ -157,7 +190,12 @@ fn requests() -> Vec<(&'static str, RequestBody)> {
         ("status", RequestBody::Status),
         ("power-fail", RequestBody::PowerFail),
         ("power-restore", RequestBody::PowerRestore),
-        ("map-ring", RequestBody::MapRing { data_bytes: 1 << 20 }),
+        (
+            "map-ring",
+            RequestBody::MapRing {
+                data_bytes: 1 << 20,
+            },
+        ),
         ("list-logs", RequestBody::ListLogs),
         (
             "delete-log",
@@ -283,7 +321,10 @@ fn responses() -> Vec<(&'static str, ResponseBody)> {
                 message: "frame checksum mismatch; closing the connection".into(),
             },
         ),
-        ("status-replication", ResponseBody::Status(Box::new(replicated_status()))),
+        (
+            "status-replication",
+            ResponseBody::Status(Box::new(replicated_status())),
+        ),
         (
             "opened",
             ResponseBody::Opened {
