@@ -203,7 +203,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         .enumerate()
         .flat_map(|(at, (_, record))| {
             let lsn = Lsn::new(at as u64 + 1);
-            let pages: Vec<_> = record.pages().into_iter().map(|(page, _)| page).collect();
+            let pages: Vec<_> = record.pages().map(|(page, _)| page).collect();
             pages.into_iter().map(move |page| Entry {
                 page,
                 lsn,

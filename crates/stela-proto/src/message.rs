@@ -534,6 +534,35 @@ pub struct ReplicationStatus {
     /// 0 from a daemon that predates it, which has one standby).
     #[serde(default)]
     pub replicas: u32,
+    /// Replication sessions ended since start, by kind of end (`link`, `tls`, `protocol`,
+    /// `refused`, `rejected`, `fenced`, `storage`, `stopped`): on a primary each failed attempt
+    /// to reach a standby counts, on a standby each stream it ended or refused (refusals at its
+    /// door too). Empty from a daemon that does not say.
+    #[serde(default)]
+    pub session_ends: std::collections::BTreeMap<String, u64>,
+    /// On a standby: each log whose stream ended and is not up again, with how it ended (the
+    /// logs up now are in `logs`, each with its previous end). Empty on a primary, whose
+    /// streams stay in `logs` while they retry.
+    #[serde(default)]
+    pub ended_streams: Vec<EndedStream>,
+}
+
+/// A standby's log whose stream is down, and how it last ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct EndedStream {
+    pub log: String,
+    pub end: SessionEndReport,
+}
+
+/// How a replication session (one log's stream) last ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SessionEndReport {
+    /// The kind of end, one of the keys of [`ReplicationStatus::session_ends`].
+    pub kind: String,
+    /// What the stream ended with (the line the daemon logged).
+    pub message: String,
+    /// How long ago it ended.
+    pub ago_ms: u64,
 }
 
 /// One standby of a primary: its address, whether every log's stream to it is up, whether one
@@ -619,6 +648,10 @@ pub struct ReplicaStatus {
     /// (0: none yet in this run).
     #[serde(default)]
     pub last_ack_ms: u64,
+    /// How this log's last session ended, if one ended since the daemon started (on a standby,
+    /// a log whose stream is down is in [`ReplicationStatus::ended_streams`] instead).
+    #[serde(default)]
+    pub last_end: Option<SessionEndReport>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -174,3 +174,78 @@ fn a_hello_without_a_role_decodes_as_a_client() {
         }
     );
 }
+
+/// A status from a daemon that predates the session ends (`last_end`, `session_ends`,
+/// `ended_streams`) still decodes, with none of them.
+#[test]
+fn a_replication_status_without_session_ends_decodes_with_none() {
+    #[derive(serde::Serialize)]
+    struct OldReplica {
+        log: String,
+        connected: bool,
+        term: u64,
+        received_lsn: u64,
+        durable_lsn: u64,
+        lag_records: u64,
+        lag_ms: u64,
+        lag_bytes: u64,
+        stopped: Option<String>,
+        shipped_bytes: u64,
+        wire_bytes: u64,
+        degraded: bool,
+        degraded_acks: u64,
+        degraded_through: u64,
+        unprotected_acks: u64,
+        stalled: bool,
+        last_ack_ms: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct OldReplication {
+        role: String,
+        peer: String,
+        logs: Vec<OldReplica>,
+        epoch: u64,
+        coordinator: Option<()>,
+        last_failover: Option<()>,
+        unprotected_since_ms: u64,
+        standbys: Vec<()>,
+        replicas: u32,
+    }
+    let old = OldReplication {
+        role: "primary".into(),
+        peer: "127.0.0.1:7000".into(),
+        logs: vec![OldReplica {
+            log: "ledger".into(),
+            connected: true,
+            term: 1,
+            received_lsn: 9,
+            durable_lsn: 9,
+            lag_records: 0,
+            lag_ms: 0,
+            lag_bytes: 0,
+            stopped: None,
+            shipped_bytes: 0,
+            wire_bytes: 0,
+            degraded: false,
+            degraded_acks: 0,
+            degraded_through: 0,
+            unprotected_acks: 0,
+            stalled: false,
+            last_ack_ms: 3,
+        }],
+        epoch: 2,
+        coordinator: None,
+        last_failover: None,
+        unprotected_since_ms: 0,
+        standbys: Vec::new(),
+        replicas: 1,
+    };
+    let mut wire = Vec::new();
+    frame::encode(&old, &mut wire).unwrap();
+    let (status, _) = frame::decode_from::<ReplicationStatus>(&wire, MAX_FRAME_BYTES)
+        .unwrap()
+        .unwrap();
+    assert_eq!((status.epoch, status.logs[0].last_ack_ms), (2, 3));
+    assert_eq!(status.logs[0].last_end, None);
+    assert!(status.session_ends.is_empty() && status.ended_streams.is_empty());
+}

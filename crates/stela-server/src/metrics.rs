@@ -44,6 +44,12 @@ struct LogLabel {
     log: String,
 }
 
+/// The kind of a replication session's end (`replication::SessionEnd::kind`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndKind {
+    kind: String,
+}
+
 /// Per-log gauges of the hot standby, set from `stela status` at scrape time.
 struct StandbyGauges {
     connected: Family<LogLabel, Gauge<u64, AtomicU64>>,
@@ -68,6 +74,7 @@ struct NodeGauges {
     unprotected: Gauge<u64, AtomicU64>,
     last_failover_seconds: Gauge<f64, AtomicU64>,
     last_failover_at: Gauge<f64, AtomicU64>,
+    session_ends: Family<EndKind, Counter<u64, AtomicU64>>,
 }
 
 /// Every metric of the daemon.
@@ -296,6 +303,7 @@ impl NodeGauges {
             ),
             last_failover_seconds: Gauge::default(),
             last_failover_at: Gauge::default(),
+            session_ends: Family::default(),
         };
         r.register(
             "last_failover_duration_seconds",
@@ -306,6 +314,11 @@ impl NodeGauges {
             "last_failover_timestamp_seconds",
             "When this node was last promoted, Unix time (0: never since start)",
             node.last_failover_at.clone(),
+        );
+        r.register(
+            "replication_session_ends",
+            "Replication sessions ended since start, by kind of end (link, tls, protocol, refused, rejected, fenced, storage, stopped): on a primary each failed attempt to reach a standby, on a standby each stream it ended or refused",
+            node.session_ends.clone(),
         );
         node
     }
@@ -480,6 +493,10 @@ impl Metrics {
             if let Some(failover) = &replication.last_failover {
                 n.last_failover_seconds.set(failover.took_ms as f64 / 1e3);
                 n.last_failover_at.set(failover.at_unix_ms as f64 / 1e3);
+            }
+            for (kind, &ends) in &replication.session_ends {
+                let kind = EndKind { kind: kind.clone() };
+                set_total(&n.session_ends.get_or_create(&kind), ends);
             }
         }
         self.process.update();

@@ -740,6 +740,7 @@ mod tests {
             unprotected_acks: 0,
             stalled: false,
             last_ack_ms: 0,
+            last_end: None,
         }
     }
 
@@ -761,6 +762,8 @@ mod tests {
                 unprotected_since_ms,
                 standbys: Vec::new(),
                 replicas: 1,
+                session_ends: Default::default(),
+                ended_streams: Vec::new(),
             }),
             ..StatusReport::default()
         }

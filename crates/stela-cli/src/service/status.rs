@@ -367,6 +367,9 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
                     None => String::new(),
                 }
             )?;
+            if let Some(end) = &log.last_end {
+                print_end(out, "last session", end)?;
+            }
             if log.shipped_bytes > 0 {
                 writeln!(
                     out,
@@ -395,11 +398,51 @@ fn print_status(report: &StatusReport, out: &mut dyn Write) -> std::io::Result<(
             }
         }
     }
+    if let Some(replication) = &report.replication {
+        print_session_ends(replication, out)?;
+    }
     writeln!(out, "what an acknowledgement survives:")?;
     for line in &report.crash_semantics {
         writeln!(out, "  - {line}")?;
     }
     Ok(())
+}
+
+/// A standby's streams that are down, and the count of session ends by kind.
+fn print_session_ends(
+    replication: &stela_proto::ReplicationStatus,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    for ended in &replication.ended_streams {
+        writeln!(out, "  {:<20} stream down", ended.log)?;
+        print_end(out, "ended", &ended.end)?;
+    }
+    let counted: Vec<String> = replication
+        .session_ends
+        .iter()
+        .filter(|(_, &count)| count > 0)
+        .map(|(kind, count)| format!("{kind} {count}"))
+        .collect();
+    if !counted.is_empty() {
+        writeln!(out, "  sessions ended since start: {}", counted.join(", "))?;
+    }
+    Ok(())
+}
+
+/// `last session: LINK 1.2 s ago: connect ...: refused`.
+fn print_end(
+    out: &mut dyn Write,
+    what: &str,
+    end: &stela_proto::SessionEndReport,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "  {:<20} {what}: {} {:.1} s ago: {}",
+        "",
+        end.kind.to_uppercase(),
+        end.ago_ms as f64 / 1e3,
+        end.message
+    )
 }
 
 fn status_json(report: &StatusReport) -> serde_json::Value {
@@ -511,6 +554,7 @@ mod health_tests {
                     unprotected_acks: 0,
                     stalled: false,
                     last_ack_ms: 0,
+                    last_end: None,
                 }],
                 epoch: 0,
                 coordinator: None,
@@ -518,6 +562,8 @@ mod health_tests {
                 unprotected_since_ms: 0,
                 standbys: Vec::new(),
                 replicas: 1,
+                session_ends: Default::default(),
+                ended_streams: Vec::new(),
             });
             health_problems(&report)
         };

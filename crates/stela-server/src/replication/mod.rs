@@ -35,12 +35,13 @@
 //! shipping loop and its retries), [`ship`] (the bytes sent, by the shipper or the event loop),
 //! [`acks`] (the standby's acknowledgements and fencing), [`policy`] (answers without the
 //! standby), [`catch_up`] (records fetched back after a crash), [`status`], [`wire`] (frames on
-//! the connection) and [`error`] (why a session ends); [`replicas`] and [`tally`] wait on
+//! the connection), [`error`] (why a session ends) and [`ends`] (the ends kept for status); [`replicas`] and [`tally`] wait on
 //! several standbys; [`protection`], [`reprotection`] and [`hold`] keep what waits and what is
 //! owed. This file owns the links (one per open log) and the entry points the engine calls.
 
 mod acks;
 mod catch_up;
+mod ends;
 mod error;
 mod hold;
 mod policy;
@@ -125,6 +126,8 @@ pub struct Replication {
     /// The standby's `--node` name, as its last `Position` said (a planned switchover hands
     /// the epoch to a standby by name).
     standby_name: Mutex<Option<String>>,
+    /// Why this standby's sessions ended, for `stela status` and the metrics.
+    ends: ends::SessionEnds,
 }
 
 /// How a primary reaches its standby over TLS.
@@ -271,6 +274,7 @@ impl Replication {
             tls,
             token,
             standby_name: Mutex::new(None),
+            ends: ends::SessionEnds::default(),
         }
     }
 

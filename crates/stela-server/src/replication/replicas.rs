@@ -264,8 +264,13 @@ impl Replicas {
                 logs: view.logs.clone(),
             })
             .collect();
+        let mut session_ends = std::collections::BTreeMap::new();
+        for view in &views {
+            super::ends::add_counts(&mut session_ends, &view.session_ends);
+        }
         let mut status = views.swap_remove(0);
         status.standbys = standbys;
+        status.session_ends = session_ends;
         status.replicas = self.needed as u32;
         status
     }

@@ -84,6 +84,7 @@ impl Replication {
             let Err(why) = self.session(pool, link, log, term, hold) else {
                 return;
             };
+            self.ends.record(&log.name, &why);
             {
                 let mut state = lock(&link.state);
                 if std::mem::take(&mut state.connected) {

@@ -65,6 +65,7 @@ impl Replication {
                     stalled: s.connected
                         && s.last_ack.is_some_and(|at| at.elapsed() > LINK_DEADLINE),
                     last_ack_ms: s.last_ack.map_or(0, |at| at.elapsed().as_millis() as u64),
+                    last_end: self.ends.last(&link.name),
                 }
             })
             .collect();
@@ -79,6 +80,8 @@ impl Replication {
             unprotected_since_ms,
             standbys: Vec::new(),
             replicas: 0,
+            session_ends: self.ends.counts(),
+            ended_streams: Vec::new(),
         }
     }
 }

@@ -37,7 +37,7 @@ use stela_proto::{frame, FRAME_HEADER_BYTES};
 
 /// The largest `Open` a primary may send: its names, token and the log's term history (16 bytes
 /// a term). Nothing larger is read from a peer that has proved nothing.
-pub(super) const MAX_OPEN_BYTES: usize = 256 << 10;
+pub const MAX_OPEN_BYTES: usize = 256 << 10;
 /// A connection must have finished its TLS handshake and sent its whole `Open` within this.
 pub(super) const OPEN_WITHIN: Duration = Duration::from_secs(10);
 /// Connections awaiting their `Open` (at most 64, 32 from one address: a primary and its
@@ -295,8 +295,12 @@ fn read_tls(
 }
 
 /// How many bytes the `Open` at the start of `bytes` takes, header included, as far as its
-/// header says (a header's length while the header is not whole).
-fn open_frame_len(bytes: &[u8]) -> Result<usize, SessionEnd> {
+/// header says (a header's length while the header is not whole): the door never reads a
+/// connection past it. Pure, public for the fuzz target `repl_open`.
+///
+/// # Errors
+/// The header announces more than [`MAX_OPEN_BYTES`], or is damaged.
+pub fn open_frame_len(bytes: &[u8]) -> Result<usize, SessionEnd> {
     let Some(header) = bytes.get(..FRAME_HEADER_BYTES) else {
         return Ok(FRAME_HEADER_BYTES);
     };
@@ -309,8 +313,12 @@ fn open_frame_len(bytes: &[u8]) -> Result<usize, SessionEnd> {
     Ok(FRAME_HEADER_BYTES + parsed.body_len)
 }
 
-/// The `Open` at the start of `bytes` and the bytes it took, once it is whole.
-fn whole_open(bytes: &[u8]) -> Result<Option<(ReplMessage, usize)>, SessionEnd> {
+/// The `Open` at the start of `bytes` and the bytes it took, once it is whole (`None` while
+/// it is not). Pure, public for the fuzz target `repl_open`.
+///
+/// # Errors
+/// The frame is over [`MAX_OPEN_BYTES`], damaged, or not an `Open`.
+pub fn whole_open(bytes: &[u8]) -> Result<Option<(ReplMessage, usize)>, SessionEnd> {
     let want = open_frame_len(bytes)?;
     if bytes.len() < want {
         return Ok(None);
@@ -356,6 +364,7 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
             "standby: stream refused: the primary is not authenticated as an administrator"
         );
         let why = not_authenticated(&shared.security);
+        shared.session_ends.count(&why);
         refuse(&mut connection, &why.to_string());
         return;
     }
@@ -365,9 +374,11 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
         let why =
             SessionEnd::Rejected(format!("{sessions} streams are open, this standby's limit"));
         tracing::warn!(primary = node, log, peer = %connection.peer, why = %why, "standby: stream refused");
+        shared.session_ends.count(&why);
         refuse(&mut connection, &why.to_string());
         return;
     }
+    let log = log.clone();
     let Pending {
         stream, peer, tls, ..
     } = connection;
@@ -385,6 +396,7 @@ fn admit(shared: &Arc<Shared>, mut connection: Pending, open: ReplMessage, after
             let (peer, shared) = (opened.peer, thread_shared);
             if let Err(why) = super::serve(opened, &shared) {
                 tracing::warn!(%peer, why = %why, kind = why.kind(), "standby: stream ended");
+                shared.session_ends.record(&log, &why);
             }
             shared.sessions.fetch_sub(1, Ordering::SeqCst);
         });

@@ -34,6 +34,7 @@ mod session;
 mod writer;
 
 use crate::sync::lock;
+pub use door::{open_frame_len, whole_open, MAX_OPEN_BYTES};
 use session::serve;
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -81,6 +82,8 @@ struct Shared {
     salvage: PathBuf,
     /// Authenticated streams running now (at most [`door::LIMITS`]`.sessions`).
     sessions: AtomicUsize,
+    /// Why streams ended or were refused, for `stela status` and the metrics.
+    session_ends: super::ends::SessionEnds,
 }
 
 /// The TLS configuration a new connection gets, read at each accept: a SIGHUP reload that
@@ -146,6 +149,7 @@ impl Standby {
             sockets: Mutex::new(HashMap::new()),
             salvage: dir.join("salvage"),
             sessions: AtomicUsize::new(0),
+            session_ends: super::ends::SessionEnds::default(),
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -293,10 +297,12 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
                 unprotected_acks: 0,
                 stalled: false,
                 last_ack_ms: 0,
+                last_end: shared.session_ends.last(log),
             })
         })
         .collect();
     logs.sort_by(|a, b| a.log.cmp(&b.log));
+    let ended_streams = ended_streams(&logs, shared);
     let (role, epoch, coordinator, last_failover, unprotected_since_ms) = shared.node.status();
     stela_proto::ReplicationStatus {
         role: role.into(),
@@ -308,7 +314,25 @@ fn status(shared: &Shared, addr: SocketAddr) -> stela_proto::ReplicationStatus {
         unprotected_since_ms,
         standbys: Vec::new(),
         replicas: 0,
+        session_ends: shared.session_ends.counts(),
+        ended_streams,
     }
+}
+
+/// Each log whose stream ended and is not up again, with how its last stream ended.
+fn ended_streams(
+    logs: &[stela_proto::ReplicaStatus],
+    shared: &Shared,
+) -> Vec<stela_proto::EndedStream> {
+    let mut ended: Vec<stela_proto::EndedStream> = shared
+        .session_ends
+        .all_last()
+        .into_iter()
+        .filter(|(log, _)| !logs.iter().any(|up| &up.log == log))
+        .map(|(log, end)| stela_proto::EndedStream { log, end })
+        .collect();
+    ended.sort_by(|a, b| a.log.cmp(&b.log));
+    ended
 }
 
 impl Drop for Standby {
