@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 use stela_coord::etcd::EtcdCoordinator;
-use stela_coord::{CoordError, Coordinator, Grant, Renewal};
+use stela_coord::{CoordError, Coordinator, Election, Grant, LogPosition, Renewal, Report};
 
 mod common;
 use common::{fences, hands_over, LEASE};
@@ -85,4 +85,184 @@ fn a_lost_etcd_is_unreachable_not_a_step_down() {
     let error = coordinator.renew("a", 1).unwrap_err();
     assert!(matches!(error, CoordError::Unreachable(_)), "{error}");
     assert!(started.elapsed() < Duration::from_secs(10));
+    // The election's calls too: failover unavailable, never an answer.
+    let error = coordinator.ask("b", 1, 1).unwrap_err();
+    assert!(matches!(error, CoordError::Unreachable(_)), "{error}");
+    let error = coordinator
+        .promise("b", 2, 1, &at(1, 1, false))
+        .unwrap_err();
+    assert!(matches!(error, CoordError::Unreachable(_)), "{error}");
+}
+
+/// Where one node's ledger ends, as it promises with it.
+fn at(term: u64, lsn: u64, prefers_primary: bool) -> Report {
+    Report {
+        positions: vec![LogPosition {
+            log: "ledger".into(),
+            term,
+            lsn,
+        }],
+        prefers_primary,
+    }
+}
+
+/// Three nodes, each with its own coordinator instance on one etcd (as each `stela serve` has):
+/// the primary a goes silent; b asks, c asks the same election; a stale or future epoch's
+/// promise is refused; b, behind, promises first and twice (counted once) and is not
+/// granted; c, which covers b, is; b then learns it lost. The grant starts c's lease: b,
+/// asking at once, finds c alive rather than opening another election.
+#[test]
+fn an_election_on_etcd_grants_once_to_a_node_that_covers_the_others() {
+    let etcd = etcd();
+    let instance = || EtcdCoordinator::new(&etcd.client_url, "three", LEASE).unwrap();
+    let (a, b, c) = (instance(), instance(), instance());
+    assert_eq!(a.renew("a", 1).unwrap(), Renewal::Renewed { epoch: 1 });
+    let _ = (b.current(), c.current());
+    // While a renews, no election opens.
+    assert!(matches!(
+        b.ask("b", 1, 2).unwrap(),
+        Election::Refused { .. }
+    ));
+    std::thread::sleep(LEASE + LEASE / 2);
+    assert_eq!(b.ask("b", 1, 2).unwrap(), Election::Prepare { epoch: 2 });
+    assert_eq!(c.ask("c", 1, 2).unwrap(), Election::Prepare { epoch: 2 });
+    assert!(matches!(
+        a.renew("a", 1).unwrap(),
+        Renewal::Superseded { epoch: 2, .. }
+    ));
+    // Epochs that are not the open one are refused, and counted nowhere.
+    for stale in [1, 3] {
+        assert!(matches!(
+            c.promise("c", stale, 2, &at(1, 100, false)).unwrap(),
+            Election::Refused { .. }
+        ));
+    }
+    let behind = at(1 << 32, 90, true);
+    for _ in 0..2 {
+        assert!(matches!(
+            b.promise("b", 2, 2, &behind).unwrap(),
+            Election::Waiting {
+                heard: 1,
+                needed: 2,
+                ..
+            }
+        ));
+    }
+    assert_eq!(
+        c.promise("c", 2, 2, &at(1 << 32, 100, false)).unwrap(),
+        Election::Granted { epoch: 2 }
+    );
+    assert!(matches!(
+        b.promise("b", 2, 2, &behind).unwrap(),
+        Election::Refused { holder: Some(ref h), .. } if h == "c"
+    ));
+    let holder = a.current().unwrap();
+    assert_eq!((holder.epoch, holder.holder.as_deref()), (2, Some("c")));
+    assert!(matches!(
+        b.ask("b", 2, 2).unwrap(),
+        Election::Refused { holder: Some(ref h), .. } if h == "c"
+    ));
+    assert_eq!(c.renew("c", 2).unwrap(), Renewal::Renewed { epoch: 2 });
+}
+
+/// No promising node covers the others (each ahead on a different log): nothing is granted
+/// until a node that covers both promises.
+#[test]
+fn an_election_on_etcd_waits_for_a_node_that_covers_the_others() {
+    let etcd = etcd();
+    let instance = || EtcdCoordinator::new(&etcd.client_url, "cover", LEASE).unwrap();
+    let (b, c, d) = (instance(), instance(), instance());
+    // Nothing held: the first ask opens epoch 1.
+    assert_eq!(b.ask("b", 0, 2).unwrap(), Election::Prepare { epoch: 1 });
+    let two = |x: u64, y: u64| Report {
+        positions: vec![
+            LogPosition {
+                log: "x".into(),
+                term: 1,
+                lsn: x,
+            },
+            LogPosition {
+                log: "y".into(),
+                term: 1,
+                lsn: y,
+            },
+        ],
+        prefers_primary: false,
+    };
+    assert!(matches!(
+        b.promise("b", 1, 2, &two(10, 3)).unwrap(),
+        Election::Waiting { heard: 1, .. }
+    ));
+    assert!(matches!(
+        c.promise("c", 1, 2, &two(8, 4)).unwrap(),
+        Election::Waiting { heard: 2, .. }
+    ));
+    assert_eq!(
+        d.promise("d", 1, 2, &two(10, 4)).unwrap(),
+        Election::Granted { epoch: 1 }
+    );
+    let holder = b.current().unwrap();
+    assert_eq!((holder.epoch, holder.holder.as_deref()), (1, Some("d")));
+}
+
+/// Two instances race, round after round, to open an election and then to promise it: one
+/// epoch is opened per round (never two, never an older one), a promise is never lost (with
+/// two needed, the two racing promises decide the election between them), and each epoch is
+/// granted once, to one node, which alone hears `Granted`.
+#[test]
+fn two_instances_racing_open_one_election_and_grant_it_once() {
+    const ROUNDS: u64 = 6;
+    let etcd = etcd();
+    let instance = || EtcdCoordinator::new(&etcd.client_url, "racing", LEASE).unwrap();
+    let (b, c) = (instance(), instance());
+    let barrier = std::sync::Barrier::new(2);
+    let mut last = 0;
+    for round in 0..ROUNDS {
+        // The same report from both: a tie, which the name breaks.
+        let report = at(last << 32, 10 * round, false);
+        let needed = if round % 2 == 0 { 1 } else { 2 };
+        let race = |node: &str, coordinator: &EtcdCoordinator| {
+            barrier.wait();
+            let opened = coordinator.ask(node, last, needed).unwrap();
+            let Election::Prepare { epoch } = opened else {
+                panic!("{node} asked in round {round}: {opened:?}");
+            };
+            barrier.wait();
+            (
+                epoch,
+                coordinator.promise(node, epoch, needed, &report).unwrap(),
+            )
+        };
+        let (by_b, by_c) = std::thread::scope(|s| {
+            let by_b = s.spawn(|| race("b", &b));
+            let by_c = s.spawn(|| race("c", &c));
+            (by_b.join().unwrap(), by_c.join().unwrap())
+        });
+        assert_eq!(by_b.0, by_c.0, "two epochs opened in one round");
+        let epoch = by_b.0;
+        assert_eq!(epoch, last + 1, "round {round}");
+        let holder = b.current().unwrap();
+        assert_eq!(holder.epoch, epoch);
+        let winner = holder
+            .holder
+            .expect("the racing promises decided the election");
+        for (node, (_, answer)) in [("b", &by_b), ("c", &by_c)] {
+            if node == winner {
+                assert!(
+                    matches!(answer, Election::Granted { .. } | Election::Waiting { .. }),
+                    "{node}: {answer:?}"
+                );
+            } else {
+                assert!(
+                    !matches!(answer, Election::Granted { .. }),
+                    "epoch {epoch} granted to {node} and {winner}"
+                );
+            }
+        }
+        // The winner is silent from here: the next round's election opens a lease later.
+        last = epoch;
+        std::thread::sleep(LEASE + LEASE / 3);
+        let _ = (b.current(), c.current());
+        std::thread::sleep(LEASE + LEASE / 3);
+    }
 }
