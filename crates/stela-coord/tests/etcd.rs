@@ -4,6 +4,7 @@
 //! `Unreachable` (failover unavailable), and two coordinators racing for one grant never both
 //! get it. Without the `etcd` binary the test fails saying what to install.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use stela_coord::etcd::EtcdCoordinator;
 use stela_coord::{CoordError, Coordinator, Election, Grant, LogPosition, Renewal, Report};
@@ -265,4 +266,150 @@ fn two_instances_racing_open_one_election_and_grant_it_once() {
         let _ = (b.current(), c.current());
         std::thread::sleep(LEASE + LEASE / 3);
     }
+}
+
+/// One step of the model test: node `n` (each its own instance) renews, promotes, asks,
+/// promises (epoch, last term, last LSN; generated as 0, 1 or 2 for the model's epoch − 1, the
+/// epoch, + 1, see [`Step::at_epoch`]) or hands over.
+#[derive(Debug, Clone)]
+enum Step {
+    Renew(usize, u64),
+    Promote(usize, u64),
+    Ask(usize, u64),
+    Promise(usize, u64, u64, u64),
+    HandOver(usize, u64, usize),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        1 => (0usize..3, 0u64..5).prop_map(|(n, e)| Step::Renew(n, e)),
+        1 => (0usize..3, 0u64..5).prop_map(|(n, s)| Step::Promote(n, s)),
+        2 => (0usize..3, 0u64..5).prop_map(|(n, s)| Step::Ask(n, s)),
+        5 => (0usize..3, 0u64..3, 0u64..2, 0u64..3).prop_map(|(n, d, t, l)| Step::Promise(n, d, t, l)),
+        1 => (0usize..3, 0u64..5, 0usize..3).prop_map(|(f, e, t)| Step::HandOver(f, e, t)),
+    ]
+}
+
+impl Step {
+    /// The step with a promise's epoch made concrete around `epoch` (the model's): most
+    /// promises then name the open election's epoch, and some a stale or a future one.
+    fn at_epoch(&self, epoch: u64) -> Step {
+        match *self {
+            Step::Promise(n, d, t, l) => Step::Promise(n, (epoch + d).saturating_sub(1), t, l),
+            ref other => other.clone(),
+        }
+    }
+}
+
+/// The model: the claim and the ballot, changed by the pure rules only.
+#[derive(Default)]
+struct Model {
+    claim: stela_coord::rules::Claim,
+    ballot: stela_coord::rules::Ballot,
+}
+
+impl Model {
+    /// The rules' answer to `step` (a lease of zero: every holder counts as silent, so that
+    /// real time plays no part), the model changed as the rules say.
+    fn apply(&mut self, step: &Step) -> String {
+        use stela_coord::rules;
+        let name = |n: usize| NODES[n];
+        let (answer, new) = match step {
+            Step::Renew(n, e) => match rules::renew(&self.claim, name(*n), *e) {
+                Ok((answer, new)) => (format!("{answer:?}"), new),
+                Err(_) => ("error".to_owned(), None),
+            },
+            Step::Promote(n, s) => {
+                let (answer, new) =
+                    rules::promote(&self.claim, name(*n), *s, Duration::ZERO, Duration::ZERO);
+                (format!("{answer:?}"), new)
+            }
+            Step::Ask(n, s) => {
+                let (answer, new) =
+                    rules::ask(&self.claim, name(*n), *s, Duration::ZERO, Duration::ZERO);
+                (format!("{answer:?}"), new)
+            }
+            Step::Promise(n, e, t, l) => {
+                let report = at(*t, *l, *n == 2);
+                let (answer, new) =
+                    rules::promise(&self.claim, &mut self.ballot, name(*n), *e, 2, &report);
+                (format!("{answer:?}"), new)
+            }
+            Step::HandOver(f, e, t) => {
+                let (answer, new) = rules::hand_over(&self.claim, name(*f), *e, name(*t));
+                (format!("{answer:?}"), new)
+            }
+        };
+        if let Some(new) = new {
+            self.claim = new;
+        }
+        answer
+    }
+}
+
+const NODES: [&str; 3] = ["a", "b", "c"];
+
+/// `step` through etcd, by node `n`'s own instance.
+fn through_etcd(instances: &[EtcdCoordinator], step: &Step) -> String {
+    let name = |n: usize| NODES[n];
+    match step {
+        Step::Renew(n, e) => match instances[*n].renew(name(*n), *e) {
+            Ok(answer) => format!("{answer:?}"),
+            Err(CoordError::Other(_)) => "error".to_owned(),
+            Err(error) => panic!("etcd: {error}"),
+        },
+        Step::Promote(n, s) => format!("{:?}", instances[*n].promote(name(*n), *s).unwrap()),
+        Step::Ask(n, s) => format!("{:?}", instances[*n].ask(name(*n), *s, 2).unwrap()),
+        Step::Promise(n, e, t, l) => {
+            let report = at(*t, *l, *n == 2);
+            format!(
+                "{:?}",
+                instances[*n].promise(name(*n), *e, 2, &report).unwrap()
+            )
+        }
+        Step::HandOver(f, e, t) => format!(
+            "{:?}",
+            instances[*f].hand_over(name(*f), *e, name(*t)).unwrap()
+        ),
+    }
+}
+
+/// The rules through etcd: any sequence of renewals, promotions, asks, promises and handovers
+/// by three nodes, each through its own instance, is answered exactly as the pure rules answer
+/// it, and etcd then holds the claim the rules hold: the claim, the open election and its
+/// ballot survive between calls and instances as the witness keeps them in memory. (A lease
+/// of zero takes real time out of it; the races are the tests above.)
+#[test]
+fn etcd_answers_as_the_rules_do() {
+    use proptest::test_runner::{Config, TestRunner};
+    let etcd = etcd();
+    let mut runner = TestRunner::new(Config {
+        cases: 32,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let steps = proptest::collection::vec(step(), 1..40);
+    runner
+        .run(&steps, |steps| {
+            // Each case its own cluster, so that no state carries over.
+            let cluster = format!("model{}", case.fetch_add(1, Ordering::Relaxed));
+            let instances: Vec<_> = (0..3)
+                .map(|_| EtcdCoordinator::new(&etcd.client_url, &cluster, Duration::ZERO).unwrap())
+                .collect();
+            let mut model = Model::default();
+            for step in &steps {
+                let step = &step.at_epoch(model.claim.epoch);
+                let expected = model.apply(step);
+                let answered = through_etcd(&instances, step);
+                proptest::prop_assert_eq!(&answered, &expected, "{:?}", step);
+                let held = instances[0].current().unwrap();
+                proptest::prop_assert_eq!(
+                    (held.epoch, held.holder),
+                    (model.claim.epoch, model.claim.holder.clone())
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
 }
