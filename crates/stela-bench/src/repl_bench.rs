@@ -475,6 +475,7 @@ fn run_cluster(
         suspect_after_ms: 1000,
         lease_ms: 1000,
         replicas: 1,
+        coordinator: cluster::CoordinatorKind::Witness,
     };
     let mut cluster = Cluster::new(stela.clone(), &topology, &base, &timing, Some(&security));
     cluster.witness.start(&stela, &topology)?;

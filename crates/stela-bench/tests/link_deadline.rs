@@ -69,6 +69,7 @@ impl Pair {
             suspect_after_ms,
             lease_ms: suspect_after_ms,
             replicas: 1,
+            coordinator: cluster::CoordinatorKind::Witness,
         };
         let security = cluster::Security::create(&base.path().join("tls")).unwrap();
         let stela = stela();

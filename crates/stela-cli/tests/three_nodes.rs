@@ -6,6 +6,8 @@
 //!    protected at once by the other: its `replicated` commits are answered `Ok` without
 //!    waiting for the killed node (with two nodes they are answered `Unprotected`). Every
 //!    acknowledged record is on it; the killed node, started again, rejoins as a standby.
+//!    The same with etcd as the coordinator (a private etcd; each node's own coordinator
+//!    instance opens the election and promises in etcd transactions).
 //! 2. A standby that is behind (SIGSTOPped while the primary committed with the other) asks
 //!    for the election first, once the primary is killed: it is not granted; the up-to-date
 //!    one, which asks seconds later, is.
@@ -56,14 +58,19 @@ fn three(root: &Path) -> [Node; 3] {
 }
 
 /// Starts `node` with K = 1, small segments, the witness's lease as its suspicion (unless
-/// `more` says otherwise) and `more`.
+/// `more` says otherwise) and `more`, on the witness at `witness`.
 fn start(node: &Node, witness: &str, role: &str, more: &[&str]) -> Daemon {
+    start_on(node, &format!("tcp://{witness}"), role, more)
+}
+
+/// As [`start`], on the coordinator at the URL `coordinator` (`tcp://` or `etcd://`).
+fn start_on(node: &Node, coordinator: &str, role: &str, more: &[&str]) -> Daemon {
     let mut args = vec!["--replicas", "1", "--segment-size", "256K"];
     if !more.contains(&"--suspect-after-ms") {
         args.extend_from_slice(&["--suspect-after-ms", LEASE_MS]);
     }
     args.extend_from_slice(more);
-    node.start(witness, role, &args)
+    node.start_on(coordinator, role, &args)
 }
 
 /// Whether the primary at `socket` has both standbys connected on every log.
@@ -113,10 +120,31 @@ fn with_three_nodes_the_new_primary_is_protected_at_once_and_the_old_one_rejoins
     let root = tempfile::tempdir().unwrap();
     let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
-    let [a, b, c] = three(root.path());
-    let daemon_a = start(&a, &witness_addr, "primary", &[]);
-    let daemon_b = start(&b, &witness_addr, "standby", &[]);
-    let daemon_c = start(&c, &witness_addr, "standby", &[]);
+    fails_over_protected(root.path(), &format!("tcp://{witness_addr}"));
+}
+
+/// The same on etcd: the election is opened and decided in etcd transactions made by the
+/// nodes' own coordinator instances (the lease is each node's `--suspect-after-ms`).
+#[test]
+fn with_three_nodes_on_etcd_the_new_primary_is_protected_at_once_and_the_old_one_rejoins() {
+    let root = tempfile::tempdir().unwrap();
+    let etcd = stela_testkit::Etcd::start();
+    let url = etcd.coordinator_url();
+    let probe = stela_coord::connect(&url, "probe", Duration::from_secs(1), None).unwrap();
+    stela_testkit::eventually("etcd to answer", Duration::from_secs(30), || {
+        probe.current().is_ok()
+    });
+    fails_over_protected(root.path(), &url);
+}
+
+/// Three nodes on the coordinator at `coordinator`: a, the primary, is SIGKILLed amid
+/// `replicated` commits; one of b and c is elected in epoch 2 and protected at once by the
+/// other; a, restarted, rejoins as a standby; every acknowledged record is on all three.
+fn fails_over_protected(root: &Path, coordinator: &str) {
+    let [a, b, c] = three(root);
+    let daemon_a = start_on(&a, coordinator, "primary", &[]);
+    let daemon_b = start_on(&b, coordinator, "standby", &[]);
+    let daemon_c = start_on(&c, coordinator, "standby", &[]);
     let (mut client, handle, term) = a_serving(&daemon_a);
     assert_eq!(term >> 32, 1);
     let writer = std::thread::spawn(move || {
@@ -176,9 +204,9 @@ fn with_three_nodes_the_new_primary_is_protected_at_once_and_the_old_one_rejoins
     acked.extend(new);
     let last = *acked.keys().last().unwrap();
 
-    // a comes back: the witness names the new primary, so a rejoins as a standby and catches
+    // a comes back: the coordinator names the new primary, so a rejoins as a standby and catches
     // up; the primary then lists both standbys connected, each holding the last record.
-    let daemon_a = start(&a, &witness_addr, "primary", &[]);
+    let daemon_a = start_on(&a, coordinator, "primary", &[]);
     assert_eq!(status(&daemon_a.socket()).role, "standby");
     wait_for("a to catch up", Duration::from_secs(15), || {
         let shown = status(&primary.socket());
@@ -204,16 +232,31 @@ fn a_standby_that_is_behind_asks_first_and_is_not_granted() {
     let root = tempfile::tempdir().unwrap();
     let witness_addr = free_addr();
     let _witness = witness(&root.path().join("w"), &witness_addr);
-    let [a, b, c] = three(root.path());
-    let daemon_a = start(&a, &witness_addr, "primary", &[]);
+    behind_asks_first(root.path(), &format!("tcp://{witness_addr}"));
+}
+
+/// The same on etcd: the election c opens is decided by b's promise, in etcd transactions.
+#[test]
+fn on_etcd_a_standby_that_is_behind_asks_first_and_is_not_granted() {
+    let root = tempfile::tempdir().unwrap();
+    let etcd = stela_testkit::Etcd::start();
+    let url = etcd.coordinator_url();
+    let probe = stela_coord::connect(&url, "probe", Duration::from_secs(1), None).unwrap();
+    stela_testkit::eventually("etcd to answer", Duration::from_secs(30), || {
+        probe.current().is_ok()
+    });
+    behind_asks_first(root.path(), &url);
+}
+
+/// Three nodes on the coordinator at `coordinator`: c falls behind (SIGSTOPped while a
+/// commits with b), a is SIGKILLed; c asks first and promises, but b, which covers it, is
+/// elected, and protected by c.
+fn behind_asks_first(root: &Path, coordinator: &str) {
+    let [a, b, c] = three(root);
+    let daemon_a = start_on(&a, coordinator, "primary", &[]);
     // b, up to date, suspects its primary only after 5 s; c, behind, after 1 s.
-    let daemon_b = start(
-        &b,
-        &witness_addr,
-        "standby",
-        &["--suspect-after-ms", "5000"],
-    );
-    let daemon_c = start(&c, &witness_addr, "standby", &[]);
+    let daemon_b = start_on(&b, coordinator, "standby", &["--suspect-after-ms", "5000"]);
+    let daemon_c = start_on(&c, coordinator, "standby", &[]);
     let (mut client, handle, _) = a_serving(&daemon_a);
     let mut acked = BTreeMap::new();
     append(&mut client, handle, 0..20, &mut acked).unwrap();

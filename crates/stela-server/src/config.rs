@@ -238,9 +238,6 @@ pub enum ConfigError {
     OneStandby(usize),
     #[error("--replicas {replicas} must be between 1 and the number of --peer ({standbys})")]
     ReplicasOutOfRange { replicas: usize, standbys: usize },
-    /// More than two nodes (the count) with etcd, which has no elections by promises yet.
-    #[error("{0} nodes with etcd: elections by promises (which more than two nodes need to pick the most up-to-date standby) are built for the witness only; use `stela witness` (tcp://HOST:PORT) or run two nodes")]
-    EtcdWithMoreThanTwo(usize),
     #[error("--coordinator needs --peer (the other node's replication address) and --repl-listen (this node's): either node may become the primary")]
     FailoverNeedsPeers,
     #[error("--suspect-after-ms ({suspect_ms} ms) must be at least twice --heartbeat-ms ({heartbeat_ms} ms)")]
@@ -395,9 +392,9 @@ impl DaemonConfig {
             .collect()
     }
 
-    /// `--replicas K` must be between 1 and the number of standbys; more than one standby
-    /// needs the witness's elections by promises (etcd has them not yet), and every standby
-    /// the same transport rules as the first.
+    /// `--replicas K` must be between 1 and the number of standbys, and every standby follows
+    /// the same transport rules as the first. (More than one standby elects by promises, which
+    /// the witness and etcd both hold.)
     fn check_replicas(&self) -> Result<(), ConfigError> {
         let standbys = self.standbys();
         if self.more_standbys.is_empty() {
@@ -419,11 +416,6 @@ impl DaemonConfig {
             .find(|a| !a.ip().is_loopback() && self.standby_tls.is_none() && !self.repl_insecure)
         {
             return Err(ConfigError::PeerWithoutTls(*addr));
-        }
-        if let Some(failover) = &self.failover {
-            if failover.coordinator.starts_with("etcd://") {
-                return Err(ConfigError::EtcdWithMoreThanTwo(standbys.len() + 1));
-            }
         }
         Ok(())
     }
@@ -493,17 +485,15 @@ mod tests {
         config
     }
 
-    /// More than two nodes need elections by promises, which only the witness has: etcd is
-    /// refused at start, saying so; K must be between 1 and the number of standbys.
+    /// More than two nodes elect by promises, which the witness and etcd both hold; K must be
+    /// between 1 and the number of standbys.
     #[test]
-    fn three_nodes_need_the_witness_and_a_k_they_can_meet() {
+    fn three_nodes_take_either_coordinator_and_a_k_they_can_meet() {
         assert_eq!(three_nodes("tcp://127.0.0.1:7400", 1).check(), Ok(()));
         assert_eq!(three_nodes("tcp://127.0.0.1:7400", 2).check(), Ok(()));
-        let etcd = three_nodes("etcd://127.0.0.1:2379", 1)
-            .check()
-            .unwrap_err()
-            .to_string();
-        assert!(etcd.contains("etcd") && etcd.contains("3 nodes"), "{etcd}");
+        assert_eq!(three_nodes("etcd://127.0.0.1:2379", 1).check(), Ok(()));
+        assert_eq!(three_nodes("etcd://127.0.0.1:2379", 2).check(), Ok(()));
+        assert!(three_nodes("etcd://127.0.0.1:2379", 3).check().is_err());
         assert!(three_nodes("tcp://127.0.0.1:7400", 3).check().is_err());
         assert!(three_nodes("tcp://127.0.0.1:7400", 0).check().is_err());
         let mut pair = three_nodes("etcd://127.0.0.1:2379", 1);

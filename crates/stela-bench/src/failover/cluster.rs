@@ -33,6 +33,29 @@ use stela_proto::{Positions, ReplicaStatus, RequestBody, ResponseBody, StatusRep
 pub const CLIENT_PORT: u16 = 7000;
 pub const REPL_PORT: u16 = 7601;
 pub const WITNESS_PORT: u16 = 7400;
+/// etcd's client and peer ports, when etcd stands in the witness's place.
+pub const ETCD_PORT: u16 = 2379;
+pub const ETCD_PEER_PORT: u16 = 2380;
+
+/// The coordinator the nodes name (`--coordinator`): the built-in witness, or a single-node
+/// etcd (Debian's `etcd-server`) run in the witness's namespace, at its address, in its place
+/// (the `kill-witness` faults kill and restart it; its data directory survives).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CoordinatorKind {
+    #[default]
+    Witness,
+    Etcd,
+}
+
+impl CoordinatorKind {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CoordinatorKind::Witness => "witness",
+            CoordinatorKind::Etcd => "etcd",
+        }
+    }
+}
 
 /// The name the run's certificate carries (both nodes present it).
 pub const SERVER_NAME: &str = "stela-node";
@@ -84,6 +107,7 @@ pub struct Timing {
     /// The nodes' `--replicas` (K: the standbys that must hold a `replicated` record), given
     /// to a run of three nodes only (a two-node daemon has one standby and no such flag).
     pub replicas: usize,
+    pub coordinator: CoordinatorKind,
 }
 
 /// The names of the nodes of a run of `nodes`, in order.
@@ -143,12 +167,22 @@ impl Node {
         if peers.len() >= 2 {
             args.extend(["--replicas".into(), timing.replicas.to_string()]);
         }
+        let coordinator = topology.address(Host::Witness);
+        match timing.coordinator {
+            CoordinatorKind::Witness => args.extend([
+                "--coordinator".into(),
+                format!("tcp://{coordinator}:{WITNESS_PORT}"),
+                // The witness is on another (namespaced) address: nodes prove themselves.
+                "--coordinator-token-file".into(),
+                witness_token_file(base).display().to_string(),
+            ]),
+            // etcd takes no credentials from a node here (plain HTTP on the run's network).
+            CoordinatorKind::Etcd => args.extend([
+                "--coordinator".into(),
+                format!("etcd://{coordinator}:{ETCD_PORT}"),
+            ]),
+        }
         args.extend([
-            "--coordinator".into(),
-            format!("tcp://{}:{WITNESS_PORT}", topology.address(Host::Witness)),
-            // The witness is on another (namespaced) address: nodes prove themselves.
-            "--coordinator-token-file".into(),
-            witness_token_file(base).display().to_string(),
             "--heartbeat-ms".into(),
             timing.heartbeat_ms.to_string(),
             "--suspect-after-ms".into(),
@@ -481,8 +515,10 @@ fn write_witness_token(base: &Path) -> std::io::Result<()> {
         .write_all(format!("{token}\n").as_bytes())
 }
 
-/// The witness (`stela witness`).
+/// The witness (`stela witness`), or etcd in its place.
 pub struct Witness {
+    /// etcd's binary; none: `stela witness`.
+    etcd: Option<PathBuf>,
     args: Vec<String>,
     log: PathBuf,
     process: Option<Killed>,
@@ -490,7 +526,11 @@ pub struct Witness {
 
 impl Witness {
     fn new(topology: &Topology, base: &Path, timing: &Timing) -> Witness {
+        if timing.coordinator == CoordinatorKind::Etcd {
+            return Witness::etcd(topology, base);
+        }
         Witness {
+            etcd: None,
             args: vec![
                 "witness".into(),
                 "--listen".into(),
@@ -507,22 +547,54 @@ impl Witness {
         }
     }
 
+    /// A single-node etcd on the witness's address, its data in `base/etcd`.
+    fn etcd(topology: &Topology, base: &Path) -> Witness {
+        let binary = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from("etcd"));
+        let address = topology.address(Host::Witness);
+        let client = format!("http://{address}:{ETCD_PORT}");
+        let peer = format!("http://{address}:{ETCD_PEER_PORT}");
+        let args = [
+            ("--name", "coordinator".to_owned()),
+            ("--data-dir", base.join("etcd").display().to_string()),
+            ("--listen-client-urls", client.clone()),
+            ("--advertise-client-urls", client),
+            ("--listen-peer-urls", peer.clone()),
+            ("--initial-advertise-peer-urls", peer.clone()),
+            ("--initial-cluster", format!("coordinator={peer}")),
+        ];
+        Witness {
+            etcd: Some(binary),
+            args: args
+                .into_iter()
+                .flat_map(|(flag, value)| [flag.to_owned(), value])
+                .collect(),
+            log: base.join("etcd.log"),
+            process: None,
+        }
+    }
+
     pub fn start(&mut self, stela: &Path, topology: &Topology) -> anyhow::Result<()> {
         let tokens = Path::new(&self.args[self.args.len() - 1]);
-        if !tokens.exists() {
+        if self.etcd.is_none() && !tokens.exists() {
             let base = tokens.parent().unwrap_or(Path::new("."));
             write_witness_token(base)?;
         }
+        let program = self.etcd.as_deref().unwrap_or(stela);
         let child = topology
             .namespace(Host::Witness)
-            .spawn(stela, &self.args, &self.log)?;
+            .spawn(program, &self.args, &self.log)?;
         let mut process = Killed(child);
         // The witness cannot be asked from here (its port is in its namespace); the nodes say
         // whether they reach it. A witness that exits at once is an error now.
         std::thread::sleep(Duration::from_millis(100));
         if let Some(status) = process.0.try_wait()? {
             bail!(
-                "the witness exited at start ({status}); its log ends:\n{}",
+                "the coordinator ({}) exited at start ({status}); its log ends:\n{}",
+                program.display(),
                 tail(&self.log, 15)
             );
         }

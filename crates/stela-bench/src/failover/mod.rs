@@ -1,6 +1,7 @@
 //! `stela-bench failover`: availability under faults, after RemusDB's failover experiments
-//! (its Figures 5 to 7). A witness and two or three (`--nodes`) `stela serve` nodes with
-//! automatic failover run in network namespaces of their own, a client commits at `replicated`
+//! (its Figures 5 to 7). A witness (or, with `--coordinator etcd`, an etcd in its place) and
+//! two or three (`--nodes`) `stela serve` nodes with automatic failover run in network
+//! namespaces of their own, a client commits at `replicated`
 //! without pause to the endpoint list of every node, and faults are injected in turn; after
 //! each, the old primary (or whatever was hit) is brought back and the cluster reprotected (every
 //! standby caught up) before the next. A fault aimed at "the standby" hits one of the standbys,
@@ -93,6 +94,11 @@ pub struct FailoverArgs {
     /// The witness's --lease-ms.
     #[arg(long, default_value_t = 300)]
     pub lease_ms: u64,
+    /// The coordinator the nodes name: the built-in witness, or etcd (Debian's `etcd-server`)
+    /// in the witness's place, whose lease is each node's --suspect-after-ms (--lease-ms
+    /// then applies to nothing). The kill-witness kinds kill and restart it.
+    #[arg(long, value_enum, default_value_t = cluster::CoordinatorKind::Witness)]
+    pub coordinator: cluster::CoordinatorKind,
     /// The client's `probe_after`: how long a request waits before the client asks the other
     /// node whether a newer primary has taken over.
     #[arg(long, default_value_t = 250)]
@@ -221,6 +227,7 @@ fn run_in(
         suspect_after_ms: args.suspect_after_ms,
         lease_ms: args.lease_ms,
         replicas: args.replicas,
+        coordinator: args.coordinator,
     };
     let security = if args.plain_tcp {
         None
@@ -356,19 +363,25 @@ fn run_in(
             );
         }
     }
-    let log_conflicts = terms::conflicts(
-        &cluster
-            .nodes
-            .iter()
-            .map(|n| {
-                (
-                    n.name,
-                    std::fs::read_to_string(n.log_path()).unwrap_or_default(),
-                )
-            })
-            .collect::<Vec<_>>(),
-        &std::fs::read_to_string(cluster.witness.log_path()).unwrap_or_default(),
-    );
+    let node_logs: Vec<(&str, String)> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name,
+                std::fs::read_to_string(n.log_path()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    // On etcd the grants are logged by the nodes' own coordinator instances.
+    let mut coordinator_log =
+        std::fs::read_to_string(cluster.witness.log_path()).unwrap_or_default();
+    if args.coordinator == cluster::CoordinatorKind::Etcd {
+        for (_, log) in &node_logs {
+            coordinator_log.push_str(log);
+        }
+    }
+    let log_conflicts = terms::conflicts(&node_logs, &coordinator_log);
     for conflict in &log_conflicts {
         eprintln!(
             "failover: DOUBLE PRIMARY in the logs: epoch {} promoted {:?}, granted {:?}",

@@ -412,8 +412,13 @@ pub(super) fn print_table(
     )?;
     writeln!(
         out,
-        "# heartbeat {} ms, suspect after {} ms, lease {} ms; faults of {} ms; {} B records; one commit at a time",
-        args.heartbeat_ms, args.suspect_after_ms, args.lease_ms, args.fault_ms, args.record_bytes
+        "# coordinator {}; heartbeat {} ms, suspect after {} ms, lease {} ms; faults of {} ms; {} B records; one commit at a time",
+        args.coordinator.name(),
+        args.heartbeat_ms,
+        args.suspect_after_ms,
+        args.lease_ms,
+        args.fault_ms,
+        args.record_bytes
     )?;
     if rows.iter().any(|r| r.impairment.is_some()) {
         writeln!(

@@ -18,6 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 const PROMOTED: &str = "promoted: this node is the primary";
 /// What the witness's log line says when it grants an epoch.
 const GRANTING: &str = "witness: granting";
+/// The same line from the etcd coordinator, in the log of the node whose promise decided an
+/// election on etcd (`--coordinator etcd`: the caller passes the nodes' logs as the
+/// coordinator's).
+const ETCD_GRANTING: &str = "etcd: granting";
 
 /// The value of `key=` in a tracing line (`key=7`, `key="a"`), unquoted.
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -39,7 +43,7 @@ pub fn promotions(log: &str) -> Vec<u64> {
 /// The (epoch, node) grants the witness's log names, in order.
 pub fn grants(log: &str) -> Vec<(u64, String)> {
     log.lines()
-        .filter(|line| line.contains(GRANTING))
+        .filter(|line| line.contains(GRANTING) || line.contains(ETCD_GRANTING))
         .filter_map(|line| {
             let epoch = field(line, "epoch")?.parse().ok()?;
             let node = field(line, "node").or_else(|| {
@@ -120,6 +124,9 @@ mod tests {
             ]
         );
         assert!(promotions("nothing here").is_empty());
+        // On etcd the node whose promise decided the election logs the grant.
+        let etcd = "2026-12-08T01:52:48.557794Z  WARN stela_coord::etcd: etcd: granting the epoch to the most up-to-date node that promised it (failover) epoch=2 holder=Some(\"b\") promises=2";
+        assert_eq!(grants(etcd), vec![(2, "b".into())]);
     }
 
     #[test]
