@@ -22,6 +22,9 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use stela_fuse::{
+    answer_attr, answer_data, answer_dir, answer_empty, answer_entry, answer_statvfs, TTL,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct FusePassthroughArgs {
@@ -38,8 +41,6 @@ pub struct FusePassthroughArgs {
     #[arg(long)]
     pub no_writeback_cache: bool,
 }
-
-const TTL: Duration = Duration::from_secs(1);
 
 struct Passthrough {
     /// inode -> path (inode 1: the source directory).
@@ -165,20 +166,6 @@ fn owned_by_caller(path: &Path, req: &Request) -> Result<(), Errno> {
     std::os::unix::fs::lchown(path, Some(req.uid()), Some(req.gid())).map_err(errno)
 }
 
-fn answer_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
-    match result {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(e),
-    }
-}
-
-fn answer_entry(reply: ReplyEntry, result: Result<FileAttr, Errno>) {
-    match result {
-        Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-        Err(e) => reply.error(e),
-    }
-}
-
 impl Filesystem for Passthrough {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
@@ -197,10 +184,7 @@ impl Filesystem for Passthrough {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.getattr_of(ino) {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        answer_attr(reply, self.getattr_of(ino));
     }
 
     fn setattr(
@@ -240,10 +224,7 @@ impl Filesystem for Passthrough {
             }
             self.getattr_of(ino)
         })();
-        match result {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        answer_attr(reply, result);
     }
 
     fn mkdir(
@@ -371,10 +352,7 @@ impl Filesystem for Passthrough {
             }
             Ok(done)
         });
-        match read {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(errno(e)),
-        }
+        answer_data(reply, read.map(|n| &buf[..n]).map_err(errno));
     }
 
     fn write(
@@ -446,7 +424,7 @@ impl Filesystem for Passthrough {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
         let path = match self.path(ino) {
             Ok(path) => path,
@@ -456,10 +434,6 @@ impl Filesystem for Passthrough {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno(e)),
         };
-        let dots = [
-            (ino.0, FileType::Directory, OsStr::new(".").to_owned()),
-            (1, FileType::Directory, OsStr::new("..").to_owned()),
-        ];
         let listed = entries.filter_map(|entry| {
             let entry = entry.ok()?;
             let meta = entry.metadata().ok()?;
@@ -472,15 +446,7 @@ impl Filesystem for Passthrough {
             };
             Some((meta.ino(), kind, entry.file_name()))
         });
-        for (i, (child, kind, name)) in dots.into_iter().chain(listed).enumerate() {
-            if (i as u64) < offset {
-                continue;
-            }
-            if reply.add(INodeNo(child), i as u64 + 1, kind, &name) {
-                break;
-            }
-        }
-        reply.ok();
+        answer_dir(reply, offset, ino.0, 1, listed);
     }
 
     fn fsyncdir(
@@ -500,25 +466,10 @@ impl Filesystem for Passthrough {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let Ok(root) = self.path(INodeNo(1)) else {
-            return reply.error(Errno::EIO);
-        };
-        let root = c_path(&root);
-        // SAFETY: statvfs writes only into the zeroed struct passed; the path is NUL-terminated.
-        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statvfs(root.as_ptr(), &mut stat) } != 0 {
-            return reply.error(Errno::EIO);
+        match self.path(INodeNo(1)) {
+            Ok(root) => answer_statvfs(reply, &root, 255),
+            Err(_) => reply.error(Errno::EIO),
         }
-        reply.statfs(
-            stat.f_blocks,
-            stat.f_bfree,
-            stat.f_bavail,
-            stat.f_files,
-            stat.f_ffree,
-            stat.f_bsize as u32,
-            255,
-            stat.f_frsize as u32,
-        );
     }
 
     // No extended attributes: ENOSYS makes the kernel stop asking (before every write).

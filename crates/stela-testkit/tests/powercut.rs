@@ -1,8 +1,9 @@
 //! The power-cut layer through a real FUSE mount (needs /dev/fuse and root; fails, saying so,
 //! without them): what is fsynced survives a cut, what is not is gone, for data and for names,
-//! with both namespace rules; a Unix socket can be bound on it (the daemon's is in its
-//! directory).
+//! with both namespace rules; a directory too long for one readdir is listed whole; a Unix
+//! socket can be bound on it (the daemon's is in its directory).
 
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -162,4 +163,25 @@ fn ownership_modes_and_unix_sockets_work_on_the_layer() {
     let mut got = [0u8; 5];
     std::io::Read::read_exact(&mut served, &mut got).unwrap();
     assert_eq!(&got, b"hello");
+}
+
+#[test]
+fn a_directory_longer_than_one_readdir_reply_is_listed_whole_each_name_once() {
+    let (_tmp, layer) = mounted(Namespace::Strict);
+    let dir = layer.path().join("many");
+    fs::create_dir(&dir).unwrap();
+    // 1,000 names of 40 bytes: about 64 KiB of directory entries, many times what the kernel
+    // asks for in one readdir, so the listing goes on from the offsets the layer handed out.
+    let made: BTreeSet<String> = (0..1000).map(|i| format!("{i:040}")).collect();
+    for name in &made {
+        File::create(dir.join(name)).unwrap();
+    }
+    // (Bounded: a listing that repeats itself would otherwise never end.)
+    let listed: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .take(made.len() + 10)
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(listed.len(), made.len(), "every name listed once");
+    assert_eq!(listed.into_iter().collect::<BTreeSet<_>>(), made);
 }

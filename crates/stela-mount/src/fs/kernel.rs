@@ -4,11 +4,11 @@
 //! Invariants: every handler answers exactly once (`reply` is consumed on every path), and
 //! none answers ENOSYS for fsync or fsyncdir (the kernel would skip later fsyncs silently).
 
-use super::{attr_of, kind_type, name_of, time_of, StelaFs, NAME_MAX, TTL};
+use super::{attr_of, kind_type, name_of, time_of, StelaFs, NAME_MAX};
 use crate::record::{falloc, FsRecord, Kind, Time};
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    AccessFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
     WriteFlags,
 };
@@ -16,22 +16,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::SystemTime;
-
-/// Answers a request that returns nothing but success or an errno.
-fn answer(reply: ReplyEmpty, result: Result<(), Errno>) {
-    match result {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(e),
-    }
-}
-
-/// Answers a request that returns a new or linked entry.
-fn answer_entry(reply: ReplyEntry, result: Result<FileAttr, Errno>) {
-    match result {
-        Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-        Err(e) => reply.error(e),
-    }
-}
+use stela_fuse::{
+    answer_attr, answer_data, answer_dir, answer_empty, answer_entry, answer_statvfs, TTL,
+};
 
 impl Filesystem for StelaFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
@@ -46,24 +33,19 @@ impl Filesystem for StelaFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let state = match self.lock() {
-            Ok(state) => state,
-            Err(e) => return reply.error(e),
-        };
-        match state.tree.lookup(parent.0, name.as_bytes()) {
-            Some(ino) => self.entry(&state, ino, reply),
-            None => reply.error(Errno::ENOENT),
-        }
+        let found = self.lock().and_then(|state| {
+            let ino = (state.tree.lookup(parent.0, name.as_bytes())).ok_or(Errno::ENOENT)?;
+            Ok(attr_of(ino, state.tree.get(ino).ok_or(Errno::ENOENT)?))
+        });
+        answer_entry(reply, found);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.lock() {
-            Ok(state) => match state.tree.get(ino.0) {
-                Some(node) => reply.attr(&TTL, &attr_of(ino.0, node)),
-                None => reply.error(Errno::ENOENT),
-            },
-            Err(e) => reply.error(e),
-        }
+        let attr = self.lock().and_then(|state| {
+            let node = state.tree.get(ino.0).ok_or(Errno::ENOENT)?;
+            Ok(attr_of(ino.0, node))
+        });
+        answer_attr(reply, attr);
     }
 
     fn setattr(
@@ -116,10 +98,7 @@ impl Filesystem for StelaFs {
             let node = state.tree.get(ino.0).ok_or(Errno::ENOENT)?;
             Ok(attr_of(ino.0, node))
         })();
-        match result {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        answer_attr(reply, result);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -175,11 +154,11 @@ impl Filesystem for StelaFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        answer(reply, self.remove(parent.0, name, false));
+        answer_empty(reply, self.remove(parent.0, name, false));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        answer(reply, self.remove(parent.0, name, true));
+        answer_empty(reply, self.remove(parent.0, name, true));
     }
 
     fn symlink(
@@ -208,7 +187,7 @@ impl Filesystem for StelaFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        answer(
+        answer_empty(
             reply,
             self.do_rename(parent.0, name, newparent.0, newname, flags),
         );
@@ -262,10 +241,7 @@ impl Filesystem for StelaFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.read_file(ino.0, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(e),
-        }
+        answer_data(reply, self.read_file(ino.0, offset, size));
     }
 
     fn write(
@@ -321,7 +297,7 @@ impl Filesystem for StelaFs {
             }
             self.drop_if_gone(&mut state, ino.0)
         })();
-        answer(reply, result);
+        answer_empty(reply, result);
     }
 
     fn fsync(
@@ -332,7 +308,7 @@ impl Filesystem for StelaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        answer(reply, self.sync(ino.0));
+        answer_empty(reply, self.sync(ino.0));
     }
 
     fn readdir(
@@ -341,7 +317,7 @@ impl Filesystem for StelaFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
         let state = match self.lock() {
             Ok(state) => state,
@@ -353,25 +329,14 @@ impl Filesystem for StelaFs {
         if dir.kind != Kind::Dir {
             return reply.error(Errno::ENOTDIR);
         }
-        let dots = [
-            (ino.0, FileType::Directory, OsStr::new(".")),
-            (dir.parent, FileType::Directory, OsStr::new("..")),
-        ];
-        let entries = dots
-            .into_iter()
-            .chain(dir.entries.iter().map(|(name, child)| {
-                let kind = state
-                    .tree
-                    .get(*child)
-                    .map_or(FileType::RegularFile, |n| kind_type(n.kind));
-                (*child, kind, OsStr::from_bytes(name))
-            }));
-        for (i, (child, kind, name)) in entries.enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
-                break;
-            }
-        }
-        reply.ok();
+        let entries = dir.entries.iter().map(|(name, child)| {
+            let kind = state
+                .tree
+                .get(*child)
+                .map_or(FileType::RegularFile, |n| kind_type(n.kind));
+            (*child, kind, OsStr::from_bytes(name))
+        });
+        answer_dir(reply, offset, ino.0, dir.parent, entries);
     }
 
     fn fsyncdir(
@@ -382,28 +347,11 @@ impl Filesystem for StelaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        answer(reply, self.sync(ino.0));
+        answer_empty(reply, self.sync(ino.0));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let dir = std::ffi::CString::new(self.backing.dir().as_os_str().as_bytes())
-            .expect("a path has no NUL");
-        // SAFETY: statvfs writes only into the zeroed struct we pass; the path is NUL-terminated.
-        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-        let rc = unsafe { libc::statvfs(dir.as_ptr(), &mut stat) };
-        if rc != 0 {
-            return reply.error(Errno::EIO);
-        }
-        reply.statfs(
-            stat.f_blocks,
-            stat.f_bfree,
-            stat.f_bavail,
-            stat.f_files,
-            stat.f_ffree,
-            stat.f_bsize as u32,
-            NAME_MAX as u32,
-            stat.f_frsize as u32,
-        );
+        answer_statvfs(reply, self.backing.dir(), NAME_MAX as u32);
     }
 
     // Extended attributes are not kept. getxattr answers ENOSYS on purpose (unlike fsync):
@@ -500,6 +448,6 @@ impl Filesystem for StelaFs {
             };
             self.log_record(&mut state, record).map(|_| ())
         })();
-        answer(reply, result);
+        answer_empty(reply, result);
     }
 }

@@ -21,10 +21,7 @@
 use crate::backing::Backing;
 use crate::record::{falloc, FsRecord, Kind, Time};
 use crate::tree::{Inconsistent, Node, Tree};
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Generation, INodeNo, RenameFlags, ReplyEntry, Request,
-    TimeOrNow,
-};
+use fuser::{Errno, FileAttr, FileHandle, FileType, INodeNo, RenameFlags, Request, TimeOrNow};
 use serde_bytes::ByteBuf;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -33,9 +30,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use stela_client::{Durability, Lsn, Wal};
 
-/// How long the kernel may cache names and attributes: the mount is the only writer, and the
-/// kernel updates its own copy on the writes it forwards.
-const TTL: Duration = Duration::from_secs(1);
 const NAME_MAX: usize = 255;
 
 mod kernel;
@@ -213,10 +207,7 @@ fn name_of(name: &OsStr) -> Result<ByteBuf, Errno> {
 }
 
 fn time_of(time: TimeOrNow) -> Time {
-    match time {
-        TimeOrNow::Now => Time::now(),
-        TimeOrNow::SpecificTime(time) => Time::from(time),
-    }
+    Time::from(stela_fuse::time_or_now(time))
 }
 
 impl StelaFs {
@@ -351,13 +342,6 @@ impl StelaFs {
                     ),
                 ))
             }
-        }
-    }
-
-    fn entry(&self, state: &State, ino: u64, reply: ReplyEntry) {
-        match state.tree.get(ino) {
-            Some(node) => reply.entry(&TTL, &attr_of(ino, node), Generation(0)),
-            None => reply.error(Errno::ENOENT),
         }
     }
 

@@ -28,12 +28,11 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
+use stela_fuse::{
+    answer_attr, answer_data, answer_dir, answer_empty, answer_entry, time_or_now, TTL,
+};
 use volume::{Body, Change, Kind, Meta, Node, Volume};
 pub use volume::{CutReport, Namespace};
-
-/// How long the kernel may keep a name or attributes without asking again. Only this process
-/// changes the volume while mounted, and a cut remounts, so caching is safe.
-const TTL: Duration = Duration::from_secs(1);
 
 /// The volume, whether it is fenced (between a cut and the next mount), and the open handles.
 struct Shared {
@@ -208,13 +207,6 @@ fn attr_of(volume: &Volume, ino: u64, node: &Node) -> FileAttr {
     }
 }
 
-fn time_of(time: TimeOrNow) -> SystemTime {
-    match time {
-        TimeOrNow::SpecificTime(t) => t,
-        TimeOrNow::Now => SystemTime::now(),
-    }
-}
-
 fn meta_for(req: &Request, kind: Kind, mode: u32, rdev: u32) -> Meta {
     let now = SystemTime::now();
     Meta {
@@ -226,20 +218,6 @@ fn meta_for(req: &Request, kind: Kind, mode: u32, rdev: u32) -> Meta {
         atime: now,
         mtime: now,
         ctime: now,
-    }
-}
-
-fn answer_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
-    match result {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(e),
-    }
-}
-
-fn answer_entry(reply: ReplyEntry, result: Result<FileAttr, Errno>) {
-    match result {
-        Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-        Err(e) => reply.error(e),
     }
 }
 
@@ -293,10 +271,7 @@ impl Filesystem for Layer {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr(ino.0) {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        answer_attr(reply, self.attr(ino.0));
     }
 
     fn setattr(
@@ -322,17 +297,14 @@ impl Filesystem for Layer {
             uid,
             gid,
             size,
-            atime: atime.map(time_of),
-            mtime: mtime.map(time_of),
+            atime: atime.map(time_or_now),
+            mtime: mtime.map(time_or_now),
         };
         let result = self.with(|s| {
             s.volume.set_attr(ino.0, &change)?;
             Ok(attr_of(&s.volume, ino.0, s.volume.node(ino.0)?))
         });
-        match result {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        answer_attr(reply, result);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -341,10 +313,7 @@ impl Filesystem for Layer {
             Body::Symlink(target) => Ok(target.as_os_str().as_bytes().to_vec()),
             _ => Err(Errno::EINVAL),
         });
-        match result {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(e),
-        }
+        answer_data(reply, result);
     }
 
     fn mknod(
@@ -485,10 +454,10 @@ impl Filesystem for Layer {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.with(|s| s.volume.read(ino.0, offset, size as usize)) {
-            Ok(bytes) => reply.data(&bytes),
-            Err(e) => reply.error(e),
-        }
+        answer_data(
+            reply,
+            self.with(|s| s.volume.read(ino.0, offset, size as usize)),
+        );
     }
 
     fn write(
@@ -563,25 +532,16 @@ impl Filesystem for Layer {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
         let listed = match self.with(|s| s.volume.list(ino.0)) {
             Ok(listed) => listed,
             Err(e) => return reply.error(e),
         };
-        let dots = [
-            (OsStr::new(".").to_owned(), ino.0, Kind::Dir),
-            (OsStr::new("..").to_owned(), volume::ROOT, Kind::Dir),
-        ];
-        for (i, (name, child, kind)) in dots.into_iter().chain(listed).enumerate() {
-            if (i as u64) < offset {
-                continue;
-            }
-            if reply.add(INodeNo(child), i as u64 + 1, file_type(kind), &name) {
-                break;
-            }
-        }
-        reply.ok();
+        let entries = listed
+            .into_iter()
+            .map(|(name, child, kind)| (child, file_type(kind), name));
+        answer_dir(reply, offset, ino.0, volume::ROOT, entries);
     }
 
     fn fsyncdir(
