@@ -566,9 +566,7 @@ impl EventLoop {
         for &slot in &self.rings {
             if let Some(Some(conn)) = self.conns.get(slot) {
                 if let Some(ring) = &conn.ring {
-                    // Asked to ring the doorbell in any case; a blocked ring's published
-                    // entries do not keep the loop awake (see `RingConn::blocked`).
-                    quiet &= ring.prepare_sleep() || ring.blocked();
+                    quiet &= ring.prepare_sleep();
                 }
             }
         }

@@ -121,15 +121,6 @@ impl RingConn {
         self.ring.clear_asleep();
     }
 
-    /// Its published entries wait for news the inbox brings (space freed: `SpaceFreed`; the
-    /// entry ahead of them durable: `RingDone`, posted with a nudge), not for another turn:
-    /// the loop may sleep over them. Without this, one client parked on a full pool kept the
-    /// loop turning at full speed until space came back (88 % of a CPU beside a heavy
-    /// `buffered` writer, bench/results/hostile.txt 2026-12-08).
-    pub fn blocked(&self) -> bool {
-        self.parked || self.pending.is_some()
-    }
-
     pub fn unpark(&mut self) {
         self.parked = false;
     }
