@@ -42,6 +42,26 @@ pub struct PgBenchArgs {
         default_value = "native-sync,native-async,fuse-floor,stela-wal-buffered,stela-wal-disk,stela-pgdata-buffered,stela-run-buffered,stela-run-disk"
     )]
     pub modes: Vec<String>,
+    #[command(flatten)]
+    pub run: PgRunArgs,
+    /// JSON lines instead of the table: mode, clients, tps, latency_ms.
+    #[arg(long)]
+    pub json: bool,
+    /// Extra flags for every `stela mount`, e.g. "--writeback-cache --threads 8".
+    #[arg(
+        long,
+        value_name = "FLAGS",
+        allow_hyphen_values = true,
+        default_value = ""
+    )]
+    pub mount_flags: String,
+}
+
+/// What every PostgreSQL benchmark here takes: pgbench's client counts, scale, length and
+/// repeats, where PostgreSQL and the run's files are, and flags for the daemons
+/// (`stela-bench pgbench`, `stela-bench pg-standby`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PgRunArgs {
     /// pgbench client counts.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub clients: Vec<u32>,
@@ -60,9 +80,6 @@ pub struct PgBenchArgs {
     /// Working directory (default: a temporary one, removed afterwards).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// JSON lines instead of the table: mode, clients, tps, latency_ms.
-    #[arg(long)]
-    pub json: bool,
     /// Extra flags for `stela serve`, e.g. "--spin-us 0".
     #[arg(
         long,
@@ -71,14 +88,6 @@ pub struct PgBenchArgs {
         default_value = ""
     )]
     pub daemon_flags: String,
-    /// Extra flags for every `stela mount`, e.g. "--writeback-cache --threads 8".
-    #[arg(
-        long,
-        value_name = "FLAGS",
-        allow_hyphen_values = true,
-        default_value = ""
-    )]
-    pub mount_flags: String,
 }
 
 const MODES: [&str; 10] = [
@@ -111,7 +120,7 @@ pub struct PgRow {
     pub latency_ms: f64,
 }
 
-fn pg_bin(args: &PgBenchArgs) -> anyhow::Result<PathBuf> {
+pub(crate) fn pg_bin(args: &PgRunArgs) -> anyhow::Result<PathBuf> {
     if let Some(bin) = &args.pg_bin {
         return Ok(bin.clone());
     }
@@ -575,7 +584,7 @@ pub(crate) fn start_daemon(
     Ok(daemon)
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub(crate) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }
@@ -586,14 +595,18 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
             bail!("unknown mode {mode:?} (modes: {})", MODES.join(", "));
         }
     }
-    let bin = pg_bin(args)?;
+    let bin = pg_bin(&args.run)?;
     let stela = sibling("stela")?;
     // SIGINT or SIGTERM ends the run at the next pgbench run (at most --duration away), and the
     // guards below stop PostgreSQL, unmount and stop the daemons on the way out; the signals'
     // default action would leave them all running.
     crate::netns::stop_on_signals()?;
     let temp = tempfile::tempdir()?;
-    let base = args.dir.clone().unwrap_or_else(|| temp.path().to_owned());
+    let base = args
+        .run
+        .dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_owned());
     std::fs::create_dir_all(&base)?;
     if std::fs::read_dir(&base)?.next().is_some() {
         bail!(
@@ -617,7 +630,13 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
     } else {
         &[]
     };
-    let _daemon = start_daemon(&stela, &daemon_dir, &args.daemon_flags, open_socket, &base)?;
+    let _daemon = start_daemon(
+        &stela,
+        &daemon_dir,
+        &args.run.daemon_flags,
+        open_socket,
+        &base,
+    )?;
     let socket = daemon_dir.join("stela.sock");
     // `stela-pgdata-replicated` gets a pair of its own (a daemon with a standby ships every log
     // it holds): the standby on loopback, declared first so that it outlives its primary.
@@ -627,7 +646,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
         true => Some(start_daemon(
             &stela,
             &base.join("standby"),
-            &args.daemon_flags,
+            &args.run.daemon_flags,
             &["--repl-listen", &standby_addr],
             &base,
         )?),
@@ -637,7 +656,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
         true => Some(start_daemon(
             &stela,
             &base.join("daemon-replicated"),
-            &args.daemon_flags,
+            &args.run.daemon_flags,
             &["--standby", &standby_addr],
             &base,
         )?),
@@ -780,22 +799,22 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
         crate::netns::check_interrupted()?;
         eprintln!(
             "stela-bench pgbench: pgbench -i -s {} on {name}",
-            args.scale
+            args.run.scale
         );
         cluster.pgbench(
             &[
                 "-i".into(),
                 "-q".into(),
                 "-s".into(),
-                args.scale.to_string(),
+                args.run.scale.to_string(),
             ],
             &[],
         )?;
     }
 
     let mut samples: Vec<(String, u32, Vec<f64>, Vec<f64>)> = Vec::new();
-    for &clients in &args.clients {
-        for repeat in 0..args.repeats {
+    for &clients in &args.run.clients {
+        for repeat in 0..args.run.repeats {
             for mode in &args.modes {
                 crate::netns::check_interrupted()?;
                 let env: Vec<(&str, &str)> = if mode == "native-async" {
@@ -811,7 +830,7 @@ pub fn run(args: &PgBenchArgs, out: &mut dyn Write) -> anyhow::Result<Vec<PgRow>
                         "-j".into(),
                         threads.to_string(),
                         "-T".into(),
-                        args.duration.to_string(),
+                        args.run.duration.to_string(),
                     ],
                     &env,
                 )?;
@@ -856,7 +875,7 @@ fn print_rows(args: &PgBenchArgs, rows: &[PgRow], out: &mut dyn Write) -> anyhow
     writeln!(
         out,
         "pgbench (TPC-B-like), scale {}, {} s per run, median of {} runs, modes taking turns",
-        args.scale, args.duration, args.repeats
+        args.run.scale, args.run.duration, args.run.repeats
     )?;
     writeln!(
         out,
@@ -886,7 +905,7 @@ fn print_rows(args: &PgBenchArgs, rows: &[PgRow], out: &mut dyn Write) -> anyhow
         ("stela-run-buffered", 0.95, "native-async"),
         ("stela-run-disk", 0.9, "native-sync"),
     ] {
-        for &clients in &args.clients {
+        for &clients in &args.run.clients {
             let (Some(stela), Some(off), Some(on)) = (
                 tps(mode, clients),
                 tps("native-async", clients),

@@ -23,7 +23,8 @@
 
 use crate::netns::{sibling, wait_for, Killed};
 use crate::pg_bench::{
-    as_postgres, chown_postgres, newest_pg_bin, parse_pgbench, start_daemon, Cluster, UnderRun,
+    as_postgres, chown_postgres, median, parse_pgbench, pg_bin, start_daemon, Cluster, PgRunArgs,
+    UnderRun,
 };
 use crate::repl_bench::Network;
 use anyhow::{bail, Context};
@@ -47,32 +48,8 @@ pub struct PgStandbyArgs {
         default_value = "native-remote-write,native-on,stela-run-replicated"
     )]
     pub modes: Vec<String>,
-    /// pgbench client counts.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
-    pub clients: Vec<u32>,
-    /// pgbench scale factor (100,000 accounts each).
-    #[arg(long, default_value_t = 10)]
-    pub scale: u32,
-    /// Seconds per pgbench run.
-    #[arg(long, default_value_t = 10)]
-    pub duration: u32,
-    /// Runs per (mode, clients); the median is reported.
-    #[arg(long, default_value_t = 3)]
-    pub repeats: u32,
-    /// PostgreSQL's bin directory (default: the newest under /usr/lib/postgresql).
-    #[arg(long, value_name = "DIR")]
-    pub pg_bin: Option<PathBuf>,
-    /// Working directory (default: a temporary one, removed afterwards).
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-    /// Extra flags for both `stela serve`s.
-    #[arg(
-        long,
-        value_name = "FLAGS",
-        allow_hyphen_values = true,
-        default_value = ""
-    )]
-    pub daemon_flags: String,
+    #[command(flatten)]
+    pub run: PgRunArgs,
 }
 
 /// One (mode, clients) line: medians over the repeats.
@@ -279,11 +256,6 @@ fn p50_from_logs(prefix: &Path) -> anyhow::Result<f64> {
     Ok(median(&mut latencies_us) / 1000.0)
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 /// One pgbench run of `mode`: (tps, average latency ms, p50 latency ms).
 fn measure(
     cluster: &Cluster,
@@ -305,7 +277,7 @@ fn measure(
             "-j".into(),
             clients.min(2).to_string(),
             "-T".into(),
-            args.duration.to_string(),
+            args.run.duration.to_string(),
             "-l".into(),
             format!("--log-prefix={}", prefix.display()),
         ],
@@ -335,7 +307,7 @@ fn start_servers(
     let stela = sibling("stela")?;
     // Declared before the clusters they serve, so that they outlive them.
     let stela_pair = match wants("stela-run-replicated") {
-        true => Some(stela_pair(&stela, net, base, &args.daemon_flags)?),
+        true => Some(stela_pair(&stela, net, base, &args.run.daemon_flags)?),
         false => None,
     };
     let mut servers = Servers {
@@ -388,13 +360,14 @@ pub fn run(args: &PgStandbyArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Stan
             bail!("unknown mode {mode:?} (modes: {})", MODES.join(", "));
         }
     }
-    let bin = match &args.pg_bin {
-        Some(bin) => bin.clone(),
-        None => newest_pg_bin()?,
-    };
+    let bin = pg_bin(&args.run)?;
     crate::netns::stop_on_signals()?;
     let temp = tempfile::tempdir()?;
-    let base = args.dir.clone().unwrap_or_else(|| temp.path().to_owned());
+    let base = args
+        .run
+        .dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_owned());
     std::fs::create_dir_all(&base)?;
     if std::fs::read_dir(&base)?.next().is_some() {
         bail!(
@@ -427,22 +400,22 @@ pub fn run(args: &PgStandbyArgs, out: &mut dyn Write) -> anyhow::Result<Vec<Stan
     for (name, cluster) in &servers.clusters {
         eprintln!(
             "stela-bench pg-standby: pgbench -i -s {} on {name}",
-            args.scale
+            args.run.scale
         );
         cluster.pgbench(
             &[
                 "-i".into(),
                 "-q".into(),
                 "-s".into(),
-                args.scale.to_string(),
+                args.run.scale.to_string(),
             ],
             &[],
         )?;
     }
     let started = Instant::now();
     let mut samples: Vec<(String, u32, Vec<[f64; 3]>)> = Vec::new();
-    for &clients in &args.clients {
-        for repeat in 0..args.repeats {
+    for &clients in &args.run.clients {
+        for repeat in 0..args.run.repeats {
             for mode in &args.modes {
                 crate::netns::check_interrupted()?;
                 let (tps, average, p50) = measure(cluster_of(mode), mode, clients, args, &logs)?;
@@ -487,7 +460,7 @@ fn print_rows(
     writeln!(
         out,
         "pgbench (TPC-B-like), scale {}, {} s per run, median of {} runs, modes taking turns ({:.0} s); standbys across one veth link in a namespace",
-        args.scale, args.duration, args.repeats, took.as_secs_f64()
+        args.run.scale, args.run.duration, args.run.repeats, took.as_secs_f64()
     )?;
     writeln!(
         out,
@@ -503,7 +476,7 @@ fn print_rows(
     }
     let find =
         |mode: &str, clients: u32| rows.iter().find(|r| r.mode == mode && r.clients == clients);
-    for &clients in &args.clients {
+    for &clients in &args.run.clients {
         let (Some(stela), Some(native)) = (
             find("stela-run-replicated", clients),
             find("native-remote-write", clients),

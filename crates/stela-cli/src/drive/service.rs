@@ -360,6 +360,7 @@ mod tests {
     use super::*;
     use crate::drive::timed::tests::{daemon_in, short, Same};
     use crate::drive::{run_mode_with, Mode};
+    use std::time::Duration;
 
     #[test]
     fn a_run_holds_its_idle_connections_and_samples_the_daemon() {
@@ -415,15 +416,24 @@ mod tests {
         };
         let unused = tempfile::tempdir().unwrap();
         let sources = (0..2).map(|c| Same(c << 32)).collect();
+        // At `disk` a window of 100 ms can hold no completed commit when one fdatasync stalls
+        // that long (CI saw 0 commits): this test is about the logs, so half a second of it.
+        let timing = Timing {
+            window: Duration::from_millis(500),
+            ..short()
+        };
         let outcome = run_mode_with(
             Mode::ServiceDisk,
             unused.path(),
             Some(&service),
-            short(),
+            timing,
             sources,
         )
         .unwrap();
-        assert!(outcome.commits > 0);
+        assert!(
+            outcome.commits > 0,
+            "no disk commit completed in half a second"
+        );
         assert_eq!(outcome.transport, Some("socket"));
         let sample = outcome.daemon.unwrap();
         assert!(!sample.in_process);
